@@ -1,0 +1,1 @@
+//! slurm-node-agent library.

@@ -1,0 +1,1 @@
+//! IMDS emulator library.
