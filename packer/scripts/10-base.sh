@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# 10-base: base packages, the image's build record and tools, and a hold on the kernel so
+# that later package updates cannot leave modules (Lustre, EFA, NVIDIA) behind.
+set -Eeuo pipefail
+STEP=10-base
+for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
+	[ -r "$lib" ] && break
+done
+# shellcheck source=lib.sh
+. "$lib"
+require_root
+
+: "${IMAGE_OS:?IMAGE_OS is not set: pass the os variable (slurm-image-builder does)}"
+: "${SLURM_VERSION:?SLURM_VERSION is not set: pass the slurm_version variable}"
+
+# The build record: what the acceptance checks compare against, on demand too.
+write_if_changed "$BUILD_INFO" 0644 <<INFO
+# Written by packer/scripts/10-base.sh; read by the acceptance checks.
+IMAGE_OS=$IMAGE_OS
+IMAGE_ARCH=${IMAGE_ARCH:-}
+SLURM_VERSION=$SLURM_VERSION
+SLURM_SOURCE=${SLURM_SOURCE:-tarball}
+SLURM_AUTH=${SLURM_AUTH:-munge}
+EFA_INSTALLER_VERSION=${EFA_INSTALLER_VERSION:-}
+LUSTRE_CLIENT=${LUSTRE_CLIENT:-false}
+NVIDIA_DRIVER_VERSION=${NVIDIA_DRIVER_VERSION:-}
+NVIDIA_DCGM=${NVIDIA_DCGM:-false}
+AGENT_VERSION=${AGENT_VERSION:-}
+INFO
+
+# The helpers and the acceptance checks stay in the image: `slurm-image-acceptance`.
+src_dir=$(dirname "$lib")
+for f in lib.sh 99-acceptance.sh; do
+	[ -r "$src_dir/$f" ] || die "$src_dir/$f is missing: upload the whole packer/scripts folder to $IMAGE_STAGING/scripts"
+	write_if_changed "$IMAGE_LIB_DIR/$f" 0755 <"$src_dir/$f"
+done
+write_if_changed /usr/local/sbin/slurm-image-acceptance 0755 <<'EOS'
+#!/bin/sh
+# Runs the image acceptance checks (packer/scripts/99-acceptance.sh) on demand.
+exec bash /usr/local/lib/slurm-image/99-acceptance.sh "$@"
+EOS
+
+if [ "$(os_family)" = deb ]; then
+	pkg_install ca-certificates curl tar bzip2 gzip xz-utils procps kmod systemd util-linux
+else
+	pkg_install ca-certificates tar bzip2 gzip xz procps-ng kmod systemd util-linux
+	command -v curl >/dev/null 2>&1 || pkg_install curl-minimal
+fi
+
+# Kernel hold.
+if [ "$(os_family)" = deb ]; then
+	kernels=$(dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-*' 2>/dev/null | awk '/install ok installed/ {print $1}' || true)
+	if [ -z "$kernels" ]; then
+		log "no kernel package installed (a chroot or container root): nothing to hold"
+	else
+		held=$(apt-mark showhold)
+		for k in $kernels; do
+			grep -qxF "$k" <<<"$held" || apt-mark hold "$k" >/dev/null
+		done
+		log "kernel packages held: $(echo "$kernels" | tr '\n' ' ')"
+	fi
+else
+	# Only the kernel itself: kernel-devel of the running version stays installable (DKMS).
+	if ! grep -qs '^exclude=kernel kernel-core kernel-modules' /etc/dnf/dnf.conf; then
+		printf 'exclude=kernel kernel-core kernel-modules kernel-modules-extra\n' >>/etc/dnf/dnf.conf
+	fi
+	log "kernel packages excluded from dnf updates"
+fi
+log "done"

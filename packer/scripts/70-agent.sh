@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# 70-agent: slurm-node-agent, its systemd units, the slurmd drop-in, tmpfiles and default
+# settings, from $IMAGE_STAGING/agent (the agent build) and $IMAGE_STAGING/files.
+# Expected layout of $IMAGE_STAGING/agent:
+#   slurm-node-agent                                 the binary
+#   units/slurm-node-agent-bootstrap.service         units/slurm-node-agent.service
+#   units/slurmd.service.d/slurm-node-agent.conf     units/tmpfiles.d/slurm-node-agent.conf
+set -Eeuo pipefail
+STEP=70-agent
+for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
+	[ -r "$lib" ] && break
+done
+# shellcheck source=lib.sh
+. "$lib"
+require_root
+
+AGENT_SRC=$IMAGE_STAGING/agent
+UNIT_DIR=/etc/systemd/system
+missing=()
+
+# absent WHAT PATH: a part of the agent build is not there. Said plainly; fatal unless
+# ALLOW_SKIPS=true (local test builds while the agent is being written).
+absent() {
+	if [ "$ALLOW_SKIPS" = true ]; then
+		record_skip "agent: $1" "absent from the agent build ($2)"
+		log "absent: $1 not found at $2; the image will lack it"
+		missing+=("$1")
+	else
+		die "$1 not found at $2: build the agent (cargo build --release -p slurm-node-agent) and pass agent_dir"
+	fi
+}
+
+# place SRC DEST MODE: install a file when it differs.
+place() { write_if_changed "$2" "$3" <"$1"; }
+
+if [ -f "$AGENT_SRC/slurm-node-agent" ]; then
+	place "$AGENT_SRC/slurm-node-agent" /usr/local/bin/slurm-node-agent 0755
+	clear_skip "agent: slurm-node-agent binary"
+else
+	absent "slurm-node-agent binary" "$AGENT_SRC/slurm-node-agent"
+fi
+
+units=(slurm-node-agent-bootstrap.service slurm-node-agent.service)
+for u in "${units[@]}"; do
+	if [ -f "$AGENT_SRC/units/$u" ]; then
+		place "$AGENT_SRC/units/$u" "$UNIT_DIR/$u" 0644
+		clear_skip "agent: unit $u"
+	else
+		absent "unit $u" "$AGENT_SRC/units/$u"
+	fi
+done
+
+if [ -f "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" ]; then
+	place "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" "$UNIT_DIR/slurmd.service.d/slurm-node-agent.conf" 0644
+	clear_skip "agent: slurmd drop-in"
+else
+	absent "slurmd drop-in" "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf"
+fi
+
+if [ -f "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" ]; then
+	place "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" /etc/tmpfiles.d/slurm-node-agent.conf 0644
+	clear_skip "agent: tmpfiles"
+else
+	absent "tmpfiles" "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf"
+fi
+
+settings=$AGENT_SRC/agent.toml
+[ -f "$settings" ] || settings=$IMAGE_STAGING/files/agent.toml
+if [ -f "$settings" ]; then
+	place "$settings" /etc/slurm-node-agent/agent.toml 0644
+	clear_skip "agent: settings"
+else
+	absent "settings" "$IMAGE_STAGING/files/agent.toml"
+fi
+
+# What this image knows better than the defaults: the auth plugin and where Slurm lives.
+bin_dir=/usr/bin
+[ -x /opt/slurm/bin/scontrol ] && bin_dir=/opt/slurm/bin
+write_if_changed /etc/slurm-node-agent/conf.d/10-image.toml 0644 <<TOML
+# Written by packer/scripts/70-agent.sh for this image; later drop-ins override it.
+[auth]
+type = "${SLURM_AUTH:-munge}"
+
+[slurm]
+bin_dir = "$bin_dir"
+TOML
+install -d -m 0755 /var/lib/slurm-node-agent
+
+# Enable the units (works offline: systemctl only writes the links in a chroot).
+to_enable=()
+for u in "${units[@]}"; do
+	[ -f "$UNIT_DIR/$u" ] && to_enable+=("$u")
+done
+for u in slurmd.service munge.service; do
+	[ "$u" = munge.service ] && [ "${SLURM_AUTH:-munge}" != munge ] && continue
+	to_enable+=("$u")
+done
+for u in "${to_enable[@]}"; do
+	if [ "$(systemctl is-enabled "$u" 2>/dev/null || true)" != enabled ]; then
+		systemctl enable "$u" 2>&1 | grep -v '^Created symlink' || true
+		[ "$(systemctl is-enabled "$u" 2>/dev/null || true)" = enabled ] ||
+			die "could not enable $u: check its [Install] section"
+	fi
+done
+log "enabled: ${to_enable[*]}"
+if [ ${#missing[@]} -gt 0 ]; then
+	log "done, WITHOUT: ${missing[*]}"
+else
+	log "done"
+fi
