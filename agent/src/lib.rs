@@ -1,1 +1,28 @@
-//! slurm-node-agent library.
+//! `slurm-node-agent`: makes a cloud instance a Slurm node and keeps it one.
+//!
+//! One module per outside system the agent talks to:
+//! - [`imds`]: the EC2 instance metadata service (IMDSv2 only), through aws-config's client.
+//! - [`settings`]: layered, validated settings (defaults, files, drop-ins, tags, user data, flags).
+//! - [`authkey`]: the cluster's munge / auth/slurm key from SSM, Secrets Manager or a file.
+//! - [`nodedef`]: the Slurm node definition (NodeName, dynamic `--conf` line) from host facts.
+//! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
+//! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
+//! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
+//! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
+//!
+//! `main.rs` only parses the command line and maps errors to exit codes; everything else is
+//! here so that tests reach it.
+
+pub mod authkey;
+pub mod bootstrap;
+pub mod cli;
+pub mod fsutil;
+pub mod health;
+pub mod hostfacts;
+pub mod imds;
+pub mod nodedef;
+pub mod retry;
+pub mod settings;
+pub mod slurm;
+pub mod systemd;
+pub mod userdata;

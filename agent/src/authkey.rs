@@ -1,0 +1,441 @@
+//! The cluster's authentication key: fetched from SSM Parameter Store (SecureString, with
+//! decryption), Secrets Manager, or a local file; checked; written atomically with mode 0400
+//! and the owner the daemon needs.
+//!
+//! | `auth.type` | default path            | owner   | size accepted        |
+//! |-------------|-------------------------|---------|----------------------|
+//! | `munge`     | `/etc/munge/munge.key`  | `munge` | 32 to 1024 bytes (mungekey(8)) |
+//! | `slurm`     | `/etc/slurm/slurm.key`  | `slurm` | 32 to 65536 bytes (auth/slurm, Slurm 23.11+) |
+//!
+//! The key never appears in a log line, an error or `config show`: it lives in [`Key`],
+//! whose `Debug` prints only its length.
+
+use base64::Engine;
+use std::path::{Path, PathBuf};
+
+use crate::fsutil::{self, Owner};
+use crate::settings::{self, AuthType, KeyEncoding};
+
+/// Where the key comes from (`auth.key_source`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `ssm:<parameter name>`: an SSM SecureString, read with decryption.
+    Ssm(String),
+    /// `secretsmanager:<secret id or ARN>`: SecretBinary, or SecretString.
+    SecretsManager(String),
+    /// `file:<absolute path>`.
+    File(PathBuf),
+}
+
+impl KeySource {
+    /// Parses `ssm:NAME`, `secretsmanager:ID` or `file:/PATH`.
+    ///
+    /// # Errors
+    /// A message saying what is wrong.
+    pub fn parse(s: &str) -> Result<KeySource, String> {
+        let printable =
+            |v: &str| !v.is_empty() && v.len() <= 2048 && v.chars().all(|c| c.is_ascii_graphic());
+        match s.split_once(':') {
+            Some(("ssm", name)) if printable(name) => Ok(KeySource::Ssm(name.to_string())),
+            Some(("secretsmanager", id)) if printable(id) => {
+                Ok(KeySource::SecretsManager(id.to_string()))
+            }
+            Some(("file", p)) if p.starts_with('/') && !p.contains('\n') => {
+                Ok(KeySource::File(PathBuf::from(p)))
+            }
+            _ => Err(format!(
+                "invalid key source {s:?}: expected ssm:<parameter name>, \
+                 secretsmanager:<secret id or ARN> or file:<absolute path>"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::Ssm(n) => write!(f, "SSM parameter {n}"),
+            KeySource::SecretsManager(n) => write!(f, "Secrets Manager secret {n}"),
+            KeySource::File(p) => write!(f, "key file {}", p.display()),
+        }
+    }
+}
+
+/// Key bytes. `Debug` shows only the length.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Key(Vec<u8>);
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Key({} bytes)", self.0.len())
+    }
+}
+
+impl Key {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// A key error. Its text names the source and never holds key material.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The parameter, secret or file does not exist.
+    #[error("{source_}: not found")]
+    NotFound {
+        /// The source.
+        source_: KeySource,
+    },
+    /// The credentials may not read it (or may not decrypt it).
+    #[error("{source_}: access denied: {message}")]
+    AccessDenied {
+        /// The source.
+        source_: KeySource,
+        /// AWS's message.
+        message: String,
+    },
+    /// It exists but is empty.
+    #[error("{source_}: the key is empty")]
+    Empty {
+        /// The source.
+        source_: KeySource,
+    },
+    /// It does not decode.
+    #[error("{source_}: the key is not valid {encoding} ({message}); set auth.key_encoding")]
+    Decode {
+        /// The source.
+        source_: KeySource,
+        /// Expected encoding.
+        encoding: &'static str,
+        /// Decoder message.
+        message: String,
+    },
+    /// It has the wrong size for the plugin.
+    #[error("{source_}: the key is {len} bytes; {plugin} needs {min} to {max} bytes")]
+    WrongSize {
+        /// The source.
+        source_: KeySource,
+        /// Decoded length.
+        len: usize,
+        /// `auth/munge` or `auth/slurm`.
+        plugin: &'static str,
+        /// Minimum.
+        min: usize,
+        /// Maximum.
+        max: usize,
+    },
+    /// Any other failure (network, throttling, I/O).
+    #[error("{source_}: {message}")]
+    Other {
+        /// The source.
+        source_: KeySource,
+        /// What happened.
+        message: String,
+    },
+    /// The key's owner does not exist on this host.
+    #[error("user {0:?} (owner of the key file) does not exist")]
+    NoSuchOwner(String),
+    /// Writing the file failed.
+    #[error(transparent)]
+    Write(#[from] fsutil::WriteError),
+}
+
+/// Destination, owner and size limits for a plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTarget {
+    /// File to write.
+    pub path: PathBuf,
+    /// Owner's user name.
+    pub owner: String,
+    /// `auth/munge` or `auth/slurm`.
+    pub plugin: &'static str,
+    /// Smallest accepted key.
+    pub min: usize,
+    /// Largest accepted key.
+    pub max: usize,
+}
+
+impl KeyTarget {
+    /// The target for the settings (plugin defaults, overridden by `auth.key_path` and
+    /// `auth.key_owner`).
+    pub fn from_settings(s: &settings::Auth) -> KeyTarget {
+        let (path, owner, plugin, max) = match s.auth_type {
+            AuthType::Munge => ("/etc/munge/munge.key", "munge", "auth/munge", 1024),
+            AuthType::Slurm => ("/etc/slurm/slurm.key", "slurm", "auth/slurm", 65_536),
+        };
+        KeyTarget {
+            path: if s.key_path.as_os_str().is_empty() {
+                PathBuf::from(path)
+            } else {
+                s.key_path.clone()
+            },
+            owner: if s.key_owner.is_empty() {
+                owner.to_string()
+            } else {
+                s.key_owner.clone()
+            },
+            plugin,
+            min: 32,
+            max,
+        }
+    }
+}
+
+/// Decodes and checks raw stored bytes.
+///
+/// # Errors
+/// [`KeyError::Empty`], [`KeyError::Decode`], [`KeyError::WrongSize`].
+pub fn decode(
+    source: &KeySource,
+    stored: &[u8],
+    encoding: KeyEncoding,
+    target: &KeyTarget,
+) -> Result<Key, KeyError> {
+    if stored.iter().all(u8::is_ascii_whitespace) {
+        return Err(KeyError::Empty {
+            source_: source.clone(),
+        });
+    }
+    let bytes = match encoding {
+        KeyEncoding::Raw => stored.to_vec(),
+        KeyEncoding::Base64 => {
+            let compact: Vec<u8> = stored
+                .iter()
+                .copied()
+                .filter(|b| !b.is_ascii_whitespace())
+                .collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(compact)
+                .map_err(|e| KeyError::Decode {
+                    source_: source.clone(),
+                    encoding: "base64",
+                    message: e.to_string(),
+                })?
+        }
+    };
+    if !(target.min..=target.max).contains(&bytes.len()) {
+        return Err(KeyError::WrongSize {
+            source_: source.clone(),
+            len: bytes.len(),
+            plugin: target.plugin,
+            min: target.min,
+            max: target.max,
+        });
+    }
+    Ok(Key(bytes))
+}
+
+/// Fetches the stored key bytes (still encoded).
+///
+/// # Errors
+/// [`KeyError`] naming the source.
+pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Vec<u8>, KeyError> {
+    use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError as SmErr;
+    use aws_sdk_ssm::operation::get_parameter::GetParameterError as SsmErr;
+    use aws_smithy_types::error::display::DisplayErrorContext;
+    let src = || source.clone();
+    match source {
+        KeySource::File(p) => std::fs::read(p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => KeyError::NotFound { source_: src() },
+            std::io::ErrorKind::PermissionDenied => KeyError::AccessDenied {
+                source_: src(),
+                message: e.to_string(),
+            },
+            _ => KeyError::Other {
+                source_: src(),
+                message: e.to_string(),
+            },
+        }),
+        KeySource::Ssm(name) => {
+            let client = aws_sdk_ssm::Client::new(sdk);
+            match client
+                .get_parameter()
+                .name(name)
+                .with_decryption(true)
+                .send()
+                .await
+            {
+                Ok(out) => Ok(out
+                    .parameter
+                    .and_then(|p| p.value)
+                    .unwrap_or_default()
+                    .into_bytes()),
+                Err(e) => Err(match e.as_service_error() {
+                    Some(SsmErr::ParameterNotFound(_)) => KeyError::NotFound { source_: src() },
+                    Some(se) if is_access_denied(se.meta().code()) => KeyError::AccessDenied {
+                        source_: src(),
+                        message: se.meta().message().unwrap_or_default().to_string(),
+                    },
+                    _ => KeyError::Other {
+                        source_: src(),
+                        message: DisplayErrorContext(&e).to_string(),
+                    },
+                }),
+            }
+        }
+        KeySource::SecretsManager(id) => {
+            let client = aws_sdk_secretsmanager::Client::new(sdk);
+            match client.get_secret_value().secret_id(id).send().await {
+                Ok(out) => Ok(match (out.secret_binary, out.secret_string) {
+                    (Some(b), _) => b.into_inner(),
+                    (None, Some(s)) => s.into_bytes(),
+                    (None, None) => Vec::new(),
+                }),
+                Err(e) => Err(match e.as_service_error() {
+                    Some(SmErr::ResourceNotFoundException(_)) => {
+                        KeyError::NotFound { source_: src() }
+                    }
+                    Some(se) if is_access_denied(se.meta().code()) => KeyError::AccessDenied {
+                        source_: src(),
+                        message: se.meta().message().unwrap_or_default().to_string(),
+                    },
+                    _ => KeyError::Other {
+                        source_: src(),
+                        message: DisplayErrorContext(&e).to_string(),
+                    },
+                }),
+            }
+        }
+    }
+}
+
+fn is_access_denied(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("AccessDeniedException" | "AccessDenied" | "UnrecognizedClientException")
+    ) || code.is_some_and(|c| c.starts_with("KMS"))
+}
+
+/// Resolves a user name to its uid and primary gid.
+///
+/// # Errors
+/// [`KeyError::NoSuchOwner`].
+pub fn resolve_owner(name: &str) -> Result<Owner, KeyError> {
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(u)) => Ok(Owner {
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+        }),
+        _ => Err(KeyError::NoSuchOwner(name.to_string())),
+    }
+}
+
+/// Writes the key to `path` (mode 0400, `owner`) unless the file already holds exactly
+/// these bytes with that mode and owner. Returns whether the file changed (a daemon that
+/// reads the key needs a restart only then).
+///
+/// # Errors
+/// [`KeyError::Write`].
+pub fn install(key: &Key, path: &Path, owner: Owner) -> Result<bool, KeyError> {
+    use std::os::unix::fs::MetadataExt;
+    if let (Ok(old), Ok(meta)) = (std::fs::read(path), std::fs::metadata(path)) {
+        if old == key.0
+            && meta.mode() & 0o7777 == 0o400
+            && meta.uid() == owner.uid
+            && meta.gid() == owner.gid
+        {
+            return Ok(false);
+        }
+    }
+    fsutil::write_atomic(path, &key.0, 0o400, Some(owner))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn munge() -> KeyTarget {
+        KeyTarget::from_settings(&settings::Auth::default())
+    }
+
+    #[test]
+    fn parses_sources() {
+        assert_eq!(
+            KeySource::parse("ssm:/cluster/munge").unwrap(),
+            KeySource::Ssm("/cluster/munge".into())
+        );
+        assert_eq!(
+            KeySource::parse("secretsmanager:arn:aws:secretsmanager:us-east-1:1:secret:x").unwrap(),
+            KeySource::SecretsManager("arn:aws:secretsmanager:us-east-1:1:secret:x".into())
+        );
+        for bad in ["", "ssm:", "s3:x", "file:relative", "ssm:a b", "ssm:a\nb"] {
+            assert!(KeySource::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plugin_defaults() {
+        let t = munge();
+        assert_eq!(t.path, PathBuf::from("/etc/munge/munge.key"));
+        assert_eq!(t.owner, "munge");
+        let s = settings::Auth {
+            auth_type: AuthType::Slurm,
+            ..Default::default()
+        };
+        let t = KeyTarget::from_settings(&s);
+        assert_eq!(
+            (t.path.to_str().unwrap(), t.owner.as_str()),
+            ("/etc/slurm/slurm.key", "slurm")
+        );
+    }
+
+    #[test]
+    fn decode_checks_encoding_and_size_without_leaking() {
+        let src = KeySource::Ssm("/k".into());
+        let raw = vec![7u8; 64];
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&raw);
+        let k = decode(
+            &src,
+            format!("{b64}\n").as_bytes(),
+            KeyEncoding::Base64,
+            &munge(),
+        )
+        .unwrap();
+        assert_eq!(k.len(), 64);
+        assert_eq!(format!("{k:?}"), "Key(64 bytes)");
+        let short = base64::engine::general_purpose::STANDARD.encode([1u8; 8]);
+        let e = decode(&src, short.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "SSM parameter /k: the key is 8 bytes; auth/munge needs 32 to 1024 bytes"
+        );
+        let e = decode(&src, b"  \n", KeyEncoding::Base64, &munge()).unwrap_err();
+        assert!(matches!(e, KeyError::Empty { .. }));
+        let secret = "not*base64*secret-material";
+        let e = decode(&src, secret.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert!(!e.to_string().contains(secret), "{e}");
+        let e = decode(&src, &[1u8; 2000], KeyEncoding::Raw, &munge()).unwrap_err();
+        assert!(matches!(e, KeyError::WrongSize { len: 2000, .. }));
+    }
+
+    #[test]
+    fn install_is_atomic_idempotent_and_0400() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("munge.key");
+        let me = Owner {
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+        };
+        let key = Key(vec![1u8; 32]);
+        assert!(install(&key, &p, me).unwrap());
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o7777, 0o400);
+        assert!(!install(&key, &p, me).unwrap(), "same key rewritten");
+        assert!(install(&Key(vec![2u8; 32]), &p, me).unwrap());
+        assert_eq!(std::fs::read(&p).unwrap(), vec![2u8; 32]);
+    }
+
+    #[test]
+    fn unknown_owner_is_an_error() {
+        let e = resolve_owner("no-such-user-xyz").unwrap_err();
+        assert!(e.to_string().contains("no-such-user-xyz"));
+    }
+}

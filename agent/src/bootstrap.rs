@@ -1,0 +1,420 @@
+//! First boot: instance metadata → settings → auth key → slurmd in configless (optionally
+//! dynamic) mode → node available in slurmctld.
+//!
+//! Idempotent: every step converges (the key and the options file are rewritten only when
+//! they differ, units are started, not spawned, so there is one slurmd), so a bootstrap
+//! killed at any step and run again ends in the same state.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::authkey::{self, KeyError, KeySource, KeyTarget};
+use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
+use crate::imds::{Imds, ImdsError, InstanceIdentity};
+use crate::nodedef::{self, NodeDefinition};
+use crate::retry::Backoff;
+use crate::settings::{self, AuthType, Layer, Resolved, SettingsError, Source};
+use crate::slurm::{self, ConfServer, NodeInfo, Scontrol};
+use crate::systemd::{Systemd, SystemdError};
+
+/// Name of the state file written under `agent.state_dir` when bootstrap succeeds.
+pub const STATE_FILE: &str = "bootstrap.json";
+
+/// Why bootstrap failed. [`BootstrapError::exit_code`] maps each kind to a sysexits(3) code.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// Settings invalid (exit 78, EX_CONFIG).
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// Instance metadata unavailable (exit 69, EX_UNAVAILABLE).
+    #[error(transparent)]
+    Imds(#[from] ImdsError),
+    /// Auth key missing, empty, unreadable or malformed (exit 65, EX_DATAERR; 77,
+    /// EX_NOPERM, when access is denied).
+    #[error("auth key: {0}")]
+    Key(#[from] KeyError),
+    /// GPUs the instance type has did not appear (exit 69).
+    #[error(transparent)]
+    Gpu(#[from] GpuWaitError),
+    /// systemd refused or failed a job (exit 71, EX_OSERR).
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    /// The node was not available in slurmctld by the deadline (exit 75, EX_TEMPFAIL).
+    #[error("node {node_name} not available after {waited:?} (slurm.join_deadline): {last_error}")]
+    Join {
+        /// NodeName.
+        node_name: String,
+        /// How long it tried.
+        waited: Duration,
+        /// The last thing that went wrong.
+        last_error: String,
+    },
+    /// Slurm refused the node's registration (exit 65): e.g. INVALID for low RealMemory.
+    #[error("node {node_name} registered as {state}: {reason}")]
+    Invalid {
+        /// NodeName.
+        node_name: String,
+        /// Slurm state.
+        state: String,
+        /// Slurm's reason.
+        reason: String,
+    },
+    /// Other I/O (exit 74, EX_IOERR).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl BootstrapError {
+    /// The process exit code for this error (sysexits(3) values).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BootstrapError::Settings(_) => 78,
+            BootstrapError::Imds(_) | BootstrapError::Gpu(_) => 69,
+            BootstrapError::Key(KeyError::AccessDenied { .. }) => 77,
+            BootstrapError::Key(KeyError::Write(_)) => 74,
+            BootstrapError::Key(KeyError::Other { .. }) => 69,
+            BootstrapError::Key(_) | BootstrapError::Invalid { .. } => 65,
+            BootstrapError::Systemd(_) => 71,
+            BootstrapError::Join { .. } => 75,
+            BootstrapError::Io(_) => 74,
+        }
+    }
+}
+
+/// Inputs besides the settings layers.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Settings files to read.
+    pub paths: settings::Paths,
+    /// Layers from the command line (highest precedence).
+    pub flag_layers: Vec<Layer>,
+    /// Folder where GPU device files appear (`/dev`).
+    pub dev_dir: PathBuf,
+}
+
+/// Duration of one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// Step name: `settings`, `instance_metadata`, `node_definition`, `auth_key`, `munge`,
+    /// `slurmd`, `join`.
+    pub name: &'static str,
+    /// Milliseconds.
+    pub duration_ms: u64,
+}
+
+/// What bootstrap did: printed as text, or as one JSON object with `--output json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Slurm NodeName.
+    pub node_name: String,
+    /// Slurm state at the end, e.g. `IDLE+DYNAMIC_NORM`.
+    pub state: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// The `--conf` line of a dynamic node.
+    pub dynamic_conf: Option<String>,
+    /// Whether the key file was (re)written.
+    pub key_changed: bool,
+    /// Whether slurmd was restarted (options or key changed).
+    pub slurmd_restarted: bool,
+    /// Step durations in order.
+    pub steps: Vec<Step>,
+    /// Total milliseconds.
+    pub total_ms: u64,
+}
+
+struct Timer {
+    start: Instant,
+    step: Instant,
+    steps: Vec<Step>,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        let now = Instant::now();
+        Timer {
+            start: now,
+            step: now,
+            steps: Vec::new(),
+        }
+    }
+
+    fn done(&mut self, name: &'static str) {
+        let now = Instant::now();
+        let duration_ms = u64::try_from((now - self.step).as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(step = name, duration_ms, "step done");
+        self.steps.push(Step { name, duration_ms });
+        self.step = now;
+    }
+}
+
+/// Resolves the settings: files and flags first (they may point IMDS elsewhere), then the
+/// user data part and the tags from IMDS, in precedence order.
+///
+/// # Errors
+/// [`SettingsError`].
+pub fn resolve(
+    file_layers: &[Layer],
+    id: Option<&InstanceIdentity>,
+    flag_layers: &[Layer],
+) -> Result<Resolved, SettingsError> {
+    let mut layers: Vec<Layer> = file_layers.to_vec();
+    if let Some(id) = id {
+        if let Some(ud) = &id.user_data {
+            let part = crate::userdata::settings_part(ud.as_bytes()).map_err(|e| {
+                SettingsError::Parse {
+                    origin: Source::UserData,
+                    message: e.to_string(),
+                }
+            })?;
+            if let Some(text) = part {
+                layers.push(Layer::from_toml(Source::UserData, &text)?);
+            }
+        }
+        layers.extend(Layer::from_tags(
+            id.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        )?);
+    }
+    layers.extend(flag_layers.iter().cloned());
+    Resolved::merge(&layers)
+}
+
+/// Runs bootstrap to the end.
+///
+/// # Errors
+/// [`BootstrapError`]; nothing is written before the step that needs it succeeds (no key
+/// file for a bad key, munge not restarted).
+pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
+    let mut t = Timer::new();
+    let file_layers = settings::file_layers(&opts.paths)?;
+    let early = resolve(&file_layers, None, &opts.flag_layers)?;
+    t.done("settings");
+
+    let imds = Imds::new(&early.settings.imds);
+    let id = imds.identity().await?;
+    tracing::info!(
+        instance_id = %id.instance_id,
+        instance_type = %id.instance_type,
+        availability_zone = %id.availability_zone,
+        spot = id.spot,
+        tags = id.tags.len(),
+        "instance metadata read"
+    );
+    let resolved = resolve(&file_layers, Some(&id), &opts.flag_layers)?;
+    let s = &resolved.settings;
+    t.done("instance_metadata");
+
+    let host = HostFacts::detect();
+    let probe = GpuProbe {
+        dev_dir: opts.dev_dir.clone(),
+        wait: s.node.gpu_wait.0,
+    };
+    let configured_gpus = s.node.gpus.parse::<u32>().ok();
+    let gpus = if s.node.dynamic {
+        probe.gpus(configured_gpus, &id.instance_type).await?
+    } else {
+        0
+    };
+    let def = nodedef::node_definition(&s.node, &id, &host, gpus).map_err(|(key, message)| {
+        SettingsError::Key {
+            origin: resolved.source_of(key),
+            key: key.to_string(),
+            message,
+        }
+    })?;
+    tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
+    t.done("node_definition");
+
+    let key_changed = install_key(s, &id).await?;
+    t.done("auth_key");
+
+    let systemd = Systemd::connect(&s.systemd.bus).await?;
+    if s.auth.auth_type == AuthType::Munge {
+        if key_changed {
+            systemd.restart(&s.slurm.munge_unit).await?;
+        } else {
+            systemd.start(&s.slurm.munge_unit).await?;
+        }
+        t.done("munge");
+    }
+
+    let servers: Vec<ConfServer> = s
+        .slurm
+        .conf_servers
+        .iter()
+        .filter_map(|c| ConfServer::parse(c).ok())
+        .collect();
+    let options_file = if s.slurm.slurmd_options_file.as_os_str().is_empty() {
+        slurm::options::default_options_file()
+    } else {
+        s.slurm.slurmd_options_file.clone()
+    };
+    let args = slurm::slurmd_args(&def, &servers);
+    let options_changed = slurm::write_slurmd_options(&options_file, &args)
+        .map_err(|e| BootstrapError::Io(e.to_string()))?;
+    let slurmd_restarted = options_changed || key_changed;
+    if slurmd_restarted {
+        systemd.restart(&s.slurm.slurmd_unit).await?;
+    } else {
+        systemd.start(&s.slurm.slurmd_unit).await?;
+    }
+    t.done("slurmd");
+
+    let node = join(s, &def, &systemd).await?;
+    t.done("join");
+
+    write_state(s, &id, &def).map_err(|e| BootstrapError::Io(e.to_string()))?;
+    Ok(Report {
+        node_name: def.node_name.clone(),
+        state: node.state().to_string(),
+        instance_id: id.instance_id.clone(),
+        dynamic_conf: def.dynamic_conf.clone(),
+        key_changed,
+        slurmd_restarted,
+        total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+        steps: t.steps,
+    })
+}
+
+/// Fetches and installs the key. Returns whether the file changed. With no key source the
+/// key is assumed baked into the image.
+async fn install_key(s: &settings::Settings, id: &InstanceIdentity) -> Result<bool, KeyError> {
+    if s.auth.key_source.is_empty() {
+        return Ok(false);
+    }
+    let source = KeySource::parse(&s.auth.key_source).map_err(|message| KeyError::Other {
+        source_: KeySource::File(PathBuf::new()),
+        message,
+    })?;
+    let target = KeyTarget::from_settings(&s.auth);
+    // Resolve the owner first: a host without the daemon's user gets no key file.
+    let owner = authkey::resolve_owner(&target.owner)?;
+    let stored = match &source {
+        KeySource::File(_) => {
+            authkey::fetch(&source, &aws_config::SdkConfig::builder().build()).await?
+        }
+        _ => {
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(id.region.clone()))
+                .load()
+                .await;
+            authkey::fetch(&source, &sdk).await?
+        }
+    };
+    let key = authkey::decode(&source, &stored, s.auth.key_encoding, &target)?;
+    let changed = authkey::install(&key, &target.path, owner)?;
+    tracing::info!(path = %target.path.display(), changed, bytes = key.len(), "auth key installed");
+    Ok(changed)
+}
+
+/// Waits until slurmctld reports the node available, restarting slurmd with capped,
+/// jittered backoff when it exits (configless slurmd gives up at once when it cannot fetch
+/// the configuration), until `slurm.join_deadline`.
+async fn join(
+    s: &settings::Settings,
+    def: &NodeDefinition,
+    systemd: &Systemd,
+) -> Result<NodeInfo, BootstrapError> {
+    let scontrol = Scontrol::new(&s.slurm.bin_dir);
+    let deadline = s.slurm.join_deadline.0;
+    let start = Instant::now();
+    let mut last_error;
+    let mut slurmd_note = String::new();
+    let mut restarts = 0u32;
+    let mut polls = 0u32;
+    loop {
+        match scontrol.show_node(&def.node_name).await {
+            Ok(Some(node)) if node.is_available() => return Ok(node),
+            Ok(Some(node)) if node.has_flag("INVALID_REG") || node.has_flag("INVALID") => {
+                return Err(BootstrapError::Invalid {
+                    node_name: def.node_name.clone(),
+                    state: node.state().to_string(),
+                    reason: node.reason().unwrap_or("no reason given").to_string(),
+                })
+            }
+            Ok(Some(node)) => {
+                last_error = format!(
+                    "node is {}{}",
+                    node.state(),
+                    node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+                )
+            }
+            Ok(None) => last_error = "slurmctld does not know the node yet".into(),
+            Err(e) => last_error = e.to_string(),
+        }
+        if start.elapsed() >= deadline {
+            return Err(BootstrapError::Join {
+                node_name: def.node_name.clone(),
+                waited: start.elapsed(),
+                last_error: format!("{last_error}{slurmd_note}"),
+            });
+        }
+        let unit_state = systemd.active_state(&s.slurm.slurmd_unit).await?;
+        if matches!(unit_state.as_str(), "failed" | "inactive") {
+            let wait = Backoff::CONTROLLER
+                .delay(restarts)
+                .min(deadline.saturating_sub(start.elapsed()));
+            tracing::warn!(
+                unit = %s.slurm.slurmd_unit,
+                %unit_state,
+                last_error = %last_error,
+                retry_in_ms = wait.as_millis() as u64,
+                "slurmd is not running (controller unreachable?); retrying"
+            );
+            slurmd_note = format!(
+                "; {} was {unit_state} (restarted {} times)",
+                s.slurm.slurmd_unit,
+                restarts + 1
+            );
+            tokio::time::sleep(wait).await;
+            restarts += 1;
+            if let Err(e) = systemd.restart(&s.slurm.slurmd_unit).await {
+                slurmd_note = format!("; {e}");
+            }
+            continue;
+        }
+        polls += 1;
+        // slurmd registers in about 0.1 s: poll fast at first, then every half second.
+        let pause = if polls < 200 { 25 } else { 500 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// What later commands (`check`, `run`) need from bootstrap.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct State {
+    /// Slurm NodeName.
+    pub node_name: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// AMI the instance runs.
+    pub ami_id: String,
+    /// `--conf` line of a dynamic node.
+    pub dynamic_conf: Option<String>,
+}
+
+fn write_state(
+    s: &settings::Settings,
+    id: &InstanceIdentity,
+    def: &NodeDefinition,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&s.agent.state_dir)
+        .map_err(|e| format!("{}: {e}", s.agent.state_dir.display()))?;
+    let state = State {
+        node_name: def.node_name.clone(),
+        instance_id: id.instance_id.clone(),
+        ami_id: id.ami_id.clone(),
+        dynamic_conf: def.dynamic_conf.clone(),
+    };
+    let json = serde_json::to_vec_pretty(&state)?;
+    crate::fsutil::write_atomic(&s.agent.state_dir.join(STATE_FILE), &json, 0o644, None)?;
+    Ok(())
+}
+
+/// Reads the state bootstrap left, if any.
+pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
+    let text = std::fs::read(state_dir.join(STATE_FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}

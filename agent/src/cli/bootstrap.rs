@@ -1,0 +1,68 @@
+//! `slurm-node-agent bootstrap`: first boot to a node available in slurmctld.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{print_error, Output, SettingsArgs};
+use crate::bootstrap::{self, Report};
+
+/// Arguments of `bootstrap`.
+#[derive(Debug, Args)]
+pub struct BootstrapArgs {
+    /// Settings sources.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// Result format on stdout.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Folder where GPU device files (`nvidia<N>`) appear.
+    #[arg(long, value_name = "DIR", default_value = "/dev", hide = true)]
+    pub dev_dir: PathBuf,
+}
+
+impl BootstrapArgs {
+    /// Runs bootstrap; returns the exit code.
+    pub async fn run(self) -> u8 {
+        let flag_layers = match self.settings.flag_layers() {
+            Ok(l) => l,
+            Err(e) => {
+                print_error(&e);
+                return 78;
+            }
+        };
+        let opts = bootstrap::Options {
+            paths: self.settings.paths(),
+            flag_layers,
+            dev_dir: self.dev_dir,
+        };
+        match bootstrap::run(&opts).await {
+            Ok(report) => {
+                print_report(&report, self.output);
+                0
+            }
+            Err(e) => {
+                print_error(&e);
+                e.exit_code()
+            }
+        }
+    }
+}
+
+fn print_report(r: &Report, output: Output) {
+    match output {
+        Output::Json => match serde_json::to_string(r) {
+            Ok(s) => println!("{s}"),
+            Err(e) => print_error(&e),
+        },
+        Output::Text => {
+            println!("node {} is {} ({} ms)", r.node_name, r.state, r.total_ms);
+            if let Some(c) = &r.dynamic_conf {
+                println!("  dynamic node: {c}");
+            }
+            for s in &r.steps {
+                println!("  {:<18} {:>6} ms", s.name, s.duration_ms);
+            }
+        }
+    }
+}

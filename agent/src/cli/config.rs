@@ -1,0 +1,82 @@
+//! `slurm-node-agent config show`: the merged settings with the source of each value.
+
+use clap::{Args, Subcommand};
+
+use super::{print_error, Output, SettingsArgs};
+use crate::bootstrap;
+use crate::imds::Imds;
+
+/// `config` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print every key, its value and where it came from.
+    Show(ShowArgs),
+}
+
+/// Arguments of `config show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Settings sources.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// Do not read instance tags and user data from IMDS (files and flags only).
+    #[arg(long)]
+    pub no_imds: bool,
+    /// Result format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+impl ConfigCommand {
+    /// Runs the subcommand; returns the exit code.
+    pub async fn run(self) -> u8 {
+        match self {
+            ConfigCommand::Show(a) => a.run().await,
+        }
+    }
+}
+
+impl ShowArgs {
+    async fn run(self) -> u8 {
+        let result = async {
+            let flags = self.settings.flag_layers()?;
+            let files = crate::settings::file_layers(&self.settings.paths())?;
+            let early = bootstrap::resolve(&files, None, &flags)?;
+            if self.no_imds {
+                return Ok::<_, bootstrap::BootstrapError>(early);
+            }
+            let id = Imds::new(&early.settings.imds).identity().await?;
+            Ok(bootstrap::resolve(&files, Some(&id), &flags)?)
+        }
+        .await;
+        let resolved = match result {
+            Ok(r) => r,
+            Err(e) => {
+                print_error(&e);
+                return e.exit_code();
+            }
+        };
+        let entries = resolved.entries();
+        match self.output {
+            Output::Json => {
+                let obj: serde_json::Map<String, serde_json::Value> = entries
+                    .into_iter()
+                    .map(|(k, v, s)| {
+                        let value = serde_json::to_value(&v).unwrap_or(serde_json::Value::Null);
+                        (
+                            k,
+                            serde_json::json!({ "value": value, "source": s.to_string() }),
+                        )
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Object(obj));
+            }
+            Output::Text => {
+                for (k, v, s) in entries {
+                    println!("{k} = {v}    # {s}");
+                }
+            }
+        }
+        0
+    }
+}

@@ -1,0 +1,1 @@
+//! Node health checks (issue 6).

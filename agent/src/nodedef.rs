@@ -1,0 +1,324 @@
+//! The Slurm node this instance becomes: its NodeName and, for dynamic nodes, the `--conf`
+//! line (slurm.conf(5) "NODE CONFIGURATION" keys) that `slurmd -Z` registers with.
+//!
+//! Every value that reaches the `--conf` line is either a number computed here or a string
+//! checked against a strict character set, so nothing can add a key to it.
+
+use crate::hostfacts::HostFacts;
+use crate::imds::InstanceIdentity;
+use crate::settings;
+
+/// Longest NodeName accepted. Slurm itself allows more, but host names over 63 characters
+/// break DNS labels and most tooling.
+pub const NODE_NAME_MAX: usize = 63;
+
+/// Checks a Slurm NodeName: ASCII letters, digits, `-` and `_`, starting with a letter or
+/// digit, at most [`NODE_NAME_MAX`] characters. Dots are refused: a NodeName with a dot is
+/// almost always an FQDN by accident, and Slurm's hostlist expressions treat `.` oddly.
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_node_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("NodeName is empty".into());
+    }
+    if name.len() > NODE_NAME_MAX {
+        return Err(format!(
+            "NodeName {name:?} is longer than {NODE_NAME_MAX} characters"
+        ));
+    }
+    if name.contains('.') {
+        return Err(format!(
+            "NodeName {name:?} contains '.': use the short host name, not an FQDN"
+        ));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "NodeName {name:?} may only hold ASCII letters, digits, '-' and '_', and must start \
+             with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a Slurm Feature name: ASCII letters, digits, `.`, `-`, `_`, starting with a letter
+/// or digit, at most 64 characters (no spaces, `=`, `,`, `&`, `|` or brackets, which Slurm
+/// uses as separators or operators in constraints).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_feature(f: &str) -> Result<(), String> {
+    let ok = !f.is_empty()
+        && f.len() <= 64
+        && f.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && f.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "Feature {f:?} may only hold ASCII letters, digits, '.', '-' and '_' (at most 64)"
+        ))
+    }
+}
+
+/// Expands the NodeName template over instance facts and checks the result.
+///
+/// # Errors
+/// A message naming an unknown placeholder, a missing tag, or the invalid result.
+pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
+        let name = &after[..end];
+        let value = match name {
+            "instance_id" => id.instance_id.clone(),
+            "instance_type" => id.instance_type.clone(),
+            "instance_family" => id
+                .instance_type
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+            "availability_zone" => id.availability_zone.clone(),
+            "region" => id.region.clone(),
+            "local_hostname_short" => id
+                .local_hostname
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+            "local_ipv4_dashed" => id.local_ipv4.replace('.', "-"),
+            other => match other.strip_prefix("tag:") {
+                Some(key) => id
+                    .tags
+                    .get(key)
+                    .cloned()
+                    .ok_or_else(|| format!("instance tag {key:?} is not set"))?,
+                None => return Err(format!("unknown placeholder {{{other}}} in {template:?}")),
+            },
+        };
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    validate_node_name(&out)?;
+    Ok(out)
+}
+
+/// The node definition bootstrap hands to slurmd.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeDefinition {
+    /// Slurm NodeName (`slurmd -N`).
+    pub node_name: String,
+    /// For dynamic nodes, the `--conf` line, e.g.
+    /// `CPUs=4 Boards=1 Sockets=1 CoresPerSocket=2 ThreadsPerCore=2 RealMemory=7400 Features=c5.xlarge,us-east-1a,ondemand Weight=1`.
+    /// `None` for nodes pre-declared in slurm.conf.
+    pub dynamic_conf: Option<String>,
+}
+
+/// RealMemory to declare: physical memory less the larger of the two reserves.
+pub fn real_memory_mib(memory_mib: u64, reserve_percent: u64, reserve_mib: u64) -> u64 {
+    let by_percent = memory_mib * reserve_percent.min(100) / 100;
+    memory_mib
+        .saturating_sub(by_percent.max(reserve_mib))
+        .max(1)
+}
+
+/// Builds the node definition.
+///
+/// # Errors
+/// `(key, message)`: the settings key whose value (or expansion) is invalid.
+pub fn node_definition(
+    s: &settings::Node,
+    id: &InstanceIdentity,
+    host: &HostFacts,
+    gpus: u32,
+) -> Result<NodeDefinition, (&'static str, String)> {
+    let node_name = if s.name.is_empty() {
+        expand_template(&s.name_template, id).map_err(|m| ("node.name_template", m))?
+    } else {
+        validate_node_name(&s.name).map_err(|m| ("node.name", m))?;
+        s.name.clone()
+    };
+    if !s.dynamic {
+        return Ok(NodeDefinition {
+            node_name,
+            dynamic_conf: None,
+        });
+    }
+    let mut features: Vec<String> = Vec::new();
+    if s.auto_features {
+        features.push(id.instance_type.clone());
+        features.push(id.availability_zone.clone());
+        features.push(if id.spot { "spot" } else { "ondemand" }.to_string());
+    }
+    features.extend(s.features.iter().cloned());
+    features.retain(|f| !f.is_empty());
+    features.dedup();
+    for f in &features {
+        validate_feature(f).map_err(|m| ("node.features", m))?;
+    }
+    let mem = real_memory_mib(
+        host.memory_mib,
+        u64::try_from(s.real_memory_reserve_percent).unwrap_or(0),
+        u64::try_from(s.real_memory_reserve_mib).unwrap_or(0),
+    );
+    let mut conf = format!(
+        "CPUs={} Boards=1 Sockets={} CoresPerSocket={} ThreadsPerCore={} RealMemory={mem}",
+        host.cpus, host.sockets, host.cores_per_socket, host.threads_per_core
+    );
+    if gpus > 0 {
+        conf.push_str(&format!(" Gres=gpu:{gpus}"));
+    }
+    if !features.is_empty() {
+        conf.push_str(&format!(" Features={}", features.join(",")));
+    }
+    conf.push_str(&format!(" Weight={}", s.weight));
+    Ok(NodeDefinition {
+        node_name,
+        dynamic_conf: Some(conf),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn id() -> InstanceIdentity {
+        InstanceIdentity {
+            instance_id: "i-0123456789abcdef0".into(),
+            instance_type: "c5.xlarge".into(),
+            region: "us-east-1".into(),
+            availability_zone: "us-east-1a".into(),
+            local_ipv4: "10.0.0.12".into(),
+            local_hostname: "ip-10-0-0-12.ec2.internal".into(),
+            ami_id: "ami-0123456789abcdef0".into(),
+            spot: true,
+            tags: [("Queue".to_string(), "gpu".to_string())].into(),
+            user_data: None,
+        }
+    }
+
+    const HOST: HostFacts = HostFacts {
+        cpus: 4,
+        sockets: 1,
+        cores_per_socket: 2,
+        threads_per_core: 2,
+        memory_mib: 7_800,
+    };
+
+    #[test]
+    fn template_placeholders() {
+        assert_eq!(
+            expand_template("{local_hostname_short}", &id()).unwrap(),
+            "ip-10-0-0-12"
+        );
+        assert_eq!(
+            expand_template("{tag:Queue}-{instance_family}-{local_ipv4_dashed}", &id()).unwrap(),
+            "gpu-c5-10-0-0-12"
+        );
+        assert!(expand_template("{nope}", &id())
+            .unwrap_err()
+            .contains("unknown placeholder"));
+        assert!(expand_template("{tag:Missing}", &id())
+            .unwrap_err()
+            .contains("Missing"));
+        // The raw hostname is an FQDN: refused, never used by accident.
+        let e = expand_template("{instance_type}", &id()).unwrap_err();
+        assert!(e.contains("FQDN"), "{e}");
+    }
+
+    #[test]
+    fn the_node_name_does_not_depend_on_the_kernel_hostname() {
+        // IMDS local-hostname may be the FQDN while the kernel's hostname is still short (or
+        // the other way round during boot); NodeName comes from IMDS only.
+        let mut a = id();
+        let mut b = id();
+        a.local_hostname = "ip-10-0-0-12.ec2.internal".into();
+        b.local_hostname = "ip-10-0-0-12".into();
+        let s = settings::Node::default();
+        assert_eq!(
+            node_definition(&s, &a, &HOST, 0).unwrap().node_name,
+            node_definition(&s, &b, &HOST, 0).unwrap().node_name
+        );
+    }
+
+    #[test]
+    fn bad_node_names_are_rejected() {
+        for bad in [
+            "a b",
+            "a=b",
+            "a\nb",
+            "a;rm -rf /",
+            "nöde",
+            "$(id)",
+            "-lead",
+            "",
+            "a.b.c",
+            "x Feature=evil",
+        ] {
+            assert!(validate_node_name(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["node-1", "gpu_07", "i-0123456789abcdef0"] {
+            validate_node_name(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_features_are_rejected() {
+        for bad in ["a b", "a=b", "a,b", "a\nb", "a|b", "a&b", "é", "[x]", ""] {
+            assert!(validate_feature(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn dynamic_conf_line() {
+        let mut s = settings::Node::default();
+        s.features = vec!["efa".into()];
+        s.weight = 10;
+        let d = node_definition(&s, &id(), &HOST, 2).unwrap();
+        assert_eq!(d.node_name, "ip-10-0-0-12");
+        assert_eq!(
+            d.dynamic_conf.unwrap(),
+            "CPUs=4 Boards=1 Sockets=1 CoresPerSocket=2 ThreadsPerCore=2 RealMemory=7544 \
+             Gres=gpu:2 Features=c5.xlarge,us-east-1a,spot,efa Weight=10"
+        );
+        s.dynamic = false;
+        assert_eq!(
+            node_definition(&s, &id(), &HOST, 0).unwrap().dynamic_conf,
+            None
+        );
+    }
+
+    #[test]
+    fn a_tag_with_spaces_cannot_add_keys() {
+        let mut bad = id();
+        bad.tags.insert("Name".into(), "x RealMemory=999999".into());
+        let mut s = settings::Node::default();
+        s.name_template = "{tag:Name}".into();
+        let (key, _) = node_definition(&s, &bad, &HOST, 0).unwrap_err();
+        assert_eq!(key, "node.name_template");
+        s.name_template = "{local_hostname_short}".into();
+        s.features = vec!["ok Weight=0".into()];
+        let (key, _) = node_definition(&s, &id(), &HOST, 0).unwrap_err();
+        assert_eq!(key, "node.features");
+    }
+
+    #[test]
+    fn real_memory_reserve_is_the_larger_of_percent_and_mib() {
+        assert_eq!(real_memory_mib(7_800, 3, 256), 7_544);
+        assert_eq!(real_memory_mib(100_000, 3, 256), 97_000);
+        assert_eq!(real_memory_mib(100, 3, 256), 1);
+    }
+}

@@ -1,0 +1,206 @@
+//! slurmd's command line and the file the distribution's slurmd unit reads it from.
+//!
+//! Debian and Ubuntu's `slurmd.service` has `EnvironmentFile=-/etc/default/slurmd` and
+//! `ExecStart=/usr/sbin/slurmd -D -s $SLURMD_OPTIONS`; the RHEL family (and SchedMD's own
+//! unit) reads `/etc/sysconfig/slurmd`. systemd splits an unbraced `$VAR` at whitespace
+//! and removes quotes (systemd.service(5) "Command lines"), so the `--conf` value is written
+//! in double quotes, and the whole value in single quotes (systemd.exec(5)
+//! "EnvironmentFile=").
+
+use std::path::{Path, PathBuf};
+
+use super::ConfServer;
+use crate::fsutil;
+use crate::nodedef::NodeDefinition;
+
+/// The arguments bootstrap gives slurmd (after the unit's own `-D -s`):
+/// `-N <NodeName>`, `--conf-server a,b` when servers are given (else slurmd looks up DNS SRV
+/// `_slurmctld._tcp`), and `-Z --conf "<line>"` for dynamic nodes.
+pub fn slurmd_args(def: &NodeDefinition, servers: &[ConfServer]) -> Vec<String> {
+    let mut args = vec!["-N".to_string(), def.node_name.clone()];
+    if !servers.is_empty() {
+        args.push("--conf-server".into());
+        args.push(
+            servers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        );
+    }
+    if let Some(conf) = &def.dynamic_conf {
+        args.push("-Z".into());
+        args.push("--conf".into());
+        args.push(conf.clone());
+    }
+    args
+}
+
+/// The `SLURMD_OPTIONS=` line for `args`. Arguments are validated upstream (no quotes,
+/// no newlines); an argument with a space is double-quoted.
+fn options_line(args: &[String]) -> String {
+    let words: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.contains(' ') {
+                format!("\"{a}\"")
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    format!("SLURMD_OPTIONS='{}'", words.join(" "))
+}
+
+/// Error writing the options file.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsFileError {
+    /// An argument holds a character that cannot be written safely.
+    #[error("slurmd argument {0:?} holds a quote, newline or control character")]
+    Unsafe(String),
+    /// Reading the existing file failed.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing failed.
+    #[error(transparent)]
+    Write(#[from] fsutil::WriteError),
+}
+
+/// The distribution's options file: `/etc/default/slurmd` where `/etc/default` exists,
+/// else `/etc/sysconfig/slurmd`.
+pub fn default_options_file() -> PathBuf {
+    if Path::new("/etc/default").is_dir() {
+        PathBuf::from("/etc/default/slurmd")
+    } else {
+        PathBuf::from("/etc/sysconfig/slurmd")
+    }
+}
+
+/// Sets `SLURMD_OPTIONS` in `path`, keeping every other line, replacing any earlier
+/// `SLURMD_OPTIONS=` lines with one. Written atomically (mode 0644); unchanged content is
+/// not rewritten. Returns whether the file changed.
+///
+/// # Errors
+/// [`OptionsFileError`].
+pub fn write_slurmd_options(path: &Path, args: &[String]) -> Result<bool, OptionsFileError> {
+    if let Some(a) = args
+        .iter()
+        .find(|a| a.chars().any(|c| c == '\'' || c == '"' || c.is_control()))
+    {
+        return Err(OptionsFileError::Unsafe(a.clone()));
+    }
+    let old = match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(OptionsFileError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let line = options_line(args);
+    let mut out = String::new();
+    let mut placed = false;
+    for l in old.lines() {
+        let t = l.trim_start();
+        if t.starts_with("SLURMD_OPTIONS=") || t.starts_with("export SLURMD_OPTIONS=") {
+            if !placed {
+                out.push_str(&line);
+                out.push('\n');
+                placed = true;
+            }
+        } else {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    if !placed {
+        if out.is_empty() {
+            out.push_str("# Written by slurm-node-agent bootstrap.\n");
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if out == old {
+        return Ok(false);
+    }
+    fsutil::write_atomic(path, out.as_bytes(), 0o644, None)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn def() -> NodeDefinition {
+        NodeDefinition {
+            node_name: "n1".into(),
+            dynamic_conf: Some("CPUs=2 RealMemory=1000".into()),
+        }
+    }
+
+    #[test]
+    fn args_for_dynamic_node() {
+        let servers = vec![
+            ConfServer::parse("10.0.0.1:6817").unwrap(),
+            ConfServer::parse("10.0.0.2").unwrap(),
+        ];
+        assert_eq!(
+            slurmd_args(&def(), &servers),
+            [
+                "-N",
+                "n1",
+                "--conf-server",
+                "10.0.0.1:6817,10.0.0.2",
+                "-Z",
+                "--conf",
+                "CPUs=2 RealMemory=1000"
+            ]
+        );
+        let static_def = NodeDefinition {
+            dynamic_conf: None,
+            ..def()
+        };
+        assert_eq!(slurmd_args(&static_def, &[]), ["-N", "n1"]);
+    }
+
+    #[test]
+    fn options_file_is_idempotent_and_keeps_other_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("slurmd");
+        std::fs::write(
+            &p,
+            "# Debian default\nSLURMD_OPTIONS=\"\"\nOTHER=1\nSLURMD_OPTIONS=x\n",
+        )
+        .unwrap();
+        let args = slurmd_args(&def(), &[]);
+        assert!(write_slurmd_options(&p, &args).unwrap());
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            "# Debian default\nSLURMD_OPTIONS='-N n1 -Z --conf \"CPUs=2 RealMemory=1000\"'\nOTHER=1\n"
+        );
+        // Second run: same content, no rewrite, still one line.
+        assert!(!write_slurmd_options(&p, &args).unwrap());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), text);
+    }
+
+    #[test]
+    fn refuses_quotes_and_newlines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("slurmd");
+        for bad in ["a'b", "a\nSLURMD_OPTIONS=evil", "a\"b"] {
+            let e = write_slurmd_options(&p, &[bad.to_string()]).unwrap_err();
+            assert!(matches!(e, OptionsFileError::Unsafe(_)));
+        }
+        assert!(!p.exists());
+    }
+}

@@ -1,0 +1,286 @@
+//! The systemd Manager API over D-Bus (zbus): start, restart and stop units and wait for
+//! their jobs, reload unit files, read unit states.
+//!
+//! Interface: `org.freedesktop.systemd1.Manager` and `org.freedesktop.systemd1.Unit`
+//! (org.freedesktop.systemd1(5)). A job's outcome arrives as the `JobRemoved` signal with
+//! result `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
+
+use std::time::Duration;
+
+use futures_lite::StreamExt;
+use zbus::zvariant::{ObjectPath, OwnedObjectPath};
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1",
+    gen_blocking = false
+)]
+trait Manager {
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reload(&self) -> zbus::Result<()>;
+    fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn subscribe(&self) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: ObjectPath<'_>,
+        unit: &str,
+        result: &str,
+    ) -> zbus::Result<()>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+trait Unit {
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn sub_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn load_state(&self) -> zbus::Result<String>;
+}
+
+/// A systemd failure, naming the unit.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemdError {
+    /// The bus could not be reached.
+    #[error("connecting to the systemd Manager on the {bus} bus: {source}")]
+    Connect {
+        /// Which bus.
+        bus: String,
+        /// zbus error.
+        #[source]
+        source: zbus::Error,
+    },
+    /// A Manager call failed.
+    #[error("systemd {call} {unit}: {source}")]
+    Call {
+        /// Method name.
+        call: &'static str,
+        /// Unit name.
+        unit: String,
+        /// zbus error (the D-Bus error name and message, e.g. NoSuchUnit).
+        #[source]
+        source: zbus::Error,
+    },
+    /// The job finished with a result other than `done`.
+    #[error("systemd {call} {unit}: job result {result:?} (unit is {active_state})")]
+    Job {
+        /// Method name.
+        call: &'static str,
+        /// Unit name.
+        unit: String,
+        /// Job result.
+        result: String,
+        /// Unit's ActiveState afterwards.
+        active_state: String,
+    },
+    /// The job did not finish in time.
+    #[error("systemd {call} {unit}: job did not finish in {timeout:?}")]
+    Timeout {
+        /// Method name.
+        call: &'static str,
+        /// Unit name.
+        unit: String,
+        /// Limit.
+        timeout: Duration,
+    },
+}
+
+/// Checks a unit name (systemd.unit(5)): ASCII letters, digits, `:-_.\@`, a known suffix,
+/// at most 255 characters.
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_unit_name(name: &str) -> Result<(), String> {
+    const SUFFIXES: [&str; 8] = [
+        ".service", ".mount", ".target", ".socket", ".timer", ".path", ".slice", ".scope",
+    ];
+    let ok = name.len() <= 255
+        && SUFFIXES
+            .iter()
+            .any(|s| name.len() > s.len() && name.ends_with(s))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid systemd unit name {name:?}"))
+    }
+}
+
+/// A connection to the systemd Manager.
+#[derive(Debug, Clone)]
+pub struct Systemd {
+    manager: ManagerProxy<'static>,
+    /// Limit for each job to finish.
+    pub job_timeout: Duration,
+}
+
+impl Systemd {
+    /// Connects to `bus`: `system`, `session` (`DBUS_SESSION_BUS_ADDRESS`) or a D-Bus address.
+    ///
+    /// # Errors
+    /// [`SystemdError::Connect`].
+    pub async fn connect(bus: &str) -> Result<Systemd, SystemdError> {
+        let err = |source| SystemdError::Connect {
+            bus: bus.to_string(),
+            source,
+        };
+        let conn = match bus {
+            "system" => zbus::Connection::system().await,
+            "session" => zbus::Connection::session().await,
+            addr => match zbus::connection::Builder::address(addr) {
+                Ok(b) => b.build().await,
+                Err(e) => Err(e),
+            },
+        }
+        .map_err(err)?;
+        let manager = ManagerProxy::new(&conn).await.map_err(err)?;
+        Ok(Systemd {
+            manager,
+            job_timeout: Duration::from_secs(90),
+        })
+    }
+
+    /// `StartUnit(name, "replace")`, waiting for the job. Starting an active unit is a no-op.
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    pub async fn start(&self, unit: &str) -> Result<(), SystemdError> {
+        self.job("StartUnit", unit).await
+    }
+
+    /// `RestartUnit(name, "replace")`, waiting for the job.
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    pub async fn restart(&self, unit: &str) -> Result<(), SystemdError> {
+        self.job("RestartUnit", unit).await
+    }
+
+    /// `StopUnit(name, "replace")`, waiting for the job.
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    pub async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        self.job("StopUnit", unit).await
+    }
+
+    /// `Reload()`: re-reads unit files, as `systemctl daemon-reload`.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn reload(&self) -> Result<(), SystemdError> {
+        self.manager
+            .reload()
+            .await
+            .map_err(|source| SystemdError::Call {
+                call: "Reload",
+                unit: String::new(),
+                source,
+            })
+    }
+
+    /// The unit's `ActiveState` (`active`, `inactive`, `failed`, `activating`, ...).
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn active_state(&self, unit: &str) -> Result<String, SystemdError> {
+        let err = |source| SystemdError::Call {
+            call: "LoadUnit",
+            unit: unit.to_string(),
+            source,
+        };
+        let path = self.manager.load_unit(unit).await.map_err(err)?;
+        let u = UnitProxy::builder(self.manager.inner().connection())
+            .path(path)
+            .map_err(err)?
+            .build()
+            .await
+            .map_err(err)?;
+        u.active_state().await.map_err(err)
+    }
+
+    async fn job(&self, call: &'static str, unit: &str) -> Result<(), SystemdError> {
+        let err = |source| SystemdError::Call {
+            call,
+            unit: unit.to_string(),
+            source,
+        };
+        // Subscribe before queuing the job so that its JobRemoved cannot be missed.
+        self.manager.subscribe().await.map_err(err)?;
+        let mut removed = self.manager.receive_job_removed().await.map_err(err)?;
+        let job = match call {
+            "StartUnit" => self.manager.start_unit(unit, "replace").await,
+            "RestartUnit" => self.manager.restart_unit(unit, "replace").await,
+            _ => self.manager.stop_unit(unit, "replace").await,
+        }
+        .map_err(err)?;
+        let wait = async {
+            while let Some(sig) = removed.next().await {
+                let Ok(args) = sig.args() else { continue };
+                if args.job().as_str() == job.as_str() {
+                    return Some(args.result().to_string());
+                }
+            }
+            None
+        };
+        let result = tokio::time::timeout(self.job_timeout, wait)
+            .await
+            .map_err(|_| SystemdError::Timeout {
+                call,
+                unit: unit.to_string(),
+                timeout: self.job_timeout,
+            })?
+            .unwrap_or_else(|| "unknown".into());
+        if result == "done" {
+            return Ok(());
+        }
+        let active_state = self
+            .active_state(unit)
+            .await
+            .unwrap_or_else(|e| format!("unknown ({e})"));
+        Err(SystemdError::Job {
+            call,
+            unit: unit.to_string(),
+            result,
+            active_state,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_names() {
+        for good in [
+            "slurmd.service",
+            "mnt-fsx.mount",
+            "getty@tty1.service",
+            "a\\x2db.mount",
+        ] {
+            assert!(validate_unit_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "slurmd",
+            ".service",
+            "a b.service",
+            "x;y.service",
+            "../x.service",
+            "",
+        ] {
+            assert!(validate_unit_name(bad).is_err(), "{bad}");
+        }
+    }
+}
