@@ -214,6 +214,61 @@ impl Scontrol {
     }
 }
 
+/// Checks a drain reason: printable, no newline or control character, at most 256
+/// characters (it is shown in `sinfo -R` and stored in slurmctld's state).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_reason(reason: &str) -> Result<(), String> {
+    if reason.trim().is_empty() {
+        return Err("the reason is empty".into());
+    }
+    if reason.chars().count() > 256 {
+        return Err("the reason is longer than 256 characters".into());
+    }
+    if reason.chars().any(char::is_control) {
+        return Err("the reason holds a newline or control character".into());
+    }
+    Ok(())
+}
+
+impl Scontrol {
+    /// `scontrol update NodeName=<node> State=DRAIN Reason=<reason>`: no new jobs, running
+    /// ones finish. Arguments go to scontrol as separate words, never through a shell.
+    ///
+    /// # Errors
+    /// [`ScontrolError`]; an invalid reason is `ScontrolError::Failed` with code -1 and no
+    /// call made.
+    pub async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        if let Err(m) = validate_reason(reason) {
+            return Err(ScontrolError::Failed {
+                program: self.program.clone(),
+                args: "update".into(),
+                code: -1,
+                stderr: m,
+            });
+        }
+        self.run(&[
+            "update",
+            &format!("NodeName={node}"),
+            "State=DRAIN",
+            &format!("Reason={reason}"),
+        ])
+        .await
+        .map(drop)
+    }
+
+    /// `scontrol update NodeName=<node> State=RESUME`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn resume(&self, node: &str) -> Result<(), ScontrolError> {
+        self.run(&["update", &format!("NodeName={node}"), "State=RESUME"])
+            .await
+            .map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
