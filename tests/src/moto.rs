@@ -1,0 +1,344 @@
+//! moto's server (PyPI `moto[server]` 5.2) on 127.0.0.1 as the SSM Parameter Store and
+//! Secrets Manager of the tests, with helpers that seed it through raw HTTP.
+//!
+//! The helpers speak the AWS JSON 1.1 protocol (`POST /`, `X-Amz-Target`,
+//! `Content-Type: application/x-amz-json-1.1`) over a plain `TcpStream`. moto checks no
+//! signature, but it picks the service from the credential scope of the `Authorization`
+//! header (without one, every request goes to S3), so a fake SigV4 header naming the
+//! service is sent.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use crate::process::{free_port, wait_until, Daemon, TempRoot};
+
+/// The region the tests use.
+pub const REGION: &str = "us-east-1";
+
+/// How long moto gets to answer after start (about 1 s here).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Deadline of one request to moto.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often moto is started on a new port when it cannot bind the picked one.
+const START_ATTEMPTS: u32 = 3;
+
+/// A moto server for one test, stopped on drop.
+#[derive(Debug)]
+pub struct Moto {
+    daemon: Daemon,
+    port: u16,
+    _root: TempRoot,
+}
+
+/// A response from moto: HTTP status and JSON body (`Value::Null` when empty).
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// HTTP status code.
+    pub status: u16,
+    /// The body parsed as JSON.
+    pub body: Value,
+}
+
+impl Moto {
+    /// Starts `moto_server -H 127.0.0.1 -p <free port>` and waits until it answers.
+    pub fn start() -> Result<Moto> {
+        let root = TempRoot::new("slurm-e2e-moto-")?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            let mut cmd = Command::new("moto_server");
+            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            let mut daemon = Daemon::spawn(&format!("moto-{attempt}"), cmd, root.path())?;
+            let ready = wait_until(
+                "moto to answer",
+                START_TIMEOUT,
+                Duration::from_millis(50),
+                || {
+                    daemon.check_running()?;
+                    Ok(http(port, "GET", "/moto-api/data.json", &[], b"")
+                        .ok()
+                        .filter(|(status, _)| *status == 200)
+                        .map(|_| ()))
+                },
+            );
+            match ready {
+                Ok(()) => {
+                    return Ok(Moto {
+                        daemon,
+                        port,
+                        _root: root,
+                    })
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("moto was not started")))
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The daemon guard (pid, log).
+    pub fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+
+    /// The environment an AWS SDK client needs to use this server: `AWS_ENDPOINT_URL`,
+    /// `AWS_ACCESS_KEY_ID=testing`, `AWS_SECRET_ACCESS_KEY=testing`, `AWS_REGION` and
+    /// `AWS_DEFAULT_REGION` (`us-east-1`). IMDS is left enabled (the agent reads it).
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL".into(), self.endpoint()),
+            ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+            ("AWS_REGION".into(), REGION.into()),
+            ("AWS_DEFAULT_REGION".into(), REGION.into()),
+        ]
+    }
+
+    /// One AWS JSON 1.1 call: `service` is the SigV4 signing name (`ssm`,
+    /// `secretsmanager`), `target` the `X-Amz-Target` (`AmazonSSM.PutParameter`). Any
+    /// HTTP status is returned; only transport errors are errors.
+    pub fn call(&self, service: &str, target: &str, body: &Value) -> Result<Response> {
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/{service}/aws4_request, \
+             SignedHeaders=content-type;host;x-amz-target, Signature=0"
+        );
+        let payload = serde_json::to_vec(body).context("encoding a request body")?;
+        let (status, bytes) = http(
+            self.port,
+            "POST",
+            "/",
+            &[
+                ("Content-Type", "application/x-amz-json-1.1"),
+                ("X-Amz-Target", target),
+                ("Authorization", &auth),
+            ],
+            &payload,
+        )
+        .with_context(|| format!("calling {target} on moto at {}", self.endpoint()))?;
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "{target}: moto answered {status} with a body that is not JSON: {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            })?
+        };
+        Ok(Response { status, body })
+    }
+
+    /// Like [`Moto::call`], but a status other than 200 is an error with the body.
+    pub fn call_ok(&self, service: &str, target: &str, body: &Value) -> Result<Value> {
+        let r = self.call(service, target, body)?;
+        if r.status != 200 {
+            bail!("{target} failed: HTTP {}: {}", r.status, r.body);
+        }
+        Ok(r.body)
+    }
+
+    /// `ssm:PutParameter` with `Type=SecureString`, overwriting.
+    pub fn put_secure_string(&self, name: &str, value: &str) -> Result<()> {
+        self.put_parameter(name, value, "SecureString")
+    }
+
+    /// `ssm:PutParameter` of `kind` (`String`, `StringList`, `SecureString`), overwriting.
+    pub fn put_parameter(&self, name: &str, value: &str, kind: &str) -> Result<()> {
+        self.call_ok(
+            "ssm",
+            "AmazonSSM.PutParameter",
+            &json!({"Name": name, "Value": value, "Type": kind, "Overwrite": true}),
+        )?;
+        Ok(())
+    }
+
+    /// `ssm:GetParameter` with decryption: the value, or `None` when it does not exist.
+    pub fn get_parameter(&self, name: &str) -> Result<Option<String>> {
+        let r = self.call(
+            "ssm",
+            "AmazonSSM.GetParameter",
+            &json!({"Name": name, "WithDecryption": true}),
+        )?;
+        if r.status == 400 && r.body["__type"] == "ParameterNotFound" {
+            return Ok(None);
+        }
+        if r.status != 200 {
+            bail!("GetParameter {name} failed: HTTP {}: {}", r.status, r.body);
+        }
+        r.body["Parameter"]["Value"]
+            .as_str()
+            .map(|v| Some(v.to_string()))
+            .with_context(|| format!("GetParameter {name}: no Parameter.Value in {}", r.body))
+    }
+
+    /// `secretsmanager:CreateSecret` with `SecretString`.
+    pub fn create_secret_string(&self, name: &str, value: &str) -> Result<()> {
+        self.call_ok(
+            "secretsmanager",
+            "secretsmanager.CreateSecret",
+            &json!({"Name": name, "SecretString": value}),
+        )?;
+        Ok(())
+    }
+
+    /// `secretsmanager:CreateSecret` with `SecretBinary` (sent base64-encoded, as the
+    /// protocol wants; a client gets the bytes back).
+    pub fn create_secret_binary(&self, name: &str, value: &[u8]) -> Result<()> {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+        self.call_ok(
+            "secretsmanager",
+            "secretsmanager.CreateSecret",
+            &json!({"Name": name, "SecretBinary": b64}),
+        )?;
+        Ok(())
+    }
+
+    /// `secretsmanager:GetSecretValue`: the whole response (`SecretString` or
+    /// `SecretBinary` in base64), or `None` when it does not exist.
+    pub fn get_secret_value(&self, name: &str) -> Result<Option<Value>> {
+        let r = self.call(
+            "secretsmanager",
+            "secretsmanager.GetSecretValue",
+            &json!({"SecretId": name}),
+        )?;
+        if matches!(r.status, 400 | 404) && r.body["__type"] == "ResourceNotFoundException" {
+            return Ok(None);
+        }
+        if r.status != 200 {
+            bail!(
+                "GetSecretValue {name} failed: HTTP {}: {}",
+                r.status,
+                r.body
+            );
+        }
+        Ok(Some(r.body))
+    }
+
+    /// Clears every stored resource (`POST /moto-api/reset`).
+    pub fn reset(&self) -> Result<()> {
+        let (status, body) = http(self.port, "POST", "/moto-api/reset", &[], b"")?;
+        if status != 200 {
+            bail!(
+                "moto reset failed: HTTP {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        Ok(())
+    }
+
+    /// The log file of the server.
+    pub fn log_path(&self) -> &Path {
+        self.daemon.log_path()
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` with `Connection: close`; returns the status
+/// and the body (chunked bodies are decoded).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, Vec<u8>)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
+         Content-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        if k.contains(['\r', '\n']) || v.contains(['\r', '\n']) {
+            bail!("HTTP header {k:?} contains a line break");
+        }
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .with_context(|| format!("reading the answer to {method} {path}"))?;
+    parse_response(&raw).with_context(|| format!("parsing the answer to {method} {path}"))
+}
+
+fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .context("no end of headers")?;
+    let head = std::str::from_utf8(&raw[..end]).context("headers are not UTF-8")?;
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().context("no status line")?;
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("bad status line {status_line:?}"))?;
+    let chunked = lines.any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = &raw[end + 4..];
+    if !chunked {
+        return Ok((status, body.to_vec()));
+    }
+    let mut out = Vec::new();
+    let mut rest = body;
+    loop {
+        let nl = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("bad chunk header")?;
+        let size_text = std::str::from_utf8(&rest[..nl]).context("bad chunk size")?;
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("bad chunk size {size_text:?}"))?;
+        rest = &rest[nl + 2..];
+        if size == 0 {
+            return Ok((status, out));
+        }
+        if rest.len() < size + 2 {
+            bail!("truncated chunk");
+        }
+        out.extend_from_slice(&rest[..size]);
+        rest = &rest[size + 2..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::parse_response;
+
+    #[test]
+    fn parses_plain_and_chunked_bodies() {
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(parse_response(plain).unwrap(), (200, b"{}".to_vec()));
+        let chunked =
+            b"HTTP/1.1 400 Bad\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_response(chunked).unwrap(), (400, b"abcde".to_vec()));
+        assert!(parse_response(b"garbage").is_err());
+    }
+}

@@ -1,0 +1,485 @@
+//! A real slurmctld (Slurm 22.05 from Debian) per test on 127.0.0.1, and bare slurmds to
+//! join it, following `shared/PROVING-GROUND.md`.
+//!
+//! Each [`Slurmctld`] has its own scratch folder, cluster name, `SlurmctldPort` and
+//! `SlurmdPort` (both picked free), so tests run in parallel. Client commands get
+//! `SLURM_CONF` pointing at its `slurm.conf`; slurmds join configless with
+//! `--conf-server 127.0.0.1:<port>`.
+//!
+//! Facts that shape this module (checked on Debian 12, Slurm 22.05.8):
+//! - slurmd creates only the last component of `SlurmdSpoolDir` (`.../spool/<node>`); a
+//!   missing parent is fatal (`mkdir(...): No such file or directory`). The parent is
+//!   created here, and the node's folder too.
+//! - configless slurmd needs no `-f` and no local slurm.conf; it caches the config in
+//!   `SlurmdSpoolDir/conf-cache` and points the machine-wide `/run/slurm/conf` link at
+//!   it (last slurmd started wins: always pass `SLURM_CONF` to clients).
+//! - `SLURMD_OPTIONS` is only read by Debian's `slurmd.service` (`EnvironmentFile=-
+//!   /etc/default/slurmd`), whose `ConditionPathExists=/etc/slurm/slurm.conf` skips a
+//!   configless node unless overridden.
+//! - A dynamic node's address is the source address of its registration, so two dynamic
+//!   slurmds on one address cannot both run jobs; one per controller is fine.
+
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::munge::Munge;
+use crate::process::{
+    free_port, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot,
+};
+
+/// Deadline for one client command (scontrol, sinfo): Slurm's own message timeout is 10 s.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Deadline for a job run with [`Slurmctld::run_job`].
+pub const JOB_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long slurmctld gets to answer `scontrol ping` (about 0.3 s here).
+const CTLD_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often slurmctld is started with new ports when it cannot bind the picked ones.
+const START_ATTEMPTS: u32 = 3;
+
+/// The default partition: every node, default, no time limit.
+pub const DEFAULT_PARTITION: &str =
+    "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP";
+
+/// Builds the configuration of a [`Slurmctld`]; see [`Slurmctld::builder`].
+#[derive(Debug, Clone)]
+pub struct SlurmctldBuilder {
+    cluster_name: String,
+    max_node_count: u32,
+    lines: Vec<String>,
+    partitions: Vec<String>,
+}
+
+impl SlurmctldBuilder {
+    /// Adds a line to slurm.conf, after the built-in ones (later lines win in Slurm), e.g.
+    /// `HealthCheckProgram=/abs/path`, `HealthCheckInterval=5`, `RebootProgram=/abs/path`,
+    /// or a static `NodeName=n1 NodeHostname=<host> NodeAddr=127.0.0.1 Port=<p> CPUs=1`.
+    ///
+    /// The line is written as given: it must not contain a newline.
+    pub fn line(mut self, line: impl Into<String>) -> Self {
+        self.lines.push(line.into());
+        self
+    }
+
+    /// Replaces the default partition ([`DEFAULT_PARTITION`]) with this one; call again to
+    /// add more (`PartitionName=... Nodes=... Default=YES|NO`).
+    pub fn partition(mut self, line: impl Into<String>) -> Self {
+        self.partitions.push(line.into());
+        self
+    }
+
+    /// `MaxNodeCount` (default 16): how many dynamic nodes may register.
+    pub fn max_node_count(mut self, n: u32) -> Self {
+        self.max_node_count = n;
+        self
+    }
+
+    /// Starts munge (shared) and slurmctld, and waits until `scontrol ping` says UP.
+    pub fn start(self) -> Result<Slurmctld> {
+        for l in self.lines.iter().chain(&self.partitions) {
+            if l.contains('\n') || l.contains('\r') {
+                bail!("slurm.conf line {l:?} contains a line break");
+            }
+        }
+        Munge::shared()?;
+        let root = TempRoot::new(&format!("slurm-e2e-{}-", self.cluster_name))?;
+        let mut last_error = None;
+        for attempt in 1..=START_ATTEMPTS {
+            match self.try_start(&root, attempt) {
+                Ok((daemon, ctld_port, slurmd_port, conf)) => {
+                    return Ok(Slurmctld {
+                        daemon,
+                        cluster_name: self.cluster_name,
+                        ctld_port,
+                        slurmd_port,
+                        conf,
+                        root,
+                    });
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("slurmctld was not started")))
+    }
+
+    fn try_start(&self, root: &TempRoot, attempt: u32) -> Result<(Daemon, u16, u16, PathBuf)> {
+        let ctld_port = free_port();
+        let mut slurmd_port = free_port();
+        while slurmd_port == ctld_port {
+            slurmd_port = free_port();
+        }
+        let conf = root.path().join("slurm.conf");
+        let text = self.render(root.path(), ctld_port, slurmd_port)?;
+        write_atomic(&conf, text.as_bytes())?;
+        root.subdir("state")?;
+        root.subdir("spool")?;
+        let mut cmd = Command::new("slurmctld");
+        cmd.arg("-D")
+            .arg("-c")
+            .arg("-f")
+            .arg(&conf)
+            .env("SLURM_CONF", &conf);
+        let mut daemon = Daemon::spawn(&format!("slurmctld-{attempt}"), cmd, root.path())?;
+        let ping = |daemon: &mut Daemon| -> Result<Option<()>> {
+            daemon.check_running()?;
+            let mut c = Command::new("scontrol");
+            c.arg("ping").env("SLURM_CONF", &conf);
+            let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
+            Ok(String::from_utf8_lossy(&out.stdout)
+                .contains("is UP")
+                .then_some(()))
+        };
+        wait_until(
+            "slurmctld to answer scontrol ping with UP",
+            CTLD_START_TIMEOUT,
+            Duration::from_millis(50),
+            || ping(&mut daemon),
+        )
+        .with_context(|| format!("slurmctld log:\n{}", daemon.log_tail(30)))?;
+        Ok((daemon, ctld_port, slurmd_port, conf))
+    }
+
+    fn render(&self, root: &Path, ctld_port: u16, slurmd_port: u16) -> Result<String> {
+        let host = short_hostname()?;
+        let r = root.display();
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            "# Written by slurm-e2e for one test.\n\
+             ClusterName={cluster}\n\
+             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldPort={ctld_port}\n\
+             SlurmdPort={slurmd_port}\n\
+             SlurmctldParameters=enable_configless\n\
+             CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n\
+             AuthType=auth/munge\n\
+             SlurmUser=root\n\
+             SlurmdUser=root\n\
+             ProctrackType=proctrack/linuxproc\n\
+             TaskPlugin=task/none\n\
+             SelectType=select/cons_tres\n\
+             SelectTypeParameters=CR_Core\n\
+             MaxNodeCount={max}\n\
+             TreeWidth=65533\n\
+             ReturnToService=2\n\
+             MpiDefault=none\n\
+             StateSaveLocation={r}/state\n\
+             SlurmdSpoolDir={r}/spool/%n\n\
+             SlurmctldPidFile={r}/slurmctld.pid\n\
+             SlurmdPidFile={r}/spool/slurmd-%n.pid\n\
+             SlurmdLogFile={r}/spool/slurmd-%n.log\n\
+             MailProg=/bin/true\n",
+            cluster = self.cluster_name,
+            max = self.max_node_count,
+        );
+        for l in &self.lines {
+            s.push_str(l);
+            s.push('\n');
+        }
+        if self.partitions.is_empty() {
+            s.push_str(DEFAULT_PARTITION);
+            s.push('\n');
+        }
+        for p in &self.partitions {
+            s.push_str(p);
+            s.push('\n');
+        }
+        Ok(s)
+    }
+}
+
+/// A running slurmctld for one test, stopped (and its scratch folder removed, unless the
+/// test failed) on drop.
+#[derive(Debug)]
+pub struct Slurmctld {
+    // Dropped first: the daemon stops before its folder goes.
+    daemon: Daemon,
+    cluster_name: String,
+    ctld_port: u16,
+    slurmd_port: u16,
+    conf: PathBuf,
+    root: TempRoot,
+}
+
+impl Slurmctld {
+    /// A builder for a controller of cluster `name_prefix` + a unique suffix (lower-case
+    /// letters and digits in the prefix keep it a valid ClusterName).
+    pub fn builder(name_prefix: &str) -> SlurmctldBuilder {
+        SlurmctldBuilder {
+            cluster_name: unique_name(name_prefix),
+            max_node_count: 16,
+            lines: Vec::new(),
+            partitions: Vec::new(),
+        }
+    }
+
+    /// A controller with the default configuration.
+    pub fn start(name_prefix: &str) -> Result<Slurmctld> {
+        Self::builder(name_prefix).start()
+    }
+
+    /// The cluster name.
+    pub fn cluster_name(&self) -> &str {
+        &self.cluster_name
+    }
+
+    /// `127.0.0.1:<SlurmctldPort>`, for `slurmd --conf-server`.
+    pub fn conf_server(&self) -> String {
+        format!("127.0.0.1:{}", self.ctld_port)
+    }
+
+    /// `SlurmctldPort`.
+    pub fn port(&self) -> u16 {
+        self.ctld_port
+    }
+
+    /// `SlurmdPort` (the port every dynamic slurmd of this cluster listens on).
+    pub fn slurmd_port(&self) -> u16 {
+        self.slurmd_port
+    }
+
+    /// The slurm.conf.
+    pub fn conf_path(&self) -> &Path {
+        &self.conf
+    }
+
+    /// The scratch folder (slurm.conf, state/, spool/, logs).
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// The spool folder of node `name` (`SlurmdSpoolDir` with `%n` replaced).
+    pub fn spool_dir(&self, node: &str) -> PathBuf {
+        self.root.path().join("spool").join(node)
+    }
+
+    /// The controller's daemon guard (pid, log).
+    pub fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+
+    /// The environment a Slurm client needs: `[("SLURM_CONF", <conf>)]`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![("SLURM_CONF".into(), self.conf.display().to_string())]
+    }
+
+    /// `program` with `SLURM_CONF` set.
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// Runs `scontrol args...` (deadline [`CLIENT_TIMEOUT`]); a non-zero exit is returned,
+    /// not an error.
+    pub fn scontrol(&self, args: &[&str]) -> Result<Output> {
+        let mut c = self.command("scontrol");
+        c.args(args);
+        run_with_timeout(c, CLIENT_TIMEOUT)
+    }
+
+    /// Runs `scontrol args...`; a non-zero exit is an error. Returns stdout.
+    pub fn scontrol_ok(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.command("scontrol");
+        c.args(args);
+        run_ok(c, CLIENT_TIMEOUT)
+    }
+
+    /// Runs `sinfo args...`; a non-zero exit is an error. Returns stdout.
+    pub fn sinfo(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.command("sinfo");
+        c.args(args);
+        run_ok(c, CLIENT_TIMEOUT)
+    }
+
+    /// The `State=` field of `scontrol show node -o <name>` (e.g. `IDLE+DYNAMIC_NORM`,
+    /// `DOWN*`, `IDLE+DRAIN`), or `None` when the controller does not know the node.
+    pub fn node_state(&self, name: &str) -> Result<Option<String>> {
+        let out = self.scontrol(&["show", "node", "-o", name])?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if stderr.contains("not found") || stdout.contains("not found") {
+                return Ok(None);
+            }
+            bail!(
+                "scontrol show node {name} failed with {}: {stderr}",
+                out.status
+            );
+        }
+        Ok(field(&stdout, "State").map(str::to_string))
+    }
+
+    /// Waits until node `name` exists and `pred(state)` holds; returns that state. The
+    /// error names the last state seen and carries the controller's log tail.
+    pub fn wait_node_state(
+        &self,
+        name: &str,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Result<String> {
+        let mut last = None;
+        wait_until(
+            &format!("node {name} to reach the expected state"),
+            timeout,
+            Duration::from_millis(20),
+            || {
+                let st = self.node_state(name)?;
+                let ok = st.as_deref().is_some_and(&pred);
+                last = st.clone();
+                Ok(if ok { st } else { None })
+            },
+        )
+        .with_context(|| {
+            format!(
+                "last state of {name}: {last:?}; slurmctld log:\n{}",
+                self.daemon.log_tail(20)
+            )
+        })
+    }
+
+    /// Waits until node `name` is IDLE (with any flags but not DRAIN, or a trailing `*`).
+    pub fn wait_node_idle(&self, name: &str, timeout: Duration) -> Result<String> {
+        self.wait_node_state(name, is_idle, timeout)
+    }
+
+    /// Runs a job command (`srun`, `sbatch`, `salloc`...) with `SLURM_CONF` set and a
+    /// deadline of [`JOB_TIMEOUT`]; a non-zero exit is returned, not an error. Example:
+    /// `run_job("srun", &["-N1", "-w", "node1", "hostname"])`.
+    pub fn run_job(&self, program: &str, args: &[&str]) -> Result<Output> {
+        let mut c = self.command(program);
+        c.args(args);
+        run_with_timeout(c, JOB_TIMEOUT)
+    }
+}
+
+/// Whether a Slurm node state string means usable and idle: `IDLE`, `IDLE+DYNAMIC_NORM`,
+/// ... but not `IDLE+DRAIN`, `IDLE*` (not responding) or `IDLE+NOT_RESPONDING`.
+pub fn is_idle(state: &str) -> bool {
+    let mut parts = state.split('+');
+    parts.next() == Some("IDLE")
+        && !state.ends_with('*')
+        && parts.all(|f| {
+            !matches!(
+                f,
+                "DRAIN" | "NOT_RESPONDING" | "POWERED_DOWN" | "POWERING_DOWN"
+            )
+        })
+}
+
+/// The value of `key=` in one line of `scontrol -o` output (`Key=value` pairs separated
+/// by spaces; values of the keys this harness reads have no spaces).
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+/// The host name up to the first dot, as slurmctld compares it with `SlurmctldHost`.
+pub fn short_hostname() -> Result<String> {
+    let uts = rustix::system::uname();
+    let name = uts
+        .nodename()
+        .to_str()
+        .context("the host name is not UTF-8")?;
+    let short = name.split('.').next().unwrap_or(name);
+    if short.is_empty() {
+        bail!("the host name is empty");
+    }
+    Ok(short.to_string())
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .context("a file to write has a parent folder")?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+/// How a [`Slurmd`] is defined in the controller.
+#[derive(Debug, Clone)]
+pub enum NodeKind {
+    /// Dynamic (`-Z --conf "<conf>"`), e.g. `CPUs=2 RealMemory=1000 Feature=x`.
+    Dynamic(String),
+    /// Pre-declared by a `NodeName=` line of the controller's slurm.conf.
+    Static,
+}
+
+/// A bare slurmd joined configless to a [`Slurmctld`] (for comparison with the agent and
+/// for the benchmark), stopped on drop. Its spool folder is created ahead.
+#[derive(Debug)]
+pub struct Slurmd {
+    daemon: Daemon,
+    name: String,
+    started: Instant,
+}
+
+impl Slurmd {
+    /// Starts a dynamic node: `slurmd -D -N <name> -Z --conf-server 127.0.0.1:<port>
+    /// --conf "<conf>"`. Does not wait; see [`Slurmctld::wait_node_idle`].
+    pub fn dynamic(ctld: &Slurmctld, name: &str, conf: &str) -> Result<Slurmd> {
+        Self::spawn(ctld, name, &NodeKind::Dynamic(conf.to_string()), &[])
+    }
+
+    /// Starts a static node declared in the controller's slurm.conf.
+    pub fn static_node(ctld: &Slurmctld, name: &str) -> Result<Slurmd> {
+        Self::spawn(ctld, name, &NodeKind::Static, &[])
+    }
+
+    /// Starts slurmd for `name` with extra arguments (e.g. `-b` after a reboot).
+    pub fn spawn(ctld: &Slurmctld, name: &str, kind: &NodeKind, extra: &[&str]) -> Result<Slurmd> {
+        fs::create_dir_all(ctld.spool_dir(name))
+            .with_context(|| format!("creating {}", ctld.spool_dir(name).display()))?;
+        let mut cmd = Command::new("slurmd");
+        cmd.arg("-D")
+            .arg("-N")
+            .arg(name)
+            .arg("--conf-server")
+            .arg(ctld.conf_server());
+        if let NodeKind::Dynamic(conf) = kind {
+            cmd.arg("-Z").arg("--conf").arg(conf);
+        }
+        cmd.args(extra);
+        // slurmd must not find another cluster's config through SLURM_CONF.
+        cmd.env_remove("SLURM_CONF");
+        let started = Instant::now();
+        let daemon = Daemon::spawn(&format!("slurmd-{name}"), cmd, ctld.root())?;
+        Ok(Slurmd {
+            daemon,
+            name: name.to_string(),
+            started,
+        })
+    }
+
+    /// The NodeName.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// When the process was started (for the benchmark).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The daemon guard (pid, log, stop).
+    pub fn daemon(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+}
