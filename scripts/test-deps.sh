@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Installs every Debian and PyPI package the test suite needs, on Debian 12 (bookworm),
+# as root. Idempotent and quiet: what is already there is left alone, `apt-get update`
+# runs at most once, and only when a package is missing.
+#
+#   sudo scripts/test-deps.sh
+#
+# Environment:
+#   MOTO_VENV  where moto is installed when no moto 5.2 is importable by python3
+#              (default /opt/slurm-e2e/moto-venv)
+#   BIN_DIR    where moto_server is then linked (default /usr/local/bin)
+#
+# The Rust toolchain (rustup, cargo) is not installed here.
+set -euo pipefail
+
+APT_PACKAGES=(
+  # Slurm 22.05 and munge: the tests start munged, slurmctld and slurmd themselves.
+  slurmctld slurmd slurm-client munge
+  # systemd 252 (`systemd --user` as a confined Manager), its user bus, D-Bus tools.
+  systemd dbus dbus-user-session
+  # unshare, flock, mount, losetup; ip and network namespaces; ps.
+  util-linux mount iproute2 procps
+  # Image building and checks: packer, mmdebstrap, ext4 and qcow2 images, FUSE.
+  packer mmdebstrap e2fsprogs qemu-utils fuse3
+  # Script linting and the benchmark.
+  shellcheck hyperfine
+  # moto's server runs in a Python virtual environment when it is not installed yet.
+  python3 python3-venv
+  # Building the workspace (C code in aws-lc-sys, linking).
+  build-essential pkg-config ca-certificates curl
+)
+MOTO_SPEC='moto[server]~=5.2.0'
+MOTO_VENV=${MOTO_VENV:-/opt/slurm-e2e/moto-venv}
+BIN_DIR=${BIN_DIR:-/usr/local/bin}
+
+log() { printf 'test-deps: %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+  log "must run as root (apt-get, /usr/local/bin)"
+  exit 1
+fi
+
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  installed "$p" || missing+=("$p")
+done
+
+munge_was_installed=0
+installed munge && munge_was_installed=1
+
+if ((${#missing[@]} > 0)); then
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The tests run their own munged on munge's default socket. On a machine with systemd
+# as PID 1, installing munge starts the system's munged there: stop the one this script
+# caused, and only warn about one that was already running.
+if [[ -d /run/systemd/system ]] && systemctl is-active --quiet munge.service 2>/dev/null; then
+  if ((munge_was_installed == 0)); then
+    log "stopping and disabling munge.service, started by its installation (the tests run their own munged)"
+    systemctl disable --now --quiet munge.service
+  else
+    log "warning: munge.service is running; the tests refuse to share its socket. Stop it first: systemctl stop munge.service"
+  fi
+fi
+
+moto_ok() {
+  # $1: a python interpreter
+  "$1" - <<'EOF' 2>/dev/null
+import sys
+import moto, flask  # flask: moto[server] is installed, not only moto
+sys.exit(0 if moto.__version__.startswith("5.2.") else 1)
+EOF
+}
+
+if command -v moto_server >/dev/null && moto_ok python3; then
+  : # moto 5.2 with its server, importable by the python3 on PATH
+elif [[ -x $MOTO_VENV/bin/python ]] && moto_ok "$MOTO_VENV/bin/python"; then
+  ln -sf "$MOTO_VENV/bin/moto_server" "$BIN_DIR/moto_server"
+else
+  log "installing $MOTO_SPEC into $MOTO_VENV"
+  python3 -m venv "$MOTO_VENV"
+  "$MOTO_VENV/bin/pip" install -q --disable-pip-version-check "$MOTO_SPEC"
+  moto_ok "$MOTO_VENV/bin/python" || { log "moto 5.2 did not install into $MOTO_VENV"; exit 1; }
+  ln -sf "$MOTO_VENV/bin/moto_server" "$BIN_DIR/moto_server"
+fi
+
+command -v moto_server >/dev/null || { log "moto_server is not on PATH (it was linked into $BIN_DIR)"; exit 1; }
+log "ok"
