@@ -1,0 +1,713 @@
+//! Command line: `plan`, `validate`, `build`, `publish` (clap derive), each returning a
+//! report printed as text or, with `--output json`, as one JSON document on stdout.
+
+use crate::error::{Error, Result};
+use crate::machine_readable::Manifest;
+use crate::recipe::{os_catalog, Recipe, Request, Sources};
+use crate::template::{pkrvars, Template};
+use crate::{local, packer, publish, sources};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value as Json};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+const EXIT_CODES: &str = "Exit codes:
+  0    success
+  1    unexpected failure (I/O, a bug)
+  2    bad input: unknown OS or architecture, version without checksum, undeclared or mistyped variable, bad command line
+  3    template check failed (packer fmt -check, packer validate)
+  4    Packer missing, or older than the template's required_version
+  5    a source is unreachable or its checksum does not match
+  6    the build failed (Packer, a provisioning step, the acceptance checks)
+  7    publishing to SSM failed
+  130  cancelled by SIGINT or SIGTERM (Packer was interrupted and has exited)";
+
+/// Bakes Slurm compute node images with Packer and publishes their ids to SSM.
+#[derive(Debug, Parser)]
+#[command(name = "slurm-image-builder", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// The project's packer/ folder (templates, scripts/, files/, sources.toml).
+    #[arg(long, global = true, env = "SIB_PACKER_DIR", default_value = "packer")]
+    pub packer_dir: PathBuf,
+    /// Packer program: a name looked up on PATH, or a path.
+    #[arg(long, global = true, env = "SIB_PACKER", default_value = "packer")]
+    pub packer: String,
+    /// Output format of the result on stdout (progress and logs go to stderr).
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Lines for people.
+    Text,
+    /// One JSON document.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the resolved recipe: OS, versions, checksums, Packer variables.
+    Plan(RecipeArgs),
+    /// Check the template: variables passed exist with the right type, packer fmt -check,
+    /// packer validate where the installed Packer is new enough.
+    Validate(ValidateArgs),
+    /// Build the image: an AMI with Packer, or a local Debian 12 root, tarball and qcow2.
+    Build(BuildArgs),
+    /// Write an AMI id to an SSM parameter as a new version (history), optionally labelled.
+    Publish(PublishArgs),
+}
+
+/// Where to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// An AMI, with Packer's amazon-ebs builder.
+    Amazon,
+    /// A Debian 12 root through mmdebstrap and chroot, packed as tarball and qcow2.
+    Local,
+}
+
+/// What the image contains.
+#[derive(Debug, Clone, Args)]
+pub struct RecipeArgs {
+    /// Build target.
+    #[arg(long, value_enum, default_value_t = Target::Amazon)]
+    pub target: Target,
+    /// Base OS (al2023, ubuntu-22.04, ubuntu-24.04, rocky9; debian-12 for --target local).
+    #[arg(long)]
+    pub os: Option<String>,
+    /// Architecture: x86_64 or arm64.
+    #[arg(long)]
+    pub arch: Option<String>,
+    /// Slurm version (default: sources.toml's, or Debian 12's 22.05.8 locally).
+    #[arg(long)]
+    pub slurm_version: Option<String>,
+    /// Slurm from the pinned source tarball or the distribution's packages.
+    #[arg(long, value_parser = ["tarball", "distro"])]
+    pub slurm_source: Option<String>,
+    /// Slurm authentication: munge or slurm.
+    #[arg(long)]
+    pub auth: Option<String>,
+    /// EFA installer version; "" leaves EFA out.
+    #[arg(long)]
+    pub efa_version: Option<String>,
+    /// Leave the Lustre client out.
+    #[arg(long)]
+    pub no_lustre: bool,
+    /// NVIDIA driver version or branch to install.
+    #[arg(long)]
+    pub nvidia_driver: Option<String>,
+    /// Install NVIDIA DCGM (needs --nvidia-driver).
+    #[arg(long)]
+    pub dcgm: bool,
+    /// Version of slurm-node-agent recorded in tags and build-info.
+    #[arg(long)]
+    pub agent_version: Option<String>,
+    /// Build region.
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Further region to copy the AMI to (repeatable).
+    #[arg(long = "ami-region")]
+    pub ami_regions: Vec<String>,
+    /// Pinned sources (default: <packer-dir>/sources.toml).
+    #[arg(long)]
+    pub sources: Option<PathBuf>,
+    /// Template folder or file to build (default: <packer-dir>).
+    #[arg(long)]
+    pub template: Option<PathBuf>,
+    /// Extra template variable NAME=VALUE (repeatable; typed by the template's declaration).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+}
+
+/// `validate` options.
+#[derive(Debug, Clone, Args)]
+pub struct ValidateArgs {
+    /// The recipe.
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
+    /// Also download every pinned source and check its sha256.
+    #[arg(long)]
+    pub check_sources: bool,
+    /// Where --check-sources keeps downloads.
+    #[arg(long, default_value = "build/sources")]
+    pub cache_dir: PathBuf,
+}
+
+/// `build` options.
+#[derive(Debug, Clone, Args)]
+pub struct BuildArgs {
+    /// The recipe.
+    #[command(flatten)]
+    pub recipe: RecipeArgs,
+    /// Work folder: logs, variables file, manifest, agent and sources staging, local root.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Full log (default: <work-dir>/packer.log or local.log).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// slurm-node-agent binary (default: target/release or target/debug, if built).
+    #[arg(long)]
+    pub agent_bin: Option<PathBuf>,
+    /// The agent's unit files (units/ of the project).
+    #[arg(long, default_value = "units")]
+    pub units_dir: PathBuf,
+    /// Let steps whose sources are unreachable skip with a message instead of failing
+    /// (always on for --target local, where the EFA and FSx sources cannot be reached).
+    #[arg(long)]
+    pub allow_skips: bool,
+    /// Download and verify the pinned sources here and hand them to the build.
+    #[arg(long)]
+    pub prefetch_sources: bool,
+    /// Local target: persistent apt archive cache (warm cache between builds).
+    #[arg(long)]
+    pub apt_cache: Option<PathBuf>,
+    /// Local target: Debian mirror for mmdebstrap.
+    #[arg(long)]
+    pub mirror: Option<String>,
+    /// Local target: keep the finished root and run the provisioning steps again.
+    #[arg(long)]
+    pub steps_only: bool,
+    /// Local target: no tarball and qcow2.
+    #[arg(long)]
+    pub no_artifacts: bool,
+}
+
+/// `publish` options.
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    /// SSM parameter the nodes watch, e.g. /slurm/compute/ami.
+    #[arg(long)]
+    pub parameter: String,
+    /// The AMI id to publish.
+    #[arg(
+        long,
+        conflicts_with = "manifest",
+        required_unless_present = "manifest"
+    )]
+    pub ami_id: Option<String>,
+    /// Take the AMI id from a Packer manifest (the last run's build in --region).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Region of the parameter (and of the AMI picked from a manifest).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// Label for the new version (repeatable), e.g. a release name.
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// Parameter data type.
+    #[arg(long, default_value = "aws:ec2:image", value_parser = ["aws:ec2:image", "text"])]
+    pub data_type: String,
+    /// SSM endpoint override (also AWS_ENDPOINT_URL).
+    #[arg(long)]
+    pub endpoint_url: Option<String>,
+}
+
+/// A command's result: JSON for machines, text for people.
+#[derive(Debug)]
+pub struct Report {
+    /// The JSON document.
+    pub json: Json,
+    /// Lines for people.
+    pub text: String,
+}
+
+impl Cli {
+    /// Run the chosen command.
+    pub async fn run(self) -> Result<Report> {
+        match &self.command {
+            Command::Plan(args) => self.plan(args).await,
+            Command::Validate(args) => self.validate(args).await,
+            Command::Build(args) => self.build(args).await,
+            Command::Publish(args) => publish_cmd(args).await,
+        }
+    }
+
+    fn resolve(&self, args: &RecipeArgs) -> Result<(Recipe, Template, BTreeMap<String, Json>)> {
+        let sources_file = args
+            .sources
+            .clone()
+            .unwrap_or_else(|| self.packer_dir.join("sources.toml"));
+        let sources = Sources::load(&sources_file)?;
+        let project = Template::load(&self.packer_dir)?;
+        let catalog = os_catalog(&project)?;
+        let req = Request {
+            os: args.os.clone(),
+            arch: args.arch.clone(),
+            slurm_version: args.slurm_version.clone(),
+            slurm_source: args.slurm_source.clone(),
+            auth: args.auth.clone(),
+            efa_version: args.efa_version.clone(),
+            lustre: Some(!args.no_lustre),
+            nvidia_driver: args.nvidia_driver.clone(),
+            dcgm: args.dcgm,
+            agent_version: args.agent_version.clone(),
+            region: args.region.clone(),
+            ami_regions: args.ami_regions.clone(),
+            local: args.target == Target::Local,
+        };
+        let recipe = Recipe::resolve(&req, &sources, &sources_file, &catalog)?;
+        let template = match &args.template {
+            Some(t) => Template::load(t)?,
+            None => project,
+        };
+        let mut vars = recipe.variables();
+        for assignment in &args.vars {
+            let (name, value) = template.parse_cli_var(assignment)?;
+            vars.insert(name, value);
+        }
+        Ok((recipe, template, vars))
+    }
+
+    async fn plan(&self, args: &RecipeArgs) -> Result<Report> {
+        let (recipe, template, vars) = self.resolve(args)?;
+        let mut text = format!(
+            "OS:            {} ({})\nArchitecture:  {}\nSlurm:         {} from {}\nAuth:          {}\n",
+            recipe.os, recipe.family, recipe.arch, recipe.slurm_version, recipe.slurm_source, recipe.auth
+        );
+        text.push_str(&format!(
+            "EFA installer: {}\nLustre client: {}\nNVIDIA driver: {}{}\nAgent:         {}\n",
+            none_if_empty(&recipe.efa_version),
+            recipe.lustre,
+            none_if_empty(&recipe.nvidia_driver),
+            if recipe.dcgm { " + DCGM" } else { "" },
+            recipe.agent_version
+        ));
+        text.push_str(&format!("Sources ({}):\n", recipe.sources_file.display()));
+        for (name, pin) in recipe.downloads() {
+            text.push_str(&format!(
+                "  {name}: {}\n    sha256 {}\n",
+                pin.url, pin.sha256
+            ));
+        }
+        text.push_str(&format!("Variables for {}:\n", template.path.display()));
+        for (k, v) in &vars {
+            text.push_str(&format!("  {k} = {v}\n"));
+        }
+        Ok(Report {
+            json: json!({
+                "recipe": recipe,
+                "sources": recipe.downloads().into_iter().map(|(n, p)| json!({"name": n, "url": p.url, "sha256": p.sha256})).collect::<Vec<_>>(),
+                "template": template.path,
+                "variables": vars,
+            }),
+            text,
+        })
+    }
+
+    async fn validate(&self, args: &ValidateArgs) -> Result<Report> {
+        let (recipe, template, vars) = self.resolve(&args.recipe)?;
+        check_variables(&template, &vars)?;
+        let required = template.required_version.clone().unwrap_or_default();
+        let packer = packer::locate(&self.packer, &required).await?;
+        packer.fmt_check(&template.path).await?;
+        let validate = match template.required_version.as_deref() {
+            Some(req) if packer.version.satisfies(req) != Some(true) => format!(
+                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}",
+                packer.version,
+                packer.program.display()
+            ),
+            _ => {
+                let dir = tempfile_dir()?;
+                let var_file = dir.join("validate.pkrvars.hcl");
+                write_atomic(&var_file, &pkrvars(&vars))?;
+                let r = packer.validate(&template.path, &var_file).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                r?;
+                "ok".to_string()
+            }
+        };
+        let mut fetched = Vec::new();
+        if args.check_sources {
+            for (name, pin) in recipe.downloads() {
+                fetched.push(sources::fetch_verified(&name, &pin, &args.cache_dir).await?);
+            }
+        }
+        let mut text = format!(
+            "variables: {} passed, all declared in {} with the right type\npacker fmt -check: ok (Packer {})\npacker validate: {validate}\n",
+            vars.len(),
+            template.path.display(),
+            packer.version
+        );
+        for f in &fetched {
+            text.push_str(&format!(
+                "source ok: {} {} ({}sha256 {})\n",
+                f.name,
+                f.url,
+                if f.cached { "cached, " } else { "" },
+                f.sha256
+            ));
+        }
+        Ok(Report {
+            json: json!({
+                "template": template.path,
+                "variables": vars.len(),
+                "packer": {"program": packer.program, "version": packer.version.to_string()},
+                "fmt": "ok",
+                "validate": validate,
+                "sources": fetched,
+            }),
+            text,
+        })
+    }
+
+    async fn build(&self, args: &BuildArgs) -> Result<Report> {
+        match args.recipe.target {
+            Target::Amazon => self.build_amazon(args).await,
+            Target::Local => self.build_local(args).await,
+        }
+    }
+
+    async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
+        let (recipe, template, mut vars) = self.resolve(&args.recipe)?;
+        let work = absolute(
+            &args
+                .work_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("build/amazon")),
+        )?;
+        let manifest_path = work.join("manifest.json");
+        let agent_dir = work.join("agent");
+        let sources_dir = work.join("sources");
+        let assembled = assemble_agent(
+            &agent_dir,
+            args.agent_bin.as_deref(),
+            &args.units_dir,
+            &self.packer_dir,
+        )?;
+        std::fs::create_dir_all(&sources_dir)
+            .map_err(|e| Error::io(format!("creating {}", sources_dir.display()), e))?;
+        if args.prefetch_sources {
+            for (name, pin) in recipe.downloads() {
+                sources::fetch_verified(&name, &pin, &sources_dir).await?;
+            }
+        }
+        for (k, v) in [
+            ("manifest_path", json!(manifest_path)),
+            ("agent_dir", json!(agent_dir)),
+            ("sources_dir", json!(sources_dir)),
+            ("allow_skips", json!(args.allow_skips)),
+        ] {
+            vars.entry(k.to_string()).or_insert(v);
+        }
+        check_variables(&template, &vars)?;
+
+        let required = template.required_version.clone().unwrap_or_default();
+        let packer = packer::locate(&self.packer, &required).await?;
+        packer.require(template.required_version.as_deref(), &template.path)?;
+
+        let var_file = work.join("recipe.pkrvars.hcl");
+        write_atomic(&var_file, &pkrvars(&vars))?;
+        let _ = std::fs::remove_file(&manifest_path);
+        let log_path = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| work.join("packer.log"));
+        let template_path = absolute(&template.path)?;
+        let build_args: Vec<OsString> = vec![
+            format!("-var-file={}", var_file.display()).into(),
+            template_path.into_os_string(),
+        ];
+        let progress = packer::Progress::for_stderr();
+        let outcome = packer::build(&packer, &build_args, &work, &log_path, &progress).await?;
+        if let Some(signal) = outcome.cancelled_by {
+            return Err(Error::Cancelled {
+                signal: signal.into(),
+            });
+        }
+        if outcome.exit_code != Some(0) || !outcome.summary.errors.is_empty() {
+            let detail = if outcome.summary.errors.is_empty() {
+                outcome.last_errors.join("\n")
+            } else {
+                outcome.summary.errors.join("\n")
+            };
+            return Err(Error::Build(format!(
+                "packer exited with {:?}: {detail}\nfull log: {}",
+                outcome.exit_code,
+                log_path.display()
+            )));
+        }
+        let mut amis = outcome.summary.amis.clone();
+        let mut from = "artifact lines";
+        if amis.is_empty() {
+            if let Ok(text) = std::fs::read_to_string(&manifest_path) {
+                if let Ok(m) = Manifest::parse(&text) {
+                    amis = m.last_run_amis();
+                    from = "manifest";
+                }
+            }
+        }
+        if amis.is_empty() {
+            return Err(Error::Build(format!(
+                "packer finished but reported no AMI (neither in its artifact lines nor in {}); full log: {}",
+                manifest_path.display(),
+                log_path.display()
+            )));
+        }
+        let mut text = String::new();
+        for (region, ami) in &amis {
+            text.push_str(&format!("{region}: {ami}\n"));
+        }
+        text.push_str(&format!(
+            "log: {}\nmanifest: {}\n",
+            log_path.display(),
+            manifest_path.display()
+        ));
+        for note in &assembled {
+            text.push_str(&format!("note: {note}\n"));
+        }
+        Ok(Report {
+            json: json!({
+                "target": "amazon",
+                "amis": amis,
+                "amis_from": from,
+                "log_file": log_path,
+                "manifest": manifest_path,
+                "var_file": var_file,
+                "recipe": recipe,
+                "agent_notes": assembled,
+            }),
+            text,
+        })
+    }
+
+    async fn build_local(&self, args: &BuildArgs) -> Result<Report> {
+        let (recipe, _template, _vars) = self.resolve(&args.recipe)?;
+        let work = absolute(
+            &args
+                .work_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("build/local")),
+        )?;
+        let agent_dir = work.join("agent");
+        let assembled = assemble_agent(
+            &agent_dir,
+            args.agent_bin.as_deref(),
+            &args.units_dir,
+            &self.packer_dir,
+        )?;
+        let log_path = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| work.join("local.log"));
+        let build = local::LocalBuild {
+            work_dir: work.clone(),
+            packer_dir: absolute(&self.packer_dir)?,
+            agent_dir,
+            apt_cache: args.apt_cache.as_deref().map(absolute).transpose()?,
+            mirror: args.mirror.clone(),
+            env: recipe.step_env(local::STAGING, true),
+            steps_only: args.steps_only,
+            no_artifacts: args.no_artifacts,
+            log_path: log_path.clone(),
+        };
+        let out = build.run().await?;
+        let mut text = format!("root: {}\n", out.root.display());
+        if let Some(t) = &out.tarball {
+            text.push_str(&format!("tarball: {}\n", t.display()));
+        }
+        if let Some(q) = &out.qcow2 {
+            text.push_str(&format!("qcow2: {}\n", q.display()));
+        }
+        for s in &out.skipped {
+            text.push_str(&format!("skipped: {s}\n"));
+        }
+        for note in &assembled {
+            text.push_str(&format!("note: {note}\n"));
+        }
+        text.push_str(&format!(
+            "provisioning: {}\nlog: {}\n",
+            local::secs(out.provisioning_seconds),
+            log_path.display()
+        ));
+        Ok(Report {
+            json: json!({
+                "target": "local",
+                "root": out.root,
+                "tarball": out.tarball,
+                "qcow2": out.qcow2,
+                "skipped": out.skipped,
+                "acceptance": out.acceptance,
+                "provisioning_seconds": out.provisioning_seconds,
+                "timings": out.timings,
+                "log_file": log_path,
+                "recipe": recipe,
+                "agent_notes": assembled,
+            }),
+            text,
+        })
+    }
+}
+
+async fn publish_cmd(args: &PublishArgs) -> Result<Report> {
+    let ami_id = match (&args.ami_id, &args.manifest) {
+        (Some(id), _) => id.clone(),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::io(format!("reading manifest {}", path.display()), e))?;
+            let m = Manifest::parse(&text).map_err(|e| Error::File {
+                path: path.clone(),
+                message: format!("not a Packer manifest: {e}"),
+            })?;
+            let amis = m.last_run_amis();
+            match &args.region {
+                Some(r) => amis.get(r).cloned().ok_or_else(|| {
+                    Error::BadInput(format!(
+                        "{}: no AMI for region {r} in the last run (regions: {})",
+                        path.display(),
+                        amis.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?,
+                None if amis.len() == 1 => amis.values().next().cloned().unwrap_or_default(),
+                None => {
+                    return Err(Error::BadInput(format!(
+                        "{}: the last run has AMIs in {} regions; pass --region",
+                        path.display(),
+                        amis.len()
+                    )))
+                }
+            }
+        }
+        (None, None) => return Err(Error::BadInput("pass --ami-id or --manifest".into())),
+    };
+    let client = publish::client(args.region.clone(), args.endpoint_url.clone()).await;
+    let result = publish::publish(
+        &client,
+        &publish::PublishRequest {
+            parameter: args.parameter.clone(),
+            ami_id,
+            labels: args.labels.clone(),
+            data_type: args.data_type.clone(),
+            description: Some("Slurm compute node image (slurm-image-builder)".into()),
+        },
+    )
+    .await?;
+    let mut text = format!(
+        "{} version {} = {}\n",
+        result.parameter, result.version, result.ami_id
+    );
+    if !result.labels.is_empty() {
+        text.push_str(&format!("labels: {}\n", result.labels.join(", ")));
+    }
+    for p in &result.history {
+        text.push_str(&format!("  previous version {}: {}\n", p.version, p.value));
+    }
+    Ok(Report {
+        json: serde_json::to_value(&result).unwrap_or(Json::Null),
+        text,
+    })
+}
+
+fn none_if_empty(s: &str) -> &str {
+    if s.is_empty() {
+        "none"
+    } else {
+        s
+    }
+}
+
+/// Every value declared with the right type, and every required variable set.
+fn check_variables(template: &Template, vars: &BTreeMap<String, Json>) -> Result<()> {
+    for (name, value) in vars {
+        template.check(name, value)?;
+    }
+    let missing = template.missing_required(vars);
+    if !missing.is_empty() {
+        return Err(Error::BadInput(format!(
+            "{} requires variables that are not set: {} (pass --var NAME=VALUE)",
+            template.path.display(),
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Put the agent build where the steps expect it (see packer/scripts/70-agent.sh).
+/// Returns notes about missing parts (the steps say so again, plainly).
+fn assemble_agent(
+    dest: &Path,
+    agent_bin: Option<&Path>,
+    units: &Path,
+    packer_dir: &Path,
+) -> Result<Vec<String>> {
+    let mut notes = Vec::new();
+    if dest.exists() {
+        std::fs::remove_dir_all(dest)
+            .map_err(|e| Error::io(format!("clearing {}", dest.display()), e))?;
+    }
+    std::fs::create_dir_all(dest)
+        .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
+    let bin = match agent_bin {
+        Some(p) if p.is_file() => Some(p.to_path_buf()),
+        Some(p) => return Err(Error::BadInput(format!(
+            "--agent-bin {}: no such file (build it: cargo build --release -p slurm-node-agent)",
+            p.display()
+        ))),
+        None => [
+            "target/release/slurm-node-agent",
+            "target/debug/slurm-node-agent",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file()),
+    };
+    match bin {
+        Some(b) => {
+            std::fs::copy(&b, dest.join("slurm-node-agent"))
+                .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;
+        }
+        None => notes.push("no slurm-node-agent binary (pass --agent-bin or build it)".into()),
+    }
+    if units.is_dir() {
+        local::copy_tree(units, &dest.join("units"))?;
+    } else {
+        notes.push(format!("no units folder at {}", units.display()));
+    }
+    let settings = packer_dir.join("files/agent.toml");
+    if settings.is_file() {
+        std::fs::copy(&settings, dest.join("agent.toml"))
+            .map_err(|e| Error::io(format!("copying {}", settings.display()), e))?;
+    }
+    Ok(notes)
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).map_err(|e| Error::io(format!("resolving {}", p.display()), e))
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("slurm-image-builder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
+/// Write a file atomically (temporary file in the same folder, then rename).
+pub fn write_atomic(path: &Path, content: &str) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, content)
+        .map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(format!("renaming to {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,23 @@
+//! `slurm-image-builder`: bakes Slurm compute node images from the project's `packer/`
+//! templates and publishes their ids to SSM.
+//!
+//! - [`recipe`]: versions, pins (`packer/sources.toml`) and the OS catalog → Packer variables;
+//! - [`template`]: reading templates with hcl-rs (variables, `required_version`, locals);
+//! - [`packer`]: running Packer (version, fmt, validate, build with cancellation);
+//! - [`machine_readable`]: parsing `-machine-readable` output and the manifest;
+//! - [`sources`]: sha256-verified downloads;
+//! - [`publish`]: the SSM parameter nodes watch;
+//! - [`local`]: the Debian 12 chroot target;
+//! - [`cli`]: the command line; [`error`]: errors and exit codes.
+
+pub mod cli;
+pub mod error;
+pub mod local;
+pub mod machine_readable;
+pub mod packer;
+pub mod publish;
+pub mod recipe;
+pub mod sources;
+pub mod template;
+
+pub use error::{Error, Result};
