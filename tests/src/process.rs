@@ -2,6 +2,7 @@
 //! failing test, a [`Daemon`] guard that always stops what it started, and commands run
 //! with a deadline.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::TcpListener;
@@ -142,7 +143,42 @@ impl Daemon {
     /// Spawns `cmd` as daemon `name`, logging to `<log_dir>/<name>.log` (appended).
     ///
     /// stdin is `/dev/null`. The command's own stdio settings are overridden.
-    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Daemon> {
+    ///
+    /// Safety net for when no `Drop` runs (Ctrl-C on `cargo test`, a test runner killing
+    /// the process): the command runs under `setpriv --pdeathsig KILL`, so the kernel
+    /// kills it when the *thread* that spawned it exits. Spawn daemons in the test's own
+    /// thread (the normal case), or use [`Daemon::spawn_outliving_thread`]. The program,
+    /// arguments, environment changes and working folder of `cmd` are carried over;
+    /// `env_clear()` is not.
+    pub fn spawn(name: &str, cmd: Command, log_dir: &Path) -> Result<Daemon> {
+        let mut d = Self::spawn_inner(name, with_parent_death_signal(&cmd), log_dir)?;
+        // setpriv arms the signal just before it execs the command. Until then the
+        // spawning thread must not exit (else the signal is tied to another thread), so
+        // wait for that exec: the process's executable is neither this test binary
+        // (not yet exec'd) nor setpriv.
+        let own = fs::read_link("/proc/self/exe").ok();
+        let exe = format!("/proc/{}/exe", d.pid());
+        let _ = wait_until(
+            "setpriv to exec the daemon",
+            Duration::from_secs(5),
+            Duration::from_millis(1),
+            || {
+                let execed = fs::read_link(&exe).is_ok_and(|p| {
+                    Some(&p) != own.as_ref() && p.file_name() != Some(OsStr::new("setpriv"))
+                });
+                Ok((execed || !d.is_running()).then_some(()))
+            },
+        );
+        Ok(d)
+    }
+
+    /// Like [`Daemon::spawn`] without the parent-death signal: the daemon may outlive the
+    /// spawning thread, and is then left running if the whole process is killed.
+    pub fn spawn_outliving_thread(name: &str, cmd: Command, log_dir: &Path) -> Result<Daemon> {
+        Self::spawn_inner(name, cmd, log_dir)
+    }
+
+    fn spawn_inner(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Daemon> {
         fs::create_dir_all(log_dir)
             .with_context(|| format!("creating log folder {}", log_dir.display()))?;
         let log = log_dir.join(format!("{name}.log"));
@@ -287,6 +323,25 @@ impl Drop for Daemon {
             eprintln!("slurm-e2e: stopping {}: {e:#}", self.name);
         }
     }
+}
+
+/// `setpriv --pdeathsig KILL -- <cmd>`, with `cmd`'s environment changes and folder.
+fn with_parent_death_signal(cmd: &Command) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .args(["--pdeathsig", "KILL", "--"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => wrapped.env(k, v),
+            None => wrapped.env_remove(k),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        wrapped.current_dir(dir);
+    }
+    wrapped
 }
 
 /// Converts a child's id to a rustix `Pid`.

@@ -86,10 +86,53 @@ fn cgroup_roots() -> Result<Vec<PathBuf>> {
     Ok(roots)
 }
 
+/// The prefix of the cgroup names; followed by the test process's pid, `x` and a counter.
+const NAME_PREFIX: &str = "slurm-e2e-systemd-";
+
+/// Removes the cgroups (and kills what is in them) of managers whose test process is
+/// gone without cleaning up (killed by Ctrl-C or a runner's timeout).
+fn sweep_stale_cgroups(roots: &[PathBuf]) {
+    for root in roots {
+        let Ok(entries) = fs::read_dir(root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(owner) = name
+                .strip_prefix(NAME_PREFIX)
+                .and_then(|rest| rest.split('x').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new(&format!("/proc/{owner}")).exists() {
+                continue;
+            }
+            let dir = e.path();
+            for p in UserSystemd::pids_in(&dir) {
+                if let Ok(pid) = pid_of(p) {
+                    let _ = kill_process(pid, Signal::KILL);
+                }
+            }
+            if let Err(err) = remove_cgroup_tree(&dir) {
+                eprintln!(
+                    "slurm-e2e: removing stale cgroup {}: {err:#}",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
 impl UserSystemd {
     /// Starts a confined `systemd --user` and waits until it answers on its bus.
+    ///
+    /// First removes what managers of test processes that died without cleaning up left
+    /// behind (their cgroups and the processes in them).
     pub fn start() -> Result<UserSystemd> {
-        let name = unique_name("slurm-e2e-systemd-");
+        let roots = cgroup_roots()?;
+        sweep_stale_cgroups(&roots);
+        let name = unique_name(NAME_PREFIX);
         let root = TempRoot::new(&format!("{name}-"))?;
         let xdg_runtime_dir = root.subdir("xdg")?;
         fs::set_permissions(
@@ -112,7 +155,7 @@ impl UserSystemd {
             xdg_config_home,
             root,
         };
-        for r in cgroup_roots()? {
+        for r in roots {
             let dir = r.join(&name);
             fs::create_dir(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
             me.cgroups.push(dir);

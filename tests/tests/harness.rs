@@ -340,3 +340,27 @@ fn two_harnesses_run_side_by_side() {
         assert_eq!(state.trim(), "running");
     }
 }
+
+#[test]
+fn daemon_dies_with_its_thread_when_no_drop_runs() {
+    let root = TempRoot::new("slurm-e2e-pdeath-").unwrap();
+    let dir = root.path().to_path_buf();
+    // Simulates a test process killed by Ctrl-C: the guard never runs its Drop.
+    let pid = std::thread::spawn(move || {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("300");
+        let d = Daemon::spawn("orphan", cmd, &dir).unwrap();
+        let pid = d.pid();
+        std::mem::forget(d);
+        pid
+    })
+    .join()
+    .unwrap();
+    slurm_e2e::wait_until(
+        "the orphaned daemon to be killed",
+        Duration::from_secs(10),
+        Duration::from_millis(10),
+        || Ok((!alive(pid)).then_some(())),
+    )
+    .unwrap();
+}

@@ -1,0 +1,310 @@
+//! A whole node for the agent to bootstrap: a slurmctld, moto holding the cluster's munge
+//! key, the IMDS emulator, and a confined `systemd --user` Manager with the distribution's
+//! own `munge.service` and `slurmd.service` (read from `/lib/systemd/system`, with only
+//! their paths pointed into the scratch folder), plus the agent's settings file.
+//!
+//! The node's munged must sit on munge's default socket (configless slurmd cannot use
+//! another), where the shared test munged already is. So the Manager gets a private
+//! `/run/munge` (a tmpfs in its own mount namespace): the agent's munged runs there, with
+//! the key the agent fetched, and the controller's side keeps the shared munged with the
+//! same key. Credentials cross because the keys are equal.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use imds_emulator::{Config, Emulator};
+
+use crate::process::{run_ok, run_with_timeout, TempRoot};
+use crate::{Moto, Munge, Slurmctld, UserSystemd};
+
+/// Secrets Manager secret holding the base64 munge key (as ParallelCluster stores it).
+pub const KEY_SECRET: &str = "cluster/munge-key";
+
+/// NodeName the default template gives for the emulator's default `local-hostname`.
+pub const DEFAULT_NODE_NAME: &str = "ip-172-16-34-43";
+
+/// Where the built `slurm-node-agent` binary is: next to the running test's `deps/` folder
+/// (`target/<profile>/`), or `SLURM_NODE_AGENT_BIN`.
+///
+/// # Errors
+/// When it has not been built (`cargo build -p slurm-node-agent`).
+pub fn agent_binary() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SLURM_NODE_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    for dir in exe.ancestors().skip(1).take(3) {
+        let p = dir.join("slurm-node-agent");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "slurm-node-agent binary not found near {}: run `cargo build -p slurm-node-agent` \
+         (scripts/test.sh does) or set SLURM_NODE_AGENT_BIN",
+        exe.display()
+    )
+}
+
+/// One node's world. Fields drop in order: systemd (and the node's munged and slurmd)
+/// first, then the controller, moto and the emulator.
+#[derive(Debug)]
+pub struct NodeEnv {
+    /// The Manager that runs the node's munge.service and slurmd.service.
+    pub systemd: UserSystemd,
+    /// The controller.
+    pub ctld: Slurmctld,
+    /// SSM and Secrets Manager.
+    pub moto: Moto,
+    /// Instance metadata.
+    pub imds: Emulator,
+    /// Scratch folder: settings, key, options file, state.
+    pub root: TempRoot,
+}
+
+impl NodeEnv {
+    /// Starts everything; the settings file names the key secret, the controller, IMDS and
+    /// the Manager's bus. `extra_settings` is appended to it (TOML).
+    ///
+    /// # Errors
+    /// When a component fails to start.
+    pub fn start(extra_settings: &str) -> Result<NodeEnv> {
+        let ctld = Slurmctld::start("boot")?;
+        let moto = Moto::start()?;
+        let key = Munge::shared()?.key()?;
+        moto.create_secret_string(
+            KEY_SECRET,
+            &base64::engine::general_purpose::STANDARD.encode(&key),
+        )?;
+        let imds = Emulator::start(Config::default()).context("starting the IMDS emulator")?;
+        imds.clear_tags();
+        imds.clear_user_data();
+
+        let root = TempRoot::new("slurm-e2e-node-")?;
+        // munged (user munge) must reach its key, log and seed through these folders.
+        fs::set_permissions(root.path(), fs::Permissions::from_mode(0o755))?;
+        let munge_dir = root.subdir("munge")?;
+        let (uid, gid) = munge_ids()?;
+        rustix::fs::chown(
+            &munge_dir,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+        )?;
+        fs::set_permissions(&munge_dir, fs::Permissions::from_mode(0o700))?;
+        root.subdir("conf.d")?;
+
+        let systemd = UserSystemd::start_with_private_dirs(&[("/run/munge", 0o755, uid, gid)])?;
+        let env = NodeEnv {
+            systemd,
+            ctld,
+            moto,
+            imds,
+            root,
+        };
+        env.install_units()?;
+        fs::create_dir_all(env.ctld.spool_dir(DEFAULT_NODE_NAME))?;
+        fs::write(env.config_path(), env.settings(extra_settings))?;
+        Ok(env)
+    }
+
+    /// The agent's main settings file.
+    pub fn config_path(&self) -> PathBuf {
+        self.root.path().join("agent.toml")
+    }
+
+    /// The drop-in folder.
+    pub fn config_dir(&self) -> PathBuf {
+        self.root.path().join("conf.d")
+    }
+
+    /// The key file the agent writes.
+    pub fn key_path(&self) -> PathBuf {
+        self.root.path().join("munge/munge.key")
+    }
+
+    /// The file the agent writes `SLURMD_OPTIONS` to (`/etc/default/slurmd` on a node).
+    pub fn options_file(&self) -> PathBuf {
+        self.root.path().join("default-slurmd")
+    }
+
+    /// The agent's state folder.
+    pub fn state_dir(&self) -> PathBuf {
+        self.root.path().join("state")
+    }
+
+    fn settings(&self, extra: &str) -> String {
+        format!(
+            "# Written by slurm-e2e for one test.\n\
+             [slurm]\n\
+             conf_servers = [\"{server}\"]\n\
+             slurmd_options_file = \"{options}\"\n\
+             join_deadline = \"60s\"\n\
+             [auth]\n\
+             key_source = \"secretsmanager:{KEY_SECRET}\"\n\
+             key_path = \"{key}\"\n\
+             [imds]\n\
+             endpoint = \"{imds}\"\n\
+             [systemd]\n\
+             bus = \"{bus}\"\n\
+             [agent]\n\
+             state_dir = \"{state}\"\n\
+             {extra}\n",
+            server = self.ctld.conf_server(),
+            options = self.options_file().display(),
+            key = self.key_path().display(),
+            imds = self.imds.endpoint(),
+            bus = self.systemd.bus_address(),
+            state = self.state_dir().display(),
+        )
+    }
+
+    /// Writes munge.service and slurmd.service into the Manager's unit folder, from the
+    /// distribution's units, and reloads it.
+    fn install_units(&self) -> Result<()> {
+        let dir = self.systemd.unit_dir();
+        let munge_dir = self.root.path().join("munge");
+        let munge_env = self.root.path().join("default-munge");
+        fs::write(
+            &munge_env,
+            format!(
+                "OPTIONS=\"--key-file={} --seed-file={}/munged.seed --log-file={}/munged.log\"\n",
+                self.key_path().display(),
+                munge_dir.display(),
+                munge_dir.display()
+            ),
+        )?;
+        let munge = fs::read_to_string("/lib/systemd/system/munge.service")
+            .context("reading Debian's munge.service (apt-get install munge)")?;
+        let munge = rewrite_unit(
+            &munge,
+            &[(
+                "EnvironmentFile=",
+                Some(format!("EnvironmentFile=-{}", munge_env.display())),
+            )],
+            // /run/munge is the Manager's private tmpfs (a user manager would put a
+            // RuntimeDirectory under XDG_RUNTIME_DIR instead).
+            &["RuntimeDirectory", "RuntimeDirectoryMode"],
+        );
+        fs::write(dir.join("munge.service"), munge)?;
+
+        let slurmd = fs::read_to_string("/lib/systemd/system/slurmd.service")
+            .context("reading Debian's slurmd.service (apt-get install slurmd)")?;
+        let slurmd = rewrite_unit(
+            &slurmd,
+            &[(
+                "EnvironmentFile=",
+                Some(format!("EnvironmentFile=-{}", self.options_file().display())),
+            )],
+            // Configless: no /etc/slurm/slurm.conf (the image's drop-in clears this
+            // condition too); the pid file would be shared by parallel tests.
+            &["ConditionPathExists", "PIDFile"],
+        );
+        fs::write(dir.join("slurmd.service"), slurmd)?;
+        self.systemd.daemon_reload()
+    }
+
+    /// `slurm-node-agent <args>` with this node's settings and environment.
+    ///
+    /// # Errors
+    /// When the binary is missing.
+    pub fn agent_command(&self, args: &[&str]) -> Result<Command> {
+        let mut c = Command::new(agent_binary()?);
+        c.args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .arg("--config-dir")
+            .arg(self.config_dir())
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("RUST_LOG", "info")
+            .envs(self.moto.env())
+            .envs(self.ctld.env());
+        Ok(c)
+    }
+
+    /// Runs `slurm-node-agent bootstrap --output json <extra>`.
+    ///
+    /// # Errors
+    /// When it cannot be run or does not finish in 120 s.
+    pub fn bootstrap(&self, extra: &[&str]) -> Result<Output> {
+        let mut args = vec!["bootstrap", "--output", "json"];
+        args.extend_from_slice(extra);
+        run_with_timeout(self.agent_command(&args)?, Duration::from_secs(120))
+    }
+
+    /// slurmd's MainPID under the Manager (0 when not running).
+    ///
+    /// # Errors
+    /// When systemctl fails.
+    pub fn slurmd_pid(&self) -> Result<u32> {
+        let v = self.systemd.unit_property("slurmd.service", "MainPID")?;
+        Ok(v.trim().parse().unwrap_or(0))
+    }
+
+    /// Runs a job on the node through the controller and returns its stdout.
+    ///
+    /// # Errors
+    /// When the job fails.
+    pub fn srun_hostname(&self, node: &str) -> Result<String> {
+        let mut c = self.ctld.command("srun");
+        c.args(["-N1", "-w", node, "--time=1", "hostname"]);
+        run_ok(c, Duration::from_secs(60))
+    }
+}
+
+/// Replaces lines starting with a key, and drops lines whose key is in `drop`.
+fn rewrite_unit(unit: &str, replace: &[(&str, Option<String>)], drop: &[&str]) -> String {
+    let mut out = String::new();
+    for line in unit.lines() {
+        let key = line.split('=').next().unwrap_or_default();
+        if drop.contains(&key) {
+            continue;
+        }
+        match replace.iter().find(|(prefix, _)| line.starts_with(prefix)) {
+            Some((_, Some(new))) => out.push_str(new),
+            Some((_, None)) => continue,
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// uid and gid of the `munge` user.
+///
+/// # Errors
+/// When munge is not installed.
+pub fn munge_ids() -> Result<(u32, u32)> {
+    let passwd = fs::read_to_string("/etc/passwd")?;
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() > 3 && f[0] == "munge" {
+            return Ok((f[2].parse()?, f[3].parse()?));
+        }
+    }
+    bail!("no munge user in /etc/passwd (apt-get install munge)")
+}
+
+/// Parses the agent's `--output json` report.
+///
+/// # Errors
+/// When stdout is not one JSON object.
+pub fn report(out: &Output) -> Result<serde_json::Value> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).with_context(|| {
+        format!(
+            "agent stdout is not JSON: {text}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Whether `path` exists (for key-file assertions).
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
