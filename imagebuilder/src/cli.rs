@@ -645,10 +645,12 @@ fn assemble_agent(
         .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
     let bin = match agent_bin {
         Some(p) if p.is_file() => Some(p.to_path_buf()),
-        Some(p) => return Err(Error::BadInput(format!(
+        Some(p) => {
+            return Err(Error::BadInput(format!(
             "--agent-bin {}: no such file (build it: cargo build --release -p slurm-node-agent)",
             p.display()
-        ))),
+        )))
+        }
         None => [
             "target/release/slurm-node-agent",
             "target/debug/slurm-node-agent",

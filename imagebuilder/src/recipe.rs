@@ -311,6 +311,12 @@ impl Recipe {
         // MUNGE from source only where the OS has no package (Amazon Linux 2023).
         let munge_version = sources.defaults.munge.clone();
         let munge = if auth == "munge" && os == "al2023" {
+            if munge_version.is_empty() {
+                return Err(Error::BadInput(format!(
+                    "{os} has no munge package, so MUNGE is built from source: set [defaults] munge and pin it in {}",
+                    sources_file.display()
+                )));
+            }
             Some(pinned(
                 "MUNGE",
                 &munge_version,

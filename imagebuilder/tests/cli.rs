@@ -1,0 +1,563 @@
+//! The binary end to end with real components: Debian's Packer 1.6.6, moto's EC2 and SSM
+//! on 127.0.0.1, shellcheck; and every bad input of issue 5, each with its exit code.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
+}
+
+/// Recipe flags that need no download (the test templates never reach the steps).
+const OFFLINE: &[&str] = &[
+    "--slurm-source",
+    "distro",
+    "--slurm-version",
+    "22.05.8",
+    "--efa-version",
+    "",
+];
+
+#[test]
+fn packer_fmt_check_passes_on_the_real_templates() {
+    let out = run(std::process::Command::new("packer")
+        .args(["fmt", "-check", "packer"])
+        .current_dir(repo())
+        .env("CHECKPOINT_DISABLE", "1"));
+    assert!(out.status.success(), "{}", text(&out));
+    for fixture in ["moto-ebs", "sleep"] {
+        let out = run(std::process::Command::new("packer")
+            .args(["fmt", "-check"])
+            .arg(format!("imagebuilder/tests/fixtures/{fixture}"))
+            .current_dir(repo())
+            .env("CHECKPOINT_DISABLE", "1"));
+        assert!(out.status.success(), "{fixture}: {}", text(&out));
+    }
+}
+
+#[test]
+fn provisioning_scripts_are_shellcheck_clean() {
+    let mut cmd = std::process::Command::new("shellcheck");
+    cmd.current_dir(repo());
+    for entry in std::fs::read_dir(repo().join("packer/scripts"))
+        .unwrap()
+        .flatten()
+    {
+        let name = entry.file_name().into_string().unwrap();
+        if name.ends_with(".sh") {
+            cmd.arg(format!("packer/scripts/{name}"));
+        }
+    }
+    for script in ["scripts/bench-imagebuilder.sh"] {
+        if repo().join(script).exists() {
+            cmd.arg(script);
+        }
+    }
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn validate_checks_variables_and_format_and_says_why_packer_validate_is_skipped() {
+    let out = run(sib().args(["--output", "json", "validate"]));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(v["fmt"], "ok");
+    assert_eq!(v["packer"]["version"], "1.6.6");
+    let validate = v["validate"].as_str().unwrap();
+    assert!(
+        validate.contains("1.6.6") && validate.contains(">= 1.10.0"),
+        "{validate}"
+    );
+}
+
+#[test]
+fn validate_fails_on_an_unformatted_template() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
+        std::fs::copy(repo().join("packer").join(f), dir.path().join(f)).unwrap();
+    }
+    let node = dir.path().join("node.pkr.hcl");
+    let bad = std::fs::read_to_string(&node)
+        .unwrap()
+        .replace("  region        = var.region", "  region = var.region");
+    std::fs::write(&node, bad).unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("node.pkr.hcl"), "{}", text(&out));
+}
+
+#[test]
+fn plan_prints_versions_checksums_and_variables() {
+    let out = run(sib().args([
+        "--output",
+        "json",
+        "plan",
+        "--os",
+        "ubuntu-22.04",
+        "--arch",
+        "arm64",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(v["variables"]["os"], "ubuntu-22.04");
+    assert_eq!(v["variables"]["arch"], "arm64");
+    assert_eq!(v["variables"]["slurm_version"], "23.11.4");
+    assert_eq!(v["variables"]["slurm_sha256"].as_str().unwrap().len(), 64);
+    assert!(v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["name"].as_str().unwrap().starts_with("EFA installer")));
+}
+
+#[test]
+fn unknown_os_is_refused() {
+    let out = run(sib().args(["plan", "--os", "centos7"]));
+    assert_eq!(out.status.code(), Some(2));
+    let t = text(&out);
+    assert!(
+        t.contains("unknown OS 'centos7'") && t.contains("al2023"),
+        "{t}"
+    );
+}
+
+#[test]
+fn unknown_arch_is_refused() {
+    let out = run(sib().args(["plan", "--os", "rocky9", "--arch", "riscv64"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("unknown architecture 'riscv64' for rocky9"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn version_without_checksum_is_refused() {
+    let out = run(sib().args(["plan", "--slurm-version", "99.1.1"]));
+    assert_eq!(out.status.code(), Some(2));
+    let t = text(&out);
+    assert!(
+        t.contains("Slurm 99.1.1") && t.contains("sources.toml"),
+        "{t}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let sources = dir.path().join("sources.toml");
+    std::fs::write(
+        &sources,
+        "[slurm.\"24.05.1\"]\nurl = \"https://example.invalid/slurm-24.05.1.tar.bz2\"\n",
+    )
+    .unwrap();
+    let out = run(sib()
+        .args([
+            "plan",
+            "--efa-version",
+            "",
+            "--slurm-version",
+            "24.05.1",
+            "--sources",
+        ])
+        .arg(&sources));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("Slurm 24.05.1 has no sha256"),
+        "{}",
+        text(&out)
+    );
+}
+
+fn sources_with(url: &str, sha: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("sources.toml"),
+        format!("[defaults]\nslurm = \"23.11.4\"\n\n[slurm.\"23.11.4\"]\nurl = \"{url}\"\nsha256 = \"{sha}\"\n"),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn checksum_mismatch_is_refused_and_a_match_is_accepted() {
+    static BODY: &[u8] = b"not really a slurm tarball\n";
+    let port = serve_bytes(BODY);
+    let url = format!("http://127.0.0.1:{port}/slurm-23.11.4.tar.bz2");
+    let wrong = "0".repeat(64);
+    let dir = sources_with(&url, &wrong);
+    let cache = dir.path().join("cache");
+    let out = run(sib()
+        .args([
+            "validate",
+            "--os",
+            "ubuntu-22.04",
+            "--efa-version",
+            "",
+            "--check-sources",
+            "--sources",
+        ])
+        .arg(dir.path().join("sources.toml"))
+        .arg("--cache-dir")
+        .arg(&cache));
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("checksum mismatch") && t.contains(&url) && t.contains(&sha256_hex(BODY)),
+        "{t}"
+    );
+    assert!(
+        !cache.join("slurm-23.11.4.tar.bz2").exists(),
+        "a mismatching file must not be kept"
+    );
+
+    let dir = sources_with(&url, &sha256_hex(BODY));
+    let out = run(sib()
+        .args([
+            "--output",
+            "json",
+            "validate",
+            "--os",
+            "ubuntu-22.04",
+            "--efa-version",
+            "",
+            "--check-sources",
+            "--sources",
+        ])
+        .arg(dir.path().join("sources.toml"))
+        .arg("--cache-dir")
+        .arg(&cache));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read(cache.join("slurm-23.11.4.tar.bz2")).unwrap(),
+        BODY
+    );
+}
+
+#[test]
+fn unreachable_source_error_names_the_url() {
+    let url = format!("http://127.0.0.1:{}/slurm-23.11.4.tar.bz2", free_port());
+    let dir = sources_with(&url, &"a".repeat(64));
+    let out = run(sib()
+        .args([
+            "validate",
+            "--os",
+            "ubuntu-22.04",
+            "--efa-version",
+            "",
+            "--check-sources",
+            "--sources",
+        ])
+        .arg(dir.path().join("sources.toml"))
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache")));
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("source unreachable: {url}")),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn provisioning_step_refuses_a_checksum_mismatch_and_names_an_unreachable_url() {
+    static BODY: &[u8] = b"tarball\n";
+    let port = serve_bytes(BODY);
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "STEP=test; . {lib}; rc=0; fetch_verified thing http://127.0.0.1:{port}/t.tgz {sha} {d}/t.tgz || rc=$?; echo rc=$rc",
+        lib = repo().join("packer/scripts/lib.sh").display(),
+        sha = "0".repeat(64),
+        d = dir.path().display()
+    );
+    let out = run(std::process::Command::new("bash")
+        .args(["-c", &script])
+        .env("IMAGE_STAGING", dir.path()));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("[test] FAILED: checksum mismatch for thing"),
+        "{}",
+        text(&out)
+    );
+
+    let closed = free_port();
+    let script = format!(
+        "STEP=test; ALLOW_SKIPS=true; BUILD_INFO_DIR={d}; SKIPPED_FILE={d}/skipped; . {lib}; \
+         BUILD_INFO_DIR={d}; SKIPPED_FILE={d}/skipped; rc=0; \
+         fetch_verified thing http://127.0.0.1:{closed}/t.tgz {sha} {d}/t.tgz || rc=$?; \
+         [ $rc -eq 2 ] && unreachable thing http://127.0.0.1:{closed}/t.tgz",
+        lib = repo().join("packer/scripts/lib.sh").display(),
+        sha = "0".repeat(64),
+        d = dir.path().display()
+    );
+    let out = run(std::process::Command::new("bash")
+        .args(["-c", &script])
+        .env("IMAGE_STAGING", dir.path()));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "skipped: thing unreachable from here (http://127.0.0.1:{closed}/t.tgz)"
+        )),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn undeclared_or_mistyped_variable_is_refused() {
+    let out = run(sib().args(["validate", "--var", "no_such_variable=1"]));
+    assert_eq!(out.status.code(), Some(2));
+    let t = text(&out);
+    assert!(
+        t.contains("variable 'no_such_variable' is not declared in packer")
+            && t.contains("slurm_version"),
+        "{t}"
+    );
+
+    let out = run(sib().args(["validate", "--var", "root_volume_size_gib=big"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("variable 'root_volume_size_gib' is declared as number"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn packer_missing_is_reported_with_the_path_searched() {
+    let out = run(sib()
+        .env("PATH", "/nonexistent-bin")
+        .args(["build"])
+        .args(OFFLINE));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("packer not found") && t.contains("/nonexistent-bin") && t.contains(">= 1.10.0"),
+        "{t}"
+    );
+}
+
+#[test]
+fn packer_too_old_names_both_versions() {
+    let work = tempfile::tempdir().unwrap();
+    let out = run(sib()
+        .args(["build", "--work-dir"])
+        .arg(work.path())
+        .args(OFFLINE));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("Packer 1.6.6") && t.contains("requires Packer >= 1.10.0"),
+        "{t}"
+    );
+}
+
+#[test]
+fn build_against_moto_extracts_amis_and_publish_keeps_history() {
+    let moto = Moto::start();
+    let source_ami = moto.amazon_ami();
+    let work = tempfile::tempdir().unwrap();
+    let out = run(sib()
+        .args([
+            "--output",
+            "json",
+            "build",
+            "--template",
+            "imagebuilder/tests/fixtures/moto-ebs",
+        ])
+        .args(OFFLINE)
+        .args(["--region", "us-east-1", "--ami-region", "us-west-2"])
+        .arg(format!("--var=endpoint={}", moto.endpoint))
+        .arg(format!("--var=source_ami={source_ami}"))
+        .arg("--work-dir")
+        .arg(work.path()));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    let east = v["amis"]["us-east-1"].as_str().unwrap().to_string();
+    let west = v["amis"]["us-west-2"].as_str().unwrap().to_string();
+    assert!(
+        east.starts_with("ami-") && west.starts_with("ami-") && east != west,
+        "{v}"
+    );
+    assert!(moto.has_image(&east), "moto does not know {east}");
+    assert_eq!(v["amis_from"], "artifact lines");
+    // The manifest agrees with the artifact lines; the full log is on disk.
+    let manifest = work.path().join("manifest.json");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let id = m["builds"][0]["artifact_id"].as_str().unwrap();
+    assert!(
+        id.contains(&format!("us-east-1:{east}")) && id.contains(&format!("us-west-2:{west}")),
+        "{id}"
+    );
+    let log = std::fs::read_to_string(work.path().join("packer.log")).unwrap();
+    assert!(log.contains(",artifact,0,id,"), "{log}");
+
+    // Publish twice: from the manifest, then an explicit id; history is the versions.
+    let parameter = "/slurm/compute/ami";
+    let out = run(sib()
+        .args([
+            "--output",
+            "json",
+            "publish",
+            "--parameter",
+            parameter,
+            "--region",
+            "us-east-1",
+            "--label",
+            "first",
+        ])
+        .arg("--manifest")
+        .arg(&manifest)
+        .args(["--endpoint-url", &moto.endpoint]));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&out)["version"], 1);
+    let out = run(sib()
+        .args([
+            "--output",
+            "json",
+            "publish",
+            "--parameter",
+            parameter,
+            "--region",
+            "us-east-1",
+            "--label",
+            "second",
+        ])
+        .args(["--ami-id", &west, "--endpoint-url", &moto.endpoint]));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(v["version"], 2);
+    assert_eq!(v["history"][0]["value"], east.as_str());
+
+    // Read back with the SDK, independently of the binary.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        let client = slurm_image_builder::publish::client(
+            Some("us-east-1".into()),
+            Some(moto.endpoint.clone()),
+        )
+        .await;
+        let current = client.get_parameter().name(parameter).send().await.unwrap();
+        let p = current.parameter().unwrap();
+        assert_eq!(p.value(), Some(west.as_str()));
+        assert_eq!(p.data_type(), Some("aws:ec2:image"));
+        let history = client
+            .get_parameter_history()
+            .name(parameter)
+            .send()
+            .await
+            .unwrap();
+        let versions: Vec<(i64, String, Vec<String>)> = history
+            .parameters()
+            .iter()
+            .map(|h| {
+                (
+                    h.version(),
+                    h.value().unwrap().to_string(),
+                    h.labels().to_vec(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            versions,
+            vec![
+                (1, east.clone(), vec!["first".to_string()]),
+                (2, west.clone(), vec!["second".to_string()])
+            ]
+        );
+    });
+
+    // A value that is not an AMI id never reaches SSM.
+    let out = run(sib()
+        .args([
+            "publish",
+            "--parameter",
+            parameter,
+            "--region",
+            "us-east-1",
+            "--ami-id",
+            "ami-nothex!",
+        ])
+        .args(["--endpoint-url", &moto.endpoint]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn sigterm_cancels_packer_cleanly_with_exit_130_and_no_stray_process() {
+    use std::os::unix::process::CommandExt;
+    let work = tempfile::tempdir().unwrap();
+    let log = work.path().join("packer.log");
+    let mut child = sib()
+        .args(["build", "--template", "imagebuilder/tests/fixtures/sleep"])
+        .args(OFFLINE)
+        .arg("--work-dir")
+        .arg(work.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Wait until the step runs (the sleep is in progress), then cancel.
+    let mut started = false;
+    for _ in 0..600 {
+        if std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("step started")
+        {
+            started = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    let pgid: i32 = log_text
+        .split("process group ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no packer process group in the log: {log_text}"));
+    if !started {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pgid}")])
+            .status();
+        let _ = child.kill();
+        panic!("the build step never started: {log_text}");
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let stray = processes_in_group(pgid);
+    if !stray.is_empty() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pgid}")])
+            .status();
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("build cancelled by SIGTERM"));
+    assert!(
+        stray.is_empty(),
+        "processes left in packer's group: {stray:?}"
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log_text.contains("Cleanly cancelled builds after being interrupted"),
+        "{log_text}"
+    );
+    assert!(!log_text.contains("step finished"), "{log_text}");
+}
