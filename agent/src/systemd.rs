@@ -145,6 +145,13 @@ impl Systemd {
         }
         .map_err(err)?;
         let manager = ManagerProxy::new(&conn).await.map_err(err)?;
+        // Job signals are sent only to subscribed clients; once per connection.
+        match manager.subscribe().await {
+            Ok(()) => {}
+            Err(zbus::Error::MethodError(name, _, _))
+                if name.as_str() == "org.freedesktop.systemd1.AlreadySubscribed" => {}
+            Err(e) => return Err(err(e)),
+        }
         Ok(Systemd {
             manager,
             job_timeout: Duration::from_secs(90),
@@ -216,8 +223,7 @@ impl Systemd {
             unit: unit.to_string(),
             source,
         };
-        // Subscribe before queuing the job so that its JobRemoved cannot be missed.
-        self.manager.subscribe().await.map_err(err)?;
+        // Listen before queuing the job so that its JobRemoved cannot be missed.
         let mut removed = self.manager.receive_job_removed().await.map_err(err)?;
         let job = match call {
             "StartUnit" => self.manager.start_unit(unit, "replace").await,

@@ -198,7 +198,10 @@ impl NodeEnv {
             &slurmd,
             &[(
                 "EnvironmentFile=",
-                Some(format!("EnvironmentFile=-{}", self.options_file().display())),
+                Some(format!(
+                    "EnvironmentFile=-{}",
+                    self.options_file().display()
+                )),
             )],
             // Configless: no /etc/slurm/slurm.conf (the image's drop-in clears this
             // condition too); the pid file would be shared by parallel tests.

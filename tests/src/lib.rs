@@ -27,6 +27,7 @@
 //! The IMDS emulator comes from the `imds-emulator` crate, re-exported as
 //! [`imds_emulator`].
 
+pub mod agent;
 pub mod moto;
 pub mod munge;
 pub mod process;

@@ -50,6 +50,11 @@ done
 exec unshare -m --propagation private sh -c 'set -e
 mount -t tmpfs -o mode=0755 tmpfs /run/systemd
 mkdir -p /run/systemd/system
+printf "%s\n" "${SLURM_E2E_PRIVATE_DIRS:-}" | while read -r p m u g; do
+  [ -n "$p" ] || continue
+  mkdir -p "$p"
+  mount -t tmpfs -o "mode=$m,uid=$u,gid=$g" tmpfs "$p"
+done
 XDG_RUNTIME_DIR="$1" XDG_CONFIG_HOME="$2" exec /usr/lib/systemd/systemd --user' sh "$xdg" "$cfg"
 "#;
 
@@ -130,6 +135,17 @@ impl UserSystemd {
     /// First removes what managers of test processes that died without cleaning up left
     /// behind (their cgroups and the processes in them).
     pub fn start() -> Result<UserSystemd> {
+        Self::start_with_private_dirs(&[])
+    }
+
+    /// Like [`UserSystemd::start`], with a private tmpfs on each `(path, mode, uid, gid)`
+    /// in the Manager's mount namespace, so that its units see their own folder there (for
+    /// example their own `/run/munge` for a munged on the default socket).
+    pub fn start_with_private_dirs(dirs: &[(&str, u32, u32, u32)]) -> Result<UserSystemd> {
+        let spec: String = dirs
+            .iter()
+            .map(|(p, m, u, g)| format!("{p} {m:o} {u} {g}\n"))
+            .collect();
         let roots = cgroup_roots()?;
         sweep_stale_cgroups(&roots);
         let name = unique_name(NAME_PREFIX);
@@ -169,6 +185,7 @@ impl UserSystemd {
             .arg(&me.xdg_config_home)
             .args(&me.cgroups)
             .env("SYSTEMD_LOG_TARGET", "console")
+            .env("SLURM_E2E_PRIVATE_DIRS", &spec)
             .env_remove("DBUS_SESSION_BUS_ADDRESS")
             .env_remove("NOTIFY_SOCKET");
         me.daemon = Some(Daemon::spawn("systemd-user", cmd, me.root.path())?);

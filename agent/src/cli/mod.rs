@@ -149,6 +149,7 @@ pub fn init_tracing(format: LogFormat, verbose: u8) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
