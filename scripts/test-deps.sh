@@ -22,8 +22,8 @@ APT_PACKAGES=(
   util-linux mount iproute2 procps
   # Image building and checks: packer, mmdebstrap, ext4 and qcow2 images, FUSE.
   packer mmdebstrap e2fsprogs qemu-utils fuse3
-  # Script linting and the benchmark.
-  shellcheck hyperfine
+  # Script linting and the benchmarks (/usr/bin/time measures peak RSS).
+  shellcheck hyperfine time
   # moto's server runs in a Python virtual environment when it is not installed yet.
   python3 python3-venv
   # Building the workspace (C code in aws-lc-sys, linking).

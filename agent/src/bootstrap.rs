@@ -352,6 +352,7 @@ async fn join(
             });
         }
         let unit_state = systemd.active_state(&s.slurm.slurmd_unit).await?;
+        tracing::debug!(%unit_state, %last_error, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
             let wait = Backoff::CONTROLLER
                 .delay(restarts)

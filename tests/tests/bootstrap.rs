@@ -115,3 +115,134 @@ fn node_name_and_features_from_tags_and_key_from_ssm() {
         "{show}"
     );
 }
+
+/// Exit code, stderr, and whether nothing was written or started.
+fn assert_failed_cleanly(env: &NodeEnv, out: &std::process::Output, code: i32, needle: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}:\n{err}");
+    assert!(
+        out.stdout.is_empty(),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!env.key_path().exists(), "a key file was written");
+    let munge = env
+        .systemd
+        .unit_property("munge.service", "ActiveState")
+        .unwrap();
+    assert_eq!(munge.trim(), "inactive", "munge was started");
+    assert!(!env.options_file().exists(), "slurmd options were written");
+}
+
+#[test]
+fn key_problems_fail_before_anything_is_written() {
+    let env = NodeEnv::start("").unwrap();
+    // Missing secret.
+    let out = env
+        .bootstrap(&["--auth-key-source", "secretsmanager:no/such/secret"])
+        .unwrap();
+    assert_failed_cleanly(
+        &env,
+        &out,
+        65,
+        "Secrets Manager secret no/such/secret: not found",
+    );
+    // Missing parameter.
+    let out = env
+        .bootstrap(&["--auth-key-source", "ssm:/no/such/parameter"])
+        .unwrap();
+    assert_failed_cleanly(
+        &env,
+        &out,
+        65,
+        "SSM parameter /no/such/parameter: not found",
+    );
+    // Empty, and a key of the wrong size (8 bytes, base64).
+    env.moto.put_secure_string("/empty", " ").unwrap();
+    let out = env.bootstrap(&["--auth-key-source", "ssm:/empty"]).unwrap();
+    assert_failed_cleanly(&env, &out, 65, "the key is empty");
+    env.moto
+        .put_secure_string("/short", "AAAAAAAAAAA=")
+        .unwrap();
+    let out = env.bootstrap(&["--auth-key-source", "ssm:/short"]).unwrap();
+    assert_failed_cleanly(
+        &env,
+        &out,
+        65,
+        "the key is 8 bytes; auth/munge needs 32 to 1024",
+    );
+    // The key's bytes never reach the output.
+    let key = slurm_e2e::Munge::shared().unwrap().key().unwrap();
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&key);
+    assert!(!stderr(&out).contains(&b64[..24]));
+}
+
+#[test]
+fn hostile_tags_and_bad_settings_are_refused_with_the_source_named() {
+    let env = NodeEnv::start("").unwrap();
+    env.imds
+        .set_tag("slurm-node-agent:node.name", "n1 RealMemory=999999");
+    let out = env.bootstrap(&[]).unwrap();
+    assert_failed_cleanly(
+        &env,
+        &out,
+        78,
+        "instance tag \"slurm-node-agent:node.name\": key `node.name`",
+    );
+    env.imds.clear_tags();
+    env.imds
+        .set_tag("slurm-node-agent:slurm.conf_servers", "ctl;reboot");
+    let out = env.bootstrap(&[]).unwrap();
+    assert_failed_cleanly(&env, &out, 78, "key `slurm.conf_servers`");
+    env.imds.clear_tags();
+    // A drop-in with a syntax error: file, line and column.
+    let dropin = env.config_dir().join("50-broken.toml");
+    std::fs::write(&dropin, "[node]\nweight = 3\nfeatures = [\"a\",\n").unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert_failed_cleanly(&env, &out, 78, "50-broken.toml: TOML parse error at line");
+    // An unknown key.
+    std::fs::write(&dropin, "[node]\nwieght = 3\n").unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert_failed_cleanly(&env, &out, 78, "unknown field `wieght`");
+    std::fs::remove_file(&dropin).unwrap();
+    // A flag.
+    let out = env.bootstrap(&["--set", "node.features=a,b c"]).unwrap();
+    assert_failed_cleanly(&env, &out, 78, "command line: key `node.features`");
+}
+
+#[test]
+fn instance_metadata_failures_name_the_path() {
+    use slurm_e2e::imds_emulator::{Fault, FaultTarget};
+    let env = NodeEnv::start("").unwrap();
+    let flags = ["--set", "imds.attempts=2", "--set", "imds.timeout=300ms"];
+    env.imds.inject(Fault::status(503).on(FaultTarget::Get));
+    let out = env.bootstrap(&flags).unwrap();
+    assert_failed_cleanly(&env, &out, 69, "instance metadata /latest/");
+    assert!(stderr(&out).contains("HTTP 503"), "{}", stderr(&out));
+    env.imds.clear_faults();
+    env.imds.inject(Fault::status(401).on(FaultTarget::Token));
+    let out = env.bootstrap(&flags).unwrap();
+    assert_failed_cleanly(&env, &out, 69, "no IMDSv2 session token");
+}
+
+#[test]
+fn an_unreachable_controller_is_retried_until_the_deadline() {
+    let port = slurm_e2e::free_port();
+    let env = NodeEnv::start("").unwrap();
+    let out = env
+        .bootstrap(&[
+            "--set",
+            &format!("slurm.conf_servers=127.0.0.1:{port}"),
+            "--set",
+            "slurm.join_deadline=4s",
+        ])
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(err.contains("not available after"), "{err}");
+    assert!(err.contains("slurm.join_deadline"), "{err}");
+    // It retried slurmd (configless slurmd exits at once when it cannot get its config).
+    assert!(err.contains("retrying"), "{err}");
+}

@@ -134,7 +134,7 @@ pub enum ScontrolError {
         timeout: Duration,
     },
     /// It exited non-zero.
-    #[error("{program} {args}: exit {code}: {stderr}")]
+    #[error("{program} {args}: exit {code}: {stderr}{stdout}")]
     Failed {
         /// The program.
         program: PathBuf,
@@ -144,6 +144,8 @@ pub enum ScontrolError {
         code: i32,
         /// What it printed on stderr.
         stderr: String,
+        /// What it printed on stdout.
+        stdout: String,
     },
 }
 
@@ -196,6 +198,7 @@ impl Scontrol {
                 args: args.join(" "),
                 code: out.status.code().unwrap_or(-1),
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                stdout: String::from_utf8_lossy(&out.stdout).trim().to_string(),
             });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -208,7 +211,12 @@ impl Scontrol {
     pub async fn show_node(&self, name: &str) -> Result<Option<NodeInfo>, ScontrolError> {
         match self.run(&["show", "node", "-o", name]).await {
             Ok(out) => Ok(out.lines().map(NodeInfo::parse).find(|n| n.name() == name)),
-            Err(ScontrolError::Failed { stderr, .. }) if stderr.contains("not found") => Ok(None),
+            // 22.05 prints "Node x not found" on stdout and exits 1; later versions on stderr.
+            Err(ScontrolError::Failed { stderr, stdout, .. })
+                if stderr.contains("not found") || stdout.contains("not found") =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -246,6 +254,7 @@ impl Scontrol {
                 args: "update".into(),
                 code: -1,
                 stderr: m,
+                stdout: String::new(),
             });
         }
         self.run(&[

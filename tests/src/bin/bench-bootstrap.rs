@@ -1,0 +1,169 @@
+//! Benchmark: time from starting `slurm-node-agent bootstrap` to the node IDLE, against
+//! the time from starting a bare `slurmd -Z --conf-server ...` to IDLE, measured
+//! alternately in one run on the same controller; and the agent's peak RSS.
+//!
+//! Each agent trial starts from a node that is gone: slurmd and munged stopped, the key
+//! and the options file removed, the node deleted from slurmctld, so the key fetch, the
+//! key write and the munge start are included. Each bare trial starts slurmd by hand with
+//! the `--conf` line the agent computed, and polls `scontrol show node` every 5 ms.
+//!
+//!     scripts/bench-bootstrap.sh [TRIALS]      (default 10)
+
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use slurm_e2e::agent::{agent_binary, NodeEnv, DEFAULT_NODE_NAME};
+use slurm_e2e::process::{run_with_timeout, Daemon};
+
+fn main() -> ExitCode {
+    match bench() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-bootstrap failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn reset(env: &NodeEnv) -> Result<()> {
+    env.systemd
+        .systemctl(&["stop", "slurmd.service", "munge.service"])?;
+    for p in [env.key_path(), env.options_file()] {
+        let _ = std::fs::remove_file(p);
+    }
+    delete_node(env)
+}
+
+fn delete_node(env: &NodeEnv) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = env
+            .ctld
+            .scontrol(&["delete", &format!("nodename={DEFAULT_NODE_NAME}")])?;
+        if out.status.success() || env.ctld.node_state(DEFAULT_NODE_NAME)?.is_none() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "cannot delete node: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn agent_trial(env: &NodeEnv) -> Result<(f64, u64)> {
+    reset(env)?;
+    let rss_file = env.root.path().join("rss");
+    let mut cmd = Command::new("/usr/bin/time");
+    cmd.arg("-f").arg("%M").arg("-o").arg(&rss_file);
+    let inner = env.agent_command(&["bootstrap", "--output", "json"])?;
+    cmd.arg(inner.get_program()).args(inner.get_args());
+    // The agent's environment exactly (agent_command clears the rest).
+    cmd.env_clear()
+        .envs(inner.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))));
+    cmd.env("RUST_LOG", "warn");
+    let start = Instant::now();
+    let out = run_with_timeout(cmd, Duration::from_secs(120))?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if !out.status.success() {
+        bail!("bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let rss_kib: u64 = std::fs::read_to_string(&rss_file)?
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .context("reading /usr/bin/time's %M")?;
+    Ok((ms, rss_kib))
+}
+
+fn bare_trial(env: &NodeEnv, conf: &str) -> Result<f64> {
+    env.systemd.systemctl(&["stop", "slurmd.service"])?;
+    delete_node(env)?;
+    let mut cmd = Command::new("/usr/sbin/slurmd");
+    cmd.args([
+        "-D",
+        "-N",
+        DEFAULT_NODE_NAME,
+        "--conf-server",
+        &env.ctld.conf_server(),
+        "-Z",
+        "--conf",
+        conf,
+    ]);
+    let start = Instant::now();
+    let mut d = Daemon::spawn("bare-slurmd", cmd, env.root.path())?;
+    loop {
+        if let Some(s) = env.ctld.node_state(DEFAULT_NODE_NAME)? {
+            if s.starts_with("IDLE") && !s.contains("DRAIN") && !s.contains('*') {
+                break;
+            }
+        }
+        d.check_running()?;
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("bare slurmd not IDLE in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    d.stop()?;
+    Ok(ms)
+}
+
+fn bench() -> Result<()> {
+    let trials: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()
+        .context("TRIALS must be a number")?
+        .unwrap_or(10);
+    println!("agent binary: {}", agent_binary()?.display());
+    let env = NodeEnv::start("")?;
+    // Warm-up (page cache, moto's first request), and the --conf line for the bare runs.
+    let out = env.bootstrap(&[])?;
+    if !out.status.success() {
+        bail!(
+            "warm-up bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report = slurm_e2e::agent::report(&out)?;
+    let conf = report["dynamic_conf"]
+        .as_str()
+        .context("dynamic_conf in the report")?
+        .to_string();
+    let (mut agent, mut bare, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..trials {
+        let (a, r) = agent_trial(&env)?;
+        let b = bare_trial(&env, &conf)?;
+        println!(
+            "trial {:>2}: agent {a:7.1} ms   bare slurmd {b:7.1} ms   agent peak RSS {:.1} MiB",
+            i + 1,
+            r as f64 / 1024.0
+        );
+        agent.push(a);
+        bare.push(b);
+        rss.push(r);
+    }
+    let (ma, mb) = (median(&mut agent), median(&mut bare));
+    let peak = rss.iter().copied().max().unwrap_or(0) as f64 / 1024.0;
+    println!();
+    println!("median time to IDLE: agent bootstrap {ma:.1} ms, bare slurmd {mb:.1} ms");
+    println!("ratio agent/bare (median): {:.2}   (goal <= 2.0)", ma / mb);
+    println!("agent peak RSS (max over trials): {peak:.1} MiB   (goal <= 20 MiB)");
+    Ok(())
+}
