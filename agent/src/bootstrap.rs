@@ -309,23 +309,27 @@ async fn install_key(s: &settings::Settings, id: &InstanceIdentity) -> Result<bo
     Ok(changed)
 }
 
-/// Waits until slurmctld reports the node available, restarting slurmd with capped,
-/// jittered backoff when it exits (configless slurmd gives up at once when it cannot fetch
-/// the configuration), until `slurm.join_deadline`.
+/// Waits until slurmctld reports the node available, until `slurm.join_deadline`.
+///
+/// slurmd in configless mode either keeps retrying the configuration fetch itself (22.05
+/// does, under systemd) or exits (a missing spool folder, a refused registration, other
+/// versions); when the unit is `failed` or `inactive` it is restarted with capped,
+/// jittered backoff ([`Backoff::CONTROLLER`]). The error at the deadline carries the last
+/// thing seen: scontrol's answer and the unit's state.
 async fn join(
     s: &settings::Settings,
     def: &NodeDefinition,
     systemd: &Systemd,
 ) -> Result<NodeInfo, BootstrapError> {
+    let unit = &s.slurm.slurmd_unit;
     let scontrol = Scontrol::new(&s.slurm.bin_dir);
     let deadline = s.slurm.join_deadline.0;
     let start = Instant::now();
-    let mut last_error;
-    let mut slurmd_note = String::new();
+    let mut unit_state = String::from("unknown");
     let mut restarts = 0u32;
     let mut polls = 0u32;
     loop {
-        match scontrol.show_node(&def.node_name).await {
+        let seen = match scontrol.show_node(&def.node_name).await {
             Ok(Some(node)) if node.is_available() => return Ok(node),
             Ok(Some(node)) if node.has_flag("INVALID_REG") || node.has_flag("INVALID") => {
                 return Err(BootstrapError::Invalid {
@@ -334,45 +338,38 @@ async fn join(
                     reason: node.reason().unwrap_or("no reason given").to_string(),
                 })
             }
-            Ok(Some(node)) => {
-                last_error = format!(
-                    "node is {}{}",
-                    node.state(),
-                    node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
-                )
-            }
-            Ok(None) => last_error = "slurmctld does not know the node yet".into(),
-            Err(e) => last_error = e.to_string(),
-        }
+            Ok(Some(node)) => format!(
+                "node is {}{}",
+                node.state(),
+                node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+            ),
+            Ok(None) => "slurmctld does not know the node yet".into(),
+            Err(e) => e.to_string(),
+        };
         if start.elapsed() >= deadline {
             return Err(BootstrapError::Join {
                 node_name: def.node_name.clone(),
                 waited: start.elapsed(),
-                last_error: format!("{last_error}{slurmd_note}"),
+                last_error: format!("{seen}; {unit} is {unit_state} (restarted {restarts} times)"),
             });
         }
-        let unit_state = systemd.active_state(&s.slurm.slurmd_unit).await?;
-        tracing::debug!(%unit_state, %last_error, "waiting for the node");
+        unit_state = systemd.active_state(unit).await?;
+        tracing::debug!(%unit_state, %seen, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
             let wait = Backoff::CONTROLLER
                 .delay(restarts)
                 .min(deadline.saturating_sub(start.elapsed()));
             tracing::warn!(
-                unit = %s.slurm.slurmd_unit,
+                %unit,
                 %unit_state,
-                last_error = %last_error,
-                retry_in_ms = wait.as_millis() as u64,
-                "slurmd is not running (controller unreachable?); retrying"
-            );
-            slurmd_note = format!(
-                "; {} was {unit_state} (restarted {} times)",
-                s.slurm.slurmd_unit,
-                restarts + 1
+                %seen,
+                retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "slurmd is not running; restarting it"
             );
             tokio::time::sleep(wait).await;
             restarts += 1;
-            if let Err(e) = systemd.restart(&s.slurm.slurmd_unit).await {
-                slurmd_note = format!("; {e}");
+            if let Err(e) = systemd.restart(unit).await {
+                tracing::warn!("{e}");
             }
             continue;
         }

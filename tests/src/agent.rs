@@ -224,7 +224,10 @@ impl NodeEnv {
             .arg(self.config_dir())
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SLURM_E2E_AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(self.moto.env())
             .envs(self.ctld.env());
         Ok(c)

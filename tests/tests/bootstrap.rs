@@ -34,6 +34,7 @@ fn bootstrap_brings_a_dynamic_node_to_idle_and_runs_a_job_then_converges() {
             "node_definition",
             "auth_key",
             "munge",
+            "mounts",
             "slurmd",
             "join"
         ]
@@ -228,21 +229,54 @@ fn instance_metadata_failures_name_the_path() {
 }
 
 #[test]
-fn an_unreachable_controller_is_retried_until_the_deadline() {
-    let port = slurm_e2e::free_port();
+fn an_unreachable_controller_ends_at_the_deadline_with_the_last_error() {
     let env = NodeEnv::start("").unwrap();
+    // Port 1 on loopback: nothing listens there (a port picked "free" earlier could have
+    // been taken since by moto or the emulator, and slurmd would then wait on it).
     let out = env
         .bootstrap(&[
             "--set",
-            &format!("slurm.conf_servers=127.0.0.1:{port}"),
+            "slurm.conf_servers=127.0.0.1:1",
             "--set",
-            "slurm.join_deadline=4s",
+            "slurm.join_deadline=3s",
         ])
         .unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(75), "{err}");
     assert!(err.contains("not available after"), "{err}");
-    assert!(err.contains("slurm.join_deadline"), "{err}");
-    // It retried slurmd (configless slurmd exits at once when it cannot get its config).
-    assert!(err.contains("retrying"), "{err}");
+    assert!(err.contains("(slurm.join_deadline)"), "{err}");
+    assert!(
+        err.contains("slurmctld does not know the node yet"),
+        "{err}"
+    );
+    assert!(err.contains("slurmd.service is"), "{err}");
+}
+
+#[test]
+fn a_slurmd_that_exits_is_restarted_with_backoff_until_it_joins() {
+    let env = NodeEnv::start("").unwrap();
+    // Without the parent of SlurmdSpoolDir, slurmd fetches its configuration, then exits.
+    let spool = env.ctld.root().join("spool");
+    std::fs::remove_dir_all(&spool).unwrap();
+    let fix = {
+        let spool = spool.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            std::fs::create_dir_all(spool.join(DEFAULT_NODE_NAME)).unwrap();
+        })
+    };
+    let out = env
+        .bootstrap(&["--set", "slurm.join_deadline=60s"])
+        .unwrap();
+    fix.join().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("slurmd is not running; restarting it"),
+        "{err}"
+    );
+    assert!(report(&out).unwrap()["state"]
+        .as_str()
+        .unwrap()
+        .starts_with("IDLE"));
 }

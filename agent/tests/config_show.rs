@@ -1,0 +1,112 @@
+//! `slurm-node-agent config show`: every key with its value and source, from files, user
+//! data, tags (through the IMDS emulator) and flags; errors name the source and key.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use imds_emulator::{Config, Emulator};
+
+fn agent(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_slurm-node-agent"))
+        .args(["config", "show"])
+        .args(args)
+        .arg("--config")
+        .arg(dir.join("agent.toml"))
+        .arg("--config-dir")
+        .arg(dir.join("conf.d"))
+        .env_clear()
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn shows_each_value_with_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+    let emu = Emulator::start(Config::default()).unwrap();
+    emu.clear_tags();
+    emu.set_tag("slurm-node-agent:node.weight", "40");
+    emu.set_user_data(
+        "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
+         Content-Type: text/x-shellscript\n\n#!/bin/sh\necho hi\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[node]\nfeatures = [\"from-user-data\"]\n--XX--\n",
+    );
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        format!(
+            "[imds]\nendpoint = \"{}\"\n[auth]\nkey_source = \"ssm:/c/key\"\n",
+            emu.endpoint()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("conf.d/10-site.toml"),
+        "[node]\nweight = 5\n",
+    )
+    .unwrap();
+    let out = agent(dir.path(), &["--output", "json", "--node-name", "n-9"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node.weight"]["value"], 40);
+    assert_eq!(
+        v["node.weight"]["source"],
+        "instance tag \"slurm-node-agent:node.weight\""
+    );
+    assert_eq!(v["node.features"]["value"][0], "from-user-data");
+    assert_eq!(
+        v["node.features"]["source"],
+        "user data part application/x-slurm-node-agent"
+    );
+    assert_eq!(v["node.name"]["value"], "n-9");
+    assert_eq!(v["node.name"]["source"], "command line");
+    assert_eq!(v["auth.key_source"]["value"], "ssm:/c/key");
+    assert!(v["auth.key_source"]["source"]
+        .as_str()
+        .unwrap()
+        .ends_with("agent.toml"));
+    assert_eq!(v["slurm.slurmd_unit"]["source"], "default");
+
+    // Without IMDS: files and flags only.
+    let out = agent(dir.path(), &["--no-imds"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node.weight = 5"), "{text}");
+    assert!(text.contains("10-site.toml"), "{text}");
+}
+
+#[test]
+fn errors_name_file_line_and_key_and_exit_78() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+    std::fs::write(dir.path().join("agent.toml"), "[node]\nweight = 1\n").unwrap();
+    std::fs::write(
+        dir.path().join("conf.d/20-x.toml"),
+        "[slurm]\nconf_servers = 7\n",
+    )
+    .unwrap();
+    let out = agent(dir.path(), &["--no-imds"]);
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("20-x.toml: TOML parse error at line 2, column"),
+        "{err}"
+    );
+    assert!(
+        err.contains("conf_servers") || err.contains("invalid type"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.path().join("conf.d/20-x.toml")).unwrap();
+    let out = agent(
+        dir.path(),
+        &["--no-imds", "--set", "node.name=a.b.example.com"],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("command line: key `node.name`") && err.contains("FQDN"),
+        "{err}"
+    );
+}
