@@ -141,6 +141,14 @@ impl Timer {
         }
     }
 
+    /// Records a step measured on its own (one of several run together).
+    fn record(&mut self, name: &'static str, d: Duration) {
+        let duration_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(step = name, duration_ms, "step done");
+        self.steps.push(Step { name, duration_ms });
+        self.step = Instant::now();
+    }
+
     fn done(&mut self, name: &'static str) {
         let now = Instant::now();
         let duration_ms = u64::try_from((now - self.step).as_millis()).unwrap_or(u64::MAX);
@@ -148,6 +156,13 @@ impl Timer {
         self.steps.push(Step { name, duration_ms });
         self.step = now;
     }
+}
+
+/// Runs a future and measures it.
+async fn timed<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<(T, Duration), E> {
+    let start = Instant::now();
+    let v = f.await?;
+    Ok((v, start.elapsed()))
 }
 
 /// Resolves the settings: files and flags first (they may point IMDS elsewhere), then the
@@ -206,31 +221,36 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let s = &resolved.settings;
     t.done("instance_metadata");
 
-    let host = HostFacts::detect();
-    let probe = GpuProbe {
-        dev_dir: opts.dev_dir.clone(),
-        wait: s.node.gpu_wait.0,
-    };
-    let configured_gpus = s.node.gpus.parse::<u32>().ok();
-    let gpus = if s.node.dynamic {
-        probe.gpus(configured_gpus, &id.instance_type).await?
-    } else {
-        0
-    };
-    let def = nodedef::node_definition(&s.node, &id, &host, gpus).map_err(|(key, message)| {
-        SettingsError::Key {
-            origin: resolved.source_of(key),
-            key: key.to_string(),
-            message,
-        }
-    })?;
+    // Independent steps run together: the node definition (which may wait for GPU
+    // devices), the key (fetch, check, write) and the connection to systemd. Each step's
+    // own duration is reported. Nothing is started before all three succeed.
+    let node_definition = timed(async {
+        let host = HostFacts::detect();
+        let probe = GpuProbe {
+            dev_dir: opts.dev_dir.clone(),
+            wait: s.node.gpu_wait.0,
+        };
+        let configured_gpus = s.node.gpus.parse::<u32>().ok();
+        let gpus = if s.node.dynamic {
+            probe.gpus(configured_gpus, &id.instance_type).await?
+        } else {
+            0
+        };
+        nodedef::node_definition(&s.node, &id, &host, gpus).map_err(|(key, message)| {
+            BootstrapError::Settings(SettingsError::Key {
+                origin: resolved.source_of(key),
+                key: key.to_string(),
+                message,
+            })
+        })
+    });
+    let key = timed(async { Ok::<_, BootstrapError>(install_key(s, &id).await?) });
+    let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
+    let ((def, def_time), (key_changed, key_time), (systemd, _)) =
+        tokio::try_join!(node_definition, key, connect)?;
     tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
-    t.done("node_definition");
-
-    let key_changed = install_key(s, &id).await?;
-    t.done("auth_key");
-
-    let systemd = Systemd::connect(&s.systemd.bus).await?;
+    t.record("node_definition", def_time);
+    t.record("auth_key", key_time);
     if s.auth.auth_type == AuthType::Munge {
         if key_changed {
             systemd.restart(&s.slurm.munge_unit).await?;
@@ -375,7 +395,7 @@ async fn join(
         }
         polls += 1;
         // slurmd registers in about 0.1 s: poll fast at first, then every half second.
-        let pause = if polls < 200 { 25 } else { 500 };
+        let pause = if polls < 250 { 20 } else { 500 };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
