@@ -159,7 +159,9 @@ impl Timer {
 }
 
 /// Runs a future and measures it.
-async fn timed<T, E>(f: impl std::future::Future<Output = Result<T, E>>) -> Result<(T, Duration), E> {
+async fn timed<T, E>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<(T, Duration), E> {
     let start = Instant::now();
     let v = f.await?;
     Ok((v, start.elapsed()))
@@ -276,7 +278,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         .map_err(|e| BootstrapError::Io(e.to_string()))?;
     let slurmd_restarted = options_changed || key_changed;
     if slurmd_restarted {
-        systemd.restart(&s.slurm.slurmd_unit).await?;
+        restart_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
     } else {
         systemd.start(&s.slurm.slurmd_unit).await?;
     }
@@ -327,6 +329,29 @@ async fn install_key(s: &settings::Settings, id: &InstanceIdentity) -> Result<bo
     let changed = authkey::install(&key, &target.path, owner)?;
     tracing::info!(path = %target.path.display(), changed, bytes = key.len(), "auth key installed");
     Ok(changed)
+}
+
+/// Restarts slurmd so that exactly one runs afterwards.
+///
+/// The distribution's units have `KillMode=process` so that job steps (`slurmstepd`)
+/// survive a slurmd restart; the same setting leaves behind a configless slurmd's
+/// configuration-fetch child (a second `slurmd` process, retrying forever). So: stop the
+/// unit, SIGKILL any `slurmd` still in its cgroup (never `slurmstepd`), start it.
+async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
+    systemd.stop(unit).await?;
+    for (pid, cmd) in systemd.unit_processes(unit).await? {
+        let program = cmd.split_whitespace().next().unwrap_or_default();
+        if program.rsplit('/').next() == Some("slurmd") {
+            tracing::warn!(pid, %cmd, "killing a slurmd left behind in {unit}");
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    systemd.start(unit).await
 }
 
 /// Waits until slurmctld reports the node available, until `slurm.join_deadline`.
@@ -388,7 +413,7 @@ async fn join(
             );
             tokio::time::sleep(wait).await;
             restarts += 1;
-            if let Err(e) = systemd.restart(unit).await {
+            if let Err(e) = restart_slurmd(systemd, unit).await {
                 tracing::warn!("{e}");
             }
             continue;

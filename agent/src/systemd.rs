@@ -22,6 +22,7 @@ trait Manager {
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn reload(&self) -> zbus::Result<()>;
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn get_unit_processes(&self, name: &str) -> zbus::Result<Vec<(String, u32, String)>>;
     fn subscribe(&self) -> zbus::Result<()>;
     #[zbus(signal)]
     fn job_removed(
@@ -195,6 +196,27 @@ impl Systemd {
                 unit: String::new(),
                 source,
             })
+    }
+
+    /// The processes in the unit's cgroup: `(pid, command line)`, as `systemctl status`
+    /// lists them (`GetUnitProcesses`). A unit that is not loaded has none.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn unit_processes(&self, unit: &str) -> Result<Vec<(u32, String)>, SystemdError> {
+        match self.manager.get_unit_processes(unit).await {
+            Ok(v) => Ok(v.into_iter().map(|(_, pid, cmd)| (pid, cmd)).collect()),
+            Err(zbus::Error::MethodError(name, _, _))
+                if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit" =>
+            {
+                Ok(Vec::new())
+            }
+            Err(source) => Err(SystemdError::Call {
+                call: "GetUnitProcesses",
+                unit: unit.to_string(),
+                source,
+            }),
+        }
     }
 
     /// The unit's `ActiveState` (`active`, `inactive`, `failed`, `activating`, ...).

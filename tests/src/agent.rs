@@ -74,7 +74,20 @@ impl NodeEnv {
     /// # Errors
     /// When a component fails to start.
     pub fn start(extra_settings: &str) -> Result<NodeEnv> {
-        let ctld = Slurmctld::start("boot")?;
+        Self::start_with(&[], extra_settings)
+    }
+
+    /// Like [`NodeEnv::start`], with extra slurm.conf lines for the controller (static
+    /// node declarations, health check settings).
+    ///
+    /// # Errors
+    /// When a component fails to start.
+    pub fn start_with(ctld_lines: &[String], extra_settings: &str) -> Result<NodeEnv> {
+        let mut builder = Slurmctld::builder("boot");
+        for l in ctld_lines {
+            builder = builder.line(l.clone());
+        }
+        let ctld = builder.start()?;
         let moto = Moto::start()?;
         let key = Munge::shared()?.key()?;
         moto.create_secret_string(

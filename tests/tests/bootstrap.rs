@@ -280,3 +280,89 @@ fn a_slurmd_that_exits_is_restarted_with_backoff_until_it_joins() {
         .unwrap()
         .starts_with("IDLE"));
 }
+
+#[test]
+fn a_static_node_declared_in_slurm_conf_joins_without_dynamic_conf() {
+    let host = slurm_e2e::slurm::short_hostname().unwrap();
+    let env = NodeEnv::start_with(
+        &[format!(
+            "NodeName=static-1 NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100"
+        )],
+        "",
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.ctld.spool_dir("static-1")).unwrap();
+    let out = env
+        .bootstrap(&["--node-name", "static-1", "--set", "node.dynamic=false"])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert_eq!(r["node_name"], "static-1");
+    assert!(r["dynamic_conf"].is_null());
+    let state = r["state"].as_str().unwrap();
+    assert!(
+        state.starts_with("IDLE") && !state.contains("DYNAMIC"),
+        "{state}"
+    );
+    let options = std::fs::read_to_string(env.options_file()).unwrap();
+    assert!(options.contains("SLURMD_OPTIONS='-N static-1 --conf-server 127.0.0.1:"));
+    assert!(!options.contains("-Z"), "{options}");
+    assert_eq!(env.srun_hostname("static-1").unwrap().trim(), host);
+}
+
+#[test]
+fn killed_midway_then_run_again_converges() {
+    let env = NodeEnv::start("").unwrap();
+    // First run: a controller that cannot be reached, killed while it waits to join
+    // (after the key, munge and the options file).
+    let mut first = env
+        .agent_command(&[
+            "bootstrap",
+            "--set",
+            "slurm.conf_servers=127.0.0.1:1",
+            "--set",
+            "slurm.join_deadline=10m",
+        ])
+        .unwrap();
+    let mut child = first
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let waited = slurm_e2e::wait_until(
+        "the options file of the first run",
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(20),
+        || Ok(env.options_file().exists().then_some(())),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    waited.unwrap();
+    assert!(env.key_path().exists());
+
+    // Second run, with the right controller: IDLE, one SLURMD_OPTIONS line, one slurmd.
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
+    assert_eq!(r["key_changed"], false, "the key was rewritten");
+    assert_eq!(r["slurmd_restarted"], true, "new options need a restart");
+    let options = std::fs::read_to_string(env.options_file()).unwrap();
+    assert_eq!(options.matches("SLURMD_OPTIONS=").count(), 1, "{options}");
+    assert!(!options.contains("127.0.0.1:1 "), "{options}");
+    let slurmds = std::process::Command::new("pgrep")
+        .args(["-f", &format!("slurmd -D -s -N {DEFAULT_NODE_NAME} ")])
+        .output()
+        .unwrap();
+    let pids: Vec<&str> = std::str::from_utf8(&slurmds.stdout)
+        .unwrap()
+        .lines()
+        .collect();
+    // The main slurmd (its configless fetch child is gone once it has joined).
+    assert_eq!(
+        pids,
+        [env.slurmd_pid().unwrap().to_string()],
+        "more than one slurmd"
+    );
+}
