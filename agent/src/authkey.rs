@@ -238,7 +238,6 @@ pub fn decode(
 pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Vec<u8>, KeyError> {
     use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError as SmErr;
     use aws_sdk_ssm::operation::get_parameter::GetParameterError as SsmErr;
-    use aws_smithy_types::error::display::DisplayErrorContext;
     let src = || source.clone();
     match source {
         KeySource::File(p) => std::fs::read(p).map_err(|e| match e.kind() {
@@ -266,17 +265,9 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Ve
                     .and_then(|p| p.value)
                     .unwrap_or_default()
                     .into_bytes()),
-                Err(e) => Err(match e.as_service_error() {
-                    Some(SsmErr::ParameterNotFound(_)) => KeyError::NotFound { source_: src() },
-                    Some(se) if is_access_denied(se.meta().code()) => KeyError::AccessDenied {
-                        source_: src(),
-                        message: se.meta().message().unwrap_or_default().to_string(),
-                    },
-                    _ => KeyError::Other {
-                        source_: src(),
-                        message: DisplayErrorContext(&e).to_string(),
-                    },
-                }),
+                Err(e) => Err(sdk_error(src(), e, |se| {
+                    matches!(se, SsmErr::ParameterNotFound(_))
+                })),
             }
         }
         KeySource::SecretsManager(id) => {
@@ -287,21 +278,44 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Ve
                     (None, Some(s)) => s.into_bytes(),
                     (None, None) => Vec::new(),
                 }),
-                Err(e) => Err(match e.as_service_error() {
-                    Some(SmErr::ResourceNotFoundException(_)) => {
-                        KeyError::NotFound { source_: src() }
-                    }
-                    Some(se) if is_access_denied(se.meta().code()) => KeyError::AccessDenied {
-                        source_: src(),
-                        message: se.meta().message().unwrap_or_default().to_string(),
-                    },
-                    _ => KeyError::Other {
-                        source_: src(),
-                        message: DisplayErrorContext(&e).to_string(),
-                    },
-                }),
+                Err(e) => Err(sdk_error(src(), e, |se| {
+                    matches!(se, SmErr::ResourceNotFoundException(_))
+                })),
             }
         }
+    }
+}
+
+/// Classifies an AWS SDK error: not found, access denied (by error code, or HTTP 403 when
+/// the body carries no code the SDK can read), or anything else.
+fn sdk_error<E>(
+    source: KeySource,
+    e: aws_smithy_runtime_api::client::result::SdkError<E, aws_smithy_runtime_api::http::Response>,
+    not_found: impl Fn(&E) -> bool,
+) -> KeyError
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata + std::error::Error + 'static,
+{
+    if let Some(se) = e.as_service_error() {
+        if not_found(se) {
+            return KeyError::NotFound { source_: source };
+        }
+        if is_access_denied(se.code()) {
+            return KeyError::AccessDenied {
+                source_: source,
+                message: se.message().unwrap_or_default().to_string(),
+            };
+        }
+    }
+    if e.raw_response().map(|r| r.status().as_u16()) == Some(403) {
+        return KeyError::AccessDenied {
+            source_: source,
+            message: "HTTP 403 Forbidden".into(),
+        };
+    }
+    KeyError::Other {
+        source_: source,
+        message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
     }
 }
 

@@ -51,12 +51,19 @@ pub struct Response {
 impl Moto {
     /// Starts `moto_server -H 127.0.0.1 -p <free port>` and waits until it answers.
     pub fn start() -> Result<Moto> {
+        Self::start_with_env(&[])
+    }
+
+    /// Like [`Moto::start`], with extra environment for the server, e.g.
+    /// `INITIAL_NO_AUTH_ACTION_COUNT` to make moto enforce IAM after that many actions.
+    pub fn start_with_env(env: &[(&str, &str)]) -> Result<Moto> {
         let root = TempRoot::new("slurm-e2e-moto-")?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
             let mut cmd = Command::new("moto_server");
-            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .envs(env.iter().copied());
             let mut daemon = Daemon::spawn(&format!("moto-{attempt}"), cmd, root.path())?;
             let ready = wait_until(
                 "moto to answer",
