@@ -9,6 +9,8 @@
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
+//! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
+//!   upgrades; [`drain`]: the one drain state machine; [`daemon`]: the `run` loop.
 //!
 //! `main.rs` only parses the command line and maps errors to exit codes; everything else is
 //! here so that tests reach it.
@@ -16,6 +18,9 @@
 pub mod authkey;
 pub mod bootstrap;
 pub mod cli;
+pub mod daemon;
+pub mod drain;
+pub mod events;
 pub mod fsutil;
 pub mod health;
 pub mod hostfacts;
@@ -25,4 +30,5 @@ pub mod retry;
 pub mod settings;
 pub mod slurm;
 pub mod systemd;
+pub mod upgrade;
 pub mod userdata;

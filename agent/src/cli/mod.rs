@@ -6,9 +6,16 @@
 //! 71 systemd refused or failed a job; 74 I/O error writing a file;
 //! 75 temporary failure (node not available in slurmctld by the join deadline: retry);
 //! 77 permission denied (access to the key denied); 78 invalid settings.
+//! `drain`/`resume`/`status`/`run`: 75 also a busy state lock, a `--wait` timeout, or a
+//! resume while the upgrade action runs; 77 also `resume` of a node drained by someone else
+//! (see each command's module).
 
 pub mod bootstrap;
 pub mod config;
+pub mod drain;
+pub mod resume;
+pub mod run;
+pub mod status;
 
 use std::process::ExitCode;
 
@@ -39,6 +46,14 @@ pub enum Command {
     /// Settings: `config show` prints the merged settings with the source of each value.
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// The daemon: watches notices and the desired image, drives drains (systemd Type=notify).
+    Run(run::RunArgs),
+    /// Drain the node (idempotent): no new jobs; `--wait` until none runs.
+    Drain(drain::DrainArgs),
+    /// Resume the node if the agent drained it.
+    Resume(resume::ResumeArgs),
+    /// Show the drain state and Slurm's view of the node.
+    Status(status::StatusArgs),
 }
 
 /// Output format of a command's result on stdout.
@@ -189,6 +204,10 @@ impl Cli {
             match self.command {
                 Command::Bootstrap(a) => a.run().await,
                 Command::Config(c) => c.run().await,
+                Command::Run(a) => a.run().await,
+                Command::Drain(a) => a.run().await,
+                Command::Resume(a) => a.run().await,
+                Command::Status(a) => a.run().await,
             }
         });
         ExitCode::from(code)

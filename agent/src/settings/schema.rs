@@ -22,6 +22,12 @@ pub struct Settings {
     pub systemd: Systemd,
     /// The agent itself.
     pub agent: Agent,
+    /// IMDS notices (spot, maintenance, rebalance, lifecycle).
+    pub events: crate::events::EventsSettings,
+    /// Rolling image upgrades.
+    pub upgrade: crate::upgrade::UpgradeSettings,
+    /// The drain state machine.
+    pub drain: crate::drain::DrainSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -330,6 +336,9 @@ impl Settings {
         if !endpoint.is_empty() && !is_url {
             return e("imds.endpoint", "must be an http:// or https:// URL".into());
         }
+        self.events.validate()?;
+        self.upgrade.validate()?;
+        self.drain.validate()?;
         match self.systemd.bus.as_str() {
             "system" | "session" => {}
             b if b.starts_with("unix:") => {}

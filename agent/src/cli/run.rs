@@ -1,0 +1,38 @@
+//! `slurm-node-agent run`: the daemon (systemd `Type=notify`); see [`crate::daemon`].
+
+use clap::Args;
+
+use super::{print_error, SettingsArgs};
+use crate::daemon;
+
+/// Arguments of `run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Settings sources.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+impl RunArgs {
+    /// Runs until SIGTERM; returns the exit code (0 after a clean stop).
+    pub async fn run(self) -> u8 {
+        let flag_layers = match self.settings.flag_layers() {
+            Ok(l) => l,
+            Err(e) => {
+                print_error(&e);
+                return 78;
+            }
+        };
+        let opts = daemon::Options {
+            paths: self.settings.paths(),
+            flag_layers,
+        };
+        match daemon::run(&opts).await {
+            Ok(()) => 0,
+            Err(e) => {
+                print_error(&e);
+                e.exit_code()
+            }
+        }
+    }
+}

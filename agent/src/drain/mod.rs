@@ -1,0 +1,543 @@
+//! One drain state machine for every reason a node steps aside (spot interruption,
+//! lifecycle termination, maintenance, image upgrade, rebalance, an operator's `drain`),
+//! persisted under `agent.state_dir` so that a restarted agent continues the same drain.
+//!
+//! - [`state`]: the states, causes and guarded transitions (pure).
+//! - [`store`]: `drain.json` (atomic writes) and `drain.lock` (`flock`), shared by the
+//!   daemon and the one-shot commands.
+//! - [`slurm`]: squeue/scancel/scontrol calls and the upgrade budget count.
+//! - [`metrics`]: the Prometheus textfile.
+//! - [`Engine`]: applies requests and moves the machine forward against Slurm.
+//!
+//! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
+//! the reason starts with `node-agent/<kind>: ` and that no foreign reason was on the node
+//! when the drain began.
+
+pub mod metrics;
+pub mod slurm;
+pub mod state;
+pub mod store;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{time, SpotJobAction};
+use crate::settings::{HumanDuration, Settings};
+use crate::slurm::{NodeInfo, ScontrolError};
+use crate::upgrade::{UpgradeAction, UpgradeSettings};
+pub use slurm::SlurmOps;
+pub use state::{Begin, Cause, DrainState, Phase};
+pub use store::{Store, StoreError};
+
+/// `[drain]`: the drain machine itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DrainSettings {
+    /// How often the daemon looks at the node while a drain is in progress.
+    pub check_interval: HumanDuration,
+    /// Prometheus textfile with the drain metrics. Empty: `<agent.state_dir>/drain.prom`.
+    pub metrics_file: PathBuf,
+    /// How long a command waits for the state lock held by another agent process.
+    pub lock_timeout: HumanDuration,
+    /// First wait before retrying a failed action (doubles each time, at most 1 h).
+    pub action_retry: HumanDuration,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        DrainSettings {
+            check_interval: HumanDuration(Duration::from_secs(2)),
+            metrics_file: PathBuf::new(),
+            lock_timeout: HumanDuration(Duration::from_secs(30)),
+            action_retry: HumanDuration(Duration::from_secs(60)),
+        }
+    }
+}
+
+impl DrainSettings {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if self.check_interval.0.is_zero() {
+            return Err(("drain.check_interval".into(), "must be more than 0".into()));
+        }
+        if !self.metrics_file.as_os_str().is_empty() && !self.metrics_file.is_absolute() {
+            return Err((
+                "drain.metrics_file".into(),
+                "must be an absolute path".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A drain operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    /// State file or lock.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Slurm refused or did not answer.
+    #[error(transparent)]
+    Slurm(#[from] ScontrolError),
+    /// slurmctld does not know the node.
+    #[error("node {0} is not known to slurmctld")]
+    UnknownNode(String),
+    /// The node was drained by someone else (its reason is not ours): not resumed.
+    #[error("node {node} was drained by someone else (reason {reason:?}); not resuming it (use --force)")]
+    Foreign {
+        /// NodeName.
+        node: String,
+        /// Slurm's reason.
+        reason: String,
+    },
+    /// The transition is not allowed now (e.g. resume while the action runs).
+    #[error(transparent)]
+    Refused(#[from] state::Refused),
+}
+
+impl DrainError {
+    /// sysexits(3) code: 75 busy lock or refused transition, 69 Slurm unavailable or node
+    /// unknown, 77 foreign drain, 74 state I/O.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DrainError::Store(StoreError::Busy { .. }) | DrainError::Refused(_) => 75,
+            DrainError::Store(_) => 74,
+            DrainError::Slurm(_) | DrainError::UnknownNode(_) => 69,
+            DrainError::Foreign { .. } => 77,
+        }
+    }
+}
+
+/// The result of a drain request.
+#[derive(Debug, Clone)]
+pub struct Requested {
+    /// What the state machine did.
+    pub begin: Begin,
+    /// The state after.
+    pub state: DrainState,
+}
+
+/// Applies drain requests and moves the machine forward, against the real Slurm.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    /// This node's NodeName.
+    pub node: String,
+    /// Slurm programs.
+    pub ops: SlurmOps,
+    /// State folder.
+    pub store: Store,
+    /// `[events]` (spot job action).
+    pub events: crate::events::EventsSettings,
+    /// `[upgrade]`.
+    pub upgrade: UpgradeSettings,
+    /// `[drain]`.
+    pub drain: DrainSettings,
+    /// `systemd.bus`, for the poweroff action.
+    pub systemd_bus: String,
+    /// Where the metrics go (resolved).
+    pub metrics_file: PathBuf,
+}
+
+/// The boot id of the running system (`/proc/sys/kernel/random/boot_id`).
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn is_drained_flag(n: &NodeInfo) -> bool {
+    n.has_flag("DRAIN") || matches!(n.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
+}
+
+impl Engine {
+    /// An engine for `node` from the settings.
+    pub fn new(settings: &Settings, node: &str) -> Engine {
+        let metrics_file = if settings.drain.metrics_file.as_os_str().is_empty() {
+            settings.agent.state_dir.join("drain.prom")
+        } else {
+            settings.drain.metrics_file.clone()
+        };
+        Engine {
+            node: node.to_string(),
+            ops: SlurmOps::new(&settings.slurm.bin_dir),
+            store: Store::new(&settings.agent.state_dir),
+            events: settings.events.clone(),
+            upgrade: settings.upgrade.clone(),
+            drain: settings.drain.clone(),
+            systemd_bus: settings.systemd.bus.clone(),
+            metrics_file,
+        }
+    }
+
+    fn lock(&self) -> Result<store::Lock, StoreError> {
+        self.store.lock(self.drain.lock_timeout.0)
+    }
+
+    fn save(&self, st: &DrainState) -> Result<(), StoreError> {
+        self.store.save(st)?;
+        metrics::write(&self.metrics_file, st);
+        Ok(())
+    }
+
+    /// Reads the state (no lock: the file is replaced atomically).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub fn load(&self) -> Result<DrainState, StoreError> {
+        self.store.load()
+    }
+
+    async fn node_info(&self) -> Result<NodeInfo, DrainError> {
+        self.ops
+            .scontrol
+            .show_node(&self.node)
+            .await?
+            .ok_or_else(|| DrainError::UnknownNode(self.node.clone()))
+    }
+
+    /// A cause asks for a drain: the node is drained in Slurm with the cause's reason
+    /// (unless someone else's drain is already there: their reason stays), then the state
+    /// is saved. Idempotent: a notice already handled, or a drain of equal or higher
+    /// priority in progress, changes nothing.
+    ///
+    /// # Errors
+    /// [`DrainError`]; on error the state is unchanged.
+    pub async fn request(&self, cause: Cause) -> Result<Requested, DrainError> {
+        let _lock = self.lock()?;
+        let mut st = self.store.load()?;
+        let mut trial = st.clone();
+        let begin = trial.begin(cause.clone(), None, time::now());
+        if !matches!(begin, Begin::Started | Begin::Escalated { .. }) {
+            if trial != st {
+                self.save(&trial)?;
+            }
+            return Ok(Requested {
+                begin,
+                state: trial,
+            });
+        }
+        let node = self.node_info().await?;
+        let foreign = node
+            .reason()
+            .filter(|r| is_drained_flag(&node) && !state::is_our_reason(r, None))
+            .map(str::to_string);
+        let begin = st.begin(cause, foreign.clone(), time::now());
+        if let Some(f) = &foreign {
+            tracing::warn!(node = %self.node, reason = %f, "node already drained by someone else; keeping their reason");
+        } else if let Some(reason) = &st.reason {
+            self.ops.scontrol.drain(&self.node, reason).await?;
+        }
+        self.save(&st)?;
+        Ok(Requested { begin, state: st })
+    }
+
+    /// The maintenance event with key `key` no longer needs a drain: if it is the current
+    /// cause, the node is resumed (only if the reason on the node is still ours).
+    ///
+    /// # Errors
+    /// [`DrainError`].
+    pub async fn undo(&self, key: &str) -> Result<bool, DrainError> {
+        self.undo_inner(key, false).await
+    }
+
+    /// Withdraws the drain with key `key` whatever its kind, if it is still `draining` or
+    /// `drained` (an upgrade drain beyond the budget backs off this way).
+    ///
+    /// # Errors
+    /// [`DrainError`].
+    pub async fn withdraw(&self, key: &str) -> Result<bool, DrainError> {
+        self.undo_inner(key, true).await
+    }
+
+    async fn undo_inner(&self, key: &str, any_kind: bool) -> Result<bool, DrainError> {
+        let current = self.store.load()?;
+        let is_current = current.cause.as_ref().is_some_and(|c| c.key() == key);
+        if !is_current && !current.handled.contains(key) {
+            return Ok(false);
+        }
+        let _lock = self.lock()?;
+        let mut st = self.store.load()?;
+        let is_current = st
+            .cause
+            .as_ref()
+            .is_some_and(|c| c.key() == key && (any_kind || c.undoable()));
+        if !is_current || !matches!(st.phase, Phase::Draining | Phase::Drained) {
+            if st.handled.contains(key) && st.cause.as_ref().is_none_or(|c| c.key() != key) {
+                st.forget(key);
+                self.save(&st)?;
+            }
+            return Ok(false);
+        }
+        tracing::info!(node = %self.node, key, "cause went away; resuming");
+        self.resume_in_slurm(&st, false).await?;
+        st.resume(time::now())?;
+        st.forget(key);
+        self.save(&st)?;
+        Ok(true)
+    }
+
+    /// Resumes the node in Slurm if it is drained with our reason; refuses (unless `force`)
+    /// when the reason is someone else's. Nothing to do when the node is not drained.
+    async fn resume_in_slurm(&self, st: &DrainState, force: bool) -> Result<(), DrainError> {
+        let node = self.node_info().await?;
+        if !is_drained_flag(&node) {
+            return Ok(());
+        }
+        let reason = node.reason().unwrap_or_default().to_string();
+        let ours = st.foreign_reason.is_none()
+            && (state::is_our_reason(&reason, None) || reason.is_empty());
+        if !ours && !force {
+            return Err(DrainError::Foreign {
+                node: self.node.clone(),
+                reason,
+            });
+        }
+        self.ops.scontrol.resume(&self.node).await?;
+        Ok(())
+    }
+
+    /// An operator's `resume`: the node returns to service if the agent drained it (or
+    /// `force`). The cause stays handled: the same notice does not drain it again.
+    ///
+    /// # Errors
+    /// [`DrainError::Foreign`], [`DrainError::Refused`] while acting, Slurm errors.
+    pub async fn resume(&self, force: bool) -> Result<DrainState, DrainError> {
+        let _lock = self.lock()?;
+        let mut st = self.store.load()?;
+        if st.phase == Phase::Acting {
+            return Err(state::Refused {
+                event: "resume",
+                from: Phase::Acting.as_str(),
+            }
+            .into());
+        }
+        self.resume_in_slurm(&st, force).await?;
+        st.resume(time::now())?;
+        self.save(&st)?;
+        Ok(st)
+    }
+
+    /// One step forward from the current phase (see the module docs of [`state`]): checks
+    /// the node, takes the spot job action when due, notes `drained`, runs the action.
+    /// Returns the phase after the step.
+    ///
+    /// # Errors
+    /// [`DrainError`]; the state stays consistent (what happened is saved).
+    pub async fn progress(&self) -> Result<Phase, DrainError> {
+        let phase = self.store.load()?.phase;
+        match phase {
+            Phase::Active => Ok(Phase::Active),
+            Phase::Draining => self.progress_draining().await,
+            Phase::Drained | Phase::Acting => self.progress_action().await,
+            Phase::Done => self.progress_done().await,
+        }
+    }
+
+    async fn progress_draining(&self) -> Result<Phase, DrainError> {
+        let node = self.node_info().await?;
+        let _lock = self.lock()?;
+        let mut st = self.store.load()?;
+        if st.phase != Phase::Draining {
+            return Ok(st.phase);
+        }
+        let now = time::now();
+        if !is_drained_flag(&node) && !node.has_flag("REBOOT_REQUESTED") {
+            // An operator resumed the node behind our back: respect it.
+            tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
+            st.resume(now)?;
+            self.save(&st)?;
+            return Ok(st.phase);
+        }
+        if let Some(Cause::Spot { time: deadline, .. }) = st.cause.clone() {
+            let lead = i64::try_from(self.events.spot_job_action_lead.0.as_secs()).unwrap_or(0);
+            if !st.job_action_done
+                && self.events.spot_job_action != SpotJobAction::None
+                && deadline - lead <= now
+            {
+                let jobs = self.ops.jobs_on(&self.node).await?;
+                let r = match self.events.spot_job_action {
+                    SpotJobAction::Signal => {
+                        let sig = self.events.spot_job_signal.trim_start_matches("SIG");
+                        tracing::info!(
+                            ?jobs,
+                            signal = sig,
+                            "signalling jobs before the spot interruption"
+                        );
+                        self.ops.signal_jobs(&jobs, sig).await
+                    }
+                    SpotJobAction::Requeue => {
+                        tracing::info!(?jobs, "requeueing jobs before the spot interruption");
+                        self.ops.requeue_jobs(&jobs).await
+                    }
+                    SpotJobAction::None => Ok(()),
+                };
+                if let Err(e) = r {
+                    tracing::warn!("job action: {e}");
+                    st.last_error = Some(e.to_string());
+                }
+                st.job_action_done = true;
+                self.save(&st)?;
+            }
+        }
+        if slurm::node_is_empty(&node) {
+            st.drained(now)?;
+            self.save(&st)?;
+        }
+        Ok(st.phase)
+    }
+
+    fn action_of(st: &DrainState, up: &UpgradeSettings) -> Option<UpgradeAction> {
+        match st.cause {
+            Some(Cause::Upgrade { .. }) => Some(up.action),
+            _ => None,
+        }
+    }
+
+    async fn progress_action(&self) -> Result<Phase, DrainError> {
+        let node = self.node_info().await?;
+        let (cause, reason, current_phase);
+        {
+            let _lock = self.lock()?;
+            let mut st = self.store.load()?;
+            let Some(_action) = Self::action_of(&st, &self.upgrade) else {
+                return Ok(st.phase);
+            };
+            let now = time::now();
+            match st.phase {
+                Phase::Drained => {
+                    if now < st.next_attempt {
+                        return Ok(st.phase);
+                    }
+                    if !is_drained_flag(&node) {
+                        tracing::warn!(node = %self.node, "node no longer drained in Slurm; someone resumed it");
+                        st.resume(now)?;
+                        self.save(&st)?;
+                        return Ok(st.phase);
+                    }
+                    if !slurm::node_is_empty(&node) {
+                        // Never act with a job on the node.
+                        return Ok(st.phase);
+                    }
+                    st.act(boot_id(), now)?;
+                    self.save(&st)?;
+                }
+                Phase::Acting => {
+                    tracing::info!("continuing an action interrupted by a restart");
+                }
+                p => return Ok(p),
+            }
+            cause = st.cause.clone();
+            reason = st.reason.clone().unwrap_or_default();
+            current_phase = st.phase;
+        }
+        debug_assert_eq!(current_phase, Phase::Acting);
+        let result = self.run_action(cause.as_ref(), &reason).await;
+        let _lock = self.lock()?;
+        let mut st = self.store.load()?;
+        if st.phase != Phase::Acting {
+            return Ok(st.phase);
+        }
+        let now = time::now();
+        match result {
+            Ok(()) => {
+                st.done(now)?;
+                if self.upgrade.action == UpgradeAction::Hook && self.upgrade.resume_after_hook {
+                    self.save(&st)?;
+                    self.resume_in_slurm(&st, false).await?;
+                    st.complete(now)?;
+                }
+            }
+            Err(e) => {
+                tracing::error!(node = %self.node, "upgrade action failed: {e}");
+                let base = i64::try_from(self.drain.action_retry.0.as_secs()).unwrap_or(60);
+                let wait = base
+                    .saturating_mul(1i64 << st.action_attempts.min(10))
+                    .min(3600);
+                st.action_failed(e, wait, now)?;
+            }
+        }
+        self.save(&st)?;
+        Ok(st.phase)
+    }
+
+    async fn run_action(&self, cause: Option<&Cause>, reason: &str) -> Result<(), String> {
+        let (current, desired) = match cause {
+            Some(Cause::Upgrade { current, desired }) => (current.as_str(), desired.as_str()),
+            _ => ("", ""),
+        };
+        match self.upgrade.action {
+            UpgradeAction::None => Ok(()),
+            UpgradeAction::Reboot => {
+                tracing::info!(node = %self.node, "scontrol reboot ASAP nextstate=resume");
+                self.ops
+                    .reboot(&self.node, reason)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            UpgradeAction::Poweroff => {
+                let unit = &self.upgrade.poweroff_unit;
+                tracing::info!(unit, bus = %self.systemd_bus, "orderly shutdown through systemd");
+                let sd = crate::systemd::Systemd::connect(&self.systemd_bus)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sd.start(unit).await.map_err(|e| e.to_string())
+            }
+            UpgradeAction::Hook => {
+                let Some((prog, args)) = self.upgrade.hook.split_first() else {
+                    return Err("upgrade.hook is empty".into());
+                };
+                tracing::info!(program = %prog, "running the upgrade hook");
+                let mut cmd = tokio::process::Command::new(prog);
+                cmd.args(args)
+                    .env("SNA_NODE", &self.node)
+                    .env("SNA_CURRENT_IMAGE", current)
+                    .env("SNA_DESIRED_IMAGE", desired)
+                    .stdin(std::process::Stdio::null())
+                    .kill_on_drop(true);
+                match tokio::time::timeout(self.upgrade.hook_timeout.0, cmd.status()).await {
+                    Err(_) => Err(format!(
+                        "hook {prog}: no exit within {} (upgrade.hook_timeout)",
+                        self.upgrade.hook_timeout
+                    )),
+                    Ok(Err(e)) => Err(format!("hook {prog}: {e}")),
+                    Ok(Ok(s)) if s.success() => Ok(()),
+                    Ok(Ok(s)) => Err(format!("hook {prog}: {s}")),
+                }
+            }
+        }
+    }
+
+    async fn progress_done(&self) -> Result<Phase, DrainError> {
+        let st = self.store.load()?;
+        let reboot = matches!(st.cause, Some(Cause::Upgrade { .. }))
+            && self.upgrade.action == UpgradeAction::Reboot;
+        if !reboot {
+            return Ok(st.phase);
+        }
+        // After `scontrol reboot ... nextstate=resume` the node comes back available (the
+        // agent may have been restarted by the reboot in between).
+        let node = self.node_info().await?;
+        if node.is_available() {
+            let _lock = self.lock()?;
+            let mut st = self.store.load()?;
+            if st.phase == Phase::Done {
+                st.complete(time::now())?;
+                self.save(&st)?;
+            }
+            return Ok(st.phase);
+        }
+        Ok(Phase::Done)
+    }
+
+    /// Rewrites the metrics file from the saved state.
+    pub fn write_metrics(&self) {
+        if let Ok(st) = self.store.load() {
+            metrics::write(&self.metrics_file, &st);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! The Slurm calls a drain needs besides `scontrol update` (which [`Scontrol`] has): the
+//! jobs on the node (`squeue`), signalling (`scancel --signal`) and requeueing
+//! (`scontrol requeue`) them, `scontrol reboot`, and counting the nodes of a partition that
+//! carry an upgrade reason. Programs run by absolute path from `slurm.bin_dir`, arguments as
+//! separate words, never through a shell.
+
+use std::path::Path;
+
+use super::state::Cause;
+use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
+
+/// Slurm programs in one folder.
+#[derive(Debug, Clone)]
+pub struct SlurmOps {
+    /// `scontrol`.
+    pub scontrol: Scontrol,
+    squeue: Scontrol,
+    scancel: Scontrol,
+}
+
+/// Whether no job occupies the node: not ALLOCATED/MIXED/COMPLETING, no CPU allocated.
+pub fn node_is_empty(n: &NodeInfo) -> bool {
+    let busy_base = matches!(n.base_state(), "ALLOCATED" | "MIXED" | "COMPLETING");
+    let completing = n.has_flag("COMPLETING");
+    let cpus = n
+        .fields
+        .get("CPUAlloc")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    !busy_base && !completing && cpus == 0
+}
+
+/// The time Slurm recorded with a reason (`Reason=... [root@2024-05-01T10:00:00]`), as
+/// text that sorts in time order, or empty.
+pub fn reason_time(n: &NodeInfo) -> &str {
+    n.fields
+        .get("Reason")
+        .and_then(|r| r.rsplit_once('@'))
+        .map_or("", |(_, t)| t.trim_end_matches(']'))
+}
+
+/// Nodes of a partition for the upgrade budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetCount {
+    /// Nodes in scope.
+    pub total: usize,
+    /// Nodes whose reason carries the upgrade prefix, oldest drain first (by Slurm's reason
+    /// time, then name).
+    pub upgrading: Vec<String>,
+}
+
+/// Counts, from `scontrol show nodes -o` output, the nodes of `partition` (all nodes when
+/// empty) and those drained for an upgrade.
+pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
+    let prefix = Cause::reason_prefix_of("upgrade");
+    let mut total = 0;
+    let mut up: Vec<(String, String)> = Vec::new();
+    for n in show_nodes
+        .lines()
+        .filter(|l| l.starts_with("NodeName="))
+        .map(NodeInfo::parse)
+    {
+        let in_scope = partition.is_empty()
+            || n.fields
+                .get("Partitions")
+                .is_some_and(|p| p.split(',').any(|x| x == partition));
+        if !in_scope {
+            continue;
+        }
+        total += 1;
+        if n.reason().is_some_and(|r| r.starts_with(&prefix)) {
+            up.push((reason_time(&n).to_string(), n.name().to_string()));
+        }
+    }
+    up.sort();
+    BudgetCount {
+        total,
+        upgrading: up.into_iter().map(|(_, n)| n).collect(),
+    }
+}
+
+impl SlurmOps {
+    /// The programs in `bin_dir`.
+    pub fn new(bin_dir: &Path) -> SlurmOps {
+        SlurmOps {
+            scontrol: Scontrol::new(bin_dir),
+            squeue: Scontrol {
+                program: bin_dir.join("squeue"),
+                ..Scontrol::new(bin_dir)
+            },
+            scancel: Scontrol {
+                program: bin_dir.join("scancel"),
+                ..Scontrol::new(bin_dir)
+            },
+        }
+    }
+
+    /// Ids of the jobs running (or completing) on `node`: `squeue -h -w <node> -t R,CG -o %i`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn jobs_on(&self, node: &str) -> Result<Vec<String>, ScontrolError> {
+        let out = self
+            .squeue
+            .run(&["-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i"])
+            .await?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// `scancel --signal=<sig> <job>` for each job (the job steps get the signal).
+    ///
+    /// # Errors
+    /// The first [`ScontrolError`]; the other jobs are still tried.
+    pub async fn signal_jobs(&self, jobs: &[String], signal: &str) -> Result<(), ScontrolError> {
+        let mut first = None;
+        for j in jobs {
+            let arg = format!("--signal={signal}");
+            if let Err(e) = self.scancel.run(&[&arg, j]).await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// `scontrol requeue <job>` for each job.
+    ///
+    /// # Errors
+    /// The first [`ScontrolError`]; the other jobs are still tried.
+    pub async fn requeue_jobs(&self, jobs: &[String]) -> Result<(), ScontrolError> {
+        let mut first = None;
+        for j in jobs {
+            if let Err(e) = self.scontrol.run(&["requeue", j]).await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`] (e.g. no `RebootProgram` in slurm.conf).
+    pub async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        let r = format!("reason={reason}");
+        self.scontrol
+            .run(&["reboot", "ASAP", "nextstate=resume", &r, node])
+            .await
+            .map(drop)
+    }
+
+    /// Counts the upgrade drains of `partition`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn count_upgrading(&self, partition: &str) -> Result<BudgetCount, ScontrolError> {
+        let out = self.scontrol.run(&["show", "nodes", "-o"]).await?;
+        Ok(count_upgrading(&out, partition))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_node() {
+        assert!(node_is_empty(&NodeInfo::parse(
+            "NodeName=a State=IDLE+DRAIN CPUAlloc=0"
+        )));
+        assert!(node_is_empty(&NodeInfo::parse(
+            "NodeName=a State=DOWN+DRAIN+NOT_RESPONDING"
+        )));
+        assert!(!node_is_empty(&NodeInfo::parse(
+            "NodeName=a State=MIXED+DRAIN CPUAlloc=1"
+        )));
+        assert!(!node_is_empty(&NodeInfo::parse(
+            "NodeName=a State=IDLE+COMPLETING+DRAIN CPUAlloc=0"
+        )));
+        assert!(!node_is_empty(&NodeInfo::parse(
+            "NodeName=a State=ALLOCATED+DRAIN"
+        )));
+    }
+
+    #[test]
+    fn counts_upgrades_in_time_order() {
+        let out = "\
+NodeName=c1 State=IDLE+DRAIN Partitions=main,gpu Reason=node-agent/upgrade: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:05]
+NodeName=c2 State=IDLE Partitions=main Reason=(null)
+NodeName=c3 State=MIXED+DRAIN Partitions=main Reason=node-agent/upgrade: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:01]
+NodeName=c4 State=IDLE+DRAIN Partitions=main Reason=bad disk [admin@2024-05-01T09:00:00]
+NodeName=g1 State=IDLE+DRAIN Partitions=gpu Reason=node-agent/upgrade: x [root@2024-05-01T09:00:00]
+";
+        let c = count_upgrading(out, "main");
+        assert_eq!(c.total, 4);
+        assert_eq!(c.upgrading, ["c3", "c1"]);
+        let all = count_upgrading(out, "");
+        assert_eq!(all.total, 5);
+        assert_eq!(all.upgrading, ["g1", "c3", "c1"]);
+        assert_eq!(count_upgrading(out, "none").total, 0);
+    }
+}

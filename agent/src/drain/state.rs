@@ -1,0 +1,714 @@
+//! The drain state machine: states, causes, guarded transitions. Pure: no I/O, the time is
+//! passed in, so every transition is unit-tested. `docs/drain-state-machine.md` draws it.
+//!
+//! ```text
+//!            begin                 no jobs left             cause has an action
+//! active ──────────▶ draining ─────────────────▶ drained ─────────────────────▶ acting
+//!   ▲                   │                          │   ▲   action failed (retry)   │
+//!   │     resume        │                          │   └───────────────────────────┤
+//!   ├───────────────────┘◀─────────────────────────┘                               │ ok
+//!   │                         resume                                               ▼
+//!   └───────────────────────────── complete (node back after reboot/hook) ──────── done
+//! ```
+//!
+//! A cause with a higher [`Cause::priority`] replaces the current one while draining or
+//! drained (`escalate`: e.g. a spot notice during an upgrade drain, so the upgrade action is
+//! not run); never during `acting` or `done`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::time;
+
+/// Start of every reason this agent sets on a node; followed by the cause's kind and `: `.
+/// A node whose reason does not start with `REASON_PREFIX<kind>:` was drained by someone
+/// else and is never resumed by the agent.
+pub const REASON_PREFIX: &str = "node-agent/";
+
+/// How many transitions the state keeps in its history.
+const HISTORY_LEN: usize = 32;
+
+/// Where the drain stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Not drained by the agent.
+    Active,
+    /// DRAIN set in Slurm; jobs may still run.
+    Draining,
+    /// DRAIN set and no job left on the node.
+    Drained,
+    /// Running the cause's action (power off, reboot, hook).
+    Acting,
+    /// The action finished (or was handed to Slurm / systemd).
+    Done,
+}
+
+impl Phase {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Active => "active",
+            Phase::Draining => "draining",
+            Phase::Drained => "drained",
+            Phase::Acting => "acting",
+            Phase::Done => "done",
+        }
+    }
+
+    /// Every phase, in order.
+    pub const ALL: [Phase; 5] = [
+        Phase::Active,
+        Phase::Draining,
+        Phase::Drained,
+        Phase::Acting,
+        Phase::Done,
+    ];
+}
+
+/// Why the node is drained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Cause {
+    /// A spot interruption notice.
+    Spot {
+        /// `terminate`, `stop`, `hibernate` or what IMDS said.
+        action: String,
+        /// Interruption time, Unix seconds.
+        time: i64,
+    },
+    /// An Auto Scaling target lifecycle state `Terminated`.
+    Lifecycle {
+        /// The state read.
+        state: String,
+    },
+    /// An operator's `drain --reason`.
+    Manual {
+        /// The operator's words.
+        reason: String,
+    },
+    /// A scheduled maintenance event, drained ahead of `NotBefore`.
+    Maintenance {
+        /// `instance-event-...`.
+        event_id: String,
+        /// Event code.
+        code: String,
+        /// Start of the window, Unix seconds (`None`: unknown, treated as now).
+        not_before: Option<i64>,
+    },
+    /// The desired image differs from the running one.
+    Upgrade {
+        /// The running image.
+        current: String,
+        /// The desired image.
+        desired: String,
+    },
+    /// A rebalance recommendation.
+    Rebalance {
+        /// When it was issued, Unix seconds.
+        notice_time: i64,
+    },
+}
+
+impl Cause {
+    /// `spot`, `lifecycle`, `manual`, `maintenance`, `upgrade`, `rebalance`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Cause::Spot { .. } => "spot",
+            Cause::Lifecycle { .. } => "lifecycle",
+            Cause::Manual { .. } => "manual",
+            Cause::Maintenance { .. } => "maintenance",
+            Cause::Upgrade { .. } => "upgrade",
+            Cause::Rebalance { .. } => "rebalance",
+        }
+    }
+
+    /// Higher wins: the instance going away (spot, lifecycle) outranks an operator, who
+    /// outranks the automatic, undoable causes.
+    pub fn priority(&self) -> u8 {
+        match self {
+            Cause::Spot { .. } | Cause::Lifecycle { .. } => 40,
+            Cause::Manual { .. } => 30,
+            Cause::Maintenance { .. } => 20,
+            Cause::Upgrade { .. } => 15,
+            Cause::Rebalance { .. } => 10,
+        }
+    }
+
+    /// The key under which the notice is remembered as handled, so that a notice seen again
+    /// (every poll) is acted on once.
+    pub fn key(&self) -> String {
+        match self {
+            Cause::Spot { time, .. } => format!("spot:{time}"),
+            Cause::Lifecycle { state } => format!("lifecycle:{state}"),
+            Cause::Manual { reason } => format!("manual:{reason}"),
+            Cause::Maintenance { event_id, .. } => format!("maintenance:{event_id}"),
+            Cause::Upgrade { desired, .. } => format!("upgrade:{desired}"),
+            Cause::Rebalance { notice_time } => format!("rebalance:{notice_time}"),
+        }
+    }
+
+    /// The prefix of the Slurm reasons of this kind: `node-agent/<kind>: `.
+    pub fn reason_prefix_of(kind: &str) -> String {
+        format!("{REASON_PREFIX}{kind}: ")
+    }
+
+    /// The Slurm reason: `node-agent/<kind>: <details>`, at most 256 characters.
+    pub fn reason(&self) -> String {
+        let detail = match self {
+            Cause::Spot { action, time } => {
+                format!(
+                    "spot interruption notice: {action} at {}",
+                    time::format(*time)
+                )
+            }
+            Cause::Lifecycle { state } => format!("auto scaling target lifecycle state {state}"),
+            Cause::Manual { reason } => reason.clone(),
+            Cause::Maintenance {
+                event_id,
+                code,
+                not_before,
+            } => format!(
+                "scheduled {code} {event_id} not before {}",
+                not_before.map_or_else(|| "(unknown)".to_string(), time::format)
+            ),
+            Cause::Upgrade { current, desired } => {
+                format!("image upgrade {current} -> {desired}")
+            }
+            Cause::Rebalance { notice_time } => {
+                format!("rebalance recommendation at {}", time::format(*notice_time))
+            }
+        };
+        let mut r = format!("{}{detail}", Cause::reason_prefix_of(self.kind()));
+        r.retain(|c| !c.is_control());
+        if r.chars().count() > 256 {
+            r = r.chars().take(256).collect();
+        }
+        r
+    }
+
+    /// Whether the agent undoes the drain by itself when the cause goes away (a
+    /// maintenance event canceled or completed).
+    pub fn undoable(&self) -> bool {
+        matches!(self, Cause::Maintenance { .. })
+    }
+
+    /// The deadline by which jobs must be off the node, if the cause has one.
+    pub fn deadline(&self) -> Option<i64> {
+        match self {
+            Cause::Spot { time, .. } => Some(*time),
+            Cause::Maintenance { not_before, .. } => *not_before,
+            _ => None,
+        }
+    }
+}
+
+/// Whether a Slurm reason is one this agent set for a cause of `kind` (`None`: any kind).
+pub fn is_our_reason(reason: &str, kind: Option<&str>) -> bool {
+    match kind {
+        Some(k) => reason.starts_with(&Cause::reason_prefix_of(k)),
+        None => reason
+            .strip_prefix(REASON_PREFIX)
+            .and_then(|r| r.split_once(": "))
+            .is_some_and(|(k, _)| {
+                [
+                    "spot",
+                    "lifecycle",
+                    "manual",
+                    "maintenance",
+                    "upgrade",
+                    "rebalance",
+                ]
+                .contains(&k)
+            }),
+    }
+}
+
+/// One recorded transition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transition {
+    /// From.
+    pub from: Phase,
+    /// To.
+    pub to: Phase,
+    /// Name of the event: `begin`, `escalate`, `drained`, `act`, `action_failed`, `done`,
+    /// `resume`, `complete`.
+    pub event: String,
+    /// Unix seconds.
+    pub at: i64,
+    /// Cause kind at that time.
+    pub cause: Option<String>,
+}
+
+/// A transition that is not allowed from the current phase.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("drain state: `{event}` is not allowed in phase {from}")]
+pub struct Refused {
+    /// The event attempted.
+    pub event: &'static str,
+    /// The phase it was attempted in.
+    pub from: &'static str,
+}
+
+/// What [`DrainState::begin`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// active → draining.
+    Started,
+    /// The new cause replaced a lower one (phase kept).
+    Escalated {
+        /// The cause replaced.
+        previous: Cause,
+    },
+    /// A drain of equal or higher priority is in progress; nothing changed.
+    AlreadyDraining {
+        /// The cause in effect.
+        current: Cause,
+    },
+    /// The notice was handled before (and since resumed by an operator): ignored.
+    AlreadyHandled,
+}
+
+/// The persisted drain state (`drain.json` under `agent.state_dir`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DrainState {
+    /// File format version.
+    pub version: u32,
+    /// Current phase.
+    pub phase: Phase,
+    /// Current cause (none when active).
+    pub cause: Option<Cause>,
+    /// The Slurm reason set for it.
+    pub reason: Option<String>,
+    /// A reason someone else had set on the node when the drain began; while it is set the
+    /// agent never resumes the node.
+    pub foreign_reason: Option<String>,
+    /// When the current phase was entered, Unix seconds.
+    pub since: i64,
+    /// When the drain began.
+    pub started: Option<i64>,
+    /// Whether the action on running jobs (spot) was taken.
+    pub job_action_done: bool,
+    /// Failed attempts of the action.
+    pub action_attempts: u32,
+    /// Earliest time of the next action attempt.
+    pub next_attempt: i64,
+    /// The last error of an action or Slurm call.
+    pub last_error: Option<String>,
+    /// Keys of notices already acted on ([`Cause::key`]).
+    pub handled: BTreeSet<String>,
+    /// Image installed by the last completed upgrade action that keeps the AMI id
+    /// (reboot, hook): compared with the desired image instead of IMDS's `ami-id`.
+    pub applied_image: Option<String>,
+    /// Boot id when the action started (a reboot changes it).
+    pub boot_id: Option<String>,
+    /// Count of each `from->to` transition since the state file was created.
+    pub transitions: BTreeMap<String, u64>,
+    /// The last transitions, oldest first.
+    pub history: Vec<Transition>,
+}
+
+impl Default for DrainState {
+    fn default() -> Self {
+        DrainState {
+            version: 1,
+            phase: Phase::Active,
+            cause: None,
+            reason: None,
+            foreign_reason: None,
+            since: 0,
+            started: None,
+            job_action_done: false,
+            action_attempts: 0,
+            next_attempt: 0,
+            last_error: None,
+            handled: BTreeSet::new(),
+            applied_image: None,
+            boot_id: None,
+            transitions: BTreeMap::new(),
+            history: Vec::new(),
+        }
+    }
+}
+
+impl DrainState {
+    fn go(&mut self, to: Phase, event: &str, now: i64) {
+        let from = self.phase;
+        tracing::info!(
+            from = from.as_str(),
+            to = to.as_str(),
+            event,
+            cause = self.cause.as_ref().map(Cause::kind),
+            reason = self.reason.as_deref(),
+            "drain transition"
+        );
+        *self
+            .transitions
+            .entry(format!("{}->{}", from.as_str(), to.as_str()))
+            .or_default() += 1;
+        self.history.push(Transition {
+            from,
+            to,
+            event: event.to_string(),
+            at: now,
+            cause: self.cause.as_ref().map(|c| c.kind().to_string()),
+        });
+        if self.history.len() > HISTORY_LEN {
+            let extra = self.history.len() - HISTORY_LEN;
+            self.history.drain(..extra);
+        }
+        self.phase = to;
+        self.since = now;
+    }
+
+    /// A cause asks for a drain. `foreign_reason` is the reason someone else already set on
+    /// the node (it is kept, and forbids resuming later).
+    pub fn begin(&mut self, cause: Cause, foreign_reason: Option<String>, now: i64) -> Begin {
+        if self.handled.contains(&cause.key()) && !matches!(cause, Cause::Manual { .. }) {
+            return Begin::AlreadyHandled;
+        }
+        match (self.phase, self.cause.clone()) {
+            (Phase::Active, _) | (_, None) => {
+                self.handled.insert(cause.key());
+                self.reason = Some(cause.reason());
+                self.cause = Some(cause);
+                self.foreign_reason = foreign_reason;
+                self.started = Some(now);
+                self.job_action_done = false;
+                self.action_attempts = 0;
+                self.next_attempt = 0;
+                self.last_error = None;
+                self.go(Phase::Draining, "begin", now);
+                Begin::Started
+            }
+            (Phase::Draining | Phase::Drained, Some(current))
+                if cause.priority() > current.priority() =>
+            {
+                self.handled.insert(cause.key());
+                self.reason = Some(cause.reason());
+                self.cause = Some(cause);
+                self.job_action_done = false;
+                self.action_attempts = 0;
+                self.next_attempt = 0;
+                let phase = self.phase;
+                self.go(phase, "escalate", now);
+                Begin::Escalated { previous: current }
+            }
+            (_, Some(current)) => {
+                if current.key() != cause.key() && current.priority() >= cause.priority() {
+                    // Remember it so it is not taken up again once the current drain ends.
+                    if matches!(
+                        cause,
+                        Cause::Spot { .. } | Cause::Lifecycle { .. } | Cause::Rebalance { .. }
+                    ) {
+                        self.handled.insert(cause.key());
+                    }
+                }
+                Begin::AlreadyDraining { current }
+            }
+        }
+    }
+
+    fn need(&self, event: &'static str, allowed: &[Phase]) -> Result<(), Refused> {
+        if allowed.contains(&self.phase) {
+            Ok(())
+        } else {
+            Err(Refused {
+                event,
+                from: self.phase.as_str(),
+            })
+        }
+    }
+
+    /// draining → drained: no job left on the node.
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase.
+    pub fn drained(&mut self, now: i64) -> Result<(), Refused> {
+        self.need("drained", &[Phase::Draining])?;
+        self.go(Phase::Drained, "drained", now);
+        Ok(())
+    }
+
+    /// drained → acting: the action starts (`boot_id` of the running system).
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase.
+    pub fn act(&mut self, boot_id: Option<String>, now: i64) -> Result<(), Refused> {
+        self.need("act", &[Phase::Drained])?;
+        self.boot_id = boot_id;
+        self.go(Phase::Acting, "act", now);
+        Ok(())
+    }
+
+    /// acting → drained: the action failed; the next attempt waits `retry_after` seconds.
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase.
+    pub fn action_failed(
+        &mut self,
+        error: String,
+        retry_after: i64,
+        now: i64,
+    ) -> Result<(), Refused> {
+        self.need("action_failed", &[Phase::Acting])?;
+        self.action_attempts += 1;
+        self.next_attempt = now + retry_after;
+        self.last_error = Some(error);
+        self.go(Phase::Drained, "action_failed", now);
+        Ok(())
+    }
+
+    /// acting → done.
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase.
+    pub fn done(&mut self, now: i64) -> Result<(), Refused> {
+        self.need("done", &[Phase::Acting])?;
+        self.last_error = None;
+        self.go(Phase::Done, "done", now);
+        Ok(())
+    }
+
+    /// draining | drained | done → active: the node was resumed (cause undone, or an
+    /// operator's `resume`). The cause's key stays handled.
+    ///
+    /// # Errors
+    /// [`Refused`] while acting.
+    pub fn resume(&mut self, now: i64) -> Result<(), Refused> {
+        self.need(
+            "resume",
+            &[Phase::Draining, Phase::Drained, Phase::Done, Phase::Active],
+        )?;
+        if self.phase == Phase::Active {
+            return Ok(());
+        }
+        self.go(Phase::Active, "resume", now);
+        self.clear();
+        Ok(())
+    }
+
+    /// done → active: the node came back after the action (reboot, hook); an upgrade's
+    /// desired image is recorded as applied.
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase.
+    pub fn complete(&mut self, now: i64) -> Result<(), Refused> {
+        self.need("complete", &[Phase::Done])?;
+        if let Some(Cause::Upgrade { desired, .. }) = &self.cause {
+            self.applied_image = Some(desired.clone());
+        }
+        self.go(Phase::Active, "complete", now);
+        self.clear();
+        Ok(())
+    }
+
+    /// Forgets a handled notice (a maintenance event that was canceled), so that it can be
+    /// acted on again if it comes back.
+    pub fn forget(&mut self, key: &str) {
+        self.handled.remove(key);
+    }
+
+    fn clear(&mut self) {
+        self.cause = None;
+        self.reason = None;
+        self.foreign_reason = None;
+        self.started = None;
+        self.job_action_done = false;
+        self.action_attempts = 0;
+        self.next_attempt = 0;
+        self.last_error = None;
+        self.boot_id = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn spot() -> Cause {
+        Cause::Spot {
+            action: "terminate".into(),
+            time: 1_505_722_920,
+        }
+    }
+    fn upgrade() -> Cause {
+        Cause::Upgrade {
+            current: "ami-0a887e401f7654935".into(),
+            desired: "ami-0123456789abcdef0".into(),
+        }
+    }
+    fn maint(id: &str) -> Cause {
+        Cause::Maintenance {
+            event_id: id.into(),
+            code: "system-reboot".into(),
+            not_before: Some(1_548_061_243),
+        }
+    }
+
+    #[test]
+    fn full_path_active_to_done_to_active() {
+        let mut s = DrainState::default();
+        assert_eq!(s.begin(upgrade(), None, 10), Begin::Started);
+        assert_eq!(s.phase, Phase::Draining);
+        assert_eq!(
+            s.reason.as_deref(),
+            Some(
+                "node-agent/upgrade: image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
+            )
+        );
+        s.drained(11).unwrap();
+        s.act(Some("boot-a".into()), 12).unwrap();
+        s.done(13).unwrap();
+        s.complete(14).unwrap();
+        assert_eq!(s.phase, Phase::Active);
+        assert_eq!(s.applied_image.as_deref(), Some("ami-0123456789abcdef0"));
+        assert_eq!(s.cause, None);
+        let events: Vec<_> = s.history.iter().map(|t| t.event.as_str()).collect();
+        assert_eq!(events, ["begin", "drained", "act", "done", "complete"]);
+        assert_eq!(s.transitions["draining->drained"], 1);
+    }
+
+    #[test]
+    fn guards_refuse_out_of_order_transitions() {
+        let mut s = DrainState::default();
+        assert!(s.drained(1).is_err());
+        assert!(s.act(None, 1).is_err());
+        assert!(s.done(1).is_err());
+        assert!(s.complete(1).is_err());
+        assert!(s.action_failed("x".into(), 5, 1).is_err());
+        s.begin(upgrade(), None, 1);
+        assert!(s.act(None, 2).is_err(), "acting needs drained first");
+        s.drained(2).unwrap();
+        assert!(s.drained(3).is_err());
+        s.act(None, 3).unwrap();
+        let e = s.resume(4).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "drain state: `resume` is not allowed in phase acting"
+        );
+        s.action_failed("hook exited 1".into(), 30, 4).unwrap();
+        assert_eq!(
+            (s.phase, s.action_attempts, s.next_attempt),
+            (Phase::Drained, 1, 34)
+        );
+        assert_eq!(s.last_error.as_deref(), Some("hook exited 1"));
+    }
+
+    #[test]
+    fn repeated_notice_is_handled_once_even_after_resume() {
+        let mut s = DrainState::default();
+        assert_eq!(s.begin(spot(), None, 1), Begin::Started);
+        assert_eq!(
+            s.begin(spot(), None, 2),
+            Begin::AlreadyHandled,
+            "same notice polled again"
+        );
+        s.resume(3).unwrap();
+        assert_eq!(s.begin(spot(), None, 4), Begin::AlreadyHandled);
+        assert_eq!(s.phase, Phase::Active);
+        let later = Cause::Spot {
+            action: "stop".into(),
+            time: 1_600_000_000,
+        };
+        assert_eq!(
+            s.begin(later, None, 5),
+            Begin::Started,
+            "a new interruption"
+        );
+    }
+
+    #[test]
+    fn higher_priority_escalates_lower_is_kept_out() {
+        let mut s = DrainState::default();
+        s.begin(upgrade(), None, 1);
+        s.drained(2).unwrap();
+        assert_eq!(
+            s.begin(spot(), None, 3),
+            Begin::Escalated {
+                previous: upgrade()
+            }
+        );
+        assert_eq!(s.phase, Phase::Drained);
+        assert_eq!(s.cause.as_ref().unwrap().kind(), "spot");
+        assert!(matches!(
+            s.begin(maint("e1"), None, 4),
+            Begin::AlreadyDraining { .. }
+        ));
+        let manual = Cause::Manual {
+            reason: "disk check".into(),
+        };
+        assert!(matches!(
+            s.begin(manual, None, 5),
+            Begin::AlreadyDraining { .. }
+        ));
+        assert_eq!(s.cause.as_ref().unwrap().kind(), "spot");
+    }
+
+    #[test]
+    fn manual_drain_outranks_maintenance_and_no_escalation_while_acting() {
+        let mut s = DrainState::default();
+        s.begin(maint("e1"), None, 1);
+        let manual = Cause::Manual {
+            reason: "bad DIMM".into(),
+        };
+        assert!(matches!(
+            s.begin(manual.clone(), None, 2),
+            Begin::Escalated { .. }
+        ));
+        assert!(!s.cause.as_ref().unwrap().undoable());
+        assert_eq!(s.reason.as_deref(), Some("node-agent/manual: bad DIMM"));
+        // The same manual drain again is idempotent.
+        assert!(matches!(
+            s.begin(manual, None, 3),
+            Begin::AlreadyDraining { .. }
+        ));
+
+        let mut s = DrainState::default();
+        s.begin(upgrade(), None, 1);
+        s.drained(2).unwrap();
+        s.act(None, 3).unwrap();
+        assert!(matches!(
+            s.begin(spot(), None, 4),
+            Begin::AlreadyDraining { .. }
+        ));
+        assert_eq!(s.phase, Phase::Acting);
+    }
+
+    #[test]
+    fn reasons_are_ours_and_bounded() {
+        assert!(is_our_reason(&spot().reason(), Some("spot")));
+        assert!(is_our_reason(&spot().reason(), None));
+        assert!(!is_our_reason(&spot().reason(), Some("upgrade")));
+        assert!(!is_our_reason("Kill task failed", None));
+        assert!(!is_our_reason("node-agent/health: disk", None));
+        assert_eq!(
+            spot().reason(),
+            "node-agent/spot: spot interruption notice: terminate at 2017-09-18T08:22:00Z"
+        );
+        let long = Cause::Manual {
+            reason: "x\n".repeat(300),
+        };
+        let r = long.reason();
+        assert_eq!(r.chars().count(), 256);
+        assert!(!r.contains('\n'));
+        assert!(crate::slurm::node::validate_reason(&r).is_ok());
+    }
+
+    #[test]
+    fn persisted_form_round_trips() {
+        let mut s = DrainState::default();
+        s.begin(maint("instance-event-1"), Some("admin said so".into()), 7);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"phase\":\"draining\""), "{json}");
+        assert!(json.contains("\"kind\":\"maintenance\""), "{json}");
+        let back: DrainState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+        // Older or partial files still load.
+        let partial: DrainState = serde_json::from_str(r#"{"phase":"drained"}"#).unwrap();
+        assert_eq!(partial.phase, Phase::Drained);
+    }
+}

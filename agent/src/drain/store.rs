@@ -1,0 +1,183 @@
+//! Persistence of the [`DrainState`]: `drain.json` under `agent.state_dir`, written with
+//! [`write_atomic`], and `drain.lock`, an advisory `flock(2)` lock that the daemon and the
+//! one-shot commands take around each read-modify-write, so that they can run at the same
+//! time (SSM Run Command while `run` is active) without losing an update.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{flock, FlockOperation};
+
+use super::state::DrainState;
+use crate::fsutil::write_atomic;
+
+/// State file name.
+pub const STATE_FILE: &str = "drain.json";
+/// Lock file name.
+pub const LOCK_FILE: &str = "drain.lock";
+
+/// Errors of the store, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Reading or creating a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The state file is not valid JSON of the expected shape.
+    #[error("{path}: invalid drain state: {message}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// serde's message with line and column.
+        message: String,
+    },
+    /// Writing failed.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
+    /// Another process held the lock for the whole wait.
+    #[error("{path}: still locked by another slurm-node-agent after {waited:?}")]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+        /// How long it waited.
+        waited: Duration,
+    },
+}
+
+/// The state folder.
+#[derive(Debug, Clone)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// A held lock; released on drop (closing the file releases a `flock`).
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+impl Store {
+    /// A store in `dir` (`agent.state_dir`).
+    pub fn new(dir: &Path) -> Store {
+        Store {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Path of the state file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    /// Takes the lock, trying every 20 ms for at most `wait`.
+    ///
+    /// # Errors
+    /// [`StoreError::Busy`] or [`StoreError::Io`].
+    pub fn lock(&self, wait: Duration) -> Result<Lock, StoreError> {
+        let path = self.dir.join(LOCK_FILE);
+        let io = |source| StoreError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        let start = Instant::now();
+        loop {
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(Lock { _file: file }),
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
+                    if start.elapsed() >= wait {
+                        return Err(StoreError::Busy {
+                            path,
+                            waited: start.elapsed(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(io(e.into())),
+            }
+        }
+    }
+
+    /// Reads the state; a missing file is the default (active) state.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] or [`StoreError::Corrupt`].
+    pub fn load(&self) -> Result<DrainState, StoreError> {
+        let path = self.path();
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
+                path,
+                message: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DrainState::default()),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    /// Writes the state atomically (mode 0644: `status` may be run by anyone).
+    ///
+    /// # Errors
+    /// [`StoreError`].
+    pub fn save(&self, state: &DrainState) -> Result<(), StoreError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let mut json = serde_json::to_vec_pretty(state).map_err(|e| StoreError::Corrupt {
+            path: self.path(),
+            message: e.to_string(),
+        })?;
+        json.push(b'\n');
+        write_atomic(&self.path(), &json, 0o644, None)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::drain::state::{Cause, Phase};
+
+    #[test]
+    fn saves_loads_and_reports_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(&dir.path().join("sub"));
+        assert_eq!(store.load().unwrap().phase, Phase::Active);
+        let mut s = DrainState::default();
+        s.begin(Cause::Manual { reason: "x".into() }, None, 1);
+        store.save(&s).unwrap();
+        assert_eq!(store.load().unwrap(), s);
+        std::fs::write(store.path(), b"{\"phase\": \"draini").unwrap();
+        let e = store.load().unwrap_err();
+        assert!(e.to_string().contains("drain.json"), "{e}");
+    }
+
+    #[test]
+    fn second_lock_waits_then_gives_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let held = store.lock(Duration::ZERO).unwrap();
+        let e = store.lock(Duration::from_millis(60)).unwrap_err();
+        assert!(matches!(e, StoreError::Busy { .. }), "{e}");
+        drop(held);
+        store.lock(Duration::ZERO).unwrap();
+    }
+}

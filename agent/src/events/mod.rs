@@ -1,0 +1,454 @@
+//! Interruption and maintenance notices from the instance metadata service: polling over
+//! the agent's IMDSv2 client ([`Imds`]) and turning what was read into drain decisions.
+//!
+//! - `spot/instance-action` (every `events.spot_interval`, 1 s): drain at once. The path
+//!   being present is the notice: a body that cannot be parsed still drains (deadline two
+//!   minutes from now, as AWS promises), and the parse error is logged.
+//! - `events/recommendations/rebalance` (every `events.interval`, 5 s): drain when
+//!   `events.rebalance = "drain"` (default); running jobs continue.
+//! - `events/maintenance/scheduled` (5 s): an `active` event (or one in an unknown state)
+//!   drains once `NotBefore - events.maintenance_lead` has come; `canceled`, `completed`,
+//!   a `NotAfter` in the past, or the event gone from the list undoes the drain it caused.
+//! - `autoscaling/target-lifecycle-state` (5 s): `Terminated` drains.
+//!
+//! A failed poll (IMDS 401 after a token refresh, 5xx after retries, unreachable) is never
+//! read as "the notice is gone": the last good observation stands and nothing is undone.
+
+pub mod notice;
+pub mod time;
+
+use serde::{Deserialize, Serialize};
+
+use crate::drain::state::Cause;
+use crate::imds::{Imds, ImdsError};
+use crate::settings::HumanDuration;
+pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
+
+/// What AWS gives between the spot notice and the interruption; used as the deadline when
+/// the notice's time cannot be read.
+pub const SPOT_WARNING_SECS: i64 = 120;
+
+/// What to do with a rebalance recommendation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RebalancePolicy {
+    /// Drain: no new jobs land, running ones continue.
+    #[default]
+    Drain,
+    /// Log it only.
+    Ignore,
+}
+
+/// What to do with the jobs still running when a spot interruption comes close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SpotJobAction {
+    /// Let them run until the instance goes.
+    #[default]
+    None,
+    /// `scancel --signal=<events.spot_job_signal>`: the job steps get the signal (to
+    /// checkpoint).
+    Signal,
+    /// `scontrol requeue`: back to the queue (batch jobs that allow requeue).
+    Requeue,
+}
+
+/// `[events]`: IMDS notices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EventsSettings {
+    /// Watch notices at all.
+    pub enabled: bool,
+    /// Poll interval of `spot/instance-action`.
+    pub spot_interval: HumanDuration,
+    /// Poll interval of rebalance, scheduled maintenance and lifecycle state.
+    pub interval: HumanDuration,
+    /// `drain` or `ignore` rebalance recommendations.
+    pub rebalance: RebalancePolicy,
+    /// Drain this long before a maintenance event's `NotBefore`, so jobs can finish (set it
+    /// to the longest job time limit).
+    pub maintenance_lead: HumanDuration,
+    /// Maintenance event codes that do not drain (e.g. `system-maintenance`).
+    pub maintenance_ignore_codes: Vec<String>,
+    /// Drain on `autoscaling/target-lifecycle-state` = `Terminated`.
+    pub lifecycle: bool,
+    /// `none`, `signal` or `requeue` the jobs still running near a spot interruption.
+    pub spot_job_action: SpotJobAction,
+    /// Signal for `spot_job_action = "signal"`: a name (`TERM`, `USR1`, ...) or number.
+    pub spot_job_signal: String,
+    /// Take the job action this long before the interruption time (at once when less is
+    /// left).
+    pub spot_job_action_lead: HumanDuration,
+}
+
+impl Default for EventsSettings {
+    fn default() -> Self {
+        use std::time::Duration;
+        EventsSettings {
+            enabled: true,
+            spot_interval: HumanDuration(Duration::from_secs(1)),
+            interval: HumanDuration(Duration::from_secs(5)),
+            rebalance: RebalancePolicy::Drain,
+            maintenance_lead: HumanDuration(Duration::from_secs(24 * 3600)),
+            maintenance_ignore_codes: Vec::new(),
+            lifecycle: true,
+            spot_job_action: SpotJobAction::None,
+            spot_job_signal: "TERM".into(),
+            spot_job_action_lead: HumanDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Signal names `scancel --signal` takes.
+const SIGNALS: [&str; 12] = [
+    "HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "CONT", "STOP", "TSTP",
+];
+
+impl EventsSettings {
+    /// Checks the values; returns the dotted key and the message.
+    ///
+    /// # Errors
+    /// `(key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: &str| Err((format!("events.{k}"), m.to_string()));
+        if self.spot_interval.0.is_zero() || self.interval.0.is_zero() {
+            return e("spot_interval", "intervals must be more than 0");
+        }
+        let sig = self.spot_job_signal.trim_start_matches("SIG");
+        let numeric = sig.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n));
+        if !numeric && !SIGNALS.contains(&sig) {
+            return e(
+                "spot_job_signal",
+                "expected a signal name (TERM, USR1, ...) or number 1 to 64",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What a poll saw at a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed<T> {
+    /// 404: no notice.
+    Absent,
+    /// A notice.
+    Present(T),
+    /// The path answered, but the body could not be read.
+    Unreadable(NoticeError),
+}
+
+/// One round of observations; `None` where the path was not polled or the poll failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observations {
+    /// Spot interruption.
+    pub spot: Option<Observed<SpotNotice>>,
+    /// Rebalance recommendation.
+    pub rebalance: Option<Observed<RebalanceNotice>>,
+    /// Scheduled maintenance.
+    pub maintenance: Option<Observed<Vec<MaintenanceEvent>>>,
+    /// Lifecycle state.
+    pub lifecycle: Option<Observed<String>>,
+}
+
+/// Polls one path.
+async fn poll<T>(
+    imds: &Imds,
+    path: &str,
+    parse: impl FnOnce(&str) -> Result<T, NoticeError>,
+) -> Result<Observed<T>, ImdsError> {
+    Ok(match imds.get_optional(path).await? {
+        None => Observed::Absent,
+        Some(body) => match parse(&body) {
+            Ok(v) => Observed::Present(v),
+            Err(e) => Observed::Unreadable(e),
+        },
+    })
+}
+
+/// Reads `spot/instance-action`.
+///
+/// # Errors
+/// [`ImdsError`] after the client's retries and token refresh.
+pub async fn poll_spot(imds: &Imds) -> Result<Observed<SpotNotice>, ImdsError> {
+    poll(imds, notice::SPOT_PATH, notice::parse_spot).await
+}
+
+/// Reads `events/recommendations/rebalance`.
+///
+/// # Errors
+/// [`ImdsError`].
+pub async fn poll_rebalance(imds: &Imds) -> Result<Observed<RebalanceNotice>, ImdsError> {
+    poll(imds, notice::REBALANCE_PATH, notice::parse_rebalance).await
+}
+
+/// Reads `events/maintenance/scheduled`; field-level problems are logged as warnings.
+///
+/// # Errors
+/// [`ImdsError`].
+pub async fn poll_maintenance(imds: &Imds) -> Result<Observed<Vec<MaintenanceEvent>>, ImdsError> {
+    poll(imds, notice::MAINTENANCE_PATH, |b| {
+        notice::parse_maintenance(b).map(|(events, warnings)| {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            events
+        })
+    })
+    .await
+}
+
+/// Reads `autoscaling/target-lifecycle-state`.
+///
+/// # Errors
+/// [`ImdsError`].
+pub async fn poll_lifecycle(imds: &Imds) -> Result<Observed<String>, ImdsError> {
+    poll(imds, notice::LIFECYCLE_PATH, |b| Ok(b.trim().to_string())).await
+}
+
+/// A drain decision from one round of observations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Drain for this cause.
+    Drain(Cause),
+    /// The maintenance event with this key ([`Cause::key`]) no longer needs the node
+    /// drained.
+    Undo(String),
+}
+
+/// Turns observations into decisions, most urgent first. `current` is the cause of the
+/// drain in progress (to undo a maintenance drain whose event went away), `now` Unix
+/// seconds.
+pub fn decide(
+    s: &EventsSettings,
+    obs: &Observations,
+    current: Option<&Cause>,
+    now: i64,
+) -> Vec<Decision> {
+    let mut out = Vec::new();
+    match &obs.spot {
+        Some(Observed::Present(n)) => out.push(Decision::Drain(Cause::Spot {
+            action: n.action.as_str().to_string(),
+            time: n.time,
+        })),
+        Some(Observed::Unreadable(e)) => {
+            tracing::error!("{e}; draining anyway: the notice is there");
+            out.push(Decision::Drain(Cause::Spot {
+                action: "unreadable".into(),
+                time: now + SPOT_WARNING_SECS,
+            }));
+        }
+        _ => {}
+    }
+    if s.lifecycle {
+        match &obs.lifecycle {
+            Some(Observed::Present(st)) if notice::lifecycle_is_terminating(st) => {
+                out.push(Decision::Drain(Cause::Lifecycle { state: st.clone() }));
+            }
+            Some(Observed::Present(st)) if !notice::lifecycle_is_known(st) => {
+                tracing::warn!(
+                    path = notice::LIFECYCLE_PATH,
+                    state = %st,
+                    "unknown target lifecycle state; ignored"
+                );
+            }
+            _ => {}
+        }
+    }
+    if let Some(Observed::Present(events)) = &obs.maintenance {
+        let lead = i64::try_from(s.maintenance_lead.0.as_secs()).unwrap_or(i64::MAX);
+        let mut due_keys = Vec::new();
+        for ev in events {
+            let ignored = s.maintenance_ignore_codes.iter().any(|c| c == &ev.code);
+            let live = matches!(
+                ev.state,
+                notice::EventState::Active | notice::EventState::Other(_)
+            ) && ev.not_after.is_none_or(|end| end > now);
+            let cause = Cause::Maintenance {
+                event_id: ev.event_id.clone(),
+                code: ev.code.clone(),
+                not_before: ev.not_before,
+            };
+            if !live || ignored {
+                out.push(Decision::Undo(cause.key()));
+                continue;
+            }
+            let due = ev
+                .not_before
+                .is_none_or(|nb| nb.saturating_sub(lead) <= now);
+            if due {
+                due_keys.push(cause.key());
+                out.push(Decision::Drain(cause));
+            }
+        }
+        if let Some(c @ Cause::Maintenance { .. }) = current {
+            let k = c.key();
+            if !due_keys.contains(&k) && !out.contains(&Decision::Undo(k.clone())) {
+                out.push(Decision::Undo(k));
+            }
+        }
+    }
+    if s.rebalance == RebalancePolicy::Drain {
+        match &obs.rebalance {
+            Some(Observed::Present(r)) => out.push(Decision::Drain(Cause::Rebalance {
+                notice_time: r.notice_time,
+            })),
+            Some(Observed::Unreadable(e)) => {
+                tracing::warn!("{e}; treated as a rebalance recommendation now");
+                out.push(Decision::Drain(Cause::Rebalance { notice_time: now }));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn ev(
+        id: &str,
+        state: notice::EventState,
+        nb: Option<i64>,
+        na: Option<i64>,
+    ) -> MaintenanceEvent {
+        MaintenanceEvent {
+            event_id: id.into(),
+            code: "system-reboot".into(),
+            description: String::new(),
+            not_before: nb,
+            not_after: na,
+            state,
+        }
+    }
+
+    #[test]
+    fn maintenance_drains_only_within_the_lead_time() {
+        let s = EventsSettings::default(); // 24 h lead
+        let now = 1_000_000;
+        let far = ev(
+            "e-far",
+            notice::EventState::Active,
+            Some(now + 14 * 86_400),
+            None,
+        );
+        let near = ev("e-near", notice::EventState::Active, Some(now + 3600), None);
+        let past = ev("e-past", notice::EventState::Active, Some(now - 60), None);
+        let unknown_time = ev(
+            "e-x",
+            notice::EventState::Other("pending".into()),
+            None,
+            None,
+        );
+        let obs = Observations {
+            maintenance: Some(Observed::Present(vec![far, near, past, unknown_time])),
+            ..Default::default()
+        };
+        let d = decide(&s, &obs, None, now);
+        let drained: Vec<String> = d
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Drain(c) => Some(c.key()),
+                Decision::Undo(_) => None,
+            })
+            .collect();
+        assert_eq!(
+            drained,
+            [
+                "maintenance:e-near",
+                "maintenance:e-past",
+                "maintenance:e-x"
+            ]
+        );
+    }
+
+    #[test]
+    fn maintenance_canceled_completed_expired_or_gone_undoes() {
+        let s = EventsSettings::default();
+        let now = 1_000_000;
+        let current = Cause::Maintenance {
+            event_id: "e-gone".into(),
+            code: "system-reboot".into(),
+            not_before: Some(now),
+        };
+        let obs = Observations {
+            maintenance: Some(Observed::Present(vec![
+                ev("e-c", notice::EventState::Canceled, Some(now), None),
+                ev("e-d", notice::EventState::Completed, Some(now), None),
+                ev(
+                    "e-old",
+                    notice::EventState::Active,
+                    Some(now - 7200),
+                    Some(now - 1),
+                ),
+            ])),
+            ..Default::default()
+        };
+        let d = decide(&s, &obs, Some(&current), now);
+        assert_eq!(
+            d,
+            [
+                Decision::Undo("maintenance:e-c".into()),
+                Decision::Undo("maintenance:e-d".into()),
+                Decision::Undo("maintenance:e-old".into()),
+                Decision::Undo("maintenance:e-gone".into()),
+            ]
+        );
+        // A failed poll (None) undoes nothing.
+        let none = decide(&s, &Observations::default(), Some(&current), now);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn unreadable_spot_notice_still_drains() {
+        let s = EventsSettings::default();
+        let obs = Observations {
+            spot: Some(Observed::Unreadable(NoticeError {
+                path: notice::SPOT_PATH,
+                message: "EOF".into(),
+            })),
+            ..Default::default()
+        };
+        let d = decide(&s, &obs, None, 100);
+        assert_eq!(
+            d,
+            [Decision::Drain(Cause::Spot {
+                action: "unreadable".into(),
+                time: 220
+            })]
+        );
+    }
+
+    #[test]
+    fn rebalance_policy_and_lifecycle() {
+        let mut s = EventsSettings::default();
+        let obs = Observations {
+            rebalance: Some(Observed::Present(RebalanceNotice { notice_time: 5 })),
+            lifecycle: Some(Observed::Present("Terminated".into())),
+            ..Default::default()
+        };
+        assert_eq!(decide(&s, &obs, None, 10).len(), 2);
+        s.rebalance = RebalancePolicy::Ignore;
+        s.lifecycle = false;
+        assert!(decide(&s, &obs, None, 10).is_empty());
+        let inservice = Observations {
+            lifecycle: Some(Observed::Present("InService".into())),
+            ..Default::default()
+        };
+        assert!(decide(&EventsSettings::default(), &inservice, None, 10).is_empty());
+    }
+
+    #[test]
+    fn signal_validation() {
+        let mut s = EventsSettings::default();
+        for ok in ["TERM", "SIGUSR1", "10"] {
+            s.spot_job_signal = ok.into();
+            assert!(s.validate().is_ok(), "{ok}");
+        }
+        for bad in ["", "TERM;reboot", "99", "FOO"] {
+            s.spot_job_signal = bad.into();
+            assert_eq!(s.validate().unwrap_err().0, "events.spot_job_signal");
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Rolling image upgrades: the desired image of this node's group is an SSM parameter
+//! (published by the image builder); when it differs from the running image the node
+//! drains, waits until no job runs, and performs `upgrade.action`.
+//!
+//! A budget bounds the disruption without a coordinator: before draining, the agent counts
+//! the nodes of the partition whose Slurm reason starts with `node-agent/upgrade: ` and
+//! waits its turn (with jitter) when `upgrade.max_unavailable` are already drained. Two
+//! nodes that decide at the same moment both drain, then both count again: the ones beyond
+//! the budget in the order of Slurm's reason time (then name) resume and wait again.
+//!
+//! An upgrade drain never kills a job: the action only runs in `drained`, i.e. when Slurm
+//! shows no job on the node.
+
+pub mod rollout;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::settings::HumanDuration;
+
+/// What to do once the node is drained for an upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeAction {
+    /// Orderly OS shutdown: systemd starts `upgrade.poweroff_unit` (`poweroff.target`)
+    /// over D-Bus; the fleet (Auto Scaling, Slurm's power saving) launches a replacement
+    /// from the new image.
+    #[default]
+    Poweroff,
+    /// `scontrol reboot ASAP nextstate=resume reason=... <node>`: Slurm runs its
+    /// `RebootProgram`; for in-place updates.
+    Reboot,
+    /// Run `upgrade.hook` (argv, no shell), with `SNA_NODE`, `SNA_CURRENT_IMAGE` and
+    /// `SNA_DESIRED_IMAGE` in its environment; exit 0 is success.
+    Hook,
+    /// Stay drained (an operator or another system takes it from there).
+    None,
+}
+
+/// `[upgrade]`: rolling image upgrades.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpgradeSettings {
+    /// SSM parameter holding the desired AMI id. Empty: upgrades are off.
+    pub parameter: String,
+    /// How often to read it.
+    pub interval: HumanDuration,
+    /// `poweroff`, `reboot`, `hook` or `none`.
+    pub action: UpgradeAction,
+    /// Unit started for `poweroff` (`poweroff.target`; systemd's bus is `systemd.bus`).
+    pub poweroff_unit: String,
+    /// Command for `hook`: program (absolute path) and arguments.
+    pub hook: Vec<String>,
+    /// Limit for the hook.
+    pub hook_timeout: HumanDuration,
+    /// After a successful hook, resume the node and record the desired image as applied.
+    pub resume_after_hook: bool,
+    /// At most this many nodes (`2`) or this share (`10%`, at least one node) of the
+    /// partition drained for an upgrade at once.
+    pub max_unavailable: String,
+    /// Partition the budget counts. Empty: the node's first partition.
+    pub budget_partition: String,
+    /// Wait before counting again when the budget is used up (randomized ±50 %).
+    pub budget_wait: HumanDuration,
+}
+
+impl Default for UpgradeSettings {
+    fn default() -> Self {
+        UpgradeSettings {
+            parameter: String::new(),
+            interval: HumanDuration(Duration::from_secs(300)),
+            action: UpgradeAction::Poweroff,
+            poweroff_unit: "poweroff.target".into(),
+            hook: Vec::new(),
+            hook_timeout: HumanDuration(Duration::from_secs(1800)),
+            resume_after_hook: true,
+            max_unavailable: "1".into(),
+            budget_partition: String::new(),
+            budget_wait: HumanDuration(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// The budget: a node count or a percentage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    /// At most N nodes.
+    Nodes(u32),
+    /// At most N % of the nodes (rounded down, at least 1).
+    Percent(u32),
+}
+
+impl Budget {
+    /// Parses `2` or `10%`.
+    ///
+    /// # Errors
+    /// A message.
+    pub fn parse(s: &str) -> Result<Budget, String> {
+        let t = s.trim();
+        let bad = || format!("expected a node count (2) or a percentage (10%), got {s:?}");
+        match t.strip_suffix('%') {
+            Some(p) => match p.trim().parse::<u32>() {
+                Ok(n) if (1..=100).contains(&n) => Ok(Budget::Percent(n)),
+                _ => Err(bad()),
+            },
+            None => match t.parse::<u32>() {
+                Ok(n) if n >= 1 => Ok(Budget::Nodes(n)),
+                _ => Err(bad()),
+            },
+        }
+    }
+
+    /// How many nodes of `total` may be drained for an upgrade at once (at least 1).
+    pub fn limit(self, total: usize) -> usize {
+        match self {
+            Budget::Nodes(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            Budget::Percent(p) => (total * usize::try_from(p).unwrap_or(100) / 100).max(1),
+        }
+    }
+}
+
+impl UpgradeSettings {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: String| Err((format!("upgrade.{k}"), m));
+        if let Err(m) = Budget::parse(&self.max_unavailable) {
+            return e("max_unavailable", m);
+        }
+        if self.interval.0.is_zero() {
+            return e("interval", "must be more than 0".into());
+        }
+        if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
+            return e("poweroff_unit", m);
+        }
+        if self.action == UpgradeAction::Hook {
+            match self.hook.first() {
+                Some(p) if std::path::Path::new(p).is_absolute() => {}
+                _ => {
+                    return e(
+                        "hook",
+                        "action \"hook\" needs a command whose program is an absolute path".into(),
+                    )
+                }
+            }
+        }
+        if self
+            .parameter
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return e(
+                "parameter",
+                format!("not an SSM parameter name: {:?}", self.parameter),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Whether `s` is an AMI id: `ami-` and 8 or 17 lower-case hex digits.
+pub fn is_ami_id(s: &str) -> bool {
+    s.strip_prefix("ami-").is_some_and(|h| {
+        (h.len() == 8 || h.len() == 17) && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// Reading the desired image failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DesiredImageError {
+    /// No such parameter.
+    #[error("SSM parameter {name}: not found")]
+    NotFound {
+        /// Parameter name.
+        name: String,
+    },
+    /// Access denied (IAM, KMS).
+    #[error("SSM parameter {name}: access denied: {message}")]
+    AccessDenied {
+        /// Parameter name.
+        name: String,
+        /// AWS's message.
+        message: String,
+    },
+    /// The value is not an AMI id.
+    #[error(
+        "SSM parameter {name}: value {value:?} is not an AMI id (ami- and 8 or 17 hex digits)"
+    )]
+    NotAnImage {
+        /// Parameter name.
+        name: String,
+        /// The value (truncated to 80 characters).
+        value: String,
+    },
+    /// Anything else (network, throttling...).
+    #[error("SSM parameter {name}: {message}")]
+    Other {
+        /// Parameter name.
+        name: String,
+        /// The error chain.
+        message: String,
+    },
+}
+
+/// Reads the desired image from SSM parameter `name` and checks it is an AMI id.
+///
+/// # Errors
+/// [`DesiredImageError`] naming the parameter.
+pub async fn desired_image(
+    ssm: &aws_sdk_ssm::Client,
+    name: &str,
+) -> Result<String, DesiredImageError> {
+    use aws_sdk_ssm::operation::get_parameter::GetParameterError as E;
+    use aws_smithy_types::error::display::DisplayErrorContext;
+    let out =
+        ssm.get_parameter()
+            .name(name)
+            .send()
+            .await
+            .map_err(|e| match e.as_service_error() {
+                Some(E::ParameterNotFound(_)) => DesiredImageError::NotFound {
+                    name: name.to_string(),
+                },
+                Some(se)
+                    if matches!(
+                        se.meta().code(),
+                        Some(
+                            "AccessDeniedException"
+                                | "AccessDenied"
+                                | "UnrecognizedClientException"
+                        )
+                    ) =>
+                {
+                    DesiredImageError::AccessDenied {
+                        name: name.to_string(),
+                        message: se.meta().message().unwrap_or_default().to_string(),
+                    }
+                }
+                _ => DesiredImageError::Other {
+                    name: name.to_string(),
+                    message: DisplayErrorContext(&e).to_string(),
+                },
+            })?;
+    let value = out
+        .parameter
+        .and_then(|p| p.value)
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if !is_ami_id(&value) {
+        return Err(DesiredImageError::NotAnImage {
+            name: name.to_string(),
+            value: value.chars().take(80).collect(),
+        });
+    }
+    Ok(value)
+}
+
+/// A wait of `base` randomized to between 50 % and 150 %.
+pub fn jittered(base: Duration) -> Duration {
+    let ms = u64::try_from(base.as_millis())
+        .unwrap_or(u64::MAX / 2)
+        .max(1);
+    Duration::from_millis(rand::random_range(ms / 2..=ms + ms / 2))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn ami_ids() {
+        assert!(is_ami_id("ami-0a887e401f7654935"));
+        assert!(is_ami_id("ami-12345678"));
+        for bad in [
+            "",
+            "ami-",
+            "ami-0A887E401F7654935",
+            "ami-0a887e401f765493",
+            "0a887e401f7654935",
+            "ami-0a887e401f7654935\n",
+            "ami-0a887e40;reboot",
+            "{\"image\":\"ami-12345678\"}",
+        ] {
+            assert!(!is_ami_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn budgets() {
+        assert_eq!(Budget::parse("2").unwrap().limit(100), 2);
+        assert_eq!(Budget::parse("10%").unwrap().limit(100), 10);
+        assert_eq!(Budget::parse("10%").unwrap().limit(5), 1);
+        assert_eq!(Budget::parse(" 50 %").unwrap().limit(3), 1);
+        for bad in ["0", "0%", "101%", "-1", "x", "", "1.5"] {
+            assert!(Budget::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn validation_names_keys() {
+        let mut s = UpgradeSettings::default();
+        assert!(s.validate().is_ok());
+        s.action = UpgradeAction::Hook;
+        assert_eq!(s.validate().unwrap_err().0, "upgrade.hook");
+        s.hook = vec!["relative.sh".into()];
+        assert_eq!(s.validate().unwrap_err().0, "upgrade.hook");
+        s.hook = vec!["/usr/local/bin/upgrade".into()];
+        assert!(s.validate().is_ok());
+        s.max_unavailable = "lots".into();
+        assert_eq!(s.validate().unwrap_err().0, "upgrade.max_unavailable");
+    }
+
+    #[test]
+    fn jitter_stays_in_range() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(10));
+            assert!(d >= Duration::from_secs(5) && d <= Duration::from_secs(15));
+        }
+    }
+}
