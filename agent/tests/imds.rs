@@ -106,6 +106,14 @@ async fn token_refused_ends_in_a_token_error() {
     emu.inject(Fault::status(403).on(FaultTarget::Token));
     let e = fails_naming_the_path(&emu, 2, 1000).await;
     assert!(matches!(e, ImdsError::Token { .. }), "{e:?}");
+    // Never a fallback to IMDSv1 (a GET without a token), even where v1 would answer.
+    emu.set_allow_imdsv1(true);
+    let _ = fails_naming_the_path(&emu, 2, 1000).await;
+    assert!(
+        emu.requests().iter().all(|r| r.method != "GET"),
+        "{:?}",
+        emu.requests()
+    );
 }
 
 #[tokio::test]
