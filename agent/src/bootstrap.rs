@@ -262,6 +262,14 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         t.done("munge");
     }
 
+    // Shared file systems (issue 4): a required mount that fails stops bootstrap here, so
+    // slurmd is not started (its drop-in also waits for the marker this writes).
+    let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
+    crate::mounts::ensure_all(&s.mounts, &id.region, &mount_env, &systemd)
+        .await
+        .map_err(|e| BootstrapError::Io(e.to_string()))?;
+    t.done("mounts");
+
     let servers: Vec<ConfServer> = s
         .slurm
         .conf_servers

@@ -9,6 +9,7 @@
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
+//! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
 //!   upgrades; [`drain`]: the one drain state machine; [`daemon`]: the `run` loop.
 //!
@@ -25,6 +26,7 @@ pub mod fsutil;
 pub mod health;
 pub mod hostfacts;
 pub mod imds;
+pub mod mounts;
 pub mod nodedef;
 pub mod retry;
 pub mod settings;

@@ -22,6 +22,8 @@ pub struct Settings {
     pub systemd: Systemd,
     /// The agent itself.
     pub agent: Agent,
+    /// `[[mounts]]`: shared file systems mounted before slurmd starts.
+    pub mounts: Vec<crate::mounts::MountSettings>,
     /// IMDS notices (spot, maintenance, rebalance, lifecycle).
     pub events: crate::events::EventsSettings,
     /// Rolling image upgrades.
@@ -339,6 +341,7 @@ impl Settings {
         self.events.validate()?;
         self.upgrade.validate()?;
         self.drain.validate()?;
+        crate::mounts::validate_all(&self.mounts)?;
         match self.systemd.bus.as_str() {
             "system" | "session" => {}
             b if b.starts_with("unix:") => {}
