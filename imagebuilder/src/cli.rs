@@ -155,6 +155,9 @@ pub struct BuildArgs {
     /// slurm-node-agent binary (default: target/release or target/debug, if built).
     #[arg(long)]
     pub agent_bin: Option<PathBuf>,
+    /// Build without the agent binary (the steps say plainly that it is absent).
+    #[arg(long, conflicts_with = "agent_bin")]
+    pub without_agent: bool,
     /// The agent's unit files (units/ of the project).
     #[arg(long, default_value = "units")]
     pub units_dir: PathBuf,
@@ -378,6 +381,7 @@ impl Cli {
         let assembled = assemble_agent(
             &agent_dir,
             args.agent_bin.as_deref(),
+            args.without_agent,
             &args.units_dir,
             &self.packer_dir,
         )?;
@@ -489,6 +493,7 @@ impl Cli {
         let assembled = assemble_agent(
             &agent_dir,
             args.agent_bin.as_deref(),
+            args.without_agent,
             &args.units_dir,
             &self.packer_dir,
         )?;
@@ -633,6 +638,7 @@ fn check_variables(template: &Template, vars: &BTreeMap<String, Json>) -> Result
 fn assemble_agent(
     dest: &Path,
     agent_bin: Option<&Path>,
+    without_agent: bool,
     units: &Path,
     packer_dir: &Path,
 ) -> Result<Vec<String>> {
@@ -651,6 +657,7 @@ fn assemble_agent(
             p.display()
         )))
         }
+        None if without_agent => None,
         None => [
             "target/release/slurm-node-agent",
             "target/debug/slurm-node-agent",
@@ -664,6 +671,7 @@ fn assemble_agent(
             std::fs::copy(&b, dest.join("slurm-node-agent"))
                 .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;
         }
+        None if without_agent => notes.push("built --without-agent".into()),
         None => notes.push("no slurm-node-agent binary (pass --agent-bin or build it)".into()),
     }
     if units.is_dir() {

@@ -1,0 +1,169 @@
+//! `build --target local` for real: mmdebstrap makes a Debian 12 root, the provisioning
+//! steps of `packer/scripts` run in it through chroot (Slurm and munge from Debian's
+//! packages), the acceptance checks pass inside, and a tarball and a qcow2 come out.
+//! Then the steps run again on the finished root (idempotence) and change nothing the
+//! acceptance checks look at. Needs root, mmdebstrap, qemu-img and the Debian mirror;
+//! takes about a minute with a warm apt cache (`target/sib-apt-cache`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::path::PathBuf;
+
+/// The agent binary of this workspace, when built and able to run the acceptance
+/// checks' `check --dry-run` (the agent's CLI is being written; until it is, the image is
+/// built without it and the checks report it as absent, which this test asserts too).
+fn usable_agent() -> Option<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"));
+    let bin = ["release", "debug"]
+        .iter()
+        .map(|p| target.join(p).join("slurm-node-agent"))
+        .find(|p| p.is_file())?;
+    let ok = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    (ok(&["--version"]) && ok(&["check", "--dry-run", "--help"])).then_some(bin)
+}
+
+#[test]
+fn local_target_builds_a_debian_root_that_passes_acceptance() {
+    let work = tempfile::Builder::new()
+        .prefix("sib-local-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let cache = repo().join("target/sib-apt-cache");
+    let agent = usable_agent();
+    let mut cmd = sib();
+    // From an empty folder, so that only an explicit --agent-bin is used.
+    cmd.current_dir(work.path())
+        .arg("--packer-dir")
+        .arg(repo().join("packer"))
+        .args([
+            "--output",
+            "json",
+            "build",
+            "--target",
+            "local",
+            "--units-dir",
+        ])
+        .arg(repo().join("units"))
+        .arg("--work-dir")
+        .arg(work.path().join("out"))
+        .arg("--apt-cache")
+        .arg(&cache);
+    if let Some(a) = &agent {
+        cmd.arg("--agent-bin").arg(a);
+    } else {
+        eprintln!(
+            "NOTE: no slurm-node-agent with `check` built: the image is built without the agent"
+        );
+    }
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acceptance: Vec<String> = serde_json::from_value(v["acceptance"].clone()).unwrap();
+    let has = |line: &str| acceptance.iter().any(|l| l.contains(line));
+    assert!(has("ok: slurmd -V reports 22.05.8"), "{acceptance:#?}");
+    assert!(has("ok: munge: round trip"), "{acceptance:#?}");
+    assert!(has("ok: unit slurmd.service enabled"), "{acceptance:#?}");
+    assert!(has("ok: cleanup: nothing left"), "{acceptance:#?}");
+    assert!(!has("FAIL"), "{acceptance:#?}");
+    if agent.is_some() {
+        assert!(has("ok: slurm-node-agent --version"), "{acceptance:#?}");
+        assert!(
+            has("ok: slurm-node-agent check --dry-run"),
+            "{acceptance:#?}"
+        );
+    } else {
+        assert!(
+            has("not checked: slurm-node-agent (agent: slurm-node-agent binary: absent"),
+            "{acceptance:#?}"
+        );
+    }
+
+    // Unreachable sources are skipped by name and URL, never silently.
+    let skipped: Vec<String> = serde_json::from_value(v["skipped"].clone()).unwrap();
+    assert!(
+        skipped.iter().any(|s| s.starts_with(
+            "EFA installer 1.32.0: unreachable from here (https://efa-installer.amazonaws.com/"
+        )),
+        "{skipped:#?}"
+    );
+    assert!(
+        skipped.iter().any(|s| s.starts_with(
+            "FSx Lustre client repository: unreachable from here (https://fsx-lustre-client-repo"
+        )),
+        "{skipped:#?}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("skipped: EFA installer 1.32.0 unreachable from here"),
+        "{stderr}"
+    );
+
+    // The artifacts: a tarball of the root and a qcow2 image of it.
+    let tarball = PathBuf::from(v["tarball"].as_str().unwrap());
+    let list = run(std::process::Command::new("tar").arg("-tzf").arg(&tarball));
+    assert!(list.status.success());
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        list.lines().any(|l| l == "./usr/sbin/slurmd"),
+        "slurmd not in the tarball"
+    );
+    assert!(list
+        .lines()
+        .any(|l| l == "./usr/local/sbin/slurm-image-acceptance"));
+    assert!(
+        !list.lines().any(|l| l.starts_with("./tmp/slurm-image/")),
+        "staging left in the image"
+    );
+    let qcow2 = PathBuf::from(v["qcow2"].as_str().unwrap());
+    let info = run(std::process::Command::new("qemu-img")
+        .args(["info", "--output=json"])
+        .arg(&qcow2));
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["format"], "qcow2");
+
+    // Idempotence: the same steps again on the finished root, then the checks again.
+    let root = PathBuf::from(v["root"].as_str().unwrap());
+    let before = std::fs::read_to_string(root.join("etc/slurm-image/build-info")).unwrap();
+    let mut again = sib();
+    again
+        .current_dir(work.path())
+        .arg("--packer-dir")
+        .arg(repo().join("packer"))
+        .args([
+            "--output",
+            "json",
+            "build",
+            "--target",
+            "local",
+            "--steps-only",
+            "--no-artifacts",
+            "--units-dir",
+        ])
+        .arg(repo().join("units"))
+        .arg("--work-dir")
+        .arg(work.path().join("out"));
+    match &agent {
+        Some(a) => again.arg("--agent-bin").arg(a),
+        None => again.arg("--without-agent"),
+    };
+    let out = run(&mut again);
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("installing:"),
+        "the second run installed packages again: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/slurm-image/build-info")).unwrap(),
+        before
+    );
+}
