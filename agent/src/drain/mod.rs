@@ -210,16 +210,15 @@ impl Engine {
     pub async fn request(&self, cause: Cause) -> Result<Requested, DrainError> {
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
-        let mut trial = st.clone();
-        let begin = trial.begin(cause.clone(), None, time::now());
-        if !matches!(begin, Begin::Started | Begin::Escalated { .. }) {
-            if trial != st {
-                self.save(&trial)?;
+        let preview = st.preview(&cause);
+        if !matches!(preview, Begin::Started | Begin::Escalated { .. }) {
+            // No transition; a lower notice may still be remembered as handled.
+            let before = st.clone();
+            let begin = st.begin(cause, None, time::now());
+            if st != before {
+                self.save(&st)?;
             }
-            return Ok(Requested {
-                begin,
-                state: trial,
-            });
+            return Ok(Requested { begin, state: st });
         }
         let node = self.node_info().await?;
         let foreign = node
@@ -274,7 +273,14 @@ impl Engine {
             return Ok(false);
         }
         tracing::info!(node = %self.node, key, "cause went away; resuming");
-        self.resume_in_slurm(&st, false).await?;
+        match self.resume_in_slurm(&st, false).await {
+            Ok(()) => {}
+            Err(DrainError::Foreign { reason, .. }) => {
+                // Our drain is over, theirs is not: leave the node as it is.
+                tracing::info!(node = %self.node, %reason, "node drained by someone else; left drained");
+            }
+            Err(e) => return Err(e),
+        }
         st.resume(time::now())?;
         st.forget(key);
         self.save(&st)?;

@@ -363,6 +363,26 @@ impl DrainState {
         self.since = now;
     }
 
+    /// What [`DrainState::begin`] would do, without changing anything.
+    pub fn preview(&self, cause: &Cause) -> Begin {
+        if self.handled.contains(&cause.key()) && !matches!(cause, Cause::Manual { .. }) {
+            return Begin::AlreadyHandled;
+        }
+        match (self.phase, &self.cause) {
+            (Phase::Active, _) | (_, None) => Begin::Started,
+            (Phase::Draining | Phase::Drained, Some(current))
+                if cause.priority() > current.priority() =>
+            {
+                Begin::Escalated {
+                    previous: current.clone(),
+                }
+            }
+            (_, Some(current)) => Begin::AlreadyDraining {
+                current: current.clone(),
+            },
+        }
+    }
+
     /// A cause asks for a drain. `foreign_reason` is the reason someone else already set on
     /// the node (it is kept, and forbids resuming later).
     pub fn begin(&mut self, cause: Cause, foreign_reason: Option<String>, now: i64) -> Begin {
@@ -676,6 +696,28 @@ mod tests {
             Begin::AlreadyDraining { .. }
         ));
         assert_eq!(s.phase, Phase::Acting);
+    }
+
+    #[test]
+    fn preview_predicts_begin_without_changing_anything() {
+        let mut s = DrainState::default();
+        for (cause, expect_started) in [
+            (upgrade(), true),
+            (upgrade(), false),
+            (spot(), true),
+            (maint("e"), false),
+            (spot(), false),
+        ] {
+            let before = s.clone();
+            let p = s.preview(&cause);
+            assert_eq!(s, before);
+            let b = s.begin(cause, None, 1);
+            assert_eq!(p, b);
+            assert_eq!(
+                matches!(b, Begin::Started | Begin::Escalated { .. }),
+                expect_started
+            );
+        }
     }
 
     #[test]

@@ -205,6 +205,60 @@ pub enum DesiredImageError {
     },
 }
 
+/// Classifies a GetParameter error: not found, access denied (by error code, or HTTP 403
+/// when the body carries no code the SDK can read), or anything else (one short line).
+fn classify(
+    name: &str,
+    e: &aws_smithy_runtime_api::client::result::SdkError<
+        aws_sdk_ssm::operation::get_parameter::GetParameterError,
+        aws_smithy_runtime_api::http::Response,
+    >,
+) -> DesiredImageError {
+    use aws_sdk_ssm::operation::get_parameter::GetParameterError as E;
+    use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+    let name = name.to_string();
+    if let Some(se) = e.as_service_error() {
+        if matches!(se, E::ParameterNotFound(_)) {
+            return DesiredImageError::NotFound { name };
+        }
+        if matches!(
+            se.code(),
+            Some("AccessDeniedException" | "AccessDenied" | "UnrecognizedClientException")
+        ) {
+            return DesiredImageError::AccessDenied {
+                name,
+                message: se.message().unwrap_or_default().to_string(),
+            };
+        }
+    }
+    if let Some(r) = e.raw_response() {
+        let body = r
+            .body()
+            .bytes()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default();
+        // The text of an XML error body's message, if there is one.
+        let message = body
+            .split_once("<Message>")
+            .and_then(|(_, m)| m.split_once("</Message>"))
+            .map(|(m, _)| m.to_string())
+            .unwrap_or_else(|| body.chars().take(200).collect());
+        let status = r.status().as_u16();
+        if status == 403 {
+            return DesiredImageError::AccessDenied { name, message };
+        }
+        return DesiredImageError::Other {
+            name,
+            message: format!("HTTP {status}: {message}"),
+        };
+    }
+    let mut message = aws_smithy_types::error::display::DisplayErrorContext(e).to_string();
+    if message.len() > 300 {
+        message = message.chars().take(300).collect::<String>() + "...";
+    }
+    DesiredImageError::Other { name, message }
+}
+
 /// Reads the desired image from SSM parameter `name` and checks it is an AMI id.
 ///
 /// # Errors
@@ -213,37 +267,12 @@ pub async fn desired_image(
     ssm: &aws_sdk_ssm::Client,
     name: &str,
 ) -> Result<String, DesiredImageError> {
-    use aws_sdk_ssm::operation::get_parameter::GetParameterError as E;
-    use aws_smithy_types::error::display::DisplayErrorContext;
-    let out =
-        ssm.get_parameter()
-            .name(name)
-            .send()
-            .await
-            .map_err(|e| match e.as_service_error() {
-                Some(E::ParameterNotFound(_)) => DesiredImageError::NotFound {
-                    name: name.to_string(),
-                },
-                Some(se)
-                    if matches!(
-                        se.meta().code(),
-                        Some(
-                            "AccessDeniedException"
-                                | "AccessDenied"
-                                | "UnrecognizedClientException"
-                        )
-                    ) =>
-                {
-                    DesiredImageError::AccessDenied {
-                        name: name.to_string(),
-                        message: se.meta().message().unwrap_or_default().to_string(),
-                    }
-                }
-                _ => DesiredImageError::Other {
-                    name: name.to_string(),
-                    message: DisplayErrorContext(&e).to_string(),
-                },
-            })?;
+    let out = ssm
+        .get_parameter()
+        .name(name)
+        .send()
+        .await
+        .map_err(|e| classify(name, &e))?;
     let value = out
         .parameter
         .and_then(|p| p.value)

@@ -1,0 +1,734 @@
+//! Drains driven by the node, end to end: the real `slurm-node-agent` binary (`run`,
+//! `drain`, `resume`, `status`) against a real slurmctld and slurmd (Slurm 22.05), the IMDS
+//! emulator and moto's SSM.
+//!
+//! Build the agent first: `cargo build -p slurm-node-agent` (or set SLURM_NODE_AGENT_BIN).
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use rustix::process::Signal;
+use serde_json::Value;
+use slurm_e2e::agent::agent_binary;
+use slurm_e2e::imds_emulator::{Config, Emulator, Fault, FaultTarget};
+use slurm_e2e::slurm::{field, NodeKind};
+use slurm_e2e::{run_with_timeout, wait_until, Daemon, Moto, Slurmctld, Slurmd, TempRoot};
+
+const NODE_CONF: &str = "CPUs=1 RealMemory=100";
+const WAIT: Duration = Duration::from_secs(60);
+/// The emulator's default `ami-id` (AEMM's).
+const RUNNING_AMI: &str = "ami-0a887e401f7654935";
+const DESIRED_AMI: &str = "ami-0123456789abcdef0";
+
+struct World {
+    // Dropped in order: slurmd before the controller.
+    slurmd: Option<Slurmd>,
+    ctld: Slurmctld,
+    imds: Emulator,
+    moto: Option<Moto>,
+    root: TempRoot,
+    node: String,
+}
+
+impl World {
+    fn start(node: &str, ctld_lines: &[String], settings: &str) -> World {
+        let mut b = Slurmctld::builder("drain");
+        for l in ctld_lines {
+            b = b.line(l.clone());
+        }
+        let ctld = b.start().unwrap();
+        let slurmd = Slurmd::dynamic(&ctld, node, NODE_CONF).unwrap();
+        ctld.wait_node_idle(node, WAIT).unwrap();
+        let imds = Emulator::start(Config::default()).unwrap();
+        let root = TempRoot::new("drain-e2e-").unwrap();
+        fs::create_dir_all(root.path().join("conf.d")).unwrap();
+        let w = World {
+            slurmd: Some(slurmd),
+            ctld,
+            imds,
+            moto: None,
+            root,
+            node: node.to_string(),
+        };
+        w.write_settings(settings);
+        w
+    }
+
+    fn with_moto(mut self) -> World {
+        self.moto = Some(Moto::start().unwrap());
+        self
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    fn write_settings(&self, extra: &str) {
+        let text = format!(
+            "[node]\nname = \"{node}\"\n\n[slurm]\nbin_dir = \"/usr/bin\"\n\n\
+             [imds]\nendpoint = \"{imds}\"\n\n[agent]\nstate_dir = \"{state}\"\n\n\
+             [drain]\ncheck_interval = \"200ms\"\nlock_timeout = \"10s\"\n\n{extra}\n",
+            node = self.node,
+            imds = self.imds.endpoint(),
+            state = self.path("state").display(),
+        );
+        fs::write(self.path("agent.toml"), text).unwrap();
+    }
+
+    fn agent(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(agent_binary().unwrap());
+        c.args(args)
+            .arg("--config")
+            .arg(self.path("agent.toml"))
+            .arg("--config-dir")
+            .arg(self.path("conf.d"))
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("RUST_LOG", "info")
+            .envs(self.ctld.env());
+        if let Some(m) = &self.moto {
+            c.envs(m.env());
+        }
+        c
+    }
+
+    fn run_agent(&self, args: &[&str]) -> Output {
+        run_with_timeout(self.agent(args), Duration::from_secs(120)).unwrap()
+    }
+
+    fn daemon(&self, name: &str, notify: Option<&Path>) -> Daemon {
+        let mut c = self.agent(&["run"]);
+        if let Some(n) = notify {
+            c.env("NOTIFY_SOCKET", n);
+        }
+        Daemon::spawn(name, c, self.root.path()).unwrap()
+    }
+
+    fn status(&self) -> Value {
+        let out = self.run_agent(&["status", "--output", "json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn wait_phase(&self, phase: &str) -> Value {
+        let mut last = Value::Null;
+        wait_until(
+            &format!("agent phase {phase}"),
+            WAIT,
+            Duration::from_millis(100),
+            || {
+                last = self.status();
+                Ok((last["phase"] == phase).then(|| last.clone()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}; last status {last}"))
+    }
+
+    fn node_line(&self) -> String {
+        self.ctld
+            .scontrol_ok(&["show", "node", "-o", &self.node])
+            .unwrap()
+    }
+
+    fn reason(&self) -> String {
+        let line = self.node_line();
+        let start = line.find("Reason=").map_or(line.len(), |i| i + 7);
+        let r = &line[start..];
+        r.rfind(" [").map_or(r, |i| &r[..i]).trim().to_string()
+    }
+
+    fn state(&self) -> String {
+        field(&self.node_line(), "State")
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn wait_state(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        self.ctld
+            .wait_node_state(&self.node, pred, WAIT)
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"))
+    }
+
+    /// A batch job on the node that sleeps `secs` and then writes `done` into `job-done`.
+    fn submit_job(&self, secs: u32) -> PathBuf {
+        let done = self.path("job-done");
+        let out = self
+            .ctld
+            .run_job(
+                "sbatch",
+                &[
+                    "-w",
+                    &self.node,
+                    "-o",
+                    &self.path("job.out").display().to_string(),
+                    "--wrap",
+                    &format!("sleep {secs}; echo done > {}", done.display()),
+                ],
+            )
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.wait_state("job running", |s| {
+            s.starts_with("ALLOCATED") || s.starts_with("MIXED")
+        });
+        done
+    }
+
+    fn script(&self, name: &str, body: &str) -> PathBuf {
+        let p = self.path(name);
+        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn in_two_minutes() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 120;
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn gmt_in(secs: u64) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + secs;
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{t}"), "+%d %b %Y %H:%M:%S GMT"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn notifications(sock: &UnixDatagram) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = sock.recv(&mut buf) {
+        out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    out
+}
+
+#[test]
+fn spot_notice_drains_survives_imds_errors_and_reports_through_sd_notify() {
+    let w = World::start("spot1", &[], "[events]\nspot_interval = \"200ms\"\n");
+    let notify_path = w.path("notify.sock");
+    let sock = UnixDatagram::bind(&notify_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut d = w.daemon("agent", Some(&notify_path));
+    wait_until("READY=1", WAIT, Duration::from_millis(50), || {
+        Ok(notifications(&sock)
+            .iter()
+            .any(|m| m.starts_with("READY=1"))
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(30)));
+    assert!(slurm_e2e::is_idle(&w.state()));
+
+    w.imds
+        .set_spot_instance_action("terminate", &in_two_minutes());
+    w.wait_state("drained by the spot notice", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason()
+            .starts_with("node-agent/spot: spot interruption notice: terminate at "),
+        "{}",
+        w.reason()
+    );
+    let st = w.wait_phase("drained");
+    assert_eq!(st["cause"], "spot");
+
+    // IMDS fails in the middle of the interruption: tokens forgotten, then 503 for every
+    // GET. The node stays drained; nothing is undone or done twice.
+    let log_shows = |d: &Daemon, needle: &str| {
+        wait_until(needle, WAIT, Duration::from_millis(100), || {
+            Ok(d.log_tail(400).contains(needle).then_some(()))
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    };
+    w.imds.expire_tokens();
+    w.imds.inject(Fault::status(503).on(FaultTarget::Get));
+    log_shows(&d, "HTTP 503 after retries");
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert_eq!(w.status()["phase"], "drained");
+    w.imds.clear_faults();
+    log_shows(&d, "instance metadata answers again");
+    w.imds
+        .inject(Fault::status(401).on(FaultTarget::Get).times(8));
+    log_shows(&d, "requesting a new token");
+    d.check_running().unwrap();
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    let st = w.status();
+    assert_eq!(st["phase"], "drained");
+    let begins = st["state"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["event"] == "begin")
+        .count();
+    assert_eq!(begins, 1, "the repeated notice was handled once: {st}");
+    assert_eq!(
+        d.log_tail(400).matches("event=\"begin\"").count(),
+        1,
+        "one begin transition logged"
+    );
+
+    // An operator's drain while the spot drain is in progress changes nothing.
+    let out = w.run_agent(&["drain", "--reason", "disk check", "--output", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = json(&out);
+    assert_eq!(r["result"], "already_draining");
+    assert_eq!(r["cause"], "spot");
+
+    // Metrics textfile.
+    let prom = fs::read_to_string(w.path("state/drain.prom")).unwrap();
+    assert!(
+        prom.contains("slurm_node_agent_drain_phase{phase=\"drained\"} 1"),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("slurm_node_agent_drain_cause{kind=\"spot\"} 1"),
+        "{prom}"
+    );
+
+    let status = d.stop().unwrap();
+    assert!(
+        status.success(),
+        "SIGTERM must end the daemon cleanly: {status:?}"
+    );
+    let msgs = notifications(&sock).join("\n");
+    assert!(
+        msgs.contains("STATUS=drained (spot): node-agent/spot:"),
+        "{msgs}"
+    );
+    assert!(msgs.contains("STOPPING=1"), "{msgs}");
+}
+
+#[test]
+fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
+    let root_marker = TempRoot::new("drain-reboot-").unwrap();
+    let marker = root_marker.path().join("rebooted");
+    let reboot = root_marker.path().join("reboot.sh");
+    fs::write(
+        &reboot,
+        format!(
+            "#!/bin/sh\necho \"$(date +%s.%N)\" >> {}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut w = World::start(
+        "up1",
+        &[format!("RebootProgram={}", reboot.display())],
+        "[upgrade]\nparameter = \"/cluster/compute/desired-ami\"\ninterval = \"1s\"\naction = \"reboot\"\n",
+    )
+    .with_moto();
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/cluster/compute/desired-ami", DESIRED_AMI, "String")
+        .unwrap();
+    let job_done = w.submit_job(6);
+    let mut d = w.daemon("agent", None);
+
+    w.wait_state("drained for the upgrade", |s| s.contains("DRAIN"));
+    assert_eq!(
+        w.reason(),
+        format!("node-agent/upgrade: image upgrade {RUNNING_AMI} -> {DESIRED_AMI}")
+    );
+    // The job still runs on the draining node: the upgrade drain does not kill it.
+    let st = w.state();
+    assert!(
+        st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
+        "job must still run: {st}"
+    );
+    assert_eq!(w.status()["phase"], "draining");
+
+    // The job completes; only then does Slurm run the RebootProgram.
+    wait_until("reboot program", WAIT, Duration::from_millis(100), || {
+        Ok(marker.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(
+        job_done.exists(),
+        "the job must have completed before the reboot"
+    );
+    assert_eq!(fs::read_to_string(&job_done).unwrap().trim(), "done");
+    let st = w.wait_phase("done");
+    assert_eq!(st["cause"], "upgrade");
+
+    // "Reboot": slurmd comes back with -b; the node returns to service (nextstate=resume)
+    // and the agent records the desired image as applied, without draining again.
+    drop(w.slurmd.take());
+    let _back = Slurmd::spawn(
+        &w.ctld,
+        "up1",
+        &NodeKind::Dynamic(NODE_CONF.into()),
+        &["-b"],
+    )
+    .unwrap();
+    w.ctld.wait_node_idle("up1", WAIT).unwrap();
+    let st = w.wait_phase("active");
+    assert_eq!(st["state"]["applied_image"], DESIRED_AMI);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        slurm_e2e::is_idle(&w.state()),
+        "drained again: {}",
+        w.state()
+    );
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().count(), 1);
+    d.stop().unwrap();
+}
+
+#[test]
+fn agent_killed_between_drain_and_action_continues_the_same_drain() {
+    let w = World::start("kill1", &[], "").with_moto();
+    let hook = w.script(
+        "hook.sh",
+        &format!(
+            "echo \"$SNA_NODE $SNA_CURRENT_IMAGE $SNA_DESIRED_IMAGE\" >> {}",
+            w.path("hook-ran").display()
+        ),
+    );
+    w.write_settings(&format!(
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"1s\"\naction = \"hook\"\nhook = [\"{}\"]\n",
+        hook.display()
+    ));
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", DESIRED_AMI, "String")
+        .unwrap();
+    let job_done = w.submit_job(5);
+    let mut d = w.daemon("agent-1", None);
+    w.wait_phase("draining");
+    d.signal(Signal::KILL).unwrap();
+    let _ = d.stop();
+    drop(d);
+    // The job finishes while no agent runs.
+    wait_until("job done", WAIT, Duration::from_millis(100), || {
+        Ok(job_done.exists().then_some(()))
+    })
+    .unwrap();
+    assert!(
+        !w.path("hook-ran").exists(),
+        "the action ran before the node was empty"
+    );
+    assert_eq!(w.status()["phase"], "draining", "state survived the kill");
+
+    let mut d2 = w.daemon("agent-2", None);
+    let st = w.wait_phase("active");
+    assert_eq!(st["state"]["applied_image"], DESIRED_AMI);
+    assert_eq!(
+        fs::read_to_string(w.path("hook-ran")).unwrap(),
+        format!("kill1 {RUNNING_AMI} {DESIRED_AMI}\n"),
+        "the hook ran exactly once"
+    );
+    let history = st["state"]["history"].as_array().unwrap().clone();
+    let events: Vec<&str> = history
+        .iter()
+        .map(|t| t["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        events,
+        ["begin", "drained", "act", "done", "complete"],
+        "{st}"
+    );
+    w.ctld.wait_node_idle("kill1", WAIT).unwrap();
+    assert!(d2
+        .log_tail(200)
+        .contains("continuing the drain in progress"));
+    d2.stop().unwrap();
+}
+
+#[test]
+fn maintenance_drains_ahead_and_cancel_resumes_but_never_an_admin_drain() {
+    let w = World::start(
+        "mnt1",
+        &[],
+        "[events]\ninterval = \"200ms\"\nmaintenance_lead = \"2h\"\n",
+    );
+    let mut d = w.daemon("agent", None);
+    // Weeks ahead: nothing happens.
+    let far = format!(
+        r#"[{{"NotBefore": "{}", "Code": "system-reboot", "Description": "x",
+             "EventId": "instance-event-far", "NotAfter": "", "State": "active"}}]"#,
+        gmt_in(21 * 86_400)
+    );
+    w.imds.set_scheduled_maintenance(&far);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+
+    let soon = |state: &str| {
+        format!(
+            r#"[{{"NotBefore": "{}", "Code": "instance-reboot", "Description": "x",
+                 "EventId": "instance-event-1", "NotAfter": "", "State": "{state}"}}]"#,
+            gmt_in(3600)
+        )
+    };
+    w.imds.set_scheduled_maintenance(&soon("active"));
+    w.wait_state("drained ahead of maintenance", |s| s.contains("DRAIN"));
+    assert!(w
+        .reason()
+        .starts_with("node-agent/maintenance: scheduled instance-reboot instance-event-1"));
+    w.imds.set_scheduled_maintenance(&soon("canceled"));
+    w.ctld.wait_node_idle("mnt1", WAIT).unwrap();
+    w.wait_phase("active");
+
+    // An admin drains the node; a new event comes and goes: the admin's drain stays.
+    w.ctld
+        .scontrol_ok(&[
+            "update",
+            "nodename=mnt1",
+            "state=drain",
+            "reason=admin: bad DIMM",
+        ])
+        .unwrap();
+    let ev2 = |state: &str| soon(state).replace("instance-event-1", "instance-event-2");
+    w.imds.set_scheduled_maintenance(&ev2("active"));
+    w.wait_phase("drained");
+    assert_eq!(w.reason(), "admin: bad DIMM");
+    w.imds.set_scheduled_maintenance(&ev2("completed"));
+    w.wait_phase("active");
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        w.state().contains("DRAIN"),
+        "admin drain resumed: {}",
+        w.state()
+    );
+    assert_eq!(w.reason(), "admin: bad DIMM");
+    d.stop().unwrap();
+}
+
+#[test]
+fn drain_resume_commands_are_idempotent_and_respect_foreign_drains() {
+    let w = World::start("cmd1", &[], "");
+    let out = w.run_agent(&["drain", "--reason", "kernel update", "--output", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["result"], "started");
+    assert_eq!(w.reason(), "node-agent/manual: kernel update");
+    // Twice, and two at once: all succeed, one drain.
+    let again = w.run_agent(&["drain", "--reason", "kernel update", "--output", "json"]);
+    assert_eq!(json(&again)["result"], "already_draining");
+    let a = w
+        .agent(&["drain", "--reason", "other", "--output", "json"])
+        .output();
+    let b = w
+        .agent(&["drain", "--reason", "other", "--output", "json"])
+        .output();
+    for o in [a.unwrap(), b.unwrap()] {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let st = w.status();
+    assert_eq!(
+        st["state"]["history"].as_array().unwrap().len(),
+        1,
+        "one transition: {st}"
+    );
+    // --wait on an idle drained node returns at once.
+    let out = w.run_agent(&[
+        "drain",
+        "--reason",
+        "x",
+        "--wait",
+        "--timeout",
+        "30s",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json(&out)["phase"], "drained");
+
+    let out = w.run_agent(&["resume", "--output", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.ctld.wait_node_idle("cmd1", WAIT).unwrap();
+    let out = w.run_agent(&["resume"]);
+    assert_eq!(out.status.code(), Some(0), "resume is idempotent");
+
+    // A job runs: --wait times out with 75, the job is untouched.
+    let job_done = w.submit_job(8);
+    let out = w.run_agent(&["drain", "--reason", "y", "--wait", "--timeout", "2s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("still has jobs"));
+    let out = w.run_agent(&["drain", "--reason", "y", "--wait", "--timeout", "60s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(job_done.exists(), "--wait returned before the job ended");
+    assert_eq!(w.run_agent(&["resume"]).status.code(), Some(0));
+    w.ctld.wait_node_idle("cmd1", WAIT).unwrap();
+
+    // An admin's drain is not ours to resume.
+    w.ctld
+        .scontrol_ok(&[
+            "update",
+            "nodename=cmd1",
+            "state=drain",
+            "reason=hardware ticket 42",
+        ])
+        .unwrap();
+    let out = w.run_agent(&["resume"]);
+    assert_eq!(out.status.code(), Some(77));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hardware ticket 42"));
+    assert!(w.state().contains("DRAIN"));
+    let out = w.run_agent(&["resume", "--force"]);
+    assert_eq!(out.status.code(), Some(0));
+    w.ctld.wait_node_idle("cmd1", WAIT).unwrap();
+
+    // Bad input: a reason with a newline, and no node name at all.
+    let out = w.run_agent(&["drain", "--reason", "a\nb"]);
+    assert_eq!(out.status.code(), Some(2));
+    fs::write(w.path("agent.toml"), "").unwrap();
+    let out = w.run_agent(&[
+        "status",
+        "--set",
+        &format!("agent.state_dir={}", w.path("empty").display()),
+    ]);
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("node name is unknown"));
+}
+
+#[test]
+fn bad_desired_image_parameters_never_drain() {
+    let w = World::start(
+        "ssm1",
+        &[],
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"500ms\"\n",
+    )
+    .with_moto();
+    let moto = w.moto.as_ref().unwrap();
+    // Missing.
+    let mut d = w.daemon("agent-missing", None);
+    wait_until("not found logged", WAIT, Duration::from_millis(100), || {
+        Ok(d.log_tail(100)
+            .contains("SSM parameter /desired: not found")
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    // Not an AMI id (shell metacharacters included).
+    moto.put_parameter("/desired", "ami-123; reboot", "String")
+        .unwrap();
+    wait_until(
+        "not an AMI logged",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok(d.log_tail(100).contains("is not an AMI id").then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+    assert_eq!(w.status()["phase"], "active");
+    d.stop().unwrap();
+
+    // Access denied: a moto that enforces IAM, and a user without any policy.
+    let strict = Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", "3")]).unwrap();
+    strict
+        .put_parameter("/desired", DESIRED_AMI, "String")
+        .unwrap();
+    iam(&strict, "Action=CreateUser&UserName=node");
+    let key = iam(&strict, "Action=CreateAccessKey&UserName=node");
+    let mut c = w.agent(&["run"]);
+    c.env("AWS_ENDPOINT_URL", strict.endpoint())
+        .env("AWS_ACCESS_KEY_ID", xml_value(&key, "AccessKeyId"))
+        .env("AWS_SECRET_ACCESS_KEY", xml_value(&key, "SecretAccessKey"));
+    let mut d = Daemon::spawn("agent-denied", c, w.root.path()).unwrap();
+    wait_until(
+        "access denied logged",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            Ok(d.log_tail(100)
+                .contains("SSM parameter /desired: access denied")
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+    d.stop().unwrap();
+}
+
+/// One IAM Query API call on moto (form-encoded), returning the XML body.
+fn iam(moto: &Moto, params: &str) -> String {
+    let auth = "AWS4-HMAC-SHA256 Credential=testing/20240101/us-east-1/iam/aws4_request, \
+                SignedHeaders=host, Signature=0";
+    let (status, body) = slurm_e2e::moto::http(
+        moto.port(),
+        "POST",
+        "/",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Authorization", auth),
+        ],
+        format!("{params}&Version=2010-05-08").as_bytes(),
+    )
+    .unwrap();
+    let body = String::from_utf8(body).unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+fn xml_value(xml: &str, tag: &str) -> String {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open).unwrap() + open.len();
+    let end = xml[start..].find(&format!("</{tag}>")).unwrap() + start;
+    xml[start..end].to_string()
+}
