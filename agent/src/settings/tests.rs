@@ -171,3 +171,13 @@ fn the_shipped_sample_settings_are_valid() {
     let layer = Layer::from_toml(Source::File("agent.toml.example".into()), &text).unwrap();
     Resolved::merge(&[layer]).unwrap();
 }
+
+#[test]
+fn the_image_default_settings_are_valid() {
+    // What packer/scripts bake into /etc/slurm-node-agent/agent.toml.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../packer/files/agent.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let layer = Layer::from_toml(Source::File(path.into()), &text).unwrap();
+    let r = Resolved::merge(&[layer]).unwrap();
+    assert!(r.settings.node.dynamic);
+}
