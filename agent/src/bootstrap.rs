@@ -210,7 +210,17 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     t.done("settings");
 
     let imds = Imds::new(&early.settings.imds);
-    let id = imds.identity().await?;
+    // The key source in the files and flags is almost always the final one (tags and user
+    // data can still change it): fetch the key while the rest of the metadata is read, and
+    // use the result only if the final source is the same.
+    let early_source = KeySource::parse(&early.settings.auth.key_source).ok();
+    let prefetch = async {
+        let source = early_source.clone()?;
+        let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
+        Some((source.clone(), fetch_stored(&source, region.trim()).await))
+    };
+    let (id, prefetched) = tokio::join!(imds.identity(), prefetch);
+    let id = id?;
     tracing::info!(
         instance_id = %id.instance_id,
         instance_type = %id.instance_type,
@@ -246,7 +256,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             })
         })
     });
-    let key = timed(async { Ok::<_, BootstrapError>(install_key(s, &id).await?) });
+    let key = timed(async { Ok::<_, BootstrapError>(install_key(s, &id, prefetched).await?) });
     let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
     let ((def, def_time), (key_changed, key_time), (systemd, _)) =
         tokio::try_join!(node_definition, key, connect)?;
@@ -308,9 +318,31 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     })
 }
 
+/// Fetches the stored (still encoded) key bytes; AWS sources use the SDK's default
+/// credentials chain in `region`.
+async fn fetch_stored(source: &KeySource, region: &str) -> Result<Vec<u8>, KeyError> {
+    match source {
+        KeySource::File(_) => {
+            authkey::fetch(source, &aws_config::SdkConfig::builder().build()).await
+        }
+        _ => {
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(region.to_string()))
+                .load()
+                .await;
+            authkey::fetch(source, &sdk).await
+        }
+    }
+}
+
 /// Fetches and installs the key. Returns whether the file changed. With no key source the
-/// key is assumed baked into the image.
-async fn install_key(s: &settings::Settings, id: &InstanceIdentity) -> Result<bool, KeyError> {
+/// key is assumed baked into the image. `prefetched` is a fetch started earlier from the
+/// files and flags, used when its source is still the one the final settings name.
+async fn install_key(
+    s: &settings::Settings,
+    id: &InstanceIdentity,
+    prefetched: Option<(KeySource, Result<Vec<u8>, KeyError>)>,
+) -> Result<bool, KeyError> {
     if s.auth.key_source.is_empty() {
         return Ok(false);
     }
@@ -321,17 +353,9 @@ async fn install_key(s: &settings::Settings, id: &InstanceIdentity) -> Result<bo
     let target = KeyTarget::from_settings(&s.auth);
     // Resolve the owner first: a host without the daemon's user gets no key file.
     let owner = authkey::resolve_owner(&target.owner)?;
-    let stored = match &source {
-        KeySource::File(_) => {
-            authkey::fetch(&source, &aws_config::SdkConfig::builder().build()).await?
-        }
-        _ => {
-            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                .region(aws_config::Region::new(id.region.clone()))
-                .load()
-                .await;
-            authkey::fetch(&source, &sdk).await?
-        }
+    let stored = match prefetched {
+        Some((early, result)) if early == source => result?,
+        _ => fetch_stored(&source, &id.region).await?,
     };
     let key = authkey::decode(&source, &stored, s.auth.key_encoding, &target)?;
     let changed = authkey::install(&key, &target.path, owner)?;
@@ -427,8 +451,14 @@ async fn join(
             continue;
         }
         polls += 1;
-        // slurmd registers in about 0.1 s: poll fast at first, then every half second.
-        let pause = if polls < 250 { 20 } else { 500 };
+        // slurmd registers in about 0.1 s: poll fast for a second, then less and less.
+        let pause = if polls < 100 {
+            10
+        } else if polls < 300 {
+            50
+        } else {
+            500
+        };
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

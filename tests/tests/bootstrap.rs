@@ -418,3 +418,14 @@ fn access_denied_to_the_key_exits_77_and_writes_nothing() {
         "Secrets Manager secret cluster/munge-key: access denied",
     );
 }
+
+#[test]
+fn a_key_source_from_a_tag_wins_over_the_prefetched_one() {
+    // The settings file names a secret that exists; the tag names one that does not. The
+    // key fetched early from the file's source must not be used.
+    let env = NodeEnv::start("").unwrap();
+    env.imds
+        .set_tag("slurm-node-agent:auth.key_source", "ssm:/from/tag");
+    let out = env.bootstrap(&[]).unwrap();
+    assert_failed_cleanly(&env, &out, 65, "SSM parameter /from/tag: not found");
+}

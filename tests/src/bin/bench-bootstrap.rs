@@ -81,6 +81,18 @@ fn agent_trial(env: &NodeEnv) -> Result<(f64, u64)> {
     if !out.status.success() {
         bail!("bootstrap failed: {}", String::from_utf8_lossy(&out.stderr));
     }
+    if std::env::var_os("BENCH_STEPS").is_some() {
+        let r = slurm_e2e::agent::report(&out)?;
+        let steps: Vec<String> = r["steps"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|s| format!("{}={}", s["name"].as_str().unwrap_or("?"), s["duration_ms"]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!("          steps: {}", steps.join(" "));
+    }
     let rss_kib: u64 = std::fs::read_to_string(&rss_file)?
         .lines()
         .last()
