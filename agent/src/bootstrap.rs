@@ -263,44 +263,57 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
     t.record("node_definition", def_time);
     t.record("auth_key", key_time);
-    if s.auth.auth_type == AuthType::Munge {
-        if key_changed {
-            systemd.restart(&s.slurm.munge_unit).await?;
-        } else {
-            systemd.start(&s.slurm.munge_unit).await?;
+    // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
+    // run together; slurmd starts when all three are done (it needs munge, and must not
+    // run without its required mounts).
+    let munge = timed(async {
+        if s.auth.auth_type == AuthType::Munge {
+            if key_changed {
+                systemd.restart(&s.slurm.munge_unit).await?;
+            } else {
+                systemd.start(&s.slurm.munge_unit).await?;
+            }
         }
-        t.done("munge");
-    }
-
+        Ok::<_, BootstrapError>(())
+    });
     // Shared file systems (issue 4): a required mount that fails stops bootstrap here, so
     // slurmd is not started (its drop-in also waits for the marker this writes).
-    let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
-    crate::mounts::ensure_all(&s.mounts, &id.region, &mount_env, &systemd)
-        .await
-        .map_err(|e| BootstrapError::Io(e.to_string()))?;
-    t.done("mounts");
-
-    let servers: Vec<ConfServer> = s
-        .slurm
-        .conf_servers
-        .iter()
-        .filter_map(|c| ConfServer::parse(c).ok())
-        .collect();
-    let options_file = if s.slurm.slurmd_options_file.as_os_str().is_empty() {
-        slurm::options::default_options_file()
-    } else {
-        s.slurm.slurmd_options_file.clone()
-    };
-    let args = slurm::slurmd_args(&def, &servers);
-    let options_changed = slurm::write_slurmd_options(&options_file, &args)
-        .map_err(|e| BootstrapError::Io(e.to_string()))?;
-    let slurmd_restarted = options_changed || key_changed;
-    if slurmd_restarted {
-        restart_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
-    } else {
-        systemd.start(&s.slurm.slurmd_unit).await?;
+    let mounts = timed(async {
+        let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
+        crate::mounts::ensure_all(&s.mounts, &id.region, &mount_env, &systemd)
+            .await
+            .map_err(|e| BootstrapError::Io(e.to_string()))
+    });
+    let slurmd_prep = timed(async {
+        let servers: Vec<ConfServer> = s
+            .slurm
+            .conf_servers
+            .iter()
+            .filter_map(|c| ConfServer::parse(c).ok())
+            .collect();
+        let options_file = if s.slurm.slurmd_options_file.as_os_str().is_empty() {
+            slurm::options::default_options_file()
+        } else {
+            s.slurm.slurmd_options_file.clone()
+        };
+        let args = slurm::slurmd_args(&def, &servers);
+        let options_changed = slurm::write_slurmd_options(&options_file, &args)
+            .map_err(|e| BootstrapError::Io(e.to_string()))?;
+        let restart = options_changed || key_changed;
+        if restart {
+            stop_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
+        }
+        Ok::<_, BootstrapError>(restart)
+    });
+    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, prep_time)) =
+        tokio::try_join!(munge, mounts, slurmd_prep)?;
+    if s.auth.auth_type == AuthType::Munge {
+        t.record("munge", munge_time);
     }
-    t.done("slurmd");
+    t.record("mounts", mounts_time);
+    let slurmd_start = Instant::now();
+    systemd.start(&s.slurm.slurmd_unit).await?;
+    t.record("slurmd", prep_time + slurmd_start.elapsed());
 
     let node = join(s, &def, &systemd).await?;
     t.done("join");
@@ -363,13 +376,12 @@ async fn install_key(
     Ok(changed)
 }
 
-/// Restarts slurmd so that exactly one runs afterwards.
-///
-/// The distribution's units have `KillMode=process` so that job steps (`slurmstepd`)
-/// survive a slurmd restart; the same setting leaves behind a configless slurmd's
-/// configuration-fetch child (a second `slurmd` process, retrying forever). So: stop the
-/// unit, SIGKILL any `slurmd` still in its cgroup (never `slurmstepd`), start it.
-async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
+/// Stops slurmd so that none is left: the distribution's units have `KillMode=process`
+/// so that job steps (`slurmstepd`) survive a slurmd restart, and the same setting leaves
+/// behind a configless slurmd's configuration-fetch child (a second `slurmd` process,
+/// retrying forever). So: stop the unit, then SIGKILL any `slurmd` still in its cgroup
+/// (never `slurmstepd`).
+async fn stop_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
     systemd.stop(unit).await?;
     for (pid, cmd) in systemd.unit_processes(unit).await? {
         let program = cmd.split_whitespace().next().unwrap_or_default();
@@ -383,6 +395,12 @@ async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdErro
             }
         }
     }
+    Ok(())
+}
+
+/// Restarts slurmd so that exactly one runs afterwards (see [`stop_slurmd`]).
+async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
+    stop_slurmd(systemd, unit).await?;
     systemd.start(unit).await
 }
 
