@@ -162,6 +162,42 @@ impl Moto {
         Ok(r.body)
     }
 
+    /// Creates an IAM user with no policy at all and an access key for it (IAM's Query
+    /// API): `(AccessKeyId, SecretAccessKey)`. With a moto started with
+    /// `INITIAL_NO_AUTH_ACTION_COUNT`, these two calls count as two actions, and every
+    /// call signed with the key is then denied.
+    pub fn create_user_without_permissions(&self, user: &str) -> Result<(String, String)> {
+        self.iam(&format!("Action=CreateUser&UserName={user}"))?;
+        let key = self.iam(&format!("Action=CreateAccessKey&UserName={user}"))?;
+        Ok((
+            xml_value(&key, "AccessKeyId")?,
+            xml_value(&key, "SecretAccessKey")?,
+        ))
+    }
+
+    /// One IAM Query API call (form-encoded); returns the XML body of a 200.
+    fn iam(&self, params: &str) -> Result<String> {
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/iam/aws4_request, \
+             SignedHeaders=host, Signature=0"
+        );
+        let (status, body) = http(
+            self.port,
+            "POST",
+            "/",
+            &[
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Authorization", &auth),
+            ],
+            format!("{params}&Version=2010-05-08").as_bytes(),
+        )?;
+        let body = String::from_utf8_lossy(&body).into_owned();
+        if status != 200 {
+            bail!("IAM {params}: HTTP {status}: {body}");
+        }
+        Ok(body)
+    }
+
     /// `ssm:PutParameter` with `Type=SecureString`, overwriting.
     pub fn put_secure_string(&self, name: &str, value: &str) -> Result<()> {
         self.put_parameter(name, value, "SecureString")
@@ -348,4 +384,18 @@ mod tests {
         assert_eq!(parse_response(chunked).unwrap(), (400, b"abcde".to_vec()));
         assert!(parse_response(b"garbage").is_err());
     }
+}
+
+/// The text of the first `<tag>...</tag>` in an XML answer.
+fn xml_value(xml: &str, tag: &str) -> Result<String> {
+    let open = format!("<{tag}>");
+    let start = xml
+        .find(&open)
+        .with_context(|| format!("no <{tag}> in {xml}"))?
+        + open.len();
+    let end = xml[start..]
+        .find(&format!("</{tag}>"))
+        .with_context(|| format!("no </{tag}> in {xml}"))?
+        + start;
+    Ok(xml[start..end].to_string())
 }

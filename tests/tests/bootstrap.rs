@@ -367,33 +367,6 @@ fn killed_midway_then_run_again_converges() {
     );
 }
 
-/// One IAM Query API call on moto (form-encoded), returning the XML body.
-fn iam(moto: &slurm_e2e::Moto, params: &str) -> String {
-    let auth = "AWS4-HMAC-SHA256 Credential=testing/20240101/us-east-1/iam/aws4_request, \
-                SignedHeaders=host, Signature=0";
-    let (status, body) = slurm_e2e::moto::http(
-        moto.port(),
-        "POST",
-        "/",
-        &[
-            ("Content-Type", "application/x-www-form-urlencoded"),
-            ("Authorization", auth),
-        ],
-        format!("{params}&Version=2010-05-08").as_bytes(),
-    )
-    .unwrap();
-    let body = String::from_utf8(body).unwrap();
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-fn xml_value(xml: &str, tag: &str) -> String {
-    let open = format!("<{tag}>");
-    let start = xml.find(&open).unwrap() + open.len();
-    let end = xml[start..].find(&format!("</{tag}>")).unwrap() + start;
-    xml[start..end].to_string()
-}
-
 #[test]
 fn access_denied_to_the_key_exits_77_and_writes_nothing() {
     let env = NodeEnv::start("").unwrap();
@@ -402,14 +375,13 @@ fn access_denied_to_the_key_exits_77_and_writes_nothing() {
     let moto = slurm_e2e::Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", "3")]).unwrap();
     moto.create_secret_string("cluster/munge-key", &"A".repeat(44))
         .unwrap();
-    iam(&moto, "Action=CreateUser&UserName=node");
-    let key = iam(&moto, "Action=CreateAccessKey&UserName=node");
+    let (key_id, secret) = moto.create_user_without_permissions("node").unwrap();
     let mut cmd = env
         .agent_command(&["bootstrap", "--output", "json"])
         .unwrap();
     cmd.env("AWS_ENDPOINT_URL", moto.endpoint())
-        .env("AWS_ACCESS_KEY_ID", xml_value(&key, "AccessKeyId"))
-        .env("AWS_SECRET_ACCESS_KEY", xml_value(&key, "SecretAccessKey"));
+        .env("AWS_ACCESS_KEY_ID", key_id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
     let out = slurm_e2e::run_with_timeout(cmd, std::time::Duration::from_secs(120)).unwrap();
     assert_failed_cleanly(
         &env,
