@@ -9,8 +9,10 @@
 //! `drain`/`resume`/`status`/`run`: 75 also a busy state lock, a `--wait` timeout, or a
 //! resume while the upgrade action runs; 77 also `resume` of a node drained by someone else
 //! (see each command's module).
+//! `check`: 1 a fatal health check failed or timed out; 78 also a bad check file.
 
 pub mod bootstrap;
+pub mod check;
 pub mod config;
 pub mod drain;
 pub mod resume;
@@ -46,6 +48,8 @@ pub enum Command {
     /// Settings: `config show` prints the merged settings with the source of each value.
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// Run the health checks once, drain or resume the node (also as HealthCheckProgram).
+    Check(check::CheckArgs),
     /// The daemon: watches notices and the desired image, drives drains (systemd Type=notify).
     Run(run::RunArgs),
     /// Drain the node (idempotent): no new jobs; `--wait` until none runs.
@@ -204,6 +208,7 @@ impl Cli {
             match self.command {
                 Command::Bootstrap(a) => a.run().await,
                 Command::Config(c) => c.run().await,
+                Command::Check(a) => a.run().await,
                 Command::Run(a) => a.run().await,
                 Command::Drain(a) => a.run().await,
                 Command::Resume(a) => a.run().await,

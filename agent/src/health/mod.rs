@@ -1,1 +1,336 @@
-//! Node health checks (issue 6).
+//! Node health checks: `slurm-node-agent check` (also Slurm's `HealthCheckProgram`) and
+//! the checks engine that `slurm-node-agent run` calls on its schedule (issue 6).
+//!
+//! - Checks come from TOML files in `health.checks_dir` ([`checksd`]) and from LBNL NHC
+//!   `nhc.conf` files read as they are ([`nhc`]). A check that cannot be understood is an
+//!   error naming the file and line, never skipped.
+//! - [`run_checks`] runs every check at once, each with its own timeout: checks that read
+//!   the host (mounts, `/proc`, files) on a thread of their own, so a hung file system
+//!   fails its check instead of hanging the agent; commands in their own process group,
+//!   killed with it at the timeout.
+//! - [`act_on`] drains or resumes the node with the rules NHC users rely on ([`act`]).
+//! - [`output`] prints text or JSON and writes the Prometheus textfile.
+//!
+//! Library use (the daemon):
+//! ```no_run
+//! # async fn demo(settings: &slurm_node_agent::settings::Settings) -> anyhow::Result<()> {
+//! use slurm_node_agent::{health, slurm::Scontrol};
+//! let node = health::resolve_node_name(settings, None);
+//! let checks = health::load(&settings.health, node.as_deref())?;
+//! let report = health::run_checks(&checks, &health::RunEnv::from_settings(settings)).await;
+//! if let Some(node) = &node {
+//!     let scontrol = Scontrol::new(&settings.slurm.bin_dir);
+//!     let outcome = health::act_on(&report, &scontrol, node, &health::ActOptions::from_settings(settings)).await;
+//!     println!("{}", outcome.summary());
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod act;
+pub mod checks;
+pub mod checksd;
+pub mod engine;
+pub mod facts;
+pub mod matcher;
+pub mod nhc;
+pub mod output;
+pub mod units;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use act::{act_on, decide, ActOptions, ActOutcome, Action};
+pub use checks::CheckKind;
+pub use engine::{run_checks, RunEnv};
+pub use facts::Host;
+
+use crate::settings::HumanDuration;
+
+/// `[health]` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HealthSettings {
+    /// Folder of TOML check files (`*.toml`, read in name order). A missing folder has no
+    /// checks.
+    pub checks_dir: PathBuf,
+    /// LBNL NHC configuration files read as they are (e.g. `/etc/nhc/nhc.conf`).
+    pub nhc_conf: Vec<PathBuf>,
+    /// Timeout of a check that sets none.
+    pub timeout: HumanDuration,
+    /// Prefix of the drain reasons the agent writes; only a drain whose reason starts with
+    /// it is ever resumed by the agent.
+    pub reason_prefix: String,
+    /// Drain on failure and resume on recovery (`false`: report only).
+    pub act: bool,
+    /// Prometheus textfile to write after each run (node_exporter's textfile collector),
+    /// e.g. `/var/lib/node_exporter/textfile/slurm_node_agent.prom`. Empty: none.
+    pub prometheus_textfile: PathBuf,
+    /// Time limit of each `scontrol` call made to act: a controller that does not answer
+    /// must not hold a health check (slurmd waits for its `HealthCheckProgram`).
+    pub scontrol_timeout: HumanDuration,
+    /// How often `slurm-node-agent run` runs the checks.
+    pub interval: HumanDuration,
+    /// Most bytes of a command's output kept (the rest is read and dropped).
+    pub output_limit: i64,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            checks_dir: PathBuf::from("/etc/slurm-node-agent/checks.d"),
+            nhc_conf: Vec::new(),
+            timeout: HumanDuration(Duration::from_secs(10)),
+            reason_prefix: "slurm-node-agent: ".into(),
+            act: true,
+            prometheus_textfile: PathBuf::new(),
+            scontrol_timeout: HumanDuration(Duration::from_secs(5)),
+            interval: HumanDuration(Duration::from_secs(60)),
+            output_limit: 64 * 1024,
+        }
+    }
+}
+
+impl HealthSettings {
+    /// Checks values the types do not capture.
+    ///
+    /// # Errors
+    /// `(key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: &str| Err((format!("health.{k}"), m.to_string()));
+        if !self.checks_dir.as_os_str().is_empty() && !self.checks_dir.is_absolute() {
+            return e("checks_dir", "must be an absolute path");
+        }
+        if self.nhc_conf.iter().any(|p| !p.is_absolute()) {
+            return e("nhc_conf", "paths must be absolute");
+        }
+        if !self.prometheus_textfile.as_os_str().is_empty()
+            && !self.prometheus_textfile.is_absolute()
+        {
+            return e("prometheus_textfile", "must be an absolute path");
+        }
+        if self.timeout.0.is_zero()
+            || self.scontrol_timeout.0.is_zero()
+            || self.interval.0.is_zero()
+        {
+            return e("timeout", "timeouts and the interval must be above zero");
+        }
+        if self.reason_prefix.trim().is_empty() {
+            return e(
+                "reason_prefix",
+                "must not be empty: it tells the agent's drains from an admin's",
+            );
+        }
+        if let Err(m) = crate::slurm::node::validate_reason(&self.reason_prefix) {
+            return e("reason_prefix", &m);
+        }
+        if self.reason_prefix.chars().count() > 64 {
+            return e("reason_prefix", "at most 64 characters");
+        }
+        if !(1024..=64 * 1024 * 1024).contains(&self.output_limit) {
+            return e("output_limit", "must be 1024 to 67108864 bytes");
+        }
+        Ok(())
+    }
+}
+
+/// Where a check was defined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// File.
+    pub file: PathBuf,
+    /// Line (1-based).
+    pub line: usize,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+/// One check.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Name shown in reports and drain reasons (an NHC line's text, or the TOML `name`).
+    pub name: String,
+    /// Where it was defined.
+    pub origin: Origin,
+    /// Time limit.
+    pub timeout: Duration,
+    /// A failure drains the node (`false`: reported as a warning only, NHC's `-0`).
+    pub fatal: bool,
+    /// What it verifies.
+    pub kind: CheckKind,
+}
+
+/// The checks to run on this node.
+#[derive(Debug, Clone, Default)]
+pub struct CheckSet {
+    /// Checks, in file order (TOML files first, then nhc.conf files).
+    pub checks: Vec<Check>,
+    /// Things worth telling that are not checks (ignored NHC settings...).
+    pub notes: Vec<String>,
+}
+
+/// A check file could not be used. Displays as `file:line: message`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}", file = .file.display())]
+pub struct ConfigError {
+    /// File.
+    pub file: PathBuf,
+    /// Line (1-based; 0 when the file itself could not be read).
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Loads the checks that apply to `node` (NHC targets are matched against the Slurm
+/// NodeName; with no node name only `*` targets apply).
+///
+/// # Errors
+/// [`ConfigError`] naming the file and line of the first bad definition.
+pub fn load(settings: &HealthSettings, node: Option<&str>) -> Result<CheckSet, ConfigError> {
+    let defaults = nhc::Defaults {
+        timeout: settings.timeout.0,
+    };
+    let mut set = CheckSet::default();
+    if !settings.checks_dir.as_os_str().is_empty() {
+        let mut s = checksd::load_dir(&settings.checks_dir, node, &defaults)?;
+        set.checks.append(&mut s.checks);
+        set.notes.append(&mut s.notes);
+    }
+    for p in &settings.nhc_conf {
+        let mut s = nhc::load_file(p, node, &defaults)?;
+        set.checks.append(&mut s.checks);
+        set.notes.append(&mut s.notes);
+    }
+    if node.is_none() {
+        set.notes
+            .push("node name unknown: only checks targeted at '*' apply".into());
+    }
+    Ok(set)
+}
+
+/// The Slurm NodeName of this node, never the host name: `explicit` (a command-line
+/// flag), else `SLURMD_NODENAME` (set by slurmd for its `HealthCheckProgram`), else the
+/// `node.name` setting, else the name bootstrap recorded in `agent.state_dir`.
+pub fn resolve_node_name(
+    settings: &crate::settings::Settings,
+    explicit: Option<&str>,
+) -> Option<String> {
+    if let Some(n) = explicit.filter(|n| !n.is_empty()) {
+        return Some(n.to_string());
+    }
+    if let Ok(n) = std::env::var("SLURMD_NODENAME") {
+        if !n.is_empty() {
+            return Some(n);
+        }
+    }
+    if !settings.node.name.is_empty() {
+        return Some(settings.node.name.clone());
+    }
+    crate::bootstrap::read_state(&settings.agent.state_dir).map(|s| s.node_name)
+}
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Passed.
+    Pass,
+    /// Failed.
+    Fail,
+    /// Did not finish within its timeout.
+    Timeout,
+}
+
+/// The result of one check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckResult {
+    /// Check name.
+    pub name: String,
+    /// Family (`mount`, `process`...).
+    pub family: String,
+    /// `file:line` of its definition.
+    pub origin: String,
+    /// Outcome.
+    pub status: Status,
+    /// Whether a failure drains the node.
+    pub fatal: bool,
+    /// What was found.
+    pub message: String,
+    /// Wall time, milliseconds.
+    pub duration_ms: f64,
+}
+
+impl CheckResult {
+    /// A failure or timeout of a fatal check.
+    pub fn is_fatal_failure(&self) -> bool {
+        self.fatal && self.status != Status::Pass
+    }
+}
+
+/// The results of one run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Node name, when known.
+    pub node: Option<String>,
+    /// Results in check order.
+    pub results: Vec<CheckResult>,
+    /// Notes about the configuration.
+    pub notes: Vec<String>,
+    /// Unix time the run started, seconds.
+    pub started_unix: f64,
+    /// Wall time of the whole run, milliseconds.
+    pub duration_ms: f64,
+}
+
+impl Report {
+    /// No fatal check failed.
+    pub fn healthy(&self) -> bool {
+        !self.results.iter().any(CheckResult::is_fatal_failure)
+    }
+
+    /// The fatal failures.
+    pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
+        self.results.iter().filter(|r| r.is_fatal_failure())
+    }
+
+    /// The drain reason for this report: `<prefix><check>: <message>` of the first fatal
+    /// failure, with `(+N more)` when several failed; control characters replaced, cut to
+    /// Slurm's 256 characters. `None` when healthy.
+    pub fn drain_reason(&self, prefix: &str) -> Option<String> {
+        let failed: Vec<&CheckResult> = self.failures().collect();
+        let first = failed.first()?;
+        let more = if failed.len() > 1 {
+            format!(" (+{} more)", failed.len() - 1)
+        } else {
+            String::new()
+        };
+        let body = format!("{}: {}", first.name, first.message);
+        let body: String = body
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let room = 256usize
+            .saturating_sub(prefix.chars().count())
+            .saturating_sub(more.chars().count());
+        let body = if body.chars().count() > room {
+            let mut b: String = body.chars().take(room.saturating_sub(3)).collect();
+            b.push_str("...");
+            b
+        } else {
+            body
+        };
+        Some(format!("{prefix}{body}{more}"))
+    }
+}
+
+/// Path of the marker file that records "the agent drained this node" in the state
+/// folder: when it is absent and the checks pass, no `scontrol` call is needed.
+pub fn drain_marker(state_dir: &Path) -> PathBuf {
+    state_dir.join("health-drained")
+}

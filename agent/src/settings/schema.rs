@@ -30,6 +30,8 @@ pub struct Settings {
     pub upgrade: crate::upgrade::UpgradeSettings,
     /// The drain state machine.
     pub drain: crate::drain::DrainSettings,
+    /// Health checks (`check`, and the daemon's schedule).
+    pub health: crate::health::HealthSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -341,6 +343,7 @@ impl Settings {
         self.events.validate()?;
         self.upgrade.validate()?;
         self.drain.validate()?;
+        self.health.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         match self.systemd.bus.as_str() {
             "system" | "session" => {}

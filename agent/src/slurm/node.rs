@@ -278,6 +278,255 @@ impl Scontrol {
     }
 }
 
+/// A node's state normalised across Slurm versions and sources: `scontrol show node -o`
+/// (`State=IDLE+DRAIN+NOT_RESPONDING`, or `IDLE*`), `sinfo` compact states (`drain*`,
+/// `idle~`, `mix@`), and the JSON of `sinfo --json` / `scontrol show node --json`
+/// ([`parse_nodes_json`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeState {
+    /// NodeName.
+    pub name: String,
+    /// Base state, upper case: `IDLE`, `MIXED`, `ALLOCATED`, `DOWN`, `FUTURE`, `UNKNOWN`...
+    pub base: String,
+    /// Flags, upper case: `DRAIN`, `NOT_RESPONDING`, `POWERED_DOWN`, `REBOOT_ISSUED`...
+    pub flags: std::collections::BTreeSet<String>,
+    /// Reason without Slurm's ` [user@time]` suffix; `None` when empty.
+    pub reason: Option<String>,
+}
+
+/// sinfo's one-character state suffixes (sinfo(1), "NODE STATE CODES").
+const SUFFIX_FLAGS: &[(char, &str)] = &[
+    ('*', "NOT_RESPONDING"),
+    ('~', "POWERED_DOWN"),
+    ('#', "POWERING_UP"),
+    ('%', "POWERING_DOWN"),
+    ('!', "POWER_DOWN"),
+    ('@', "REBOOT_REQUESTED"),
+    ('^', "REBOOT_ISSUED"),
+    ('-', "PLANNED"),
+    ('$', "MAINT"),
+];
+
+impl NodeState {
+    /// From `scontrol show node -o`.
+    pub fn from_node_info(info: &NodeInfo) -> NodeState {
+        let mut st = NodeState::from_state_words(info.state().split('+'));
+        st.name = info.name().to_string();
+        st.reason = info.reason().map(str::to_string);
+        st
+    }
+
+    /// From state words: the base state first (possibly with sinfo suffixes such as `*`),
+    /// then flags. Compact sinfo names (`drain`, `drng`, `mix`, `alloc`...) are mapped to
+    /// their long form.
+    pub fn from_state_words<'a>(words: impl IntoIterator<Item = &'a str>) -> NodeState {
+        let mut st = NodeState::default();
+        for (i, w) in words.into_iter().enumerate() {
+            let mut w = w.trim().to_string();
+            while let Some(c) = w.chars().last() {
+                match SUFFIX_FLAGS.iter().find(|(s, _)| *s == c) {
+                    Some((_, f)) if w.len() > 1 => {
+                        st.flags.insert((*f).to_string());
+                        w.pop();
+                    }
+                    _ => break,
+                }
+            }
+            let up = w.to_ascii_uppercase();
+            if i > 0 {
+                if !up.is_empty() {
+                    st.flags.insert(up);
+                }
+                continue;
+            }
+            let (base, flag) = match up.as_str() {
+                "DRAIN" | "DRAINED" => ("IDLE", Some("DRAIN")),
+                "DRNG" | "DRAINING" => ("MIXED", Some("DRAIN")),
+                "MIX" => ("MIXED", None),
+                "ALLOC" => ("ALLOCATED", None),
+                "COMP" => ("COMPLETING", None),
+                "RESV" => ("RESERVED", None),
+                "FUTR" => ("FUTURE", None),
+                "UNK" => ("UNKNOWN", None),
+                "FAILG" | "FAILING" => ("ALLOCATED", Some("FAIL")),
+                "FAIL" => ("DOWN", Some("FAIL")),
+                "MAINT" => ("IDLE", Some("MAINT")),
+                "BOOT" | "REBOOT" => ("IDLE", Some("REBOOT_REQUESTED")),
+                "PLND" => ("IDLE", Some("PLANNED")),
+                "INVAL" => ("UNKNOWN", Some("INVALID_REG")),
+                "NPC" | "PERFCTRS" => ("IDLE", Some("PERFCTRS")),
+                "POW_DN" | "POWER_DOWN" => ("IDLE", Some("POWER_DOWN")),
+                "POW_UP" | "POWERING_UP" => ("IDLE", Some("POWERING_UP")),
+                other => (other, None),
+            };
+            st.base = base.to_string();
+            if let Some(f) = flag {
+                st.flags.insert(f.to_string());
+            }
+        }
+        st
+    }
+
+    /// Has a flag.
+    pub fn has(&self, flag: &str) -> bool {
+        self.flags.contains(flag)
+    }
+
+    /// `BASE+FLAG+...` for messages.
+    pub fn describe(&self) -> String {
+        let mut s = self.base.clone();
+        for f in &self.flags {
+            s.push('+');
+            s.push_str(f);
+        }
+        s
+    }
+}
+
+fn clean_reason(r: &str) -> Option<String> {
+    let r = r.trim();
+    (!r.is_empty() && r != "(null)").then(|| r.to_string())
+}
+
+/// Parses node states from the JSON of several Slurm versions:
+/// - 22.05 `sinfo --json` (OpenAPI v0.0.38): `nodes[]` with `name`, `state` (a lower-case
+///   string) and `state_flags` (DRAIN is a flag there, not a state), `reason`;
+/// - 23.02+ `scontrol show node --json` and slurmrestd: `nodes[]` with `state` as an
+///   array (`["IDLE", "DRAIN"]`) and `reason`;
+/// - 23.02+ `sinfo --json`: `sinfo[]` with `node.state` (array), `nodes.nodes` (names or
+///   hostlists) and `reason.description`. Its names are expanded for hostlists
+///   (`gpu[01-02]`).
+///
+/// # Errors
+/// A message when the text is not JSON or has none of these layouts.
+pub fn parse_nodes_json(text: &str) -> Result<Vec<NodeState>, String> {
+    use serde_json::Value;
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let words = |state: &Value, flags: Option<&Value>| -> NodeState {
+        let mut w: Vec<String> = match state {
+            Value::String(s) => vec![s.clone()],
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(Value::Array(f)) = flags {
+            w.extend(f.iter().filter_map(|x| x.as_str().map(str::to_string)));
+        }
+        NodeState::from_state_words(w.iter().map(String::as_str))
+    };
+    if let Some(Value::Array(nodes)) = v.get("nodes") {
+        return Ok(nodes
+            .iter()
+            .map(|n| {
+                let mut st = words(n.get("state").unwrap_or(&Value::Null), n.get("state_flags"));
+                st.name = n
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                st.reason = n
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .and_then(clean_reason);
+                st
+            })
+            .collect());
+    }
+    if let Some(Value::Array(items)) = v.get("sinfo") {
+        let mut out = Vec::new();
+        for it in items {
+            let base = words(it.pointer("/node/state").unwrap_or(&Value::Null), None);
+            let reason = it
+                .pointer("/reason/description")
+                .and_then(Value::as_str)
+                .and_then(clean_reason);
+            for name in it
+                .pointer("/nodes/nodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                for n in expand_hostlist(name) {
+                    out.push(NodeState {
+                        name: n,
+                        reason: reason.clone(),
+                        ..base.clone()
+                    });
+                }
+            }
+        }
+        return Ok(out);
+    }
+    Err("neither a `nodes` nor a `sinfo` array: not a Slurm node listing".into())
+}
+
+/// Expands a simple hostlist: `n[1-3,7]`, `gpu[01-02]`, `a,b` (one bracket per name).
+pub fn expand_hostlist(list: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&list[start..]);
+    for p in parts {
+        let (Some(o), Some(c)) = (p.find('['), p.find(']')) else {
+            if !p.is_empty() {
+                out.push(p.to_string());
+            }
+            continue;
+        };
+        let (prefix, inner, suffix) = (&p[..o], &p[o + 1..c], &p[c + 1..]);
+        for r in inner.split(',') {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            let (Ok(lo), Ok(hi)) = (a.parse::<u64>(), b.parse::<u64>()) else {
+                out.push(p.to_string());
+                continue;
+            };
+            let width = if a.starts_with('0') { a.len() } else { 0 };
+            for n in lo..=hi.min(lo + 100_000) {
+                out.push(format!("{prefix}{n:0width$}{suffix}"));
+            }
+        }
+    }
+    out
+}
+
+impl Scontrol {
+    /// The node as `sinfo --json` reports it (any version's layout), or `None` when it is
+    /// not listed. `sinfo` is looked up next to `scontrol`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`]; unparsable output is `ScontrolError::Failed` with code -1.
+    pub async fn sinfo_node_state(&self, name: &str) -> Result<Option<NodeState>, ScontrolError> {
+        let sinfo = Scontrol {
+            program: self.program.with_file_name("sinfo"),
+            timeout: self.timeout,
+        };
+        let out = sinfo.run(&["--json", "-N", "-n", name]).await?;
+        let nodes = parse_nodes_json(&out).map_err(|m| ScontrolError::Failed {
+            program: sinfo.program.clone(),
+            args: "--json".into(),
+            code: -1,
+            stderr: m,
+            stdout: String::new(),
+        })?;
+        Ok(nodes.into_iter().find(|n| n.name == name))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -304,5 +553,119 @@ mod tests {
         assert!(!NodeInfo::parse("NodeName=a State=DOWN+NOT_RESPONDING").is_available());
         assert!(!NodeInfo::parse("NodeName=a State=IDLE*").is_available());
         assert!(!NodeInfo::parse("NodeName=a State=FUTURE").is_available());
+    }
+
+    fn fixture(rel: &str) -> String {
+        std::fs::read_to_string(format!(
+            "{}/tests/fixtures/{rel}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn captured_22_05_scontrol_states() {
+        let st = |f: &str| {
+            NodeState::from_node_info(&NodeInfo::parse(&fixture(&format!(
+                "slurm-22.05/scontrol-show-node-{f}.txt"
+            ))))
+        };
+        let idle = st("idle");
+        assert_eq!(
+            (idle.name.as_str(), idle.base.as_str(), idle.reason.clone()),
+            ("d1", "IDLE", None)
+        );
+        let d = st("drained");
+        assert!(d.has("DRAIN") && !d.has("NOT_RESPONDING"));
+        assert_eq!(
+            d.reason.as_deref(),
+            Some("slurm-node-agent: check_fs_mount_rw -f /scratch: /scratch not mounted")
+        );
+        let a = st("admin-drain");
+        assert!(a.has("DRAIN") && a.has("NOT_RESPONDING"));
+        assert_eq!(a.reason.as_deref(), Some("ADMIN SHUTDOWN"));
+        assert_eq!(st("down").base, "DOWN");
+        assert!(st("fail").has("FAIL"));
+        assert!(st("reboot-requested").has("REBOOT_REQUESTED"));
+        let r = st("reboot-issued");
+        assert!(r.base == "DOWN" && r.has("REBOOT_ISSUED"));
+        assert_eq!(r.reason.as_deref(), Some("kernel_update : reboot issued"));
+        assert!(st("drained-reboot-issued").has("DRAIN"));
+    }
+
+    #[test]
+    fn captured_22_05_sinfo_json_has_drain_in_state_flags() {
+        let nodes = parse_nodes_json(&fixture("slurm-22.05/sinfo-json-drained.json")).unwrap();
+        let d1 = nodes.iter().find(|n| n.name == "d1").unwrap();
+        assert_eq!(d1.base, "IDLE");
+        assert!(d1.has("DRAIN") && d1.has("DYNAMIC_NORM"));
+        assert!(d1
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("slurm-node-agent: "));
+        let s1 = nodes.iter().find(|n| n.name == "s1").unwrap();
+        assert!(s1.flags.is_empty() && s1.reason.is_none());
+        let down = parse_nodes_json(&fixture("slurm-22.05/sinfo-json-down.json")).unwrap();
+        let d1 = down.iter().find(|n| n.name == "d1").unwrap();
+        assert_eq!((d1.base.as_str(), d1.has("NOT_RESPONDING")), ("DOWN", true));
+        let rr =
+            parse_nodes_json(&fixture("slurm-22.05/sinfo-json-reboot-requested.json")).unwrap();
+        assert!(rr
+            .iter()
+            .find(|n| n.name == "s1")
+            .unwrap()
+            .has("REBOOT_REQUESTED"));
+    }
+
+    #[test]
+    fn later_json_layouts() {
+        // Hand-written from the data_parser layouts (see the fixture folder's README).
+        let sinfo = parse_nodes_json(&fixture("slurm-24.11/sinfo-json-drained.json")).unwrap();
+        let n1 = sinfo.iter().find(|n| n.name == "n1").unwrap();
+        assert!(n1.base == "IDLE" && n1.has("DRAIN"));
+        let g2 = sinfo.iter().find(|n| n.name == "gpu02").unwrap();
+        assert!(g2.base == "DOWN" && g2.has("NOT_RESPONDING"));
+        assert_eq!(g2.reason.as_deref(), Some("ADMIN SHUTDOWN"));
+        assert!(sinfo
+            .iter()
+            .find(|n| n.name == "n2")
+            .unwrap()
+            .reason
+            .is_none());
+        let sc =
+            parse_nodes_json(&fixture("slurm-24.11/scontrol-show-node-json-drained.json")).unwrap();
+        assert!(sc[0].has("DRAIN") && sc[0].has("DYNAMIC_NORM"));
+        assert!(sc[1].base == "MIXED" && sc[1].has("REBOOT_REQUESTED"));
+        assert!(sc[2].has("POWERED_DOWN"));
+        let old =
+            parse_nodes_json(&fixture("slurm-24.11/scontrol-show-node-json-23.02.json")).unwrap();
+        assert!(old[0].base == "DOWN" && old[0].has("REBOOT_ISSUED"));
+        assert!(parse_nodes_json("{\"jobs\": []}").is_err());
+        assert!(parse_nodes_json("not json").is_err());
+    }
+
+    #[test]
+    fn compact_sinfo_states() {
+        let s = |w: &str| NodeState::from_state_words([w]);
+        let d = s("drain*");
+        assert!(d.has("DRAIN") && d.has("NOT_RESPONDING") && d.base == "IDLE");
+        assert!(s("idle~").has("POWERED_DOWN"));
+        assert!(s("idle#").has("POWERING_UP"));
+        assert!(s("idle%").has("POWERING_DOWN"));
+        assert!(s("idle!").has("POWER_DOWN"));
+        assert!(s("mix@").has("REBOOT_REQUESTED"));
+        assert!(s("boot^").has("REBOOT_ISSUED"));
+        assert_eq!(s("drng").base, "MIXED");
+        assert_eq!(s("resv").base, "RESERVED");
+        assert!(s("maint").has("MAINT"));
+        assert_eq!(
+            NodeState::from_state_words("IDLE*+DRAIN".split('+')).describe(),
+            "IDLE+DRAIN+NOT_RESPONDING"
+        );
+        assert_eq!(
+            expand_hostlist("gpu[01-02],n[1-2,5],x"),
+            vec!["gpu01", "gpu02", "n1", "n2", "n5", "x"]
+        );
     }
 }

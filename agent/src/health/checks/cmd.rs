@@ -1,0 +1,230 @@
+//! Commands (NHC's `check_cmd_status`, `check_cmd_output`): run without a shell, in a
+//! process group of their own, killed with the whole group at the check's timeout; output
+//! kept up to a bound and the rest read and dropped, so a command printing megabytes
+//! neither blocks nor fills memory.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::health::matcher::Matcher;
+
+/// The PATH given to commands, and used to find a program named without a slash: checks
+/// run as Slurm's `HealthCheckProgram` with no PATH of their own.
+pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Start of the failure message of a command killed at its timeout.
+pub const TIMEOUT_PREFIX: &str = "timeout after ";
+
+/// A command and what its result must be.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    /// Program (absolute, or looked up in [`SAFE_PATH`]) and arguments.
+    pub argv: Vec<String>,
+    /// Expected exit status.
+    pub status: i32,
+    /// Expressions over stdout lines: each positive one must match a line, no line may
+    /// match a negated one.
+    pub matches: Vec<Matcher>,
+}
+
+/// Resolves a program name against [`SAFE_PATH`].
+pub fn resolve_program(name: &str) -> Option<std::path::PathBuf> {
+    if name.contains('/') {
+        return Some(std::path::PathBuf::from(name));
+    }
+    SAFE_PATH
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// Reads `r` to the end, keeping the first `limit` bytes. Returns (kept, total read).
+async fn read_bounded<R: AsyncRead + Unpin>(mut r: R, limit: usize) -> (Vec<u8>, u64) {
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total += n as u64;
+                let room = limit.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, total)
+}
+
+/// What a command did.
+#[derive(Debug, Clone)]
+pub struct CommandOutcome {
+    /// Exit code; `None` when killed by a signal.
+    pub code: Option<i32>,
+    /// Killed at the timeout.
+    pub timed_out: bool,
+    /// First bytes of stdout.
+    pub stdout: Vec<u8>,
+    /// Bytes of stdout in all.
+    pub stdout_total: u64,
+    /// First bytes of stderr.
+    pub stderr: Vec<u8>,
+    /// Process id of the command (its process group id too).
+    pub pid: u32,
+}
+
+/// Runs `argv` in its own process group, with [`SAFE_PATH`], stdin from /dev/null, and
+/// kills the whole group (SIGKILL) at `timeout`.
+///
+/// # Errors
+/// The program could not be started.
+pub async fn run_command(
+    argv: &[String],
+    timeout: Duration,
+    output_limit: usize,
+) -> Result<CommandOutcome, String> {
+    let Some((prog, args)) = argv.split_first() else {
+        return Err("no command given".into());
+    };
+    let program =
+        resolve_program(prog).ok_or_else(|| format!("{prog}: not found in {SAFE_PATH}"))?;
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(args)
+        .env("PATH", SAFE_PATH)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", program.display()))?;
+    let pid = child.id().unwrap_or(0);
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let out_task = tokio::spawn(async move {
+        match out {
+            Some(o) => read_bounded(o, output_limit).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let err_task = tokio::spawn(async move {
+        match err {
+            Some(e) => read_bounded(e, 4096).await,
+            None => (Vec::new(), 0),
+        }
+    });
+    let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(s) => (s.ok(), false),
+        Err(_) => {
+            kill_group(pid);
+            (child.wait().await.ok(), true)
+        }
+    };
+    // After a normal exit the group is left alone (its pid may be reused once reaped).
+    // Children still holding the pipes must not hold the check: wait a short grace only.
+    let grace = Duration::from_millis(200);
+    let (stdout, stdout_total) = tokio::time::timeout(grace, out_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let (stderr, _) = tokio::time::timeout(grace, err_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Ok(CommandOutcome {
+        code: status.and_then(|s| s.code()),
+        timed_out,
+        stdout,
+        stdout_total,
+        stderr,
+        pid,
+    })
+}
+
+fn kill_group(pid: u32) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+        // ESRCH (group already gone) is fine.
+        let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
+    }
+}
+
+/// Runs a command check.
+///
+/// # Errors
+/// The failure message.
+pub async fn check_command(
+    spec: &CommandSpec,
+    timeout: Duration,
+    output_limit: usize,
+) -> Result<String, String> {
+    let shown = spec.argv.join(" ");
+    let o = run_command(&spec.argv, timeout, output_limit).await?;
+    if o.timed_out {
+        return Err(format!(
+            "{TIMEOUT_PREFIX}{} for {shown:?}; process group {} killed",
+            humantime::format_duration(timeout),
+            o.pid
+        ));
+    }
+    let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    match o.code {
+        Some(c) if c == spec.status => {}
+        Some(c) => {
+            return Err(format!(
+                "{c} (expected {}) returned by {shown:?}{}",
+                spec.status,
+                if stderr.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", stderr.lines().next().unwrap_or(""))
+                }
+            ))
+        }
+        None => return Err(format!("{shown:?} killed by a signal")),
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let truncated = o.stdout_total > o.stdout.len() as u64;
+    let mut matched = vec![false; spec.matches.len()];
+    for (n, line) in text.lines().enumerate() {
+        for (i, m) in spec.matches.iter().enumerate() {
+            if m.is_negated() {
+                if m.matches_ignoring_negation(line) {
+                    return Err(format!(
+                        "{:?} matched at line {} output by {shown:?}",
+                        &m.as_str()[1..],
+                        n + 1
+                    ));
+                }
+            } else if !matched[i] && m.matches(line) {
+                matched[i] = true;
+            }
+        }
+    }
+    for (m, ok) in spec.matches.iter().zip(&matched) {
+        if !m.is_negated() && !ok {
+            let note = if truncated {
+                format!(" (output truncated to its first {} bytes)", o.stdout.len())
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "{:?} failed to match {shown:?} output{note}",
+                m.as_str()
+            ));
+        }
+    }
+    let mut msg = format!("{shown:?} returned {}", spec.status);
+    if truncated {
+        msg.push_str(&format!(
+            "; output {} bytes, kept the first {}",
+            o.stdout_total,
+            o.stdout.len()
+        ));
+    }
+    Ok(msg)
+}

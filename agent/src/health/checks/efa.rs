@@ -1,0 +1,137 @@
+//! Elastic Fabric Adapter devices: `/sys/class/infiniband/<dev>` whose `device/driver`
+//! link points at the `efa` driver, on instance types that have EFA.
+
+use std::fs;
+
+use crate::health::facts::Facts;
+
+/// How many EFA devices are expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EfaCount {
+    /// From the instance type (DMI product name) when known; otherwise at least one.
+    Auto,
+    /// At least this many.
+    AtLeast(u32),
+}
+
+/// EFA expectations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EfaSpec {
+    /// Expected devices.
+    pub count: EfaCount,
+}
+
+/// EFA interfaces of EC2 instance types, from the EC2 documentation ("Supported instance
+/// types" of EFA); unknown types expect at least one.
+pub fn expected_efa(instance_type: &str) -> Option<u32> {
+    Some(match instance_type {
+        "p5.48xlarge" => 32,
+        "p4d.24xlarge" | "p4de.24xlarge" => 4,
+        "c5n.18xlarge" | "c5n.metal" | "hpc6a.48xlarge" | "hpc6id.32xlarge" | "hpc7g.16xlarge"
+        | "c6i.32xlarge" | "c6in.32xlarge" | "c7i.48xlarge" | "g5.48xlarge" | "m6i.32xlarge" => 1,
+        "hpc7a.96xlarge" => 2,
+        "t3.micro" | "t3.small" | "t3.medium" | "c5.large" | "c5.xlarge" | "m5.large"
+        | "m5.xlarge" | "g5.xlarge" => 0,
+        _ => return None,
+    })
+}
+
+/// EFA device names under `<sys>/class/infiniband`.
+pub fn efa_devices(facts: &Facts) -> Vec<String> {
+    let root = facts.host.sys_dir.join("class/infiniband");
+    let mut out: Vec<String> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            fs::read_link(e.path().join("device/driver"))
+                .ok()
+                .and_then(|t| t.file_name().map(|n| n == "efa"))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Runs an EFA check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, String> {
+    let found = efa_devices(facts);
+    let (want, why) = match spec.count {
+        EfaCount::AtLeast(n) => (n, String::new()),
+        EfaCount::Auto => match super::hw::detect_instance_type(facts) {
+            Some(t) => match expected_efa(&t) {
+                Some(n) => (n, format!(" for {t}")),
+                None => (1, format!(" ({t} not in the EFA table)")),
+            },
+            None => (1, String::new()),
+        },
+    };
+    if (found.len() as u32) < want {
+        return Err(format!(
+            "{} EFA devices found{}, expected at least {want}{why}",
+            found.len(),
+            if found.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", found.join(", "))
+            }
+        ));
+    }
+    Ok(format!("{} EFA devices: {}", found.len(), found.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::health::facts::Host;
+
+    #[test]
+    fn counts_devices_bound_to_the_efa_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        let drivers = sys.join("bus/pci/drivers");
+        fs::create_dir_all(drivers.join("efa")).unwrap();
+        fs::create_dir_all(drivers.join("mlx5_core")).unwrap();
+        for (dev, drv) in [
+            ("rdmap0s6", "efa"),
+            ("rdmap0s7", "efa"),
+            ("mlx5_0", "mlx5_core"),
+        ] {
+            let d = sys.join("class/infiniband").join(dev).join("device");
+            fs::create_dir_all(&d).unwrap();
+            std::os::unix::fs::symlink(drivers.join(drv), d.join("driver")).unwrap();
+        }
+        fs::create_dir_all(sys.join("devices/virtual/dmi/id")).unwrap();
+        fs::write(
+            sys.join("devices/virtual/dmi/id/product_name"),
+            "p4d.24xlarge\n",
+        )
+        .unwrap();
+        let f = Facts::new(Host {
+            sys_dir: sys,
+            ..Host::default()
+        });
+        assert_eq!(efa_devices(&f), vec!["rdmap0s6", "rdmap0s7"]);
+        check_efa(
+            &EfaSpec {
+                count: EfaCount::AtLeast(2),
+            },
+            &f,
+        )
+        .unwrap();
+        let e = check_efa(
+            &EfaSpec {
+                count: EfaCount::Auto,
+            },
+            &f,
+        )
+        .unwrap_err();
+        assert!(e.contains("expected at least 4 for p4d.24xlarge"), "{e}");
+    }
+}

@@ -1,0 +1,349 @@
+//! Mounts and file system space (NHC's `check_fs_mount*`, `check_fs_free/used/size`,
+//! `check_fs_inodes/ifree/iused`).
+//!
+//! Space numbers come from statvfs(2) and are computed the way df(1) does: size =
+//! `f_blocks`, used = `f_blocks - f_bfree`, available = `f_bavail` (all × `f_frsize`),
+//! use% = `used / (used + available)` rounded up. A file system reporting zero blocks
+//! (a pseudo file system) passes space checks, as in NHC.
+
+use std::path::Path;
+
+use crate::health::facts::Facts;
+use crate::health::matcher::Matcher;
+use crate::health::units::{df_percent, human_kib, Threshold};
+
+/// What to compare in a [`SpaceSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpaceWhat {
+    /// Available space at least `min`.
+    Free,
+    /// Used space below `max`.
+    Used,
+    /// Size between `min` and `max`.
+    Size,
+    /// Inode count between `min` and `max`.
+    Inodes,
+    /// Free inodes at least `min`.
+    InodesFree,
+    /// Used inodes below `max`.
+    InodesUsed,
+}
+
+/// Space or inodes of the file system holding `path`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpaceSpec {
+    /// Any path on the file system (usually its mount point).
+    pub path: String,
+    /// What to compare.
+    pub what: SpaceWhat,
+    /// Lower bound (free, size, inodes, free inodes).
+    pub min: Option<Threshold>,
+    /// Upper bound (used, size, inodes, used inodes).
+    pub max: Option<Threshold>,
+}
+
+/// A mount point.
+#[derive(Debug, Clone)]
+pub struct MountSpec {
+    /// Mount point.
+    pub path: String,
+    /// Each must match the source (device).
+    pub sources: Vec<Matcher>,
+    /// Each must match the file system type.
+    pub fstypes: Vec<Matcher>,
+    /// Each must match the options string (`rw,relatime,...`).
+    pub options: Vec<Matcher>,
+    /// statvfs() the mount point (on the check's own thread, under its timeout).
+    pub alive: bool,
+    /// statvfs() must not report a read-only file system.
+    pub writable: bool,
+    /// Space checks on the mount point, after the above.
+    pub space: Vec<SpaceSpec>,
+}
+
+struct Usage {
+    size_kib: u64,
+    used_kib: u64,
+    avail_kib: u64,
+    files: u64,
+    ffree: u64,
+    read_only: bool,
+}
+
+fn statvfs(path: &str) -> Result<Usage, String> {
+    let s = rustix::fs::statvfs(Path::new(path)).map_err(|e| format!("statfs({path}): {e}"))?;
+    let k = |blocks: u64| blocks.saturating_mul(s.f_frsize) / 1024;
+    Ok(Usage {
+        size_kib: k(s.f_blocks),
+        used_kib: k(s.f_blocks.saturating_sub(s.f_bfree)),
+        avail_kib: k(s.f_bavail),
+        files: s.f_files,
+        ffree: s.f_ffree,
+        read_only: s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY),
+    })
+}
+
+/// Runs a mount check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, String> {
+    let path = spec.path.as_str();
+    let mounts = facts.mounts()?;
+    let Some(m) = mounts.iter().rev().find(|m| m.target == path) else {
+        if Path::new(path).is_dir() {
+            return Err(format!("{path} not mounted"));
+        }
+        return Err(format!("{path} not mounted; directory {path} missing"));
+    };
+    for s in &spec.sources {
+        if !s.matches(&m.source) {
+            return Err(format!(
+                "{path} mounted from {} (should match {s})",
+                m.source
+            ));
+        }
+    }
+    for t in &spec.fstypes {
+        if !t.matches(&m.fstype) {
+            return Err(format!("{path} has type {} (should match {t})", m.fstype));
+        }
+    }
+    for o in &spec.options {
+        if !o.matches(&m.options) {
+            return Err(format!(
+                "{path} mount options {} incorrect (should match {o})",
+                m.options
+            ));
+        }
+    }
+    let mut detail = format!("{} on {path} type {} ({})", m.source, m.fstype, m.options);
+    if spec.alive || spec.writable || !spec.space.is_empty() {
+        let u = statvfs(path)?;
+        if spec.writable && u.read_only {
+            return Err(format!("{path} is read-only (statfs ST_RDONLY)"));
+        }
+        for s in &spec.space {
+            detail = format!("{detail}; {}", eval_space(s, &u)?);
+        }
+    }
+    Ok(detail)
+}
+
+/// Runs a space check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_space(spec: &SpaceSpec) -> Result<String, String> {
+    let u = statvfs(&spec.path)?;
+    eval_space(spec, &u)
+}
+
+fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
+    let path = &spec.path;
+    let inode_check = matches!(
+        spec.what,
+        SpaceWhat::Inodes | SpaceWhat::InodesFree | SpaceWhat::InodesUsed
+    );
+    if (!inode_check && u.size_kib == 0) || (inode_check && u.files == 0) {
+        return Ok(format!("{path}: pseudo file system, no size reported"));
+    }
+    let pct = df_percent(u.used_kib, u.avail_kib);
+    let iused = u.files.saturating_sub(u.ffree);
+    let ipct = df_percent(iused, u.ffree);
+    match spec.what {
+        SpaceWhat::Free => {
+            let free_pct = 100 - pct;
+            match spec.min {
+                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(format!(
+                    "{path} has only {free_pct}% free ({}), minimum is {p}%",
+                    human_kib(u.avail_kib)
+                )),
+                Some(Threshold::Absolute(n)) if u.avail_kib < n => Err(format!(
+                    "{path} has only {} free, minimum is {}",
+                    human_kib(u.avail_kib),
+                    human_kib(n)
+                )),
+                _ => Ok(format!(
+                    "{path}: {} free ({free_pct}%)",
+                    human_kib(u.avail_kib)
+                )),
+            }
+        }
+        SpaceWhat::Used => match spec.max {
+            Some(Threshold::Percent(p)) if pct as f64 >= p => Err(format!(
+                "{path} is {pct}% full ({} used), threshold is {p}%",
+                human_kib(u.used_kib)
+            )),
+            Some(Threshold::Absolute(n)) if u.used_kib >= n => Err(format!(
+                "{path} has {} used, threshold is {}",
+                human_kib(u.used_kib),
+                human_kib(n)
+            )),
+            _ => Ok(format!("{path}: {pct}% used ({})", human_kib(u.used_kib))),
+        },
+        SpaceWhat::Size => {
+            if let Some(Threshold::Absolute(n)) = spec.min {
+                if u.size_kib < n {
+                    return Err(format!(
+                        "{path} size {} less than minimum of {}",
+                        human_kib(u.size_kib),
+                        human_kib(n)
+                    ));
+                }
+            }
+            if let Some(Threshold::Absolute(n)) = spec.max {
+                if u.size_kib > n {
+                    return Err(format!(
+                        "{path} size {} exceeds maximum of {}",
+                        human_kib(u.size_kib),
+                        human_kib(n)
+                    ));
+                }
+            }
+            Ok(format!("{path}: size {}", human_kib(u.size_kib)))
+        }
+        SpaceWhat::Inodes => {
+            if let Some(Threshold::Absolute(n)) = spec.min {
+                if u.files < n {
+                    return Err(format!(
+                        "{path} inodes {} less than minimum of {n}",
+                        u.files
+                    ));
+                }
+            }
+            if let Some(Threshold::Absolute(n)) = spec.max {
+                if u.files > n {
+                    return Err(format!("{path} inodes {} exceeds maximum of {n}", u.files));
+                }
+            }
+            Ok(format!("{path}: {} inodes", u.files))
+        }
+        SpaceWhat::InodesFree => {
+            let free_pct = 100 - ipct;
+            match spec.min {
+                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(format!(
+                    "{path} has only {free_pct}% of inodes free ({}), minimum is {p}%",
+                    u.ffree
+                )),
+                Some(Threshold::Absolute(n)) if u.ffree < n => Err(format!(
+                    "{path} has only {} inodes free, minimum is {n}",
+                    u.ffree
+                )),
+                _ => Ok(format!("{path}: {} inodes free ({free_pct}%)", u.ffree)),
+            }
+        }
+        SpaceWhat::InodesUsed => match spec.max {
+            Some(Threshold::Percent(p)) if ipct as f64 >= p => Err(format!(
+                "{path} has {ipct}% of inodes used ({iused}), threshold is {p}%"
+            )),
+            Some(Threshold::Absolute(n)) if iused >= n => {
+                Err(format!("{path} has {iused} inodes used, threshold is {n}"))
+            }
+            _ => Ok(format!("{path}: {iused} inodes used ({ipct}%)")),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn usage(size: u64, used: u64, avail: u64, files: u64, ffree: u64) -> Usage {
+        Usage {
+            size_kib: size,
+            used_kib: used,
+            avail_kib: avail,
+            files,
+            ffree,
+            read_only: false,
+        }
+    }
+
+    fn spec(what: SpaceWhat, min: Option<Threshold>, max: Option<Threshold>) -> SpaceSpec {
+        SpaceSpec {
+            path: "/x".into(),
+            what,
+            min,
+            max,
+        }
+    }
+
+    #[test]
+    fn free_and_used_thresholds() {
+        let u = usage(1000, 950, 50, 100, 1);
+        assert!(eval_space(
+            &spec(SpaceWhat::Free, Some(Threshold::Percent(10.0)), None),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::Free, Some(Threshold::Percent(5.0)), None),
+            &u
+        )
+        .is_ok());
+        assert!(eval_space(
+            &spec(SpaceWhat::Free, Some(Threshold::Absolute(51)), None),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::Used, None, Some(Threshold::Percent(95.0))),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::Used, None, Some(Threshold::Percent(96.0))),
+            &u
+        )
+        .is_ok());
+        assert!(eval_space(
+            &spec(SpaceWhat::InodesFree, Some(Threshold::Absolute(2)), None),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::InodesFree, Some(Threshold::Percent(1.0)), None),
+            &u
+        )
+        .is_ok());
+        assert!(eval_space(
+            &spec(SpaceWhat::InodesUsed, None, Some(Threshold::Absolute(99))),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::Size, Some(Threshold::Absolute(2000)), None),
+            &u
+        )
+        .is_err());
+        assert!(eval_space(
+            &spec(SpaceWhat::Inodes, None, Some(Threshold::Absolute(99))),
+            &u
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn pseudo_file_systems_pass() {
+        let u = usage(0, 0, 0, 0, 0);
+        assert!(eval_space(
+            &spec(SpaceWhat::Free, Some(Threshold::Percent(50.0)), None),
+            &u
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn statvfs_of_root_and_missing_path() {
+        assert!(check_space(&spec(SpaceWhat::Free, Some(Threshold::Absolute(0)), None)).is_err());
+        let s = SpaceSpec {
+            path: "/".into(),
+            what: SpaceWhat::Free,
+            min: Some(Threshold::Absolute(1)),
+            max: None,
+        };
+        check_space(&s).unwrap();
+    }
+}

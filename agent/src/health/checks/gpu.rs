@@ -1,0 +1,301 @@
+//! NVIDIA GPUs through NVML (nvml-wrapper; `libnvidia-ml.so.1` is loaded at run time):
+//! count, XID errors since boot (from the kernel log, where the driver reports them as
+//! `NVRM: Xid (PCI:...): <n>, ...`), uncorrected ECC errors, retired pages and remapped
+//! rows, temperature and hardware slowdown reasons, and NVLink state.
+//!
+//! A node without the driver (the library does not load, or the driver is not loaded)
+//! reports "no GPU": that passes unless GPUs are expected (a count, or an instance type
+//! known to have them).
+
+use std::collections::BTreeMap;
+
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::Nvml;
+
+use crate::health::facts::Facts;
+
+/// How many GPUs are expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuCount {
+    /// From the instance type (DMI product name), when known; otherwise any number.
+    Auto,
+    /// Exactly this many.
+    Exact(u32),
+}
+
+/// GPU expectations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpec {
+    /// Expected count.
+    pub count: GpuCount,
+    /// Fail on XID errors logged since boot, except these codes.
+    pub xid: bool,
+    /// XID codes that do not fail the check (e.g. 13 and 31 are usually application
+    /// faults).
+    pub xid_ignore: Vec<u32>,
+    /// Most volatile uncorrected ECC errors per GPU.
+    pub max_uncorrected_ecc: Option<u64>,
+    /// Most retired pages (both causes) per GPU.
+    pub max_retired_pages: Option<u64>,
+    /// Most uncorrectable remapped rows per GPU; a remapping failure always fails.
+    pub max_remapped_rows: Option<u64>,
+    /// Highest GPU temperature, °C.
+    pub max_temperature_c: Option<u32>,
+    /// Fail on hardware slowdown (HW slowdown, HW thermal, power brake).
+    pub fail_on_hw_slowdown: bool,
+    /// Every NVLink that reports a state must be active.
+    pub nvlink: bool,
+    /// Library to load (default `libnvidia-ml.so.1`).
+    pub library: Option<String>,
+}
+
+impl Default for GpuSpec {
+    fn default() -> Self {
+        GpuSpec {
+            count: GpuCount::Auto,
+            xid: true,
+            xid_ignore: vec![13, 31, 43, 45, 68],
+            max_uncorrected_ecc: Some(0),
+            max_retired_pages: Some(60),
+            max_remapped_rows: Some(512),
+            max_temperature_c: None,
+            fail_on_hw_slowdown: true,
+            nvlink: false,
+            library: None,
+        }
+    }
+}
+
+/// Parses an XID report of the NVIDIA driver in a kernel log line:
+/// `NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, GPU has fallen off the bus.` →
+/// (`0000:00:1e`, 79).
+pub fn parse_xid(line: &str) -> Option<(String, u32)> {
+    let rest = &line[line.find("NVRM: Xid (")? + "NVRM: Xid (".len()..];
+    let (dev, rest) = rest.split_once("):")?;
+    let dev = dev.strip_prefix("PCI:").unwrap_or(dev).to_string();
+    let code: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((dev, code.parse().ok()?))
+}
+
+/// XID reports in the kernel log since boot, by (device, code) with a count. Reads
+/// `/dev/kmsg` without blocking.
+fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, String> {
+    use rustix::fs::{Mode, OFlags};
+    let path = &facts.host.kmsg;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let mut out = BTreeMap::new();
+    let mut buf = vec![0u8; 8192];
+    loop {
+        match rustix::io::read(&fd, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let rec = String::from_utf8_lossy(&buf[..n]);
+                if let Some(k) = parse_xid(&rec) {
+                    *out.entry(k).or_insert(0) += 1;
+                }
+            }
+            // EPIPE: a record was overwritten while reading; go on.
+            Err(rustix::io::Errno::PIPE) => continue,
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        }
+    }
+    Ok(out)
+}
+
+fn load(spec: &GpuSpec) -> Result<Nvml, NvmlError> {
+    match &spec.library {
+        Some(p) => Nvml::builder().lib_path(std::ffi::OsStr::new(p)).init(),
+        None => Nvml::init(),
+    }
+}
+
+fn expected_count(spec: &GpuSpec, facts: &Facts) -> Option<u32> {
+    match spec.count {
+        GpuCount::Exact(n) => Some(n),
+        GpuCount::Auto => {
+            super::hw::detect_instance_type(facts).and_then(|t| crate::hostfacts::expected_gpus(&t))
+        }
+    }
+}
+
+/// Runs a GPU check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
+    let expected = expected_count(spec, facts);
+    let nvml = match load(spec) {
+        Ok(n) => n,
+        Err(
+            e @ (NvmlError::LibloadingError(_)
+            | NvmlError::DriverNotLoaded
+            | NvmlError::LibraryNotFound),
+        ) => {
+            return match expected {
+                Some(n) if n > 0 => Err(format!("expected {n} GPUs, but NVML is unavailable: {e}")),
+                _ => Ok(format!("no GPU (NVML unavailable: {e})")),
+            };
+        }
+        Err(e) => return Err(format!("NVML initialisation failed: {e}")),
+    };
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML device count: {e}"))?;
+    if let Some(n) = expected {
+        if count != n {
+            return Err(format!("found {count} GPUs, expected {n}"));
+        }
+    }
+    let mut problems = Vec::new();
+    for i in 0..count {
+        let dev = match nvml.device_by_index(i) {
+            Ok(d) => d,
+            Err(e) => {
+                problems.push(format!("GPU {i}: {e}"));
+                continue;
+            }
+        };
+        if let Some(max) = spec.max_uncorrected_ecc {
+            match dev.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile) {
+                Ok(n) if n > max => {
+                    problems.push(format!("GPU {i}: {n} uncorrected ECC errors (max {max})"))
+                }
+                Ok(_) | Err(NvmlError::NotSupported) => {}
+                Err(e) => problems.push(format!("GPU {i}: ECC errors: {e}")),
+            }
+        }
+        if let Some(max) = spec.max_retired_pages {
+            let mut n = 0u64;
+            for cause in [
+                RetirementCause::MultipleSingleBitEccErrors,
+                RetirementCause::DoubleBitEccError,
+            ] {
+                if let Ok(p) = dev.retired_pages(cause) {
+                    n += p.len() as u64;
+                }
+            }
+            if n > max {
+                problems.push(format!("GPU {i}: {n} retired pages (max {max})"));
+            }
+        }
+        if let Some(max) = spec.max_remapped_rows {
+            let ids = [FieldId(143), FieldId(145)]; // NVML_FI_DEV_REMAPPED_UNC, _FAILURE
+            if let Ok(vals) = dev.field_values_for(&ids) {
+                let get = |k: usize| -> Option<u64> {
+                    match vals.get(k)?.as_ref().ok()?.value.as_ref().ok()? {
+                        nvml_wrapper::enums::device::SampleValue::U32(v) => Some(u64::from(*v)),
+                        nvml_wrapper::enums::device::SampleValue::U64(v) => Some(*v),
+                        nvml_wrapper::enums::device::SampleValue::I64(v) => u64::try_from(*v).ok(),
+                        nvml_wrapper::enums::device::SampleValue::F64(v) => Some(*v as u64),
+                    }
+                };
+                if let Some(unc) = get(0).filter(|n| *n > max) {
+                    problems.push(format!(
+                        "GPU {i}: {unc} uncorrectable remapped rows (max {max})"
+                    ));
+                }
+                if get(1).is_some_and(|f| f > 0) {
+                    problems.push(format!("GPU {i}: row remapping failed"));
+                }
+            }
+        }
+        if let Some(max) = spec.max_temperature_c {
+            if let Ok(t) = dev.temperature(TemperatureSensor::Gpu) {
+                if t > max {
+                    problems.push(format!("GPU {i}: temperature {t} °C (max {max})"));
+                }
+            }
+        }
+        if spec.fail_on_hw_slowdown {
+            if let Ok(r) = dev.current_throttle_reasons() {
+                let bad = r
+                    & (ThrottleReasons::HW_SLOWDOWN
+                        | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                        | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN);
+                if !bad.is_empty() {
+                    problems.push(format!("GPU {i}: hardware slowdown {bad:?}"));
+                }
+            }
+        }
+        if spec.nvlink {
+            for link in 0..18 {
+                match dev.link_wrapper_for(link).is_active() {
+                    Ok(false) => problems.push(format!("GPU {i}: NVLink {link} inactive")),
+                    Ok(true) => {}
+                    // Past the last link, or no NVLink at all.
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    if spec.xid {
+        match read_xids(facts) {
+            Ok(xids) => {
+                for ((dev, code), n) in xids {
+                    if !spec.xid_ignore.contains(&code) {
+                        problems.push(format!("XID {code} on {dev} ({n}x since boot)"));
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("XID errors unknown: {e}")),
+        }
+    }
+    if problems.is_empty() {
+        Ok(format!("{count} GPUs healthy"))
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::health::facts::Host;
+
+    #[test]
+    fn parses_xid_lines() {
+        assert_eq!(
+            parse_xid("4,1203,5512,-;NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, name=python, GPU has fallen off the bus."),
+            Some(("0000:00:1e".to_string(), 79))
+        );
+        assert_eq!(
+            parse_xid("NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error"),
+            Some(("0000:3b:00".to_string(), 48))
+        );
+        assert_eq!(parse_xid("6,1,2,-;usb 1-1: new device"), None);
+    }
+
+    #[test]
+    fn no_driver_is_no_gpu_unless_gpus_are_expected() {
+        // This machine has no NVIDIA driver: the library does not load.
+        let f = Facts::new(Host::default());
+        let spec = GpuSpec {
+            library: Some("/nonexistent/libnvidia-ml.so.1".into()),
+            ..GpuSpec::default()
+        };
+        let msg = check_gpus(&spec, &f).unwrap();
+        assert!(msg.starts_with("no GPU"), "{msg}");
+        let want = GpuSpec {
+            count: GpuCount::Exact(8),
+            ..spec
+        };
+        let e = check_gpus(&want, &f).unwrap_err();
+        assert!(e.contains("expected 8 GPUs"), "{e}");
+    }
+}

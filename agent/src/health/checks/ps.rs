@@ -1,0 +1,204 @@
+//! Processes and load (NHC's `check_ps_service`, `check_ps_daemon`,
+//! `check_ps_blacklist`, `check_ps_loadavg`), from `/proc` without running `ps`.
+
+use crate::health::facts::{Facts, ProcEntry};
+use crate::health::matcher::Matcher;
+
+/// What part of a process a [`ProcessSpec`] pattern is matched against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchOn {
+    /// The first word of the command line (`check_ps_service` default).
+    Argv0,
+    /// The whole command line (`check_ps_service -f`, daemon, blacklist).
+    Args,
+}
+
+/// What to do through systemd when a required service is not running (NHC's `-S`, `-r`,
+/// `-c`): start, restart or stop-then-start `<service>.service`. The check still fails
+/// for this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceAction {
+    /// Nothing.
+    None,
+    /// Start the unit.
+    Start,
+    /// Restart the unit.
+    Restart,
+    /// Stop then start.
+    Cycle,
+}
+
+/// A process that must (or must not) run.
+#[derive(Debug, Clone)]
+pub struct ProcessSpec {
+    /// Name used in messages and for the systemd unit (`munged`).
+    pub service: String,
+    /// Pattern.
+    pub pattern: Matcher,
+    /// Matched against.
+    pub on: MatchOn,
+    /// Owner's user name must match (or its uid, when `owner_by_uid`).
+    pub owner: Option<Matcher>,
+    /// `owner` is a uid expression (`0`, `!0`) rather than a user name.
+    pub owner_by_uid: bool,
+    /// Must run (`true`) or must not run (`false`).
+    pub must_run: bool,
+    /// Recovery action when a required process is missing.
+    pub action: ServiceAction,
+}
+
+/// Load average limits (1, 5, 15 minutes): fails when the integer part reaches a limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadAvgSpec {
+    /// Limits.
+    pub limits: [Option<u64>; 3],
+}
+
+fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
+    let procs = facts.procs()?;
+    for p in procs {
+        let subject = match spec.on {
+            MatchOn::Argv0 => p.argv0(),
+            MatchOn::Args => p.args.as_str(),
+        };
+        if !spec.pattern.matches(subject) {
+            continue;
+        }
+        if let Some(o) = &spec.owner {
+            let who = if spec.owner_by_uid {
+                p.uid.to_string()
+            } else {
+                facts.user_name(p.uid)
+            };
+            if !o.matches(&who) {
+                continue;
+            }
+        }
+        return Ok(Some(p));
+    }
+    Ok(None)
+}
+
+/// Runs a process check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_process(spec: &ProcessSpec, facts: &Facts) -> Result<String, String> {
+    let owner = spec
+        .owner
+        .as_ref()
+        .map(|o| format!(" owned by {o}"))
+        .unwrap_or_default();
+    match (find(spec, facts)?, spec.must_run) {
+        (Some(p), true) => Ok(format!(
+            "{} running (pid {}: {})",
+            spec.service,
+            p.pid,
+            truncate(&p.args, 80)
+        )),
+        (None, true) => Err(format!(
+            "service {} (process {}){owner} not running",
+            spec.service, spec.pattern
+        )),
+        (Some(p), false) => Err(format!(
+            "process {}{owner} running (pid {}: {})",
+            spec.pattern,
+            p.pid,
+            truncate(&p.args, 80)
+        )),
+        (None, false) => Ok(format!("no process {}{owner}", spec.pattern)),
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}...", s.chars().take(n).collect::<String>())
+    }
+}
+
+/// Runs a load average check.
+///
+/// # Errors
+/// The failure message.
+pub fn check_loadavg(spec: &LoadAvgSpec, facts: &Facts) -> Result<String, String> {
+    let l = facts.loadavg()?;
+    for (i, minutes) in [1, 5, 15].iter().enumerate() {
+        if let Some(limit) = spec.limits[i] {
+            let v = l[i].trunc() as u64;
+            if v >= limit {
+                return Err(format!(
+                    "{minutes}-minute load average too high: {} >= {limit}",
+                    l[i]
+                ));
+            }
+        }
+    }
+    Ok(format!("load average {} {} {}", l[0], l[1], l[2]))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::health::facts::Host;
+
+    #[test]
+    fn finds_init_and_not_a_ghost() {
+        let f = Facts::new(Host::default());
+        let pid1 = f
+            .procs()
+            .unwrap()
+            .iter()
+            .find(|p| p.pid == 1)
+            .unwrap()
+            .clone();
+        let name = pid1.argv0().rsplit('/').next().unwrap().to_string();
+        let spec = ProcessSpec {
+            service: name.clone(),
+            pattern: Matcher::parse(&format!("*{name}")).unwrap(),
+            on: MatchOn::Argv0,
+            owner: Some(Matcher::parse("root").unwrap()),
+            owner_by_uid: false,
+            must_run: true,
+            action: ServiceAction::None,
+        };
+        check_process(&spec, &f).unwrap();
+        let ghost = ProcessSpec {
+            pattern: Matcher::parse("*no-such-process-xyzzy*").unwrap(),
+            on: MatchOn::Args,
+            ..spec.clone()
+        };
+        assert!(check_process(&ghost, &f).is_err());
+        let blacklist = ProcessSpec {
+            must_run: false,
+            ..ghost
+        };
+        assert!(check_process(&blacklist, &f).is_ok());
+        let wrong_owner = ProcessSpec {
+            owner: Some(Matcher::parse("!root").unwrap()),
+            ..spec
+        };
+        assert!(check_process(&wrong_owner, &f).is_err());
+    }
+
+    #[test]
+    fn loadavg_limits() {
+        let f = Facts::new(Host::default());
+        assert!(check_loadavg(
+            &LoadAvgSpec {
+                limits: [Some(100_000), None, None]
+            },
+            &f
+        )
+        .is_ok());
+        assert!(check_loadavg(
+            &LoadAvgSpec {
+                limits: [Some(0), None, None]
+            },
+            &f
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,763 @@
+//! The agent's own check files: `*.toml` in `health.checks_dir`
+//! (`/etc/slurm-node-agent/checks.d/`), read in name order. Each file holds `[[check]]`
+//! tables; `kind` picks the family, unknown keys are errors, and every error names the
+//! file and line.
+//!
+//! ```toml
+//! [[check]]
+//! kind = "mount"                 # in /proc/mounts, alive, optionally type/source/options
+//! path = "/fsx"
+//! fstype = "lustre"
+//! options = ["rw", "flock"]      # each must be one of the mount's options
+//! min_free = "10%"               # or a size: "500G"
+//! min_free_inodes = "100k"       # or "5%"
+//! timeout = "5s"
+//!
+//! [[check]]
+//! kind = "hardware"              # instance_type = "auto": vCPUs and memory of the type
+//! instance_type = "auto"
+//! memory_tolerance = "8%"
+//!
+//! [[check]]
+//! kind = "gpu"                   # count = "auto" (from the instance type) or a number
+//! [[check]]
+//! kind = "efa"
+//! [[check]]
+//! kind = "process"               # running = false: must not run
+//! name = "munged running"
+//! process = "*munged"
+//! user = "munge"
+//! [[check]]
+//! kind = "unit"                  # systemd ActiveState over D-Bus
+//! unit = "slurmd.service"
+//! [[check]]
+//! kind = "file"
+//! path = "/etc/slurm/slurm.key"
+//! mode = "0600"
+//! [[check]]
+//! kind = "command"
+//! argv = ["/usr/bin/nvidia-smi", "-L"]
+//! output_matches = ["/GPU 0/"]
+//! timeout = "20s"
+//! [[check]]
+//! kind = "nhc"                   # any supported NHC check, in NHC syntax
+//! line = "check_fs_free /tmp 5%"
+//! ```
+//!
+//! Common keys: `name` (shown in reports and drain reasons), `timeout`, `fatal` (default
+//! true; false: a failure is only reported), `nodes` (an NHC target expression, default
+//! `*`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::checks::cmd::CommandSpec;
+use super::checks::efa::{EfaCount, EfaSpec};
+use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec};
+use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
+use super::checks::gpu::{GpuCount, GpuSpec};
+use super::checks::hw::{instance_type_shape, CpuSpec, HardwareSpec, MemSpec, MemWhat};
+use super::checks::ps::{MatchOn, ProcessSpec, ServiceAction};
+use super::checks::{CheckKind, UnitSpec};
+use super::matcher::Matcher;
+use super::nhc::Defaults;
+use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold};
+use super::{Check, CheckSet, ConfigError, Origin};
+use crate::settings::HumanDuration;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    check: Vec<toml::Spanned<Def>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Def {
+    kind: String,
+    name: Option<String>,
+    timeout: Option<HumanDuration>,
+    fatal: Option<bool>,
+    nodes: Option<String>,
+    // mount
+    path: Option<String>,
+    fstype: Option<String>,
+    source: Option<String>,
+    options: Option<Vec<String>>,
+    writable: Option<bool>,
+    min_free: Option<String>,
+    max_used: Option<String>,
+    min_free_inodes: Option<String>,
+    // hardware
+    instance_type: Option<String>,
+    cpus: Option<u32>,
+    sockets: Option<u32>,
+    cores: Option<u32>,
+    threads: Option<u32>,
+    memory_min: Option<String>,
+    memory_max: Option<String>,
+    memory_tolerance: Option<String>,
+    swap_min: Option<String>,
+    swap_max: Option<String>,
+    // gpu, efa
+    count: Option<toml::Value>,
+    xid: Option<bool>,
+    xid_ignore: Option<Vec<u32>>,
+    max_uncorrected_ecc: Option<u64>,
+    max_retired_pages: Option<u64>,
+    max_remapped_rows: Option<u64>,
+    max_temperature_c: Option<u32>,
+    fail_on_hw_slowdown: Option<bool>,
+    nvlink: Option<bool>,
+    library: Option<String>,
+    // process
+    process: Option<String>,
+    full_command_line: Option<bool>,
+    user: Option<String>,
+    running: Option<bool>,
+    start: Option<bool>,
+    // unit
+    unit: Option<String>,
+    state: Option<String>,
+    // file
+    exists: Option<bool>,
+    mode: Option<String>,
+    owner: Option<String>,
+    contains: Option<Vec<String>>,
+    // command
+    argv: Option<Vec<String>>,
+    exit_status: Option<i32>,
+    output_matches: Option<Vec<String>>,
+    // nhc
+    line: Option<String>,
+}
+
+/// Reads every `*.toml` file of `dir` in name order. A missing folder has no checks.
+///
+/// # Errors
+/// [`ConfigError`] with file and line.
+pub fn load_dir(
+    dir: &Path,
+    node: Option<&str>,
+    defaults: &Defaults,
+) -> Result<CheckSet, ConfigError> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CheckSet::default()),
+        Err(e) => {
+            return Err(ConfigError {
+                file: dir.to_path_buf(),
+                line: 0,
+                message: format!("cannot list: {e}"),
+            })
+        }
+    };
+    files.sort();
+    let mut set = CheckSet::default();
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(|e| ConfigError {
+            file: f.clone(),
+            line: 0,
+            message: format!("cannot read: {e}"),
+        })?;
+        let mut s = parse(&text, &f, node, defaults)?;
+        set.checks.append(&mut s.checks);
+        set.notes.append(&mut s.notes);
+    }
+    Ok(set)
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Parses one TOML checks file.
+///
+/// # Errors
+/// [`ConfigError`] with file and line.
+pub fn parse(
+    text: &str,
+    file: &Path,
+    node: Option<&str>,
+    defaults: &Defaults,
+) -> Result<CheckSet, ConfigError> {
+    let parsed: File = toml::from_str(text).map_err(|e| {
+        let line = e.span().map_or(0, |s| line_of(text, s.start));
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            message: e.message().to_string(),
+        }
+    })?;
+    let mut set = CheckSet::default();
+    for spanned in parsed.check {
+        let line = line_of(text, spanned.span().start);
+        let def = spanned.into_inner();
+        let err = |message: String| ConfigError {
+            file: file.to_path_buf(),
+            line,
+            message: format!("[[check]] kind = {:?}: {message}", def.kind),
+        };
+        let nodes = def.nodes.clone().unwrap_or_else(|| "*".into());
+        let target = Matcher::parse(&nodes).map_err(|m| err(format!("nodes: {m}")))?;
+        let timeout = def.timeout.map_or(defaults.timeout, |d| d.0);
+        if timeout.is_zero() {
+            return Err(err("timeout must be above zero".into()));
+        }
+        let built = build(&def, timeout).map_err(err)?;
+        let applies = match node {
+            Some(n) => target.matches(n),
+            None => nodes == "*",
+        };
+        if !applies {
+            continue;
+        }
+        for (default_name, kind, t) in built {
+            set.checks.push(Check {
+                name: def.name.clone().unwrap_or(default_name),
+                origin: Origin {
+                    file: file.to_path_buf(),
+                    line,
+                },
+                timeout: t,
+                fatal: def.fatal.unwrap_or(true),
+                kind,
+            });
+        }
+    }
+    Ok(set)
+}
+
+fn req<'a, T>(v: &'a Option<T>, key: &str) -> Result<&'a T, String> {
+    v.as_ref().ok_or_else(|| format!("missing key {key:?}"))
+}
+
+/// Keys each kind accepts besides the common ones.
+fn allowed(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "mount" => &[
+            "path",
+            "fstype",
+            "source",
+            "options",
+            "writable",
+            "min_free",
+            "max_used",
+            "min_free_inodes",
+        ],
+        "hardware" => &[
+            "instance_type",
+            "cpus",
+            "sockets",
+            "cores",
+            "threads",
+            "memory_min",
+            "memory_max",
+            "memory_tolerance",
+            "swap_min",
+            "swap_max",
+        ],
+        "gpu" => &[
+            "count",
+            "xid",
+            "xid_ignore",
+            "max_uncorrected_ecc",
+            "max_retired_pages",
+            "max_remapped_rows",
+            "max_temperature_c",
+            "fail_on_hw_slowdown",
+            "nvlink",
+            "library",
+        ],
+        "efa" => &["count"],
+        "process" => &["process", "full_command_line", "user", "running", "start"],
+        "unit" => &["unit", "state"],
+        "file" => &["path", "exists", "mode", "owner", "contains"],
+        "command" => &["argv", "exit_status", "output_matches"],
+        "nhc" => &["line"],
+        _ => &[],
+    }
+}
+
+fn set_keys(d: &Def) -> Vec<&'static str> {
+    let mut k = Vec::new();
+    macro_rules! chk {
+        ($($f:ident),*) => { $( if d.$f.is_some() { k.push(stringify!($f)); } )* };
+    }
+    chk!(
+        path,
+        fstype,
+        source,
+        options,
+        writable,
+        min_free,
+        max_used,
+        min_free_inodes,
+        instance_type,
+        cpus,
+        sockets,
+        cores,
+        threads,
+        memory_min,
+        memory_max,
+        memory_tolerance,
+        swap_min,
+        swap_max,
+        count,
+        xid,
+        xid_ignore,
+        max_uncorrected_ecc,
+        max_retired_pages,
+        max_remapped_rows,
+        max_temperature_c,
+        fail_on_hw_slowdown,
+        nvlink,
+        library,
+        process,
+        full_command_line,
+        user,
+        running,
+        start,
+        unit,
+        state,
+        exists,
+        mode,
+        owner,
+        contains,
+        argv,
+        exit_status,
+        output_matches,
+        line
+    );
+    k
+}
+
+type Built = Vec<(String, CheckKind, Duration)>;
+
+fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
+    const KINDS: &str = "mount, hardware, gpu, efa, process, unit, file, command, nhc";
+    let ok_keys = allowed(&d.kind);
+    if ok_keys.is_empty() {
+        return Err(format!("unknown kind (expected one of: {KINDS})"));
+    }
+    if let Some(bad) = set_keys(d).into_iter().find(|k| !ok_keys.contains(k)) {
+        return Err(format!(
+            "key {bad:?} does not apply to this kind (allowed: {})",
+            ok_keys.join(", ")
+        ));
+    }
+    let kind = match d.kind.as_str() {
+        "mount" => {
+            let path = req(&d.path, "path")?.clone();
+            let mut space = Vec::new();
+            if let Some(s) = &d.min_free {
+                space.push(SpaceSpec {
+                    path: path.clone(),
+                    what: SpaceWhat::Free,
+                    min: Some(parse_space_threshold(s)?),
+                    max: None,
+                });
+            }
+            if let Some(s) = &d.max_used {
+                space.push(SpaceSpec {
+                    path: path.clone(),
+                    what: SpaceWhat::Used,
+                    min: None,
+                    max: Some(parse_space_threshold(s)?),
+                });
+            }
+            if let Some(s) = &d.min_free_inodes {
+                space.push(SpaceSpec {
+                    path: path.clone(),
+                    what: SpaceWhat::InodesFree,
+                    min: Some(parse_count_threshold(s)?),
+                    max: None,
+                });
+            }
+            let mut options: Vec<Matcher> = d
+                .options
+                .iter()
+                .flatten()
+                .map(|o| Matcher::mount_option(o))
+                .collect();
+            let writable = d.writable.unwrap_or(false);
+            if writable {
+                options.push(Matcher::mount_option("rw"));
+            }
+            let name = format!("mount {path}");
+            return Ok(vec![(
+                name,
+                CheckKind::Mount(MountSpec {
+                    path,
+                    sources: d
+                        .source
+                        .as_deref()
+                        .map(Matcher::parse)
+                        .transpose()?
+                        .into_iter()
+                        .collect(),
+                    fstypes: d
+                        .fstype
+                        .as_deref()
+                        .map(Matcher::parse)
+                        .transpose()?
+                        .into_iter()
+                        .collect(),
+                    options,
+                    alive: true,
+                    writable,
+                    space,
+                }),
+                timeout,
+            )]);
+        }
+        "hardware" => {
+            let mut cpu = CpuSpec {
+                sockets: d.sockets,
+                cores: d.cores,
+                threads: d.threads,
+                processors: d.cpus,
+            };
+            let tolerance = d
+                .memory_tolerance
+                .as_deref()
+                .map(parse_space_threshold)
+                .transpose()?;
+            let mut mem_min = d.memory_min.as_deref().map(parse_size_kib).transpose()?;
+            let mut mem_max = d.memory_max.as_deref().map(parse_size_kib).transpose()?;
+            if let Some(t) = d.instance_type.as_deref() {
+                // "auto" is resolved when the check runs (DMI); a named type now.
+                if t != "auto" {
+                    let (vcpus, gib) = instance_type_shape(t)
+                        .ok_or_else(|| format!("instance type {t:?} is not in the built-in table; give cpus and memory_min"))?;
+                    cpu.processors = cpu.processors.or(Some(vcpus));
+                    mem_min = mem_min.or(Some(gib * 1024 * 1024));
+                    mem_max = mem_max.or(Some(gib * 1024 * 1024));
+                }
+            }
+            let mut mem = Vec::new();
+            if mem_min.is_some() || mem_max.is_some() {
+                mem.push(MemSpec {
+                    what: MemWhat::Physmem,
+                    min: mem_min,
+                    max: mem_max,
+                    tolerance: tolerance.or(Some(super::units::Threshold::Percent(8.0))),
+                });
+            }
+            let swap_min = d.swap_min.as_deref().map(parse_size_kib).transpose()?;
+            let swap_max = d.swap_max.as_deref().map(parse_size_kib).transpose()?;
+            if swap_min.is_some() || swap_max.is_some() {
+                mem.push(MemSpec {
+                    what: MemWhat::Swap,
+                    min: swap_min,
+                    max: swap_max,
+                    tolerance: None,
+                });
+            }
+            let auto = d.instance_type.as_deref() == Some("auto");
+            if !auto && cpu == CpuSpec::default() && mem.is_empty() {
+                return Err("nothing to check: set instance_type, cpus, sockets, cores, threads, memory_* or swap_*".into());
+            }
+            let instance_type_auto =
+                auto.then(|| tolerance.unwrap_or(super::units::Threshold::Percent(8.0)));
+            let spec = HardwareSpec {
+                cpu,
+                mem,
+                instance_type_auto,
+            };
+            CheckKind::Hardware(spec)
+        }
+        "gpu" => {
+            let mut s = GpuSpec::default();
+            s.count = match &d.count {
+                None => GpuCount::Auto,
+                Some(toml::Value::String(a)) if a == "auto" => GpuCount::Auto,
+                Some(toml::Value::Integer(n)) if *n >= 0 => GpuCount::Exact(*n as u32),
+                Some(v) => return Err(format!("count: expected \"auto\" or a number, got {v}")),
+            };
+            if let Some(x) = d.xid {
+                s.xid = x;
+            }
+            if let Some(x) = &d.xid_ignore {
+                s.xid_ignore = x.clone();
+            }
+            s.max_uncorrected_ecc = d.max_uncorrected_ecc.or(s.max_uncorrected_ecc);
+            s.max_retired_pages = d.max_retired_pages.or(s.max_retired_pages);
+            s.max_remapped_rows = d.max_remapped_rows.or(s.max_remapped_rows);
+            s.max_temperature_c = d.max_temperature_c;
+            s.fail_on_hw_slowdown = d.fail_on_hw_slowdown.unwrap_or(s.fail_on_hw_slowdown);
+            s.nvlink = d.nvlink.unwrap_or(false);
+            s.library = d.library.clone();
+            CheckKind::Gpu(s)
+        }
+        "efa" => CheckKind::Efa(EfaSpec {
+            count: match &d.count {
+                None => EfaCount::Auto,
+                Some(toml::Value::String(a)) if a == "auto" => EfaCount::Auto,
+                Some(toml::Value::Integer(n)) if *n >= 0 => EfaCount::AtLeast(*n as u32),
+                Some(v) => return Err(format!("count: expected \"auto\" or a number, got {v}")),
+            },
+        }),
+        "process" => {
+            let p = req(&d.process, "process")?;
+            CheckKind::Process(ProcessSpec {
+                service: p
+                    .trim_matches('*')
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(p)
+                    .to_string(),
+                pattern: Matcher::parse(p)?,
+                on: if d.full_command_line.unwrap_or(false) {
+                    MatchOn::Args
+                } else {
+                    MatchOn::Argv0
+                },
+                owner: d.user.as_deref().map(Matcher::parse).transpose()?,
+                owner_by_uid: false,
+                must_run: d.running.unwrap_or(true),
+                action: if d.start.unwrap_or(false) {
+                    ServiceAction::Start
+                } else {
+                    ServiceAction::None
+                },
+            })
+        }
+        "unit" => {
+            let unit = req(&d.unit, "unit")?.clone();
+            crate::systemd::validate_unit_name(&unit)?;
+            CheckKind::Unit(UnitSpec {
+                unit,
+                state: d.state.clone().unwrap_or_else(|| "active".into()),
+            })
+        }
+        "file" => {
+            let path = req(&d.path, "path")?.clone();
+            let exists = d.exists.unwrap_or(true);
+            let mut out: Built = Vec::new();
+            if !exists {
+                if d.mode.is_some() || d.owner.is_some() || d.contains.is_some() {
+                    return Err("exists = false takes no mode, owner or contains".into());
+                }
+                return Ok(vec![(
+                    format!("file {path} absent"),
+                    CheckKind::FileTest(FileTestSpec {
+                        ops: vec!['e'],
+                        negate: true,
+                        paths: vec![path],
+                    }),
+                    timeout,
+                )]);
+            }
+            if d.mode.is_some() || d.owner.is_some() {
+                let mode = d
+                    .mode
+                    .as_deref()
+                    .map(|m| {
+                        u32::from_str_radix(m, 8).map_err(|_| format!("mode {m:?} is not octal"))
+                    })
+                    .transpose()?;
+                out.push((
+                    format!("file {path}"),
+                    CheckKind::FileStat(FileStatSpec {
+                        paths: vec![path.clone()],
+                        user: d.owner.clone(),
+                        mode_is: mode,
+                        ..FileStatSpec::default()
+                    }),
+                    timeout,
+                ));
+            }
+            if let Some(c) = &d.contains {
+                out.push((
+                    format!("file {path} contents"),
+                    CheckKind::FileContents(FileContentsSpec {
+                        path: path.clone(),
+                        matches: c
+                            .iter()
+                            .map(|m| Matcher::parse(m))
+                            .collect::<Result<_, _>>()?,
+                    }),
+                    timeout,
+                ));
+            }
+            if out.is_empty() {
+                out.push((
+                    format!("file {path}"),
+                    CheckKind::FileTest(FileTestSpec {
+                        ops: vec!['e'],
+                        negate: false,
+                        paths: vec![path],
+                    }),
+                    timeout,
+                ));
+            }
+            return Ok(out);
+        }
+        "command" => {
+            let argv = req(&d.argv, "argv")?.clone();
+            if argv.is_empty() {
+                return Err("argv must not be empty".into());
+            }
+            let name = format!("command {}", argv.join(" "));
+            return Ok(vec![(
+                name,
+                CheckKind::Command(CommandSpec {
+                    argv,
+                    status: d.exit_status.unwrap_or(0),
+                    matches: d
+                        .output_matches
+                        .iter()
+                        .flatten()
+                        .map(|m| Matcher::parse(m))
+                        .collect::<Result<_, _>>()?,
+                }),
+                timeout,
+            )]);
+        }
+        "nhc" => {
+            let line = req(&d.line, "line")?;
+            let text = format!("* || {line}\n");
+            let set =
+                super::nhc::parse(&text, Path::new("inline"), Some("*"), &Defaults { timeout })
+                    .map_err(|e| e.message)?;
+            return Ok(set
+                .checks
+                .into_iter()
+                .map(|c| (c.name, c.kind, c.timeout))
+                .collect());
+        }
+        _ => unreachable!("kinds are checked above"),
+    };
+    let name = match &kind {
+        CheckKind::Hardware(_) => "hardware".to_string(),
+        CheckKind::Gpu(_) => "gpu".to_string(),
+        CheckKind::Efa(_) => "efa".to_string(),
+        CheckKind::Process(p) => format!("process {}", p.pattern),
+        CheckKind::Unit(u) => format!("unit {}", u.unit),
+        _ => d.kind.clone(),
+    };
+    Ok(vec![(name, kind, timeout)])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const D: Defaults = Defaults {
+        timeout: Duration::from_secs(10),
+    };
+
+    fn p(text: &str) -> Result<CheckSet, ConfigError> {
+        parse(
+            text,
+            Path::new("/etc/slurm-node-agent/checks.d/10-site.toml"),
+            Some("n1"),
+            &D,
+        )
+    }
+
+    #[test]
+    fn every_kind_parses() {
+        let set = p(r#"
+[[check]]
+kind = "mount"
+path = "/"
+options = ["rw"]
+min_free = "1%"
+min_free_inodes = "1k"
+timeout = "2s"
+
+[[check]]
+kind = "hardware"
+cpus = 2
+memory_min = "512M"
+
+[[check]]
+kind = "gpu"
+count = 0
+
+[[check]]
+kind = "efa"
+count = 0
+nodes = "{n[1-4]}"
+
+[[check]]
+kind = "process"
+process = "*munged"
+user = "root"
+
+[[check]]
+kind = "unit"
+unit = "slurmd.service"
+
+[[check]]
+kind = "file"
+path = "/etc/passwd"
+mode = "0644"
+contains = ["/^root:/"]
+
+[[check]]
+kind = "command"
+argv = ["/bin/true"]
+name = "true works"
+fatal = false
+
+[[check]]
+kind = "nhc"
+line = "check_fs_free /tmp 1%"
+
+[[check]]
+kind = "efa"
+nodes = "gpu*"
+"#)
+        .unwrap();
+        let names: Vec<&str> = set.checks.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "mount /",
+                "hardware",
+                "gpu",
+                "efa",
+                "process *munged",
+                "unit slurmd.service",
+                "file /etc/passwd",
+                "file /etc/passwd contents",
+                "true works",
+                "check_fs_free /tmp 1%"
+            ]
+        );
+        assert_eq!(set.checks[0].timeout, Duration::from_secs(2));
+        assert_eq!(set.checks[0].origin.line, 2);
+        assert!(!set.checks[8].fatal);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\n\n[[check]]\nkind = \"mount\"\nfstyp = \"x\"\n").unwrap_err();
+        assert_eq!(e.line, 7, "{e}");
+        assert!(e.to_string().contains("fstyp"), "{e}");
+        let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\n\n[[check]]\nkind = \"mount\"\nunit = \"x\"\n").unwrap_err();
+        assert_eq!(e.line, 5, "{e}");
+        assert!(e.to_string().contains("does not apply"), "{e}");
+        let e = p("[[check]]\nkind = \"teleport\"\n").unwrap_err();
+        assert!(e.to_string().contains("unknown kind"), "{e}");
+        let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\nmin_free = \"lots\"\n").unwrap_err();
+        assert!(e.to_string().contains("invalid size"), "{e}");
+        let e = p("[[check]\nkind = 1\n").unwrap_err();
+        assert_eq!(e.line, 1, "{e}");
+        let e = p("[[check]]\nkind = \"nhc\"\nline = \"check_unknown_thing\"\n").unwrap_err();
+        assert!(e.to_string().contains("unsupported NHC check"), "{e}");
+        let e = p("[[check]]\nkind = \"unit\"\nunit = \"a b\"\n").unwrap_err();
+        assert!(e.to_string().contains("unit"), "{e}");
+    }
+}

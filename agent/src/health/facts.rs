@@ -1,0 +1,474 @@
+//! Host facts shared by the checks of one run, each read at most once and only when a
+//! check needs it: `/proc/mounts`, `/proc/cpuinfo`, `/proc/meminfo`, the process table,
+//! `/proc/net/dev`, `/proc/loadavg`, `/etc/passwd`, dmidecode's output.
+//!
+//! Everything is read from files under configurable roots ([`Host`]) so tests point the
+//! checks at fixture trees; no process is spawned except `dmidecode`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Where host facts come from.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// procfs (`/proc`).
+    pub proc_dir: PathBuf,
+    /// sysfs (`/sys`).
+    pub sys_dir: PathBuf,
+    /// The passwd file for user names (`/etc/passwd`).
+    pub passwd: PathBuf,
+    /// The dmidecode program (`/usr/sbin/dmidecode`).
+    pub dmidecode: PathBuf,
+    /// The kernel log device for GPU XID errors (`/dev/kmsg`).
+    pub kmsg: PathBuf,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host {
+            proc_dir: PathBuf::from("/proc"),
+            sys_dir: PathBuf::from("/sys"),
+            passwd: PathBuf::from("/etc/passwd"),
+            dmidecode: PathBuf::from("/usr/sbin/dmidecode"),
+            kmsg: PathBuf::from("/dev/kmsg"),
+        }
+    }
+}
+
+/// One line of `/proc/mounts`, with octal escapes (`\040`) decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Source (device, `server:/export`, `tmpfs`...).
+    pub source: String,
+    /// Mount point.
+    pub target: String,
+    /// File system type.
+    pub fstype: String,
+    /// Options, comma separated.
+    pub options: String,
+}
+
+/// CPU counts as NHC computes them from `/proc/cpuinfo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuInfo {
+    /// Distinct `physical id`s.
+    pub sockets: u32,
+    /// Sockets × `cpu cores`.
+    pub cores: u32,
+    /// Sockets × `siblings`.
+    pub threads: u32,
+    /// `processor` entries (online logical CPUs).
+    pub processors: u32,
+}
+
+/// `/proc/meminfo`, in KiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemInfo {
+    /// MemTotal.
+    pub ram_total: u64,
+    /// MemFree + Buffers + Cached (NHC's "free RAM").
+    pub ram_free: u64,
+    /// SwapTotal.
+    pub swap_total: u64,
+    /// SwapFree.
+    pub swap_free: u64,
+}
+
+/// One process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcEntry {
+    /// PID.
+    pub pid: u32,
+    /// Effective user id (owner of `/proc/<pid>`).
+    pub uid: u32,
+    /// Command line joined by spaces (`[comm]` for kernel threads), as `ps -o args`.
+    pub args: String,
+}
+
+impl ProcEntry {
+    /// The first word of the command line (NHC's `${ARGS[0]}`).
+    pub fn argv0(&self) -> &str {
+        self.args.split_whitespace().next().unwrap_or("")
+    }
+}
+
+/// Lazily read facts; safe to share between the threads of one run.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// Roots.
+    pub host: Host,
+    mounts: OnceLock<Result<Vec<MountEntry>, String>>,
+    cpu: OnceLock<Result<CpuInfo, String>>,
+    mem: OnceLock<Result<MemInfo, String>>,
+    procs: OnceLock<Result<Vec<ProcEntry>, String>>,
+    users: OnceLock<HashMap<u32, String>>,
+    netdevs: OnceLock<Result<Vec<String>, String>>,
+    dmi: OnceLock<Result<super::checks::dmi::DmiTable, String>>,
+}
+
+fn read_to_string(p: &Path) -> Result<String, String> {
+    fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))
+}
+
+impl Facts {
+    /// Facts read from `host`.
+    pub fn new(host: Host) -> Facts {
+        Facts {
+            host,
+            ..Facts::default()
+        }
+    }
+
+    /// `/proc/mounts` (the last entry for a mount point wins, as in NHC).
+    ///
+    /// # Errors
+    /// The file could not be read.
+    pub fn mounts(&self) -> Result<&[MountEntry], String> {
+        self.mounts
+            .get_or_init(|| {
+                read_to_string(&self.host.proc_dir.join("mounts")).map(|t| parse_mounts(&t))
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// CPU counts.
+    ///
+    /// # Errors
+    /// The file could not be read.
+    pub fn cpu(&self) -> Result<CpuInfo, String> {
+        self.cpu
+            .get_or_init(|| {
+                read_to_string(&self.host.proc_dir.join("cpuinfo")).map(|t| parse_cpuinfo(&t))
+            })
+            .clone()
+    }
+
+    /// Memory.
+    ///
+    /// # Errors
+    /// The file could not be read.
+    pub fn mem(&self) -> Result<MemInfo, String> {
+        self.mem
+            .get_or_init(|| {
+                read_to_string(&self.host.proc_dir.join("meminfo")).map(|t| parse_meminfo(&t))
+            })
+            .clone()
+    }
+
+    /// The process table (without this process).
+    ///
+    /// # Errors
+    /// procfs could not be listed.
+    pub fn procs(&self) -> Result<&[ProcEntry], String> {
+        self.procs
+            .get_or_init(|| read_procs(&self.host.proc_dir))
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// User name of a uid (from the passwd file; the number when unknown).
+    pub fn user_name(&self, uid: u32) -> String {
+        let users = self.users.get_or_init(|| {
+            fs::read_to_string(&self.host.passwd)
+                .map(|t| parse_passwd(&t))
+                .unwrap_or_default()
+        });
+        users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+
+    /// Network interface names from `/proc/net/dev`.
+    ///
+    /// # Errors
+    /// The file could not be read.
+    pub fn netdevs(&self) -> Result<&[String], String> {
+        self.netdevs
+            .get_or_init(|| {
+                read_to_string(&self.host.proc_dir.join("net/dev")).map(|t| {
+                    t.lines()
+                        .filter_map(|l| l.split_once(':'))
+                        .map(|(name, _)| name.trim().to_string())
+                        .filter(|n| !n.is_empty() && !n.contains('|'))
+                        .collect()
+                })
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// `/proc/loadavg`: 1, 5 and 15 minute averages.
+    ///
+    /// # Errors
+    /// The file could not be read or parsed.
+    pub fn loadavg(&self) -> Result<[f64; 3], String> {
+        let p = self.host.proc_dir.join("loadavg");
+        let t = read_to_string(&p)?;
+        let v: Vec<f64> = t
+            .split_whitespace()
+            .take(3)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        match v[..] {
+            [a, b, c] => Ok([a, b, c]),
+            _ => Err(format!("{}: unexpected content {t:?}", p.display())),
+        }
+    }
+
+    /// dmidecode's tables.
+    ///
+    /// # Errors
+    /// dmidecode is missing or failed.
+    pub fn dmi(&self) -> Result<&super::checks::dmi::DmiTable, String> {
+        self.dmi
+            .get_or_init(|| {
+                let out = std::process::Command::new(&self.host.dmidecode)
+                    .stdin(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", self.host.dmidecode.display()))?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "{} exited with {}",
+                        self.host.dmidecode.display(),
+                        out.status
+                    ));
+                }
+                Ok(super::checks::dmi::DmiTable::parse(
+                    &String::from_utf8_lossy(&out.stdout),
+                ))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+/// Decodes `\040`-style octal escapes of `/proc/mounts`.
+fn unescape_octal(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                if let Ok(v) = u8::try_from(v) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses `/proc/mounts`.
+pub fn parse_mounts(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some(MountEntry {
+                source: unescape_octal(f.next()?),
+                target: unescape_octal(f.next()?),
+                fstype: f.next()?.to_string(),
+                options: f.next()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Parses `/proc/cpuinfo` the way NHC's `nhc_hw_cpu_gather_data` does.
+pub fn parse_cpuinfo(text: &str) -> CpuInfo {
+    let mut processors = 0u32;
+    let mut phys: Vec<String> = Vec::new();
+    let mut siblings: Option<u32> = None;
+    let mut cores: Option<u32> = None;
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            "processor" => processors += 1,
+            "physical id" if !phys.iter().any(|p| p == v) => phys.push(v.to_string()),
+            "siblings" => siblings = v.parse().ok(),
+            "cpu cores" => cores = v.parse().ok(),
+            _ => {}
+        }
+    }
+    let sockets = phys.len() as u32;
+    if sockets == 0 {
+        // No topology (some VMs, non-x86): every processor is a socket.
+        return CpuInfo {
+            sockets: processors,
+            cores: processors,
+            threads: processors,
+            processors,
+        };
+    }
+    let c = cores.map_or(processors, |c| sockets * c);
+    let t = siblings.map_or(processors, |s| sockets * s);
+    CpuInfo {
+        sockets,
+        cores: c,
+        threads: t,
+        processors,
+    }
+}
+
+/// Parses `/proc/meminfo`.
+pub fn parse_meminfo(text: &str) -> MemInfo {
+    let mut m = MemInfo::default();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(k), Some(v)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Ok(v) = v.parse::<u64>() else { continue };
+        match k {
+            "MemTotal:" => m.ram_total = v,
+            "MemFree:" | "Buffers:" | "Cached:" => m.ram_free += v,
+            "SwapTotal:" => m.swap_total = v,
+            "SwapFree:" => m.swap_free = v,
+            _ => {}
+        }
+    }
+    m
+}
+
+fn parse_passwd(text: &str) -> HashMap<u32, String> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            Some((f.get(2)?.parse().ok()?, f.first()?.to_string()))
+        })
+        .collect()
+}
+
+/// Most bytes of one command line read (ps shows at most 128 KiB too).
+const CMDLINE_LIMIT: u64 = 64 * 1024;
+
+fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, String> {
+    let me = std::process::id();
+    let dir = fs::read_dir(proc_dir).map_err(|e| format!("listing {}: {e}", proc_dir.display()))?;
+    let mut out = Vec::new();
+    let mut buf = Vec::with_capacity(4096);
+    for ent in dir.flatten() {
+        let name = ent.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let path = ent.path();
+        // A process may exit while we look: skip it.
+        let Ok(meta) = fs::metadata(&path) else {
+            continue;
+        };
+        buf.clear();
+        let Ok(f) = fs::File::open(path.join("cmdline")) else {
+            continue;
+        };
+        if f.take(CMDLINE_LIMIT).read_to_end(&mut buf).is_err() {
+            continue;
+        }
+        let args = if buf.is_empty() {
+            let comm = fs::read_to_string(path.join("comm")).unwrap_or_default();
+            format!("[{}]", comm.trim_end())
+        } else {
+            let s = String::from_utf8_lossy(&buf);
+            s.trim_end_matches('\0').replace('\0', " ")
+        };
+        out.push(ProcEntry {
+            pid,
+            uid: meta.uid(),
+            args,
+        });
+    }
+    out.sort_by_key(|p| p.pid);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn mounts_decode_escapes() {
+        let m = parse_mounts(
+            "/dev/vda1 / ext4 rw,relatime 0 0\nfs:/a\\040b /mnt/a\\040b nfs4 ro 0 0\n",
+        );
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].target, "/mnt/a b");
+        assert_eq!(m[1].source, "fs:/a b");
+        assert_eq!(m[0].options, "rw,relatime");
+    }
+
+    #[test]
+    fn cpuinfo_like_nhc() {
+        let one =
+            "processor\t: 0\nphysical id\t: 0\nsiblings\t: 2\ncore id\t: 0\ncpu cores\t: 2\n\n\
+                   processor\t: 1\nphysical id\t: 0\nsiblings\t: 2\ncore id\t: 1\ncpu cores\t: 2\n";
+        assert_eq!(
+            parse_cpuinfo(one),
+            CpuInfo {
+                sockets: 1,
+                cores: 2,
+                threads: 2,
+                processors: 2
+            }
+        );
+        // Two sockets with hyperthreads.
+        let mut two = String::new();
+        for p in 0..8 {
+            two.push_str(&format!(
+                "processor : {p}\nphysical id : {}\nsiblings : 4\ncpu cores : 2\n\n",
+                p / 4
+            ));
+        }
+        let c = parse_cpuinfo(&two);
+        assert_eq!((c.sockets, c.cores, c.threads), (2, 4, 8));
+        // ARM: no physical id.
+        let c = parse_cpuinfo("processor : 0\nBogoMIPS : 50\n\nprocessor : 1\n");
+        assert_eq!((c.sockets, c.cores, c.threads), (2, 2, 2));
+    }
+
+    #[test]
+    fn meminfo_free_is_free_buffers_cached() {
+        let m = parse_meminfo(
+            "MemTotal: 1000 kB\nMemFree: 100 kB\nMemAvailable: 500 kB\nBuffers: 10 kB\nCached: 200 kB\nSwapCached: 5 kB\nSwapTotal: 50 kB\nSwapFree: 40 kB\n",
+        );
+        assert_eq!(
+            m,
+            MemInfo {
+                ram_total: 1000,
+                ram_free: 310,
+                swap_total: 50,
+                swap_free: 40
+            }
+        );
+    }
+
+    #[test]
+    fn reads_this_machines_process_table() {
+        let f = Facts::new(Host::default());
+        let procs = f.procs().unwrap();
+        assert!(procs.iter().any(|p| p.pid == 1));
+        assert!(!procs.iter().any(|p| p.pid == std::process::id()));
+        assert_eq!(f.user_name(0), "root");
+    }
+}

@@ -1,0 +1,418 @@
+//! LBNL NHC's match expressions (`mcheck` in NHC's `scripts/common.nhc`), used for
+//! nhc.conf targets and for check arguments (mount sources, options, process names,
+//! file contents, command output).
+//!
+//! - `/regex/`: an unanchored regular expression (Rust `regex` syntax, which accepts the
+//!   POSIX ERE that NHC users write, including `[[:space:]]` and `\b`);
+//! - `{n[01-16],login1}`: a node list in Slurm/pdsh hostlist syntax (zero-padded ranges
+//!   keep their width; `n[1-3,7]` lists are accepted too);
+//! - anything else: a shell glob matched against the whole string (`*`, `?`, `[...]`);
+//! - a leading `!` negates any of the above.
+
+use std::fmt;
+
+/// A compiled match expression.
+#[derive(Clone)]
+pub struct Matcher {
+    negate: bool,
+    kind: Kind,
+    source: String,
+}
+
+#[derive(Clone)]
+enum Kind {
+    Glob(String),
+    Regex(regex::Regex),
+    Hosts(Vec<HostPattern>),
+}
+
+impl fmt::Debug for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Matcher({:?})", self.source)
+    }
+}
+
+impl fmt::Display for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl PartialEq for Matcher {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Matcher {
+    /// Parses an expression.
+    ///
+    /// # Errors
+    /// A message for an invalid regular expression or node list.
+    pub fn parse(expr: &str) -> Result<Matcher, String> {
+        let (negate, body) = match expr.strip_prefix('!') {
+            Some(rest) => (true, rest),
+            None => (false, expr),
+        };
+        let kind = if body.len() >= 2 && body.starts_with('/') && body.ends_with('/') {
+            let re = &body[1..body.len() - 1];
+            Kind::Regex(
+                regex::Regex::new(re)
+                    .map_err(|e| format!("invalid regular expression /{re}/: {e}"))?,
+            )
+        } else if body.len() >= 2 && body.starts_with('{') && body.ends_with('}') {
+            Kind::Hosts(parse_hostlist(&body[1..body.len() - 1])?)
+        } else {
+            Kind::Glob(body.to_string())
+        };
+        Ok(Matcher {
+            negate,
+            kind,
+            source: expr.to_string(),
+        })
+    }
+
+    /// A glob that matches exactly this literal text (glob characters escaped).
+    pub fn literal(text: &str) -> Matcher {
+        let mut g = String::with_capacity(text.len());
+        for c in text.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                g.push('\\');
+            }
+            g.push(c);
+        }
+        Matcher {
+            negate: false,
+            kind: Kind::Glob(g),
+            source: text.to_string(),
+        }
+    }
+
+    /// A regular expression that holds when `option` is one of the comma-separated items
+    /// of a mount options string (`rw`, `noatime`...).
+    pub fn mount_option(option: &str) -> Matcher {
+        let re = format!("(^|,){}($|,)", regex::escape(option));
+        Matcher {
+            negate: false,
+            // The escaped pattern always compiles.
+            kind: Kind::Regex(regex::Regex::new(&re).unwrap_or_else(|_| never())),
+            source: format!("/{re}/"),
+        }
+    }
+
+    /// The expression as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the expression starts with `!`.
+    pub fn is_negated(&self) -> bool {
+        self.negate
+    }
+
+    /// Whether `text` matches (after negation).
+    pub fn matches(&self, text: &str) -> bool {
+        let m = match &self.kind {
+            Kind::Glob(g) => glob_match(g, text),
+            Kind::Regex(r) => r.is_match(text),
+            Kind::Hosts(h) => h.iter().any(|p| p.matches(text)),
+        };
+        m != self.negate
+    }
+
+    /// Whether the positive part matches, ignoring a leading `!` (for NHC's
+    /// file-contents and command-output checks, which treat `!expr` as "no line matches").
+    pub fn matches_ignoring_negation(&self, text: &str) -> bool {
+        self.matches(text) != self.negate
+    }
+}
+
+fn never() -> regex::Regex {
+    // `[^\s\S]` matches nothing; used only if an escaped literal failed to compile.
+    regex::Regex::new(r"[^\s\S]").unwrap_or_else(|_| unreachable!("constant regex"))
+}
+
+/// Shell glob over the whole string: `*`, `?`, `[abc]`, `[a-z]`, `[!x]`/`[^x]`, and `\x`.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    glob_at(&p, &t)
+}
+
+fn glob_at(p: &[char], t: &[char]) -> bool {
+    // Iterative with backtracking on the last `*` (linear in practice).
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() {
+            match p[pi] {
+                '*' => {
+                    star = Some((pi, ti));
+                    pi += 1;
+                    continue;
+                }
+                '?' => {
+                    pi += 1;
+                    ti += 1;
+                    continue;
+                }
+                '[' => {
+                    if let Some((matched, next)) = class_match(p, pi, t[ti]) {
+                        if matched {
+                            pi = next;
+                            ti += 1;
+                            continue;
+                        }
+                    } else if t[ti] == '[' {
+                        pi += 1;
+                        ti += 1;
+                        continue;
+                    }
+                }
+                '\\' if pi + 1 < p.len() => {
+                    if p[pi + 1] == t[ti] {
+                        pi += 2;
+                        ti += 1;
+                        continue;
+                    }
+                }
+                c => {
+                    if c == t[ti] {
+                        pi += 1;
+                        ti += 1;
+                        continue;
+                    }
+                }
+            }
+        }
+        match star {
+            Some((sp, st)) => {
+                pi = sp + 1;
+                ti = st + 1;
+                star = Some((sp, st + 1));
+            }
+            None => return false,
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Matches `c` against the bracket expression starting at `p[start] == '['`. Returns
+/// (matched, index after `]`), or None when the bracket is not closed (literal `[`).
+fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
+    let mut i = start + 1;
+    let negate = matches!(p.get(i), Some('!') | Some('^'));
+    if negate {
+        i += 1;
+    }
+    let mut matched = false;
+    let mut first = true;
+    while i < p.len() {
+        let ch = p[i];
+        if ch == ']' && !first {
+            return Some((matched != negate, i + 1));
+        }
+        first = false;
+        if i + 2 < p.len() && p[i + 1] == '-' && p[i + 2] != ']' {
+            if ch <= c && c <= p[i + 2] {
+                matched = true;
+            }
+            i += 3;
+        } else {
+            if ch == c {
+                matched = true;
+            }
+            i += 1;
+        }
+    }
+    None
+}
+
+/// One element of a hostlist: a name, or a prefix, numeric ranges and a suffix.
+#[derive(Debug, Clone, PartialEq)]
+struct HostPattern {
+    prefix: String,
+    ranges: Vec<(u64, u64, usize)>,
+    suffix: String,
+    literal: bool,
+}
+
+impl HostPattern {
+    fn matches(&self, name: &str) -> bool {
+        if self.literal {
+            return name == self.prefix;
+        }
+        let Some(rest) = name.strip_prefix(self.prefix.as_str()) else {
+            return false;
+        };
+        let Some(digits) = rest.strip_suffix(self.suffix.as_str()) else {
+            return false;
+        };
+        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+            return false;
+        }
+        let Ok(n) = digits.parse::<u64>() else {
+            return false;
+        };
+        self.ranges.iter().any(|&(lo, hi, width)| {
+            let width_ok = if width > 1 {
+                digits.len() == width
+            } else {
+                // No padding: no leading zero unless the number is 0.
+                digits == n.to_string()
+            };
+            width_ok && lo <= n && n <= hi
+        })
+    }
+}
+
+/// Splits at commas that are not inside brackets.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut depth = 0i32;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
+    let bad = |g: &str, why: &str| Err(format!("invalid node list element {g:?}: {why}"));
+    let name_ok = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    let mut out = Vec::new();
+    for group in split_top_level(list) {
+        let group = group.trim();
+        if group.is_empty() {
+            return bad(group, "empty");
+        }
+        let Some(open) = group.find('[') else {
+            if !name_ok(group) {
+                return bad(group, "not a node name");
+            }
+            out.push(HostPattern {
+                prefix: group.to_string(),
+                ranges: Vec::new(),
+                suffix: String::new(),
+                literal: true,
+            });
+            continue;
+        };
+        let Some(close) = group.find(']') else {
+            return bad(group, "unclosed '['");
+        };
+        let (prefix, inner, suffix) =
+            (&group[..open], &group[open + 1..close], &group[close + 1..]);
+        if !name_ok(prefix) || !name_ok(suffix) || suffix.contains('[') {
+            return bad(
+                group,
+                "only one [range] per element, between a name prefix and suffix",
+            );
+        }
+        let mut ranges = Vec::new();
+        for r in inner.split(',') {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            let num = |x: &str| {
+                if x.is_empty() || !x.chars().all(|c| c.is_ascii_digit()) {
+                    None
+                } else {
+                    x.parse::<u64>().ok()
+                }
+            };
+            let (Some(lo), Some(hi)) = (num(a), num(b)) else {
+                return bad(group, "ranges are numbers: [1-4,7] or [01-16]");
+            };
+            let width = if a.starts_with('0') && a.len() > 1 {
+                a.len().max(b.len())
+            } else {
+                1
+            };
+            ranges.push((lo.min(hi), lo.max(hi), width));
+        }
+        out.push(HostPattern {
+            prefix: prefix.to_string(),
+            ranges,
+            suffix: suffix.to_string(),
+            literal: false,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn m(e: &str, s: &str) -> bool {
+        Matcher::parse(e).unwrap().matches(s)
+    }
+
+    #[test]
+    fn globs_match_the_whole_string() {
+        assert!(m("*", "anything"));
+        assert!(m("node*", "node12"));
+        assert!(!m("node*", "gpu-node12"));
+        assert!(m("*munged", "/usr/sbin/munged"));
+        assert!(m("n?[0-9]", "nx7"));
+        assert!(!m("n?[0-9]", "nx"));
+        assert!(m("ID=debian", "ID=debian"));
+        assert!(!m("ID=debian", "ID=debian-like"));
+        assert!(m("[!a]b", "xb"));
+        assert!(m("a\\*b", "a*b"));
+        assert!(!m("a\\*b", "axb"));
+        assert!(m("!login*", "compute1"));
+        assert!(!m("!login*", "login1"));
+    }
+
+    #[test]
+    fn regexes_are_unanchored() {
+        assert!(m("/Linux/", "GNU/Linux"));
+        assert!(m("/(^|,)rw($|,)/", "rw,relatime"));
+        assert!(!m("/(^|,)rw($|,)/", "ro,relatime,rwx"));
+        assert!(m("/^gpu-[0-9]+$/", "gpu-17"));
+        assert!(m("/[[:space:]]x/", "a x"));
+        assert!(m("!/^login/", "compute"));
+        assert!(Matcher::parse("/(unclosed/").is_err());
+    }
+
+    #[test]
+    fn node_ranges() {
+        assert!(m("{n[01-16]}", "n05"));
+        assert!(!m("{n[01-16]}", "n5"));
+        assert!(!m("{n[01-16]}", "n17"));
+        assert!(m("{n[1-10]}", "n5"));
+        assert!(m("{n[1-10]}", "n10"));
+        assert!(!m("{n[1-10]}", "n05"));
+        assert!(m("{login1,gpu[1-3,7]}", "gpu7"));
+        assert!(m("{login1,gpu[1-3,7]}", "login1"));
+        assert!(!m("{login1,gpu[1-3,7]}", "gpu5"));
+        assert!(m("{c[1-4].ib}", "c3.ib"));
+        assert!(!m("{c[1-4].ib}", "c3"));
+        assert!(m("!{n[1-2]}", "n3"));
+        for bad in ["{n[1-}", "{n[a-b]}", "{a b}", "{n[1-2}", "{}"] {
+            assert!(Matcher::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mount_options_and_literals() {
+        let rw = Matcher::mount_option("rw");
+        assert!(rw.matches("rw,nosuid"));
+        assert!(!rw.matches("ro,nosuid"));
+        assert!(Matcher::literal("a*b").matches("a*b"));
+        assert!(!Matcher::literal("a*b").matches("axb"));
+    }
+}

@@ -1,0 +1,1125 @@
+//! LBNL NHC's `nhc.conf`, read as it is (NHC 1.4 syntax, `scripts/common.nhc` and the
+//! `scripts/lbnl_*.nhc` checks).
+//!
+//! A line is `target || check args...`:
+//! - lines are read the way bash's `read` does: a backslash at the end of a line joins
+//!   the next one, and a backslash elsewhere escapes the next character (so a regex needs
+//!   `\\b` to mean `\b`, as with NHC itself);
+//! - `#` starts a comment line; blank lines are skipped;
+//! - the target is an NHC match expression ([`Matcher`]: glob, `/regex/`, `{n[1-4]}`,
+//!   with `!`), matched against the Slurm NodeName;
+//! - the check is split into words like the shell does it (quotes, backslashes, `$VAR`
+//!   and `${VAR}` from `HOSTNAME`, `HOSTNAME_S` and variables the file assigns); command
+//!   substitution, pipes, redirections and `;` are refused;
+//! - `VAR=value` / `export VAR=value` lines set variables; `TIMEOUT` becomes the default
+//!   per-check timeout, other NHC settings are reported as ignored.
+//!
+//! Every line is parsed whatever its target, so a bad line is reported on every node.
+//! Supported checks: see [`SUPPORTED`]. Anything else is an error naming file and line.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::checks::cmd::CommandSpec;
+use super::checks::dmi::DmiSpec;
+use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
+use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
+use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, MemSpec, MemWhat};
+use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction};
+use super::checks::CheckKind;
+use super::matcher::Matcher;
+use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold};
+use super::{Check, CheckSet, ConfigError, Origin};
+
+/// The NHC checks this reader understands.
+pub const SUPPORTED: &[&str] = &[
+    "check_fs_mount",
+    "check_fs_mount_rw",
+    "check_fs_mount_ro",
+    "check_fs_free",
+    "check_fs_used",
+    "check_fs_size",
+    "check_fs_inodes",
+    "check_fs_ifree",
+    "check_fs_iused",
+    "check_hw_cpuinfo",
+    "check_hw_physmem",
+    "check_hw_swap",
+    "check_hw_mem",
+    "check_hw_physmem_free",
+    "check_hw_swap_free",
+    "check_hw_mem_free",
+    "check_hw_ib",
+    "check_hw_eth",
+    "check_ps_service",
+    "check_ps_daemon",
+    "check_ps_blacklist",
+    "check_ps_loadavg",
+    "check_file_test",
+    "check_file_contents",
+    "check_file_stat",
+    "check_cmd_status",
+    "check_cmd_output",
+    "check_dmi_data_match",
+];
+
+/// NHC's default command timeout (`check_cmd_*` without `-t`), seconds.
+const NHC_CMD_TIMEOUT: u64 = 5;
+
+/// Defaults applied to checks that set none.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    /// Per-check timeout.
+    pub timeout: Duration,
+}
+
+/// Reads an nhc.conf file.
+///
+/// # Errors
+/// [`ConfigError`] with file and line.
+pub fn load_file(
+    path: &Path,
+    node: Option<&str>,
+    defaults: &Defaults,
+) -> Result<CheckSet, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: path.to_path_buf(),
+        line: 0,
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&text, path, node, defaults)
+}
+
+/// Logical lines (after `read`-style backslash processing) with their first physical
+/// line number.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut start = 0;
+    let mut continuing = false;
+    for (i, raw) in text.lines().enumerate() {
+        if !continuing {
+            start = i + 1;
+            cur.clear();
+        }
+        let mut chars = raw.chars().peekable();
+        continuing = false;
+        while let Some(c) = chars.next() {
+            if c == '\\' {
+                match chars.next() {
+                    Some(n) => cur.push(n),
+                    None => continuing = true,
+                }
+            } else {
+                cur.push(c);
+            }
+        }
+        if !continuing {
+            out.push((start, std::mem::take(&mut cur)));
+        }
+    }
+    if continuing {
+        out.push((start, cur));
+    }
+    out
+}
+
+/// Parses nhc.conf text; `file` is used in errors and origins.
+///
+/// # Errors
+/// [`ConfigError`] with file and line.
+pub fn parse(
+    text: &str,
+    file: &Path,
+    node: Option<&str>,
+    defaults: &Defaults,
+) -> Result<CheckSet, ConfigError> {
+    let mut set = CheckSet::default();
+    let mut vars: Vec<(String, String)> = Vec::new();
+    if let Some(n) = node {
+        vars.push(("HOSTNAME".into(), n.to_string()));
+        vars.push((
+            "HOSTNAME_S".into(),
+            n.split('.').next().unwrap_or(n).to_string(),
+        ));
+    }
+    let mut default_timeout = defaults.timeout;
+    for (line_no, line) in logical_lines(text) {
+        let err = |message: String| ConfigError {
+            file: file.to_path_buf(),
+            line: line_no,
+            message,
+        };
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let Some((target, check)) = trimmed.split_once("||") else {
+            return Err(err(format!(
+                "expected 'target || check ...', got {trimmed:?}"
+            )));
+        };
+        let (target, check) = (target.trim(), check.trim());
+        if target.is_empty() || check.is_empty() {
+            return Err(err("empty target or check".into()));
+        }
+        let matcher = Matcher::parse(target).map_err(|m| err(format!("target {target:?}: {m}")))?;
+        let applies = match node {
+            Some(n) => matcher.matches(n),
+            None => target == "*",
+        };
+        let words = shell_words(check, &vars).map_err(err)?;
+        let Some(first) = words.first() else {
+            return Err(err("empty check".into()));
+        };
+        // Settings: `export VAR=value` or `VAR=value`.
+        let assignment = if first == "export" {
+            Some(&words[1..])
+        } else if is_assignment(first) {
+            Some(&words[..])
+        } else {
+            None
+        };
+        if let Some(assigns) = assignment {
+            for a in assigns {
+                let Some((k, v)) = a.split_once('=').filter(|(k, _)| is_name(k)) else {
+                    return Err(err(format!("expected VAR=value, got {a:?}")));
+                };
+                if !applies {
+                    continue;
+                }
+                if k == "TIMEOUT" {
+                    let secs: u64 = v
+                        .parse()
+                        .map_err(|_| err(format!("TIMEOUT={v:?}: expected seconds")))?;
+                    default_timeout = Duration::from_secs(secs.max(1));
+                } else {
+                    set.notes.push(format!(
+                        "{}:{line_no}: NHC setting {k} ignored (not used by slurm-node-agent)",
+                        file.display()
+                    ));
+                }
+                vars.retain(|(n, _)| n != k);
+                vars.push((k.to_string(), v.to_string()));
+            }
+            continue;
+        }
+        let built =
+            build(first, &words[1..], default_timeout).map_err(|m| err(format!("{first}: {m}")))?;
+        if !applies {
+            continue;
+        }
+        let multiple = built.len() > 1;
+        for (suffix, kind, fatal, timeout) in built {
+            let name = if multiple {
+                format!("{check} [{suffix}]")
+            } else {
+                check.to_string()
+            };
+            set.checks.push(Check {
+                name,
+                origin: Origin {
+                    file: file.to_path_buf(),
+                    line: line_no,
+                },
+                timeout,
+                fatal,
+                kind,
+            });
+        }
+    }
+    Ok(set)
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(k, _)| is_name(k))
+}
+
+/// Splits a check into words like the shell: `'...'`, `"..."` (with `\"`, `\\`, `\$`),
+/// backslash escapes, `$VAR` / `${VAR}` from `vars`. Refuses command substitution and
+/// shell operators.
+///
+/// # Errors
+/// A message.
+pub fn shell_words(s: &str, vars: &[(String, String)]) -> Result<Vec<String>, String> {
+    let lookup = |name: &str| -> Result<String, String> {
+        vars.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .ok_or_else(|| format!("unknown variable ${name} (known: HOSTNAME, HOSTNAME_S and those this file sets)"))
+    };
+    let chars: Vec<char> = s.chars().collect();
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut i = 0;
+    let expand = |i: &mut usize, cur: &mut String| -> Result<(), String> {
+        // chars[*i] == '$'
+        let next = chars.get(*i + 1).copied();
+        match next {
+            Some('(') => Err("command substitution $(...) is not supported".into()),
+            Some('{') => {
+                let end = chars[*i + 2..]
+                    .iter()
+                    .position(|&c| c == '}')
+                    .ok_or("unclosed ${")?;
+                let name: String = chars[*i + 2..*i + 2 + end].iter().collect();
+                if !is_name(&name) {
+                    return Err(format!("unsupported parameter expansion ${{{name}}}"));
+                }
+                cur.push_str(&lookup(&name)?);
+                *i += 3 + end;
+                Ok(())
+            }
+            Some(c) if c.is_ascii_alphabetic() || c == '_' => {
+                let mut j = *i + 1;
+                while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
+                    j += 1;
+                }
+                let name: String = chars[*i + 1..j].iter().collect();
+                cur.push_str(&lookup(&name)?);
+                *i = j;
+                Ok(())
+            }
+            _ => {
+                cur.push('$');
+                *i += 1;
+                Ok(())
+            }
+        }
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            ' ' | '\t' => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+                i += 1;
+            }
+            '\'' => {
+                let end = chars[i + 1..]
+                    .iter()
+                    .position(|&c| c == '\'')
+                    .ok_or("unclosed single quote")?;
+                cur.extend(&chars[i + 1..i + 1 + end]);
+                in_word = true;
+                i += end + 2;
+            }
+            '"' => {
+                in_word = true;
+                i += 1;
+                loop {
+                    let Some(&d) = chars.get(i) else {
+                        return Err("unclosed double quote".into());
+                    };
+                    match d {
+                        '"' => {
+                            i += 1;
+                            break;
+                        }
+                        '\\' if matches!(chars.get(i + 1), Some('"' | '\\' | '$' | '`')) => {
+                            cur.push(chars[i + 1]);
+                            i += 2;
+                        }
+                        '`' => return Err("command substitution `...` is not supported".into()),
+                        '$' => expand(&mut i, &mut cur)?,
+                        _ => {
+                            cur.push(d);
+                            i += 1;
+                        }
+                    }
+                }
+            }
+            '\\' => {
+                if let Some(&n) = chars.get(i + 1) {
+                    cur.push(n);
+                }
+                in_word = true;
+                i += 2;
+            }
+            '$' => {
+                in_word = true;
+                expand(&mut i, &mut cur)?;
+            }
+            '`' => return Err("command substitution `...` is not supported".into()),
+            ';' | '|' | '&' | '<' | '>' => {
+                return Err(format!(
+                    "shell operator {c:?} is not supported: one check per line, no pipes or redirections"
+                ))
+            }
+            '#' if !in_word => break,
+            _ => {
+                cur.push(c);
+                in_word = true;
+                i += 1;
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    Ok(words)
+}
+
+/// bash `getopts`: options from `spec` (a letter followed by `:` takes a value), clustered
+/// or separate, up to the first non-option or `--`. Returns options and the rest.
+type Opts = (Vec<(char, String)>, Vec<String>);
+
+fn getopts(args: &[String], spec: &str) -> Result<Opts, String> {
+    let mut opts = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" {
+            i += 1;
+            break;
+        }
+        if !a.starts_with('-') || a.len() < 2 {
+            break;
+        }
+        let chars: Vec<char> = a[1..].chars().collect();
+        let mut j = 0;
+        while j < chars.len() {
+            let c = chars[j];
+            let Some(pos) = spec.find(c).filter(|_| c != ':') else {
+                return Err(format!("invalid option -{c}"));
+            };
+            let takes = spec[pos + c.len_utf8()..].starts_with(':');
+            if takes {
+                let rest: String = chars[j + 1..].iter().collect();
+                let val = if !rest.is_empty() {
+                    rest
+                } else {
+                    i += 1;
+                    args.get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("option -{c} requires an argument"))?
+                };
+                opts.push((c, val));
+                break;
+            }
+            opts.push((c, String::new()));
+            j += 1;
+        }
+        i += 1;
+    }
+    Ok((opts, args[i.min(args.len())..].to_vec()))
+}
+
+fn matcher(s: &str) -> Result<Matcher, String> {
+    Matcher::parse(s)
+}
+
+fn unsupported_opt(c: char, why: &str) -> String {
+    format!("option -{c} is not supported ({why})")
+}
+
+type Built = Vec<(String, CheckKind, bool, Duration)>;
+
+fn one(kind: CheckKind, timeout: Duration) -> Built {
+    vec![(String::new(), kind, true, timeout)]
+}
+
+fn arg(args: &[String], i: usize) -> Option<&str> {
+    args.get(i).map(String::as_str).filter(|s| !s.is_empty())
+}
+
+fn need<'a>(args: &'a [String], i: usize, what: &str) -> Result<&'a str, String> {
+    arg(args, i).ok_or_else(|| format!("missing {what}"))
+}
+
+fn too_many(args: &[String], max: usize) -> Result<(), String> {
+    if args.len() > max {
+        return Err(format!("unexpected argument {:?}", args[max]));
+    }
+    Ok(())
+}
+
+/// Builds the check(s) of one NHC line.
+fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+    match name {
+        "check_fs_mount" => fs_mount(args, None, timeout),
+        "check_fs_mount_rw" => fs_mount(args, Some("rw"), timeout),
+        "check_fs_mount_ro" => fs_mount(args, Some("ro"), timeout),
+        "check_fs_free" | "check_fs_used" | "check_fs_ifree" | "check_fs_iused" => {
+            too_many(args, 2)?;
+            let path = need(args, 0, "file system")?.to_string();
+            let t = need(args, 1, "threshold")?;
+            let inodes = name.contains("_i");
+            let th = if inodes {
+                parse_count_threshold(t)?
+            } else {
+                parse_space_threshold(t)?
+            };
+            let (what, min, max) = match name {
+                "check_fs_free" => (SpaceWhat::Free, Some(th), None),
+                "check_fs_used" => (SpaceWhat::Used, None, Some(th)),
+                "check_fs_ifree" => (SpaceWhat::InodesFree, Some(th), None),
+                _ => (SpaceWhat::InodesUsed, None, Some(th)),
+            };
+            Ok(one(
+                CheckKind::Space(SpaceSpec {
+                    path,
+                    what,
+                    min,
+                    max,
+                }),
+                timeout,
+            ))
+        }
+        "check_fs_size" | "check_fs_inodes" => {
+            too_many(args, 3)?;
+            let path = need(args, 0, "file system")?.to_string();
+            let parse = |s: Option<&str>| -> Result<Option<Threshold>, String> {
+                let Some(s) = s else { return Ok(None) };
+                let t = if name == "check_fs_size" {
+                    parse_size_kib(s).map(Threshold::Absolute)?
+                } else {
+                    super::units::parse_count(s).map(Threshold::Absolute)?
+                };
+                Ok(Some(t))
+            };
+            let what = if name == "check_fs_size" {
+                SpaceWhat::Size
+            } else {
+                SpaceWhat::Inodes
+            };
+            Ok(one(
+                CheckKind::Space(SpaceSpec {
+                    path,
+                    what,
+                    min: parse(arg(args, 1))?,
+                    max: parse(arg(args, 2))?,
+                }),
+                timeout,
+            ))
+        }
+        "check_hw_cpuinfo" => {
+            too_many(args, 3)?;
+            let n = |i: usize| -> Result<Option<u32>, String> {
+                arg(args, i)
+                    .map(|s| {
+                        s.parse::<u32>()
+                            .map_err(|_| format!("{s:?} is not a count"))
+                    })
+                    .transpose()
+            };
+            Ok(one(
+                CheckKind::Hardware(HardwareSpec {
+                    cpu: CpuSpec {
+                        sockets: n(0)?,
+                        cores: n(1)?,
+                        threads: n(2)?,
+                        processors: None,
+                    },
+                    mem: Vec::new(),
+                    instance_type_auto: None,
+                }),
+                timeout,
+            ))
+        }
+        "check_hw_physmem" | "check_hw_swap" | "check_hw_mem" => {
+            too_many(args, 3)?;
+            let what = match name {
+                "check_hw_physmem" => MemWhat::Physmem,
+                "check_hw_swap" => MemWhat::Swap,
+                _ => MemWhat::Total,
+            };
+            let min = arg(args, 0).map(parse_size_kib).transpose()?;
+            let max = arg(args, 1).map(parse_size_kib).transpose()?;
+            let tolerance = arg(args, 2).map(parse_space_threshold).transpose()?;
+            Ok(one(
+                CheckKind::Hardware(HardwareSpec {
+                    cpu: CpuSpec::default(),
+                    mem: vec![MemSpec {
+                        what,
+                        min,
+                        max,
+                        tolerance,
+                    }],
+                    instance_type_auto: None,
+                }),
+                timeout,
+            ))
+        }
+        "check_hw_physmem_free" | "check_hw_swap_free" | "check_hw_mem_free" => {
+            too_many(args, 1)?;
+            let what = match name {
+                "check_hw_physmem_free" => MemWhat::PhysmemFree,
+                "check_hw_swap_free" => MemWhat::SwapFree,
+                _ => MemWhat::TotalFree,
+            };
+            let min = Some(parse_size_kib(need(args, 0, "minimum")?)?);
+            Ok(one(
+                CheckKind::Hardware(HardwareSpec {
+                    cpu: CpuSpec::default(),
+                    mem: vec![MemSpec {
+                        what,
+                        min,
+                        max: None,
+                        tolerance: None,
+                    }],
+                    instance_type_auto: None,
+                }),
+                timeout,
+            ))
+        }
+        "check_hw_ib" => {
+            too_many(args, 2)?;
+            Ok(one(
+                CheckKind::Ib(IbSpec {
+                    rate: arg(args, 0).map(str::to_string),
+                    dev: arg(args, 1).map(str::to_string),
+                }),
+                timeout,
+            ))
+        }
+        "check_hw_eth" => {
+            too_many(args, 1)?;
+            Ok(one(
+                CheckKind::NetDev(matcher(need(args, 0, "device")?)?),
+                timeout,
+            ))
+        }
+        "check_ps_service" => ps_service(args, timeout),
+        "check_ps_daemon" | "check_ps_blacklist" => {
+            too_many(args, 3)?;
+            let daemon = need(args, 0, "process name")?;
+            let full = match arg(args, 2) {
+                Some(a) => format!("{daemon} {a}"),
+                None => daemon.to_string(),
+            };
+            let blacklist = name == "check_ps_blacklist";
+            let owner = match arg(args, 1) {
+                None => None,
+                Some(o) if blacklist => Some(matcher(o)?),
+                Some(o) => Some(Matcher::literal(o)),
+            };
+            let owner_by_uid = arg(args, 1).is_some_and(|o| {
+                let o = o.strip_prefix('!').unwrap_or(o);
+                !o.is_empty() && o.chars().all(|c| c.is_ascii_digit())
+            });
+            Ok(one(
+                CheckKind::Process(ProcessSpec {
+                    service: daemon.to_string(),
+                    pattern: Matcher::parse(&format!("*{full}*"))?,
+                    on: MatchOn::Args,
+                    owner,
+                    owner_by_uid,
+                    must_run: !blacklist,
+                    action: ServiceAction::None,
+                }),
+                timeout,
+            ))
+        }
+        "check_ps_loadavg" => {
+            too_many(args, 3)?;
+            let mut limits = [None; 3];
+            for (i, l) in limits.iter_mut().enumerate() {
+                *l = arg(args, i)
+                    .map(|s| {
+                        s.parse::<u64>()
+                            .map_err(|_| format!("{s:?} is not a whole number"))
+                    })
+                    .transpose()?;
+            }
+            if limits.iter().all(Option::is_none) {
+                return Err("missing load limit".into());
+            }
+            Ok(one(CheckKind::LoadAvg(LoadAvgSpec { limits }), timeout))
+        }
+        "check_file_test" => {
+            let (opts, rest) = getopts(args, "!GLNOSabcdefghkprstuwx")?;
+            let mut ops = Vec::new();
+            let mut negate = false;
+            for (c, _) in opts {
+                match c {
+                    '!' => negate = true,
+                    't' => return Err(unsupported_opt('t', "it tests a terminal, not a file")),
+                    c if TEST_OPS.contains(c) => ops.push(c),
+                    c => return Err(format!("invalid option -{c}")),
+                }
+            }
+            if ops.is_empty() {
+                return Err("at least one test operator is required".into());
+            }
+            if rest.is_empty() {
+                return Err("at least one file is required".into());
+            }
+            Ok(one(
+                CheckKind::FileTest(FileTestSpec {
+                    ops,
+                    negate,
+                    paths: rest,
+                }),
+                timeout,
+            ))
+        }
+        "check_file_contents" => {
+            let path = need(args, 0, "file")?.to_string();
+            if args.len() < 2 {
+                return Err("at least one match expression is required".into());
+            }
+            let matches = args[1..]
+                .iter()
+                .map(|s| matcher(s))
+                .collect::<Result<_, _>>()?;
+            Ok(one(
+                CheckKind::FileContents(FileContentsSpec { path, matches }),
+                timeout,
+            ))
+        }
+        "check_file_stat" => file_stat(args, timeout),
+        "check_cmd_status" | "check_cmd_output" => cmd(name, args),
+        "check_dmi_data_match" => {
+            let (opts, mut rest) = getopts(args, "!h:nt:")?;
+            let mut spec = DmiSpec {
+                negate: false,
+                handles: Vec::new(),
+                type_filter: None,
+                pattern: Matcher::parse("*")?,
+            };
+            for (c, v) in opts {
+                match c {
+                    '!' | 'n' => spec.negate = true,
+                    'h' => spec.handles = v.split_whitespace().map(str::to_string).collect(),
+                    't' => spec.type_filter = Some(v),
+                    _ => {}
+                }
+            }
+            if rest.first().map(String::as_str) == Some("!") {
+                spec.negate = true;
+                rest.remove(0);
+            }
+            if rest.is_empty() {
+                return Err("missing match expression".into());
+            }
+            spec.pattern = matcher(&rest.join(" "))?;
+            Ok(one(CheckKind::Dmi(spec), timeout))
+        }
+        _ => Err(format!(
+            "unsupported NHC check (supported: {})",
+            SUPPORTED.join(", ")
+        )),
+    }
+}
+
+fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Built, String> {
+    let mut fs_list = Vec::new();
+    let mut sources = Vec::new();
+    let mut fstypes = Vec::new();
+    let mut options = Vec::new();
+    let mut fatal = true;
+    if args.first().is_some_and(|a| a.starts_with('/')) {
+        // Old syntax: fs [src [type [options]]] (mount_rw/ro: fs [src [type]]).
+        too_many(args, if want.is_some() { 3 } else { 4 })?;
+        fs_list.push(args[0].clone());
+        if let Some(s) = arg(args, 1) {
+            sources.push(matcher(s)?);
+        }
+        if let Some(t) = arg(args, 2) {
+            fstypes.push(matcher(t)?);
+        }
+        if let Some(o) = arg(args, 3) {
+            options.push(matcher(o)?);
+        }
+    } else {
+        let (opts, rest) = getopts(args, "0rE:F:O:e:f:o:s:t:")?;
+        for (c, v) in opts {
+            match c {
+                '0' => fatal = false,
+                'f' | 'F' => fs_list.push(v),
+                's' => sources.push(matcher(&v)?),
+                't' => fstypes.push(matcher(&v)?),
+                'o' => options.push(matcher(&v)?),
+                'r' | 'O' => return Err(unsupported_opt(c, "the agent does not remount")),
+                'e' | 'E' => {
+                    return Err(unsupported_opt(
+                        c,
+                        "shell actions are not run; use a command check",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        fs_list.extend(rest);
+    }
+    if fs_list.is_empty() {
+        return Err("missing file system (-f /path)".into());
+    }
+    if let Some(w) = want {
+        options.push(Matcher::mount_option(w));
+    }
+    Ok(fs_list
+        .into_iter()
+        .map(|path| {
+            (
+                path.clone(),
+                CheckKind::Mount(MountSpec {
+                    path,
+                    sources: sources.clone(),
+                    fstypes: fstypes.clone(),
+                    options: options.clone(),
+                    alive: true,
+                    writable: want == Some("rw"),
+                    space: Vec::new(),
+                }),
+                fatal,
+                timeout,
+            )
+        })
+        .collect())
+}
+
+fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
+    let (opts, rest) = getopts(args, "0E:SVcd:e:fkm:rsu:v")?;
+    let mut fatal = true;
+    let mut on = MatchOn::Argv0;
+    let mut daemon = None;
+    let mut pattern = None;
+    let mut owner = None;
+    let mut action = ServiceAction::None;
+    for (c, v) in opts {
+        match c {
+            '0' => fatal = false,
+            'f' => on = MatchOn::Args,
+            'd' => daemon = Some(v),
+            'm' => pattern = Some(v),
+            'u' => owner = Some(v),
+            'S' => action = ServiceAction::Start,
+            'r' => action = ServiceAction::Restart,
+            'c' => action = ServiceAction::Cycle,
+            'v' | 'V' => {}
+            's' | 'k' => {
+                return Err(unsupported_opt(
+                    c,
+                    "the agent does not stop or kill services",
+                ))
+            }
+            'e' | 'E' => {
+                return Err(unsupported_opt(
+                    c,
+                    "shell actions are not run; use a command check",
+                ))
+            }
+            _ => {}
+        }
+    }
+    let service = rest.join(" ");
+    if service.is_empty() {
+        return Err("missing service name".into());
+    }
+    let daemon = daemon.unwrap_or_else(|| service.clone());
+    let pattern = pattern.unwrap_or_else(|| format!("*{daemon}"));
+    let owner_by_uid = owner.as_deref().is_some_and(|o| {
+        let o = o.strip_prefix('!').unwrap_or(o);
+        !o.is_empty() && o.chars().all(|c| c.is_ascii_digit())
+    });
+    Ok(vec![(
+        String::new(),
+        CheckKind::Process(ProcessSpec {
+            service,
+            pattern: matcher(&pattern)?,
+            on,
+            owner: owner.as_deref().map(matcher).transpose()?,
+            owner_by_uid,
+            must_run: true,
+            action,
+        }),
+        fatal,
+        timeout,
+    )])
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))
+}
+
+fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|_| format!("{s:?} is not a number"))
+}
+
+fn file_stat(args: &[String], timeout: Duration) -> Result<Built, String> {
+    let (opts, rest) = getopts(args, "B:D:G:M:N:O:P:S:T:U:b:c:d:g:m:n:o:p:s:t:u:")?;
+    let mut s = FileStatSpec::default();
+    for (c, v) in opts {
+        match c {
+            'D' | 'd' => s.devno = Some(parse_num(&v)?),
+            'G' => s.group = Some(v),
+            'g' => s.gid = Some(parse_num(&v)?),
+            'U' => s.user = Some(v),
+            'u' => s.uid = Some(parse_num(&v)?),
+            'm' | 'p' => s.mode_is = Some(parse_octal(&v)?),
+            'M' | 'P' => s.mode_has = Some(parse_octal(&v)?),
+            't' => s.major = Some(parse_num(&v)?),
+            'T' => s.minor = Some(parse_num(&v)?),
+            'n' => s.mtime_newer = Some(parse_num(&v)?),
+            'o' => s.mtime_older = Some(parse_num(&v)?),
+            'N' => s.ctime_newer = Some(parse_num(&v)?),
+            'O' => s.ctime_older = Some(parse_num(&v)?),
+            c => {
+                return Err(unsupported_opt(
+                    c,
+                    "birth time, SELinux context and sizes are not checked",
+                ))
+            }
+        }
+    }
+    if rest.is_empty() {
+        return Err("at least one file is required".into());
+    }
+    s.paths = rest;
+    Ok(one(CheckKind::FileStat(s), timeout))
+}
+
+fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
+    let spec = if name == "check_cmd_status" {
+        "C:r:t:"
+    } else {
+        "C:O:M:e:m:r:t:"
+    };
+    let (opts, rest) = getopts(args, spec)?;
+    let mut secs = NHC_CMD_TIMEOUT;
+    let mut status = 0;
+    let mut matches = Vec::new();
+    let mut cmdline = None;
+    for (c, v) in opts {
+        match c {
+            't' => secs = parse_num(&v)?,
+            'r' => status = parse_num(&v)?,
+            'm' => matches.push(matcher(&v)?),
+            'e' => cmdline = Some(v.split_whitespace().map(str::to_string).collect::<Vec<_>>()),
+            'C' | 'O' | 'M' => return Err(unsupported_opt(c, "only for NHC's own wrapper checks")),
+            _ => {}
+        }
+    }
+    let argv = cmdline.unwrap_or(rest);
+    if argv.is_empty() {
+        return Err("no command specified".into());
+    }
+    if secs == 0 {
+        return Err("-t must be at least 1 second".into());
+    }
+    Ok(one(
+        CheckKind::Command(CommandSpec {
+            argv,
+            status,
+            matches,
+        }),
+        Duration::from_secs(secs),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const D: Defaults = Defaults {
+        timeout: Duration::from_secs(10),
+    };
+
+    fn p(text: &str, node: Option<&str>) -> Result<CheckSet, ConfigError> {
+        parse(text, Path::new("/etc/nhc/nhc.conf"), node, &D)
+    }
+
+    #[test]
+    fn shell_words_like_bash() {
+        let vars = vec![("HOSTNAME".to_string(), "n1".to_string())];
+        assert_eq!(
+            shell_words(r#"check_cmd_output -m '/Linux/' /bin/uname -s"#, &vars).unwrap(),
+            vec!["check_cmd_output", "-m", "/Linux/", "/bin/uname", "-s"]
+        );
+        assert_eq!(
+            shell_words(
+                r#"a "b c" d\ e "$HOSTNAME-x" ${HOSTNAME}y '$HOSTNAME' # comment"#,
+                &vars
+            )
+            .unwrap(),
+            vec!["a", "b c", "d e", "n1-x", "n1y", "$HOSTNAME"]
+        );
+        assert!(shell_words("a $(id)", &vars)
+            .unwrap_err()
+            .contains("command substitution"));
+        assert!(shell_words("a `id`", &vars).is_err());
+        assert!(shell_words("a; reboot", &vars)
+            .unwrap_err()
+            .contains("operator"));
+        assert!(shell_words("a | b", &vars).is_err());
+        assert!(shell_words("a 'b", &vars).unwrap_err().contains("unclosed"));
+        assert!(shell_words("a $NOPE", &vars).unwrap_err().contains("$NOPE"));
+    }
+
+    #[test]
+    fn getopts_clusters_and_values() {
+        let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (o, r) = getopts(&a(&["-rwx", "-t5", "-m", "x y", "file", "-z"]), "rwxt:m:").unwrap();
+        assert_eq!(
+            o,
+            vec![
+                ('r', String::new()),
+                ('w', String::new()),
+                ('x', String::new()),
+                ('t', "5".into()),
+                ('m', "x y".into())
+            ]
+        );
+        assert_eq!(r, a(&["file", "-z"]));
+        assert!(getopts(&a(&["-q"]), "rw").unwrap_err().contains("-q"));
+        assert!(getopts(&a(&["-t"]), "t:").unwrap_err().contains("requires"));
+    }
+
+    #[test]
+    fn bench_file_parses_to_21_checks() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/health/nhc-21.conf"
+        ))
+        .unwrap();
+        let set = p(&text, Some("node1")).unwrap();
+        assert_eq!(set.checks.len(), 21);
+        assert_eq!(set.checks[0].name, "check_fs_mount_rw -f /");
+        assert_eq!(set.checks[0].origin.line, 3);
+        let cmd = set
+            .checks
+            .iter()
+            .find(|c| c.name.starts_with("check_cmd_status"))
+            .unwrap();
+        assert_eq!(cmd.timeout, Duration::from_secs(5));
+        assert!(matches!(cmd.kind, CheckKind::Command(ref c) if c.argv == ["/bin/true"]));
+    }
+
+    #[test]
+    fn targets_glob_regex_and_ranges() {
+        let text = "\
+* || check_hw_eth lo
+n* || check_hw_eth eth0
+/^gpu-[0-9]+$/ || check_hw_eth ib0
+{n[01-04]} || check_hw_eth ib1
+!{n[01-04]} || check_hw_eth ib2
+";
+        let names = |node: Option<&str>| -> Vec<String> {
+            p(text, node)
+                .unwrap()
+                .checks
+                .into_iter()
+                .map(|c| c.name)
+                .collect()
+        };
+        assert_eq!(
+            names(Some("n03")),
+            vec!["check_hw_eth lo", "check_hw_eth eth0", "check_hw_eth ib1"]
+        );
+        assert_eq!(
+            names(Some("gpu-17")),
+            vec!["check_hw_eth lo", "check_hw_eth ib0", "check_hw_eth ib2"]
+        );
+        assert_eq!(
+            names(Some("n05")),
+            vec!["check_hw_eth lo", "check_hw_eth eth0", "check_hw_eth ib2"]
+        );
+        assert_eq!(names(None), vec!["check_hw_eth lo"]);
+    }
+
+    #[test]
+    fn continuation_comments_variables_and_settings() {
+        let text = "\
+# comment
+   # indented comment
+
+* || export TIMEOUT=3
+* || MARK_OFFLINE=1
+* || check_file_test -r \\
+      /etc/passwd
+* || check_file_contents /etc/hostname \"$HOSTNAME\"
+";
+        let set = p(text, Some("n1")).unwrap();
+        assert_eq!(set.checks.len(), 2);
+        assert_eq!(set.checks[0].origin.line, 6);
+        assert_eq!(set.checks[0].timeout, Duration::from_secs(3));
+        assert!(
+            matches!(&set.checks[1].kind, CheckKind::FileContents(c) if c.matches[0].as_str() == "n1")
+        );
+        assert!(
+            set.notes.iter().any(|n| n.contains("MARK_OFFLINE")),
+            "{:?}",
+            set.notes
+        );
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let e = p(
+            "* || check_hw_eth lo\n\n* || check_gpu_magic 4\n",
+            Some("n1"),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 3);
+        let s = e.to_string();
+        assert!(
+            s.starts_with("/etc/nhc/nhc.conf:3: check_gpu_magic: unsupported NHC check"),
+            "{s}"
+        );
+        // Malformed lines, each reported with its line.
+        for (text, line, needle) in [
+            ("* || check_fs_free /\n", 1, "missing threshold"),
+            ("\n* || check_fs_free / 10x\n", 2, "invalid size"),
+            ("* || check_fs_ifree / lots\n", 1, "invalid count"),
+            ("check_fs_mount_rw -f /\n", 1, "expected 'target || check"),
+            ("{n[1-} || check_hw_eth lo\n", 1, "target"),
+            ("* || check_hw_eth 'lo\n", 1, "unclosed"),
+            ("* || check_fs_mount -r -f /x\n", 1, "-r is not supported"),
+            ("* || check_ps_service -k evil\n", 1, "-k is not supported"),
+            (
+                "* || check_cmd_output -m '/(/' /bin/true\n",
+                1,
+                "regular expression",
+            ),
+            ("* || check_file_test /tmp\n", 1, "operator"),
+            ("* || check_hw_cpuinfo two\n", 1, "not a count"),
+        ] {
+            let e = p(text, Some("n1")).unwrap_err();
+            assert_eq!(e.line, line, "{text}: {e}");
+            assert!(e.to_string().contains(needle), "{text}: {e}");
+        }
+        // A bad line is an error even when its target does not match this node.
+        assert!(p("other || check_nope\n", Some("n1")).is_err());
+    }
+
+    #[test]
+    fn ps_service_defaults() {
+        let set = p("* || check_ps_service -u root -S munged\n", Some("n1")).unwrap();
+        let CheckKind::Process(s) = &set.checks[0].kind else {
+            panic!("not a process check")
+        };
+        assert_eq!(s.pattern.as_str(), "*munged");
+        assert_eq!(s.on, MatchOn::Argv0);
+        assert_eq!(s.action, ServiceAction::Start);
+        assert_eq!(s.owner.as_ref().unwrap().as_str(), "root");
+        assert!(s.pattern.matches("/usr/sbin/munged"));
+    }
+
+    #[test]
+    fn mount_old_and_new_syntax() {
+        let set = p(
+            "* || check_fs_mount /scratch fs:/x lustre\n* || check_fs_mount -0 -t tmpfs -f /a -f /b\n",
+            Some("n1"),
+        )
+        .unwrap();
+        assert_eq!(set.checks.len(), 3);
+        assert!(!set.checks[1].fatal);
+        assert_eq!(
+            set.checks[2].name,
+            "check_fs_mount -0 -t tmpfs -f /a -f /b [/b]"
+        );
+    }
+}

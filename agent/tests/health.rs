@@ -1,0 +1,312 @@
+//! Health checks end to end on this machine, without Slurm: the checks engine through its
+//! library API, and `slurm-node-agent check` as Slurm runs it (no PATH, only
+//! `SLURMD_NODENAME`). Bad inputs from issue 6 each have a test here; mounts are in
+//! `health_mounts.rs`, Slurm in `tests/tests/health.rs`.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use slurm_node_agent::health::{self, nhc, CheckSet, RunEnv, Status};
+
+fn nhc_checks(text: &str) -> CheckSet {
+    nhc::parse(
+        text,
+        Path::new("/test/nhc.conf"),
+        Some("node1"),
+        &nhc::Defaults {
+            timeout: Duration::from_secs(10),
+        },
+    )
+    .unwrap()
+}
+
+async fn run(text: &str) -> health::Report {
+    health::run_checks(&nhc_checks(text), &RunEnv::default()).await
+}
+
+/// State of a process: `Some('Z')` for a zombie, `None` when it is gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.trim().chars().next()
+}
+
+#[tokio::test]
+async fn bench_set_passes_on_this_machine_with_munged() {
+    // The benchmark set needs munged (check_ps_service -S munged): skip that line when
+    // no munged runs here, the rest must pass.
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/health/nhc-21.conf"
+    ))
+    .unwrap();
+    let munged = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "munged")
+    });
+    let text: String = text
+        .lines()
+        .filter(|l| munged || !l.contains("munged"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let r = run(&text).await;
+    for res in &r.results {
+        assert_eq!(res.status, Status::Pass, "{res:?}");
+    }
+    assert_eq!(r.results.len(), if munged { 21 } else { 20 });
+}
+
+#[tokio::test]
+async fn hanging_command_is_killed_with_its_children_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child.pid");
+    let text = format!(
+        "* || check_cmd_status -t 1 /bin/sh -c 'sleep 1000 & echo $! > {}; wait'\n",
+        pidfile.display()
+    );
+    let start = Instant::now();
+    let r = run(&text).await;
+    let elapsed = start.elapsed();
+    let res = &r.results[0];
+    assert_eq!(res.status, Status::Timeout, "{res:?}");
+    assert!(res.message.contains("/bin/sh"), "{}", res.message);
+    assert!(res.message.contains("killed"), "{}", res.message);
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    let child: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The grandchild (sleep) was in the command's process group: it is gone, or a zombie
+    // waiting for its new parent to reap it; never still sleeping.
+    let mut st = proc_state(child);
+    for _ in 0..100 {
+        if matches!(st, None | Some('Z')) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        st = proc_state(child);
+    }
+    assert!(matches!(st, None | Some('Z')), "child {child} state {st:?}");
+    // The report names the check.
+    let reason = r.drain_reason("agent: ").unwrap();
+    assert!(
+        reason.starts_with("agent: check_cmd_status -t 1 /bin/sh"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn command_printing_megabytes_is_bounded() {
+    // 8 MiB on stdout; the match is on the first line, kept within the bound.
+    let text = "* || check_cmd_output -t 20 -m '/^x+$/' /bin/sh -c 'head -c 8388608 /dev/zero | tr \"\\\\000\" x; echo'\n";
+    let set = nhc_checks(text);
+    let env = RunEnv {
+        output_limit: 64 * 1024,
+        ..RunEnv::default()
+    };
+    let r = health::run_checks(&set, &env).await;
+    let res = &r.results[0];
+    assert_eq!(res.status, Status::Pass, "{res:?}");
+    assert!(
+        res.message
+            .contains("output 8388609 bytes, kept the first 65536"),
+        "{}",
+        res.message
+    );
+    // A match expected after the bound fails and says the output was truncated.
+    let text = "* || check_cmd_output -t 20 -m '/^end$/' /bin/sh -c 'head -c 1048576 /dev/zero; echo; echo end'\n";
+    let r = health::run_checks(&nhc_checks(text), &env).await;
+    assert_eq!(r.results[0].status, Status::Fail);
+    assert!(
+        r.results[0].message.contains("truncated"),
+        "{}",
+        r.results[0].message
+    );
+}
+
+#[tokio::test]
+async fn failures_fail_and_warnings_do_not_drain() {
+    let r = run("* || check_file_test -e /no/such/file\n\
+         * || check_cmd_status -r 3 /bin/false\n\
+         * || check_cmd_output -m '/Plan9/' /bin/uname -s\n\
+         * || check_fs_mount -0 -f /no/such/mount\n\
+         * || check_ps_blacklist xyzzy-cryptominer\n")
+    .await;
+    let st: Vec<(Status, bool)> = r.results.iter().map(|x| (x.status, x.fatal)).collect();
+    assert_eq!(
+        st,
+        vec![
+            (Status::Fail, true),
+            (Status::Fail, true),
+            (Status::Fail, true),
+            (Status::Fail, false),
+            (Status::Pass, true),
+        ],
+        "{:#?}",
+        r.results
+    );
+    assert_eq!(r.failures().count(), 3);
+    assert!(r.drain_reason("p: ").unwrap().ends_with("(+2 more)"));
+    let warn_only = run("* || check_fs_mount -0 -f /no/such/mount\n").await;
+    assert!(warn_only.healthy());
+}
+
+fn agent() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_slurm-node-agent"));
+    // As slurmd runs HealthCheckProgram: no PATH, no SLURM_CONF, only SLURMD_NODENAME.
+    c.env_clear().env("SLURMD_NODENAME", "node1");
+    c
+}
+
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new() -> Files {
+        Files {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.dir.path().join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    fn args(&self) -> Vec<String> {
+        let d = self.dir.path().display();
+        vec![
+            "check".into(),
+            format!("--config={d}/none.toml"),
+            format!("--config-dir={d}/none.d"),
+            format!("--checks-dir={d}/checks.d"),
+            format!("--set=agent.state_dir={d}/state"),
+        ]
+    }
+}
+
+#[test]
+fn check_command_runs_without_path_and_prints_json_and_prometheus() {
+    let f = Files::new();
+    let conf = f.write(
+        "nhc.conf",
+        "* || check_cmd_output -m '/Linux/' uname -s\nnode1 || check_file_test -r /etc/passwd\nother || check_file_test -r /nope\n",
+    );
+    f.write(
+        "checks.d/10-a.toml",
+        "[[check]]\nkind = \"mount\"\npath = \"/\"\nname = \"root fs\"\n",
+    );
+    let prom = f.dir.path().join("agent.prom");
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .arg(format!("--prometheus-textfile={}", prom.display()))
+        .args(["--output", "json", "--no-act"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node"], "node1");
+    assert_eq!(v["healthy"], true);
+    let checks = v["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "root fs",
+            "check_cmd_output -m '/Linux/' uname -s",
+            "check_file_test -r /etc/passwd"
+        ]
+    );
+    for c in checks {
+        assert!(c["duration_ms"].as_f64().unwrap() >= 0.0);
+        assert_eq!(c["status"], "pass");
+    }
+    let p = std::fs::read_to_string(&prom).unwrap();
+    assert!(
+        p.contains("slurm_node_agent_health_check_ok{node=\"node1\",check=\"root fs\""),
+        "{p}"
+    );
+}
+
+#[test]
+fn malformed_nhc_line_names_file_and_line() {
+    let f = Files::new();
+    let conf = f.write(
+        "nhc.conf",
+        "# site checks\n* || check_fs_free / 1%\n* || check_fs_free /\n",
+    );
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:3: check_fs_free: missing threshold",
+            conf.display()
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_nhc_check_is_an_error_not_skipped() {
+    let f = Files::new();
+    let conf = f.write("nhc.conf", "* || check_hw_eth lo\n* || check_moab_torque\n");
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(":2: check_moab_torque: unsupported NHC check"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn malformed_checks_file_names_file_and_line() {
+    let f = Files::new();
+    let bad = f.write(
+        "checks.d/20-bad.toml",
+        "[[check]]\nkind = \"mount\"\npath = \"/\"\n\n[[check]]\nkind = \"mount\"\npath = \"/x\"\nmin_free = \"ten percent\"\n",
+    );
+    f.write(
+        "checks.d/10-ok.toml",
+        "[[check]]\nkind = \"efa\"\ncount = 0\n",
+    );
+    let out = agent().args(f.args()).output().unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}:5:", bad.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("invalid size \"ten percent\""), "{stderr}");
+}
+
+#[test]
+fn failing_check_exits_1_and_does_not_need_a_controller_with_no_act() {
+    let f = Files::new();
+    let conf = f.write("nhc.conf", "* || check_file_test -e /no/such/file\n");
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .arg("--no-act")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("FAIL") && stdout.contains("/no/such/file"),
+        "{stdout}"
+    );
+}
