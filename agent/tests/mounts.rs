@@ -544,3 +544,115 @@ async fn failed_attempts_are_retried_with_backoff_until_the_source_appears() {
     assert_eq!(w.mounted(&mp).unwrap().fs_type, "ext4");
     systemd.stop(&mount_unit_name(&mp)).await.unwrap();
 }
+
+/// Benchmark, run by `scripts/bench-mounts.sh` (ignored in normal runs: it asserts no
+/// timings). Per mount on tmpfs: the bare `mount -t tmpfs` (mount(8), as systemd runs it)
+/// against the agent's whole path (unit written, Manager reloaded, job started and waited
+/// for, mount table read, statfs), median over `BENCH_RUNS` runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: scripts/bench-mounts.sh"]
+async fn bench_mount_overhead() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::time::Instant;
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let w = World::start();
+    let mut env = w.env();
+    // The marker lives in /run on a node: a tmpfs, as /dev/shm is.
+    let shm = tempfile::Builder::new()
+        .prefix("bench-mounts-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    env.runtime_dir = shm.path().to_path_buf();
+    let systemd = w.systemd().await;
+
+    // Bare: a shell in the Manager's namespace runs mount(8) for each line it reads.
+    let mut sh = Command::new("nsenter")
+        .arg(format!("--mount=/proc/{}/ns/mnt", w.sd.pid()))
+        .args(["--", "sh", "-c"])
+        .arg("while read -r mp; do mount -t tmpfs -o size=4m,mode=0755 tmpfs \"$mp\" && echo ok || echo fail; done")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = sh.stdin.take().unwrap();
+    let mut from = BufReader::new(sh.stdout.take().unwrap());
+    let mut bare = Vec::new();
+    for i in 0..runs {
+        let mp = w.path(&format!("bare/{i}"));
+        std::fs::create_dir_all(&mp).unwrap();
+        let t = Instant::now();
+        writeln!(to, "{mp}").unwrap();
+        let mut line = String::new();
+        from.read_line(&mut line).unwrap();
+        bare.push(t.elapsed());
+        assert_eq!(line.trim(), "ok");
+        w.in_ns(&["umount", &mp]);
+    }
+    drop(to);
+    let _ = sh.wait();
+
+    // systemd reads the mount table at most 5 times a second (a rate limit on its
+    // mountinfo event source) and a mount job ends only once it saw the mount: a burst of
+    // mounts and unmounts would measure that limit. A boot mounts a handful, so each run
+    // starts after a quiet second.
+    let mut agent = Vec::new();
+    let mut again = Vec::new();
+    for i in 0..runs {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mp = w.path(&format!("agent/{i}"));
+        let m = [tmpfs(&mp)];
+        let t = Instant::now();
+        mounts::ensure_all(&m, "", &env, &systemd).await.unwrap();
+        agent.push(t.elapsed());
+        let t = Instant::now();
+        mounts::ensure_all(&m, "", &env, &systemd).await.unwrap();
+        again.push(t.elapsed());
+        let unit = mount_unit_name(&mp);
+        systemd.stop(&unit).await.unwrap();
+        std::fs::remove_file(w.sd.unit_dir().join(&unit)).unwrap();
+    }
+    // Where the time goes: the same steps one by one.
+    let (mut write, mut job, mut check) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..runs {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mp = w.path(&format!("steps/{i}"));
+        let spec = tmpfs(&mp).resolve("").unwrap();
+        let t = Instant::now();
+        mounts::install_unit(&spec, &env).unwrap();
+        write.push(t.elapsed());
+        let t = Instant::now();
+        systemd.start(&spec.unit).await.unwrap();
+        job.push(t.elapsed());
+        let t = Instant::now();
+        mounts::verify(&spec, &env).await.unwrap();
+        check.push(t.elapsed());
+        systemd.stop(&spec.unit).await.unwrap();
+        std::fs::remove_file(w.sd.unit_dir().join(&spec.unit)).unwrap();
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (b, a, r) = (median(&mut bare), median(&mut agent), median(&mut again));
+    let added = a.saturating_sub(b);
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!();
+    println!("runs per case:                 {runs}");
+    println!("bare mount(8), median:         {:.2} ms", ms(b));
+    println!("agent ensure_all, median:      {:.2} ms", ms(a));
+    println!("agent, already mounted:        {:.2} ms", ms(r));
+    println!(
+        "agent steps, medians:          unit file write (fsync) {:.2} ms, start job (Manager: load, mount(8), JobRemoved) {:.2} ms, verify (mountinfo, statfs) {:.2} ms",
+        ms(median(&mut write)),
+        ms(median(&mut job)),
+        ms(median(&mut check))
+    );
+    println!(
+        "added by the agent per mount:  {:.2} ms (goal <= 20 ms: {:.2} of the goal)",
+        ms(added),
+        ms(added) / 20.0
+    );
+}

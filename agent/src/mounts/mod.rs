@@ -22,7 +22,8 @@
 //!    system already holds;
 //! 2. writes `<unit_dir>/<escaped mount point>.mount` (systemd's own path escaping,
 //!    [`escape::mount_unit_name`]) atomically, only when its text changed, then one
-//!    `Reload()` for all changed units;
+//!    `Reload()` when an existing unit file was replaced (a new one is loaded by the start
+//!    itself; a failed start is retried once after a `Reload()`);
 //! 3. for Lustre, checks that the running kernel has a Lustre module and says so plainly
 //!    when not (a kernel updated past its Lustre client is the most common FSx failure);
 //! 4. starts the unit through the Manager (`StartUnit`, waiting for the job), retrying
@@ -283,7 +284,8 @@ impl MountEnv {
 
     /// A user manager's paths (`systemd --user`): units in
     /// `$XDG_CONFIG_HOME/systemd/user` (else `$HOME/.config/systemd/user`), marker in
-    /// `$XDG_RUNTIME_DIR/slurm-node-agent` (what `%t` means to a user manager).
+    /// `$XDG_RUNTIME_DIR/slurm-node-agent` (else `/run/user/<uid>/slurm-node-agent`; what
+    /// `%t` means to a user manager).
     pub fn user() -> MountEnv {
         let env = |k: &str| {
             std::env::var_os(k)
@@ -293,7 +295,9 @@ impl MountEnv {
         let config = env("XDG_CONFIG_HOME")
             .or_else(|| env("HOME").map(|h| h.join(".config")))
             .unwrap_or_else(|| PathBuf::from("/root/.config"));
-        let runtime = env("XDG_RUNTIME_DIR").unwrap_or_else(|| PathBuf::from("/run/user/0"));
+        let runtime = env("XDG_RUNTIME_DIR").unwrap_or_else(|| {
+            PathBuf::from(format!("/run/user/{}", rustix::process::geteuid().as_raw()))
+        });
         MountEnv {
             unit_dir: config.join("systemd/user"),
             other_unit_dirs: vec![runtime.join("systemd/user")],
@@ -428,7 +432,11 @@ pub async fn ensure_all(
     let mut reports = Vec::new();
     let mut errors = Vec::new();
     let mut planned: Vec<(MountSpec, Instant, bool)> = Vec::new();
-    let mut any_changed = false;
+    // A new unit file is loaded on demand by StartUnit (systemd 246+ retries units it
+    // could not find once its unit folders changed); only a replaced one needs Reload(),
+    // which costs 100 ms or more. mount_with_retries reloads once anyway when a start
+    // fails (older systemd, a stale unit in memory).
+    let mut needs_reload = false;
     for (index, m) in mounts.iter().enumerate() {
         let start = Instant::now();
         let result = m
@@ -439,13 +447,13 @@ pub async fn ensure_all(
                 message,
             })
             .and_then(|spec| {
-                let changed = install_unit(&spec, env)?;
-                Ok((spec, changed))
+                let written = install_unit(&spec, env)?;
+                Ok((spec, written))
             });
         match result {
-            Ok((spec, changed)) => {
-                any_changed |= changed;
-                planned.push((spec, start, changed));
+            Ok((spec, written)) => {
+                needs_reload |= written == UnitWrite::Replaced;
+                planned.push((spec, start, written.changed()));
             }
             Err(e) => {
                 tracing::error!(error = %e, "mount not in place");
@@ -467,7 +475,7 @@ pub async fn ensure_all(
             }
         }
     }
-    if any_changed {
+    if needs_reload {
         if let Err(e) = systemd.reload().await {
             let e = MountError::Reload(Box::new(e));
             errors.push(e.to_string());
@@ -495,6 +503,14 @@ pub async fn ensure_all(
     }
     let marker = env.runtime_dir.join(READY_MARKER);
     if errors.is_empty() {
+        if std::fs::read_to_string(&marker).is_ok_and(|old| {
+            old.lines().eq(reports
+                .iter()
+                .filter(|r| r.error.is_none())
+                .map(|r| r.mount_point.as_str()))
+        }) {
+            return Ok(reports);
+        }
         let text: String = reports
             .iter()
             .filter(|r| r.error.is_none())
@@ -545,12 +561,30 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// What [`install_unit`] did to the unit file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitWrite {
+    /// Same text already there.
+    Unchanged,
+    /// There was none: the Manager loads it on the next start.
+    Created,
+    /// An older text of the agent's was replaced: the Manager needs `Reload()`.
+    Replaced,
+}
+
+impl UnitWrite {
+    /// Whether the file was written.
+    pub fn changed(self) -> bool {
+        self != UnitWrite::Unchanged
+    }
+}
+
 /// Writes the spec's unit file unless an fstab line or a foreign unit claims the mount
-/// point. Returns whether the file changed. Does not reload.
+/// point. Does not reload.
 ///
 /// # Errors
 /// [`MountError::Conflict`], [`MountError::Write`].
-pub fn install_unit(spec: &MountSpec, env: &MountEnv) -> Result<bool, MountError> {
+pub fn install_unit(spec: &MountSpec, env: &MountEnv) -> Result<UnitWrite, MountError> {
     let conflict = |what: String| MountError::Conflict {
         mount_point: spec.mount_point.clone(),
         what,
@@ -574,8 +608,9 @@ pub fn install_unit(spec: &MountSpec, env: &MountEnv) -> Result<bool, MountError
     }
     let path = env.unit_dir.join(&spec.unit);
     let text = spec.unit_text();
+    let existed = path.exists();
     match std::fs::read_to_string(&path) {
-        Ok(old) if old == text => return Ok(false),
+        Ok(old) if old == text => return Ok(UnitWrite::Unchanged),
         Ok(old) if !old.starts_with(MARKER) => {
             return Err(conflict(format!(
                 "unit {} exists and is not the agent's",
@@ -599,7 +634,11 @@ pub fn install_unit(spec: &MountSpec, env: &MountEnv) -> Result<bool, MountError
         }
     })?;
     tracing::info!(unit = %path.display(), "mount unit written");
-    Ok(true)
+    Ok(if existed {
+        UnitWrite::Replaced
+    } else {
+        UnitWrite::Created
+    })
 }
 
 /// Starts the unit until it is mounted and verified or `retry_for` has passed. Returns the
@@ -637,9 +676,19 @@ async fn mount_with_retries(
     };
     let start = Instant::now();
     let mut attempt = 0u32;
+    let mut reloaded = false;
     loop {
         attempt += 1;
-        let last = match systemd.start(&spec.unit).await {
+        let mut started = systemd.start(&spec.unit).await;
+        if started.is_err() && !reloaded {
+            // Older systemd, or a stale unit of that name in memory: reload once, retry.
+            reloaded = true;
+            started = match systemd.reload().await {
+                Ok(()) => systemd.start(&spec.unit).await,
+                Err(e) => Err(e),
+            };
+        }
+        let last = match started {
             Ok(()) => match verify(spec, env).await {
                 Ok(()) => return (attempt, Ok(())),
                 Err(e) => e.to_string(),
@@ -786,8 +835,10 @@ pub async fn reconcile(
                 retry_for: Duration::ZERO,
                 ..spec.clone()
             };
-            let mut r = install_unit(&once, env).map(drop);
-            if r.is_ok() && !reloaded {
+            let written = install_unit(&once, env);
+            let replaced = matches!(written, Ok(UnitWrite::Replaced));
+            let mut r = written.map(drop);
+            if replaced && !reloaded {
                 reloaded = true;
                 r = systemd
                     .reload()

@@ -317,15 +317,15 @@ fn conflicting_fstab_line_and_foreign_unit_are_left_alone() {
     assert!(install_unit(&spec, &env).is_err());
     std::fs::remove_file(dir.path().join("lib/fsx.mount")).unwrap();
     // Ours: written once, then unchanged.
-    assert!(install_unit(&spec, &env).unwrap());
-    assert!(!install_unit(&spec, &env).unwrap());
+    assert_eq!(install_unit(&spec, &env).unwrap(), UnitWrite::Created);
+    assert_eq!(install_unit(&spec, &env).unwrap(), UnitWrite::Unchanged);
     let changed = MountSettings {
         extra_options: "noatime".into(),
         ..lustre("/fsx", "10.0.0.1@tcp:/fsx")
     }
     .resolve("")
     .unwrap();
-    assert!(install_unit(&changed, &env).unwrap());
+    assert_eq!(install_unit(&changed, &env).unwrap(), UnitWrite::Replaced);
 }
 
 #[test]
