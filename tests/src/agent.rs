@@ -242,7 +242,11 @@ impl NodeEnv {
                 std::env::var("SLURM_E2E_AGENT_LOG").unwrap_or_else(|_| "info".into()),
             )
             .envs(self.moto.env())
-            .envs(self.ctld.env());
+            .envs(self.ctld.env())
+            // On a user bus the agent writes .mount units and its mounts-ready marker where
+            // this Manager looks: its XDG folders, not the host's /run/user/0.
+            .env("XDG_RUNTIME_DIR", self.systemd.xdg_runtime_dir())
+            .env("XDG_CONFIG_HOME", self.systemd.xdg_config_home());
         Ok(c)
     }
 
