@@ -341,6 +341,66 @@ fn spot_notice_drains_survives_imds_errors_and_reports_through_sd_notify() {
 }
 
 #[test]
+fn spot_job_action_signals_the_job_steps_before_the_deadline() {
+    let w = World::start(
+        "sig1",
+        &[],
+        "[events]\nspot_interval = \"200ms\"\nspot_job_action = \"signal\"\n\
+         spot_job_signal = \"USR1\"\nspot_job_action_lead = \"5m\"\n",
+    );
+    let got = w.path("got-usr1");
+    let step = w.script(
+        "step.sh",
+        &format!(
+            "trap 'echo USR1 > {}; exit 0' USR1\nwhile :; do sleep 0.1; done",
+            got.display()
+        ),
+    );
+    let out = w
+        .ctld
+        .run_job(
+            "sbatch",
+            &[
+                "-w",
+                "sig1",
+                "-o",
+                &w.path("job.out").display().to_string(),
+                "--wrap",
+                &format!("srun {}", step.display()),
+            ],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.wait_state("job running", |s| {
+        s.starts_with("ALLOCATED") || s.starts_with("MIXED")
+    });
+    // Let srun start the step.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut d = w.daemon("agent", None);
+    // The interruption is two minutes away, within the 5 min lead: act at once.
+    w.imds
+        .set_spot_instance_action("terminate", &in_two_minutes());
+    wait_until(
+        "USR1 delivered to the job step",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok(got.exists().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(30)));
+    // The step exits on the signal, the job ends, the node is drained.
+    let st = w.wait_phase("drained");
+    assert_eq!(st["state"]["job_action_done"], true);
+    assert!(d
+        .log_tail(100)
+        .contains("signalling jobs before the spot interruption"));
+    d.stop().unwrap();
+}
+
+#[test]
 fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
     let root_marker = TempRoot::new("drain-reboot-").unwrap();
     let marker = root_marker.path().join("rebooted");
@@ -703,6 +763,132 @@ fn bad_desired_image_parameters_never_drain() {
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
     assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+    d.stop().unwrap();
+}
+
+/// `scripts/bench-drain.sh` runs this (release build): latency from a spot notice in the
+/// emulator to the node shown draining by slurmctld with the default 1 s polling, then the
+/// idle daemon's CPU time and RSS. It prints numbers and asserts no timing.
+#[test]
+#[ignore = "benchmark: run through scripts/bench-drain.sh"]
+fn bench_drain() {
+    let trials: usize = std::env::var("BENCH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let idle_secs: u64 = std::env::var("BENCH_IDLE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let w = World::start("bench1", &[], "");
+    // Defaults for everything that matters: spot every 1 s, others every 5 s.
+    fs::write(
+        w.path("agent.toml"),
+        format!(
+            "[node]\nname = \"bench1\"\n[slurm]\nbin_dir = \"/usr/bin\"\n[imds]\nendpoint = \"{}\"\n\
+             [agent]\nstate_dir = \"{}\"\n",
+            w.imds.endpoint(),
+            w.path("state").display()
+        ),
+    )
+    .unwrap();
+    let mut d = w.daemon("agent", None);
+    w.wait_phase("active");
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut lat = Vec::new();
+    for i in 0..trials {
+        // Spread the notice over the poll period (golden-ratio steps through one second).
+        let offset = (i as f64 * 0.618_034).fract();
+        std::thread::sleep(Duration::from_secs_f64(offset));
+        let t = base + 120 + i as u64;
+        let when = Command::new("date")
+            .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
+            .output()
+            .unwrap();
+        let when = String::from_utf8(when.stdout).unwrap().trim().to_string();
+        let t0 = std::time::Instant::now();
+        w.imds.set_spot_instance_action("terminate", &when);
+        loop {
+            if w.state().contains("DRAIN") {
+                break;
+            }
+            assert!(
+                t0.elapsed() < WAIT,
+                "trial {i}: no drain\n{}",
+                d.log_tail(20)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+        w.imds.clear_spot_instance_action();
+        let out = w.run_agent(&["resume"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        w.ctld.wait_node_idle("bench1", WAIT).unwrap();
+    }
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| lat[((p / 100.0) * (lat.len() - 1) as f64).round() as usize];
+    println!(
+        "BENCH spot notice -> DRAIN in slurmctld (1 s polling): n={} p50={:.0} ms p99={:.0} ms max={:.0} ms (goal p99 <= 2000 ms)",
+        lat.len(),
+        pct(50.0),
+        pct(99.0),
+        lat[lat.len() - 1]
+    );
+
+    // Idle: a fresh daemon, no notices.
+    d.stop().unwrap();
+    drop(d);
+    let mut d = w.daemon("agent-idle", None);
+    w.wait_phase("active");
+    std::thread::sleep(Duration::from_secs(5));
+    let ticks = |pid: u32| -> u64 {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = after.split_whitespace().collect();
+        // Fields 14 and 15 (utime, stime) are 11 and 12 after the command name.
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let hz: f64 = String::from_utf8(
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let pid = d.pid();
+    let c0 = ticks(pid);
+    let t0 = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let c1 = ticks(pid);
+    let secs = t0.elapsed().as_secs_f64();
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu_pct = (c1 - c0) as f64 / hz / secs * 100.0;
+    println!(
+        "BENCH idle daemon over {secs:.0} s: CPU {cpu_pct:.3} % of one core ({} ticks at {hz} Hz; goal <= 0.1 %), RSS {:.1} MiB (peak {:.1} MiB; goal <= 20 MiB), IMDS requests {}",
+        c1 - c0,
+        kib("VmRSS:") / 1024.0,
+        kib("VmHWM:") / 1024.0,
+        w.imds.request_count()
+    );
     d.stop().unwrap();
 }
 
