@@ -213,14 +213,20 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // The key source in the files and flags is almost always the final one (tags and user
     // data can still change it): fetch the key while the rest of the metadata is read, and
     // use the result only if the final source is the same.
-    let early_source = KeySource::parse(&early.settings.auth.key_source).ok();
-    let prefetch = async {
-        let source = early_source.clone()?;
-        let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
-        Some((source.clone(), fetch_stored(&source, region.trim()).await))
-    };
-    let (id, prefetched) = tokio::join!(imds.identity(), prefetch);
-    let id = id?;
+    // It runs as its own task (with its own IMDS session) so that it overlaps everything up
+    // to the key step.
+    let prefetch = KeySource::parse(&early.settings.auth.key_source)
+        .ok()
+        .map(|source| {
+            let imds_settings = early.settings.imds.clone();
+            tokio::spawn(async move {
+                let imds = Imds::new(&imds_settings);
+                let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
+                let stored = fetch_stored(&source, region.trim()).await;
+                Some((source, stored))
+            })
+        });
+    let id = imds.identity().await?;
     tracing::info!(
         instance_id = %id.instance_id,
         instance_type = %id.instance_type,
@@ -256,7 +262,13 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             })
         })
     });
-    let key = timed(async { Ok::<_, BootstrapError>(install_key(s, &id, prefetched).await?) });
+    let key = timed(async {
+        let prefetched = match prefetch {
+            Some(task) => task.await.ok().flatten(),
+            None => None,
+        };
+        Ok::<_, BootstrapError>(install_key(s, &id, prefetched).await?)
+    });
     let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
     let ((def, def_time), (key_changed, key_time), (systemd, _)) =
         tokio::try_join!(node_definition, key, connect)?;
