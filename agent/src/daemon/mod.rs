@@ -239,6 +239,23 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     ] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
+    // Shared file systems: remount what went away, drain while a required one is missing,
+    // lift only that drain when it is back (mounts::reconcile).
+    let mounts_systemd = if s.mounts.is_empty() {
+        None
+    } else {
+        match crate::systemd::Systemd::connect(&s.systemd.bus).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("mounts will not be watched: {e}");
+                None
+            }
+        }
+    };
+    let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
+    let scontrol = crate::slurm::Scontrol::new(&s.slurm.bin_dir);
+    let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
+    mounts_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let upgrade_sleep = tokio::time::sleep_until(start);
     tokio::pin!(upgrade_sleep);
     let mut outage = Outage::default();
@@ -251,6 +268,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             _ = events_tick.tick(), if events_on => Work::Events,
             _ = &mut upgrade_sleep, if ssm.is_some() => Work::Upgrade,
             _ = progress_tick.tick() => Work::Progress,
+            _ = mounts_tick.tick(), if mounts_systemd.is_some() => Work::Mounts,
         };
         let current = engine.load().ok();
         let result = match work {
@@ -325,6 +343,25 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     Err(e) => Err(e),
                 }
             }
+            Work::Mounts => {
+                let Some(systemd) = &mounts_systemd else {
+                    continue;
+                };
+                let pass = crate::mounts::reconcile(
+                    &s.mounts, &id.region, &mount_env, systemd, &scontrol, &node,
+                );
+                match term.or_stop(pass).await {
+                    Some(Ok(report)) => {
+                        tracing::debug!(?report, "mounts checked");
+                        Ok(())
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!("mounts: {e}");
+                        Ok(())
+                    }
+                    None => break,
+                }
+            }
             Work::Progress => {
                 if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
                     Ok(())
@@ -381,7 +418,12 @@ enum Work {
     Events,
     Upgrade,
     Progress,
+    Mounts,
 }
+
+/// How often the daemon checks the `[[mounts]]`: a lost file system drains the node within
+/// this long, and one that comes back is mounted again as soon.
+const MOUNTS_INTERVAL: Duration = Duration::from_secs(30);
 
 fn describe(c: &Check) -> String {
     match c {
