@@ -744,12 +744,11 @@ fn bad_desired_image_parameters_never_drain() {
     strict
         .put_parameter("/desired", DESIRED_AMI, "String")
         .unwrap();
-    iam(&strict, "Action=CreateUser&UserName=node");
-    let key = iam(&strict, "Action=CreateAccessKey&UserName=node");
+    let (key_id, secret) = strict.create_user_without_permissions("node").unwrap();
     let mut c = w.agent(&["run"]);
     c.env("AWS_ENDPOINT_URL", strict.endpoint())
-        .env("AWS_ACCESS_KEY_ID", xml_value(&key, "AccessKeyId"))
-        .env("AWS_SECRET_ACCESS_KEY", xml_value(&key, "SecretAccessKey"));
+        .env("AWS_ACCESS_KEY_ID", key_id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
     let mut d = Daemon::spawn("agent-denied", c, w.root.path()).unwrap();
     wait_until(
         "access denied logged",
@@ -890,31 +889,4 @@ fn bench_drain() {
         w.imds.request_count()
     );
     d.stop().unwrap();
-}
-
-/// One IAM Query API call on moto (form-encoded), returning the XML body.
-fn iam(moto: &Moto, params: &str) -> String {
-    let auth = "AWS4-HMAC-SHA256 Credential=testing/20240101/us-east-1/iam/aws4_request, \
-                SignedHeaders=host, Signature=0";
-    let (status, body) = slurm_e2e::moto::http(
-        moto.port(),
-        "POST",
-        "/",
-        &[
-            ("Content-Type", "application/x-www-form-urlencoded"),
-            ("Authorization", auth),
-        ],
-        format!("{params}&Version=2010-05-08").as_bytes(),
-    )
-    .unwrap();
-    let body = String::from_utf8(body).unwrap();
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-fn xml_value(xml: &str, tag: &str) -> String {
-    let open = format!("<{tag}>");
-    let start = xml.find(&open).unwrap() + open.len();
-    let end = xml[start..].find(&format!("</{tag}>")).unwrap() + start;
-    xml[start..end].to_string()
 }
