@@ -370,6 +370,20 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
     }
 }
 
+/// The text of the first `<tag>...</tag>` in an XML answer.
+fn xml_value(xml: &str, tag: &str) -> Result<String> {
+    let open = format!("<{tag}>");
+    let start = xml
+        .find(&open)
+        .with_context(|| format!("no <{tag}> in {xml}"))?
+        + open.len();
+    let end = xml[start..]
+        .find(&format!("</{tag}>"))
+        .with_context(|| format!("no </{tag}> in {xml}"))?
+        + start;
+    Ok(xml[start..end].to_string())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -384,18 +398,4 @@ mod tests {
         assert_eq!(parse_response(chunked).unwrap(), (400, b"abcde".to_vec()));
         assert!(parse_response(b"garbage").is_err());
     }
-}
-
-/// The text of the first `<tag>...</tag>` in an XML answer.
-fn xml_value(xml: &str, tag: &str) -> Result<String> {
-    let open = format!("<{tag}>");
-    let start = xml
-        .find(&open)
-        .with_context(|| format!("no <{tag}> in {xml}"))?
-        + open.len();
-    let end = xml[start..]
-        .find(&format!("</{tag}>"))
-        .with_context(|| format!("no </{tag}> in {xml}"))?
-        + start;
-    Ok(xml[start..end].to_string())
 }
