@@ -128,10 +128,10 @@ elif ! command -v slurm-node-agent >/dev/null 2>&1; then
 	fail "slurm-node-agent not installed"
 else
 	if out=$(slurm-node-agent --version 2>&1); then pass "slurm-node-agent --version: $out"; else fail "slurm-node-agent --version: $out"; fi
-	if out=$(slurm-node-agent check --dry-run 2>&1); then
-		pass "slurm-node-agent check --dry-run"
+	if out=$(slurm-node-agent check --no-act 2>&1); then
+		pass "slurm-node-agent check --no-act"
 	else
-		fail "slurm-node-agent check --dry-run: $(printf '%s' "$out" | tail -n 5)"
+		fail "slurm-node-agent check --no-act: $(printf '%s' "$out" | tail -n 5)"
 	fi
 fi
 
