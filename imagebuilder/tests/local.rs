@@ -12,7 +12,7 @@ use common::*;
 use std::path::PathBuf;
 
 /// The agent binary of this workspace, when built and able to run the acceptance
-/// checks' `check --dry-run` (the agent's CLI is being written; until it is, the image is
+/// checks' `check --no-act` (the agent's CLI is being written; until it is, the image is
 /// built without it and the checks report it as absent, which this test asserts too).
 fn usable_agent() -> Option<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -28,7 +28,7 @@ fn usable_agent() -> Option<PathBuf> {
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    (ok(&["--version"]) && ok(&["check", "--dry-run", "--help"])).then_some(bin)
+    (ok(&["--version"]) && ok(&["check", "--no-act", "--help"])).then_some(bin)
 }
 
 #[test]
@@ -77,7 +77,7 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
     if agent.is_some() {
         assert!(has("ok: slurm-node-agent --version"), "{acceptance:#?}");
         assert!(
-            has("ok: slurm-node-agent check --dry-run"),
+            has("ok: slurm-node-agent check --no-act"),
             "{acceptance:#?}"
         );
     } else {
