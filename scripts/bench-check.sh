@@ -35,11 +35,13 @@ cleanup() {
 trap cleanup EXIT
 
 if ! pgrep -x munged >/dev/null; then
-    mkdir -p "$WORK/munge" && chmod 700 "$WORK/munge"
-    mungekey -c -k "$WORK/munge/munge.key" >/dev/null
-    /usr/sbin/munged -F --key-file="$WORK/munge/munge.key" --seed-file="$WORK/munge/seed" \
-        --socket="$WORK/munge/munge.socket" --pid-file="$WORK/munge/munged.pid" \
-        --log-file="$WORK/munge/munged.log" &
+    # munged wants its key folder private and its socket folder searchable by all.
+    chmod 755 "$WORK"
+    mkdir -m 700 "$WORK/munge-key" && mkdir -m 755 "$WORK/munge-run"
+    mungekey -c -k "$WORK/munge-key/munge.key" >/dev/null
+    /usr/sbin/munged -F --key-file="$WORK/munge-key/munge.key" --seed-file="$WORK/munge-key/seed" \
+        --socket="$WORK/munge-run/munge.socket" --pid-file="$WORK/munge-run/munged.pid" \
+        --log-file="$WORK/munge-key/munged.log" 2>>"$WORK/munge-key/munged.log" &
     MUNGED_PID=$!
     for _ in $(seq 50); do pgrep -x munged >/dev/null && break; sleep 0.1; done
     echo "bench-check: started munged (pid $MUNGED_PID) with a throw-away key" >&2
@@ -61,8 +63,12 @@ CHECKS=$(grep -c '^PASS' "$WORK/first.txt")
 CMD="$BIN ${ARGS[*]}"
 "${AGENT[@]}" "$(command -v hyperfine)" -N --warmup 10 --runs "$RUNS" --style none \
     --export-json "$WORK/agent.json" "$CMD" >/dev/null
-MEDIAN_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print(f"{r[\"median\"]*1000:.2f}")' "$WORK/agent.json")
-MEAN_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print(f"{r[\"mean\"]*1000:.2f} ± {r[\"stddev\"]*1000:.2f}")' "$WORK/agent.json")
+MEDIAN_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print("%.2f" % (r["median"]*1000))' "$WORK/agent.json")
+MEAN_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print("%.2f ± %.2f" % (r["mean"]*1000, r["stddev"]*1000))' "$WORK/agent.json")
+
+# The cost of starting any process here, for scale (the checks start two).
+hyperfine -N --warmup 10 --runs "$RUNS" --style none --export-json "$WORK/true.json" /bin/true >/dev/null
+TRUE_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print("%.2f" % (r["median"]*1000))' "$WORK/true.json")
 
 RSS=()
 for _ in $(seq 20); do
@@ -75,6 +81,7 @@ RSS_MED=$(printf '%s\n' "${RSS[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int
 echo "slurm-node-agent check, $CHECKS checks of $(basename "$CONF"), $RUNS runs:"
 echo "  median wall time: $MEDIAN_MS ms (mean $MEAN_MS ms)"
 echo "  peak RSS:         ${RSS_MED} KiB median, ${RSS_MAX} KiB max (of 20 runs)"
+echo "  for scale:        /bin/true median $TRUE_MS ms; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 GOAL=10
 if python3 -c "import sys; sys.exit(0 if float('$MEDIAN_MS') <= $GOAL else 1)"; then
@@ -87,7 +94,7 @@ if command -v nhc >/dev/null; then
     NHC=$(command -v nhc)
     hyperfine -N --warmup 3 --runs 20 --style none --export-json "$WORK/nhc.json" \
         "$NHC -c $CONF" >/dev/null || true
-    NHC_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print(f"{r[\"median\"]*1000:.2f}")' "$WORK/nhc.json")
+    NHC_MS=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))["results"][0]; print("%.2f" % (r["median"]*1000))' "$WORK/nhc.json")
     echo "LBNL NHC ($NHC) on the same file: median $NHC_MS ms"
     python3 -c "print(f'  ratio NHC / agent: {float(\"$NHC_MS\")/float(\"$MEDIAN_MS\"):.1f}x')"
 else

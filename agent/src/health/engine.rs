@@ -1,10 +1,13 @@
 //! Runs a [`CheckSet`]: every check at once, each under its own timeout.
 //!
-//! - Checks that read the host run on a thread of their own; the engine waits for the
-//!   answer up to the check's timeout. A thread stuck in the kernel (a hung mount) cannot
-//!   be killed: it is left behind, remembered, and the check is not started again while
-//!   it is still stuck (reported as still hung), so a long-running daemon does not pile up
-//!   threads on a dead file system.
+//! - Checks that read the host (mounts, `/proc`, files) run one after the other on a
+//!   worker thread (they take microseconds; one thread avoids a context switch per check
+//!   on a busy 2-core node). The engine watches the running check's deadline: when it
+//!   passes, the check is reported as timed out, its thread is left behind (a thread stuck
+//!   in the kernel on a hung mount cannot be killed), and a new worker takes the remaining
+//!   checks. A stuck check is remembered and not started again while it is still stuck
+//!   (reported as still hung), so a long-running daemon does not pile up threads on a dead
+//!   file system.
 //! - Commands run as async child processes ([`super::checks::cmd`]); unit states come
 //!   from systemd over D-Bus, the connection made once per run and only when needed.
 //!
@@ -108,47 +111,167 @@ enum Outcome {
     Timeout(String),
 }
 
-async fn run_blocking(check: &Arc<Check>, ctx: &Ctx) -> Outcome {
-    let key = stuck_key(check);
-    if let Some(for_how_long) = still_stuck(&key) {
-        return Outcome::Timeout(format!(
-            "still hung since a previous run ({}s ago); not started again",
-            for_how_long.as_secs()
-        ));
-    }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let done = Arc::new(AtomicBool::new(false));
-    let (c, f, d) = (check.clone(), ctx.facts.clone(), done.clone());
-    let spawned = std::thread::Builder::new()
-        .name("health-check".into())
-        .stack_size(256 * 1024)
-        .spawn(move || {
-            let r = c.kind.run_blocking(&f);
-            d.store(true, Ordering::Release);
-            let _ = tx.send(r);
-        });
-    if let Err(e) = spawned {
-        return Outcome::Fail(format!("cannot start a thread for the check: {e}"));
-    }
-    match tokio::time::timeout(check.timeout, rx).await {
-        Ok(Ok(Ok(m))) => Outcome::Pass(m),
-        Ok(Ok(Err(m))) => Outcome::Fail(m),
-        Ok(Err(_)) => Outcome::Fail("the check's thread ended without an answer".into()),
-        Err(_) => {
-            stuck().lock().unwrap_or_else(|p| p.into_inner()).insert(
-                key,
-                Stuck {
-                    done,
-                    since: Instant::now(),
-                },
-            );
-            Outcome::Timeout(format!(
-                "no answer within {}; left running (hung {})",
-                humantime::format_duration(check.timeout),
-                what_hangs(&check.kind)
-            ))
+/// Messages from lane workers.
+enum LaneMsg {
+    Started(usize, Instant),
+    Done(usize, Result<String, String>, Duration),
+}
+
+type Queue = Arc<Mutex<std::collections::VecDeque<usize>>>;
+
+/// Starts a worker that runs queued blocking checks one by one.
+fn spawn_worker(
+    queue: Queue,
+    checks: Arc<Vec<Arc<Check>>>,
+    done_flags: Arc<Vec<Arc<AtomicBool>>>,
+    facts: Arc<Facts>,
+    tx: tokio::sync::mpsc::UnboundedSender<LaneMsg>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("health-checks".into())
+        .stack_size(512 * 1024)
+        .spawn(move || loop {
+            let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            let Some(i) = next else { return };
+            let start = Instant::now();
+            if tx.send(LaneMsg::Started(i, start)).is_err() {
+                return;
+            }
+            let r = checks[i].kind.run_blocking(&facts);
+            done_flags[i].store(true, Ordering::Release);
+            if tx.send(LaneMsg::Done(i, r, start.elapsed())).is_err() {
+                return;
+            }
+        })
+        .map(drop)
+}
+
+/// Runs the blocking checks `idx` (indexes into `checks`) on the lane; returns
+/// (index, outcome, duration) for each.
+async fn run_lane(
+    checks: &[Arc<Check>],
+    idx: Vec<usize>,
+    facts: Arc<Facts>,
+) -> Vec<(usize, Outcome, Duration)> {
+    let mut out = Vec::with_capacity(idx.len());
+    let mut queued = std::collections::VecDeque::new();
+    for i in idx {
+        match still_stuck(&stuck_key(&checks[i])) {
+            Some(for_how_long) => out.push((
+                i,
+                Outcome::Timeout(format!(
+                    "still hung since a previous run ({}s ago); not started again",
+                    for_how_long.as_secs()
+                )),
+                Duration::ZERO,
+            )),
+            None => queued.push_back(i),
         }
     }
+    let mut pending = queued.len();
+    if pending == 0 {
+        return out;
+    }
+    let all: Arc<Vec<Arc<Check>>> = Arc::new(checks.to_vec());
+    let flags: Arc<Vec<Arc<AtomicBool>>> = Arc::new(
+        (0..checks.len())
+            .map(|_| Arc::new(AtomicBool::new(false)))
+            .collect(),
+    );
+    let queue: Queue = Arc::new(Mutex::new(queued));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let spawn = |tx| spawn_worker(queue.clone(), all.clone(), flags.clone(), facts.clone(), tx);
+    if let Err(e) = spawn(tx.clone()) {
+        for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            out.push((
+                i,
+                Outcome::Fail(format!("cannot start a worker thread: {e}")),
+                Duration::ZERO,
+            ));
+        }
+        return out;
+    }
+    // Running checks and their deadlines; checks already reported as timed out.
+    let mut running: HashMap<usize, (Instant, Instant)> = HashMap::new();
+    let mut timed_out: Vec<usize> = Vec::new();
+    while pending > 0 {
+        let next_deadline = running.values().map(|(_, d)| *d).min();
+        let msg = match next_deadline {
+            Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
+                Ok(m) => m,
+                Err(_) => {
+                    // The earliest deadline passed: report it, leave its thread, and let a
+                    // new worker take the queue.
+                    let late: Vec<usize> = running
+                        .iter()
+                        .filter(|(_, (_, dl))| *dl <= Instant::now())
+                        .map(|(i, _)| *i)
+                        .collect();
+                    for i in late {
+                        let (started, _) = running
+                            .remove(&i)
+                            .unwrap_or((Instant::now(), Instant::now()));
+                        let c = &checks[i];
+                        stuck().lock().unwrap_or_else(|p| p.into_inner()).insert(
+                            stuck_key(c),
+                            Stuck {
+                                done: flags[i].clone(),
+                                since: started,
+                            },
+                        );
+                        out.push((
+                            i,
+                            Outcome::Timeout(format!(
+                                "no answer within {}; left running (hung {})",
+                                humantime::format_duration(c.timeout),
+                                what_hangs(&c.kind)
+                            )),
+                            started.elapsed(),
+                        ));
+                        timed_out.push(i);
+                        pending -= 1;
+                    }
+                    if !queue.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+                        if let Err(e) = spawn(tx.clone()) {
+                            for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                                out.push((
+                                    i,
+                                    Outcome::Fail(format!("cannot start a worker thread: {e}")),
+                                    Duration::ZERO,
+                                ));
+                                pending -= 1;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            },
+            None => rx.recv().await,
+        };
+        match msg {
+            Some(LaneMsg::Started(i, at)) => {
+                running.insert(i, (at, at + checks[i].timeout));
+            }
+            Some(LaneMsg::Done(i, r, took)) => {
+                running.remove(&i);
+                if timed_out.contains(&i) {
+                    continue;
+                }
+                out.push((
+                    i,
+                    match r {
+                        Ok(m) => Outcome::Pass(m),
+                        Err(m) => Outcome::Fail(m),
+                    },
+                    took,
+                ));
+                pending -= 1;
+            }
+            // Every worker ended (cannot happen while checks are pending and `tx` lives).
+            None => break,
+        }
+    }
+    out
 }
 
 fn what_hangs(kind: &CheckKind) -> String {
@@ -211,7 +334,8 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> Stri
     }
 }
 
-async fn run_one(check: Arc<Check>, ctx: Arc<Ctx>) -> CheckResult {
+/// Runs an async check (command, unit).
+async fn run_async(check: Arc<Check>, ctx: Arc<Ctx>) -> (Outcome, Duration) {
     let start = Instant::now();
     let outcome = match &check.kind {
         CheckKind::Command(spec) => {
@@ -240,23 +364,32 @@ async fn run_one(check: Arc<Check>, ctx: Arc<Ctx>) -> CheckResult {
                 )),
             }
         }
-        _ => run_blocking(&check, &ctx).await,
+        k => Outcome::Fail(format!(
+            "internal error: {} is not an async check",
+            k.family()
+        )),
     };
-    let outcome = match (outcome, &check.kind) {
+    (outcome, start.elapsed())
+}
+
+/// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it (the check still
+/// fails for this run).
+async fn after(check: &Check, outcome: Outcome, ctx: &Ctx) -> Outcome {
+    match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
             if p.must_run && p.action != ServiceAction::None =>
         {
-            let left = check
-                .timeout
-                .saturating_sub(start.elapsed())
-                .max(Duration::from_secs(1));
-            let note = tokio::time::timeout(left, service_action(&p.service, p.action, &ctx))
-                .await
-                .unwrap_or_else(|_| "service action timed out".into());
+            let note =
+                tokio::time::timeout(check.timeout, service_action(&p.service, p.action, ctx))
+                    .await
+                    .unwrap_or_else(|_| "service action timed out".into());
             Outcome::Fail(format!("{m}; {note}"))
         }
         (o, _) => o,
-    };
+    }
+}
+
+fn result(check: &Check, outcome: Outcome, took: Duration) -> CheckResult {
     let (status, message) = match outcome {
         Outcome::Pass(m) => (Status::Pass, m),
         Outcome::Fail(m) => (Status::Fail, m),
@@ -269,7 +402,7 @@ async fn run_one(check: Arc<Check>, ctx: Arc<Ctx>) -> CheckResult {
         status,
         fatal: check.fatal,
         message,
-        duration_ms: start.elapsed().as_secs_f64() * 1000.0,
+        duration_ms: took.as_secs_f64() * 1000.0,
     }
 }
 
@@ -287,25 +420,38 @@ pub async fn run_checks(set: &CheckSet, env: &RunEnv) -> Report {
         output_limit: env.output_limit,
         systemd: tokio::sync::OnceCell::new(),
     });
-    let handles: Vec<_> = set
-        .checks
+    let checks: Vec<Arc<Check>> = set.checks.iter().cloned().map(Arc::new).collect();
+    // Async checks (commands, units) start first so their processes overlap the lane.
+    let handles: Vec<(usize, tokio::task::JoinHandle<(Outcome, Duration)>)> = checks
         .iter()
-        .map(|c| tokio::spawn(run_one(Arc::new(c.clone()), ctx.clone())))
+        .enumerate()
+        .filter(|(_, c)| !c.kind.is_blocking())
+        .map(|(i, c)| (i, tokio::spawn(run_async(c.clone(), ctx.clone()))))
         .collect();
-    let mut results = Vec::with_capacity(handles.len());
-    for (h, c) in handles.into_iter().zip(&set.checks) {
-        results.push(match h.await {
+    let blocking: Vec<usize> = (0..checks.len())
+        .filter(|i| checks[*i].kind.is_blocking())
+        .collect();
+    let mut slots: Vec<Option<(Outcome, Duration)>> = (0..checks.len()).map(|_| None).collect();
+    for (i, o, d) in run_lane(&checks, blocking, ctx.facts.clone()).await {
+        slots[i] = Some((o, d));
+    }
+    for (i, h) in handles {
+        slots[i] = Some(match h.await {
             Ok(r) => r,
-            Err(e) => CheckResult {
-                name: c.name.clone(),
-                family: c.kind.family().to_string(),
-                origin: c.origin.to_string(),
-                status: Status::Fail,
-                fatal: c.fatal,
-                message: format!("the check panicked: {e}"),
-                duration_ms: 0.0,
-            },
+            Err(e) => (
+                Outcome::Fail(format!("the check panicked: {e}")),
+                Duration::ZERO,
+            ),
         });
+    }
+    let mut results = Vec::with_capacity(checks.len());
+    for (c, slot) in checks.iter().zip(slots) {
+        let (o, d) = slot.unwrap_or((
+            Outcome::Fail("internal error: no result".into()),
+            Duration::ZERO,
+        ));
+        let o = after(c, o, &ctx).await;
+        results.push(result(c, o, d));
     }
     Report {
         node: env.node.clone(),

@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -83,13 +82,19 @@ pub struct MemInfo {
 pub struct ProcEntry {
     /// PID.
     pub pid: u32,
-    /// Effective user id (owner of `/proc/<pid>`).
-    pub uid: u32,
     /// Command line joined by spaces (`[comm]` for kernel threads), as `ps -o args`.
     pub args: String,
 }
 
 impl ProcEntry {
+    /// Effective user id (owner of `/proc/<pid>`), read on demand: only processes that
+    /// match a pattern need it. `None` when the process is gone.
+    pub fn uid(&self, proc_dir: &Path) -> Option<u32> {
+        fs::metadata(proc_dir.join(self.pid.to_string()))
+            .ok()
+            .map(|m| m.uid())
+    }
+
     /// The first word of the command line (NHC's `${ARGS[0]}`).
     pub fn argv0(&self) -> &str {
         self.args.split_whitespace().next().unwrap_or("")
@@ -360,12 +365,42 @@ fn parse_passwd(text: &str) -> HashMap<u32, String> {
 /// Most bytes of one command line read (ps shows at most 128 KiB too).
 const CMDLINE_LIMIT: u64 = 64 * 1024;
 
+fn read_all_at(dir: &rustix::fd::OwnedFd, rel: &str, buf: &mut Vec<u8>) -> bool {
+    use rustix::fs::{Mode, OFlags};
+    buf.clear();
+    let Ok(fd) = rustix::fs::openat(dir, rel, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+    else {
+        return false;
+    };
+    let mut chunk = [0u8; 4096];
+    while (buf.len() as u64) < CMDLINE_LIMIT {
+        match rustix::io::read(&fd, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Reads `/proc/<pid>/cmdline` of every process (and `comm` of kernel threads), with
+/// paths relative to an open `/proc` (fewer lookups) and no stat: owners are read only
+/// for processes that match ([`ProcEntry::uid`]).
 fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, String> {
+    use rustix::fs::{Mode, OFlags};
     let me = std::process::id();
-    let dir = fs::read_dir(proc_dir).map_err(|e| format!("listing {}: {e}", proc_dir.display()))?;
+    let list = |e: &dyn std::fmt::Display| format!("listing {}: {e}", proc_dir.display());
+    let dir_fd = rustix::fs::open(
+        proc_dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| list(&e))?;
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(4096);
-    for ent in dir.flatten() {
+    let mut path = String::with_capacity(32);
+    for ent in fs::read_dir(proc_dir).map_err(|e| list(&e))?.flatten() {
         let name = ent.file_name();
         let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
@@ -373,30 +408,24 @@ fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, String> {
         if pid == me {
             continue;
         }
-        let path = ent.path();
+        path.clear();
+        path.push_str(&format!("{pid}/cmdline"));
         // A process may exit while we look: skip it.
-        let Ok(meta) = fs::metadata(&path) else {
-            continue;
-        };
-        buf.clear();
-        let Ok(f) = fs::File::open(path.join("cmdline")) else {
-            continue;
-        };
-        if f.take(CMDLINE_LIMIT).read_to_end(&mut buf).is_err() {
+        if !read_all_at(&dir_fd, &path, &mut buf) {
             continue;
         }
         let args = if buf.is_empty() {
-            let comm = fs::read_to_string(path.join("comm")).unwrap_or_default();
-            format!("[{}]", comm.trim_end())
+            path.clear();
+            path.push_str(&format!("{pid}/comm"));
+            if !read_all_at(&dir_fd, &path, &mut buf) {
+                continue;
+            }
+            format!("[{}]", String::from_utf8_lossy(&buf).trim_end())
         } else {
             let s = String::from_utf8_lossy(&buf);
             s.trim_end_matches('\0').replace('\0', " ")
         };
-        out.push(ProcEntry {
-            pid,
-            uid: meta.uid(),
-            args,
-        });
+        out.push(ProcEntry { pid, args });
     }
     out.sort_by_key(|p| p.pid);
     Ok(out)

@@ -65,10 +65,13 @@ fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry
             continue;
         }
         if let Some(o) = &spec.owner {
+            let Some(uid) = p.uid(&facts.host.proc_dir) else {
+                continue;
+            };
             let who = if spec.owner_by_uid {
-                p.uid.to_string()
+                uid.to_string()
             } else {
-                facts.user_name(p.uid)
+                facts.user_name(uid)
             };
             if !o.matches(&who) {
                 continue;
