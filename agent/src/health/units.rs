@@ -1,9 +1,9 @@
 //! Sizes, counts and thresholds as LBNL NHC writes them (`nhc_common_parse_size` and
 //! `nhc_common_parse_count` in NHC's `scripts/common.nhc`).
 //!
-//! - A size is in KiB: a plain number is KiB, suffixes `k`, `M`, `G`, `T`, `P`, `E` are
-//!   powers of 1024 KiB... of KiB (`1M` = 1024 KiB), with an optional trailing `b`/`B`:
-//!   `0b`, `512M`, `1gb`, `1tb`, `5G`.
+//! - A size is in KiB: a plain number or `k` is KiB, `M` is 1024 KiB, `G` 1024² KiB, and
+//!   so on for `T`, `P`, `E`, with an optional trailing `b`/`B`: `0b`, `512M`, `1gb`,
+//!   `1tb`, `5G`.
 //! - A count (inodes) is a plain number with decimal suffixes: `100k` = 100 000, `2M`.
 //! - A threshold is a percentage (`10%`) or a size / count.
 //!
