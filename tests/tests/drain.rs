@@ -890,3 +890,37 @@ fn bench_drain() {
     );
     d.stop().unwrap();
 }
+
+#[test]
+fn the_daemon_runs_the_health_checks_on_its_schedule() {
+    let flag = "/tmp/slurm-e2e-health-flag-".to_string() + &std::process::id().to_string();
+    let _ = fs::remove_file(&flag);
+    let w = World::start("hc1", &[], "");
+    fs::write(
+        w.path("nhc.conf"),
+        format!("* || check_file_test -f {flag}\n"),
+    )
+    .unwrap();
+    w.write_settings(&format!(
+        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n",
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let mut d = w.daemon("agent-health", None);
+    // Failing check: drained with the health prefix, within a few intervals.
+    let state = w.wait_state("drained by the health check", |s| s.contains("DRAIN"));
+    assert!(state.contains("DRAIN"), "{state}");
+    assert!(
+        w.reason().starts_with("slurm-node-agent: "),
+        "{}",
+        w.reason()
+    );
+    assert!(w.reason().contains(&flag), "{}", w.reason());
+    // Fixed: resumed by the daemon.
+    fs::write(&flag, "").unwrap();
+    w.wait_state("resumed after the check passes", |s| {
+        s.starts_with("IDLE") && !s.contains("DRAIN")
+    });
+    d.stop().unwrap();
+    let _ = fs::remove_file(&flag);
+}

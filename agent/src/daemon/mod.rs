@@ -254,6 +254,21 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     };
     let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
     let scontrol = crate::slurm::Scontrol::new(&s.slurm.bin_dir);
+    // Health checks on the daemon's own schedule (`health.interval`), the same checks and
+    // drain/resume rules as `slurm-node-agent check`. Loaded once; a bad checks file is
+    // logged and the checks are off until the daemon is restarted.
+    let health_checks = match crate::health::load(&s.health, Some(&node)) {
+        Ok(set) => Some(set),
+        Err(e) => {
+            tracing::error!("health checks disabled: {e}");
+            None
+        }
+    };
+    let mut health_env = crate::health::RunEnv::from_settings(&s);
+    health_env.node = Some(node.clone());
+    let health_act = crate::health::act::ActOptions::from_settings(&s);
+    let mut health_tick = interval_at(start, s.health.interval.0);
+    health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
     mounts_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let upgrade_sleep = tokio::time::sleep_until(start);
@@ -269,6 +284,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             _ = &mut upgrade_sleep, if ssm.is_some() => Work::Upgrade,
             _ = progress_tick.tick() => Work::Progress,
             _ = mounts_tick.tick(), if mounts_systemd.is_some() => Work::Mounts,
+            _ = health_tick.tick(), if health_checks.is_some() => Work::Health,
         };
         let current = engine.load().ok();
         let result = match work {
@@ -342,6 +358,40 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     }
                     Err(e) => Err(e),
                 }
+            }
+            Work::Health => {
+                let Some(checks) = &health_checks else {
+                    continue;
+                };
+                let Some(report) = term
+                    .or_stop(crate::health::run_checks(checks, &health_env))
+                    .await
+                else {
+                    break;
+                };
+                if !s.health.prometheus_textfile.as_os_str().is_empty() {
+                    if let Err(e) = crate::health::output::write_prometheus(
+                        &report,
+                        &s.health.prometheus_textfile,
+                    ) {
+                        tracing::warn!("{e}");
+                    }
+                }
+                if s.health.act {
+                    let act = crate::health::act_on(&report, &scontrol, &node, &health_act);
+                    match term.or_stop(act).await {
+                        Some(outcome) => {
+                            tracing::info!(
+                                healthy = report.healthy(),
+                                action = %outcome.action,
+                                detail = %outcome.detail,
+                                "health checks"
+                            );
+                        }
+                        None => break,
+                    }
+                }
+                Ok(())
             }
             Work::Mounts => {
                 let Some(systemd) = &mounts_systemd else {
@@ -419,6 +469,7 @@ enum Work {
     Upgrade,
     Progress,
     Mounts,
+    Health,
 }
 
 /// How often the daemon checks the `[[mounts]]`: a lost file system drains the node within
