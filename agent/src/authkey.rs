@@ -138,6 +138,9 @@ pub enum KeyError {
         /// What happened.
         message: String,
     },
+    /// `auth.key_source` is not a source (the settings check refuses it before this).
+    #[error("auth.key_source: {0}")]
+    InvalidSource(String),
     /// The key's owner does not exist on this host.
     #[error("user {0:?} (owner of the key file) does not exist")]
     NoSuchOwner(String),

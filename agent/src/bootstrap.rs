@@ -70,7 +70,7 @@ impl BootstrapError {
     /// The process exit code for this error (sysexits(3) values).
     pub fn exit_code(&self) -> u8 {
         match self {
-            BootstrapError::Settings(_) => 78,
+            BootstrapError::Settings(_) | BootstrapError::Key(KeyError::InvalidSource(_)) => 78,
             BootstrapError::Imds(_) | BootstrapError::Gpu(_) => 69,
             BootstrapError::Key(KeyError::AccessDenied { .. }) => 77,
             BootstrapError::Key(KeyError::Write(_)) => 74,
@@ -371,10 +371,7 @@ async fn install_key(
     if s.auth.key_source.is_empty() {
         return Ok(false);
     }
-    let source = KeySource::parse(&s.auth.key_source).map_err(|message| KeyError::Other {
-        source_: KeySource::File(PathBuf::new()),
-        message,
-    })?;
+    let source = KeySource::parse(&s.auth.key_source).map_err(KeyError::InvalidSource)?;
     let target = KeyTarget::from_settings(&s.auth);
     // Resolve the owner first: a host without the daemon's user gets no key file.
     let owner = authkey::resolve_owner(&target.owner)?;
