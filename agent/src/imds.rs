@@ -167,6 +167,18 @@ impl Imds {
         }
     }
 
+    /// The user data as text. User data that is not text (gzip-compressed, binary) cannot
+    /// carry the settings part, so it counts as none, with a warning.
+    async fn user_data(&self) -> Result<Option<String>, ImdsError> {
+        match self.get_optional("/latest/user-data").await {
+            Err(ImdsError::Unreachable { message, .. }) if message.contains("UTF-8") => {
+                tracing::warn!("user data is not text (compressed?): no settings read from it");
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
     /// Reads what bootstrap needs to know about this instance; independent reads run
     /// concurrently.
     ///
@@ -195,7 +207,7 @@ impl Imds {
             self.get("/latest/meta-data/ami-id"),
             self.get_optional("/latest/meta-data/instance-life-cycle"),
             self.get_optional("/latest/meta-data/tags/instance"),
-            self.get_optional("/latest/user-data"),
+            self.user_data(),
         )?;
         let mut tags = BTreeMap::new();
         let keys: Vec<String> = tag_keys

@@ -153,7 +153,10 @@ fn every_command_line_is_accepted_by_the_agent() {
                     }
                     assert!(!l.contains("{{"), "{name}: unknown parameter in {line:?}");
                     let words = split_words(l.trim().trim_start_matches("exec "));
-                    assert_eq!(words[0], "/usr/bin/slurm-node-agent", "{name}: {line}");
+                    assert_eq!(
+                        words[0], "/usr/local/bin/slurm-node-agent",
+                        "{name}: {line}"
+                    );
                     let cli = Cli::try_parse_from(&words).unwrap_or_else(|e| {
                         panic!("{name}: {words:?} rejected by the agent:\n{e}")
                     });

@@ -168,3 +168,13 @@ async fn dropped_connections_and_no_service_are_unreachable() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn binary_user_data_counts_as_none() {
+    let emu = Emulator::start(Config::default()).unwrap();
+    // A gzip header and bytes that are not UTF-8.
+    emu.set_user_data(vec![0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe, 0x00, 0x01]);
+    let id = client(&emu.endpoint(), 2, 1000).identity().await.unwrap();
+    assert_eq!(id.user_data, None);
+    assert!(!id.instance_id.is_empty());
+}

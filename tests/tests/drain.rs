@@ -916,6 +916,16 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
         w.reason()
     );
     assert!(w.reason().contains(&flag), "{}", w.reason());
+    // An operator's `resume` lifts the health check's drain (it is the agent's own).
+    d.stop().unwrap();
+    let out = w.run_agent(&["resume", "--output", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    w.wait_state("resumed by the operator", |s| {
+        s.starts_with("IDLE") && !s.contains("DRAIN")
+    });
+    // The daemon again: drained again, then the fix resumes it.
+    let mut d = w.daemon("agent-health-2", None);
+    w.wait_state("drained again", |s| s.contains("DRAIN"));
     // Fixed: resumed by the daemon.
     fs::write(&flag, "").unwrap();
     w.wait_state("resumed after the check passes", |s| {

@@ -137,6 +137,9 @@ pub struct Engine {
     pub upgrade: UpgradeSettings,
     /// `[drain]`.
     pub drain: DrainSettings,
+    /// The health checks' reason prefix (`health.reason_prefix`): an operator's `resume`
+    /// lifts such a drain too (it is the agent's), the daemon's own resumes never do.
+    pub health_reason_prefix: String,
     /// `systemd.bus`, for the poweroff action.
     pub systemd_bus: String,
     /// Where the metrics go (resolved).
@@ -169,6 +172,7 @@ impl Engine {
             events: settings.events.clone(),
             upgrade: settings.upgrade.clone(),
             drain: settings.drain.clone(),
+            health_reason_prefix: settings.health.reason_prefix.clone(),
             systemd_bus: settings.systemd.bus.clone(),
             metrics_file,
         }
@@ -322,7 +326,13 @@ impl Engine {
             }
             .into());
         }
-        self.resume_in_slurm(&st, force).await?;
+        let by_health_check = !self.health_reason_prefix.trim().is_empty()
+            && self
+                .node_info()
+                .await?
+                .reason()
+                .is_some_and(|r| r.starts_with(&self.health_reason_prefix));
+        self.resume_in_slurm(&st, force || by_health_check).await?;
         st.resume(time::now())?;
         self.save(&st)?;
         Ok(st)
