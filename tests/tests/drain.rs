@@ -919,7 +919,11 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
     // An operator's `resume` lifts the health check's drain (it is the agent's own).
     d.stop().unwrap();
     let out = w.run_agent(&["resume", "--output", "json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     w.wait_state("resumed by the operator", |s| {
         s.starts_with("IDLE") && !s.contains("DRAIN")
     });
