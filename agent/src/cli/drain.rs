@@ -21,8 +21,15 @@ use crate::settings::{self, Settings};
 /// bootstrap's state file.
 ///
 /// # Errors
-/// Exit code 78 and the message.
-pub fn local_settings(args: &SettingsArgs) -> Result<(Settings, String), (u8, String)> {
+/// The exit code (78), after printing the error on stderr.
+pub fn local_settings(args: &SettingsArgs) -> Result<(Settings, String), u8> {
+    resolve_local(args).map_err(|(code, m)| {
+        eprintln!("slurm-node-agent: error: {m}");
+        code
+    })
+}
+
+fn resolve_local(args: &SettingsArgs) -> Result<(Settings, String), (u8, String)> {
     let layers = args.flag_layers().map_err(|e| (78, e.to_string()))?;
     let files = settings::file_layers(&args.paths()).map_err(|e| (78, e.to_string()))?;
     let resolved =
@@ -155,10 +162,7 @@ impl DrainArgs {
     pub async fn run(self) -> u8 {
         let (s, node) = match local_settings(&self.settings) {
             Ok(v) => v,
-            Err((code, m)) => {
-                eprintln!("slurm-node-agent: error: {m}");
-                return code;
-            }
+            Err(code) => return code,
         };
         let engine = Engine::new(&s, &node);
         let cause = crate::drain::Cause::Manual {

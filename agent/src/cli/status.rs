@@ -28,10 +28,7 @@ impl StatusArgs {
     pub async fn run(self) -> u8 {
         let (s, node) = match local_settings(&self.settings) {
             Ok(v) => v,
-            Err((code, m)) => {
-                eprintln!("slurm-node-agent: error: {m}");
-                return code;
-            }
+            Err(code) => return code,
         };
         let engine = Engine::new(&s, &node);
         let st = match engine.load() {
