@@ -15,12 +15,12 @@ use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
-use crate::settings::{self, AuthType, Layer, Resolved, SettingsError, Source};
+use crate::settings::{self, AuthType, Layer, Resolved, SettingsError};
 use crate::slurm::{self, ConfServer, NodeInfo, Scontrol};
 use crate::systemd::{Systemd, SystemdError};
 
 /// Name of the state file written under `agent.state_dir` when bootstrap succeeds.
-pub const STATE_FILE: &str = "bootstrap.json";
+pub use crate::identity::STATE_FILE;
 
 /// Why bootstrap failed. [`BootstrapError::exit_code`] maps each kind to a sysexits(3) code.
 #[derive(Debug, thiserror::Error)]
@@ -168,7 +168,8 @@ async fn timed<T, E>(
 }
 
 /// Resolves the settings: files and flags first (they may point IMDS elsewhere), then the
-/// user data part and the tags from IMDS, in precedence order.
+/// user data part and the tags from IMDS, in precedence order
+/// ([`crate::identity::resolve_settings`]).
 ///
 /// # Errors
 /// [`SettingsError`].
@@ -177,25 +178,7 @@ pub fn resolve(
     id: Option<&InstanceIdentity>,
     flag_layers: &[Layer],
 ) -> Result<Resolved, SettingsError> {
-    let mut layers: Vec<Layer> = file_layers.to_vec();
-    if let Some(id) = id {
-        if let Some(ud) = &id.user_data {
-            let part = crate::userdata::settings_part(ud.as_bytes()).map_err(|e| {
-                SettingsError::Parse {
-                    origin: Source::UserData,
-                    message: e.to_string(),
-                }
-            })?;
-            if let Some(text) = part {
-                layers.push(Layer::from_toml(Source::UserData, &text)?);
-            }
-        }
-        layers.extend(Layer::from_tags(
-            id.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        )?);
-    }
-    layers.extend(flag_layers.iter().cloned());
-    Resolved::merge(&layers)
+    crate::identity::resolve_settings(file_layers, id, flag_layers)
 }
 
 /// Runs bootstrap to the end.
@@ -330,7 +313,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let node = join(s, &def, &systemd).await?;
     t.done("join");
 
-    write_state(s, &id, &def).map_err(|e| BootstrapError::Io(e.to_string()))?;
+    write_state(s, &id, &def).map_err(BootstrapError::Io)?;
     Ok(Report {
         node_name: def.node_name.clone(),
         state: node.state().to_string(),
@@ -490,39 +473,26 @@ async fn join(
     }
 }
 
-/// What later commands (`check`, `run`) need from bootstrap.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct State {
-    /// Slurm NodeName.
-    pub node_name: String,
-    /// EC2 instance id.
-    pub instance_id: String,
-    /// AMI the instance runs.
-    pub ami_id: String,
-    /// `--conf` line of a dynamic node.
-    pub dynamic_conf: Option<String>,
-}
+/// What later commands (`check`, `run`) need from bootstrap: [`crate::identity::Recorded`].
+pub type State = crate::identity::Recorded;
 
 fn write_state(
     s: &settings::Settings,
     id: &InstanceIdentity,
     def: &NodeDefinition,
-) -> Result<(), Box<dyn std::error::Error>> {
-    std::fs::create_dir_all(&s.agent.state_dir)
-        .map_err(|e| format!("{}: {e}", s.agent.state_dir.display()))?;
+) -> Result<(), String> {
     let state = State {
         node_name: def.node_name.clone(),
         instance_id: id.instance_id.clone(),
         ami_id: id.ami_id.clone(),
         dynamic_conf: def.dynamic_conf.clone(),
+        setting_tags: crate::identity::setting_tags(id),
+        user_data_settings: crate::identity::user_data_settings(id).ok().flatten(),
     };
-    let json = serde_json::to_vec_pretty(&state)?;
-    crate::fsutil::write_atomic(&s.agent.state_dir.join(STATE_FILE), &json, 0o644, None)?;
-    Ok(())
+    state.write(&s.agent.state_dir)
 }
 
 /// Reads the state bootstrap left, if any.
 pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
-    let text = std::fs::read(state_dir.join(STATE_FILE)).ok()?;
-    serde_json::from_slice(&text).ok()
+    State::read(state_dir)
 }

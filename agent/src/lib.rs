@@ -7,6 +7,8 @@
 //! - [`nodedef`]: the Slurm node definition (NodeName, dynamic `--conf` line) from host facts.
 //! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
+//! - [`identity`]: who the node is (NodeName, instance incarnation) and the agent's drain
+//!   reasons in Slurm.
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
@@ -25,6 +27,7 @@ pub mod events;
 pub mod fsutil;
 pub mod health;
 pub mod hostfacts;
+pub mod identity;
 pub mod imds;
 pub mod mounts;
 pub mod nodedef;

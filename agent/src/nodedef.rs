@@ -144,12 +144,7 @@ pub fn node_definition(
     host: &HostFacts,
     gpus: u32,
 ) -> Result<NodeDefinition, (&'static str, String)> {
-    let node_name = if s.name.is_empty() {
-        expand_template(&s.name_template, id).map_err(|m| ("node.name_template", m))?
-    } else {
-        validate_node_name(&s.name).map_err(|m| ("node.name", m))?;
-        s.name.clone()
-    };
+    let node_name = crate::identity::node_name(s, id)?;
     if !s.dynamic {
         return Ok(NodeDefinition {
             node_name,

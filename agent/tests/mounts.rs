@@ -16,7 +16,7 @@ use std::time::Duration;
 use slurm_e2e::{run_ok, Daemon, Slurmctld, Slurmd, TempRoot, UserSystemd};
 use slurm_node_agent::mounts::{
     self, alive, escape::mount_unit_name, host::ModuleProbe, AliveError, MountEnv, MountSettings,
-    NodeAction, DRAIN_REASON_PREFIX, READY_MARKER,
+    NodeAction, READY_MARKER,
 };
 use slurm_node_agent::settings::HumanDuration;
 use slurm_node_agent::slurm::Scontrol;
@@ -440,7 +440,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     let state = |ctld: &Slurmctld| ctld.node_state("mnt1").unwrap().unwrap_or_default();
 
     // Not mounted yet: mounted, nothing to do to the node.
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
@@ -449,7 +449,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     // The file system goes away and cannot come back: drained, naming the mount.
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.failing.len(), 1);
@@ -457,24 +457,24 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         panic!("{r:?}")
     };
     assert!(
-        reason.starts_with(&format!("{DRAIN_REASON_PREFIX}{mp}: ")),
+        reason.starts_with(&format!("slurm-node-agent/mount@unknown: {mp}: ")),
         "{reason}"
     );
     assert!(state(&ctld).contains("DRAIN"), "{}", state(&ctld));
     let shown = ctld.scontrol_ok(&["show", "node", "-o", "mnt1"]).unwrap();
     assert!(
-        shown.contains(&format!("Reason={DRAIN_REASON_PREFIX}{mp}")),
+        shown.contains(&format!("Reason=slurm-node-agent/mount@unknown: {mp}")),
         "{shown}"
     );
     // A second pass changes nothing.
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);
 
     // It comes back: mounted again and the agent's own drain lifted.
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
@@ -492,7 +492,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     .unwrap();
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert!(
@@ -500,7 +500,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         "{r:?}"
     );
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1")
+    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);

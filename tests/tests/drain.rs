@@ -261,8 +261,9 @@ fn spot_notice_drains_survives_imds_errors_and_reports_through_sd_notify() {
         .set_spot_instance_action("terminate", &in_two_minutes());
     w.wait_state("drained by the spot notice", |s| s.contains("DRAIN"));
     assert!(
-        w.reason()
-            .starts_with("node-agent/spot: spot interruption notice: terminate at "),
+        w.reason().starts_with("slurm-node-agent/spot@i-")
+            && w.reason()
+                .contains(": spot interruption notice: terminate at "),
         "{}",
         w.reason()
     );
@@ -334,7 +335,7 @@ fn spot_notice_drains_survives_imds_errors_and_reports_through_sd_notify() {
     );
     let msgs = notifications(&sock).join("\n");
     assert!(
-        msgs.contains("STATUS=drained (spot): node-agent/spot:"),
+        msgs.contains("STATUS=drained (spot): slurm-node-agent/spot@i-"),
         "{msgs}"
     );
     assert!(msgs.contains("STOPPING=1"), "{msgs}");
@@ -429,9 +430,12 @@ fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
     let mut d = w.daemon("agent", None);
 
     w.wait_state("drained for the upgrade", |s| s.contains("DRAIN"));
-    assert_eq!(
-        w.reason(),
-        format!("node-agent/upgrade: image upgrade {RUNNING_AMI} -> {DESIRED_AMI}")
+    assert!(
+        w.reason().starts_with("slurm-node-agent/upgrade@i-")
+            && w.reason()
+                .ends_with(&format!(": image upgrade {RUNNING_AMI} -> {DESIRED_AMI}")),
+        "{}",
+        w.reason()
     );
     // The job still runs on the draining node: the upgrade drain does not kill it.
     let st = w.state();
@@ -565,9 +569,10 @@ fn maintenance_drains_ahead_and_cancel_resumes_but_never_an_admin_drain() {
     };
     w.imds.set_scheduled_maintenance(&soon("active"));
     w.wait_state("drained ahead of maintenance", |s| s.contains("DRAIN"));
+    assert!(w.reason().starts_with("slurm-node-agent/maintenance@i-"));
     assert!(w
         .reason()
-        .starts_with("node-agent/maintenance: scheduled instance-reboot instance-event-1"));
+        .contains(": scheduled instance-reboot instance-event-1"));
     w.imds.set_scheduled_maintenance(&soon("canceled"));
     w.ctld.wait_node_idle("mnt1", WAIT).unwrap();
     w.wait_phase("active");
@@ -608,7 +613,12 @@ fn drain_resume_commands_are_idempotent_and_respect_foreign_drains() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(json(&out)["result"], "started");
-    assert_eq!(w.reason(), "node-agent/manual: kernel update");
+    assert!(
+        w.reason().starts_with("slurm-node-agent/operator@")
+            && w.reason().ends_with(": kernel update"),
+        "{}",
+        w.reason()
+    );
     // Twice, and two at once: all succeed, one drain.
     let again = w.run_agent(&["drain", "--reason", "kernel update", "--output", "json"]);
     assert_eq!(json(&again)["result"], "already_draining");
@@ -911,7 +921,7 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
     let state = w.wait_state("drained by the health check", |s| s.contains("DRAIN"));
     assert!(state.contains("DRAIN"), "{state}");
     assert!(
-        w.reason().starts_with("slurm-node-agent: "),
+        w.reason().starts_with("slurm-node-agent/health@"),
         "{}",
         w.reason()
     );

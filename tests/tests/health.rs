@@ -18,7 +18,8 @@ use slurm_e2e::agent::agent_binary;
 use slurm_e2e::{is_idle, run_with_timeout, Slurmctld, Slurmd, TempRoot};
 
 const INTERVAL_S: u64 = 2;
-const PREFIX: &str = "slurm-node-agent: ";
+/// The agent's health reasons: `slurm-node-agent/health@<instance-id>: <check>: ...`.
+const PREFIX: &str = "slurm-node-agent/health@";
 
 /// Writes the checks and the wrapper; returns the wrapper's path.
 fn setup(root: &Path, ctld_conf: &Path) -> std::path::PathBuf {
@@ -112,7 +113,7 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
     );
     let r = reason(&ctld, "hc1");
     assert!(
-        r.starts_with(&format!("{PREFIX}check_file_test -e ")),
+        r.starts_with(PREFIX) && r.contains(": check_file_test -e "),
         "{r}"
     );
     assert!(r.contains("healthy-flag"), "{r}");

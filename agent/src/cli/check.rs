@@ -15,7 +15,8 @@ use clap::Args;
 
 use super::{print_error, Output, SettingsArgs};
 use crate::health::{self, ActOptions, ActOutcome, RunEnv};
-use crate::settings::{self, Source};
+use crate::identity;
+use crate::settings;
 use crate::slurm::Scontrol;
 
 /// Arguments of `check`.
@@ -44,20 +45,42 @@ pub struct CheckArgs {
 impl CheckArgs {
     /// Runs the checks; returns the exit code.
     pub async fn run(self) -> u8 {
-        let resolved = match self.settings.flag_layers().and_then(|flags| {
-            let mut layers = settings::file_layers(&self.settings.paths())?;
-            layers.extend(flags);
-            settings::Resolved::merge(&layers)
-        }) {
-            Ok(r) => r,
+        let flags = match self.settings.flag_layers() {
+            Ok(f) => f,
             Err(e) => {
                 print_error(&e);
                 return 78;
             }
         };
-        let explicit = (resolved.source_of("node.name") == Source::Flag)
-            .then(|| resolved.settings.node.name.clone());
-        let mut s = resolved.settings;
+        let paths = self.settings.paths();
+        // The one identity rule (crate::identity), without IMDS: SLURMD_NODENAME, flags,
+        // bootstrap's record (with the tags and user data it read), node.name.
+        let req = identity::Request {
+            paths: &paths,
+            flag_layers: &flags,
+            lookup: identity::Lookup::Local,
+            facts: None,
+            imds_timeout: std::time::Duration::ZERO,
+        };
+        let (mut s, ident) = match identity::resolve(&req).await {
+            Ok((r, id)) => (r.settings, Some(id)),
+            Err(identity::IdentityError::NoName(_)) => {
+                match settings::file_layers(&paths).and_then(|mut layers| {
+                    layers.extend(flags.iter().cloned());
+                    settings::Resolved::merge(&layers)
+                }) {
+                    Ok(r) => (r.settings, None),
+                    Err(e) => {
+                        print_error(&e);
+                        return 78;
+                    }
+                }
+            }
+            Err(e) => {
+                print_error(&e);
+                return e.exit_code();
+            }
+        };
         if let Some(d) = self.checks_dir {
             s.health.checks_dir = d;
         }
@@ -65,7 +88,7 @@ impl CheckArgs {
         if let Some(p) = self.prometheus_textfile {
             s.health.prometheus_textfile = p;
         }
-        let node = health::resolve_node_name(&s, explicit.as_deref());
+        let node = ident.as_ref().map(|i| i.node_name.clone());
         let checks = match health::load(&s.health, node.as_deref()) {
             Ok(c) => c,
             Err(e) => {
@@ -87,7 +110,11 @@ impl CheckArgs {
             }),
             (Some(n), true) => {
                 let scontrol = Scontrol::new(&s.slurm.bin_dir);
-                Some(health::act_on(&report, &scontrol, n, &ActOptions::from_settings(&s)).await)
+                let mut opts = ActOptions::from_settings(&s);
+                if let Some(i) = &ident {
+                    opts = opts.with_instance(&i.instance_id);
+                }
+                Some(health::act_on(&report, &scontrol, n, &opts).await)
             }
         };
         if !s.health.prometheus_textfile.as_os_str().is_empty() {

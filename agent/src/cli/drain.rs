@@ -14,47 +14,36 @@ use serde::Serialize;
 
 use super::{print_error, Output, SettingsArgs};
 use crate::drain::{Begin, DrainState, Engine, Phase};
-use crate::settings::{self, Settings};
+use crate::identity::{self, NodeIdentity};
+use crate::settings::Settings;
 
-/// Settings and node name for a one-shot command: files and flags only (no IMDS, so the
-/// command answers at once even when IMDS does not); the node name from `node.name` or
-/// bootstrap's state file.
+/// Settings and identity for a one-shot command (`drain`, `resume`, `status`), through
+/// [`crate::identity::resolve`]: bootstrap's record when there is one, else the settings
+/// and NodeName resolved over instance metadata exactly as bootstrap does.
 ///
 /// # Errors
-/// The exit code (78), after printing the error on stderr.
-pub fn local_settings(args: &SettingsArgs) -> Result<(Settings, String), u8> {
-    resolve_local(args).map_err(|(code, m)| {
-        eprintln!("slurm-node-agent: error: {m}");
-        code
-    })
-}
-
-fn resolve_local(args: &SettingsArgs) -> Result<(Settings, String), (u8, String)> {
-    let layers = args.flag_layers().map_err(|e| (78, e.to_string()))?;
-    let files = settings::file_layers(&args.paths()).map_err(|e| (78, e.to_string()))?;
-    let resolved =
-        crate::bootstrap::resolve(&files, None, &layers).map_err(|e| (78, e.to_string()))?;
-    let s = resolved.settings;
-    let node = if s.node.name.is_empty() {
-        crate::bootstrap::read_state(&s.agent.state_dir)
-            .map(|b| b.node_name)
-            .ok_or_else(|| {
-                (
-                    78,
-                    format!(
-                        "the node name is unknown: pass --node-name, set node.name, or run \
-                         bootstrap first (it writes {})",
-                        s.agent
-                            .state_dir
-                            .join(crate::bootstrap::STATE_FILE)
-                            .display()
-                    ),
-                )
-            })?
-    } else {
-        s.node.name.clone()
+/// The exit code (78 settings or no node name, 69 no record and no instance metadata),
+/// after printing the error on stderr.
+pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdentity), u8> {
+    let layers = args.flag_layers().map_err(|e| {
+        print_error(&e);
+        78
+    })?;
+    let paths = args.paths();
+    let req = identity::Request {
+        paths: &paths,
+        flag_layers: &layers,
+        lookup: identity::Lookup::RecordThenImds,
+        facts: None,
+        imds_timeout: Duration::from_secs(10),
     };
-    Ok((s, node))
+    match identity::resolve(&req).await {
+        Ok((r, id)) => Ok((r.settings, id)),
+        Err(e) => {
+            print_error(&e);
+            Err(e.exit_code())
+        }
+    }
 }
 
 fn parse_reason(s: &str) -> Result<String, String> {
@@ -71,7 +60,7 @@ pub struct DrainArgs {
     /// Settings sources.
     #[command(flatten)]
     pub settings: SettingsArgs,
-    /// Why (shown by `sinfo -R` as `node-agent/manual: <reason>`).
+    /// Why (shown by `sinfo -R` as `slurm-node-agent/operator@<instance-id>: <reason>`).
     #[arg(long, value_parser = parse_reason)]
     pub reason: String,
     /// Wait until no job runs on the node.
@@ -160,11 +149,12 @@ fn begin_name(b: &Begin) -> &'static str {
 impl DrainArgs {
     /// Runs the command; returns the exit code.
     pub async fn run(self) -> u8 {
-        let (s, node) = match local_settings(&self.settings) {
+        let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
         };
-        let engine = Engine::new(&s, &node);
+        let node = id.node_name.clone();
+        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
         let cause = crate::drain::Cause::Manual {
             reason: self.reason.clone(),
         };

@@ -28,11 +28,12 @@ pub struct ResumeArgs {
 impl ResumeArgs {
     /// Runs the command; returns the exit code.
     pub async fn run(self) -> u8 {
-        let (s, node) = match local_settings(&self.settings) {
+        let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
         };
-        let engine = Engine::new(&s, &node);
+        let node = id.node_name.clone();
+        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
         match engine.resume(self.force).await {
             Ok(st) => {
                 Report::new(&node, "resumed", st).print(self.output);

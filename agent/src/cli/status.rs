@@ -26,11 +26,12 @@ pub struct StatusArgs {
 impl StatusArgs {
     /// Runs the command; returns the exit code.
     pub async fn run(self) -> u8 {
-        let (s, node) = match local_settings(&self.settings) {
+        let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
         };
-        let engine = Engine::new(&s, &node);
+        let node = id.node_name.clone();
+        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
         let st = match engine.load() {
             Ok(st) => st,
             Err(e) => {

@@ -29,9 +29,9 @@ pub enum DaemonError {
     /// Settings invalid (exit 78).
     #[error(transparent)]
     Settings(#[from] SettingsError),
-    /// The node name is unknown (exit 78).
-    #[error("the node name is unknown: set node.name or run bootstrap first (it writes {0})")]
-    NoNodeName(String),
+    /// The node's identity could not be resolved (exit 78 or 69).
+    #[error(transparent)]
+    Identity(#[from] crate::identity::IdentityError),
     /// Signals could not be set up (exit 71).
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
@@ -44,7 +44,8 @@ impl DaemonError {
     /// sysexits(3) code.
     pub fn exit_code(&self) -> u8 {
         match self {
-            DaemonError::Settings(_) | DaemonError::NoNodeName(_) => 78,
+            DaemonError::Settings(_) => 78,
+            DaemonError::Identity(e) => e.exit_code(),
             DaemonError::Signal(_) => 71,
             DaemonError::Drain(e) => e.exit_code(),
         }
@@ -170,23 +171,20 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         notifier.stopping();
         return Ok(());
     };
-    let s = resolved.settings;
-    let node = if s.node.name.is_empty() {
-        crate::bootstrap::read_state(&s.agent.state_dir)
-            .map(|b| b.node_name)
-            .ok_or_else(|| {
-                DaemonError::NoNodeName(
-                    s.agent
-                        .state_dir
-                        .join(crate::bootstrap::STATE_FILE)
-                        .display()
-                        .to_string(),
-                )
-            })?
-    } else {
-        s.node.name.clone()
+    drop(resolved);
+    // The one identity rule (crate::identity): bootstrap's record when it is this
+    // incarnation's, else the NodeName resolved over the metadata just read, like bootstrap.
+    let req = crate::identity::Request {
+        paths: &opts.paths,
+        flag_layers: &opts.flag_layers,
+        lookup: crate::identity::Lookup::RecordThenImds,
+        facts: Some(&id),
+        imds_timeout: Duration::from_secs(10),
     };
-    let engine = Engine::new(&s, &node);
+    let (resolved, ident) = crate::identity::resolve(&req).await?;
+    let s = resolved.settings;
+    let node = ident.node_name.clone();
+    let engine = Engine::new(&s, &node).with_instance(&ident.instance_id);
     let imds = Imds::new(&s.imds);
     let ssm = if s.upgrade.parameter.is_empty() {
         None
@@ -266,7 +264,8 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     };
     let mut health_env = crate::health::RunEnv::from_settings(&s);
     health_env.node = Some(node.clone());
-    let health_act = crate::health::act::ActOptions::from_settings(&s);
+    let health_act =
+        crate::health::act::ActOptions::from_settings(&s).with_instance(&ident.instance_id);
     let mut health_tick = interval_at(start, s.health.interval.0);
     health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
@@ -398,7 +397,13 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     continue;
                 };
                 let pass = crate::mounts::reconcile(
-                    &s.mounts, &id.region, &mount_env, systemd, &scontrol, &node,
+                    &s.mounts,
+                    &id.region,
+                    &mount_env,
+                    systemd,
+                    &scontrol,
+                    &node,
+                    &ident.instance_id,
                 );
                 match term.or_stop(pass).await {
                     Some(Ok(report)) => {

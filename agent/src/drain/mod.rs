@@ -10,8 +10,8 @@
 //! - [`Engine`]: applies requests and moves the machine forward against Slurm.
 //!
 //! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
-//! the reason starts with `node-agent/<kind>: ` and that no foreign reason was on the node
-//! when the drain began.
+//! the reason is the agent's ([`crate::identity`]: `slurm-node-agent/<cause>@<instance-id>:
+//! ...`) and that no foreign reason was on the node when the drain began.
 
 pub mod metrics;
 pub mod slurm;
@@ -137,9 +137,8 @@ pub struct Engine {
     pub upgrade: UpgradeSettings,
     /// `[drain]`.
     pub drain: DrainSettings,
-    /// The health checks' reason prefix (`health.reason_prefix`): an operator's `resume`
-    /// lifts such a drain too (it is the agent's), the daemon's own resumes never do.
-    pub health_reason_prefix: String,
+    /// The incarnation that writes the reasons (`unknown` when not known).
+    pub instance_id: String,
     /// `systemd.bus`, for the poweroff action.
     pub systemd_bus: String,
     /// Where the metrics go (resolved).
@@ -172,10 +171,16 @@ impl Engine {
             events: settings.events.clone(),
             upgrade: settings.upgrade.clone(),
             drain: settings.drain.clone(),
-            health_reason_prefix: settings.health.reason_prefix.clone(),
+            instance_id: crate::identity::UNKNOWN_INSTANCE.to_string(),
             systemd_bus: settings.systemd.bus.clone(),
             metrics_file,
         }
+    }
+
+    /// The same engine writing reasons as incarnation `instance_id`.
+    pub fn with_instance(mut self, instance_id: &str) -> Engine {
+        self.instance_id = instance_id.to_string();
+        self
     }
 
     fn lock(&self) -> Result<store::Lock, StoreError> {
@@ -230,6 +235,9 @@ impl Engine {
             .filter(|r| is_drained_flag(&node) && !state::is_our_reason(r, None))
             .map(str::to_string);
         let begin = st.begin(cause, foreign.clone(), time::now());
+        if let Some(c) = &st.cause {
+            st.reason = Some(c.reason_for(&self.instance_id));
+        }
         if let Some(f) = &foreign {
             tracing::warn!(node = %self.node, reason = %f, "node already drained by someone else; keeping their reason");
         } else if let Some(reason) = &st.reason {
@@ -326,13 +334,14 @@ impl Engine {
             }
             .into());
         }
-        let by_health_check = !self.health_reason_prefix.trim().is_empty()
-            && self
-                .node_info()
-                .await?
-                .reason()
-                .is_some_and(|r| r.starts_with(&self.health_reason_prefix));
-        self.resume_in_slurm(&st, force || by_health_check).await?;
+        // Any of the agent's reasons (health checks and mounts too) is the operator's to
+        // lift; an admin's only with --force.
+        let agents = self
+            .node_info()
+            .await?
+            .reason()
+            .is_some_and(crate::identity::is_agent_reason);
+        self.resume_in_slurm(&st, force || agents).await?;
         st.resume(time::now())?;
         self.save(&st)?;
         Ok(st)

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::state::Cause;
+use crate::identity::ReasonCause;
 use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
 
 /// Slurm programs in one folder.
@@ -35,7 +35,9 @@ pub fn node_is_empty(n: &NodeInfo) -> bool {
 pub fn reason_time(n: &NodeInfo) -> &str {
     n.fields
         .get("Reason")
-        .and_then(|r| r.rsplit_once('@'))
+        .filter(|r| r.ends_with(']'))
+        .and_then(|r| r.rsplit_once(" ["))
+        .and_then(|(_, s)| s.rsplit_once('@'))
         .map_or("", |(_, t)| t.trim_end_matches(']'))
 }
 
@@ -52,7 +54,6 @@ pub struct BudgetCount {
 /// Counts, from `scontrol show nodes -o` output, the nodes of `partition` (all nodes when
 /// empty) and those drained for an upgrade.
 pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
-    let prefix = Cause::reason_prefix_of("upgrade");
     let mut total = 0;
     let mut up: Vec<(String, String)> = Vec::new();
     for n in show_nodes
@@ -68,7 +69,9 @@ pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
             continue;
         }
         total += 1;
-        if n.reason().is_some_and(|r| r.starts_with(&prefix)) {
+        if n.reason()
+            .is_some_and(|r| crate::identity::is_agent_reason_for(r, ReasonCause::Upgrade))
+        {
             up.push((reason_time(&n).to_string(), n.name().to_string()));
         }
     }
@@ -189,11 +192,11 @@ mod tests {
     #[test]
     fn counts_upgrades_in_time_order() {
         let out = "\
-NodeName=c1 State=IDLE+DRAIN Partitions=main,gpu Reason=node-agent/upgrade: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:05]
+NodeName=c1 State=IDLE+DRAIN Partitions=main,gpu Reason=slurm-node-agent/upgrade@i-0123456789abcdef0: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:05]
 NodeName=c2 State=IDLE Partitions=main Reason=(null)
-NodeName=c3 State=MIXED+DRAIN Partitions=main Reason=node-agent/upgrade: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:01]
+NodeName=c3 State=MIXED+DRAIN Partitions=main Reason=slurm-node-agent/upgrade@i-0123456789abcdef0: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:01]
 NodeName=c4 State=IDLE+DRAIN Partitions=main Reason=bad disk [admin@2024-05-01T09:00:00]
-NodeName=g1 State=IDLE+DRAIN Partitions=gpu Reason=node-agent/upgrade: x [root@2024-05-01T09:00:00]
+NodeName=g1 State=IDLE+DRAIN Partitions=gpu Reason=slurm-node-agent/upgrade@unknown: x [root@2024-05-01T09:00:00]
 ";
         let c = count_upgrading(out, "main");
         assert_eq!(c.total, 4);

@@ -21,10 +21,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::time;
 
-/// Start of every reason this agent sets on a node; followed by the cause's kind and `: `.
-/// A node whose reason does not start with `REASON_PREFIX<kind>:` was drained by someone
-/// else and is never resumed by the agent.
-pub const REASON_PREFIX: &str = "node-agent/";
+/// Start of every reason this agent sets on a node: the scheme of [`crate::identity`],
+/// `slurm-node-agent/<cause>@<instance-id>: <detail>`. A node whose reason does not parse
+/// so was drained by someone else and is never resumed by the agent.
+pub use crate::identity::REASON_PREFIX;
+use crate::identity::{self, ReasonCause};
 
 /// How many transitions the state keeps in its history.
 const HISTORY_LEN: usize = 32;
@@ -149,13 +150,28 @@ impl Cause {
         }
     }
 
-    /// The prefix of the Slurm reasons of this kind: `node-agent/<kind>: `.
-    pub fn reason_prefix_of(kind: &str) -> String {
-        format!("{REASON_PREFIX}{kind}: ")
+    /// The cause word of its Slurm reason ([`crate::identity::ReasonCause`]): a spot
+    /// notice's `stop` and `hibernate` are their own causes, an operator's drain is
+    /// `operator`.
+    pub fn reason_cause(&self) -> ReasonCause {
+        match self {
+            Cause::Spot { action, .. } => ReasonCause::of_spot_action(action),
+            Cause::Lifecycle { .. } => ReasonCause::Lifecycle,
+            Cause::Manual { .. } => ReasonCause::Operator,
+            Cause::Maintenance { .. } => ReasonCause::Maintenance,
+            Cause::Upgrade { .. } => ReasonCause::Upgrade,
+            Cause::Rebalance { .. } => ReasonCause::Rebalance,
+        }
     }
 
-    /// The Slurm reason: `node-agent/<kind>: <details>`, at most 256 characters.
+    /// The Slurm reason with an unknown writer (see [`Cause::reason_for`]).
     pub fn reason(&self) -> String {
+        self.reason_for(identity::UNKNOWN_INSTANCE)
+    }
+
+    /// The Slurm reason written by incarnation `instance_id`:
+    /// `slurm-node-agent/<cause>@<instance-id>: <details>`, at most 256 characters.
+    pub fn reason_for(&self, instance_id: &str) -> String {
         let detail = match self {
             Cause::Spot { action, time } => {
                 format!(
@@ -180,12 +196,7 @@ impl Cause {
                 format!("rebalance recommendation at {}", time::format(*notice_time))
             }
         };
-        let mut r = format!("{}{detail}", Cause::reason_prefix_of(self.kind()));
-        r.retain(|c| !c.is_control());
-        if r.chars().count() > 256 {
-            r = r.chars().take(256).collect();
-        }
-        r
+        identity::reason(self.reason_cause(), instance_id, &detail)
     }
 
     /// Whether the agent undoes the drain by itself when the cause goes away (a
@@ -204,24 +215,26 @@ impl Cause {
     }
 }
 
-/// Whether a Slurm reason is one this agent set for a cause of `kind` (`None`: any kind).
+/// Whether a Slurm reason is one this agent set for a drain cause of `kind` (a
+/// [`Cause::kind`]; `None`: any cause of the drain machine). Health and mount drains are
+/// the agent's too, but not this machine's: see [`crate::identity::is_agent_reason`].
 pub fn is_our_reason(reason: &str, kind: Option<&str>) -> bool {
-    match kind {
-        Some(k) => reason.starts_with(&Cause::reason_prefix_of(k)),
-        None => reason
-            .strip_prefix(REASON_PREFIX)
-            .and_then(|r| r.split_once(": "))
-            .is_some_and(|(k, _)| {
-                [
-                    "spot",
-                    "lifecycle",
-                    "manual",
-                    "maintenance",
-                    "upgrade",
-                    "rebalance",
-                ]
-                .contains(&k)
-            }),
+    let Some(r) = identity::parse_reason(reason) else {
+        return false;
+    };
+    let kind_of = |c: ReasonCause| match c {
+        ReasonCause::Spot | ReasonCause::Stop | ReasonCause::Hibernate => Some("spot"),
+        ReasonCause::Lifecycle => Some("lifecycle"),
+        ReasonCause::Operator => Some("manual"),
+        ReasonCause::Maintenance => Some("maintenance"),
+        ReasonCause::Upgrade => Some("upgrade"),
+        ReasonCause::Rebalance => Some("rebalance"),
+        ReasonCause::Health | ReasonCause::Mount | ReasonCause::Script => None,
+    };
+    match (kind_of(r.cause), kind) {
+        (Some(k), Some(want)) => k == want,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -577,7 +590,7 @@ mod tests {
         assert_eq!(
             s.reason.as_deref(),
             Some(
-                "node-agent/upgrade: image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
+                "slurm-node-agent/upgrade@unknown: image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
             )
         );
         s.drained(11).unwrap();
@@ -680,7 +693,10 @@ mod tests {
             Begin::Escalated { .. }
         ));
         assert!(!s.cause.as_ref().unwrap().undoable());
-        assert_eq!(s.reason.as_deref(), Some("node-agent/manual: bad DIMM"));
+        assert_eq!(
+            s.reason.as_deref(),
+            Some("slurm-node-agent/operator@unknown: bad DIMM")
+        );
         // The same manual drain again is idempotent.
         assert!(matches!(
             s.begin(manual, None, 3),
@@ -726,10 +742,19 @@ mod tests {
         assert!(is_our_reason(&spot().reason(), None));
         assert!(!is_our_reason(&spot().reason(), Some("upgrade")));
         assert!(!is_our_reason("Kill task failed", None));
-        assert!(!is_our_reason("node-agent/health: disk", None));
+        assert!(!is_our_reason("node-agent/spot: x", None));
+        assert!(!is_our_reason("slurm-node-agent: x", None));
+        assert!(!is_our_reason(
+            "slurm-node-agent/health@unknown: disk",
+            None
+        ));
+        assert!(is_our_reason(
+            &spot().reason_for("i-0123456789abcdef0"),
+            Some("spot")
+        ));
         assert_eq!(
             spot().reason(),
-            "node-agent/spot: spot interruption notice: terminate at 2017-09-18T08:22:00Z"
+            "slurm-node-agent/spot@unknown: spot interruption notice: terminate at 2017-09-18T08:22:00Z"
         );
         let long = Cause::Manual {
             reason: "x\n".repeat(300),

@@ -1,6 +1,7 @@
 //! Acting on a report the way NHC users expect, without fighting Slurm or an admin.
 //!
-//! On failure the node is drained with `<prefix><check>: <message>` unless:
+//! On failure the node is drained with `slurm-node-agent/health@<instance-id>: <check>:
+//! <message>` ([`crate::identity`]) unless:
 //! - slurmctld does not know the node yet (slurmd not registered: nothing to drain);
 //! - it is already drained or draining (by the agent: kept; by anyone else: their reason
 //!   is never overwritten);
@@ -11,21 +12,27 @@
 //! Other states act normally: RESERVED (`resv`), not responding (`*`), powering up (`#`),
 //! reboot requested (`@`), PLANNED, COMPLETING.
 //!
-//! On success the node is resumed only when it is drained with a reason starting with the
-//! prefix, and not while a reboot is requested or issued (`@`, `^`: RESUME would cancel
-//! the admin's reboot) or power saving owns it. An admin drain ("ADMIN SHUTDOWN") is
-//! never resumed.
+//! A failing check other than the one named in the agent's health reason rewrites the
+//! reason. On success the node is resumed only when its reason is the agent's health
+//! reason (any incarnation: a replacement lifts its predecessor's health drain), and not
+//! while a reboot is requested or issued (`@`, `^`: RESUME would cancel the admin's
+//! reboot) or power saving owns it. An admin drain ("ADMIN SHUTDOWN", or any reason not in
+//! the agent's scheme) is never resumed.
 //!
-//! A marker file in the state folder remembers that the agent drained the node, so a
-//! healthy run with no marker makes no `scontrol` call at all (fast, and no load on
-//! slurmctld from thousands of nodes). Without a state folder the node is always queried.
+//! Slurm's reason is the authority; a cache file in the state folder only saves calls:
+//! it holds the boot id of a run that found no health drain of the agent's in Slurm, so a
+//! healthy run in the same boot makes no `scontrol` call at all (fast, and no load on
+//! slurmctld from thousands of nodes). A drain removes it; a new boot, a new disk or a
+//! replacement instance has none, so the first healthy run asks Slurm. Without a state
+//! folder the node is always queried.
 //! Race: an admin drain landing between our query and our drain is overwritten; the
 //! window is one scontrol round trip.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{drain_marker, Report};
+use super::{clean_marker, Report};
+use crate::identity::ReasonCause;
 use crate::slurm::node::NodeState;
 use crate::slurm::Scontrol;
 
@@ -52,11 +59,16 @@ fn none(why: impl Into<String>) -> Action {
 
 /// Decides what to do given the node's state (`None`: not known to slurmctld) and the
 /// drain reason of the report (`None`: healthy).
-pub fn decide(state: Option<&NodeState>, failure: Option<&str>, prefix: &str) -> Action {
+pub fn decide(state: Option<&NodeState>, failure: Option<&str>) -> Action {
     let Some(st) = state else {
         return none("node not known to slurmctld (slurmd not registered yet)");
     };
-    let ours = st.reason.as_deref().is_some_and(|r| r.starts_with(prefix));
+    let ours_parsed = st
+        .reason
+        .as_deref()
+        .and_then(crate::identity::parse_reason)
+        .filter(|r| r.cause == ReasonCause::Health);
+    let ours = ours_parsed.is_some();
     let power = ["POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"]
         .into_iter()
         .find(|f| st.has(f));
@@ -64,6 +76,17 @@ pub fn decide(state: Option<&NodeState>, failure: Option<&str>, prefix: &str) ->
     match failure {
         Some(reason) => {
             if drained {
+                let check_of = |detail: &str| detail.split(": ").next().unwrap_or("").to_string();
+                let now_failing =
+                    crate::identity::parse_reason(reason).map(|r| check_of(&r.detail));
+                if let (Some(cur), Some(new)) = (&ours_parsed, now_failing) {
+                    if check_of(&cur.detail) != new && !st.has("REBOOT_ISSUED") {
+                        // Another check is the one failing now: say so.
+                        return Action::Drain {
+                            reason: reason.to_string(),
+                        };
+                    }
+                }
                 return if ours {
                     none("already drained by the agent")
                 } else {
@@ -129,8 +152,8 @@ pub fn decide(state: Option<&NodeState>, failure: Option<&str>, prefix: &str) ->
 /// How to act.
 #[derive(Debug, Clone)]
 pub struct ActOptions {
-    /// Reason prefix.
-    pub prefix: String,
+    /// The incarnation that writes the reasons (`unknown` when not known).
+    pub instance_id: String,
     /// State folder for the drain marker (`None`: always query slurmctld).
     pub state_dir: Option<PathBuf>,
     /// Limit of each scontrol call.
@@ -138,13 +161,25 @@ pub struct ActOptions {
 }
 
 impl ActOptions {
-    /// From settings: `health.reason_prefix`, `agent.state_dir`, `health.scontrol_timeout`.
+    /// From settings (`agent.state_dir`, `health.scontrol_timeout`); the instance id from
+    /// bootstrap's record (`unknown` without one; see [`ActOptions::with_instance`]).
     pub fn from_settings(s: &crate::settings::Settings) -> ActOptions {
         ActOptions {
-            prefix: s.health.reason_prefix.clone(),
+            instance_id: crate::identity::Recorded::read(&s.agent.state_dir).map_or_else(
+                || crate::identity::UNKNOWN_INSTANCE.to_string(),
+                |r| r.instance_id,
+            ),
             state_dir: Some(s.agent.state_dir.clone()),
             scontrol_timeout: s.health.scontrol_timeout.0,
         }
+    }
+}
+
+impl ActOptions {
+    /// The same options writing reasons as incarnation `instance_id`.
+    pub fn with_instance(mut self, instance_id: &str) -> ActOptions {
+        self.instance_id = instance_id.to_string();
+        self
     }
 }
 
@@ -182,24 +217,33 @@ pub async fn act_on(
     node: &str,
     opts: &ActOptions,
 ) -> ActOutcome {
-    let failure = report.drain_reason(&opts.prefix);
+    let failure = report.drain_reason(&opts.instance_id);
     let marker = opts
         .state_dir
         .as_ref()
         .filter(|d| d.is_dir())
-        .map(|d| drain_marker(d));
-    if failure.is_none() {
+        .map(|d| clean_marker(d));
+    let boot = crate::drain::boot_id().unwrap_or_default();
+    if failure.is_none() && !boot.is_empty() {
         if let Some(m) = &marker {
-            if !m.exists() {
+            if std::fs::read_to_string(m).is_ok_and(|b| b.trim() == boot) {
                 return ActOutcome {
                     action: "none".into(),
-                    detail: "healthy; the agent has not drained this node".into(),
+                    detail: "healthy; Slurm showed no health drain of the agent's this boot".into(),
                     state: None,
                     error: None,
                 };
             }
         }
     }
+    // Marks "Slurm has no health drain of ours" for the rest of this boot.
+    let mark_clean = |m: &Option<PathBuf>| {
+        if let Some(m) = m {
+            if !boot.is_empty() {
+                let _ = crate::fsutil::write_atomic(m, boot.as_bytes(), 0o644, None);
+            }
+        }
+    };
     let mut sc = scontrol.clone();
     sc.timeout = opts.scontrol_timeout;
     let state = match sc.show_node(node).await {
@@ -213,7 +257,14 @@ pub async fn act_on(
             }
         }
     };
-    let action = decide(state.as_ref(), failure.as_deref(), &opts.prefix);
+    let action = decide(state.as_ref(), failure.as_deref());
+    let ours_now = state.as_ref().is_some_and(|st| {
+        st.has("DRAIN")
+            && st
+                .reason
+                .as_deref()
+                .is_some_and(|r| crate::identity::is_agent_reason_for(r, ReasonCause::Health))
+    });
     let state_text = state.as_ref().map(NodeState::describe);
     let mut out = ActOutcome {
         action: "none".into(),
@@ -224,18 +275,11 @@ pub async fn act_on(
     match action {
         Action::Drain { reason } => {
             out.action = "drain".into();
-            match sc.drain(node, &reason).await {
-                Ok(()) => {
-                    if let Some(m) = &marker {
-                        if let Err(e) =
-                            crate::fsutil::write_atomic(m, reason.as_bytes(), 0o644, None)
-                        {
-                            out.error =
-                                Some(format!("drained, but the marker was not written: {e}"));
-                        }
-                    }
-                }
-                Err(e) => out.error = Some(e.to_string()),
+            if let Some(m) = &marker {
+                let _ = std::fs::remove_file(m);
+            }
+            if let Err(e) = sc.drain(node, &reason).await {
+                out.error = Some(e.to_string());
             }
             out.detail = reason;
         }
@@ -243,20 +287,15 @@ pub async fn act_on(
             out.action = "resume".into();
             out.detail = "checks pass again; the agent's drain is lifted".into();
             match sc.resume(node).await {
-                Ok(()) => {
-                    if let Some(m) = &marker {
-                        let _ = std::fs::remove_file(m);
-                    }
-                }
+                Ok(()) => mark_clean(&marker),
                 Err(e) => out.error = Some(e.to_string()),
             }
         }
         Action::None { why } => {
-            // A drain that is not (or no longer) ours: forget the marker.
-            if failure.is_none() {
-                if let Some(m) = &marker {
-                    let _ = std::fs::remove_file(m);
-                }
+            // Healthy, and Slurm shows no health drain of ours (a pending reboot keeps it:
+            // the next run asks again and lifts the drain once the node is back).
+            if failure.is_none() && !ours_now {
+                mark_clean(&marker);
             }
             out.detail = why;
         }
@@ -270,7 +309,7 @@ mod tests {
     use super::*;
     use crate::slurm::node::NodeInfo;
 
-    const P: &str = "slurm-node-agent: ";
+    const ID: &str = "i-0123456789abcdef0";
 
     fn st(line: &str) -> NodeState {
         NodeState::from_node_info(&NodeInfo::parse(line))
@@ -278,13 +317,16 @@ mod tests {
 
     fn drains(line: &str) -> bool {
         matches!(
-            decide(Some(&st(line)), Some("slurm-node-agent: x: y"), P),
+            decide(
+                Some(&st(line)),
+                Some("slurm-node-agent/health@i-0123456789abcdef0: x: y"),
+            ),
             Action::Drain { .. }
         )
     }
 
     fn resumes(line: &str) -> bool {
-        decide(Some(&st(line)), None, P) == Action::Resume
+        decide(Some(&st(line)), None) == Action::Resume
     }
 
     #[test]
@@ -302,7 +344,7 @@ mod tests {
             "NodeName=n State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]"
         ));
         assert!(!drains(
-            "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent: old [root@2026-01-01T00:00:00]"
+            "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: x: old [root@2026-01-01T00:00:00]"
         ));
         assert!(!drains(
             "NodeName=n State=MIXED+DRAIN Reason=ADMIN SHUTDOWN"
@@ -317,19 +359,19 @@ mod tests {
         assert!(!drains("NodeName=n State=IDLE+POWER_DOWN"));
         assert!(!drains("NodeName=n State=DOWN+REBOOT_ISSUED"));
         assert_eq!(
-            decide(None, Some("x"), P),
+            decide(None, Some("x")),
             none("node not known to slurmctld (slurmd not registered yet)")
         );
     }
 
     #[test]
     fn recovery_resumes_only_the_agents_drain() {
-        assert!(resumes("NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent: check_x: bad [root@2026-01-01T00:00:00]"));
+        assert!(resumes("NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: check_x: bad [root@2026-01-01T00:00:00]"));
         assert!(resumes(
-            "NodeName=n State=MIXED+DRAIN Reason=slurm-node-agent: check_x: bad"
+            "NodeName=n State=MIXED+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: check_x: bad"
         ));
         assert!(resumes(
-            "NodeName=n State=DOWN+DRAIN+NOT_RESPONDING Reason=slurm-node-agent: x"
+            "NodeName=n State=DOWN+DRAIN+NOT_RESPONDING Reason=slurm-node-agent/health@unknown: x"
         ));
         assert!(!resumes(
             "NodeName=n State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]"
@@ -339,18 +381,41 @@ mod tests {
         ));
         assert!(!resumes("NodeName=n State=IDLE+DRAIN"));
         assert!(!resumes("NodeName=n State=IDLE"));
-        assert!(!resumes("NodeName=n State=DOWN Reason=slurm-node-agent: x"));
         assert!(!resumes(
-            "NodeName=n State=IDLE+DRAIN+REBOOT_REQUESTED Reason=slurm-node-agent: x"
+            "NodeName=n State=DOWN Reason=slurm-node-agent/health@unknown: x"
         ));
         assert!(!resumes(
-            "NodeName=n State=DOWN+DRAIN+REBOOT_ISSUED Reason=slurm-node-agent: x"
+            "NodeName=n State=IDLE+DRAIN+REBOOT_REQUESTED Reason=slurm-node-agent/health@unknown: x"
         ));
         assert!(!resumes(
-            "NodeName=n State=IDLE+DRAIN+POWERED_DOWN Reason=slurm-node-agent: x"
+            "NodeName=n State=DOWN+DRAIN+REBOOT_ISSUED Reason=slurm-node-agent/health@unknown: x"
         ));
         assert!(!resumes(
-            "NodeName=n State=IDLE+DRAIN Reason=xslurm-node-agent: x"
+            "NodeName=n State=IDLE+DRAIN+POWERED_DOWN Reason=slurm-node-agent/health@unknown: x"
+        ));
+        assert!(!resumes(
+            "NodeName=n State=IDLE+DRAIN Reason=xslurm-node-agent/health@unknown: x"
+        ));
+    }
+
+    #[test]
+    fn another_failing_check_rewrites_the_reason_admin_look_alikes_stay() {
+        let line = "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: check_a: bad [root@2026-01-01T00:00:00]";
+        let now = "slurm-node-agent/health@i-0123456789abcdef0: check_b: worse";
+        assert_eq!(
+            decide(Some(&st(line)), Some(now)),
+            Action::Drain { reason: now.into() }
+        );
+        let same = "slurm-node-agent/health@i-0123456789abcdef0: check_a: still bad";
+        assert!(matches!(
+            decide(Some(&st(line)), Some(same)),
+            Action::None { .. }
+        ));
+        assert!(!resumes(
+            "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent: check_x: bad"
+        ));
+        assert!(!resumes(
+            "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/operator@unknown: x"
         ));
     }
 
@@ -382,9 +447,9 @@ mod tests {
             started_unix: 0.0,
             duration_ms: 1.0,
         };
-        let reason = r.drain_reason(P).unwrap();
+        let reason = r.drain_reason(ID).unwrap();
         assert!(
-            reason.starts_with("slurm-node-agent: check_a: line1 line2"),
+            reason.starts_with("slurm-node-agent/health@i-0123456789abcdef0: check_a: line1 line2"),
             "{reason}"
         );
         assert!(reason.ends_with("... (+1 more)"), "{reason}");

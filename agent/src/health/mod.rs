@@ -15,7 +15,8 @@
 //! ```no_run
 //! # async fn demo(settings: &slurm_node_agent::settings::Settings) -> anyhow::Result<()> {
 //! use slurm_node_agent::{health, slurm::Scontrol};
-//! let node = health::resolve_node_name(settings, None);
+//! // The NodeName comes from slurm_node_agent::identity::resolve in the agent's commands.
+//! let node = Some("n1".to_string());
 //! let checks = health::load(&settings.health, node.as_deref())?;
 //! let report = health::run_checks(&checks, &health::RunEnv::from_settings(settings)).await;
 //! if let Some(node) = &node {
@@ -60,9 +61,6 @@ pub struct HealthSettings {
     pub nhc_conf: Vec<PathBuf>,
     /// Timeout of a check that sets none.
     pub timeout: HumanDuration,
-    /// Prefix of the drain reasons the agent writes; only a drain whose reason starts with
-    /// it is ever resumed by the agent.
-    pub reason_prefix: String,
     /// Drain on failure and resume on recovery (`false`: report only).
     pub act: bool,
     /// Prometheus textfile to write after each run (node_exporter's textfile collector),
@@ -83,7 +81,6 @@ impl Default for HealthSettings {
             checks_dir: PathBuf::from("/etc/slurm-node-agent/checks.d"),
             nhc_conf: Vec::new(),
             timeout: HumanDuration(Duration::from_secs(10)),
-            reason_prefix: "slurm-node-agent: ".into(),
             act: true,
             prometheus_textfile: PathBuf::new(),
             scontrol_timeout: HumanDuration(Duration::from_secs(5)),
@@ -116,18 +113,6 @@ impl HealthSettings {
             || self.interval.0.is_zero()
         {
             return e("timeout", "timeouts and the interval must be above zero");
-        }
-        if self.reason_prefix.trim().is_empty() {
-            return e(
-                "reason_prefix",
-                "must not be empty: it tells the agent's drains from an admin's",
-            );
-        }
-        if let Err(m) = crate::slurm::node::validate_reason(&self.reason_prefix) {
-            return e("reason_prefix", &m);
-        }
-        if self.reason_prefix.chars().count() > 64 {
-            return e("reason_prefix", "at most 64 characters");
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.output_limit) {
             return e("output_limit", "must be 1024 to 67108864 bytes");
@@ -214,27 +199,6 @@ pub fn load(settings: &HealthSettings, node: Option<&str>) -> Result<CheckSet, C
     Ok(set)
 }
 
-/// The Slurm NodeName of this node, never the host name: `explicit` (a command-line
-/// flag), else `SLURMD_NODENAME` (set by slurmd for its `HealthCheckProgram`), else the
-/// `node.name` setting, else the name bootstrap recorded in `agent.state_dir`.
-pub fn resolve_node_name(
-    settings: &crate::settings::Settings,
-    explicit: Option<&str>,
-) -> Option<String> {
-    if let Some(n) = explicit.filter(|n| !n.is_empty()) {
-        return Some(n.to_string());
-    }
-    if let Ok(n) = std::env::var("SLURMD_NODENAME") {
-        if !n.is_empty() {
-            return Some(n);
-        }
-    }
-    if !settings.node.name.is_empty() {
-        return Some(settings.node.name.clone());
-    }
-    crate::bootstrap::read_state(&settings.agent.state_dir).map(|s| s.node_name)
-}
-
 /// Outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -299,10 +263,13 @@ impl Report {
         self.results.iter().filter(|r| r.is_fatal_failure())
     }
 
-    /// The drain reason for this report: `<prefix><check>: <message>` of the first fatal
-    /// failure, with `(+N more)` when several failed; control characters replaced, cut to
-    /// Slurm's 256 characters. `None` when healthy.
-    pub fn drain_reason(&self, prefix: &str) -> Option<String> {
+    /// The drain reason for this report, written by incarnation `instance_id`:
+    /// `slurm-node-agent/health@<instance-id>: <check>: <message>` of the first fatal
+    /// failure ([`crate::identity`]), with `(+N more)` when several failed; control
+    /// characters replaced, cut to Slurm's 256 characters. `None` when healthy.
+    pub fn drain_reason(&self, instance_id: &str) -> Option<String> {
+        let prefix =
+            &crate::identity::reason_head(crate::identity::ReasonCause::Health, instance_id);
         let failed: Vec<&CheckResult> = self.failures().collect();
         let first = failed.first()?;
         let more = if failed.len() > 1 {
@@ -329,8 +296,9 @@ impl Report {
     }
 }
 
-/// Path of the marker file that records "the agent drained this node" in the state
-/// folder: when it is absent and the checks pass, no `scontrol` call is needed.
-pub fn drain_marker(state_dir: &Path) -> PathBuf {
-    state_dir.join("health-drained")
+/// Path of the cache file in the state folder that holds the boot id of a run that found no
+/// health drain of the agent's in Slurm: while it holds the current boot id and the checks
+/// pass, no `scontrol` call is needed (see [`act`]). Never the authority: Slurm's reason is.
+pub fn clean_marker(state_dir: &Path) -> PathBuf {
+    state_dir.join("health-clean")
 }

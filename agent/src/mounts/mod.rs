@@ -41,7 +41,7 @@
 //!
 //! Afterwards the daemon calls [`reconcile`] periodically: a required mount that is gone
 //! is mounted again; one that is still failing (gone, hung, read-only) drains the node
-//! with a reason starting with [`DRAIN_REASON_PREFIX`] and naming the mount; once all are
+//! with the agent's `mount` reason ([`DRAIN_REASON_CAUSE`]) naming the mount; once all are
 //! back, the agent resumes the node only if the drain is its own (the reason still starts
 //! with that prefix).
 
@@ -75,9 +75,10 @@ pub const MOUNT_BACKOFF: Backoff = Backoff {
 /// place; the slurmd drop-in's `ConditionPathExists=%t/slurm-node-agent/mounts-ready`.
 pub const READY_MARKER: &str = "mounts-ready";
 
-/// Start of every drain reason the agent sets for a mount; only such a drain is lifted by
-/// [`reconcile`].
-pub const DRAIN_REASON_PREFIX: &str = "slurm-node-agent: mount ";
+/// The agent's reason cause for a missing mount: its drains read
+/// `slurm-node-agent/mount@<instance-id>: <mount point>: <why>` ([`crate::identity`]);
+/// only such a drain is lifted by [`reconcile`].
+pub const DRAIN_REASON_CAUSE: crate::identity::ReasonCause = crate::identity::ReasonCause::Mount;
 
 /// Kind of file system, which decides the source checks and the default options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -793,7 +794,7 @@ pub struct ReconcileError {
 /// One pass for the daemon (call it periodically, e.g. every 30 s): mounts back what is
 /// missing (one attempt each), then drains the node naming the first failing required
 /// mount, or lifts the agent's own mount drain when all are back. A drain whose reason
-/// does not start with [`DRAIN_REASON_PREFIX`] (an admin's, a health check's) is never
+/// is not the agent's `mount` reason (an admin's, a health check's) is never
 /// lifted nor overwritten. A hung mount is not touched (unmounting a hung Lustre client
 /// needs a person); it only drains.
 ///
@@ -806,6 +807,7 @@ pub async fn reconcile(
     systemd: &Systemd,
     scontrol: &Scontrol,
     node: &str,
+    instance_id: &str,
 ) -> Result<ReconcileReport, ReconcileError> {
     let mut remounted = Vec::new();
     let mut failing = Vec::new();
@@ -873,10 +875,10 @@ pub async fn reconcile(
         .and_then(|n| n.reason())
         .unwrap_or_default()
         .to_string();
-    let ours = drained && reason.starts_with(DRAIN_REASON_PREFIX);
+    let ours = drained && crate::identity::is_agent_reason_for(&reason, DRAIN_REASON_CAUSE);
     let action = match failing.first() {
         Some((mount_point, why)) => {
-            let wanted = drain_reason(mount_point, why);
+            let wanted = drain_reason(instance_id, mount_point, why);
             if drained && !ours {
                 NodeAction::DrainedByOther(reason)
             } else if (ours && reason == wanted) || info.is_none() {
@@ -901,16 +903,16 @@ pub async fn reconcile(
     })
 }
 
-/// `slurm-node-agent: mount /fsx: <why>`, cut to Slurm's 256 characters.
-pub fn drain_reason(mount_point: &str, why: &str) -> String {
+/// `slurm-node-agent/mount@<instance-id>: /fsx: <why>`, cut to Slurm's 256 characters.
+pub fn drain_reason(instance_id: &str, mount_point: &str, why: &str) -> String {
     let why = why
         .strip_prefix(&format!("mount {mount_point}: "))
         .unwrap_or(why);
-    let full: String = format!("{DRAIN_REASON_PREFIX}{mount_point}: {why}")
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    full.chars().take(256).collect()
+    crate::identity::reason(
+        DRAIN_REASON_CAUSE,
+        instance_id,
+        &format!("{mount_point}: {why}"),
+    )
 }
 
 /// Whether `path` lies on a mount the agent manages (for health checks that want to skip

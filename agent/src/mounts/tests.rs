@@ -330,13 +330,20 @@ fn conflicting_fstab_line_and_foreign_unit_are_left_alone() {
 
 #[test]
 fn drain_reasons_name_the_mount_and_fit_slurm() {
-    let r = drain_reason("/fsx", "mount /fsx: statfs did not answer\nwithin 10s");
+    let r = drain_reason(
+        "i-0123456789abcdef0",
+        "/fsx",
+        "mount /fsx: statfs did not answer\nwithin 10s",
+    );
     assert_eq!(
         r,
-        "slurm-node-agent: mount /fsx: statfs did not answer within 10s"
+        "slurm-node-agent/mount@i-0123456789abcdef0: /fsx: statfs did not answer within 10s"
     );
     assert!(crate::slurm::node::validate_reason(&r).is_ok());
-    let long = drain_reason("/fsx", &"x".repeat(400));
+    let long = drain_reason("unknown", "/fsx", &"x".repeat(400));
     assert_eq!(long.chars().count(), 256);
-    assert!(long.starts_with(DRAIN_REASON_PREFIX));
+    assert!(crate::identity::is_agent_reason_for(
+        &long,
+        DRAIN_REASON_CAUSE
+    ));
 }

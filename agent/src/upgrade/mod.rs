@@ -3,7 +3,7 @@
 //! drains, waits until no job runs, and performs `upgrade.action`.
 //!
 //! A budget bounds the disruption without a coordinator: before draining, the agent counts
-//! the nodes of the partition whose Slurm reason starts with `node-agent/upgrade: ` and
+//! the nodes of the partition whose Slurm reason is the agent's upgrade reason (`slurm-node-agent/upgrade@...`) and
 //! waits its turn (with jitter) when `upgrade.max_unavailable` are already drained. Two
 //! nodes that decide at the same moment both drain, then both count again: the ones beyond
 //! the budget in the order of Slurm's reason time (then name) resume and wait again.
