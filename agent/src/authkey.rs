@@ -218,7 +218,7 @@ pub fn decode(
                 .map_err(|e| KeyError::Decode {
                     source_: source.clone(),
                     encoding: "base64",
-                    message: e.to_string(),
+                    message: base64_problem(&e),
                 })?
         }
     };
@@ -232,6 +232,22 @@ pub fn decode(
         });
     }
     Ok(Key(bytes))
+}
+
+/// What is wrong with base64 text, without the offending byte (the base64 crate's own
+/// message, `Invalid symbol 195, offset 40.`, repeats a byte of the key).
+fn base64_problem(e: &base64::DecodeError) -> String {
+    match e {
+        base64::DecodeError::InvalidByte(..) => "a character outside the base64 alphabet",
+        base64::DecodeError::InvalidLength(_) => {
+            "its length is not a whole number of base64 blocks"
+        }
+        base64::DecodeError::InvalidLastSymbol(..) => {
+            "its last character has bits set past the end"
+        }
+        base64::DecodeError::InvalidPadding => "its `=` padding is wrong",
+    }
+    .to_string()
 }
 
 /// Fetches the stored key bytes (still encoded).
@@ -351,7 +367,8 @@ pub fn resolve_owner(name: &str) -> Result<Owner, KeyError> {
 /// [`KeyError::Write`].
 pub fn install(key: &Key, path: &Path, owner: Owner) -> Result<bool, KeyError> {
     use std::os::unix::fs::MetadataExt;
-    if let (Ok(old), Ok(meta)) = (std::fs::read(path), std::fs::metadata(path)) {
+    // Compared only when it is a regular file (never through a symlink, which is replaced).
+    if let Ok(Some((old, meta))) = fsutil::read_regular(path, 1 << 17) {
         if old == key.0
             && meta.mode() & 0o7777 == 0o400
             && meta.uid() == owner.uid
@@ -429,6 +446,24 @@ mod tests {
         let secret = "not*base64*secret-material";
         let e = decode(&src, secret.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
         assert!(!e.to_string().contains(secret), "{e}");
+        // No byte value or offset either (the decoder's own message has both).
+        let mut b64 = base64::engine::general_purpose::STANDARD.encode([9u8; 40]);
+        b64.replace_range(40..41, "\u{e9}");
+        let e = decode(&src, b64.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "SSM parameter /k: the key is not valid base64 (a character outside the base64 \
+             alphabet); set auth.key_encoding"
+        );
+        for (bad, what) in [
+            ("QUJDR", "length"),
+            ("QUJ=", "last character"),
+            ("QQ=", "padding"),
+        ] {
+            let e = decode(&src, bad.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+            assert!(e.to_string().contains(what), "{bad}: {e}");
+            assert!(!e.to_string().contains("offset"), "{e}");
+        }
         let e = decode(&src, &[1u8; 2000], KeyEncoding::Raw, &munge()).unwrap_err();
         assert!(matches!(e, KeyError::WrongSize { len: 2000, .. }));
     }

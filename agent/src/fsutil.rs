@@ -1,11 +1,35 @@
-//! Crash-safe file writes: a temporary file in the same folder, fsync, rename over the
-//! target, fsync the folder. A reader sees the old content or the new, never a mix, and a
-//! crash at any point leaves no partial file under the target's name.
+//! Crash-safe, symlink-safe file writes for files the agent writes as root (the cluster
+//! key, the `SLURMD_OPTIONS` file, state files, `.mount` units, markers, the Prometheus
+//! textfile).
+//!
+//! [`write_atomic`] creates a temporary file in the target's folder with
+//! `O_CREAT|O_EXCL` under an unpredictable name (`tempfile`'s `Builder`: 12 random
+//! characters; `O_EXCL` refuses an existing name, so a symlink planted there is never
+//! followed), writes, fsyncs, sets mode and owner through the open descriptor, renames it
+//! over the target and fsyncs the folder. A reader sees the old content or the new, never a
+//! mix, and a crash at any point leaves no partial file under the target's name.
+//!
+//! A symlink (or any other non-regular file) at the target path is **replaced**, never
+//! followed: `rename(2)` replaces the link itself. So the final path is always a regular
+//! file the agent wrote, whoever could write the folder before.
+//!
+//! Temporaries left by a killed run (`.<name>.<random>.sna-tmp`, and the older fixed
+//! `.<name>.tmp.<pid>` names) are removed before the next write of the same file when
+//! their writer is gone (its pid, which is part of the name, no longer runs) or they are
+//! older than [`STALE_AFTER`]; removal unlinks the entry and never follows it.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// Suffix of the agent's temporary files.
+const TMP_SUFFIX: &str = ".sna-tmp";
+
+/// A temporary file older than this is stale even if a process with its pid runs (pids are
+/// reused). A write takes milliseconds; an hour leaves room for a very slow disk.
+pub const STALE_AFTER: Duration = Duration::from_secs(3600);
 
 /// Owner to give a written file: numeric ids, as resolved by the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +53,20 @@ pub struct WriteError {
     pub source: io::Error,
 }
 
+fn folder_and_name(path: &Path) -> (&Path, String) {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (dir, name)
+}
+
 /// Writes `contents` to `path` atomically with permission bits `mode` and, when given, the
-/// owner `owner`. The folder must exist.
+/// owner `owner`. The folder must exist. A symlink at `path` is replaced, not followed.
 ///
 /// # Errors
 /// [`WriteError`] naming the step and path; the temporary file is removed on failure.
@@ -40,15 +76,7 @@ pub fn write_atomic(
     mode: u32,
     owner: Option<Owner>,
 ) -> Result<(), WriteError> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let (dir, name) = folder_and_name(path);
     fn err<'a>(op: &'static str, p: &'a Path) -> impl FnOnce(io::Error) -> WriteError + 'a {
         move |source| WriteError {
             op,
@@ -56,32 +84,142 @@ pub fn write_atomic(
             source,
         }
     }
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(err("create", &tmp))?;
-        // The umask may have narrowed `mode` at creation; set it exactly.
-        file.set_permissions(fs::Permissions::from_mode(mode))
-            .map_err(err("chmod", &tmp))?;
+    remove_stale_temporaries(dir, &name);
+    // O_CREAT|O_EXCL with a random name: an existing entry (a planted symlink) makes
+    // tempfile pick another name; it is never opened.
+    let prefix = format!(".{name}.{}.", std::process::id());
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(TMP_SUFFIX)
+        .rand_bytes(12)
+        .permissions(fs::Permissions::from_mode(mode & 0o777 | 0o200))
+        .tempfile_in(dir)
+        .map_err(err("create", dir))?;
+    let tmp_path = tmp.path().to_path_buf();
+    {
+        let file = tmp.as_file_mut();
+        file.write_all(contents).map_err(err("write", &tmp_path))?;
         if let Some(o) = owner {
-            std::os::unix::fs::fchown(&file, Some(o.uid), Some(o.gid))
-                .map_err(err("chown", &tmp))?;
+            std::os::unix::fs::fchown(&*file, Some(o.uid), Some(o.gid))
+                .map_err(err("chown", &tmp_path))?;
         }
-        file.write_all(contents).map_err(err("write", &tmp))?;
-        file.sync_all().map_err(err("fsync", &tmp))?;
-        fs::rename(&tmp, path).map_err(err("rename", path))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err("fsync", dir))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        // The umask may have narrowed `mode` at creation; set it exactly (after chown,
+        // which clears set-id bits).
+        file.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(err("chmod", &tmp_path))?;
+        file.sync_all().map_err(err("fsync", &tmp_path))?;
     }
-    result
+    // rename(2) replaces whatever is at `path` (a symlink included) without following it.
+    // On failure the temporary file is removed when `e.file` drops.
+    tmp.persist(path).map_err(|e| WriteError {
+        op: "rename",
+        path: path.to_path_buf(),
+        source: e.error,
+    })?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err("fsync", dir))
+}
+
+/// Removes temporaries of `name` in `dir` left by a killed writer. Best effort: what cannot
+/// be removed is logged and left.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let current = format!(".{name}.");
+    let legacy = format!(".{name}.tmp.");
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(n) = file_name.to_str() else {
+            continue;
+        };
+        // Another thread of this process may be writing its own temporary of the current
+        // scheme; the legacy fixed names are never written any more.
+        let (pid, is_legacy) = if let Some(rest) = n
+            .strip_prefix(&current)
+            .and_then(|r| r.strip_suffix(TMP_SUFFIX))
+        {
+            (
+                rest.split('.').next().and_then(|p| p.parse::<i32>().ok()),
+                false,
+            )
+        } else if let Some(rest) = n.strip_prefix(&legacy) {
+            (rest.parse::<i32>().ok(), true)
+        } else {
+            continue;
+        };
+        let Some(pid) = pid else { continue };
+        // lstat: the entry itself, never what a symlink points at.
+        let old = entry
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .is_some_and(|age| age > STALE_AFTER);
+        let own = is_legacy && u32::try_from(pid).is_ok_and(|p| p == std::process::id());
+        if own || old || !process_exists(pid) {
+            let p = entry.path();
+            match fs::remove_file(&p) {
+                Ok(()) => tracing::info!(path = %p.display(), "removed a stale temporary file"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), "cannot remove a stale temporary file: {e}")
+                }
+            }
+        }
+    }
+}
+
+fn process_exists(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::ESRCH) => false,
+        // EPERM: it exists, owned by someone else.
+        Err(_) => true,
+    }
+}
+
+/// Reads `path` if it is a regular file, without following a symlink and without blocking
+/// on a FIFO: `Ok(None)` when it does not exist or is not a regular file (a symlink, a
+/// folder, a device), otherwise its bytes and metadata. Reads at most `limit` bytes; a
+/// larger file is `Ok(None)` too (it is not what the agent wrote).
+///
+/// # Errors
+/// Other I/O errors.
+pub fn read_regular(path: &Path, limit: u64) -> io::Result<Option<(Vec<u8>, fs::Metadata)>> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(nix::errno::Errno::ELOOP as i32)
+                || e.raw_os_error() == Some(nix::errno::Errno::ENXIO as i32) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.size() > limit {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(usize::try_from(meta.size()).unwrap_or(0));
+    file.take(limit + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > limit {
+        return Ok(None);
+    }
+    Ok(Some((out, meta)))
+}
+
+fn libc_flags() -> i32 {
+    (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits()
 }
 
 #[cfg(test)]
@@ -110,5 +248,79 @@ mod tests {
         let e = write_atomic(&p, b"x", 0o400, None).unwrap_err();
         assert!(e.to_string().contains("missing-folder"), "{e}");
         assert!(!p.exists());
+    }
+
+    #[test]
+    fn a_symlink_at_the_target_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let p = dir.path().join("munge.key");
+        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        write_atomic(&p, b"secret", 0o400, None).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        let meta = fs::symlink_metadata(&p).unwrap();
+        assert!(meta.file_type().is_file(), "{meta:?}");
+        assert_eq!(fs::read(&p).unwrap(), b"secret");
+    }
+
+    #[test]
+    fn planted_symlinks_at_temporary_names_are_never_followed_and_stale_ones_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let p = dir.path().join("munge.key");
+        // The old, predictable name for this process, and a leftover of a dead writer
+        // (pid 0 never names a process) in the current scheme.
+        let legacy = dir
+            .path()
+            .join(format!(".munge.key.tmp.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &legacy).unwrap();
+        let stale = dir
+            .path()
+            .join(format!(".munge.key.0.abcdefabcdef{TMP_SUFFIX}"));
+        fs::write(&stale, b"half a key").unwrap();
+        // Someone else's file that merely looks similar is left alone.
+        let other = dir.path().join(".munge.key.notes");
+        fs::write(&other, b"x").unwrap();
+        write_atomic(&p, b"secret", 0o400, None).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert!(fs::symlink_metadata(&legacy).is_err(), "legacy temp kept");
+        assert!(fs::symlink_metadata(&stale).is_err(), "stale temp kept");
+        assert!(other.exists());
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [".munge.key.notes", "munge.key", "victim"]);
+    }
+
+    #[test]
+    fn a_live_writers_temporary_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        // pid 1 runs; its fresh temporary may be in use.
+        let live = dir.path().join(format!(".f.1.abcdefabcdef{TMP_SUFFIX}"));
+        fs::write(&live, b"").unwrap();
+        write_atomic(&dir.path().join("f"), b"x", 0o644, None).unwrap();
+        assert!(live.exists());
+    }
+
+    #[test]
+    fn read_regular_refuses_symlinks_and_fifos() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        fs::write(&f, b"abc").unwrap();
+        assert_eq!(read_regular(&f, 10).unwrap().unwrap().0, b"abc");
+        assert!(read_regular(&f, 2).unwrap().is_none());
+        let l = dir.path().join("l");
+        std::os::unix::fs::symlink(&f, &l).unwrap();
+        assert!(read_regular(&l, 10).unwrap().is_none());
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_regular(&fifo, 10).unwrap().is_none());
+        assert!(read_regular(&dir.path().join("none"), 10)
+            .unwrap()
+            .is_none());
     }
 }

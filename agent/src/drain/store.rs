@@ -95,6 +95,8 @@ impl Store {
             .truncate(false)
             .write(true)
             .mode(0o600)
+            // Never through a symlink planted at the lock's name.
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
             .open(&path)
             .map_err(io)?;
         let start = Instant::now();

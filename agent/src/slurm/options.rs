@@ -95,9 +95,11 @@ pub fn write_slurmd_options(path: &Path, args: &[String]) -> Result<bool, Option
     {
         return Err(OptionsFileError::Unsafe(a.clone()));
     }
-    let old = match std::fs::read_to_string(path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+    // Only a regular file's lines are kept: a symlink there is replaced, never read
+    // through (it could point at a secret that would end up in this 0644 file).
+    let old = match fsutil::read_regular(path, 1 << 20) {
+        Ok(Some((bytes, _))) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(None) => String::new(),
         Err(source) => {
             return Err(OptionsFileError::Read {
                 path: path.to_path_buf(),
