@@ -97,6 +97,119 @@ async fn hanging_command_is_killed_with_its_children_and_named() {
 }
 
 #[tokio::test]
+async fn a_grandchild_that_left_the_process_group_is_killed_with_the_cgroup() {
+    // `setsid` puts the sleeper in a session and process group of its own: a process
+    // group kill misses it, the command's cgroup does not.
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("escaped.pid");
+    let script = dir.path().join("escape.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsetsid sleep 1000 </dev/null >/dev/null 2>&1 &\necho $! > {}\nwait\n",
+            pidfile.display()
+        ),
+    )
+    .unwrap();
+    let mut perm = std::fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&script, perm).unwrap();
+    let r = run(&format!(
+        "* || check_cmd_status -t 2 {}\n",
+        script.display()
+    ))
+    .await;
+    let res = &r.results[0];
+    assert_eq!(res.status, Status::Timeout, "{res:?}");
+    assert!(
+        res.message.contains("killed with its cgroup"),
+        "{}",
+        res.message
+    );
+    let escaped: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let sid = |pid: u32| -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(3)
+            .map(str::to_string)
+    };
+    let mut st = proc_state(escaped);
+    for _ in 0..250 {
+        if matches!(st, None | Some('Z')) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        st = proc_state(escaped);
+    }
+    assert!(
+        matches!(st, None | Some('Z')),
+        "escaped {escaped} (session {:?}) state {st:?}",
+        sid(escaped)
+    );
+}
+
+#[tokio::test]
+async fn run_deadline_ends_a_run_of_hung_commands_and_names_them() {
+    // Six commands that would each run 100 s, under a 2 s run deadline: all six are found
+    // hung at the deadline (they ran at the same time) and killed.
+    let mut text = String::new();
+    for n in 1..=6 {
+        text.push_str(&format!("* || check_cmd_status -t 100 sleep 10{n}\n"));
+    }
+    let env = RunEnv {
+        run_deadline: Duration::from_secs(2),
+        ..RunEnv::default()
+    };
+    let r = health::run_checks(&nhc_checks(&text), &env).await;
+    for res in &r.results {
+        assert_eq!(res.status, Status::Timeout, "{res:?}");
+        assert!(res.message.contains("run deadline (2s"), "{res:?}");
+    }
+    assert_eq!(r.results.len(), 6);
+    let reason = r.drain_reason("agent: ").unwrap();
+    assert!(
+        reason.starts_with("agent: check_cmd_status -t 100 sleep 101: hung"),
+        "{reason}"
+    );
+    // No `sleep 10N` is left.
+    let left = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+            .filter(|c| c.starts_with("sleep\u{0}10") && c.len() == "sleep\u{0}101\u{0}".len())
+            .count()
+    };
+    let mut n = left();
+    for _ in 0..250 {
+        if n == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        n = left();
+    }
+    assert_eq!(n, 0, "sleep commands left running");
+}
+
+#[tokio::test]
+async fn a_bare_command_name_is_resolved_and_shown() {
+    let r = run("* || check_cmd_status true\n").await;
+    let res = &r.results[0];
+    assert_eq!(res.status, Status::Pass, "{res:?}");
+    assert!(
+        res.message.contains("(/usr/bin/true)") || res.message.contains("(/bin/true)"),
+        "{}",
+        res.message
+    );
+}
+
+#[tokio::test]
 async fn command_printing_megabytes_is_bounded() {
     // 8 MiB on stdout; the match is on the first line, kept within the bound.
     let text = "* || check_cmd_output -t 20 -m '/^x+$/' /bin/sh -c 'head -c 8388608 /dev/zero | tr \"\\\\000\" x; echo'\n";
@@ -233,43 +346,56 @@ fn check_command_runs_without_path_and_prints_json_and_prometheus() {
 }
 
 #[test]
-fn malformed_nhc_line_names_file_and_line() {
+fn bad_nhc_lines_fail_on_their_own_and_every_other_line_runs() {
+    // Issue 11 section 2: one bad line must not switch health checking off.
     let f = Files::new();
     let conf = f.write(
         "nhc.conf",
-        "# site checks\n* || check_fs_free / 1%\n* || check_fs_free /\n",
+        "# site checks\n* || check_fs_free / 1%\n* || check_fs_free /\n\
+         NVIDIA_HEALTHMON=dcgmi\ngpu* || check_nv_magic\n* || check_moab_torque\n\
+         * || check_file_test -e /no/such/file\n",
     );
     let out = agent()
         .args(f.args())
         .arg(format!("--nhc-conf={}", conf.display()))
+        .args(["--output", "json", "--no-act"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(78));
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    let summary: Vec<(&str, &str)> = checks
+        .iter()
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap(),
+                c["message"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(checks.len(), 4, "{summary:?}");
+    assert_eq!(summary[0].0, "pass", "{summary:?}");
+    assert_eq!(summary[1].0, "fail");
     assert!(
-        stderr.contains(&format!(
+        summary[1].1.starts_with(&format!(
             "{}:3: check_fs_free: missing threshold",
             conf.display()
         )),
-        "{stderr}"
+        "{summary:?}"
     );
-}
-
-#[test]
-fn unknown_nhc_check_is_an_error_not_skipped() {
-    let f = Files::new();
-    let conf = f.write("nhc.conf", "* || check_hw_eth lo\n* || check_moab_torque\n");
-    let out = agent()
-        .args(f.args())
-        .arg(format!("--nhc-conf={}", conf.display()))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(78));
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(":2: check_moab_torque: unsupported NHC check"),
-        "{stderr}"
+        summary[2]
+            .1
+            .contains(":6: check_moab_torque: unsupported NHC check"),
+        "{summary:?}"
     );
+    // The real failure on the same node is still found.
+    assert_eq!(summary[3].0, "fail");
+    assert!(summary[3].1.contains("/no/such/file"), "{summary:?}");
+    let notes = v["notes"].to_string();
+    assert!(notes.contains(":4: skipped: no '||'"), "{notes}");
+    assert!(notes.contains(":5: not for this node"), "{notes}");
 }
 
 #[test]

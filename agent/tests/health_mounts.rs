@@ -324,6 +324,39 @@ async fn inner_mount_checks() {
         "{}",
         r.results[0].message
     );
+    // Six checks on the hung mount, each with a 100 s timeout, under a 3 s run deadline:
+    // they run concurrently, so each one is found hung (started, left running) at the
+    // deadline, none is "not started", and the run ends there.
+    let six = nhc::parse(
+        &format!(
+            "* || check_fs_mount -f {hs}\n* || check_fs_used {hs} 99%\n\
+             * || check_fs_ifree {hs} 1\n* || check_fs_size {hs} 1k\n\
+             * || check_file_test -d {hs}\n* || check_fs_inodes {hs} 1\n"
+        ),
+        Path::new("/test/six.conf"),
+        Some("node1"),
+        &nhc::Defaults {
+            timeout: Duration::from_secs(100),
+        },
+    )
+    .unwrap();
+    let env = RunEnv {
+        run_deadline: Duration::from_secs(3),
+        ..RunEnv::default()
+    };
+    let r = health::run_checks(&six, &env).await;
+    expect(&r, &[Status::Timeout; 6]);
+    for res in &r.results {
+        assert!(
+            res.message.contains("run deadline (3s") && res.message.contains("left running"),
+            "{res:?}"
+        );
+    }
+    let reason = r.drain_reason("agent: ").unwrap();
+    assert!(
+        reason.starts_with(&format!("agent: check_fs_mount -f {hs}: hung")),
+        "{reason}"
+    );
     // Once the file system answers again (here: the connection is aborted, so statfs
     // fails at once), the check runs again and fails instead of timing out.
     abort_fuse(&h);

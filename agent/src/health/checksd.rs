@@ -628,6 +628,16 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
             let set =
                 super::nhc::parse(&text, Path::new("inline"), Some("*"), &Defaults { timeout })
                     .map_err(|e| e.message)?;
+            // In a TOML file a bad NHC line is an error of the file, as every TOML error.
+            if let Some(m) = set.checks.iter().find_map(|c| match &c.kind {
+                CheckKind::Invalid(m) => Some(m.trim_start_matches("inline:1: ").to_string()),
+                _ => None,
+            }) {
+                return Err(m);
+            }
+            if set.checks.is_empty() {
+                return Err(format!("line {line:?} holds no check"));
+            }
             return Ok(set
                 .checks
                 .into_iter()

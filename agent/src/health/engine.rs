@@ -37,6 +37,9 @@ pub struct RunEnv {
     pub output_limit: usize,
     /// Node name, for the report.
     pub node: Option<String>,
+    /// Time limit of the whole run (`health.run_deadline`): a check still running then is
+    /// reported as hung (a command is killed with its cgroup) and the run ends.
+    pub run_deadline: Duration,
 }
 
 impl Default for RunEnv {
@@ -46,6 +49,7 @@ impl Default for RunEnv {
             systemd_bus: "system".into(),
             output_limit: 64 * 1024,
             node: None,
+            run_deadline: Duration::from_secs(30),
         }
     }
 }
@@ -58,6 +62,7 @@ impl RunEnv {
             systemd_bus: s.systemd.bus.clone(),
             output_limit: usize::try_from(s.health.output_limit).unwrap_or(64 * 1024),
             node: (!s.node.name.is_empty()).then(|| s.node.name.clone()),
+            run_deadline: s.health.run_deadline.0,
         }
     }
 }
@@ -111,16 +116,23 @@ enum Outcome {
     Timeout(String),
 }
 
-/// Messages from lane workers.
+/// Messages from lane workers (worker id first).
 enum LaneMsg {
-    Started(usize, Instant),
-    Done(usize, Result<String, String>, Duration),
+    Started(usize, usize, Instant),
+    Done(usize, usize, Result<String, String>, Duration),
+    Idle(usize),
 }
 
 type Queue = Arc<Mutex<std::collections::VecDeque<usize>>>;
 
-/// Starts a worker that runs queued blocking checks one by one.
+/// How long a check may run on a worker before another worker takes the queue: checks
+/// take microseconds, so one slower than this is probably hung, and the checks after it
+/// must not wait for its timeout (N hung checks cost about one timeout, not N).
+pub const HEDGE: Duration = Duration::from_millis(50);
+
+/// Starts worker `w` that runs queued blocking checks one by one.
 fn spawn_worker(
+    w: usize,
     queue: Queue,
     checks: Arc<Vec<Arc<Check>>>,
     done_flags: Arc<Vec<Arc<AtomicBool>>>,
@@ -132,30 +144,46 @@ fn spawn_worker(
         .stack_size(512 * 1024)
         .spawn(move || loop {
             let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-            let Some(i) = next else { return };
+            let Some(i) = next else {
+                let _ = tx.send(LaneMsg::Idle(w));
+                return;
+            };
             let start = Instant::now();
-            if tx.send(LaneMsg::Started(i, start)).is_err() {
+            if tx.send(LaneMsg::Started(w, i, start)).is_err() {
                 return;
             }
             let r = checks[i].kind.run_blocking(&facts);
             done_flags[i].store(true, Ordering::Release);
-            if tx.send(LaneMsg::Done(i, r, start.elapsed())).is_err() {
+            if tx.send(LaneMsg::Done(w, i, r, start.elapsed())).is_err() {
                 return;
             }
         })
         .map(drop)
 }
 
-/// Runs the blocking checks `idx` (indexes into `checks`) on the lane; returns
-/// (index, outcome, duration) for each.
+/// The message of a check still running when the run deadline passed.
+fn deadline_message(run_deadline: Duration, what: &str) -> String {
+    format!(
+        "hung: no answer by the run deadline ({}; {what})",
+        humantime::format_duration(run_deadline)
+    )
+}
+
+/// Runs the blocking checks `idx` (indexes into `checks`) on worker threads: one worker
+/// while checks are quick, one more each time every worker has been on its check for
+/// [`HEDGE`]. A check past its timeout is reported as timed out and its thread left
+/// behind; at `deadline` every check still running or queued is reported as hung.
+/// Returns (index, outcome, duration) for each.
 async fn run_lane(
     checks: &[Arc<Check>],
     idx: Vec<usize>,
     facts: Arc<Facts>,
+    deadline: Instant,
+    run_deadline: Duration,
 ) -> Vec<(usize, Outcome, Duration)> {
     let mut out = Vec::with_capacity(idx.len());
     let mut queued = std::collections::VecDeque::new();
-    for i in idx {
+    for i in idx.iter().copied() {
         match still_stuck(&stuck_key(&checks[i])) {
             Some(for_how_long) => out.push((
                 i,
@@ -180,37 +208,89 @@ async fn run_lane(
     );
     let queue: Queue = Arc::new(Mutex::new(queued));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let spawn = |tx| spawn_worker(queue.clone(), all.clone(), flags.clone(), facts.clone(), tx);
-    if let Err(e) = spawn(tx.clone()) {
-        for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            out.push((
-                i,
-                Outcome::Fail(format!("cannot start a worker thread: {e}")),
-                Duration::ZERO,
-            ));
+    // Workers: id -> the check it runs and since when (None: between checks).
+    let mut workers: HashMap<usize, Option<(usize, Instant)>> = HashMap::new();
+    let mut next_worker = 0usize;
+    let mut spawn = |workers: &mut HashMap<usize, Option<(usize, Instant)>>,
+                     out: &mut Vec<(usize, Outcome, Duration)>,
+                     pending: &mut usize| {
+        let w = next_worker;
+        next_worker += 1;
+        match spawn_worker(
+            w,
+            queue.clone(),
+            all.clone(),
+            flags.clone(),
+            facts.clone(),
+            tx.clone(),
+        ) {
+            Ok(()) => {
+                workers.insert(w, None);
+            }
+            Err(e) if workers.is_empty() => {
+                for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                    out.push((
+                        i,
+                        Outcome::Fail(format!("cannot start a worker thread: {e}")),
+                        Duration::ZERO,
+                    ));
+                    *pending -= 1;
+                }
+            }
+            // The workers there are take the queue.
+            Err(_) => {}
         }
-        return out;
-    }
-    // Running checks and their deadlines; checks already reported as timed out.
-    let mut running: HashMap<usize, (Instant, Instant)> = HashMap::new();
-    let mut timed_out: Vec<usize> = Vec::new();
+    };
+    spawn(&mut workers, &mut out, &mut pending);
+    // Running checks: index -> (worker, started, its timeout's deadline).
+    let mut running: HashMap<usize, (usize, Instant, Instant)> = HashMap::new();
+    let mut reported: Vec<bool> = vec![false; checks.len()];
     while pending > 0 {
-        let next_deadline = running.values().map(|(_, d)| *d).min();
-        let msg = match next_deadline {
-            Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
-                Ok(m) => m,
-                Err(_) => {
-                    // The earliest deadline passed: report it, leave its thread, and let a
-                    // new worker take the queue.
-                    let late: Vec<usize> = running
-                        .iter()
-                        .filter(|(_, (_, dl))| *dl <= Instant::now())
-                        .map(|(i, _)| *i)
-                        .collect();
-                    for i in late {
-                        let (started, _) = running
-                            .remove(&i)
-                            .unwrap_or((Instant::now(), Instant::now()));
+        let queue_waiting = !queue.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        // Hedge: when every worker is on a check started HEDGE ago or more.
+        let hedge_at = if queue_waiting && !workers.is_empty() {
+            workers
+                .values()
+                .map(|s| s.map(|(_, t)| t + HEDGE))
+                .collect::<Option<Vec<Instant>>>()
+                .and_then(|v| v.into_iter().max())
+        } else {
+            None
+        };
+        let wake = running
+            .values()
+            .map(|(_, _, d)| *d)
+            .chain(hedge_at)
+            .chain(std::iter::once(deadline))
+            .min()
+            .unwrap_or(deadline);
+        let msg = match tokio::time::timeout_at(wake.into(), rx.recv()).await {
+            Ok(m) => m,
+            Err(_) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    // Messages already sent count (a check that just ended, or started).
+                    while let Ok(m) = rx.try_recv() {
+                        match m {
+                            LaneMsg::Started(_, i, at) => {
+                                running.insert(i, (0, at, at));
+                            }
+                            LaneMsg::Done(_, i, r, took) if !reported[i] => {
+                                running.remove(&i);
+                                out.push((
+                                    i,
+                                    match r {
+                                        Ok(m) => Outcome::Pass(m),
+                                        Err(m) => Outcome::Fail(m),
+                                    },
+                                    took,
+                                ));
+                                reported[i] = true;
+                            }
+                            _ => {}
+                        }
+                    }
+                    for (i, (_, started, _)) in running.drain() {
                         let c = &checks[i];
                         stuck().lock().unwrap_or_else(|p| p.into_inner()).insert(
                             stuck_key(c),
@@ -221,42 +301,78 @@ async fn run_lane(
                         );
                         out.push((
                             i,
-                            Outcome::Timeout(format!(
-                                "no answer within {}; left running (hung {})",
-                                humantime::format_duration(c.timeout),
-                                what_hangs(&c.kind)
+                            Outcome::Timeout(deadline_message(
+                                run_deadline,
+                                &format!("{} left running", what_hangs(&c.kind)),
                             )),
                             started.elapsed(),
                         ));
-                        timed_out.push(i);
-                        pending -= 1;
+                        reported[i] = true;
                     }
-                    if !queue.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-                        if let Err(e) = spawn(tx.clone()) {
-                            for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-                                out.push((
-                                    i,
-                                    Outcome::Fail(format!("cannot start a worker thread: {e}")),
-                                    Duration::ZERO,
-                                ));
-                                pending -= 1;
-                            }
-                        }
+                    for i in queue.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                        out.push((
+                            i,
+                            Outcome::Timeout(deadline_message(run_deadline, "not started")),
+                            Duration::ZERO,
+                        ));
+                        reported[i] = true;
                     }
-                    continue;
+                    break;
                 }
-            },
-            None => rx.recv().await,
+                // Checks past their own timeout: reported, their threads left behind.
+                let late: Vec<usize> = running
+                    .iter()
+                    .filter(|(_, (_, _, dl))| *dl <= now)
+                    .map(|(i, _)| *i)
+                    .collect();
+                for i in late {
+                    let Some((w, started, _)) = running.remove(&i) else {
+                        continue;
+                    };
+                    workers.remove(&w);
+                    let c = &checks[i];
+                    stuck().lock().unwrap_or_else(|p| p.into_inner()).insert(
+                        stuck_key(c),
+                        Stuck {
+                            done: flags[i].clone(),
+                            since: started,
+                        },
+                    );
+                    out.push((
+                        i,
+                        Outcome::Timeout(format!(
+                            "no answer within {}; left running (hung {})",
+                            humantime::format_duration(c.timeout),
+                            what_hangs(&c.kind)
+                        )),
+                        started.elapsed(),
+                    ));
+                    reported[i] = true;
+                    pending -= 1;
+                }
+                let queue_waiting = !queue.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+                let all_busy = workers
+                    .values()
+                    .all(|s| s.is_some_and(|(_, t)| now >= t + HEDGE));
+                if queue_waiting && all_busy {
+                    spawn(&mut workers, &mut out, &mut pending);
+                }
+                continue;
+            }
         };
         match msg {
-            Some(LaneMsg::Started(i, at)) => {
-                running.insert(i, (at, at + checks[i].timeout));
+            Some(LaneMsg::Started(w, i, at)) => {
+                workers.insert(w, Some((i, at)));
+                running.insert(i, (w, at, at + checks[i].timeout));
             }
-            Some(LaneMsg::Done(i, r, took)) => {
+            Some(LaneMsg::Done(w, i, r, took)) => {
                 running.remove(&i);
-                if timed_out.contains(&i) {
+                if reported[i] {
+                    // A check reported as timed out came back: its worker goes on.
+                    workers.insert(w, None);
                     continue;
                 }
+                workers.insert(w, None);
                 out.push((
                     i,
                     match r {
@@ -265,10 +381,24 @@ async fn run_lane(
                     },
                     took,
                 ));
+                reported[i] = true;
                 pending -= 1;
+            }
+            Some(LaneMsg::Idle(w)) => {
+                workers.remove(&w);
             }
             // Every worker ended (cannot happen while checks are pending and `tx` lives).
             None => break,
+        }
+    }
+    // A check a worker took but had not announced when the deadline passed.
+    for i in idx {
+        if !reported[i] && out.iter().all(|(j, _, _)| *j != i) {
+            out.push((
+                i,
+                Outcome::Timeout(deadline_message(run_deadline, "left running")),
+                Duration::ZERO,
+            ));
         }
     }
     out
@@ -282,6 +412,8 @@ fn what_hangs(kind: &CheckKind) -> String {
         CheckKind::FileContents(f) => format!("read of {}", f.path),
         CheckKind::FileStat(f) => format!("stat of {}", f.paths.join(" ")),
         CheckKind::Process(_) => "read of /proc".into(),
+        CheckKind::Command(c) => format!("command {}", c.argv.join(" ")),
+        CheckKind::Unit(u) => format!("systemd query of {}", u.unit),
         k => format!("{} check", k.family()),
     }
 }
@@ -335,35 +467,50 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> Stri
 }
 
 /// Runs an async check (command, unit).
-async fn run_async(check: Arc<Check>, ctx: Arc<Ctx>) -> (Outcome, Duration) {
+async fn run_async(
+    check: Arc<Check>,
+    ctx: Arc<Ctx>,
+    deadline: Instant,
+    run_deadline: Duration,
+) -> (Outcome, Duration) {
     let start = Instant::now();
+    // The check's own timeout, cut at the run deadline: a command kills itself (and its
+    // cgroup) then, so nothing it started outlives the run.
+    let left = deadline.saturating_duration_since(start);
+    let (timeout, cut) = if left < check.timeout {
+        (left.max(Duration::from_millis(1)), true)
+    } else {
+        (check.timeout, false)
+    };
     let outcome = match &check.kind {
         CheckKind::Command(spec) => {
             // The command kills itself at the timeout; the outer limit only guards the
             // engine against a spawn that never returns.
-            let limit = check.timeout + Duration::from_secs(2);
-            match tokio::time::timeout(
-                limit,
-                cmd::check_command(spec, check.timeout, ctx.output_limit),
-            )
-            .await
+            let limit = timeout + Duration::from_secs(2);
+            match tokio::time::timeout(limit, cmd::check_command(spec, timeout, ctx.output_limit))
+                .await
             {
                 Ok(Ok(m)) => Outcome::Pass(m),
+                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(
+                    deadline_message(run_deadline, &format!("{}; {m}", what_hangs(&check.kind))),
+                ),
                 Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
                 Ok(Err(m)) => Outcome::Fail(m),
                 Err(_) => Outcome::Timeout(format!("command did not finish within {limit:?}")),
             }
         }
-        CheckKind::Unit(spec) => {
-            match tokio::time::timeout(check.timeout, run_unit(spec, &ctx)).await {
-                Ok(Ok(m)) => Outcome::Pass(m),
-                Ok(Err(m)) => Outcome::Fail(m),
-                Err(_) => Outcome::Timeout(format!(
-                    "no answer from systemd within {}",
-                    humantime::format_duration(check.timeout)
-                )),
-            }
-        }
+        CheckKind::Unit(spec) => match tokio::time::timeout(timeout, run_unit(spec, &ctx)).await {
+            Ok(Ok(m)) => Outcome::Pass(m),
+            Ok(Err(m)) => Outcome::Fail(m),
+            Err(_) if cut => Outcome::Timeout(deadline_message(
+                run_deadline,
+                &format!("no answer from systemd about {}", spec.unit),
+            )),
+            Err(_) => Outcome::Timeout(format!(
+                "no answer from systemd within {}",
+                humantime::format_duration(timeout)
+            )),
+        },
         k => Outcome::Fail(format!(
             "internal error: {} is not an async check",
             k.family()
@@ -373,16 +520,18 @@ async fn run_async(check: Arc<Check>, ctx: Arc<Ctx>) -> (Outcome, Duration) {
 }
 
 /// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it (the check still
-/// fails for this run).
-async fn after(check: &Check, outcome: Outcome, ctx: &Ctx) -> Outcome {
+/// fails for this run), within the check's timeout and the run deadline.
+async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
             if p.must_run && p.action != ServiceAction::None =>
         {
-            let note =
-                tokio::time::timeout(check.timeout, service_action(&p.service, p.action, ctx))
-                    .await
-                    .unwrap_or_else(|_| "service action timed out".into());
+            let limit = check
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            let note = tokio::time::timeout(limit, service_action(&p.service, p.action, ctx))
+                .await
+                .unwrap_or_else(|_| "service action not done: timeout or run deadline".into());
             Outcome::Fail(format!("{m}; {note}"))
         }
         (o, _) => o,
@@ -426,22 +575,56 @@ pub async fn run_checks(set: &CheckSet, env: &RunEnv) -> Report {
         .iter()
         .enumerate()
         .filter(|(_, c)| !c.kind.is_blocking())
-        .map(|(i, c)| (i, tokio::spawn(run_async(c.clone(), ctx.clone()))))
+        .map(|(i, c)| {
+            (
+                i,
+                tokio::spawn(run_async(
+                    c.clone(),
+                    ctx.clone(),
+                    start + env.run_deadline,
+                    env.run_deadline,
+                )),
+            )
+        })
         .collect();
     let blocking: Vec<usize> = (0..checks.len())
         .filter(|i| checks[*i].kind.is_blocking())
         .collect();
     let mut slots: Vec<Option<(Outcome, Duration)>> = (0..checks.len()).map(|_| None).collect();
-    for (i, o, d) in run_lane(&checks, blocking, ctx.facts.clone()).await {
+    let deadline = start + env.run_deadline;
+    for (i, o, d) in run_lane(
+        &checks,
+        blocking,
+        ctx.facts.clone(),
+        deadline,
+        env.run_deadline,
+    )
+    .await
+    {
         slots[i] = Some((o, d));
     }
-    for (i, h) in handles {
-        slots[i] = Some(match h.await {
-            Ok(r) => r,
-            Err(e) => (
+    for (i, mut h) in handles {
+        // Commands end themselves at the deadline; this limit guards against one that
+        // does not.
+        let limit = deadline + Duration::from_secs(3);
+        slots[i] = Some(match tokio::time::timeout_at(limit.into(), &mut h).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => (
                 Outcome::Fail(format!("the check panicked: {e}")),
                 Duration::ZERO,
             ),
+            Err(_) => {
+                // Dropping the task kills the command with its cgroup.
+                h.abort();
+                let _ = h.await;
+                (
+                    Outcome::Timeout(deadline_message(
+                        env.run_deadline,
+                        &format!("{} stopped", what_hangs(&checks[i].kind)),
+                    )),
+                    start.elapsed(),
+                )
+            }
         });
     }
     let mut results = Vec::with_capacity(checks.len());
@@ -450,7 +633,7 @@ pub async fn run_checks(set: &CheckSet, env: &RunEnv) -> Report {
             Outcome::Fail("internal error: no result".into()),
             Duration::ZERO,
         ));
-        let o = after(c, o, &ctx).await;
+        let o = after(c, o, &ctx, deadline).await;
         results.push(result(c, o, d));
     }
     Report {

@@ -28,6 +28,8 @@
 //! ```
 
 pub mod act;
+pub mod arith;
+pub mod cgroup;
 pub mod checks;
 pub mod checksd;
 pub mod engine;
@@ -61,6 +63,10 @@ pub struct HealthSettings {
     pub nhc_conf: Vec<PathBuf>,
     /// Timeout of a check that sets none.
     pub timeout: HumanDuration,
+    /// Time limit of a whole run (NHC's `TIMEOUT`; slurmd kills its `HealthCheckProgram`
+    /// after 60 s): checks still running then are reported as hung, the node is drained
+    /// naming them, and `check` exits.
+    pub run_deadline: HumanDuration,
     /// Drain on failure and resume on recovery (`false`: report only).
     pub act: bool,
     /// Prometheus textfile to write after each run (node_exporter's textfile collector),
@@ -81,6 +87,7 @@ impl Default for HealthSettings {
             checks_dir: PathBuf::from("/etc/slurm-node-agent/checks.d"),
             nhc_conf: Vec::new(),
             timeout: HumanDuration(Duration::from_secs(10)),
+            run_deadline: HumanDuration(Duration::from_secs(30)),
             act: true,
             prometheus_textfile: PathBuf::new(),
             scontrol_timeout: HumanDuration(Duration::from_secs(5)),
@@ -107,6 +114,9 @@ impl HealthSettings {
             && !self.prometheus_textfile.is_absolute()
         {
             return e("prometheus_textfile", "must be an absolute path");
+        }
+        if self.run_deadline.0.is_zero() {
+            return e("run_deadline", "must be above zero");
         }
         if self.timeout.0.is_zero()
             || self.scontrol_timeout.0.is_zero()

@@ -124,10 +124,24 @@ fn logical_lines(text: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// What one logical line of nhc.conf is.
+enum Line {
+    /// Variable assignments (`VAR=value`, `export VAR=value`).
+    Assign(Vec<(String, String)>),
+    /// A check function and its arguments.
+    Check(String, Vec<String>),
+}
+
 /// Parses nhc.conf text; `file` is used in errors and origins.
 ///
+/// One bad line never switches health checking off (NHC runs every other line too): a
+/// line this reader cannot run becomes a failing check of its own naming its file and line
+/// when its target matches this node (or cannot be read), and a note when it does not. A
+/// line without `||` (NHC reads the whole line as the target, which matches no host) and
+/// an empty check are skipped with a note.
+///
 /// # Errors
-/// [`ConfigError`] with file and line.
+/// None today; kept for file-level errors.
 pub fn parse(
     text: &str,
     file: &Path,
@@ -135,7 +149,7 @@ pub fn parse(
     defaults: &Defaults,
 ) -> Result<CheckSet, ConfigError> {
     let mut set = CheckSet::default();
-    let mut vars: Vec<(String, String)> = Vec::new();
+    let mut vars: Vec<(String, String)> = vec![("PATH".into(), cmd_path().to_string())];
     if let Some(n) = node {
         vars.push(("HOSTNAME".into(), n.to_string()));
         vars.push((
@@ -145,90 +159,143 @@ pub fn parse(
     }
     let mut default_timeout = defaults.timeout;
     for (line_no, line) in logical_lines(text) {
-        let err = |message: String| ConfigError {
+        let here = format!("{}:{line_no}", file.display());
+        let origin = Origin {
             file: file.to_path_buf(),
             line: line_no,
-            message,
         };
         let trimmed = line.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
             continue;
         }
         let Some((target, check)) = trimmed.split_once("||") else {
-            return Err(err(format!(
-                "expected 'target || check ...', got {trimmed:?}"
-            )));
+            set.notes.push(format!(
+                "{here}: skipped: no '||' in {trimmed:?} (NHC reads it as a target that matches no host)"
+            ));
+            continue;
         };
         let (target, check) = (target.trim(), check.trim());
-        if target.is_empty() || check.is_empty() {
-            return Err(err("empty target or check".into()));
+        let invalid = |set: &mut CheckSet, message: String| {
+            set.checks.push(Check {
+                name: if check.is_empty() { trimmed } else { check }.to_string(),
+                origin: origin.clone(),
+                timeout: Duration::from_secs(1),
+                fatal: true,
+                kind: CheckKind::Invalid(format!("{here}: {message}")),
+            });
+        };
+        let applies = match Matcher::parse(target) {
+            Ok(m) => match node {
+                Some(n) => m.matches(n),
+                None => target == "*",
+            },
+            Err(m) => {
+                invalid(&mut set, format!("target {target:?}: {m}"));
+                continue;
+            }
+        };
+        if check.is_empty() {
+            set.notes.push(format!("{here}: skipped: empty check"));
+            continue;
         }
-        let matcher = Matcher::parse(target).map_err(|m| err(format!("target {target:?}: {m}")))?;
-        let applies = match node {
-            Some(n) => matcher.matches(n),
-            None => target == "*",
+        let parsed = read_line(check, &vars);
+        let parsed = match parsed {
+            Ok(p) => p,
+            Err(m) if applies => {
+                invalid(&mut set, m);
+                continue;
+            }
+            Err(m) => {
+                set.notes
+                    .push(format!("{here}: not for this node, and cannot run: {m}"));
+                continue;
+            }
         };
-        let words = shell_words(check, &vars).map_err(err)?;
-        let Some(first) = words.first() else {
-            return Err(err("empty check".into()));
-        };
-        // Settings: `export VAR=value` or `VAR=value`.
-        let assignment = if first == "export" {
-            Some(&words[1..])
-        } else if is_assignment(first) {
-            Some(&words[..])
-        } else {
-            None
-        };
-        if let Some(assigns) = assignment {
-            for a in assigns {
-                let Some((k, v)) = a.split_once('=').filter(|(k, _)| is_name(k)) else {
-                    return Err(err(format!("expected VAR=value, got {a:?}")));
-                };
-                if !applies {
-                    continue;
-                }
-                if k == "TIMEOUT" {
-                    let secs: u64 = v
-                        .parse()
-                        .map_err(|_| err(format!("TIMEOUT={v:?}: expected seconds")))?;
-                    default_timeout = Duration::from_secs(secs.max(1));
-                } else {
+        if !applies {
+            if let Line::Check(first, args) = &parsed {
+                if let Err(m) = build(first, args, default_timeout) {
                     set.notes.push(format!(
-                        "{}:{line_no}: NHC setting {k} ignored (not used by slurm-node-agent)",
-                        file.display()
+                        "{here}: not for this node, and cannot run: {first}: {m}"
                     ));
                 }
-                vars.retain(|(n, _)| n != k);
-                vars.push((k.to_string(), v.to_string()));
             }
             continue;
         }
-        let built =
-            build(first, &words[1..], default_timeout).map_err(|m| err(format!("{first}: {m}")))?;
-        if !applies {
-            continue;
-        }
-        let multiple = built.len() > 1;
-        for (suffix, kind, fatal, timeout) in built {
-            let name = if multiple {
-                format!("{check} [{suffix}]")
-            } else {
-                check.to_string()
-            };
-            set.checks.push(Check {
-                name,
-                origin: Origin {
-                    file: file.to_path_buf(),
-                    line: line_no,
-                },
-                timeout,
-                fatal,
-                kind,
-            });
+        match parsed {
+            Line::Assign(assigns) => {
+                for (k, v) in assigns {
+                    if k == "TIMEOUT" {
+                        match v.parse::<u64>() {
+                            Ok(secs) => default_timeout = Duration::from_secs(secs.max(1)),
+                            Err(_) => {
+                                invalid(&mut set, format!("TIMEOUT={v:?}: expected seconds"));
+                                continue;
+                            }
+                        }
+                    } else if k != "PATH" {
+                        set.notes.push(format!(
+                            "{here}: NHC setting {k} ignored (not used by slurm-node-agent)"
+                        ));
+                    }
+                    vars.retain(|(n, _)| *n != k);
+                    vars.push((k, v));
+                }
+            }
+            Line::Check(first, args) => match build(&first, &args, default_timeout) {
+                Ok(built) => {
+                    let multiple = built.len() > 1;
+                    for (suffix, kind, fatal, timeout) in built {
+                        let name = if multiple {
+                            format!("{check} [{suffix}]")
+                        } else {
+                            check.to_string()
+                        };
+                        set.checks.push(Check {
+                            name,
+                            origin: origin.clone(),
+                            timeout,
+                            fatal,
+                            kind,
+                        });
+                    }
+                }
+                Err(m) => invalid(&mut set, format!("{first}: {m}")),
+            },
         }
     }
     Ok(set)
+}
+
+/// The PATH an nhc.conf file starts with (`$PATH` in `export PATH=...:$PATH`).
+fn cmd_path() -> &'static str {
+    super::checks::cmd::SAFE_PATH
+}
+
+/// Reads one check (the part after `||`): an assignment line or a check and its words.
+fn read_line(check: &str, vars: &[(String, String)]) -> Result<Line, String> {
+    let first_raw = check.split_whitespace().next().unwrap_or("");
+    let is_assign = first_raw == "export" || is_assignment(first_raw);
+    // Assignments expand an unset variable to "" as bash does; checks refuse it.
+    let words = shell_words_mode(check, vars, is_assign)?;
+    let Some(first) = words.first() else {
+        return Err("empty check".into());
+    };
+    if is_assign {
+        let assigns = if first == "export" {
+            &words[1..]
+        } else {
+            &words[..]
+        };
+        let mut out = Vec::new();
+        for a in assigns {
+            let Some((k, v)) = a.split_once('=').filter(|(k, _)| is_name(k)) else {
+                return Err(format!("expected VAR=value, got {a:?}"));
+            };
+            out.push((k.to_string(), v.to_string()));
+        }
+        return Ok(Line::Assign(out));
+    }
+    Ok(Line::Check(first.clone(), words[1..].to_vec()))
 }
 
 fn is_name(s: &str) -> bool {
@@ -248,12 +315,30 @@ fn is_assignment(word: &str) -> bool {
 /// # Errors
 /// A message.
 pub fn shell_words(s: &str, vars: &[(String, String)]) -> Result<Vec<String>, String> {
-    let lookup = |name: &str| -> Result<String, String> {
+    shell_words_mode(s, vars, false)
+}
+
+/// [`shell_words`]; `unset_empty`: an unset variable expands to "" (bash) instead of
+/// being an error.
+fn shell_words_mode(
+    s: &str,
+    vars: &[(String, String)],
+    unset_empty: bool,
+) -> Result<Vec<String>, String> {
+    let get = |name: &str| -> Option<String> {
         vars.iter()
             .rev()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
-            .ok_or_else(|| format!("unknown variable ${name} (known: HOSTNAME, HOSTNAME_S and those this file sets)"))
+    };
+    let lookup = |name: &str| -> Result<String, String> {
+        match get(name) {
+            Some(v) => Ok(v),
+            None if unset_empty => Ok(String::new()),
+            None => Err(format!(
+                "unknown variable ${name} (known: HOSTNAME, HOSTNAME_S, PATH and those this file sets)"
+            )),
+        }
     };
     let chars: Vec<char> = s.chars().collect();
     let mut words = Vec::new();
@@ -264,17 +349,60 @@ pub fn shell_words(s: &str, vars: &[(String, String)]) -> Result<Vec<String>, St
         // chars[*i] == '$'
         let next = chars.get(*i + 1).copied();
         match next {
+            Some('(') if chars.get(*i + 2) == Some(&'(') => {
+                // $(( arithmetic )): up to the matching "))".
+                let mut depth = 0usize;
+                let mut j = *i + 3;
+                let body_start = j;
+                loop {
+                    match chars.get(j) {
+                        None => return Err("unclosed $((".into()),
+                        Some('(') => depth += 1,
+                        Some(')') if depth == 0 => {
+                            if chars.get(j + 1) != Some(&')') {
+                                return Err("unclosed $((".into());
+                            }
+                            break;
+                        }
+                        Some(')') => depth -= 1,
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                let body: String = chars[body_start..j].iter().collect();
+                let v = super::arith::eval(&body, &get)?;
+                cur.push_str(&v.to_string());
+                *i = j + 2;
+                Ok(())
+            }
             Some('(') => Err("command substitution $(...) is not supported".into()),
             Some('{') => {
                 let end = chars[*i + 2..]
                     .iter()
                     .position(|&c| c == '}')
                     .ok_or("unclosed ${")?;
-                let name: String = chars[*i + 2..*i + 2 + end].iter().collect();
-                if !is_name(&name) {
-                    return Err(format!("unsupported parameter expansion ${{{name}}}"));
+                let inner: String = chars[*i + 2..*i + 2 + end].iter().collect();
+                let name_len = inner
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(inner.len());
+                let (name, op) = inner.split_at(name_len);
+                if !is_name(name) {
+                    return Err(format!("unsupported parameter expansion ${{{inner}}}"));
                 }
-                cur.push_str(&lookup(&name)?);
+                let value = if op.is_empty() {
+                    lookup(name)?
+                } else if let Some(d) = op.strip_prefix(":-") {
+                    get(name)
+                        .filter(|v| !v.is_empty())
+                        .unwrap_or_else(|| d.to_string())
+                } else if let Some(d) = op.strip_prefix('-') {
+                    get(name).unwrap_or_else(|| d.to_string())
+                } else {
+                    return Err(format!(
+                        "unsupported parameter expansion ${{{inner}}} (supported: ${{VAR}}, ${{VAR:-default}}, ${{VAR-default}})"
+                    ));
+                };
+                cur.push_str(&value);
                 *i += 3 + end;
                 Ok(())
             }
@@ -1056,28 +1184,44 @@ n* || check_hw_eth eth0
         );
     }
 
+    /// The failing check a bad line became (its message names file and line).
+    fn invalid(set: &CheckSet) -> Vec<(usize, String)> {
+        set.checks
+            .iter()
+            .filter_map(|c| match &c.kind {
+                CheckKind::Invalid(m) => Some((c.origin.line, m.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
-    fn errors_name_file_and_line() {
-        let e = p(
-            "* || check_hw_eth lo\n\n* || check_gpu_magic 4\n",
+    fn a_bad_line_is_a_failing_check_and_the_others_still_run() {
+        let set = p(
+            "* || check_hw_eth lo\n\n* || check_gpu_magic 4\n* || check_hw_eth eth0\n",
             Some("n1"),
         )
-        .unwrap_err();
-        assert_eq!(e.line, 3);
-        let s = e.to_string();
+        .unwrap();
+        assert_eq!(set.checks.len(), 3);
+        assert_eq!(set.checks[2].name, "check_hw_eth eth0");
+        let bad = invalid(&set);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].0, 3);
         assert!(
-            s.starts_with("/etc/nhc/nhc.conf:3: check_gpu_magic: unsupported NHC check"),
-            "{s}"
+            bad[0]
+                .1
+                .starts_with("/etc/nhc/nhc.conf:3: check_gpu_magic: unsupported NHC check"),
+            "{bad:?}"
         );
-        // Malformed lines, each reported with its line.
+        assert_eq!(set.checks[1].name, "check_gpu_magic 4");
+        assert!(set.checks[1].fatal);
+        // Malformed lines, each a failing check naming its line.
         for (text, line, needle) in [
             ("* || check_fs_free /\n", 1, "missing threshold"),
             ("\n* || check_fs_free / 10x\n", 2, "invalid size"),
             ("* || check_fs_ifree / lots\n", 1, "invalid count"),
-            ("check_fs_mount_rw -f /\n", 1, "expected 'target || check"),
             ("{n[1-} || check_hw_eth lo\n", 1, "target"),
             ("* || check_hw_eth 'lo\n", 1, "unclosed"),
-            ("* || check_fs_mount -r -f /x\n", 1, "-r is not supported"),
             ("* || check_ps_service -k evil\n", 1, "-k is not supported"),
             (
                 "* || check_cmd_output -m '/(/' /bin/true\n",
@@ -1086,13 +1230,66 @@ n* || check_hw_eth eth0
             ),
             ("* || check_file_test /tmp\n", 1, "operator"),
             ("* || check_hw_cpuinfo two\n", 1, "not a count"),
+            ("* || export TIMEOUT=soon\n", 1, "TIMEOUT"),
+            ("* || check_hw_eth $((1/0))\n", 1, "division by 0"),
+            ("* || check_hw_eth ${X:?}\n", 1, "parameter expansion"),
         ] {
-            let e = p(text, Some("n1")).unwrap_err();
-            assert_eq!(e.line, line, "{text}: {e}");
-            assert!(e.to_string().contains(needle), "{text}: {e}");
+            let set = p(text, Some("n1")).unwrap();
+            let bad = invalid(&set);
+            assert_eq!(bad.len(), 1, "{text}: {bad:?}");
+            assert_eq!(bad[0].0, line, "{text}: {bad:?}");
+            assert!(bad[0].1.contains(needle), "{text}: {bad:?}");
+            assert!(
+                bad[0].1.starts_with(&format!("/etc/nhc/nhc.conf:{line}: ")),
+                "{bad:?}"
+            );
         }
-        // A bad line is an error even when its target does not match this node.
-        assert!(p("other || check_nope\n", Some("n1")).is_err());
+    }
+
+    #[test]
+    fn lines_nhc_skips_are_skipped_with_a_note() {
+        let text = "\
+NVIDIA_HEALTHMON=dcgmi
+gpu* || check_nv_healthmon
+other || check_nope -x
+* ||
+* || check_hw_eth lo
+";
+        let set = p(text, Some("n1")).unwrap();
+        assert_eq!(set.checks.len(), 1, "{:?}", set.checks);
+        assert_eq!(set.checks[0].name, "check_hw_eth lo");
+        let notes = set.notes.join("\n");
+        assert!(notes.contains("nhc.conf:1: skipped: no '||'"), "{notes}");
+        assert!(notes.contains("nhc.conf:3: not for this node"), "{notes}");
+        assert!(
+            notes.contains("nhc.conf:4: skipped: empty check"),
+            "{notes}"
+        );
+    }
+
+    #[test]
+    fn assignments_with_defaults_and_arithmetic() {
+        let text = "\
+* || export PATH=\"/opt/bin:$PATH\"
+* || BASE=/srv
+* || DIR=${BASE}/a ALT=${NOPE:-/alt} N=$((2 * 3 + 010))
+* || check_file_test -e $DIR $ALT /n$N ${PATH}
+* || check_file_test -e $UNSET_VAR
+";
+        let set = p(text, Some("n1")).unwrap();
+        let CheckKind::FileTest(f) = &set.checks[0].kind else {
+            panic!("{:?}", set.checks[0])
+        };
+        let path = format!("/opt/bin:{}", super::cmd_path());
+        assert_eq!(
+            f.paths,
+            vec!["/srv/a", "/alt", "/n14", path.as_str()],
+            "{f:?}"
+        );
+        let bad = invalid(&set);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!(bad[0].0, 5);
+        assert!(bad[0].1.contains("$UNSET_VAR"), "{bad:?}");
     }
 
     #[test]

@@ -1,7 +1,11 @@
 //! Commands (NHC's `check_cmd_status`, `check_cmd_output`): run without a shell, in a
-//! process group of their own, killed with the whole group at the check's timeout; output
-//! kept up to a bound and the rest read and dropped, so a command printing megabytes
-//! neither blocks nor fills memory.
+//! cgroup and a process group of their own ([`crate::health::cgroup`]), killed with the
+//! whole cgroup (so also a grandchild that called `setsid`) at the check's timeout, and
+//! whatever they left behind killed when they end; output kept up to a bound and the rest
+//! read and dropped, so a command printing megabytes neither blocks nor fills memory.
+//!
+//! A program named without a slash (`nvidia-smi`) is looked up in [`SAFE_PATH`], the only
+//! PATH commands get, and the path found is logged and shown in the check's message.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -73,6 +77,10 @@ pub struct CommandOutcome {
     pub stderr: Vec<u8>,
     /// Process id of the command (its process group id too).
     pub pid: u32,
+    /// The program run (after the PATH lookup).
+    pub program: std::path::PathBuf,
+    /// Where it ran: its cgroup, or why it had none (process group only).
+    pub confinement: String,
 }
 
 /// Runs `argv` in its own process group, with [`SAFE_PATH`], stdin from /dev/null, and
@@ -90,6 +98,13 @@ pub async fn run_command(
     };
     let program =
         resolve_program(prog).ok_or_else(|| format!("{prog}: not found in {SAFE_PATH}"))?;
+    if !prog.contains('/') {
+        tracing::info!(
+            "command {prog} resolved to {} (PATH {SAFE_PATH})",
+            program.display()
+        );
+    }
+    let cgroup = crate::health::cgroup::CmdCgroup::create();
     let mut cmd = tokio::process::Command::new(&program);
     cmd.args(args)
         .env("PATH", SAFE_PATH)
@@ -102,6 +117,20 @@ pub async fn run_command(
         .spawn()
         .map_err(|e| format!("starting {}: {e}", program.display()))?;
     let pid = child.id().unwrap_or(0);
+    // Into its cgroup at once (spawn returned after the exec).
+    let (cgroup, confinement) = match cgroup {
+        Ok(cg) => match cg.adopt(pid) {
+            Ok(()) => {
+                let c = format!("cgroup {}", cg.dir().display());
+                (Some(cg), c)
+            }
+            Err(e) => (None, format!("process group only ({e})")),
+        },
+        Err(e) => (None, format!("process group only ({e})")),
+    };
+    if cgroup.is_none() {
+        tracing::debug!("command {}: {confinement}", program.display());
+    }
     let out = child.stdout.take();
     let err = child.stderr.take();
     let out_task = tokio::spawn(async move {
@@ -119,12 +148,20 @@ pub async fn run_command(
     let (status, timed_out) = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(s) => (s.ok(), false),
         Err(_) => {
+            if let Some(cg) = &cgroup {
+                cg.kill();
+            }
             kill_group(pid);
             (child.wait().await.ok(), true)
         }
     };
-    // After a normal exit the group is left alone (its pid may be reused once reaped).
-    // Children still holding the pipes must not hold the check: wait a short grace only.
+    // What the command left behind in its cgroup dies with it (the cgroup is removed on
+    // drop). Without a cgroup the group is left alone after a normal exit (its pid may be
+    // reused once reaped). Children still holding the pipes must not hold the check: wait
+    // a short grace only.
+    if let Some(cg) = &cgroup {
+        cg.kill();
+    }
     let grace = Duration::from_millis(200);
     let (stdout, stdout_total) = tokio::time::timeout(grace, out_task)
         .await
@@ -143,6 +180,8 @@ pub async fn run_command(
         stdout_total,
         stderr,
         pid,
+        program,
+        confinement,
     })
 }
 
@@ -166,9 +205,14 @@ pub async fn check_command(
     let o = run_command(&spec.argv, timeout, output_limit).await?;
     if o.timed_out {
         return Err(format!(
-            "{TIMEOUT_PREFIX}{} for {shown:?}; process group {} killed",
+            "{TIMEOUT_PREFIX}{} for {shown:?} ({}); killed with its {}",
             humantime::format_duration(timeout),
-            o.pid
+            o.program.display(),
+            if o.confinement.starts_with("cgroup") {
+                o.confinement.clone()
+            } else {
+                format!("process group {} ({})", o.pid, o.confinement)
+            }
         ));
     }
     let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
@@ -218,7 +262,11 @@ pub async fn check_command(
             ));
         }
     }
-    let mut msg = format!("{shown:?} returned {}", spec.status);
+    let mut msg = format!(
+        "{shown:?} ({}) returned {}",
+        o.program.display(),
+        spec.status
+    );
     if truncated {
         msg.push_str(&format!(
             "; output {} bytes, kept the first {}",

@@ -47,6 +47,9 @@ pub enum CheckKind {
     Command(cmd::CommandSpec),
     /// DMI (SMBIOS) data from dmidecode.
     Dmi(dmi::DmiSpec),
+    /// A definition that cannot run on this node (an unsupported NHC function, a bad
+    /// option...): always fails with this message, which names the file and line.
+    Invalid(String),
 }
 
 /// A systemd unit in an expected state.
@@ -82,6 +85,7 @@ impl CheckKind {
             CheckKind::FileTest(_) | CheckKind::FileContents(_) | CheckKind::FileStat(_) => "file",
             CheckKind::Command(_) => "command",
             CheckKind::Dmi(_) => "dmi",
+            CheckKind::Invalid(_) => "config",
         }
     }
 
@@ -104,6 +108,7 @@ impl CheckKind {
             CheckKind::FileContents(s) => file::check_contents(s),
             CheckKind::FileStat(s) => file::check_stat(s, facts),
             CheckKind::Dmi(s) => dmi::check_dmi(s, facts),
+            CheckKind::Invalid(m) => Err(m.clone()),
             CheckKind::Command(_) | CheckKind::Unit(_) => {
                 Err("internal error: an async check was run as a blocking one".into())
             }
