@@ -307,12 +307,13 @@ impl Cli {
     async fn validate(&self, args: &ValidateArgs) -> Result<Report> {
         let (recipe, template, vars) = self.resolve(&args.recipe)?;
         check_variables(&template, &vars)?;
+        let schema = schema_check(&template)?;
         let required = template.required_version.clone().unwrap_or_default();
         let packer = packer::locate(&self.packer, &required).await?;
         packer.fmt_check(&template.path).await?;
         let validate = match template.required_version.as_deref() {
             Some(req) if packer.version.satisfies(req) != Some(true) => format!(
-                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}",
+                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}; only the schema check ran",
                 packer.version,
                 packer.program.display()
             ),
@@ -333,11 +334,19 @@ impl Cli {
             }
         }
         let mut text = format!(
-            "variables: {} passed, all declared in {} with the right type\npacker fmt -check: ok (Packer {})\npacker validate: {validate}\n",
+            "variables: {} passed, all declared in {} with the right type\nschema check: ok against {} ({} warning(s))\n",
             vars.len(),
             template.path.display(),
-            packer.version
+            schema.schemas.join(" and "),
+            schema.warnings.len(),
         );
+        for w in &schema.warnings {
+            text.push_str(&format!("  {w}\n"));
+        }
+        text.push_str(&format!(
+            "packer fmt -check: ok (Packer {})\npacker validate: {validate}\n",
+            packer.version
+        ));
         for f in &fetched {
             text.push_str(&format!(
                 "source ok: {} {} ({}sha256 {})\n",
@@ -353,6 +362,7 @@ impl Cli {
                 "variables": vars.len(),
                 "packer": {"program": packer.program, "version": packer.version.to_string()},
                 "fmt": "ok",
+                "schema": {"result": "ok", "schemas": schema.schemas, "warnings": schema.warnings},
                 "validate": validate,
                 "sources": fetched,
             }),
@@ -615,6 +625,59 @@ fn none_if_empty(s: &str) -> &str {
     } else {
         s
     }
+}
+
+/// What the schema check found, when it found no error.
+struct SchemaOutcome {
+    /// Labels of the schema extractions checked against.
+    schemas: Vec<String>,
+    /// Warnings (missing `required_tag` attributes, uncovered versions or types).
+    warnings: Vec<crate::schema::Finding>,
+}
+
+/// Check the template against Packer's HCL2 schema at the current and the lowest allowed
+/// versions ([`crate::schema`]); any error fails with exit 3, naming every finding.
+fn schema_check(template: &Template) -> Result<SchemaOutcome> {
+    use crate::schema::{self, Finding, Schema, Severity};
+    let schemas = Schema::embedded()?;
+    let mut findings = schema::check(&template.path, &schemas)?;
+    let amazon = schema::amazon_constraint(&template.path)?;
+    if let Some(lowest) = schemas.last() {
+        for w in schema::version_coverage(
+            template.required_version.as_deref(),
+            amazon.as_deref(),
+            lowest,
+        ) {
+            findings.push(Finding {
+                severity: Severity::Warning,
+                file: template.path.clone(),
+                location: "packer".into(),
+                message: w,
+                schemas: vec![lowest.label.clone()],
+            });
+        }
+    }
+    let (errors, warnings): (Vec<Finding>, Vec<Finding>) = findings
+        .into_iter()
+        .partition(|f| f.severity == Severity::Error);
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    if !errors.is_empty() {
+        let mut output = String::new();
+        for f in errors.iter().chain(warnings.iter()) {
+            output.push_str(&format!("{f}\n"));
+        }
+        return Err(Error::TemplateCheck {
+            check: format!("the schema check ({} error(s))", errors.len()),
+            template: template.path.clone(),
+            output,
+        });
+    }
+    Ok(SchemaOutcome {
+        schemas: schemas.iter().map(|s| s.label.clone()).collect(),
+        warnings,
+    })
 }
 
 /// Every value declared with the right type, and every required variable set.

@@ -69,8 +69,43 @@ fn validate_checks_variables_and_format_and_says_why_packer_validate_is_skipped(
     assert_eq!(v["packer"]["version"], "1.6.6");
     let validate = v["validate"].as_str().unwrap();
     assert!(
-        validate.contains("1.6.6") && validate.contains(">= 1.10.0"),
+        validate.contains("1.6.6")
+            && validate.contains(">= 1.10.0")
+            && validate.contains("only the schema check ran"),
         "{validate}"
+    );
+    assert_eq!(v["schema"]["result"], "ok");
+    assert_eq!(
+        v["schema"]["schemas"],
+        serde_json::json!([
+            "Packer v1.16.0 + amazon v1.8.2",
+            "Packer v1.10.0 + amazon v1.3.0"
+        ])
+    );
+}
+
+#[test]
+fn validate_refuses_a_template_the_schema_rejects_naming_each_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
+        std::fs::copy(repo().join("packer").join(f), dir.path().join(f)).unwrap();
+    }
+    let node = dir.path().join("node.pkr.hcl");
+    let bad = std::fs::read_to_string(&node)
+        .unwrap()
+        .replace("  imds_support = \"v2.0\"", "  imds_version = \"v2.0\"")
+        .replace("    strip_path = true", "    strip_path = [true]");
+    std::fs::write(&node, bad).unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("the schema check (2 error(s))")
+            && t.contains("unknown attribute 'imds_version'")
+            && t.contains("'strip_path' must be bool, but the value is a list")
+            && t.contains("post-processor \"manifest\"")
+            && t.contains("warning:"),
+        "{t}"
     );
 }
 
