@@ -25,12 +25,13 @@ const TOOLS: &[&str] = &[
 ];
 
 /// A folder of stand-in tools and their record.
-pub struct StandIn {
+struct StandIn {
     dir: tempfile::TempDir,
 }
 
 impl StandIn {
-    pub fn new() -> StandIn {
+    /// Links every stand-in tool into a fresh `bin/`.
+    fn new() -> StandIn {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
@@ -41,24 +42,29 @@ impl StandIn {
         StandIn { dir }
     }
 
-    pub fn path(&self) -> &Path {
+    /// The record folder (`STANDIN_DIR`).
+    #[allow(dead_code)]
+    fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    pub fn set(&self, name: &str, value: &str) {
+    /// Write a control file (see standin.sh).
+    fn set(&self, name: &str, value: &str) {
         std::fs::write(self.dir.path().join(name), value).unwrap();
     }
 
-    pub fn read(&self, name: &str) -> String {
+    /// A record file's text, empty when absent.
+    fn read(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
 
-    pub fn lines(&self, name: &str) -> Vec<String> {
+    /// A record file's lines.
+    fn lines(&self, name: &str) -> Vec<String> {
         self.read(name).lines().map(String::from).collect()
     }
 
     /// `bash -c SCRIPT` with the stand-ins first on PATH and the waits made short.
-    pub fn bash(&self, os: &str, script: &str) -> Output {
+    fn bash(&self, os: &str, script: &str) -> Output {
         let path = format!(
             "{}:{}",
             self.dir.path().join("bin").display(),
