@@ -7,27 +7,33 @@
 #
 # Usage: scripts/bench-imagebuilder.sh [work-dir]   (default /var/tmp/sib-bench)
 # BENCH_AGENT=none builds without the agent; BENCH_AGENT=<path> uses that binary.
+# BENCH_PROBE_ONLY=1 prints the agent choice and exits (tested in imagebuilder/tests).
 set -euo pipefail
 
 top=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
 work=${1:-/var/tmp/sib-bench}
 cache=$top/target/sib-apt-cache
 cd "$top"
-cargo build -q -p slurm-image-builder
-sib=$top/target/debug/slurm-image-builder
 agent=(--without-agent)
-# The agent goes in when built with the CLI the acceptance checks call.
+# The agent goes in when built with the CLI the acceptance checks call
+# (packer/scripts/99-acceptance.sh runs `slurm-node-agent check --no-act`).
 case ${BENCH_AGENT:-auto} in
 none) candidates=() ;;
 auto) candidates=(target/release/slurm-node-agent target/debug/slurm-node-agent) ;;
 *) candidates=("$BENCH_AGENT") ;;
 esac
 for b in "${candidates[@]}"; do
-	if [ -x "$b" ] && "$b" check --dry-run --help >/dev/null 2>&1; then
+	if [ -x "$b" ] && help=$("$b" check --no-act --help 2>/dev/null) && grep -q -- --no-act <<<"$help"; then
 		agent=(--agent-bin "$b")
 		break
 	fi
 done
+if [ -n "${BENCH_PROBE_ONLY:-}" ]; then
+	echo "agent: ${agent[*]}"
+	exit 0
+fi
+cargo build -q -p slurm-image-builder
+sib=$top/target/debug/slurm-image-builder
 
 build() {
 	if ! "$sib" --packer-dir "$top/packer" --output json build --target local --units-dir "$top/units" \

@@ -27,9 +27,12 @@ const EXIT_CODES: &str = "Exit codes:
 #[derive(Debug, Parser)]
 #[command(name = "slurm-image-builder", version, after_help = EXIT_CODES)]
 pub struct Cli {
-    /// The project's packer/ folder (templates, scripts/, files/, sources.toml).
-    #[arg(long, global = true, env = "SIB_PACKER_DIR", default_value = "packer")]
-    pub packer_dir: PathBuf,
+    /// The project's packer/ folder (templates, scripts/, files/, sources.toml). Default:
+    /// the first of <exe>/../share/slurm-image-builder/packer,
+    /// /usr/share/slurm-image-builder/packer, the packer/ folder of the source tree the
+    /// binary was built in, ./packer.
+    #[arg(long, global = true, env = "SIB_PACKER_DIR")]
+    pub packer_dir: Option<PathBuf>,
     /// Packer program: a name looked up on PATH, or a path.
     #[arg(long, global = true, env = "SIB_PACKER", default_value = "packer")]
     pub packer: String,
@@ -158,9 +161,9 @@ pub struct BuildArgs {
     /// Build without the agent binary (the steps say plainly that it is absent).
     #[arg(long, conflicts_with = "agent_bin")]
     pub without_agent: bool,
-    /// The agent's unit files (units/ of the project).
-    #[arg(long, default_value = "units")]
-    pub units_dir: PathBuf,
+    /// The agent's unit files (default: units/ beside the packer folder).
+    #[arg(long)]
+    pub units_dir: Option<PathBuf>,
     /// Let steps whose sources are unreachable skip with a message instead of failing
     /// (always on for --target local, where the EFA and FSx sources cannot be reached).
     #[arg(long)]
@@ -223,7 +226,10 @@ pub struct Report {
 
 impl Cli {
     /// Run the chosen command.
-    pub async fn run(self) -> Result<Report> {
+    pub async fn run(mut self) -> Result<Report> {
+        if self.packer_dir.is_none() {
+            self.packer_dir = Some(default_packer_dir()?);
+        }
         match &self.command {
             Command::Plan(args) => self.plan(args).await,
             Command::Validate(args) => self.validate(args).await,
@@ -232,13 +238,33 @@ impl Cli {
         }
     }
 
+    /// The packer folder ([`default_packer_dir`] when not given).
+    fn packer_dir(&self) -> PathBuf {
+        self.packer_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("packer"))
+    }
+
+    /// The units folder: `--units-dir`, else `units/` beside the packer folder.
+    fn units_dir(&self, args: &BuildArgs) -> PathBuf {
+        args.units_dir.clone().unwrap_or_else(|| {
+            let packer = self.packer_dir();
+            let parent = std::path::absolute(&packer)
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .unwrap_or_default();
+            parent.join("units")
+        })
+    }
+
     fn resolve(&self, args: &RecipeArgs) -> Result<(Recipe, Template, BTreeMap<String, Json>)> {
+        let packer_dir = self.packer_dir();
         let sources_file = args
             .sources
             .clone()
-            .unwrap_or_else(|| self.packer_dir.join("sources.toml"));
+            .unwrap_or_else(|| packer_dir.join("sources.toml"));
         let sources = Sources::load(&sources_file)?;
-        let project = Template::load(&self.packer_dir)?;
+        let project = Template::load(&packer_dir)?;
         let catalog = os_catalog(&project)?;
         let req = Request {
             os: args.os.clone(),
@@ -265,6 +291,8 @@ impl Cli {
             let (name, value) = template.parse_cli_var(assignment)?;
             vars.insert(name, value);
         }
+        // `--var` may override what the recipe checked: check the final values again.
+        crate::recipe::check_values(&vars, &catalog, args.target == Target::Local)?;
         Ok((recipe, template, vars))
     }
 
@@ -307,18 +335,21 @@ impl Cli {
     async fn validate(&self, args: &ValidateArgs) -> Result<Report> {
         let (recipe, template, vars) = self.resolve(&args.recipe)?;
         check_variables(&template, &vars)?;
+        let schema = schema_check(&template)?;
         let required = template.required_version.clone().unwrap_or_default();
         let packer = packer::locate(&self.packer, &required).await?;
         packer.fmt_check(&template.path).await?;
         let validate = match template.required_version.as_deref() {
             Some(req) if packer.version.satisfies(req) != Some(true) => format!(
-                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}",
+                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}; only the schema check ran",
                 packer.version,
                 packer.program.display()
             ),
             _ => {
                 let dir = tempfile_dir()?;
                 let var_file = dir.join("validate.pkrvars.hcl");
+                let mut vars = vars.clone();
+                staging_dirs(&dir, &mut vars)?;
                 write_atomic(&var_file, &pkrvars(&vars))?;
                 let r = packer.validate(&template.path, &var_file).await;
                 let _ = std::fs::remove_dir_all(&dir);
@@ -333,11 +364,19 @@ impl Cli {
             }
         }
         let mut text = format!(
-            "variables: {} passed, all declared in {} with the right type\npacker fmt -check: ok (Packer {})\npacker validate: {validate}\n",
+            "variables: {} passed, all declared in {} with the right type\nschema check: ok against {} ({} warning(s))\n",
             vars.len(),
             template.path.display(),
-            packer.version
+            schema.schemas.join(" and "),
+            schema.warnings.len(),
         );
+        for w in &schema.warnings {
+            text.push_str(&format!("  {w}\n"));
+        }
+        text.push_str(&format!(
+            "packer fmt -check: ok (Packer {})\npacker validate: {validate}\n",
+            packer.version
+        ));
         for f in &fetched {
             text.push_str(&format!(
                 "source ok: {} {} ({}sha256 {})\n",
@@ -353,6 +392,7 @@ impl Cli {
                 "variables": vars.len(),
                 "packer": {"program": packer.program, "version": packer.version.to_string()},
                 "fmt": "ok",
+                "schema": {"result": "ok", "schemas": schema.schemas, "warnings": schema.warnings},
                 "validate": validate,
                 "sources": fetched,
             }),
@@ -382,8 +422,8 @@ impl Cli {
             &agent_dir,
             args.agent_bin.as_deref(),
             args.without_agent,
-            &args.units_dir,
-            &self.packer_dir,
+            &self.units_dir(args),
+            &self.packer_dir(),
         )?;
         std::fs::create_dir_all(&sources_dir)
             .map_err(|e| Error::io(format!("creating {}", sources_dir.display()), e))?;
@@ -494,8 +534,8 @@ impl Cli {
             &agent_dir,
             args.agent_bin.as_deref(),
             args.without_agent,
-            &args.units_dir,
-            &self.packer_dir,
+            &self.units_dir(args),
+            &self.packer_dir(),
         )?;
         let log_path = args
             .log_file
@@ -503,7 +543,7 @@ impl Cli {
             .unwrap_or_else(|| work.join("local.log"));
         let build = local::LocalBuild {
             work_dir: work.clone(),
-            packer_dir: absolute(&self.packer_dir)?,
+            packer_dir: absolute(&self.packer_dir())?,
             agent_dir,
             apt_cache: args.apt_cache.as_deref().map(absolute).transpose()?,
             mirror: args.mirror.clone(),
@@ -554,8 +594,13 @@ async fn publish_cmd(args: &PublishArgs) -> Result<Report> {
     let ami_id = match (&args.ami_id, &args.manifest) {
         (Some(id), _) => id.clone(),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::io(format!("reading manifest {}", path.display()), e))?;
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::BadInput(format!("--manifest {}: no such file", path.display()))
+                } else {
+                    Error::io(format!("reading manifest {}", path.display()), e)
+                }
+            })?;
             let m = Manifest::parse(&text).map_err(|e| Error::File {
                 path: path.clone(),
                 message: format!("not a Packer manifest: {e}"),
@@ -615,6 +660,59 @@ fn none_if_empty(s: &str) -> &str {
     } else {
         s
     }
+}
+
+/// What the schema check found, when it found no error.
+struct SchemaOutcome {
+    /// Labels of the schema extractions checked against.
+    schemas: Vec<String>,
+    /// Warnings (missing `required_tag` attributes, uncovered versions or types).
+    warnings: Vec<crate::schema::Finding>,
+}
+
+/// Check the template against Packer's HCL2 schema at the current and the lowest allowed
+/// versions ([`crate::schema`]); any error fails with exit 3, naming every finding.
+fn schema_check(template: &Template) -> Result<SchemaOutcome> {
+    use crate::schema::{self, Finding, Schema, Severity};
+    let schemas = Schema::embedded()?;
+    let mut findings = schema::check(&template.path, &schemas)?;
+    let amazon = schema::amazon_constraint(&template.path)?;
+    if let Some(lowest) = schemas.last() {
+        for w in schema::version_coverage(
+            template.required_version.as_deref(),
+            amazon.as_deref(),
+            lowest,
+        ) {
+            findings.push(Finding {
+                severity: Severity::Warning,
+                file: template.path.clone(),
+                location: "packer".into(),
+                message: w,
+                schemas: vec![lowest.label.clone()],
+            });
+        }
+    }
+    let (errors, warnings): (Vec<Finding>, Vec<Finding>) = findings
+        .into_iter()
+        .partition(|f| f.severity == Severity::Error);
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    if !errors.is_empty() {
+        let mut output = String::new();
+        for f in errors.iter().chain(warnings.iter()) {
+            output.push_str(&format!("{f}\n"));
+        }
+        return Err(Error::TemplateCheck {
+            check: format!("the schema check ({} error(s))", errors.len()),
+            template: template.path.clone(),
+            output,
+        });
+    }
+    Ok(SchemaOutcome {
+        schemas: schemas.iter().map(|s| s.label.clone()).collect(),
+        warnings,
+    })
 }
 
 /// Every value declared with the right type, and every required variable set.
@@ -685,6 +783,56 @@ fn assemble_agent(
             .map_err(|e| Error::io(format!("copying {}", settings.display()), e))?;
     }
     Ok(notes)
+}
+
+/// The file provisioners upload `var.agent_dir` and `var.sources_dir`, and Packer checks
+/// at validate time that they exist: point both at absolute, existing (empty) folders under
+/// `dir` unless the caller set them.
+fn staging_dirs(dir: &Path, vars: &mut BTreeMap<String, Json>) -> Result<()> {
+    for name in ["agent_dir", "sources_dir"] {
+        let path = match vars.get(name).and_then(Json::as_str) {
+            Some(p) => absolute(Path::new(p))?,
+            None => dir.join(name),
+        };
+        std::fs::create_dir_all(&path)
+            .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+        vars.insert(name.to_string(), json!(path));
+    }
+    Ok(())
+}
+
+/// Where the packer folder is when `--packer-dir` is not given, in this order:
+/// `<exe>/../share/slurm-image-builder/packer` (an install under a prefix such as
+/// /usr/local), `/usr/share/slurm-image-builder/packer` (the documented system path), the
+/// `packer/` folder of the source tree the binary was built in (found above the binary),
+/// `./packer`. A folder counts when it holds `node.pkr.hcl`. Error (exit 2) naming them all.
+pub fn default_packer_dir() -> Result<PathBuf> {
+    let mut tried = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(bin) = exe.parent() {
+            tried.push(bin.join("../share/slurm-image-builder/packer"));
+        }
+    }
+    tried.push(PathBuf::from("/usr/share/slurm-image-builder/packer"));
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(tree) = exe.ancestors().skip(1).find(|a| {
+            a.join("packer/node.pkr.hcl").is_file() && a.join("imagebuilder/Cargo.toml").is_file()
+        }) {
+            tried.push(tree.join("packer"));
+        }
+    }
+    tried.push(PathBuf::from("packer"));
+    match tried.iter().find(|d| d.join("node.pkr.hcl").is_file()) {
+        Some(found) => absolute(found),
+        None => Err(Error::BadInput(format!(
+            "no packer folder found (tried {}); pass --packer-dir or set SIB_PACKER_DIR",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

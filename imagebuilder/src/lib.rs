@@ -3,6 +3,7 @@
 //!
 //! - [`recipe`]: versions, pins (`packer/sources.toml`) and the OS catalog → Packer variables;
 //! - [`template`]: reading templates with hcl-rs (variables, `required_version`, locals);
+//! - [`schema`]: checking templates against Packer's HCL2 schema (embedded extractions);
 //! - [`packer`]: running Packer (version, fmt, validate, build with cancellation);
 //! - [`machine_readable`]: parsing `-machine-readable` output and the manifest;
 //! - [`sources`]: sha256-verified downloads;
@@ -17,6 +18,7 @@ pub mod machine_readable;
 pub mod packer;
 pub mod publish;
 pub mod recipe;
+pub mod schema;
 pub mod sources;
 pub mod template;
 

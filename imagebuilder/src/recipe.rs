@@ -63,8 +63,13 @@ pub struct Defaults {
 impl Sources {
     /// Read and parse sources.toml; errors name the file.
     pub fn load(path: &Path) -> Result<Sources> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                Error::BadInput(format!("sources file {}: no such file", path.display()))
+            } else {
+                Error::io(format!("reading {}", path.display()), e)
+            }
+        })?;
         toml::from_str(&text).map_err(|e| Error::File {
             path: path.to_path_buf(),
             message: e.to_string(),
@@ -343,6 +348,11 @@ impl Recipe {
         };
 
         let nvidia_driver = req.nvidia_driver.clone().unwrap_or_default();
+        if !nvidia_driver.is_empty() && !driver_version_form(&nvidia_driver) {
+            return Err(Error::BadInput(format!(
+                "NVIDIA driver '{nvidia_driver}' is not a driver branch or version (e.g. 550 or 550.127.05)"
+            )));
+        }
         if req.dcgm && nvidia_driver.is_empty() {
             return Err(Error::BadInput(
                 "--dcgm needs --nvidia-driver (DCGM runs on the NVIDIA driver)".into(),
@@ -453,6 +463,94 @@ impl Recipe {
     }
 }
 
+/// Whether `s` is an AWS Region code such as `us-east-1`, `us-gov-west-1`, `cn-north-1`,
+/// `us-isob-east-1`: a two-letter area, one or more lowercase words, a number (AWS General
+/// Reference, "Regions and Zones").
+pub fn region_form(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() >= 3
+        && parts[0].len() == 2
+        && parts[0].bytes().all(|b| b.is_ascii_lowercase())
+        && parts[1..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts
+            .last()
+            .is_some_and(|n| (1..=2).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether `s` is an NVIDIA driver branch or version: `550`, `550.127`, `550.127.05`.
+pub fn driver_version_form(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    parts.len() <= 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Check the final Packer variables (after `--var` overrides) for the values the recipe
+/// checks: `os` and `arch` against the template's OS catalog (not for the local target,
+/// which builds Debian 12 for the host), `region` and `ami_regions` as Region codes,
+/// `nvidia_driver_version` and `efa_installer_version` as versions. Errors name the
+/// variable (exit 2).
+pub fn check_values(
+    vars: &BTreeMap<String, Json>,
+    catalog: &BTreeMap<String, OsEntry>,
+    local: bool,
+) -> Result<()> {
+    let text = |name: &str| vars.get(name).and_then(Json::as_str).unwrap_or("");
+    if !local {
+        let os = text("os");
+        let entry = catalog.get(os).ok_or_else(|| {
+            Error::BadInput(format!(
+                "variable 'os': unknown OS '{os}' (supported: {})",
+                catalog.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let arch = text("arch");
+        if !entry.ami_name.contains_key(arch) {
+            return Err(Error::BadInput(format!(
+                "variable 'arch': unknown architecture '{arch}' for {os} (supported: {})",
+                entry
+                    .ami_name
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let region = text("region");
+    if !region_form(region) {
+        return Err(Error::BadInput(format!(
+            "variable 'region': '{region}' is not an AWS Region code (e.g. us-east-1)"
+        )));
+    }
+    if let Some(list) = vars.get("ami_regions").and_then(Json::as_array) {
+        for r in list {
+            let r = r.as_str().unwrap_or("");
+            if !region_form(r) {
+                return Err(Error::BadInput(format!(
+                    "variable 'ami_regions': '{r}' is not an AWS Region code (e.g. eu-west-1)"
+                )));
+            }
+        }
+    }
+    let driver = text("nvidia_driver_version");
+    if !driver.is_empty() && !driver_version_form(driver) {
+        return Err(Error::BadInput(format!(
+            "variable 'nvidia_driver_version': '{driver}' is not a driver branch or version (e.g. 550 or 550.127.05)"
+        )));
+    }
+    let efa = text("efa_installer_version");
+    if !efa.is_empty() && !driver_version_form(efa) {
+        return Err(Error::BadInput(format!(
+            "variable 'efa_installer_version': '{efa}' is not a version (e.g. 1.32.0)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -460,5 +558,35 @@ mod tests {
         assert!(super::version_at_least("23.11.4", 23, 11));
         assert!(super::version_at_least("24.05.1", 23, 11));
         assert!(!super::version_at_least("22.05.8", 23, 11));
+    }
+
+    #[test]
+    fn region_and_driver_forms() {
+        for ok in [
+            "us-east-1",
+            "us-gov-west-1",
+            "cn-north-1",
+            "us-isob-east-1",
+            "eu-central-2",
+        ] {
+            assert!(super::region_form(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "us-east",
+            "US-EAST-1",
+            "useast1",
+            "us-east-1a",
+            "us-east-123",
+            "x-y-1",
+        ] {
+            assert!(!super::region_form(bad), "{bad}");
+        }
+        for ok in ["550", "550.127", "550.127.05"] {
+            assert!(super::driver_version_form(ok), "{ok}");
+        }
+        for bad in ["", "latest", "550.", "5.5.0.1", "550;rm"] {
+            assert!(!super::driver_version_form(bad), "{bad}");
+        }
     }
 }

@@ -69,8 +69,43 @@ fn validate_checks_variables_and_format_and_says_why_packer_validate_is_skipped(
     assert_eq!(v["packer"]["version"], "1.6.6");
     let validate = v["validate"].as_str().unwrap();
     assert!(
-        validate.contains("1.6.6") && validate.contains(">= 1.10.0"),
+        validate.contains("1.6.6")
+            && validate.contains(">= 1.10.0")
+            && validate.contains("only the schema check ran"),
         "{validate}"
+    );
+    assert_eq!(v["schema"]["result"], "ok");
+    assert_eq!(
+        v["schema"]["schemas"],
+        serde_json::json!([
+            "Packer v1.16.0 + amazon v1.8.2",
+            "Packer v1.10.0 + amazon v1.3.0"
+        ])
+    );
+}
+
+#[test]
+fn validate_refuses_a_template_the_schema_rejects_naming_each_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
+        std::fs::copy(repo().join("packer").join(f), dir.path().join(f)).unwrap();
+    }
+    let node = dir.path().join("node.pkr.hcl");
+    let bad = std::fs::read_to_string(&node)
+        .unwrap()
+        .replace("  imds_support = \"v2.0\"", "  imds_version = \"v2.0\"")
+        .replace("    strip_path = true", "    strip_path = [true]");
+    std::fs::write(&node, bad).unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("the schema check (2 error(s))")
+            && t.contains("unknown attribute 'imds_version'")
+            && t.contains("'strip_path' must be bool, but the value is a list")
+            && t.contains("post-processor \"manifest\"")
+            && t.contains("warning:"),
+        "{t}"
     );
 }
 
@@ -560,4 +595,228 @@ fn sigterm_cancels_packer_cleanly_with_exit_130_and_no_stray_process() {
         "{log_text}"
     );
     assert!(!log_text.contains("step finished"), "{log_text}");
+}
+
+/// The agent binary of this workspace (built by `cargo test --workspace` for its own tests).
+fn agent_bin() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo().join("target"));
+    target.join("debug/slurm-node-agent")
+}
+
+#[test]
+fn bench_script_probes_the_agent_with_the_flag_it_has() {
+    let probe = |agent: &std::path::Path| {
+        let out = run(std::process::Command::new("bash")
+            .arg(repo().join("scripts/bench-imagebuilder.sh"))
+            .env("BENCH_PROBE_ONLY", "1")
+            .env("BENCH_AGENT", agent)
+            .current_dir(repo()));
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // A program that accepts anything is not taken for the agent.
+    assert_eq!(
+        probe(std::path::Path::new("/bin/true")),
+        "agent: --without-agent"
+    );
+    let agent = agent_bin();
+    if !agent.is_file() {
+        eprintln!(
+            "skipped the real-agent half: {} not built (cargo build -p slurm-node-agent)",
+            agent.display()
+        );
+        return;
+    }
+    assert_eq!(
+        probe(&agent),
+        format!("agent: --agent-bin {}", agent.display())
+    );
+}
+
+#[test]
+fn var_overrides_are_checked_like_the_recipe_flags() {
+    for (var, needle) in [
+        (
+            "arch=sparc",
+            "variable 'arch': unknown architecture 'sparc'",
+        ),
+        ("os=plan9", "variable 'os': unknown OS 'plan9'"),
+        (
+            "region=moon-base",
+            "variable 'region': 'moon-base' is not an AWS Region code",
+        ),
+        (
+            "ami_regions=[\"eu-west-1\",\"Mars\"]",
+            "variable 'ami_regions': 'Mars' is not an AWS Region code",
+        ),
+        (
+            "nvidia_driver_version=latest;reboot",
+            "variable 'nvidia_driver_version': 'latest;reboot'",
+        ),
+    ] {
+        let out = run(sib().args(["validate", "--var", var]));
+        assert_eq!(out.status.code(), Some(2), "{var}: {}", text(&out));
+        assert!(text(&out).contains(needle), "{var}: {}", text(&out));
+    }
+    let out = run(sib().args(["plan", "--region", "us-east-1x"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let out = run(sib().args(["plan", "--nvidia-driver", "550 "]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("NVIDIA driver '550 '"),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args([
+        "plan",
+        "--region",
+        "us-gov-west-1",
+        "--ami-region",
+        "eu-central-2",
+        "--nvidia-driver",
+        "550.127.05",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn packer_folder_is_found_without_the_repository_as_working_directory() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = run(sib()
+        .current_dir(elsewhere.path())
+        .env_remove("SIB_PACKER_DIR")
+        .args(["--output", "json", "plan"]));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    assert_eq!(
+        std::path::PathBuf::from(v["template"].as_str().unwrap()),
+        repo().join("packer")
+    );
+    // A binary far from any source tree and share folder names what it tried.
+    let bin = elsewhere.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_slurm-image-builder"),
+        bin.join("slurm-image-builder"),
+    )
+    .unwrap();
+    let out = run(std::process::Command::new(bin.join("slurm-image-builder"))
+        .current_dir(elsewhere.path())
+        .env_remove("SIB_PACKER_DIR")
+        .arg("plan"));
+    if std::path::Path::new("/usr/share/slurm-image-builder/packer/node.pkr.hcl").is_file() {
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("share/slurm-image-builder/packer")
+            && text(&out).contains("/usr/share/slurm-image-builder/packer")
+            && text(&out).contains("--packer-dir"),
+        "{}",
+        text(&out)
+    );
+    // Installed under a prefix: <prefix>/share/slurm-image-builder/packer.
+    let share = elsewhere.path().join("share/slurm-image-builder/packer");
+    std::fs::create_dir_all(&share).unwrap();
+    for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
+        std::fs::copy(repo().join("packer").join(f), share.join(f)).unwrap();
+    }
+    let out = run(std::process::Command::new(bin.join("slurm-image-builder"))
+        .current_dir("/")
+        .env_remove("SIB_PACKER_DIR")
+        .args(["--output", "json", "plan"]));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        json(&out)["template"]
+            .as_str()
+            .unwrap()
+            .ends_with("share/slurm-image-builder/packer"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A stand-in Packer new enough for the template: records each `validate` call's variables
+/// file and whether the folders it names exist at that moment (what real Packer checks for
+/// the file provisioners' sources).
+fn fake_packer(dir: &std::path::Path) -> std::path::PathBuf {
+    let p = dir.join("packer");
+    std::fs::write(
+        &p,
+        format!(
+            r#"#!/bin/bash
+log={log}
+case $1 in
+version) echo "Packer v1.11.2" ;;
+fmt) exit 0 ;;
+validate)
+  vf=${{2#-var-file=}}
+  cp "$vf" {log}.vars
+  for name in agent_dir sources_dir; do
+    path=$(sed -n "s/^$name = \"\(.*\)\"$/\1/p" "$vf")
+    case $path in /*) ;; *) echo "$name not absolute: $path" >>"$log" ;; esac
+    [ -d "$path" ] || echo "$name missing: $path" >>"$log"
+  done
+  echo validated >>"$log" ;;
+esac
+"#,
+            log = dir.join("calls").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn packer_validate_gets_absolute_existing_upload_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let packer = fake_packer(dir.path());
+    let out = run(sib()
+        .arg("--packer")
+        .arg(&packer)
+        .args(["--output", "json", "validate"]));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&out)["validate"], "ok");
+    let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
+    assert_eq!(calls.trim(), "validated", "{calls}");
+    let vars = std::fs::read_to_string(dir.path().join("calls.vars")).unwrap();
+    assert!(vars.contains("agent_dir = \"/"), "{vars}");
+}
+
+#[test]
+fn no_colour_on_stderr_when_it_is_not_a_terminal() {
+    // validate logs the schema warnings through tracing.
+    let out = run(sib().arg("validate"));
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN"), "{err}");
+    assert!(!err.contains('\u{1b}'), "ANSI escape in {err:?}");
+}
+
+#[test]
+fn missing_sources_or_manifest_file_is_a_usage_error() {
+    let out = run(sib().args(["plan", "--sources", "/nonexistent/sources.toml"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("sources file /nonexistent/sources.toml: no such file"),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args([
+        "publish",
+        "--parameter",
+        "/slurm/ami",
+        "--manifest",
+        "/nonexistent/manifest.json",
+    ]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--manifest /nonexistent/manifest.json: no such file"),
+        "{}",
+        text(&out)
+    );
 }

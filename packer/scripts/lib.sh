@@ -114,21 +114,111 @@ pkg_missing() {
 	done
 }
 
+# Bounds of the waits on a freshly launched builder, where cloud-init and unattended
+# upgrades hold the package lock for minutes (seconds; overridable by the environment).
+: "${CLOUD_INIT_TIMEOUT:=900}"
+: "${PKG_LOCK_TIMEOUT:=600}"
+: "${PKG_RETRIES:=4}"
+: "${PKG_RETRY_DELAY:=15}"
+
+# wait_for_cloud_init: once per boot, wait (bounded by CLOUD_INIT_TIMEOUT) until
+# cloud-init has finished, so that its package runs do not collide with ours. Nothing to
+# wait for without cloud-init (a chroot, a container). Errors in cloud-init's own modules
+# are reported, not fatal: the image build does not depend on them.
+wait_for_cloud_init() {
+	local rc=0 marker=${CLOUD_INIT_MARKER:-/run/slurm-image-cloud-init-waited}
+	[ ! -e "$marker" ] || return 0
+	if ! command -v cloud-init >/dev/null 2>&1; then
+		return 0
+	fi
+	log "waiting for cloud-init to finish (at most ${CLOUD_INIT_TIMEOUT}s)"
+	timeout "$CLOUD_INIT_TIMEOUT" cloud-init status --wait >/dev/null 2>&1 || rc=$?
+	case $rc in
+	0) log "cloud-init finished" ;;
+	124) die "cloud-init still running after ${CLOUD_INIT_TIMEOUT}s (cloud-init status --wait): see /var/log/cloud-init-output.log on the build instance, or raise CLOUD_INIT_TIMEOUT" ;;
+	2) log "cloud-init finished with recoverable errors (cloud-init status --long shows them); going on" ;;
+	*) log "cloud-init finished with errors (exit $rc; cloud-init status --long shows them); going on" ;;
+	esac
+	: >"$marker" 2>/dev/null || true
+}
+
+# pkg_failure_kind FILE: classify a failed apt/dnf run from its output:
+#   lock       another process holds the package lock (cloud-init, unattended upgrades)
+#   transient  the network or a mirror failed (DNS, timeouts, 5xx, a mirror mid-sync)
+#   permanent  anything else (an unknown package, a conflict): retrying will not help
+pkg_failure_kind() {
+	if grep -Eqi 'could not get lock|unable to acquire the dpkg frontend lock|unable to lock (the )?(directory|administration)|is held by process|waiting for process with pid|another app is currently holding the yum lock|lock .* is held' "$1"; then
+		echo lock
+	elif grep -Eqi 'temporary failure (in name )?resolving|could not resolve|could not connect|connection (timed out|reset|refused)|failed to fetch|hash sum mismatch|cannot download|curl error|failed to download metadata|cannot find a valid baseurl|errors during downloading metadata|503 +service unavailable|502 +bad gateway|timed out|network is unreachable|mirror sync in progress' "$1"; then
+		echo transient
+	else
+		echo permanent
+	fi
+}
+
+# pkg_run WHAT CMD...: run a package manager command, waiting for the package lock
+# (bounded by PKG_LOCK_TIMEOUT) and retrying lock and transient failures up to PKG_RETRIES
+# times; dies naming which kind of failure it was and what to do about it.
+pkg_run() {
+	local what=$1 out kind attempt=1 rc
+	shift
+	wait_for_cloud_init
+	out=$(mktemp)
+	while :; do
+		rc=0
+		"$@" >"$out" 2>&1 || rc=$?
+		cat "$out" >&2
+		if [ "$rc" -eq 0 ]; then
+			rm -f "$out"
+			return 0
+		fi
+		kind=$(pkg_failure_kind "$out")
+		if [ "$kind" = permanent ] || [ "$attempt" -ge "$PKG_RETRIES" ]; then
+			rm -f "$out"
+			case $kind in
+			lock) die "$what: the package lock stayed held by another process (cloud-init or unattended upgrades) for $attempt attempts of up to ${PKG_LOCK_TIMEOUT}s each; see the holder above, or raise PKG_LOCK_TIMEOUT" ;;
+			transient) die "$what: network or mirror failure, $attempt attempts: see the message above; check the build instance's route to the package mirrors (NAT, proxy, VPC endpoints)" ;;
+			*) die "$what: see the package manager's message above (not a lock or network problem; retrying would not help)" ;;
+			esac
+		fi
+		log "$what: $kind failure (attempt $attempt of $PKG_RETRIES); retrying in ${PKG_RETRY_DELAY}s"
+		sleep "$PKG_RETRY_DELAY"
+		attempt=$((attempt + 1))
+	done
+}
+
+# apt_get ARGS...: apt-get, non-interactive, waiting up to PKG_LOCK_TIMEOUT for the dpkg
+# and lists locks (apt's DPkg::Lock::Timeout, apt >= 1.9.11).
+apt_get() {
+	DEBIAN_FRONTEND=noninteractive apt-get -o "DPkg::Lock::Timeout=$PKG_LOCK_TIMEOUT" "$@"
+}
+
+# dnf_cmd ARGS...: dnf, bounded: dnf waits for a lock held by another dnf without a limit
+# of its own, so `timeout` bounds each try (exit 124 is reported as a lock wait).
+dnf_cmd() {
+	local rc=0
+	timeout "$PKG_LOCK_TIMEOUT" dnf "$@" || rc=$?
+	if [ "$rc" -eq 124 ]; then
+		echo "dnf did not finish within ${PKG_LOCK_TIMEOUT}s: the package lock is held by process of another dnf, or dnf hangs"
+	fi
+	return "$rc"
+}
+
 # pkg_install PKG...: install what is missing; does nothing (no index refresh) when all are there.
 pkg_install() {
-	local missing
+	local missing list
 	missing=$(pkg_missing "$@")
 	[ -n "$missing" ] || return 0
-	# shellcheck disable=SC2086 # package names are words
-	log "installing:" $missing
+	list=$(tr '\n' ' ' <<<"$missing")
+	list=${list% }
+	log "installing: $list"
 	if [ "$(os_family)" = deb ]; then
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq || die "apt-get update failed: check the package mirrors in /etc/apt/sources.list*"
-		# shellcheck disable=SC2086
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing ||
-			die "could not install $missing: see apt's message above; check the package names for ${IMAGE_OS:-this OS}"
+		pkg_run "apt-get update" apt_get update -qq
+		# shellcheck disable=SC2086 # package names are words
+		pkg_run "installing $list" apt_get install -y -qq --no-install-recommends $missing
 	else
 		# shellcheck disable=SC2086
-		dnf install -y -q $missing || die "could not install $missing: see dnf's message above; check the repositories enabled on ${IMAGE_OS:-this OS}"
+		pkg_run "installing $list" dnf_cmd install -y -q $missing
 	fi
 }
 
