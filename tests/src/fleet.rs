@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{self, File};
-use std::io::Read;
+use std::io::{Read, Write as _};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -260,7 +260,9 @@ impl Image {
                 rebuilt: false,
             });
         }
-        eprintln!(
+        // Straight to stderr, past the test harness's capture: a rebuild takes minutes.
+        let _ = writeln!(
+            std::io::stderr(),
             "slurm-e2e fleet: building the node image root (no cached root for packer/, units/ \
              and the agent binary as they are now: key {key}) in {}",
             done.display()
@@ -325,7 +327,8 @@ impl Image {
             .with_context(|| format!("moving the built root into {}", root.display()))?;
         let _ = Command::new("rm").arg("-rf").arg(&work).status();
         fs::write(done.join("complete"), "")?;
-        eprintln!(
+        let _ = writeln!(
+            std::io::stderr(),
             "slurm-e2e fleet: image root built in {:.0?}: {}",
             started.elapsed(),
             root.display()
@@ -615,6 +618,7 @@ impl FleetBuilder {
             image,
             builder: self,
             next: AtomicU32::new(1),
+            seq: AtomicU32::new(1),
             netns,
             root,
             _machine_lock: machine_lock,
@@ -737,6 +741,7 @@ pub struct Fleet {
     image: Image,
     builder: FleetBuilder,
     next: AtomicU32,
+    seq: AtomicU32,
     netns: NetNs,
     root: TempRoot,
     _machine_lock: FileLock,
@@ -881,7 +886,8 @@ impl Fleet {
         if self.lock_nodes().contains_key(&launch.name) {
             bail!("node {} is already in the fleet", launch.name);
         }
-        let index = self.lock_nodes().len() as u32 + self.next.load(Ordering::Relaxed);
+        // Unique per incarnation (names of the node's namespace and veth).
+        let index = self.seq.fetch_add(1, Ordering::Relaxed);
         let addr = self.free_address();
         let dir = self.root.path().join("nodes").join(&launch.name);
         fs::create_dir_all(&dir)?;
@@ -1051,6 +1057,44 @@ impl Fleet {
     pub fn system_state(&self, name: &str) -> Result<String> {
         let out = self.exec(name, "systemctl", &["is-system-running"])?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// A unit's property in node `name` (`systemctl show -p <prop> --value <unit>`).
+    ///
+    /// # Errors
+    /// See [`Fleet::exec`].
+    pub fn unit_property(&self, name: &str, unit: &str, prop: &str) -> Result<String> {
+        let out = self.exec(name, "systemctl", &["show", "-p", prop, "--value", unit])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Submits a batch job (`sbatch --parsable args...`) and returns its id.
+    ///
+    /// # Errors
+    /// sbatch failing.
+    pub fn sbatch(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.ctld.command("sbatch");
+        c.arg("--parsable").args(args);
+        let out = run_ok(c, CMD_TIMEOUT)?;
+        Ok(out.trim().split(';').next().unwrap_or_default().to_string())
+    }
+
+    /// Waits until slurmctld has no job left (pending or running).
+    ///
+    /// # Errors
+    /// The deadline.
+    pub fn wait_no_jobs(&self, timeout: Duration) -> Result<()> {
+        wait_until(
+            "every job to end",
+            timeout,
+            Duration::from_millis(500),
+            || {
+                let mut c = self.ctld.command("squeue");
+                c.args(["-h", "-o", "%i %T"]);
+                let out = run_ok(c, CMD_TIMEOUT)?;
+                Ok(out.trim().is_empty().then_some(()))
+            },
+        )
     }
 
     /// Waits until the node's systemd has finished booting (`running` or `degraded`);

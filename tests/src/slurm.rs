@@ -321,6 +321,48 @@ impl Slurmctld {
         &mut self.daemon
     }
 
+    /// Stops slurmctld (SIGTERM: it saves its state); [`Slurmctld::restart`] brings it
+    /// back.
+    ///
+    /// # Errors
+    /// Waiting for it failed.
+    pub fn stop(&mut self) -> Result<()> {
+        self.daemon.stop()?;
+        Ok(())
+    }
+
+    /// Starts slurmctld again with the same configuration and ports, recovering its saved
+    /// state (no `-c`), and waits until `scontrol ping` says UP.
+    ///
+    /// # Errors
+    /// It did not start or answer within the deadline.
+    pub fn restart(&mut self) -> Result<()> {
+        self.daemon.stop()?;
+        let mut cmd = ns_command(self.netns_path(), "slurmctld");
+        cmd.arg("-D")
+            .arg("-f")
+            .arg(&self.conf)
+            .env("SLURM_CONF", &self.conf);
+        self.daemon = Daemon::spawn("slurmctld-restarted", cmd, self.root.path())?;
+        let conf = self.conf.clone();
+        let ns = self.netns_path().map(Path::to_path_buf);
+        let daemon = &mut self.daemon;
+        wait_until(
+            "the restarted slurmctld to answer scontrol ping with UP",
+            CTLD_START_TIMEOUT,
+            Duration::from_millis(100),
+            || {
+                daemon.check_running()?;
+                let mut c = ns_command(ns.as_deref(), "scontrol");
+                c.arg("ping").env("SLURM_CONF", &conf);
+                let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
+                Ok(String::from_utf8_lossy(&out.stdout)
+                    .contains("is UP")
+                    .then_some(()))
+            },
+        )
+    }
+
     /// The environment a Slurm client needs: `[("SLURM_CONF", <conf>)]`.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![("SLURM_CONF".into(), self.conf.display().to_string())]
