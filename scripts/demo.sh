@@ -6,9 +6,24 @@
 # than the release profile, which the benchmarks use.)
 #
 #   sudo scripts/demo.sh
+#   sudo scripts/demo.sh --nodes N   # a fleet: the image booted as N nodes (containers with
+#                                    # systemd as PID 1) on a private network; see
+#                                    # tests/src/fleet.rs. The first run builds the image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+nodes=
+case "${1:-}" in
+  "") ;;
+  --nodes) nodes=${2:?--nodes needs a number} ;;
+  --nodes=*) nodes=${1#--nodes=} ;;
+  *) echo "usage: $0 [--nodes N]" >&2; exit 2 ;;
+esac
+
 scripts/test-deps.sh
+if [[ -n $nodes ]]; then
+  cargo build --locked -p slurm-node-agent -p slurm-image-builder -p slurm-e2e --bins
+  SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-demo "$nodes"
+fi
 cargo build --locked -p slurm-node-agent -p slurm-e2e --bins
 SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/demo

@@ -22,6 +22,10 @@ APT_PACKAGES=(
   util-linux mount iproute2 procps
   # Image building and checks: packer, mmdebstrap, ext4 and qcow2 images, FUSE.
   packer mmdebstrap e2fsprogs qemu-utils fuse3
+  # Fleet tests (tests/tests/fleet.rs): node containers with systemd as PID 1, the fleet's
+  # DNS server (dnsmasq-base: the binary without a system service that would take port 53),
+  # and the shared file system stand-in (sshfs served by sshd inside the fleet namespace).
+  systemd-container dnsmasq-base openssh-server sshfs
   # Script linting and the benchmarks (/usr/bin/time measures peak RSS).
   shellcheck hyperfine time
   # moto's server runs in a Python virtual environment when it is not installed yet.

@@ -5,6 +5,7 @@
 #   slurm-node-agent                                 the binary
 #   units/slurm-node-agent-bootstrap.service         units/slurm-node-agent.service
 #   units/slurmd.service.d/slurm-node-agent.conf     units/tmpfiles.d/slurm-node-agent.conf
+#   units/munge.service.d/slurm-node-agent.conf
 set -Eeuo pipefail
 STEP=70-agent
 for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
@@ -55,6 +56,16 @@ if [ -f "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" ]; then
 	clear_skip "agent: slurmd drop-in"
 else
 	absent "slurmd drop-in" "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf"
+fi
+
+# munge's drop-in: no start (and no failed unit) at boot before bootstrap wrote the key.
+if [ "${SLURM_AUTH:-munge}" = munge ]; then
+	if [ -f "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" ]; then
+		place "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" "$UNIT_DIR/munge.service.d/slurm-node-agent.conf" 0644
+		clear_skip "agent: munge drop-in"
+	else
+		absent "munge drop-in" "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf"
+	fi
 fi
 
 if [ -f "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" ]; then

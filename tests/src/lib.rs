@@ -28,6 +28,7 @@
 //! [`imds_emulator`].
 
 pub mod agent;
+pub mod fleet;
 pub mod moto;
 pub mod munge;
 pub mod process;

@@ -22,6 +22,7 @@
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::fs;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -56,9 +57,34 @@ pub struct SlurmctldBuilder {
     max_node_count: u32,
     lines: Vec<String>,
     partitions: Vec<String>,
+    netns: Option<(PathBuf, Ipv4Addr)>,
+}
+
+/// `program` run in the network namespace `netns` (`nsenter --net=<netns>`, which execs
+/// it: the child's pid is the program's), or directly when `None`.
+fn ns_command(netns: Option<&Path>, program: impl AsRef<OsStr>) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", ns.display()))
+                .arg("--")
+                .arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
 }
 
 impl SlurmctldBuilder {
+    /// Runs slurmctld, and every client command of the [`Slurmctld`], in the network
+    /// namespace `netns` (a `/run/netns/<name>` path of a namespace the test created),
+    /// listening on `addr` there (`SlurmctldHost=<host>(<addr>)`, without
+    /// `NoCtldInAddrAny`, which would bind the host name's loopback address instead).
+    pub fn netns(mut self, netns: impl Into<PathBuf>, addr: Ipv4Addr) -> Self {
+        self.netns = Some((netns.into(), addr));
+        self
+    }
+
     /// Adds a line to slurm.conf, after the built-in ones (later lines win in Slurm), e.g.
     /// `HealthCheckProgram=/abs/path`, `HealthCheckInterval=5`, `RebootProgram=/abs/path`,
     /// or a static `NodeName=n1 NodeHostname=<host> NodeAddr=127.0.0.1 Port=<p> CPUs=1`.
@@ -97,6 +123,7 @@ impl SlurmctldBuilder {
                 Ok((daemon, ctld_port, slurmd_port, conf)) => {
                     return Ok(Slurmctld {
                         daemon,
+                        netns: self.netns.clone(),
                         cluster_name: self.cluster_name,
                         ctld_port,
                         slurmd_port,
@@ -121,7 +148,8 @@ impl SlurmctldBuilder {
         write_atomic(&conf, text.as_bytes())?;
         root.subdir("state")?;
         root.subdir("spool")?;
-        let mut cmd = Command::new("slurmctld");
+        let ns = self.netns.as_ref().map(|(p, _)| p.as_path());
+        let mut cmd = ns_command(ns, "slurmctld");
         cmd.arg("-D")
             .arg("-c")
             .arg("-f")
@@ -130,7 +158,7 @@ impl SlurmctldBuilder {
         let mut daemon = Daemon::spawn(&format!("slurmctld-{attempt}"), cmd, root.path())?;
         let ping = |daemon: &mut Daemon| -> Result<Option<()>> {
             daemon.check_running()?;
-            let mut c = Command::new("scontrol");
+            let mut c = ns_command(ns, "scontrol");
             c.arg("ping").env("SLURM_CONF", &conf);
             let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
             Ok(String::from_utf8_lossy(&out.stdout)
@@ -150,16 +178,23 @@ impl SlurmctldBuilder {
     fn render(&self, root: &Path, ctld_port: u16, slurmd_port: u16) -> Result<String> {
         let host = short_hostname()?;
         let r = root.display();
+        let (addr, comm) = match &self.netns {
+            Some((_, a)) => (a.to_string(), ""),
+            None => (
+                "127.0.0.1".to_string(),
+                "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n",
+            ),
+        };
         let mut s = String::new();
         let _ = write!(
             s,
             "# Written by slurm-e2e for one test.\n\
              ClusterName={cluster}\n\
-             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldHost={host}({addr})\n\
              SlurmctldPort={ctld_port}\n\
              SlurmdPort={slurmd_port}\n\
              SlurmctldParameters=enable_configless\n\
-             CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n\
+             {comm}\
              AuthType=auth/munge\n\
              SlurmUser=root\n\
              SlurmdUser=root\n\
@@ -172,14 +207,21 @@ impl SlurmctldBuilder {
              ReturnToService=2\n\
              MpiDefault=none\n\
              StateSaveLocation={r}/state\n\
-             SlurmdSpoolDir={r}/spool/%n\n\
              SlurmctldPidFile={r}/slurmctld.pid\n\
-             SlurmdPidFile={r}/spool/slurmd-%n.pid\n\
-             SlurmdLogFile={r}/spool/slurmd-%n.log\n\
              MailProg=/bin/true\n",
             cluster = self.cluster_name,
             max = self.max_node_count,
         );
+        // The nodes' paths, unless a line sets them (nodes in containers have their own).
+        for (key, value) in [
+            ("SlurmdSpoolDir", format!("{r}/spool/%n")),
+            ("SlurmdPidFile", format!("{r}/spool/slurmd-%n.pid")),
+            ("SlurmdLogFile", format!("{r}/spool/slurmd-%n.log")),
+        ] {
+            if !self.lines.iter().any(|l| l.starts_with(&format!("{key}="))) {
+                let _ = writeln!(s, "{key}={value}");
+            }
+        }
         for l in &self.lines {
             s.push_str(l);
             s.push('\n');
@@ -202,6 +244,7 @@ impl SlurmctldBuilder {
 pub struct Slurmctld {
     // Dropped first: the daemon stops before its folder goes.
     daemon: Daemon,
+    netns: Option<(PathBuf, Ipv4Addr)>,
     cluster_name: String,
     ctld_port: u16,
     slurmd_port: u16,
@@ -218,6 +261,7 @@ impl Slurmctld {
             max_node_count: 16,
             lines: Vec::new(),
             partitions: Vec::new(),
+            netns: None,
         }
     }
 
@@ -231,9 +275,20 @@ impl Slurmctld {
         &self.cluster_name
     }
 
-    /// `127.0.0.1:<SlurmctldPort>`, for `slurmd --conf-server`.
+    /// `<address>:<SlurmctldPort>` (127.0.0.1, or the address given with
+    /// [`SlurmctldBuilder::netns`]), for `slurmd --conf-server`.
     pub fn conf_server(&self) -> String {
-        format!("127.0.0.1:{}", self.ctld_port)
+        format!("{}:{}", self.address(), self.ctld_port)
+    }
+
+    /// The address slurmctld listens on (127.0.0.1 unless in a network namespace).
+    pub fn address(&self) -> Ipv4Addr {
+        self.netns.as_ref().map_or(Ipv4Addr::LOCALHOST, |(_, a)| *a)
+    }
+
+    /// The network namespace it runs in (its `/run/netns/<name>` path), if any.
+    pub fn netns_path(&self) -> Option<&Path> {
+        self.netns.as_ref().map(|(p, _)| p.as_path())
     }
 
     /// `SlurmctldPort`.
@@ -266,14 +321,56 @@ impl Slurmctld {
         &mut self.daemon
     }
 
+    /// Stops slurmctld (SIGTERM: it saves its state); [`Slurmctld::restart`] brings it
+    /// back.
+    ///
+    /// # Errors
+    /// Waiting for it failed.
+    pub fn stop(&mut self) -> Result<()> {
+        self.daemon.stop()?;
+        Ok(())
+    }
+
+    /// Starts slurmctld again with the same configuration and ports, recovering its saved
+    /// state (no `-c`), and waits until `scontrol ping` says UP.
+    ///
+    /// # Errors
+    /// It did not start or answer within the deadline.
+    pub fn restart(&mut self) -> Result<()> {
+        self.daemon.stop()?;
+        let mut cmd = ns_command(self.netns_path(), "slurmctld");
+        cmd.arg("-D")
+            .arg("-f")
+            .arg(&self.conf)
+            .env("SLURM_CONF", &self.conf);
+        self.daemon = Daemon::spawn("slurmctld-restarted", cmd, self.root.path())?;
+        let conf = self.conf.clone();
+        let ns = self.netns_path().map(Path::to_path_buf);
+        let daemon = &mut self.daemon;
+        wait_until(
+            "the restarted slurmctld to answer scontrol ping with UP",
+            CTLD_START_TIMEOUT,
+            Duration::from_millis(100),
+            || {
+                daemon.check_running()?;
+                let mut c = ns_command(ns.as_deref(), "scontrol");
+                c.arg("ping").env("SLURM_CONF", &conf);
+                let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
+                Ok(String::from_utf8_lossy(&out.stdout)
+                    .contains("is UP")
+                    .then_some(()))
+            },
+        )
+    }
+
     /// The environment a Slurm client needs: `[("SLURM_CONF", <conf>)]`.
     pub fn env(&self) -> Vec<(String, String)> {
         vec![("SLURM_CONF".into(), self.conf.display().to_string())]
     }
 
-    /// `program` with `SLURM_CONF` set.
+    /// `program` with `SLURM_CONF` set (run in the controller's network namespace, if any).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = Command::new(program);
+        let mut c = ns_command(self.netns_path(), program);
         c.env("SLURM_CONF", &self.conf);
         c
     }

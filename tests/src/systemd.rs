@@ -71,7 +71,7 @@ pub struct UserSystemd {
 }
 
 /// The cgroup hierarchies systemd uses on this machine.
-fn cgroup_roots() -> Result<Vec<PathBuf>> {
+pub(crate) fn cgroup_roots() -> Result<Vec<PathBuf>> {
     let base = Path::new("/sys/fs/cgroup");
     if base.join("cgroup.controllers").exists() {
         return Ok(vec![base.to_path_buf()]);
@@ -404,7 +404,7 @@ impl Drop for UserSystemd {
 
 /// Removes a cgroup folder and its sub-cgroups, deepest first, retrying while zombies
 /// still hold them (EBUSY) for up to 10 s.
-fn remove_cgroup_tree(dir: &Path) -> Result<()> {
+pub(crate) fn remove_cgroup_tree(dir: &Path) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }

@@ -5,7 +5,11 @@
 //! - the slurmd drop-in clears the distribution's `ConditionPathExists=` and lets slurmd
 //!   start only once the mounts marker exists;
 //! - the bootstrap unit can start slurmd and wait for it (no ordering deadlock), is
-//!   retried on failure, and the ordering the units deliberately lack would deadlock.
+//!   retried on failure, and the ordering the units deliberately lack would deadlock a
+//!   oneshot;
+//! - bootstrap's start job ends when the agent runs (Type=exec), so boot does not wait for
+//!   bootstrap's retries;
+//! - the munge drop-in skips munged's start (not a failure) until the key exists.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
@@ -20,6 +24,7 @@ const AGENT_BIN: &str = "/usr/local/bin/slurm-node-agent";
 const BOOTSTRAP: &str = "slurm-node-agent-bootstrap.service";
 const DAEMON: &str = "slurm-node-agent.service";
 const DROPIN: &str = "slurmd.service.d/slurm-node-agent.conf";
+const MUNGE_DROPIN: &str = "munge.service.d/slurm-node-agent.conf";
 const TMPFILES: &str = "tmpfiles.d/slurm-node-agent.conf";
 /// The line the agent writes (agent/src/slurm/options.rs pins the same text).
 const OPTIONS_LINE: &str = "SLURMD_OPTIONS='-N n1 -Z --conf \"CPUs=2 RealMemory=1000\"'";
@@ -61,7 +66,14 @@ fn every_unit_passes_systemd_analyze_verify() {
     )
     .unwrap();
     fs::write(dir.join(DROPIN), read_unit(DROPIN)).unwrap();
-    for u in [BOOTSTRAP, DAEMON, "slurmd.service"] {
+    fs::create_dir_all(dir.join("munge.service.d")).unwrap();
+    fs::copy(
+        "/lib/systemd/system/munge.service",
+        dir.join("munge.service"),
+    )
+    .unwrap();
+    fs::write(dir.join(MUNGE_DROPIN), read_unit(MUNGE_DROPIN)).unwrap();
+    for u in [BOOTSTRAP, DAEMON, "slurmd.service", "munge.service"] {
         let (ok, stderr) = verify(&dir.join(u));
         assert!(ok && stderr.is_empty(), "{u}: {stderr}");
     }
@@ -233,24 +245,39 @@ fn bootstrap_starts_slurmd_without_deadlock_and_is_retried_on_failure() {
             n.sd.xdg_runtime_dir().display()
         ),
     );
-    n.sd.systemctl_ok(&["start", "--no-block", BOOTSTRAP])
-        .unwrap();
+    // The start job ends once the agent runs (Type=exec): a plain, blocking start returns
+    // while the first attempt is still to fail.
+    n.sd.systemctl_ok(&["start", BOOTSTRAP]).unwrap();
     wait_until(
-        "bootstrap to be active",
+        "bootstrap to have been retried and to have started slurmd",
         Duration::from_secs(30),
         Duration::from_millis(50),
-        || Ok((n.prop(BOOTSTRAP, "ActiveState") == "active").then_some(())),
+        || {
+            Ok((n.prop(BOOTSTRAP, "NRestarts") == "1"
+                && n.prop("slurmd.service", "ActiveState") == "active")
+                .then_some(()))
+        },
     )
     .unwrap();
+    // After the successful attempt it stays active (RemainAfterExit=yes), not restarted.
+    wait_until(
+        "bootstrap's process to have exited",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || Ok((n.prop(BOOTSTRAP, "SubState") == "exited").then_some(())),
+    )
+    .unwrap();
+    assert_eq!(n.prop(BOOTSTRAP, "ActiveState"), "active");
+    assert_eq!(n.prop(BOOTSTRAP, "ExecMainStatus"), "0");
     assert_eq!(n.prop(BOOTSTRAP, "NRestarts"), "1");
-    assert_eq!(n.prop("slurmd.service", "ActiveState"), "active");
     assert_eq!(n.argv().unwrap(), expected_argv());
 }
 
 #[test]
 fn ordering_bootstrap_before_slurmd_would_deadlock() {
-    // Why the bootstrap unit has no Before=slurmd.service: with it, the slurmd start job
-    // that bootstrap waits for waits for bootstrap itself. The inner timeout ends it.
+    // Why the bootstrap unit has no Before=slurmd.service: were it a oneshot, the slurmd
+    // start job that bootstrap waits for would wait for bootstrap itself. The inner
+    // timeout ends it.
     let root = TempRoot::new("units-deadlock-").unwrap();
     let script = root.path().join("bootstrap.sh");
     fs::write(
@@ -264,7 +291,7 @@ fn ordering_bootstrap_before_slurmd_would_deadlock() {
     n.dropin(
         BOOTSTRAP,
         &format!(
-            "[Unit]\nBefore=slurmd.service\n[Service]\nEnvironment=XDG_RUNTIME_DIR={}\nRestart=no\n",
+            "[Unit]\nBefore=slurmd.service\n[Service]\nType=oneshot\nEnvironment=XDG_RUNTIME_DIR={}\nRestart=no\n",
             n.sd.xdg_runtime_dir().display()
         ),
     );
@@ -273,4 +300,47 @@ fn ordering_bootstrap_before_slurmd_would_deadlock() {
     // systemctl inside was killed by its timeout (exit 124): slurmd's job never ran
     // while bootstrap was activating.
     assert_eq!(n.prop(BOOTSTRAP, "ExecMainStatus"), "124");
+}
+
+#[test]
+fn munge_start_is_skipped_not_failed_until_the_key_exists() {
+    let sd = UserSystemd::start().unwrap();
+    let root = TempRoot::new("units-munge-").unwrap();
+    let key = root.path().join("munge.key");
+    let dir = sd.unit_dir();
+    // Shaped like Debian's munge.service: a daemon that fails without its key.
+    fs::write(
+        dir.join("munge.service"),
+        format!(
+            "[Unit]\nDescription=stand-in munge\n[Service]\nType=simple\n\
+             ExecStart=/bin/sh -c 'test -r {} && exec sleep 600'\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    fs::create_dir_all(dir.join("munge.service.d")).unwrap();
+    let dropin = read_unit(MUNGE_DROPIN);
+    assert!(dropin.contains("ConditionPathExists=/etc/munge/munge.key"));
+    fs::write(
+        dir.join(MUNGE_DROPIN),
+        dropin.replace("/etc/munge/munge.key", &key.display().to_string()),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    sd.systemctl_ok(&["start", "munge.service"]).unwrap();
+    assert_eq!(
+        sd.unit_property("munge.service", "ActiveState").unwrap(),
+        "inactive"
+    );
+    assert_eq!(
+        sd.unit_property("munge.service", "ConditionResult")
+            .unwrap(),
+        "no"
+    );
+    fs::write(&key, [0u8; 32]).unwrap();
+    sd.systemctl_ok(&["start", "munge.service"]).unwrap();
+    assert_eq!(
+        sd.unit_property("munge.service", "ActiveState").unwrap(),
+        "active"
+    );
 }

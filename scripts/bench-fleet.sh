@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Fleet benchmark: the project's image booted as N nodes (default 16), figures printed as
+# ratios, never asserted (see tests/src/bin/fleet-bench.rs for what is measured):
+#   - one node alone: container start -> IDLE, and the agent's share of it (goal <= 10 %);
+#   - N nodes at once: the agent's part per node / the lone node's (goal <= 1.5);
+#   - controller load with N idle nodes: RPCs per node per minute from sdiag (goal <= 2);
+#   - a spot storm on all N nodes: notice -> DRAIN p50/p99 (goal p99 <= 2 s).
+# Not measured yet: the agent vs a plain static slurmd on the same image, and the rolling
+# upgrade ratio.
+#
+#   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/test-deps.sh
+cargo build --locked -p slurm-node-agent -p slurm-image-builder -p slurm-e2e --bins
+SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"

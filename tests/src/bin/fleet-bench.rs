@@ -1,0 +1,195 @@
+//! Fleet benchmark (`scripts/bench-fleet.sh`): figures printed, never asserted.
+//!
+//! 1. One node alone: container start → IDLE, split into systemd's boot (until bootstrap
+//!    starts) and the agent's part (bootstrap's run, which ends once slurmctld reports the
+//!    node available: key, munge, slurmd start → IDLE).
+//! 2. N nodes booting at once: the agent's part per node, mean ÷ the lone node's.
+//! 3. Controller load: RPCs per node per minute in `sdiag` while the N nodes sit idle
+//!    with the daemon running.
+//! 4. Spot notices on every node at once → DRAIN seen by slurmctld, per node.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use slurm_e2e::fleet::Fleet;
+
+fn main() -> ExitCode {
+    let n = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse::<usize>().ok())
+        .filter(|n| (1..=60).contains(n))
+        .unwrap_or(16);
+    let idle_secs = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse::<u64>().ok())
+        .unwrap_or(60);
+    match bench(n, idle_secs) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleet bench failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A unit property in microseconds (a `...Monotonic` timestamp).
+fn prop_us(fleet: &Fleet, node: &str, unit: Option<&str>, prop: &str) -> Result<u64> {
+    let mut args = vec!["show", "-p", prop, "--value"];
+    if let Some(u) = unit {
+        args.push(u);
+    }
+    let out = fleet.exec(node, "systemctl", &args)?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    v.parse::<u64>()
+        .with_context(|| format!("{node}: {prop} of {unit:?} is {v:?}"))
+}
+
+/// (systemd boot until bootstrap started, bootstrap's run) in seconds.
+fn split(fleet: &Fleet, node: &str) -> Result<(f64, f64)> {
+    let unit = Some("slurm-node-agent-bootstrap.service");
+    let boot = prop_us(fleet, node, None, "UserspaceTimestampMonotonic")?;
+    let start = prop_us(fleet, node, unit, "ExecMainStartTimestampMonotonic")?;
+    let exit = prop_us(fleet, node, unit, "ExecMainExitTimestampMonotonic")?;
+    Ok((
+        start.saturating_sub(boot) as f64 / 1e6,
+        exit.saturating_sub(start) as f64 / 1e6,
+    ))
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{prefix}{i:03}")).collect()
+}
+
+fn boot(fleet: &mut Fleet, names: &[String]) -> Result<f64> {
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    fleet.launch_all(&refs)?;
+    fleet.wait_all_idle(names, Duration::from_secs(1800))?;
+    let wall = t.elapsed().as_secs_f64();
+    // Bootstrap's exit is recorded just after IDLE: wait for it.
+    for n in names {
+        slurm_e2e::wait_until(
+            "bootstrap to exit",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || Ok(split(fleet, n).ok().filter(|(_, a)| *a > 0.0)),
+        )?;
+    }
+    Ok(wall)
+}
+
+fn sdiag_total(fleet: &Fleet) -> Result<u64> {
+    let out = fleet.ctld.command("sdiag").output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut total = 0;
+    let mut in_rpc = false;
+    for l in text.lines() {
+        if l.starts_with("Remote Procedure Call statistics by message type") {
+            in_rpc = true;
+            continue;
+        }
+        if l.starts_with("Remote Procedure Call statistics by user") {
+            break;
+        }
+        if in_rpc {
+            if let Some(c) = l.split("count:").nth(1) {
+                total += c
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn bench(n: usize, idle_secs: u64) -> Result<()> {
+    println!(
+        "fleet benchmark: {n} nodes; {} CPUs on this machine",
+        num_cpus()
+    );
+    let (alone_wall, alone_sd, alone_agent) = {
+        let mut fleet = Fleet::builder().start()?;
+        let one = names("solo", 1);
+        let wall = boot(&mut fleet, &one)?;
+        let (sd, agent) = split(&fleet, &one[0])?;
+        (wall, sd, agent)
+    };
+    println!(
+        "one node alone: container start -> IDLE {alone_wall:.2} s; systemd boot until bootstrap {alone_sd:.2} s; agent (bootstrap run, incl. slurmd start -> IDLE) {alone_agent:.2} s = {:.1} % of the whole (goal <= 10 %)",
+        100.0 * alone_agent / alone_wall
+    );
+
+    let mut fleet = Fleet::builder().start()?;
+    let all = names("node", n);
+    let wall = boot(&mut fleet, &all)?;
+    let mut agent = Vec::new();
+    let mut sd = Vec::new();
+    for x in &all {
+        let (s, a) = split(&fleet, x)?;
+        sd.push(s);
+        agent.push(a);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!(
+        "{n} nodes at once: all IDLE after {wall:.2} s; mean systemd boot until bootstrap {:.2} s; mean agent part {:.2} s (max {:.2} s); agent part {n} at once / alone = {:.2} (goal <= 1.5)",
+        mean(&sd),
+        mean(&agent),
+        agent.iter().cloned().fold(0.0, f64::max),
+        mean(&agent) / alone_agent
+    );
+
+    let before = sdiag_total(&fleet)?;
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let after = sdiag_total(&fleet)?;
+    let per = (after.saturating_sub(before)) as f64 / n as f64 / (t.elapsed().as_secs_f64() / 60.0);
+    println!(
+        "controller load, {n} idle nodes over {idle_secs} s: {per:.2} RPCs per node per minute (goal <= 2)"
+    );
+
+    // Spot storm: every node gets a notice at once; time until slurmctld shows DRAIN.
+    let t = Instant::now();
+    let when = "2099-01-01T00:00:00Z";
+    for x in &all {
+        fleet.imds(x, |e| e.set_spot_instance_action("terminate", when))?;
+    }
+    let mut lat = Vec::new();
+    let mut pending: Vec<String> = all.clone();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !pending.is_empty() && Instant::now() < deadline {
+        pending.retain(|x| {
+            let drained = fleet
+                .ctld
+                .node_state(x)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.contains("DRAIN"));
+            if drained {
+                lat.push(t.elapsed().as_secs_f64());
+            }
+            !drained
+        });
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lat.sort_by(f64::total_cmp);
+    if lat.is_empty() {
+        println!("spot storm: no node drained within 300 s");
+    } else {
+        let p = |q: f64| lat[((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1];
+        println!(
+            "spot storm, {n} notices at once: {} drained; notice -> DRAIN p50 {:.2} s, p99 {:.2} s (goal p99 <= 2 s; one storm, {} samples)",
+            lat.len(),
+            p(0.5),
+            p(0.99),
+            lat.len()
+        );
+    }
+    Ok(())
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}

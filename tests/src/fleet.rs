@@ -1,0 +1,1339 @@
+//! The fleet proving ground: the project's own image (`slurm-image-builder build --target
+//! local`) booted as many nodes, each a `systemd-nspawn --boot` container with systemd
+//! 252 as PID 1, on a private network that the test creates, with a real slurmctld, a DNS
+//! server and instance metadata per node. The test sets the world and watches slurmctld;
+//! boot is what EC2 does (the image's units run bootstrap, munge, slurmd and the daemon).
+//!
+//! Layout (all of it removed on drop, also when the test fails):
+//! - a fleet network namespace (`ip netns add`) with a bridge `br0` at [`FLEET_GATEWAY`]
+//!   (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`, `jobcomp/filetxt`), and
+//!   dnsmasq answering the nodes' names (`<name>.fleet.internal`), `ctld.fleet.internal`
+//!   and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for everything else. No route
+//!   leads out of it: nothing is ever sent outside it or loopback.
+//! - per node *incarnation* a network namespace of its own (so its address is ready before
+//!   its systemd starts), joined to the bridge by a veth (`host0` inside), no default
+//!   route, and the node's own IMDS emulator listening on 169.254.169.254:80 inside it (on
+//!   its `lo`): the node reaches instance metadata at the same address as on EC2, and the
+//!   test changes that node's world through [`Fleet::imds`].
+//! - per node a writable overlayfs layer over the shared image root (lower): a reboot
+//!   keeps the node's disk; terminate removes it.
+//! - the container: `systemd-nspawn --boot --register=no --keep-unit
+//!   --network-namespace-path=...`, started from a shell that first moves itself into
+//!   cgroups of its own (each container's systemd then owns its subtree; two containers
+//!   in one cgroup would fight over it), the cluster key bound read-only at
+//!   `/etc/cluster.key`, `/dev/fuse` bound for FUSE mounts. A reboot inside the container
+//!   makes nspawn exit 133: the fleet's supervisor thread starts it again on the same
+//!   disk.
+//!
+//! Images are cached under [`CACHE_ENV`] (default `/var/tmp/slurm-e2e-fleet`), keyed on
+//! the contents of `packer/`, `units/` and the agent binary; a rebuild says so on stderr.
+//!
+//! One fleet at a time in a process (a process-wide lock) and on the machine (a file lock
+//! in the cache folder): fleets are heavy on 2 cores.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{Read, Write as _};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use imds_emulator::{Config as ImdsConfig, Emulator};
+
+use crate::agent::agent_binary;
+use crate::munge::Munge;
+use crate::process::{pid_of, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot};
+use crate::slurm::Slurmctld;
+use crate::systemd::{cgroup_roots, remove_cgroup_tree};
+
+/// Environment variable: where built image roots are cached.
+pub const CACHE_ENV: &str = "SLURM_E2E_FLEET_CACHE";
+
+/// Environment variable: use this image root as is (no cache, no build), e.g. one built
+/// by hand with `slurm-image-builder build --target local`.
+pub const IMAGE_ENV: &str = "SLURM_E2E_FLEET_IMAGE";
+
+/// Default image cache folder.
+pub const DEFAULT_CACHE: &str = "/var/tmp/slurm-e2e-fleet";
+
+/// The bridge's address in the fleet namespace: slurmctld, dnsmasq.
+pub const FLEET_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+
+/// The fleet's DNS domain (the nodes' resolv.conf search domain).
+pub const DOMAIN: &str = "fleet.internal";
+
+/// The link-local address of instance metadata, as on EC2.
+pub const IMDS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+
+/// Where the cluster key is bound inside each node.
+pub const NODE_KEY_PATH: &str = "/etc/cluster.key";
+
+/// nspawn's exit status when the container rebooted.
+const REBOOT_EXIT: i32 = 133;
+
+/// How long a container gets to shut down after SIGTERM before SIGKILL.
+const CONTAINER_STOP_GRACE: Duration = Duration::from_secs(60);
+
+/// Deadline for one command run inside a node or a namespace.
+const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+
+static FLEET_LOCK: Mutex<()> = Mutex::new(());
+
+/// A built image root, shared read-only (the lower layer) by every node of a fleet.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// The root folder.
+    pub root: PathBuf,
+    /// The cache key (hash of `packer/`, `units/` and the agent binary).
+    pub key: String,
+    /// Whether this call built it (else it came from the cache).
+    pub rebuilt: bool,
+}
+
+/// The repository root (this crate's parent folder).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from(".."), Path::to_path_buf)
+}
+
+/// The `slurm-image-builder` binary: `SLURM_IMAGE_BUILDER_BIN`, or next to the agent's.
+///
+/// # Errors
+/// When it has not been built (`cargo build -p slurm-image-builder`).
+pub fn image_builder_binary() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("SLURM_IMAGE_BUILDER_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = agent_binary()?.with_file_name("slurm-image-builder");
+    if !p.is_file() {
+        bail!(
+            "{} not found: run `cargo build -p slurm-image-builder` (scripts/test.sh does) or \
+             set SLURM_IMAGE_BUILDER_BIN",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A 64-bit FNV-1a over 8-byte words: a stable content hash for the cache key (not for
+/// security; the workspace has no hash crate in the tests' dependencies, and this one
+/// must not change between Rust versions as std's `DefaultHasher` may).
+#[derive(Debug)]
+struct KeyHash(u64);
+
+impl KeyHash {
+    fn new() -> Self {
+        KeyHash(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 ^= u64::from_le_bytes(w);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        for b in chunks.remainder() {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separate fields so that ("ab","c") and ("a","bc") differ.
+        self.0 ^= bytes.len() as u64;
+        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+
+    fn file(&mut self, path: &Path) -> Result<()> {
+        let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                return Ok(());
+            }
+            self.update(&buf[..n]);
+        }
+    }
+
+    fn tree(&mut self, base: &Path) -> Result<()> {
+        let mut files = Vec::new();
+        let mut stack = vec![base.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+                let e = e?;
+                let t = e.file_type()?;
+                if t.is_dir() {
+                    stack.push(e.path());
+                } else if t.is_file() {
+                    files.push(e.path());
+                }
+            }
+        }
+        files.sort();
+        for f in files {
+            let rel = f.strip_prefix(base).unwrap_or(&f);
+            self.update(rel.to_string_lossy().as_bytes());
+            self.file(&f)?;
+        }
+        Ok(())
+    }
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os(CACHE_ENV).map_or_else(|| PathBuf::from(DEFAULT_CACHE), PathBuf::from)
+}
+
+/// An exclusive `flock` on a file, released on drop (the fd closes).
+#[derive(Debug)]
+struct FileLock(#[allow(dead_code)] File);
+
+impl FileLock {
+    fn acquire(path: &Path) -> Result<FileLock> {
+        let f = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .with_context(|| format!("opening lock {}", path.display()))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(FileLock(f))
+    }
+}
+
+impl Image {
+    /// The image root for the current `packer/`, `units/` and agent binary: from the cache,
+    /// or built with `slurm-image-builder build --target local` (about a minute with a
+    /// warm apt cache; its log is `<cache>/build-<key>.log`). Older cached roots are
+    /// removed after a build.
+    ///
+    /// # Errors
+    /// Hashing the inputs, or the build failing (with the tail of its log).
+    pub fn cached() -> Result<Image> {
+        if let Some(root) = std::env::var_os(IMAGE_ENV) {
+            let root = PathBuf::from(root);
+            if !root.join("usr/local/bin/slurm-node-agent").is_file() {
+                bail!(
+                    "{IMAGE_ENV}={}: not an image root with the agent",
+                    root.display()
+                );
+            }
+            eprintln!(
+                "slurm-e2e fleet: using the image root {} ({IMAGE_ENV})",
+                root.display()
+            );
+            return Ok(Image {
+                root,
+                key: "0000000000000000".into(),
+                rebuilt: false,
+            });
+        }
+        let repo = repo_root();
+        let agent = agent_binary()?;
+        let mut h = KeyHash::new();
+        for part in ["packer", "units"] {
+            h.update(part.as_bytes());
+            h.tree(&repo.join(part))?;
+        }
+        h.update(b"agent");
+        h.file(&agent)?;
+        let key = format!("{:016x}", h.0);
+        let cache = cache_dir();
+        fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+        let _lock = FileLock::acquire(&cache.join("lock"))?;
+        let done = cache.join(format!("image-{key}"));
+        let root = done.join("root");
+        if done.join("complete").exists() {
+            return Ok(Image {
+                root,
+                key,
+                rebuilt: false,
+            });
+        }
+        // Straight to stderr, past the test harness's capture: a rebuild takes minutes.
+        let _ = writeln!(
+            std::io::stderr(),
+            "slurm-e2e fleet: building the node image root (no cached root for packer/, units/ \
+             and the agent binary as they are now: key {key}) in {}",
+            done.display()
+        );
+        let work = cache.join(format!("build-{key}"));
+        if work.exists() {
+            let _ = Command::new("rm").arg("-rf").arg(&work).status();
+        }
+        let log = cache.join(format!("build-{key}.log"));
+        let mut c = Command::new(image_builder_binary()?);
+        c.current_dir(&repo)
+            .args([
+                "build",
+                "--target",
+                "local",
+                "--os",
+                "debian-12",
+                "--arch",
+                "x86_64",
+            ])
+            .arg("--no-artifacts")
+            .arg("--packer-dir")
+            .arg(repo.join("packer"))
+            .arg("--units-dir")
+            .arg(repo.join("units"))
+            .arg("--work-dir")
+            .arg(&work)
+            .arg("--agent-bin")
+            .arg(&agent)
+            .arg("--apt-cache")
+            .arg(cache.join("apt"))
+            .arg("--log-file")
+            .arg(&log);
+        let started = Instant::now();
+        let out = run_with_timeout(c, Duration::from_secs(1200))?;
+        if !out.status.success() {
+            bail!(
+                "slurm-image-builder build --target local failed ({}):\n{}\n{}\nlog: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                log.display()
+            );
+        }
+        if !work.join("root/usr/local/bin/slurm-node-agent").is_file() {
+            bail!(
+                "the built root {} has no agent",
+                work.join("root").display()
+            );
+        }
+        // Remove older roots first: each is a few hundred MB.
+        if let Ok(rd) = fs::read_dir(&cache) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with("image-") && e.path() != done {
+                    let _ = Command::new("rm").arg("-rf").arg(e.path()).status();
+                }
+            }
+        }
+        fs::create_dir_all(&done)?;
+        fs::rename(work.join("root"), &root)
+            .with_context(|| format!("moving the built root into {}", root.display()))?;
+        let _ = Command::new("rm").arg("-rf").arg(&work).status();
+        fs::write(done.join("complete"), "")?;
+        let _ = writeln!(
+            std::io::stderr(),
+            "slurm-e2e fleet: image root built in {:.0?}: {}",
+            started.elapsed(),
+            root.display()
+        );
+        Ok(Image {
+            root,
+            key,
+            rebuilt: true,
+        })
+    }
+}
+
+/// A network namespace created by the test (`ip netns add`), deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Creates `/run/netns/<name>` with its loopback up.
+    ///
+    /// # Errors
+    /// When `ip netns add` fails.
+    pub fn create(name: &str) -> Result<NetNs> {
+        let mut c = Command::new("ip");
+        c.args(["netns", "add", name]);
+        run_ok(c, CMD_TIMEOUT)?;
+        let ns = NetNs {
+            name: name.to_string(),
+        };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `/run/netns/<name>`.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// `ip -n <name> args...` (netlink only: no `/sys` remount as `ip netns exec` does).
+    ///
+    /// # Errors
+    /// A non-zero exit, with its stderr.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut c = Command::new("ip");
+        c.arg("-n").arg(&self.name).args(args);
+        run_ok(c, CMD_TIMEOUT)
+    }
+
+    /// `program` run in this namespace (`nsenter --net=...`, which execs it).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(program);
+        c
+    }
+
+    /// Runs `f` on a thread that has entered this namespace: sockets it creates live here.
+    ///
+    /// # Errors
+    /// Entering the namespace, or `f`'s error.
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+        let path = self.path();
+        let p = &path;
+        thread::scope(|s| {
+            s.spawn(move || {
+                let fd = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+                rustix::thread::move_into_link_name_space(
+                    fd.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .with_context(|| format!("entering network namespace {}", p.display()))?;
+                f()
+            })
+            .join()
+            .unwrap_or_else(|_| bail!("a thread in namespace {} panicked", path.display()))
+        })
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let mut c = Command::new("ip");
+        c.args(["netns", "del", &self.name]);
+        if let Err(e) = run_ok(c, CMD_TIMEOUT) {
+            eprintln!(
+                "slurm-e2e fleet: deleting network namespace {}: {e:#}",
+                self.name
+            );
+        }
+    }
+}
+
+/// An overlayfs mount, unmounted on drop.
+#[derive(Debug)]
+struct Overlay {
+    merged: PathBuf,
+}
+
+impl Overlay {
+    fn mount(lower: &Path, upper: &Path, work: &Path, merged: &Path) -> Result<Overlay> {
+        for d in [upper, work, merged] {
+            fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        let mut c = Command::new("mount");
+        c.args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lower.display(),
+                upper.display(),
+                work.display()
+            ))
+            .arg(merged);
+        run_ok(c, CMD_TIMEOUT)?;
+        Ok(Overlay {
+            merged: merged.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        let mut c = Command::new("umount");
+        c.arg(&self.merged);
+        if run_ok(c, CMD_TIMEOUT).is_err() {
+            let mut c = Command::new("umount");
+            c.arg("-l").arg(&self.merged);
+            let _ = run_ok(c, CMD_TIMEOUT);
+        }
+    }
+}
+
+/// What a node is told about itself at launch (its instance metadata).
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// NodeName and host name (`<name>.fleet.internal` is its local-hostname).
+    pub name: String,
+    /// Instance id, e.g. `i-0f1ee700000000001`.
+    pub instance_id: String,
+    /// AMI id served as `ami-id`.
+    pub ami_id: String,
+    /// `instance-life-cycle`: `on-demand` or `spot`.
+    pub life_cycle: String,
+    /// The agent's settings part of the user data (TOML), wrapped in MIME multipart.
+    pub agent_toml: String,
+    /// Whether the node has instance metadata at all (`false`: nothing listens on
+    /// 169.254.169.254 and there is no route to it, as on a machine outside EC2).
+    pub metadata: bool,
+}
+
+/// One node: its network namespace, metadata, disk and container.
+#[derive(Debug)]
+pub struct Node {
+    // Drop order: container first, then the disk, then metadata and network.
+    container: Option<Daemon>,
+    overlay: Option<Overlay>,
+    cgroups: Vec<PathBuf>,
+    imds: Option<Emulator>,
+    netns: NetNs,
+    launch: Launch,
+    addr: Ipv4Addr,
+    dir: PathBuf,
+    /// Whether the supervisor restarts the container when it exits 133.
+    keep_running: bool,
+    boots: u32,
+}
+
+impl Node {
+    /// The container's PID 1 (its systemd) as seen from the host, once it runs.
+    fn pid1(&mut self) -> Option<u32> {
+        let c = self.container.as_mut()?;
+        if !c.is_running() {
+            return None;
+        }
+        find_pid1(c.pid())
+    }
+}
+
+/// The first descendant of `root` whose innermost pid is 1 (a container's init).
+fn find_pid1(root: u32) -> Option<u32> {
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        if p != root {
+            let status = fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            let inner = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .and_then(|v| v.split_whitespace().last().map(str::to_string));
+            if inner.as_deref() == Some("1") {
+                return Some(p);
+            }
+        }
+        let tasks = fs::read_dir(format!("/proc/{p}/task")).ok()?;
+        for t in tasks.flatten() {
+            let children = fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            stack.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    None
+}
+
+/// Builds a [`Fleet`]; see [`Fleet::builder`].
+#[derive(Debug, Clone)]
+pub struct FleetBuilder {
+    ctld_lines: Vec<String>,
+    srv: bool,
+    extra_toml: String,
+}
+
+impl FleetBuilder {
+    /// Adds a slurm.conf line for the controller.
+    pub fn ctld_line(mut self, line: impl Into<String>) -> Self {
+        self.ctld_lines.push(line.into());
+        self
+    }
+
+    /// Nodes find the controller through DNS SRV `_slurmctld._tcp` (no `conf_servers` in
+    /// their settings) instead of its address. Default: address.
+    pub fn srv_discovery(mut self, yes: bool) -> Self {
+        self.srv = yes;
+        self
+    }
+
+    /// TOML appended to every node's agent settings (user data part).
+    pub fn agent_toml(mut self, toml: impl Into<String>) -> Self {
+        self.extra_toml = toml.into();
+        self
+    }
+
+    /// Builds or reuses the image, creates the network, starts dnsmasq and slurmctld.
+    /// Nodes are added with [`Fleet::launch`].
+    ///
+    /// # Errors
+    /// Any step; what was started is stopped again.
+    pub fn start(self) -> Result<Fleet> {
+        let lock = FLEET_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let image = Image::cached()?;
+        fs::create_dir_all(cache_dir())?;
+        let machine_lock = FileLock::acquire(&cache_dir().join("fleet.lock"))?;
+        let root = TempRoot::new("slurm-e2e-fleet-")?;
+        let name = unique_name("sef");
+        let netns = NetNs::create(&name)?;
+        netns.ip(&["link", "add", "br0", "type", "bridge"])?;
+        netns.ip(&["addr", "add", &format!("{FLEET_GATEWAY}/16"), "dev", "br0"])?;
+        netns.ip(&["link", "set", "br0", "up"])?;
+
+        let munge = Munge::shared()?;
+        let key = root.path().join("cluster.key");
+        fs::write(&key, munge.key()?).context("writing the cluster key")?;
+
+        let jobcomp = root.path().join("jobcomp.txt");
+        let mut b = Slurmctld::builder("fleet")
+            .netns(netns.path(), FLEET_GATEWAY)
+            .max_node_count(64)
+            .line("JobCompType=jobcomp/filetxt")
+            .line(format!("JobCompLoc={}", jobcomp.display()))
+            // Paths inside the nodes (configless: the nodes read these lines too).
+            .line("SlurmdSpoolDir=/var/spool/slurmd")
+            .line("SlurmdPidFile=/run/slurmd.pid")
+            .line("SlurmdLogFile=/var/log/slurmd.log")
+            .line("SlurmdTimeout=300");
+        for l in &self.ctld_lines {
+            b = b.line(l.clone());
+        }
+        let ctld = b.start()?;
+
+        let hosts = root.path().join("hosts");
+        let mut fleet = Fleet {
+            nodes: Arc::new(Mutex::new(BTreeMap::new())),
+            supervisor: None,
+            stop: Arc::new(AtomicBool::new(false)),
+            dns: None,
+            ctld,
+            key,
+            jobcomp,
+            hosts,
+            image,
+            builder: self,
+            next: AtomicU32::new(1),
+            seq: AtomicU32::new(1),
+            netns,
+            root,
+            _machine_lock: machine_lock,
+            _lock: lock,
+        };
+        fleet.write_hosts()?;
+        fleet.start_dns()?;
+        let nodes = fleet.nodes.clone();
+        let stop = fleet.stop.clone();
+        let image_root = fleet.image.root.clone();
+        let key = fleet.key.clone();
+        fleet.supervisor = Some(thread::spawn(move || {
+            supervise(&nodes, &stop, &image_root, &key)
+        }));
+        Ok(fleet)
+    }
+}
+
+/// Restarts containers that exited 133 (a reboot inside) while they should run.
+fn supervise(nodes: &Mutex<BTreeMap<String, Node>>, stop: &AtomicBool, image: &Path, key: &Path) {
+    while !stop.load(Ordering::Relaxed) {
+        {
+            let mut nodes = nodes.lock().unwrap_or_else(|e| e.into_inner());
+            for n in nodes.values_mut() {
+                let rebooted = n.keep_running
+                    && n.container
+                        .as_mut()
+                        .and_then(Daemon::exit_status)
+                        .is_some_and(|st| st.code() == Some(REBOOT_EXIT));
+                if rebooted {
+                    n.container = None;
+                    if let Err(e) = start_container(n, image, key) {
+                        eprintln!(
+                            "slurm-e2e fleet: restarting {} after its reboot: {e:#}",
+                            n.launch.name
+                        );
+                    }
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Mounts the node's disk if needed and starts its container.
+fn start_container(n: &mut Node, image: &Path, key: &Path) -> Result<()> {
+    if n.overlay.is_none() {
+        n.overlay = Some(Overlay::mount(
+            image,
+            &n.dir.join("upper"),
+            &n.dir.join("work"),
+            &n.dir.join("merged"),
+        )?);
+    }
+    let merged = n.dir.join("merged");
+    if n.cgroups.is_empty() {
+        let cg_name = format!("slurm-e2e-node-{}", n.netns.name());
+        for r in cgroup_roots()? {
+            let d = r.join(&cg_name);
+            fs::create_dir_all(&d).with_context(|| format!("creating cgroup {}", d.display()))?;
+            n.cgroups.push(d);
+        }
+    }
+    let mut script = String::from("set -eu\n");
+    for d in &n.cgroups {
+        let _ = writeln!(
+            script,
+            "echo $$ > '{0}/cgroup.procs'; grep -qxF $$ '{0}/cgroup.procs'",
+            d.display()
+        );
+    }
+    script.push_str("exec \"$@\"\n");
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg("systemd-nspawn")
+        .arg("-q")
+        .arg("-D")
+        .arg(&merged)
+        .arg("-M")
+        .arg(&n.launch.name)
+        .args([
+            "--register=no",
+            "--keep-unit",
+            "--boot",
+            "--console=read-only",
+            "--link-journal=no",
+            "--resolv-conf=off",
+            "--timezone=off",
+        ])
+        .arg(format!(
+            "--network-namespace-path={}",
+            n.netns.path().display()
+        ))
+        .arg(format!("--bind-ro={}:{NODE_KEY_PATH}", key.display()))
+        .arg("--bind=/dev/fuse")
+        .env("SYSTEMD_NSPAWN_TMPFS_TMP", "1");
+    n.boots += 1;
+    let name = format!("node-{}-boot{}", n.launch.name, n.boots);
+    let mut d = Daemon::spawn_outliving_thread(&name, c, &n.dir)?;
+    d.set_grace(CONTAINER_STOP_GRACE);
+    n.container = Some(d);
+    Ok(())
+}
+
+/// A fleet; everything is stopped by PID and removed on drop (nodes first, then
+/// slurmctld, dnsmasq and the namespace).
+#[derive(Debug)]
+pub struct Fleet {
+    nodes: Arc<Mutex<BTreeMap<String, Node>>>,
+    supervisor: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
+    dns: Option<Daemon>,
+    /// The controller (in the fleet namespace; its client commands run there).
+    pub ctld: Slurmctld,
+    key: PathBuf,
+    jobcomp: PathBuf,
+    hosts: PathBuf,
+    image: Image,
+    builder: FleetBuilder,
+    next: AtomicU32,
+    seq: AtomicU32,
+    netns: NetNs,
+    root: TempRoot,
+    _machine_lock: FileLock,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Fleet {
+    /// A builder with the defaults (controller found by address, no extra settings).
+    pub fn builder() -> FleetBuilder {
+        FleetBuilder {
+            ctld_lines: Vec::new(),
+            srv: false,
+            extra_toml: String::new(),
+        }
+    }
+
+    /// The image the nodes boot.
+    pub fn image(&self) -> &Image {
+        &self.image
+    }
+
+    /// The fleet's network namespace.
+    pub fn netns(&self) -> &NetNs {
+        &self.netns
+    }
+
+    /// The scratch folder (hosts, key, job records, nodes' folders and logs).
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    fn lock_nodes(&self) -> MutexGuard<'_, BTreeMap<String, Node>> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_hosts(&self) -> Result<()> {
+        let mut s = format!("{FLEET_GATEWAY} ctld.{DOMAIN} ctld\n");
+        for n in self.lock_nodes().values() {
+            let _ = writeln!(s, "{} {}.{DOMAIN} {}", n.addr, n.launch.name, n.launch.name);
+        }
+        crate::slurm::write_atomic(&self.hosts, s.as_bytes())
+    }
+
+    fn start_dns(&mut self) -> Result<()> {
+        let mut c = self.netns.command("dnsmasq");
+        c.args([
+            "--keep-in-foreground",
+            "--log-facility=-",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--no-poll",
+            "--bind-interfaces",
+            "--user=root",
+            "--group=root",
+        ])
+        .arg(format!("--listen-address={FLEET_GATEWAY}"))
+        .arg(format!("--addn-hosts={}", self.hosts.display()))
+        .arg(format!(
+            "--pid-file={}",
+            self.root.path().join("dnsmasq.pid").display()
+        ))
+        .arg(format!("--domain={DOMAIN}"))
+        // Everything not in the hosts file is NXDOMAIN (no upstream at all).
+        .arg("--address=/#/")
+        .arg(format!(
+            "--srv-host=_slurmctld._tcp.{DOMAIN},ctld.{DOMAIN},{}",
+            self.ctld.port()
+        ));
+        let mut d = Daemon::spawn("dnsmasq", c, self.root.path())?;
+        thread::sleep(Duration::from_millis(200));
+        d.check_running()?;
+        self.dns = Some(d);
+        Ok(())
+    }
+
+    fn reload_dns(&mut self) -> Result<()> {
+        self.write_hosts()?;
+        if let Some(d) = self.dns.as_mut() {
+            d.signal(rustix::process::Signal::HUP)?;
+        }
+        Ok(())
+    }
+
+    /// The user data a node gets: MIME multipart with the agent's part.
+    pub fn user_data(&self, agent_toml: &str) -> String {
+        format!(
+            "Content-Type: multipart/mixed; boundary=\"==B==\"\nMIME-Version: 1.0\n\n--==B==\n\
+             Content-Type: application/x-slurm-node-agent\n\n{agent_toml}\n--==B==--\n"
+        )
+    }
+
+    /// The default agent settings of a node: the key from the bound file, the controller
+    /// by address (or SRV), plus the builder's extra TOML.
+    pub fn default_agent_toml(&self) -> String {
+        let mut s = String::new();
+        if !self.builder.srv {
+            let _ = writeln!(
+                s,
+                "[slurm]\nconf_servers = [\"{}\"]",
+                self.ctld.conf_server()
+            );
+        }
+        let _ = writeln!(
+            s,
+            "[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\""
+        );
+        s.push_str(&self.builder.extra_toml);
+        s
+    }
+
+    /// A launch description for a new instance named `name` (fresh instance id).
+    pub fn new_launch(&self, name: &str) -> Launch {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        Launch {
+            name: name.to_string(),
+            instance_id: format!("i-0f1ee7{n:011x}"),
+            ami_id: format!("ami-0f1ee7{}", &self.image.key[..11]),
+            life_cycle: "on-demand".into(),
+            agent_toml: self.default_agent_toml(),
+            metadata: true,
+        }
+    }
+
+    /// Launches nodes `names` (all at once: containers are started, not waited for).
+    ///
+    /// # Errors
+    /// Creating a node's network, metadata, disk or container.
+    pub fn launch_all(&mut self, names: &[&str]) -> Result<()> {
+        for n in names {
+            let l = self.new_launch(n);
+            self.launch(l)?;
+        }
+        Ok(())
+    }
+
+    /// Launches one node: network, metadata, disk, container (not waited for).
+    ///
+    /// # Errors
+    /// Any step; a name already in the fleet.
+    pub fn launch(&mut self, launch: Launch) -> Result<()> {
+        if self.lock_nodes().contains_key(&launch.name) {
+            bail!("node {} is already in the fleet", launch.name);
+        }
+        // Unique per incarnation (names of the node's namespace and veth).
+        let index = self.seq.fetch_add(1, Ordering::Relaxed);
+        let addr = self.free_address();
+        let dir = self.root.path().join("nodes").join(&launch.name);
+        fs::create_dir_all(&dir)?;
+        let netns = NetNs::create(&format!("{}-{index}", self.netns.name()))?;
+        let veth = format!("vf{index}");
+        let mut c = Command::new("ip");
+        c.args([
+            "-n",
+            self.netns.name(),
+            "link",
+            "add",
+            &veth,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "host0",
+            "netns",
+            netns.name(),
+        ]);
+        run_ok(c, CMD_TIMEOUT)?;
+        self.netns
+            .ip(&["link", "set", &veth, "master", "br0", "up"])?;
+        netns.ip(&["addr", "add", &format!("{addr}/16"), "dev", "host0"])?;
+        netns.ip(&["link", "set", "host0", "up"])?;
+        let imds = if launch.metadata {
+            netns.ip(&["addr", "add", &format!("{IMDS_ADDR}/32"), "dev", "lo"])?;
+            Some(netns.run_in(|| {
+                Emulator::start(ImdsConfig {
+                    bind: SocketAddr::from((IMDS_ADDR, 80)),
+                    ..ImdsConfig::default()
+                })
+                .context("starting the node's IMDS emulator on 169.254.169.254:80")
+            })?)
+        } else {
+            None
+        };
+        let mut node = Node {
+            container: None,
+            overlay: None,
+            cgroups: Vec::new(),
+            imds,
+            netns,
+            addr,
+            dir,
+            keep_running: true,
+            boots: 0,
+            launch,
+        };
+        self.set_world(&node);
+        // The node's resolver: the fleet's dnsmasq (written in its own layer).
+        let etc = node.dir.join("upper/etc");
+        fs::create_dir_all(&etc)?;
+        // Its host name (the image's /etc/hostname is the build machine's; systemd in the
+        // container would set that one).
+        fs::write(etc.join("hostname"), format!("{}\n", node.launch.name))?;
+        let resolv = etc.join("resolv.conf");
+        let _ = fs::remove_file(&resolv);
+        fs::write(
+            &resolv,
+            format!("nameserver {FLEET_GATEWAY}\nsearch {DOMAIN}\n"),
+        )?;
+        let name = node.launch.name.clone();
+        {
+            let mut nodes = self.lock_nodes();
+            start_container(&mut node, &self.image.root, &self.key)?;
+            nodes.insert(name, node);
+        }
+        self.reload_dns()?;
+        Ok(())
+    }
+
+    fn set_world(&self, node: &Node) {
+        let Some(e) = &node.imds else { return };
+        let l = &node.launch;
+        e.set("instance-id", l.instance_id.clone());
+        e.set("ami-id", l.ami_id.clone());
+        e.set("instance-life-cycle", l.life_cycle.clone());
+        e.set("local-hostname", format!("{}.{DOMAIN}", l.name));
+        e.set("hostname", format!("{}.{DOMAIN}", l.name));
+        e.set("local-ipv4", node.addr.to_string());
+        e.clear_tags();
+        e.set_user_data(self.user_data(&l.agent_toml));
+    }
+
+    fn free_address(&self) -> Ipv4Addr {
+        let used: Vec<Ipv4Addr> = self.lock_nodes().values().map(|n| n.addr).collect();
+        (10u32..)
+            .map(|i| Ipv4Addr::new(10, 77, (i / 250) as u8 + 1, (i % 250) as u8 + 2))
+            .find(|a| !used.contains(a))
+            .unwrap_or(Ipv4Addr::new(10, 77, 200, 1))
+    }
+
+    /// The names of the nodes in the fleet.
+    pub fn names(&self) -> Vec<String> {
+        self.lock_nodes().keys().cloned().collect()
+    }
+
+    /// Runs `f` with node `name`'s IMDS emulator (to change its world while it runs).
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn imds<T>(&self, name: &str, f: impl FnOnce(&Emulator) -> T) -> Result<T> {
+        let nodes = self.lock_nodes();
+        let n = nodes
+            .get(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        let e = n
+            .imds
+            .as_ref()
+            .with_context(|| format!("node {name} was launched without instance metadata"))?;
+        Ok(f(e))
+    }
+
+    /// The node's instance id.
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn instance_id(&self, name: &str) -> Result<String> {
+        let nodes = self.lock_nodes();
+        let n = nodes
+            .get(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        Ok(n.launch.instance_id.clone())
+    }
+
+    /// How many times the node's container was started.
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn boots(&self, name: &str) -> Result<u32> {
+        let nodes = self.lock_nodes();
+        let n = nodes
+            .get(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        Ok(n.boots)
+    }
+
+    /// Runs `program args...` inside node `name` (all its namespaces, through its PID 1),
+    /// with a deadline; a non-zero exit is returned, not an error.
+    ///
+    /// # Errors
+    /// An unknown node, one not running, or the deadline.
+    pub fn exec(&self, name: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let pid = {
+            let mut nodes = self.lock_nodes();
+            let n = nodes
+                .get_mut(name)
+                .with_context(|| format!("no node {name} in the fleet"))?;
+            n.pid1()
+                .with_context(|| format!("node {name} is not running"))?
+        };
+        let mut c = Command::new("nsenter");
+        c.arg("-t")
+            .arg(pid.to_string())
+            .arg("-a")
+            .arg("--")
+            .arg(program)
+            .args(args);
+        run_with_timeout(c, CMD_TIMEOUT)
+    }
+
+    /// `systemctl is-system-running` in the node (`running`, `degraded`, `starting`...).
+    ///
+    /// # Errors
+    /// See [`Fleet::exec`].
+    pub fn system_state(&self, name: &str) -> Result<String> {
+        let out = self.exec(name, "systemctl", &["is-system-running"])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// A unit's property in node `name` (`systemctl show -p <prop> --value <unit>`).
+    ///
+    /// # Errors
+    /// See [`Fleet::exec`].
+    pub fn unit_property(&self, name: &str, unit: &str, prop: &str) -> Result<String> {
+        let out = self.exec(name, "systemctl", &["show", "-p", prop, "--value", unit])?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Submits a batch job (`sbatch --parsable args...`) and returns its id.
+    ///
+    /// # Errors
+    /// sbatch failing.
+    pub fn sbatch(&self, args: &[&str]) -> Result<String> {
+        let mut c = self.ctld.command("sbatch");
+        c.arg("--parsable").args(args);
+        let out = run_ok(c, CMD_TIMEOUT)?;
+        Ok(out.trim().split(';').next().unwrap_or_default().to_string())
+    }
+
+    /// Waits until slurmctld has no job left (pending or running).
+    ///
+    /// # Errors
+    /// The deadline.
+    pub fn wait_no_jobs(&self, timeout: Duration) -> Result<()> {
+        wait_until(
+            "every job to end",
+            timeout,
+            Duration::from_millis(500),
+            || {
+                let mut c = self.ctld.command("squeue");
+                c.args(["-h", "-o", "%i %T"]);
+                let out = run_ok(c, CMD_TIMEOUT)?;
+                Ok(out.trim().is_empty().then_some(()))
+            },
+        )
+    }
+
+    /// Waits until the node's systemd has finished booting (`running` or `degraded`);
+    /// returns the state.
+    ///
+    /// # Errors
+    /// The deadline.
+    pub fn wait_booted(&self, name: &str, timeout: Duration) -> Result<String> {
+        wait_until(
+            &format!("node {name} to finish booting"),
+            timeout,
+            Duration::from_millis(500),
+            || {
+                let st = self.system_state(name)?;
+                Ok(matches!(st.as_str(), "running" | "degraded").then_some(st))
+            },
+        )
+    }
+
+    /// The node's failed units (`systemctl --failed`), one name per entry.
+    ///
+    /// # Errors
+    /// See [`Fleet::exec`].
+    pub fn failed_units(&self, name: &str) -> Result<Vec<String>> {
+        let out = self.exec(
+            name,
+            "systemctl",
+            &[
+                "list-units",
+                "--failed",
+                "--plain",
+                "--no-legend",
+                "--no-pager",
+            ],
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect())
+    }
+
+    /// Waits until every node in `names` is IDLE in slurmctld.
+    ///
+    /// # Errors
+    /// The deadline, naming the nodes that are not, with each one's console tail.
+    pub fn wait_all_idle(&self, names: &[String], timeout: Duration) -> Result<()> {
+        let r = wait_until(
+            "every node to be IDLE",
+            timeout,
+            Duration::from_millis(500),
+            || {
+                for n in names {
+                    match self.ctld.node_state(n)? {
+                        Some(st) if crate::slurm::is_idle(&st) => {}
+                        other => bail!("{n} is {other:?}"),
+                    }
+                }
+                Ok(Some(()))
+            },
+        );
+        r.with_context(|| self.diagnostics(names))
+    }
+
+    /// Each node's console tail and bootstrap journal, for error messages.
+    pub fn diagnostics(&self, names: &[String]) -> String {
+        let mut s = String::new();
+        for n in names {
+            let tail = {
+                let nodes = self.lock_nodes();
+                nodes
+                    .get(n)
+                    .and_then(|x| x.container.as_ref().map(|c| c.log_tail(15)))
+                    .unwrap_or_default()
+            };
+            let journal = self
+                .exec(
+                    n,
+                    "journalctl",
+                    &[
+                        "-b",
+                        "--no-pager",
+                        "-n",
+                        "25",
+                        "-u",
+                        "slurm-node-agent-bootstrap",
+                        "-u",
+                        "slurmd",
+                        "-u",
+                        "munge",
+                    ],
+                )
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_else(|e| format!("({e:#})"));
+            let _ = write!(
+                s,
+                "\n---- {n}: console ----\n{tail}\n---- {n}: journal ----\n{journal}"
+            );
+        }
+        s
+    }
+
+    /// Reboots a node from inside (`systemctl reboot`): nspawn exits 133 and the supervisor
+    /// starts it again on the same disk.
+    ///
+    /// # Errors
+    /// See [`Fleet::exec`].
+    pub fn reboot(&self, name: &str) -> Result<()> {
+        self.exec(name, "systemctl", &["reboot", "--no-block"])?;
+        Ok(())
+    }
+
+    /// Stops a node (an orderly shutdown: SIGTERM to nspawn); its disk stays.
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn stop(&self, name: &str) -> Result<()> {
+        let mut nodes = self.lock_nodes();
+        let n = nodes
+            .get_mut(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        n.keep_running = false;
+        if let Some(mut c) = n.container.take() {
+            c.stop()?;
+        }
+        Ok(())
+    }
+
+    /// Starts a stopped node again on its disk.
+    ///
+    /// # Errors
+    /// An unknown node; starting the container.
+    pub fn start(&self, name: &str) -> Result<()> {
+        let mut nodes = self.lock_nodes();
+        let n = nodes
+            .get_mut(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        n.keep_running = true;
+        if n.container.as_mut().is_some_and(Daemon::is_running) {
+            return Ok(());
+        }
+        n.container = None;
+        start_container(n, &self.image.root, &self.key)
+    }
+
+    /// Terminates a node: container stopped, disk, metadata and network removed.
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn terminate(&mut self, name: &str) -> Result<()> {
+        let node = self
+            .lock_nodes()
+            .remove(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        drop_node(node);
+        self.reload_dns()
+    }
+
+    /// Replaces a node: terminates it and launches `launch` (a new instance id; the same or
+    /// a new name).
+    ///
+    /// # Errors
+    /// See [`Fleet::terminate`] and [`Fleet::launch`].
+    pub fn replace(&mut self, name: &str, launch: Launch) -> Result<()> {
+        self.terminate(name)?;
+        self.launch(launch)
+    }
+
+    /// Every job record slurmctld wrote (`jobcomp/filetxt`): one line per finished job.
+    pub fn job_records(&self) -> Vec<String> {
+        fs::read_to_string(&self.jobcomp)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Asserts through the job records that every finished job COMPLETED with exit code 0,
+    /// and that there are at least `at_least` of them.
+    ///
+    /// # Errors
+    /// A job that did not, with its record.
+    pub fn check_no_job_killed(&self, at_least: usize) -> Result<()> {
+        let recs = self.job_records();
+        if recs.len() < at_least {
+            bail!(
+                "{} job records, expected at least {at_least}: {recs:#?}",
+                recs.len()
+            );
+        }
+        for r in &recs {
+            let state = crate::slurm::field(r, "JobState");
+            let exit = crate::slurm::field(r, "ExitCode");
+            if state != Some("COMPLETED") || exit != Some("0:0") {
+                bail!("a job did not complete with exit 0: {r}");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn drop_node(mut node: Node) {
+    if let Some(mut c) = node.container.take() {
+        if let Err(e) = c.stop() {
+            eprintln!("slurm-e2e fleet: stopping {}: {e:#}", node.launch.name);
+        }
+    }
+    for cg in std::mem::take(&mut node.cgroups) {
+        for p in fs::read_to_string(cg.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+        {
+            if let Some(pid) = p.trim().parse::<u32>().ok().and_then(|p| pid_of(p).ok()) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        if let Err(e) = remove_cgroup_tree(&cg) {
+            eprintln!("slurm-e2e fleet: removing cgroup {}: {e:#}", cg.display());
+        }
+    }
+    // Then the overlay, the emulator and the namespace (field order).
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.supervisor.take() {
+            let _ = h.join();
+        }
+        let nodes = std::mem::take(&mut *self.lock_nodes());
+        // Stop every container first (in parallel: each shutdown takes seconds).
+        let handles: Vec<_> = nodes
+            .into_values()
+            .map(|n| thread::spawn(move || drop_node(n)))
+            .collect();
+        for h in handles {
+            let _ = h.join();
+        }
+        if let Some(mut d) = self.dns.take() {
+            let _ = d.stop();
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Fleet scenarios: the project's image booted as nodes with systemd as PID 1 on a private
+//! network (see `slurm_e2e::fleet`). Each test asserts the end state in slurmctld and,
+//! through `jobcomp/filetxt`, that every job completed with exit 0.
+//!
+//! One fleet at a time (the harness serialises them). `SLURM_E2E_FLEET_NODES` sets the
+//! size of the boot test (default 4; 16 is the issue's figure, slow on 2 cores).
+//! The first run builds the image root (about a minute with a warm apt cache, longer
+//! cold) and caches it under `SLURM_E2E_FLEET_CACHE`.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use slurm_e2e::fleet::{Fleet, FLEET_GATEWAY};
+
+/// Generous: systemd boots of several containers on 2 shared cores.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn fleet_size() -> usize {
+    std::env::var("SLURM_E2E_FLEET_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(4)
+}
+
+#[test]
+fn nodes_booted_at_once_all_join_idle_and_run_a_job_across_all() {
+    let n = fleet_size();
+    let mut fleet = Fleet::builder().start().unwrap();
+    let names: Vec<String> = (1..=n).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+
+    // Boot is what EC2 does: every node's systemd finished booting with nothing failed
+    // (munge was skipped until the key existed, not failed), and bootstrap, munge, slurmd
+    // and the daemon ran as units of PID 1.
+    for name in &names {
+        let st = fleet.wait_booted(name, BOOT_TIMEOUT).unwrap();
+        let failed = fleet.failed_units(name).unwrap();
+        assert!(failed.is_empty(), "{name}: {st}, failed units: {failed:?}");
+        for unit in [
+            "slurm-node-agent-bootstrap.service",
+            "munge.service",
+            "slurmd.service",
+        ] {
+            let out = fleet.exec(name, "systemctl", &["is-active", unit]).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "active",
+                "{name}: {unit}"
+            );
+        }
+        // The node registered with its own address on the fleet network.
+        let line = fleet
+            .ctld
+            .scontrol_ok(&["show", "node", "-o", name])
+            .unwrap();
+        let addr = slurm_e2e::slurm::field(&line, "NodeAddr").unwrap();
+        assert!(
+            addr.starts_with("10.77.") && addr != FLEET_GATEWAY.to_string(),
+            "{line}"
+        );
+    }
+
+    let nn = format!("-N{n}");
+    let out = fleet
+        .ctld
+        .run_job("srun", &[&nn, "--ntasks-per-node=1", "hostname"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "srun: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut hosts: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    assert_eq!(
+        hosts, names,
+        "each node ran one task under its own host name"
+    );
+    fleet.check_no_job_killed(1).unwrap();
+}
+
+/// IMDS's maintenance time format, `secs` from now.
+fn gmt_in(secs: u64) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + secs;
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", &format!("@{t}"), "+%d %b %Y %H:%M:%S GMT"])
+        .env("LC_ALL", "C")
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn reason(fleet: &Fleet, node: &str) -> String {
+    let line = fleet
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", node])
+        .unwrap();
+    line.split(" Reason=")
+        .nth(1)
+        .map(|r| r.split(" [").next().unwrap_or(r).trim().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_node_without_metadata_or_without_a_controller_still_finishes_booting() {
+    let mut fleet = Fleet::builder().start().unwrap();
+    let mut nometa = fleet.new_launch("nometa");
+    nometa.metadata = false;
+    fleet.launch(nometa).unwrap();
+    // A controller address nobody has: bootstrap keeps trying to join.
+    let mut noctld = fleet.new_launch("noctld");
+    noctld.agent_toml = noctld
+        .agent_toml
+        .replace(&fleet.ctld.conf_server(), "10.77.0.250:6817");
+    assert!(noctld.agent_toml.contains("10.77.0.250:6817"));
+    fleet.launch(noctld).unwrap();
+    for name in ["nometa", "noctld"] {
+        let st = fleet.wait_booted(name, BOOT_TIMEOUT).unwrap();
+        let failed = fleet.failed_units(name).unwrap();
+        assert_eq!(st, "running", "{name}: failed units {failed:?}");
+        assert!(failed.is_empty(), "{name}: {failed:?}");
+        // Bootstrap still at it (running, or waiting to retry), not failed.
+        let boot = fleet
+            .unit_property(name, "slurm-node-agent-bootstrap.service", "ActiveState")
+            .unwrap();
+        assert!(
+            boot == "active" || boot == "activating",
+            "{name}: bootstrap is {boot}"
+        );
+        // munge was skipped for want of the key, not failed.
+        assert_eq!(
+            fleet
+                .unit_property(name, "munge.service", "ActiveState")
+                .unwrap(),
+            "inactive",
+            "{name}"
+        );
+        assert_eq!(
+            fleet
+                .unit_property(name, "munge.service", "ConditionResult")
+                .unwrap(),
+            "no",
+            "{name}"
+        );
+    }
+    // The node with metadata got the key and runs munge; neither joined.
+    let slurmd = fleet
+        .unit_property("noctld", "slurmd.service", "ActiveState")
+        .unwrap();
+    assert_ne!(slurmd, "failed", "noctld: slurmd");
+    assert_eq!(fleet.ctld.node_state("nometa").unwrap(), None);
+}
+
+#[test]
+fn controller_away_drains_nothing_and_a_node_booting_meanwhile_joins() {
+    let mut fleet = Fleet::builder().start().unwrap();
+    let first: Vec<String> = (1..=3).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = first.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs).unwrap();
+    fleet.wait_all_idle(&first, BOOT_TIMEOUT).unwrap();
+    // A job that runs through the outage.
+    fleet
+        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 60"])
+        .unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            "node001",
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+
+    fleet.ctld.stop().unwrap();
+    fleet.launch_all(&["node004"]).unwrap();
+    std::thread::sleep(Duration::from_secs(90));
+    fleet.ctld.restart().unwrap();
+
+    let all: Vec<String> = (1..=4).map(|i| format!("node{i:03}")).collect();
+    fleet.wait_no_jobs(Duration::from_secs(300)).unwrap();
+    fleet.wait_all_idle(&all, BOOT_TIMEOUT).unwrap();
+    for n in &first {
+        assert_eq!(fleet.boots(n).unwrap(), 1, "{n} was not restarted");
+        assert_eq!(
+            fleet
+                .unit_property(n, "slurmd.service", "NRestarts")
+                .unwrap(),
+            "0",
+            "{n}: slurmd was not restarted"
+        );
+        let r = reason(&fleet, n);
+        assert!(r.is_empty() || r == "(null)", "{n} has a reason: {r}");
+    }
+    let out = fleet
+        .ctld
+        .run_job("srun", &["-N4", "--ntasks-per-node=1", "true"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fleet.check_no_job_killed(2).unwrap();
+}
+
+#[test]
+fn maintenance_reboot_drains_early_reboots_and_returns_to_service() {
+    let mut fleet = Fleet::builder()
+        .agent_toml("[events]\ninterval = \"1s\"\nmaintenance_lead = \"2h\"\n")
+        .start()
+        .unwrap();
+    let names: Vec<String> = vec!["node001".into(), "node002".into()];
+    fleet.launch_all(&["node001", "node002"]).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    fleet
+        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 20"])
+        .unwrap();
+    let event = |state: &str| {
+        format!(
+            r#"[{{"NotBefore": "{}", "Code": "system-reboot", "Description": "scheduled reboot",
+                 "EventId": "instance-event-0f1ee7", "NotAfter": "", "State": "{state}"}}]"#,
+            gmt_in(3600)
+        )
+    };
+    fleet
+        .imds("node001", |e| e.set_scheduled_maintenance(&event("active")))
+        .unwrap();
+    fleet
+        .ctld
+        .wait_node_state("node001", |s| s.contains("DRAIN"), Duration::from_secs(120))
+        .unwrap();
+    assert!(
+        reason(&fleet, "node001").contains("maintenance"),
+        "{}",
+        reason(&fleet, "node001")
+    );
+    // The job finishes on the draining node.
+    fleet.wait_no_jobs(Duration::from_secs(300)).unwrap();
+
+    // EC2 reboots the instance at the event: same disk, same instance.
+    fleet.reboot("node001").unwrap();
+    slurm_e2e::wait_until(
+        "node001 to boot a second time",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((fleet.boots("node001")? == 2).then_some(())),
+    )
+    .unwrap();
+    fleet.wait_booted("node001", BOOT_TIMEOUT).unwrap();
+    fleet
+        .imds("node001", |e| {
+            e.set_scheduled_maintenance(&event("completed"))
+        })
+        .unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    assert_eq!(fleet.boots("node002").unwrap(), 1);
+    let out = fleet
+        .ctld
+        .run_job("srun", &["-N2", "--ntasks-per-node=1", "true"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fleet.check_no_job_killed(2).unwrap();
+}
+
+#[test]
+fn spot_storm_drains_every_notified_node_and_replacements_join() {
+    let mut fleet = Fleet::builder().start().unwrap();
+    let names: Vec<String> = (1..=3).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let storm = ["node001", "node002"];
+    let ids: Vec<String> = storm
+        .iter()
+        .map(|n| fleet.instance_id(n).unwrap())
+        .collect();
+    for n in storm {
+        fleet
+            .imds(n, |e| {
+                e.set_spot_instance_action("terminate", "2099-01-01T00:00:00Z")
+            })
+            .unwrap();
+    }
+    for (n, id) in storm.iter().zip(&ids) {
+        fleet
+            .ctld
+            .wait_node_state(n, |s| s.contains("DRAIN"), Duration::from_secs(120))
+            .unwrap();
+        let r = reason(&fleet, n);
+        assert!(r.contains("spot"), "{n}: {r}");
+        assert!(
+            r.contains(id.as_str()) || !r.contains("@"),
+            "{n}: {r} names another instance"
+        );
+    }
+    assert!(slurm_e2e::is_idle(
+        &fleet.ctld.node_state("node003").unwrap().unwrap()
+    ));
+    // The test acts as the auto scaling group: the interrupted instances go, new ones come.
+    for n in storm {
+        fleet.terminate(n).unwrap();
+        fleet
+            .ctld
+            .scontrol_ok(&["delete", &format!("nodename={n}")])
+            .unwrap();
+    }
+    fleet.launch_all(&["node004", "node005"]).unwrap();
+    let now: Vec<String> = ["node003", "node004", "node005"].map(String::from).to_vec();
+    fleet.wait_all_idle(&now, BOOT_TIMEOUT).unwrap();
+    assert_ne!(fleet.instance_id("node004").unwrap(), ids[0]);
+    let out = fleet
+        .ctld
+        .run_job("srun", &["-N3", "--ntasks-per-node=1", "true"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fleet.check_no_job_killed(1).unwrap();
+}
