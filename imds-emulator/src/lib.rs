@@ -32,6 +32,7 @@
 //! ```
 
 mod fault;
+pub mod pcs;
 mod server;
 mod tree;
 
@@ -189,6 +190,37 @@ impl Emulator {
     /// (`Name`, `Test`).
     pub fn clear_tags(&self) {
         self.shared.lock().tree.remove(TAGS_PATH);
+    }
+
+    /// Serves `role`'s instance-profile credentials at `iam/security-credentials/<role>`
+    /// (and `role` as the only entry of `iam/security-credentials/`), in the JSON shape
+    /// EC2 serves and aws-config's IMDS credentials provider reads: `Code`, `LastUpdated`,
+    /// `Type`, `AccessKeyId`, `SecretAccessKey`, `Token`, `Expiration` (RFC 3339, UTC).
+    pub fn set_role_credentials(
+        &self,
+        role: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+        token: &str,
+        expiration: &str,
+    ) {
+        let body = format!(
+            "{{\n  \"Code\" : \"Success\",\n  \"LastUpdated\" : \"2024-01-01T00:00:00Z\",\n  \
+             \"Type\" : \"AWS-HMAC\",\n  \"AccessKeyId\" : {},\n  \"SecretAccessKey\" : {},\n  \
+             \"Token\" : {},\n  \"Expiration\" : {}\n}}",
+            json_string(access_key_id),
+            json_string(secret_access_key),
+            json_string(token),
+            json_string(expiration)
+        );
+        let mut state = self.shared.lock();
+        state.tree.remove("meta-data/iam/security-credentials");
+        state
+            .tree
+            .set("meta-data/iam/security-credentials", role.to_owned());
+        state
+            .tree
+            .set(&format!("meta-data/iam/security-credentials/{role}"), body);
     }
 
     /// Sets the user data served raw at `/latest/user-data`.
