@@ -19,34 +19,72 @@ use crate::settings::{self, AuthType, KeyEncoding};
 /// Where the key comes from (`auth.key_source`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
-    /// `ssm:<parameter name>`: an SSM SecureString, read with decryption.
-    Ssm(String),
-    /// `secretsmanager:<secret id or ARN>`: SecretBinary, or SecretString.
-    SecretsManager(String),
+    /// `ssm:<parameter name>[#field]`: an SSM SecureString, read with decryption.
+    Ssm {
+        /// Parameter name or ARN.
+        name: String,
+        /// JSON field holding the key, when the value is a JSON object.
+        field: Option<String>,
+    },
+    /// `secretsmanager:<secret id or ARN>[#field]`: SecretBinary, or SecretString.
+    SecretsManager {
+        /// Secret name or ARN.
+        id: String,
+        /// JSON field holding the key, when the secret is a key/value (JSON) secret.
+        field: Option<String>,
+    },
     /// `file:<absolute path>`.
     File(PathBuf),
 }
 
 impl KeySource {
-    /// Parses `ssm:NAME`, `secretsmanager:ID` or `file:/PATH`.
+    /// Parses `ssm:NAME[#FIELD]`, `secretsmanager:ID[#FIELD]` or `file:/PATH`. Neither SSM
+    /// parameter names nor Secrets Manager names and ARNs may contain `#`, so the text
+    /// after the last `#` is the JSON field.
     ///
     /// # Errors
     /// A message saying what is wrong.
     pub fn parse(s: &str) -> Result<KeySource, String> {
         let printable =
             |v: &str| !v.is_empty() && v.len() <= 2048 && v.chars().all(|c| c.is_ascii_graphic());
+        let with_field = |v: &str| -> Option<(String, Option<String>)> {
+            match v.split_once('#') {
+                None if printable(v) => Some((v.to_string(), None)),
+                Some((n, f)) if printable(n) && printable(f) && !f.contains('#') => {
+                    Some((n.to_string(), Some(f.to_string())))
+                }
+                _ => None,
+            }
+        };
         match s.split_once(':') {
-            Some(("ssm", name)) if printable(name) => Ok(KeySource::Ssm(name.to_string())),
-            Some(("secretsmanager", id)) if printable(id) => {
-                Ok(KeySource::SecretsManager(id.to_string()))
+            Some(("ssm", rest)) => {
+                if let Some((name, field)) = with_field(rest) {
+                    return Ok(KeySource::Ssm { name, field });
+                }
+            }
+            Some(("secretsmanager", rest)) => {
+                if let Some((id, field)) = with_field(rest) {
+                    return Ok(KeySource::SecretsManager { id, field });
+                }
             }
             Some(("file", p)) if p.starts_with('/') && !p.contains('\n') => {
-                Ok(KeySource::File(PathBuf::from(p)))
+                return Ok(KeySource::File(PathBuf::from(p)));
             }
-            _ => Err(format!(
-                "invalid key source {s:?}: expected ssm:<parameter name>, \
-                 secretsmanager:<secret id or ARN> or file:<absolute path>"
-            )),
+            _ => {}
+        }
+        Err(format!(
+            "invalid key source {s:?}: expected ssm:<parameter name>[#<JSON field>], \
+             secretsmanager:<secret id or ARN>[#<JSON field>] or file:<absolute path>"
+        ))
+    }
+
+    /// The JSON field named after `#`, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            KeySource::Ssm { field, .. } | KeySource::SecretsManager { field, .. } => {
+                field.as_deref()
+            }
+            KeySource::File(_) => None,
         }
     }
 }
@@ -54,10 +92,35 @@ impl KeySource {
 impl std::fmt::Display for KeySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            KeySource::Ssm(n) => write!(f, "SSM parameter {n}"),
-            KeySource::SecretsManager(n) => write!(f, "Secrets Manager secret {n}"),
-            KeySource::File(p) => write!(f, "key file {}", p.display()),
+            KeySource::Ssm { name, .. } => write!(f, "SSM parameter {name}")?,
+            KeySource::SecretsManager { id, .. } => write!(f, "Secrets Manager secret {id}")?,
+            KeySource::File(p) => write!(f, "key file {}", p.display())?,
         }
+        match self.field() {
+            Some(field) => write!(f, " (JSON field {field:?})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What [`fetch`] read: the stored (still encoded) bytes, and whether they came from an SSM
+/// parameter that is not a SecureString (stored unencrypted).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The value as stored.
+    pub bytes: Vec<u8>,
+    /// An SSM `String` or `StringList` parameter, not a `SecureString`.
+    pub unencrypted_parameter: bool,
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Stored({} bytes, unencrypted_parameter: {})",
+            self.bytes.len(),
+            self.unencrypted_parameter
+        )
     }
 }
 
@@ -130,6 +193,24 @@ pub enum KeyError {
         /// Maximum.
         max: usize,
     },
+    /// An SSM parameter of type `String`/`StringList` holds the key, and
+    /// `auth.allow_string_parameter` is off.
+    #[error(
+        "{source_}: the parameter is not a SecureString (the key is stored unencrypted); \
+         store it as a SecureString, or set auth.allow_string_parameter = true"
+    )]
+    UnencryptedParameter {
+        /// The source.
+        source_: KeySource,
+    },
+    /// The value is a JSON object and no field was named, or the named field is not there.
+    #[error("{source_}: {message}")]
+    Json {
+        /// The source.
+        source_: KeySource,
+        /// What is wrong (field names only, never values).
+        message: String,
+    },
     /// Any other failure (network, throttling, I/O).
     #[error("{source_}: {message}")]
     Other {
@@ -200,6 +281,8 @@ pub fn decode(
     encoding: KeyEncoding,
     target: &KeyTarget,
 ) -> Result<Key, KeyError> {
+    let selected = select_field(source, stored)?;
+    let stored = selected.as_deref().unwrap_or(stored);
     if stored.iter().all(u8::is_ascii_whitespace) {
         return Err(KeyError::Empty {
             source_: source.clone(),
@@ -234,6 +317,57 @@ pub fn decode(
     Ok(Key(bytes))
 }
 
+/// With a field named (`#field`): that string field of the JSON object. Without one: `None`,
+/// or an error when the value is a JSON object (a key/value secret; installing its text as
+/// the key would be wrong whatever the encoding).
+fn select_field(source: &KeySource, stored: &[u8]) -> Result<Option<Vec<u8>>, KeyError> {
+    let err = |message: String| KeyError::Json {
+        source_: source.clone(),
+        message,
+    };
+    let object = || match serde_json::from_slice::<serde_json::Value>(stored) {
+        Ok(serde_json::Value::Object(m)) => Some(m),
+        _ => None,
+    };
+    match source.field() {
+        None => {
+            let trimmed = stored.trim_ascii_start();
+            if trimmed.first() == Some(&b'{') && object().is_some() {
+                let example = match source {
+                    KeySource::Ssm { name, .. } => format!("ssm:{name}#FIELD"),
+                    KeySource::SecretsManager { id, .. } => format!("secretsmanager:{id}#FIELD"),
+                    KeySource::File(_) => {
+                        return Err(err("the file holds a JSON object, not a key".into()))
+                    }
+                };
+                return Err(err(format!(
+                    "the value is a JSON object (a key/value secret), not a key: name the \
+                     field that holds the key, e.g. auth.key_source = \"{example}\""
+                )));
+            }
+            Ok(None)
+        }
+        Some(field) => {
+            let Some(map) = object() else {
+                return Err(err(format!(
+                    "JSON field {field:?} was named but the value is not a JSON object"
+                )));
+            };
+            match map.get(field) {
+                Some(serde_json::Value::String(v)) => Ok(Some(v.clone().into_bytes())),
+                Some(_) => Err(err(format!("JSON field {field:?} is not a string"))),
+                None => {
+                    let names: Vec<&str> = map.keys().map(String::as_str).take(20).collect();
+                    Err(err(format!(
+                        "the JSON object has no field {field:?} (it has: {})",
+                        names.join(", ")
+                    )))
+                }
+            }
+        }
+    }
+}
+
 /// What is wrong with base64 text, without the offending byte (the base64 crate's own
 /// message, `Invalid symbol 195, offset 40.`, repeats a byte of the key).
 fn base64_problem(e: &base64::DecodeError) -> String {
@@ -254,23 +388,28 @@ fn base64_problem(e: &base64::DecodeError) -> String {
 ///
 /// # Errors
 /// [`KeyError`] naming the source.
-pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Vec<u8>, KeyError> {
+pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Stored, KeyError> {
     use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError as SmErr;
     use aws_sdk_ssm::operation::get_parameter::GetParameterError as SsmErr;
     let src = || source.clone();
     match source {
-        KeySource::File(p) => std::fs::read(p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => KeyError::NotFound { source_: src() },
-            std::io::ErrorKind::PermissionDenied => KeyError::AccessDenied {
-                source_: src(),
-                message: e.to_string(),
-            },
-            _ => KeyError::Other {
-                source_: src(),
-                message: e.to_string(),
-            },
-        }),
-        KeySource::Ssm(name) => {
+        KeySource::File(p) => std::fs::read(p)
+            .map(|bytes| Stored {
+                bytes,
+                unencrypted_parameter: false,
+            })
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => KeyError::NotFound { source_: src() },
+                std::io::ErrorKind::PermissionDenied => KeyError::AccessDenied {
+                    source_: src(),
+                    message: e.to_string(),
+                },
+                _ => KeyError::Other {
+                    source_: src(),
+                    message: e.to_string(),
+                },
+            }),
+        KeySource::Ssm { name, .. } => {
             let client = aws_sdk_ssm::Client::new(sdk);
             match client
                 .get_parameter()
@@ -279,23 +418,34 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Ve
                 .send()
                 .await
             {
-                Ok(out) => Ok(out
-                    .parameter
-                    .and_then(|p| p.value)
-                    .unwrap_or_default()
-                    .into_bytes()),
+                Ok(out) => {
+                    let (kind, value) = out
+                        .parameter
+                        .map(|p| (p.r#type, p.value))
+                        .unwrap_or_default();
+                    Ok(Stored {
+                        bytes: value.unwrap_or_default().into_bytes(),
+                        unencrypted_parameter: !matches!(
+                            kind,
+                            Some(aws_sdk_ssm::types::ParameterType::SecureString)
+                        ),
+                    })
+                }
                 Err(e) => Err(sdk_error(src(), e, |se| {
                     matches!(se, SsmErr::ParameterNotFound(_))
                 })),
             }
         }
-        KeySource::SecretsManager(id) => {
+        KeySource::SecretsManager { id, .. } => {
             let client = aws_sdk_secretsmanager::Client::new(sdk);
             match client.get_secret_value().secret_id(id).send().await {
-                Ok(out) => Ok(match (out.secret_binary, out.secret_string) {
-                    (Some(b), _) => b.into_inner(),
-                    (None, Some(s)) => s.into_bytes(),
-                    (None, None) => Vec::new(),
+                Ok(out) => Ok(Stored {
+                    bytes: match (out.secret_binary, out.secret_string) {
+                        (Some(b), _) => b.into_inner(),
+                        (None, Some(s)) => s.into_bytes(),
+                        (None, None) => Vec::new(),
+                    },
+                    unencrypted_parameter: false,
                 }),
                 Err(e) => Err(sdk_error(src(), e, |se| {
                     matches!(se, SmErr::ResourceNotFoundException(_))
@@ -394,13 +544,42 @@ mod tests {
     fn parses_sources() {
         assert_eq!(
             KeySource::parse("ssm:/cluster/munge").unwrap(),
-            KeySource::Ssm("/cluster/munge".into())
+            KeySource::Ssm {
+                name: "/cluster/munge".into(),
+                field: None
+            }
         );
         assert_eq!(
             KeySource::parse("secretsmanager:arn:aws:secretsmanager:us-east-1:1:secret:x").unwrap(),
-            KeySource::SecretsManager("arn:aws:secretsmanager:us-east-1:1:secret:x".into())
+            KeySource::SecretsManager {
+                id: "arn:aws:secretsmanager:us-east-1:1:secret:x".into(),
+                field: None
+            }
         );
-        for bad in ["", "ssm:", "s3:x", "file:relative", "ssm:a b", "ssm:a\nb"] {
+        let s = KeySource::parse("secretsmanager:cluster/k#munge_key").unwrap();
+        assert_eq!(s.field(), Some("munge_key"));
+        assert_eq!(
+            s.to_string(),
+            "Secrets Manager secret cluster/k (JSON field \"munge_key\")"
+        );
+        assert_eq!(
+            KeySource::parse("ssm:/k#f").unwrap(),
+            KeySource::Ssm {
+                name: "/k".into(),
+                field: Some("f".into())
+            }
+        );
+        for bad in [
+            "",
+            "ssm:",
+            "s3:x",
+            "file:relative",
+            "ssm:a b",
+            "ssm:a\nb",
+            "ssm:/k#",
+            "ssm:#f",
+            "ssm:/k#a#b",
+        ] {
             assert!(KeySource::parse(bad).is_err(), "{bad:?}");
         }
     }
@@ -423,7 +602,10 @@ mod tests {
 
     #[test]
     fn decode_checks_encoding_and_size_without_leaking() {
-        let src = KeySource::Ssm("/k".into());
+        let src = KeySource::Ssm {
+            name: "/k".into(),
+            field: None,
+        };
         let raw = vec![7u8; 64];
         let b64 = base64::engine::general_purpose::STANDARD.encode(&raw);
         let k = decode(
@@ -466,6 +648,40 @@ mod tests {
         }
         let e = decode(&src, &[1u8; 2000], KeyEncoding::Raw, &munge()).unwrap_err();
         assert!(matches!(e, KeyError::WrongSize { len: 2000, .. }));
+    }
+
+    #[test]
+    fn key_value_secrets_need_a_field_and_never_leak_values() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+        let json = format!("{{\"munge_key\": \"{b64}\", \"other\": 1}}");
+        let plain = KeySource::parse("secretsmanager:cluster/k").unwrap();
+        for enc in [KeyEncoding::Base64, KeyEncoding::Raw] {
+            let e = decode(&plain, json.as_bytes(), enc, &munge()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "Secrets Manager secret cluster/k: the value is a JSON object (a key/value \
+                 secret), not a key: name the field that holds the key, e.g. \
+                 auth.key_source = \"secretsmanager:cluster/k#FIELD\""
+            );
+        }
+        let with = KeySource::parse("secretsmanager:cluster/k#munge_key").unwrap();
+        let k = decode(&with, json.as_bytes(), KeyEncoding::Base64, &munge()).unwrap();
+        assert_eq!(k.0, vec![5u8; 32]);
+        let missing = KeySource::parse("ssm:/k#key").unwrap();
+        let e = decode(&missing, json.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "SSM parameter /k (JSON field \"key\"): the JSON object has no field \"key\" \
+             (it has: munge_key, other)"
+        );
+        let e = decode(&missing, b64.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("was named but the value is not a JSON object"));
+        assert!(!e.to_string().contains(&b64[..8]), "{e}");
+        let other = KeySource::parse("ssm:/k#other").unwrap();
+        let e = decode(&other, json.as_bytes(), KeyEncoding::Base64, &munge()).unwrap_err();
+        assert!(e.to_string().contains("is not a string"), "{e}");
     }
 
     #[test]

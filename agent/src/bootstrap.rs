@@ -328,7 +328,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
 
 /// Fetches the stored (still encoded) key bytes; AWS sources use the SDK's default
 /// credentials chain in `region`.
-async fn fetch_stored(source: &KeySource, region: &str) -> Result<Vec<u8>, KeyError> {
+async fn fetch_stored(source: &KeySource, region: &str) -> Result<authkey::Stored, KeyError> {
     match source {
         KeySource::File(_) => {
             authkey::fetch(source, &aws_config::SdkConfig::builder().build()).await
@@ -349,7 +349,7 @@ async fn fetch_stored(source: &KeySource, region: &str) -> Result<Vec<u8>, KeyEr
 async fn install_key(
     s: &settings::Settings,
     id: &InstanceIdentity,
-    prefetched: Option<(KeySource, Result<Vec<u8>, KeyError>)>,
+    prefetched: Option<(KeySource, Result<authkey::Stored, KeyError>)>,
 ) -> Result<bool, KeyError> {
     if s.auth.key_source.is_empty() {
         return Ok(false);
@@ -362,7 +362,16 @@ async fn install_key(
         Some((early, result)) if early == source => result?,
         _ => fetch_stored(&source, &id.region).await?,
     };
-    let key = authkey::decode(&source, &stored, s.auth.key_encoding, &target)?;
+    if stored.unencrypted_parameter {
+        if !s.auth.allow_string_parameter {
+            return Err(KeyError::UnencryptedParameter { source_: source });
+        }
+        tracing::warn!(
+            "{source} is not a SecureString: the key is stored unencrypted \
+             (auth.allow_string_parameter = true)"
+        );
+    }
+    let key = authkey::decode(&source, &stored.bytes, s.auth.key_encoding, &target)?;
     let changed = authkey::install(&key, &target.path, owner)?;
     tracing::info!(path = %target.path.display(), changed, bytes = key.len(), "auth key installed");
     Ok(changed)

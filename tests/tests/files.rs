@@ -98,3 +98,70 @@ fn a_symlink_planted_at_the_keys_temporary_name_is_not_followed() {
         "stale legacy temporary kept"
     );
 }
+
+#[test]
+fn a_key_in_an_unencrypted_parameter_is_refused_unless_allowed() {
+    use base64::Engine;
+    let env = NodeEnv::start("").unwrap();
+    let key = slurm_e2e::Munge::shared().unwrap().key().unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&key);
+    env.moto
+        .put_parameter("/plain/key", &b64, "String")
+        .unwrap();
+    let out = env
+        .bootstrap(&["--auth-key-source", "ssm:/plain/key"])
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("SSM parameter /plain/key: the parameter is not a SecureString"),
+        "{err}"
+    );
+    assert!(!env.key_path().exists());
+    assert!(!err.contains(&b64[..16]), "key material in the output");
+
+    let out = env
+        .bootstrap(&[
+            "--auth-key-source",
+            "ssm:/plain/key",
+            "--set",
+            "auth.allow_string_parameter=true",
+        ])
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("is not a SecureString"), "no warning: {err}");
+    assert_eq!(std::fs::read(env.key_path()).unwrap(), key);
+}
+
+#[test]
+fn a_key_value_secret_needs_its_field_named() {
+    use base64::Engine;
+    let env = NodeEnv::start("").unwrap();
+    let key = slurm_e2e::Munge::shared().unwrap().key().unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&key);
+    env.moto
+        .create_secret_string("cluster/kv", &format!("{{\"munge_key\":\"{b64}\"}}"))
+        .unwrap();
+    let out = env
+        .bootstrap(&["--auth-key-source", "secretsmanager:cluster/kv"])
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains(
+            "Secrets Manager secret cluster/kv: the value is a JSON object (a key/value secret), \
+             not a key: name the field that holds the key"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("key_encoding"), "{err}");
+    assert!(!err.contains(&b64[..16]), "key material in the output");
+    assert!(!env.key_path().exists());
+
+    let out = env
+        .bootstrap(&["--auth-key-source", "secretsmanager:cluster/kv#munge_key"])
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(env.key_path()).unwrap(), key);
+}

@@ -162,6 +162,9 @@ pub struct Auth {
     /// store in Secrets Manager) or `raw` (the key bytes as they are, e.g. SecretBinary or a
     /// key file).
     pub key_encoding: KeyEncoding,
+    /// Accept a key from an SSM parameter of type `String` (stored unencrypted, readable by
+    /// anyone with `ssm:GetParameter`), with a warning. Off: such a parameter is refused.
+    pub allow_string_parameter: bool,
 }
 
 /// Encoding of the stored key.
