@@ -47,7 +47,7 @@ impl CheckArgs {
         let resolved = match self.settings.flag_layers().and_then(|flags| {
             let mut layers = settings::file_layers(&self.settings.paths())?;
             layers.extend(flags);
-            settings::Resolved::merge(&layers)
+            settings::Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)
         }) {
             Ok(r) => r,
             Err(e) => {
@@ -58,6 +58,20 @@ impl CheckArgs {
         let explicit = (resolved.source_of("node.name") == Source::Flag)
             .then(|| resolved.settings.node.name.clone());
         let mut s = resolved.settings;
+        // Paths given on the command line must exist (only the defaults are optional).
+        let missing = self
+            .checks_dir
+            .iter()
+            .map(|d| (d, "--checks-dir"))
+            .chain(self.nhc_conf.iter().map(|f| (f, "--nhc-conf")))
+            .find(|(p, _)| !p.exists());
+        if let Some((p, flag)) = missing {
+            eprintln!(
+                "slurm-node-agent: error: command line: {flag} {}: no such file or folder (given explicitly, so it must exist)",
+                p.display()
+            );
+            return 78;
+        }
         if let Some(d) = self.checks_dir {
             s.health.checks_dir = d;
         }

@@ -33,7 +33,8 @@ fn resolve_local(args: &SettingsArgs) -> Result<(Settings, String), (u8, String)
     let layers = args.flag_layers().map_err(|e| (78, e.to_string()))?;
     let files = settings::file_layers(&args.paths()).map_err(|e| (78, e.to_string()))?;
     let resolved =
-        crate::bootstrap::resolve(&files, None, &layers).map_err(|e| (78, e.to_string()))?;
+        crate::bootstrap::resolve_with(&files, None, &layers, settings::Enforce::WarnAndIgnore)
+            .map_err(|e| (78, e.to_string()))?;
     let s = resolved.settings;
     let node = if s.node.name.is_empty() {
         crate::bootstrap::read_state(&s.agent.state_dir)
