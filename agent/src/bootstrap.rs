@@ -15,7 +15,7 @@ use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
-use crate::settings::{self, AuthType, Layer, Resolved, SettingsError};
+use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
 use crate::slurm::{self, ConfServer, NodeInfo, Scontrol};
 use crate::systemd::{Systemd, SystemdError};
 
@@ -178,7 +178,22 @@ pub fn resolve(
     id: Option<&InstanceIdentity>,
     flag_layers: &[Layer],
 ) -> Result<Resolved, SettingsError> {
-    crate::identity::resolve_settings(file_layers, id, flag_layers)
+    resolve_with(file_layers, id, flag_layers, Enforce::Refuse)
+}
+
+/// [`resolve`], choosing what a key from a source below its trust class does: bootstrap
+/// refuses it (exit 78); the daemon, `config show` and the operator commands warn and
+/// ignore it.
+///
+/// # Errors
+/// [`SettingsError`].
+pub fn resolve_with(
+    file_layers: &[Layer],
+    id: Option<&InstanceIdentity>,
+    flag_layers: &[Layer],
+    enforce: Enforce,
+) -> Result<Resolved, SettingsError> {
+    crate::identity::resolve_settings(file_layers, id, flag_layers, enforce)
 }
 
 /// Runs bootstrap to the end.

@@ -345,6 +345,7 @@ pub fn resolve_settings(
     file_layers: &[Layer],
     id: Option<&InstanceIdentity>,
     flag_layers: &[Layer],
+    enforce: settings::Enforce,
 ) -> Result<Resolved, SettingsError> {
     let mut layers: Vec<Layer> = file_layers.to_vec();
     if let Some(id) = id {
@@ -352,7 +353,7 @@ pub fn resolve_settings(
         layers.extend(metadata_layers(ud.as_deref(), &setting_tags(id))?);
     }
     layers.extend(flag_layers.iter().cloned());
-    Resolved::merge(&layers)
+    Resolved::merge_with(&layers, enforce)
 }
 
 /// The one NodeName rule: `node.name` when set, else `node.name_template` expanded over
@@ -480,7 +481,7 @@ pub struct Request<'a> {
 /// [`IdentityError`].
 pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let files = settings::file_layers(req.paths)?;
-    let early = resolve_settings(&files, None, req.flag_layers)?;
+    let early = resolve_settings(&files, None, req.flag_layers, settings::Enforce::WarnAndIgnore)?;
     let state_dir = early.settings.agent.state_dir.clone();
     let flag_name =
         (early.source_of("node.name") == Source::Flag).then(|| early.settings.node.name.clone());
@@ -530,7 +531,7 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         facts.is_none_or(|f| f.instance_id == r.instance_id) && !r.node_name.is_empty()
     });
     let resolved = match (facts, &record) {
-        (Some(f), _) => resolve_settings(&files, Some(f), req.flag_layers)?,
+        (Some(f), _) => resolve_settings(&files, Some(f), req.flag_layers, settings::Enforce::WarnAndIgnore)?,
         (None, Some(r)) => {
             let mut layers = files.clone();
             layers.extend(metadata_layers(
@@ -538,7 +539,7 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
                 &r.setting_tags,
             )?);
             layers.extend(req.flag_layers.iter().cloned());
-            Resolved::merge(&layers)?
+            Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)?
         }
         (None, None) => early,
     };

@@ -289,6 +289,10 @@ impl Files {
         p
     }
     fn args(&self) -> Vec<String> {
+        // Settings paths given explicitly must exist: an empty file and folder.
+        std::fs::write(self.dir.path().join("none.toml"), "").unwrap();
+        std::fs::create_dir_all(self.dir.path().join("none.d")).unwrap();
+        std::fs::create_dir_all(self.dir.path().join("checks.d")).unwrap();
         let d = self.dir.path().display();
         vec![
             "check".into(),
@@ -435,4 +439,23 @@ fn failing_check_exits_1_and_does_not_need_a_controller_with_no_act() {
         stdout.contains("FAIL") && stdout.contains("/no/such/file"),
         "{stdout}"
     );
+}
+
+#[test]
+fn explicit_checks_dir_and_nhc_conf_that_do_not_exist_are_errors() {
+    let f = Files::new();
+    for extra in [
+        format!("--checks-dir={}/nope.d", f.dir.path().display()),
+        format!("--nhc-conf={}/nope.conf", f.dir.path().display()),
+    ] {
+        let mut args = f.args();
+        args.retain(|a| !a.starts_with("--checks-dir") || extra.starts_with("--nhc"));
+        let out = agent().args(&args).arg(&extra).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{extra}: {stderr}");
+        assert!(
+            stderr.contains("nope") && stderr.contains("must exist"),
+            "{stderr}"
+        );
+    }
 }

@@ -67,7 +67,7 @@ impl CheckArgs {
             Err(identity::IdentityError::NoName(_)) => {
                 match settings::file_layers(&paths).and_then(|mut layers| {
                     layers.extend(flags.iter().cloned());
-                    settings::Resolved::merge(&layers)
+                    settings::Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)
                 }) {
                     Ok(r) => (r.settings, None),
                     Err(e) => {
@@ -81,6 +81,20 @@ impl CheckArgs {
                 return e.exit_code();
             }
         };
+        // Paths given on the command line must exist (only the defaults are optional).
+        let missing = self
+            .checks_dir
+            .iter()
+            .map(|d| (d, "--checks-dir"))
+            .chain(self.nhc_conf.iter().map(|f| (f, "--nhc-conf")))
+            .find(|(p, _)| !p.exists());
+        if let Some((p, flag)) = missing {
+            eprintln!(
+                "slurm-node-agent: error: command line: {flag} {}: no such file or folder (given explicitly, so it must exist)",
+                p.display()
+            );
+            return 78;
+        }
         if let Some(d) = self.checks_dir {
             s.health.checks_dir = d;
         }

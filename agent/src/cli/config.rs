@@ -1,15 +1,19 @@
-//! `slurm-node-agent config show`: the merged settings with the source of each value.
+//! `slurm-node-agent config show`: the merged settings with the source and the trust class
+//! of each value.
 
 use clap::{Args, Subcommand};
 
 use super::{print_error, Output, SettingsArgs};
 use crate::bootstrap;
 use crate::imds::Imds;
+use crate::settings::Enforce;
 
 /// `config` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Print every key, its value and where it came from.
+    /// Print every key, its value, where it came from and its trust class (`image`:
+    /// root-owned settings files and the command line only; `user-data`: also user data;
+    /// `tag`: also instance tags). Keys a source may not set are warned about and left out.
     Show(ShowArgs),
 }
 
@@ -41,12 +45,17 @@ impl ShowArgs {
         let result = async {
             let flags = self.settings.flag_layers()?;
             let files = crate::settings::file_layers(&self.settings.paths())?;
-            let early = bootstrap::resolve(&files, None, &flags)?;
+            let early = bootstrap::resolve_with(&files, None, &flags, Enforce::WarnAndIgnore)?;
             if self.no_imds {
                 return Ok::<_, bootstrap::BootstrapError>(early);
             }
             let id = Imds::new(&early.settings.imds).identity().await?;
-            Ok(bootstrap::resolve(&files, Some(&id), &flags)?)
+            Ok(bootstrap::resolve_with(
+                &files,
+                Some(&id),
+                &flags,
+                Enforce::WarnAndIgnore,
+            )?)
         }
         .await;
         let resolved = match result {
@@ -61,19 +70,19 @@ impl ShowArgs {
             Output::Json => {
                 let obj: serde_json::Map<String, serde_json::Value> = entries
                     .into_iter()
-                    .map(|(k, v, s)| {
+                    .map(|(k, v, s, t)| {
                         let value = serde_json::to_value(&v).unwrap_or(serde_json::Value::Null);
                         (
                             k,
-                            serde_json::json!({ "value": value, "source": s.to_string() }),
+                            serde_json::json!({ "value": value, "source": s.to_string(), "trust": t }),
                         )
                     })
                     .collect();
                 println!("{}", serde_json::Value::Object(obj));
             }
             Output::Text => {
-                for (k, v, s) in entries {
-                    println!("{k} = {v}    # {s}");
+                for (k, v, s, t) in entries {
+                    println!("{k} = {v}    # {s}; trust: {t}");
                 }
             }
         }

@@ -143,10 +143,7 @@ impl SettingsArgs {
                 ),
             );
             table.insert("slurm".into(), toml::Value::Table(slurm));
-            layers.push(Layer {
-                source: Source::Flag,
-                table,
-            });
+            layers.push(Layer::new(Source::Flag, table));
         }
         if let Some(s) = &self.auth_key_source {
             layers.push(Layer::from_key_value(Source::Flag, "auth.key_source", s)?);

@@ -123,7 +123,12 @@ async fn resolve(
         match term.or_stop(imds.identity()).await {
             None => return Ok(None),
             Some(Ok(id)) => {
-                let full = crate::bootstrap::resolve(&files, Some(&id), &opts.flag_layers)?;
+                let full = crate::bootstrap::resolve_with(
+                    &files,
+                    Some(&id),
+                    &opts.flag_layers,
+                    settings::Enforce::WarnAndIgnore,
+                )?;
                 return Ok(Some((full, id)));
             }
             Some(Err(e)) => {

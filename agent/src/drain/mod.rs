@@ -56,14 +56,33 @@ impl Default for DrainSettings {
     }
 }
 
+impl crate::settings::Classified for DrainSettings {
+    const SECTION: &'static str = "drain";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::user_data("check_interval"),
+            K::image("metrics_file"),
+            K::user_data("lock_timeout"),
+            K::user_data("action_retry"),
+        ]
+    };
+}
+
 impl DrainSettings {
     /// Checks the values.
     ///
     /// # Errors
     /// `(dotted key, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        if self.check_interval.0.is_zero() {
-            return Err(("drain.check_interval".into(), "must be more than 0".into()));
+        for (k, d) in [
+            ("drain.check_interval", self.check_interval),
+            ("drain.lock_timeout", self.lock_timeout),
+            ("drain.action_retry", self.action_retry),
+        ] {
+            if d.0.is_zero() {
+                return Err((k.into(), "must be more than 0".into()));
+            }
         }
         if !self.metrics_file.as_os_str().is_empty() && !self.metrics_file.is_absolute() {
             return Err((

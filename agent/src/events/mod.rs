@@ -99,6 +99,26 @@ impl Default for EventsSettings {
     }
 }
 
+/// How the node reacts to notices: the launch template's choice, not a tag's.
+impl crate::settings::Classified for EventsSettings {
+    const SECTION: &'static str = "events";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::user_data("enabled"),
+            K::user_data("spot_interval"),
+            K::user_data("interval"),
+            K::user_data("rebalance"),
+            K::user_data("maintenance_lead"),
+            K::user_data("maintenance_ignore_codes"),
+            K::user_data("lifecycle"),
+            K::user_data("spot_job_action"),
+            K::user_data("spot_job_signal"),
+            K::user_data("spot_job_action_lead"),
+        ]
+    };
+}
+
 /// Signal names `scancel --signal` takes.
 const SIGNALS: [&str; 12] = [
     "HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "CONT", "STOP", "TSTP",
@@ -111,8 +131,11 @@ impl EventsSettings {
     /// `(key, message)`.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let e = |k: &str, m: &str| Err((format!("events.{k}"), m.to_string()));
-        if self.spot_interval.0.is_zero() || self.interval.0.is_zero() {
-            return e("spot_interval", "intervals must be more than 0");
+        if self.spot_interval.0.is_zero() {
+            return e("spot_interval", "must be more than 0");
+        }
+        if self.interval.0.is_zero() {
+            return e("interval", "must be more than 0");
         }
         let sig = self.spot_job_signal.trim_start_matches("SIG");
         let numeric = sig.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n));

@@ -97,6 +97,25 @@ impl Default for HealthSettings {
     }
 }
 
+/// Which checks run and which drains the agent may lift are the image's.
+impl crate::settings::Classified for HealthSettings {
+    const SECTION: &'static str = "health";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::image("checks_dir"),
+            K::image("nhc_conf"),
+            K::user_data("timeout"),
+            K::image("reason_prefix"),
+            K::user_data("act"),
+            K::image("prometheus_textfile"),
+            K::user_data("scontrol_timeout"),
+            K::user_data("interval"),
+            K::user_data("output_limit"),
+        ]
+    };
+}
+
 impl HealthSettings {
     /// Checks values the types do not capture.
     ///
@@ -116,13 +135,16 @@ impl HealthSettings {
             return e("prometheus_textfile", "must be an absolute path");
         }
         if self.run_deadline.0.is_zero() {
-            return e("run_deadline", "must be above zero");
+            return e("run_deadline", "must be more than 0");
         }
-        if self.timeout.0.is_zero()
-            || self.scontrol_timeout.0.is_zero()
-            || self.interval.0.is_zero()
-        {
-            return e("timeout", "timeouts and the interval must be above zero");
+        for (k, d) in [
+            ("timeout", self.timeout),
+            ("scontrol_timeout", self.scontrol_timeout),
+            ("interval", self.interval),
+        ] {
+            if d.0.is_zero() {
+                return e(k, "must be more than 0");
+            }
         }
         if !(1024..=64 * 1024 * 1024).contains(&self.output_limit) {
             return e("output_limit", "must be 1024 to 67108864 bytes");

@@ -203,6 +203,16 @@ impl Default for MountSettings {
     }
 }
 
+/// `[[mounts]]` may come from user data (the cluster's file systems are a launch-time
+/// choice), without unit dependencies; every source is held to the mount point and option
+/// allow-lists in [`spec`].
+impl crate::settings::Classified for MountSettings {
+    const SECTION: &'static str = "mounts";
+    const TRUST: &'static [crate::settings::KeyTrust] =
+        &[crate::settings::KeyTrust::user_data("mounts")
+            .guarded(crate::settings::trust::mounts_without_unit_options)];
+}
+
 /// Checks every entry (with a stand-in region where the instance's will be used) and that
 /// no mount point appears twice. For `Settings::validate`.
 ///

@@ -250,17 +250,6 @@ impl MountSettings {
                 }
             }
         }
-        if !self.extra_options.is_empty() {
-            if !opts.is_empty() {
-                opts.push(',');
-            }
-            opts.push_str(&self.extra_options);
-        }
-        let key = if self.extra_options.is_empty() {
-            "options"
-        } else {
-            "options/extra_options"
-        };
         let mut spec = MountSpec {
             mount_point,
             unit,
@@ -275,7 +264,22 @@ impl MountSettings {
             required: self.required,
             retry_for: self.retry_for.0,
         };
-        split_options(&opts, &mut spec).map_err(|m| (key, m))?;
+        split_options(&opts, &mut spec).map_err(|m| ("options", m))?;
+        if !self.extra_options.is_empty() {
+            if let Some(o) = self
+                .extra_options
+                .split(',')
+                .find(|o| o.starts_with("x-systemd.") && !o.starts_with("x-systemd.mount-timeout="))
+            {
+                return Err((
+                    "extra_options",
+                    format!(
+                        "option {o:?}: unit dependencies go in `options` (or `lnet = true`), not in extra_options"
+                    ),
+                ));
+            }
+            split_options(&self.extra_options, &mut spec).map_err(|m| ("extra_options", m))?;
+        }
         Ok(spec)
     }
 }
@@ -304,6 +308,14 @@ fn check_mount_point(p: &std::path::Path) -> Result<String, SpecError> {
     }
     if s == "/" {
         return err("\"/\" cannot be a mount point here".into());
+    }
+    if let Some(tree) = SYSTEM_TREES
+        .iter()
+        .find(|t| s == **t || s.strip_prefix(**t).is_some_and(|r| r.starts_with('/')))
+    {
+        return err(format!(
+            "{s:?} is at or under {tree}, which belongs to the operating system: mount shared file systems elsewhere (/fsx, /home, /scratch, /shared, /opt/..., /mnt/...)"
+        ));
     }
     if s.chars().any(char::is_control) {
         return err(format!("{s:?} holds a newline or control character"));
@@ -344,6 +356,12 @@ fn check_fs_id(id: &str) -> Result<(), String> {
         ))
     }
 }
+
+/// Folders of the operating system no `[[mounts]]` entry may cover or mount under.
+pub const SYSTEM_TREES: &[&str] = &[
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/root",
+    "/run", "/sbin", "/sys", "/usr", "/var",
+];
 
 /// An AWS region name: `us-east-1`, `us-gov-west-1`, `ap-southeast-2`, `cn-north-1`.
 fn check_region(r: &str) -> Result<(), String> {
@@ -533,7 +551,195 @@ fn split_options(opts: &str, spec: &mut MountSpec) -> Result<(), String> {
             }
             continue;
         }
+        let name = o.split_once('=').map_or(o, |(n, _)| n);
+        if !option_allowed(spec.kind, &spec.fs_type, name) {
+            return Err(format!(
+                "option {o:?} is not among the options allowed for type {} (see OPTION_* in mounts/spec.rs: mount options that run programs, load files or change unit dependencies are refused)",
+                spec.fs_type
+            ));
+        }
         spec.options.push(o.to_string());
     }
     Ok(())
+}
+
+/// Options any file system type may take (mount(8) "FILESYSTEM-INDEPENDENT MOUNT OPTIONS").
+pub const OPTIONS_GENERIC: &[&str] = &[
+    "defaults",
+    "ro",
+    "rw",
+    "sync",
+    "async",
+    "dirsync",
+    "atime",
+    "noatime",
+    "diratime",
+    "nodiratime",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "nostrictatime",
+    "lazytime",
+    "nolazytime",
+    "dev",
+    "nodev",
+    "exec",
+    "noexec",
+    "suid",
+    "nosuid",
+    "_netdev",
+    "nofail",
+    "auto",
+    "noauto",
+    "user_xattr",
+    "nouser_xattr",
+    "acl",
+    "noacl",
+];
+/// Lustre client options (mount.lustre(8)).
+pub const OPTIONS_LUSTRE: &[&str] = &[
+    "flock",
+    "localflock",
+    "noflock",
+    "lazystatfs",
+    "nolazystatfs",
+    "checksum",
+    "nochecksum",
+    "user_fid2path",
+    "nouser_fid2path",
+    "verbose",
+    "noverbose",
+    "retry",
+    "network",
+    "mgssec",
+    "always_ping",
+    "encrypt",
+    "noencrypt",
+    "test_dummy_encryption",
+];
+/// NFS and EFS client options (nfs(5)).
+pub const OPTIONS_NFS: &[&str] = &[
+    "nfsvers",
+    "vers",
+    "minorversion",
+    "rsize",
+    "wsize",
+    "hard",
+    "soft",
+    "softerr",
+    "timeo",
+    "retrans",
+    "resvport",
+    "noresvport",
+    "proto",
+    "port",
+    "mountport",
+    "mountproto",
+    "mounthost",
+    "mountvers",
+    "sec",
+    "namlen",
+    "acregmin",
+    "acregmax",
+    "acdirmin",
+    "acdirmax",
+    "actimeo",
+    "ac",
+    "noac",
+    "lookupcache",
+    "cto",
+    "nocto",
+    "local_lock",
+    "lock",
+    "nolock",
+    "intr",
+    "nointr",
+    "rdirplus",
+    "nordirplus",
+    "fsc",
+    "nofsc",
+    "bg",
+    "fg",
+    "retry",
+    "nconnect",
+    "clientaddr",
+    "sharecache",
+    "nosharecache",
+    "xprtsec",
+];
+/// tmpfs options (tmpfs(5)).
+pub const OPTIONS_TMPFS: &[&str] = &[
+    "size",
+    "nr_blocks",
+    "nr_inodes",
+    "mode",
+    "uid",
+    "gid",
+    "huge",
+    "mpol",
+    "noswap",
+];
+/// `fuse.sshfs` options (sshfs(1)) and the ssh options it passes on that only tune the
+/// connection. Never `ssh_command`, `ProxyCommand`, `LocalCommand` and the like: they run
+/// programs as root.
+pub const OPTIONS_SSHFS: &[&str] = &[
+    "allow_other",
+    "allow_root",
+    "default_permissions",
+    "reconnect",
+    "delay_connect",
+    "idmap",
+    "uid",
+    "gid",
+    "umask",
+    "cache",
+    "cache_timeout",
+    "dir_cache",
+    "compression",
+    "follow_symlinks",
+    "transform_symlinks",
+    "no_readahead",
+    "max_conns",
+    "port",
+    "Port",
+    "IdentityFile",
+    "StrictHostKeyChecking",
+    "UserKnownHostsFile",
+    "ServerAliveInterval",
+    "ServerAliveCountMax",
+    "ConnectTimeout",
+    "Compression",
+    "Ciphers",
+    "BatchMode",
+];
+/// Block file system options (ext4(5), xfs(5)).
+pub const OPTIONS_BLOCK: &[&str] = &[
+    "loop",
+    "discard",
+    "nodiscard",
+    "errors",
+    "data",
+    "barrier",
+    "nobarrier",
+    "noquota",
+    "quota",
+    "usrquota",
+    "grpquota",
+    "prjquota",
+    "commit",
+    "inode64",
+    "largeio",
+    "logbufs",
+];
+
+/// Whether a mount option (its name, before `=`) is allowed for this type.
+fn option_allowed(kind: FsKind, fs_type: &str, name: &str) -> bool {
+    let specific: &[&str] = match (kind, fs_type) {
+        (FsKind::Lustre, _) => OPTIONS_LUSTRE,
+        (FsKind::Efs | FsKind::Nfs, _) => OPTIONS_NFS,
+        (_, "tmpfs") => OPTIONS_TMPFS,
+        (_, "fuse.sshfs") => OPTIONS_SSHFS,
+        _ => OPTIONS_BLOCK,
+    };
+    OPTIONS_GENERIC.contains(&name) || specific.contains(&name)
 }

@@ -62,8 +62,8 @@ fn lnet_becomes_requires_and_after() {
 #[test]
 fn multi_nid_sources_and_overrides() {
     let m = MountSettings {
-        options: Some("noatime,flock".into()),
-        extra_options: "x-systemd.mount-timeout=5min,x-systemd.after=network-online.target".into(),
+        options: Some("noatime,flock,x-systemd.after=network-online.target".into()),
+        extra_options: "x-systemd.mount-timeout=5min".into(),
         ..lustre(
             "/scratch/fs",
             "10.0.0.1@o2ib,10.0.0.2@o2ib:10.0.0.3@o2ib1:/fs/sub_dir",
@@ -195,7 +195,111 @@ fn options_cannot_smuggle_lines_or_fields() {
         extra_options: "ro 0 0".into(),
         ..lustre("/fsx", "10.0.0.1@tcp:/fsx")
     };
-    assert_eq!(err_of(&m).0, "options/extra_options");
+    assert_eq!(err_of(&m).0, "extra_options");
+}
+
+#[test]
+fn extra_options_cannot_add_unit_dependencies() {
+    for extra in [
+        "x-systemd.requires=debug-shell.service",
+        "noatime,x-systemd.after=evil.service",
+        "x-systemd.before=slurmd.service",
+    ] {
+        let m = MountSettings {
+            extra_options: extra.into(),
+            ..lustre("/fsx", "10.0.0.1@tcp:/fsx")
+        };
+        let (key, msg) = err_of(&m);
+        assert_eq!(key, "extra_options", "{extra}");
+        assert!(msg.contains("unit dependencies"), "{extra}: {msg}");
+    }
+}
+
+#[test]
+fn only_allowed_options_per_type() {
+    // What runs programs or reads files as root is not on any list.
+    for (ty, source, opt) in [
+        ("fuse.sshfs", "root@10.0.0.1:/export", "ssh_command=/tmp/x"),
+        ("fuse.sshfs", "root@10.0.0.1:/export", "ProxyCommand=/tmp/x"),
+        ("tmpfs", "tmpfs", "context=system_u"),
+        ("nfs4", "10.0.0.1:/export", "size=8m"),
+        ("lustre", "10.0.0.1@tcp:/fsx", "helper=/tmp/x"),
+    ] {
+        let m = MountSettings {
+            fs_type: ty.into(),
+            source: source.into(),
+            options: Some(opt.into()),
+            ..lustre("/shared", "")
+        };
+        let (key, msg) = err_of(&m);
+        assert_eq!(key, "options", "{ty} {opt}");
+        assert!(msg.contains("not among the options allowed"), "{msg}");
+    }
+    // The fleet's NFS stand-in: sshfs with the options the proving ground uses.
+    let m = MountSettings {
+        fs_type: "fuse.sshfs".into(),
+        source: "root@10.0.0.1:/export".into(),
+        options: Some(
+            "_netdev,reconnect,IdentityFile=/etc/slurm-node-agent/id_ed25519,\
+             StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,allow_other"
+                .into(),
+        ),
+        extra_options: "x-systemd.mount-timeout=30".into(),
+        ..lustre("/mnt/shared", "")
+    };
+    let s = m.resolve("us-east-1").unwrap();
+    assert_eq!(s.fs_type, "fuse.sshfs");
+    assert!(s.options.contains(&"allow_other".to_string()));
+    let m = MountSettings {
+        fs_type: "tmpfs".into(),
+        source: "tmpfs".into(),
+        options: Some("size=8m,mode=1777,nosuid,nodev".into()),
+        ..lustre("/tmp/scratch", "")
+    };
+    m.resolve("us-east-1").unwrap();
+}
+
+#[test]
+fn system_folders_are_not_mount_points() {
+    for mp in [
+        "/etc",
+        "/etc/munge",
+        "/usr",
+        "/usr/local/bin",
+        "/proc",
+        "/var",
+        "/var/lib/slurm-node-agent",
+        "/run/munge",
+        "/root",
+        "/boot",
+    ] {
+        let m = MountSettings {
+            fs_type: "tmpfs".into(),
+            source: "tmpfs".into(),
+            ..lustre(mp, "")
+        };
+        let (key, msg) = err_of(&m);
+        assert_eq!(key, "mount_point", "{mp}");
+        assert!(
+            msg.contains("belongs to the operating system"),
+            "{mp}: {msg}"
+        );
+    }
+    for mp in [
+        "/etcetera",
+        "/usrdata",
+        "/fsx",
+        "/home",
+        "/opt/slurm",
+        "/mnt/shared",
+    ] {
+        let m = MountSettings {
+            fs_type: "tmpfs".into(),
+            source: "tmpfs".into(),
+            ..lustre(mp, "")
+        };
+        m.resolve("us-east-1").unwrap();
+    }
 }
 
 #[test]

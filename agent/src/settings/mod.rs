@@ -13,12 +13,20 @@
 //!
 //! Every layer is checked on its own against the same schema (unknown keys are errors, types
 //! must match), so an error always names its source (file with line and column, user data,
-//! tag key or flag) and the key. [`Resolved`] keeps the source of every value for
-//! `slurm-node-agent config show`.
+//! tag key or flag) and the key, with its line where it has one. [`Resolved`] keeps the
+//! source of every value for `slurm-node-agent config show`.
+//!
+//! Who may set what is data: each key's [`Trust`] class sits next to its section's type
+//! ([`Classified`]) and [`Resolved::merge`] enforces it (see [`trust`]). Settings files
+//! count as the image only when root-owned and not writable by group or others, and are
+//! at most [`trust::MAX_FILE_BYTES`]; explicit paths that do not exist are errors (only the
+//! built-in default paths are optional).
 
 mod schema;
+pub mod trust;
 
 pub use schema::*;
+pub use trust::{Classified, KeyTrust, Trust};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -81,6 +89,18 @@ pub enum SettingsError {
         /// toml's message, with line, column and the offending key.
         message: String,
     },
+    /// A single key's value is invalid, at a known line of a file or user data part.
+    #[error("{origin}, line {line}: key `{key}`: {message}")]
+    At {
+        /// Where the value came from.
+        origin: Source,
+        /// Line (1-based) of the key in that text.
+        line: usize,
+        /// Dotted key, e.g. `events.interval` or `mounts[1].source`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A single key's value is invalid.
     #[error("{origin}: key `{key}`: {message}")]
     Key {
@@ -100,14 +120,40 @@ pub struct Layer {
     pub source: Source,
     /// The keys.
     pub table: toml::Table,
+    /// Line (1-based) of each dotted key in the text it was parsed from (`mounts[1].source`
+    /// for an entry of an array of tables); empty for tags and flags.
+    pub lines: BTreeMap<String, usize>,
 }
 
+/// Most bytes of one TOML text (a file or a user data part) and of one tag or flag value.
+pub const MAX_TEXT_BYTES: usize = trust::MAX_FILE_BYTES as usize;
+/// Most bytes of one tag or `--set` value (EC2 allows 256 characters in a tag value).
+pub const MAX_VALUE_BYTES: usize = 1024;
+
 impl Layer {
+    /// A layer from a table that has no text (built from flags).
+    pub fn new(source: Source, table: toml::Table) -> Layer {
+        Layer {
+            source,
+            table,
+            lines: BTreeMap::new(),
+        }
+    }
+
     /// Parses TOML text from `source` and checks it against the schema.
     ///
     /// # Errors
-    /// [`SettingsError::Parse`] with line, column and key.
+    /// [`SettingsError::Parse`] with line, column and key; text over [`MAX_TEXT_BYTES`].
     pub fn from_toml(source: Source, text: &str) -> Result<Layer, SettingsError> {
+        if text.len() > MAX_TEXT_BYTES {
+            return Err(SettingsError::Parse {
+                origin: source,
+                message: format!(
+                    "{} bytes: settings text is limited to {MAX_TEXT_BYTES} bytes",
+                    text.len()
+                ),
+            });
+        }
         let parse_err = |e: toml::de::Error| SettingsError::Parse {
             origin: source.clone(),
             message: e.to_string().trim_end().to_string(),
@@ -115,32 +161,92 @@ impl Layer {
         // Deserializing from the text (not from the table) keeps line and column in errors.
         toml::from_str::<Settings>(text).map_err(parse_err)?;
         let table = text.parse::<toml::Table>().map_err(parse_err)?;
-        Ok(Layer { source, table })
+        let mut lines = BTreeMap::new();
+        if let Ok(doc) = toml::de::DeTable::parse(text) {
+            key_lines(text, doc.get_ref(), "", &mut lines);
+        }
+        Ok(Layer {
+            source,
+            table,
+            lines,
+        })
     }
 
-    /// Reads a TOML file. A missing file is `Ok(None)`.
+    /// Reads a TOML file. A missing file is `Ok(None)` when `optional` (the built-in
+    /// default path), else an error. The file must count as part of the image
+    /// ([`trust::check_image_file`]) and hold at most [`trust::MAX_FILE_BYTES`].
     ///
     /// # Errors
     /// [`SettingsError::Read`] or [`SettingsError::Parse`].
-    pub fn from_file(path: &Path) -> Result<Option<Layer>, SettingsError> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => Layer::from_toml(Source::File(path.to_path_buf()), &text).map(Some),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(SettingsError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
+    pub fn from_file(path: &Path, optional: bool) -> Result<Option<Layer>, SettingsError> {
+        use std::io::Read;
+        let read_err = |source: std::io::Error| SettingsError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |m: String| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, m));
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && optional => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(invalid(if path.is_symlink() {
+                    "a symbolic link to nothing (dangling)".into()
+                } else {
+                    "no such file (given explicitly, so it must exist)".into()
+                }))
+            }
+            Err(e) => return Err(read_err(e)),
+        };
+        let meta = file.metadata().map_err(read_err)?;
+        if !meta.is_file() {
+            return Err(invalid("not a regular file".into()));
         }
+        trust::check_image_file(path, &meta).map_err(invalid)?;
+        if meta.len() > trust::MAX_FILE_BYTES {
+            return Err(invalid(format!(
+                "{} bytes: a settings file is limited to {} bytes",
+                meta.len(),
+                trust::MAX_FILE_BYTES
+            )));
+        }
+        let mut bytes = Vec::new();
+        file.take(trust::MAX_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
+        if bytes.len() as u64 > trust::MAX_FILE_BYTES {
+            return Err(invalid(format!(
+                "a settings file is limited to {} bytes",
+                trust::MAX_FILE_BYTES
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|e| {
+            invalid(format!(
+                "not UTF-8 text (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        Layer::from_toml(Source::File(path.to_path_buf()), &text).map(Some)
     }
 
-    /// Reads the drop-ins `*.toml` of a folder in name order. A missing folder has none.
+    /// Reads the drop-ins `*.toml` of a folder in name order. A missing folder has none when
+    /// `optional` (the built-in default folder); an entry named `*.toml` that is a folder or
+    /// a dangling symbolic link is an error.
     ///
     /// # Errors
     /// As [`Layer::from_file`].
-    pub fn from_dropin_dir(dir: &Path) -> Result<Vec<Layer>, SettingsError> {
+    pub fn from_dropin_dir(dir: &Path, optional: bool) -> Result<Vec<Layer>, SettingsError> {
         let entries = match std::fs::read_dir(dir) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && optional => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SettingsError::Read {
+                    path: dir.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no such folder (given explicitly, so it must exist)",
+                    ),
+                })
+            }
             Err(source) => {
                 return Err(SettingsError::Read {
                     path: dir.to_path_buf(),
@@ -150,12 +256,12 @@ impl Layer {
         };
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
             .collect();
         paths.sort();
         let mut layers = Vec::new();
         for p in paths {
-            layers.extend(Layer::from_file(&p)?);
+            layers.extend(Layer::from_file(&p, false)?);
         }
         Ok(layers)
     }
@@ -171,6 +277,12 @@ impl Layer {
             key: key.to_string(),
             message,
         };
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(key_err(format!(
+                "value of {} bytes: at most {MAX_VALUE_BYTES}",
+                value.len()
+            )));
+        }
         let kind = key_kind(key).ok_or_else(|| {
             key_err(format!(
                 "unknown key; known keys: {}",
@@ -206,7 +318,7 @@ impl Layer {
         toml::Value::Table(table.clone())
             .try_into::<Settings>()
             .map_err(|e| key_err(e.to_string().trim_end().to_string()))?;
-        Ok(Layer { source, table })
+        Ok(Layer::new(source, table))
     }
 
     /// The `key=value` tags that carry settings (those under [`TAG_PREFIX`]); other tags are
@@ -221,6 +333,40 @@ impl Layer {
             .filter_map(|(k, v)| k.strip_prefix(TAG_PREFIX).map(|key| (k, key, v)))
             .map(|(full, key, v)| Layer::from_key_value(Source::Tag(full.to_string()), key, v))
             .collect()
+    }
+}
+
+/// Records the 1-based line of every key of `table` in `text` (dotted, arrays of tables
+/// as `mounts[1].source`).
+fn key_lines(
+    text: &str,
+    table: &toml::de::DeTable<'_>,
+    prefix: &str,
+    out: &mut BTreeMap<String, usize>,
+) {
+    let line_of = |offset: usize| text.get(..offset).map_or(0, |t| t.matches('\n').count()) + 1;
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", k.get_ref())
+        };
+        out.entry(key.clone())
+            .or_insert_with(|| line_of(k.span().start));
+        match v.get_ref() {
+            toml::de::DeValue::Table(t) => key_lines(text, t, &key, out),
+            toml::de::DeValue::Array(a) => {
+                for (i, item) in a.iter().enumerate() {
+                    let item_key = format!("{key}[{i}]");
+                    out.entry(item_key.clone())
+                        .or_insert_with(|| line_of(item.span().start));
+                    if let toml::de::DeValue::Table(t) = item.get_ref() {
+                        key_lines(text, t, &item_key, out);
+                    }
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -277,22 +423,87 @@ pub struct Resolved {
     pub settings: Settings,
     /// Source of every dotted key that a layer set (keys absent here are defaults).
     pub sources: BTreeMap<String, Source>,
+    /// Line of each key in the text of the layer that set it, where it has one.
+    pub lines: BTreeMap<String, usize>,
+    /// Keys a source below their trust class tried to set, ignored under
+    /// [`Enforce::WarnAndIgnore`]: each message names the source and the key.
+    pub refused: Vec<String>,
+}
+
+/// What [`Resolved::merge_with`] does with a key set by a source its [`Trust`] class does
+/// not admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enforce {
+    /// Fail, naming the source and the key (bootstrap: exit 78).
+    Refuse,
+    /// Log a warning and leave the key out (operator commands and the daemon: a hostile tag
+    /// must not lock operators out).
+    WarnAndIgnore,
+}
+
+/// `mounts[1].source` → `mounts`: the key a layer sets (arrays are set whole).
+fn set_key(key: &str) -> &str {
+    let head = key.split('.').next().unwrap_or(key);
+    match head.find('[') {
+        Some(i) => &head[..i],
+        None => key,
+    }
 }
 
 impl Resolved {
     /// Merges layers in the order given (later wins, key by key; lists are replaced, not
-    /// appended) over the defaults, and validates the result.
+    /// appended) over the defaults, and validates the result. A key from a source its trust
+    /// class does not admit is an error ([`Enforce::Refuse`]).
     ///
     /// # Errors
-    /// [`SettingsError`] naming the source of the offending key.
+    /// [`SettingsError`] naming the source of the offending key (and its line where known).
     pub fn merge(layers: &[Layer]) -> Result<Resolved, SettingsError> {
+        Resolved::merge_with(layers, Enforce::Refuse)
+    }
+
+    /// [`Resolved::merge`] with a choice of what a refused key does.
+    ///
+    /// # Errors
+    /// As [`Resolved::merge`].
+    pub fn merge_with(layers: &[Layer], enforce: Enforce) -> Result<Resolved, SettingsError> {
         let mut merged = toml::Table::new();
         let mut sources = BTreeMap::new();
+        let mut lines = BTreeMap::new();
+        let mut refused = Vec::new();
         for layer in layers {
             let mut lv = Vec::new();
             leaves(&layer.table, "", &mut lv);
             for (key, value) in lv {
+                if let Err(message) = trust::admit(&key, &value, &layer.source) {
+                    let err = match layer.lines.get(&key) {
+                        Some(&line) => SettingsError::At {
+                            origin: layer.source.clone(),
+                            line,
+                            key: key.clone(),
+                            message,
+                        },
+                        None => SettingsError::Key {
+                            origin: layer.source.clone(),
+                            key: key.clone(),
+                            message,
+                        },
+                    };
+                    match enforce {
+                        Enforce::Refuse => return Err(err),
+                        Enforce::WarnAndIgnore => {
+                            tracing::warn!("{err}; ignored");
+                            refused.push(err.to_string());
+                            continue;
+                        }
+                    }
+                }
                 sources.insert(key.clone(), layer.source.clone());
+                lines.retain(|k: &String, _| set_key(k) != key);
+                for (k, l) in &layer.lines {
+                    if set_key(k) == key {
+                        lines.insert(k.clone(), *l);
+                    }
+                }
                 let mut parts: Vec<&str> = key.split('.').collect();
                 let last = parts.pop().unwrap_or_default();
                 let mut t = &mut merged;
@@ -318,33 +529,58 @@ impl Resolved {
                     origin: Source::Default,
                     message: e.to_string(),
                 })?;
-        let resolved = Resolved { settings, sources };
+        let resolved = Resolved {
+            settings,
+            sources,
+            lines,
+            refused,
+        };
         resolved
             .settings
             .validate()
-            .map_err(|(key, message)| SettingsError::Key {
-                origin: resolved.source_of(&key),
-                key,
-                message,
-            })?;
+            .map_err(|(key, message)| resolved.key_error(key, message))?;
         Ok(resolved)
     }
 
-    /// Where the value of a dotted key came from.
-    pub fn source_of(&self, key: &str) -> Source {
-        self.sources.get(key).cloned().unwrap_or(Source::Default)
+    /// An error about a dotted key, naming the source that set it and its line there.
+    pub fn key_error(&self, key: String, message: String) -> SettingsError {
+        let origin = self.source_of(&key);
+        match self.lines.get(&key) {
+            Some(&line) => SettingsError::At {
+                origin,
+                line,
+                key,
+                message,
+            },
+            None => SettingsError::Key {
+                origin,
+                key,
+                message,
+            },
+        }
     }
 
-    /// Every key with its value (as TOML) and its source, in key order, for `config show`.
-    /// Secret values never appear: the key itself is never a setting, only where to get it.
-    pub fn entries(&self) -> Vec<(String, toml::Value, Source)> {
+    /// Where the value of a dotted key came from (`mounts[1].source`: where `mounts` did).
+    pub fn source_of(&self, key: &str) -> Source {
+        self.sources
+            .get(key)
+            .or_else(|| self.sources.get(set_key(key)))
+            .cloned()
+            .unwrap_or(Source::Default)
+    }
+
+    /// Every key with its value (as TOML), its source and its trust class, in key order,
+    /// for `config show`. Secret values never appear: the key itself is never a setting,
+    /// only where to get it.
+    pub fn entries(&self) -> Vec<(String, toml::Value, Source, Trust)> {
         let table = toml::Table::try_from(&self.settings).unwrap_or_default();
         let mut out = Vec::new();
         leaves(&table, "", &mut out);
         out.into_iter()
             .map(|(k, v)| {
                 let s = self.source_of(&k);
-                (k, v, s)
+                let t = trust::class_of(&k).trust;
+                (k, v, s, t)
             })
             .collect()
     }
@@ -369,12 +605,17 @@ impl Default for Paths {
 }
 
 /// Reads the file layers (main file, then drop-ins) in precedence order.
+/// Only the built-in default paths may be missing; a path given explicitly must exist.
 ///
 /// # Errors
 /// [`SettingsError`] naming the file, line, column and key.
 pub fn file_layers(paths: &Paths) -> Result<Vec<Layer>, SettingsError> {
-    let mut layers: Vec<Layer> = Layer::from_file(&paths.file)?.into_iter().collect();
-    layers.extend(Layer::from_dropin_dir(&paths.dropin_dir)?);
+    let file_optional = paths.file == Path::new(DEFAULT_FILE);
+    let dir_optional = paths.dropin_dir == Path::new(DEFAULT_DROPIN_DIR);
+    let mut layers: Vec<Layer> = Layer::from_file(&paths.file, file_optional)?
+        .into_iter()
+        .collect();
+    layers.extend(Layer::from_dropin_dir(&paths.dropin_dir, dir_optional)?);
     Ok(layers)
 }
 

@@ -5,6 +5,8 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::trust::{Classified, KeyTrust};
+
 /// All settings. Sections map to TOML tables: `[node]`, `[slurm]`, `[auth]`, `[imds]`,
 /// `[systemd]`, `[agent]`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -48,6 +50,11 @@ impl Default for Agent {
             state_dir: PathBuf::from("/var/lib/slurm-node-agent"),
         }
     }
+}
+
+impl Classified for Agent {
+    const SECTION: &'static str = "agent";
+    const TRUST: &'static [KeyTrust] = &[KeyTrust::image("state_dir")];
 }
 
 /// `[node]`: the node definition.
@@ -98,6 +105,23 @@ impl Default for Node {
     }
 }
 
+/// The node's shape: what an operator picks per launch, so tags may set it.
+impl Classified for Node {
+    const SECTION: &'static str = "node";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::tag("name"),
+        KeyTrust::tag("name_template"),
+        KeyTrust::tag("dynamic"),
+        KeyTrust::tag("features"),
+        KeyTrust::tag("auto_features"),
+        KeyTrust::tag("weight"),
+        KeyTrust::tag("real_memory_reserve_percent"),
+        KeyTrust::tag("real_memory_reserve_mib"),
+        KeyTrust::tag("gpus"),
+        KeyTrust::tag("gpu_wait"),
+    ];
+}
+
 /// `[slurm]`: joining the controller.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -130,6 +154,19 @@ impl Default for Slurm {
             bin_dir: PathBuf::from("/usr/bin"),
         }
     }
+}
+
+impl Classified for Slurm {
+    const SECTION: &'static str = "slurm";
+    const TRUST: &'static [KeyTrust] = &[
+        // Controller addresses: a rogue controller cannot authenticate without the key.
+        KeyTrust::tag("conf_servers"),
+        KeyTrust::image("slurmd_options_file"),
+        KeyTrust::image("slurmd_unit"),
+        KeyTrust::image("munge_unit"),
+        KeyTrust::user_data("join_deadline"),
+        KeyTrust::image("bin_dir"),
+    ];
 }
 
 /// Slurm's authentication plugin, which decides the key file and its owner.
@@ -165,6 +202,19 @@ pub struct Auth {
     /// Accept a key from an SSM parameter of type `String` (stored unencrypted, readable by
     /// anyone with `ssm:GetParameter`), with a warning. Off: such a parameter is refused.
     pub allow_string_parameter: bool,
+}
+
+/// The key's destination, owner and plugin are the image's; user data may pick which
+/// secret (never a file on the node) and how it is encoded.
+impl Classified for Auth {
+    const SECTION: &'static str = "auth";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::image("type"),
+        KeyTrust::user_data("key_source").guarded(super::trust::secret_sources_only),
+        KeyTrust::image("key_path"),
+        KeyTrust::image("key_owner"),
+        KeyTrust::user_data("key_encoding"),
+    ];
 }
 
 /// Encoding of the stored key.
@@ -204,6 +254,17 @@ impl Default for Imds {
     }
 }
 
+/// How user data and tags are read cannot come from them.
+impl Classified for Imds {
+    const SECTION: &'static str = "imds";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::image("endpoint"),
+        KeyTrust::image("timeout"),
+        KeyTrust::image("attempts"),
+        KeyTrust::image("token_ttl"),
+    ];
+}
+
 /// `[systemd]`: which Manager to talk to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -221,17 +282,39 @@ impl Default for Systemd {
     }
 }
 
-/// A duration written the humantime way (`90s`, `10m`, `1h 30m`, `500ms`).
+impl Classified for Systemd {
+    const SECTION: &'static str = "systemd";
+    const TRUST: &'static [KeyTrust] = &[KeyTrust::image("bus")];
+}
+
+/// A duration written the humantime way (`90s`, `10m`, `1h 30m`, `500ms`), at most
+/// [`HumanDuration::MAX`]: no setting means more than a year, and a bound here keeps every
+/// deadline computed from one (`Instant + d`) from overflowing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct HumanDuration(pub Duration);
 
+impl HumanDuration {
+    /// The longest duration any setting takes: 366 days.
+    pub const MAX: Duration = Duration::from_secs(366 * 24 * 3600);
+
+    /// Whether it is zero.
+    pub fn is_zero(&self) -> bool {
+        self.0.is_zero()
+    }
+}
+
 impl TryFrom<String> for HumanDuration {
     type Error = String;
     fn try_from(s: String) -> Result<Self, String> {
-        humantime::parse_duration(&s)
-            .map(HumanDuration)
-            .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. \"90s\" or \"10m\""))
+        let shown: String = s.chars().take(64).collect();
+        let d = humantime::parse_duration(&s).map_err(|e| {
+            format!("invalid duration {shown:?} ({e}); write e.g. \"90s\" or \"10m\"")
+        })?;
+        if d > HumanDuration::MAX {
+            return Err(format!("duration {shown:?} is too long: at most 366 days"));
+        }
+        Ok(HumanDuration(d))
     }
 }
 
@@ -246,6 +329,11 @@ impl fmt::Display for HumanDuration {
         write!(f, "{}", humantime::format_duration(self.0))
     }
 }
+
+/// Most MiB `node.real_memory_reserve_mib` takes (16 TiB).
+const MAX_RESERVE_MIB: i64 = 16 * 1024 * 1024;
+/// Most GPUs `node.gpus` declares.
+const MAX_GPUS: u32 = 1024;
 
 impl Settings {
     /// Checks values whose shape the types do not capture. Returns the dotted key and what
@@ -274,19 +362,22 @@ impl Settings {
                 "must be 0 to 100".into(),
             );
         }
-        if self.node.real_memory_reserve_mib < 0 {
+        if !(0..=MAX_RESERVE_MIB).contains(&self.node.real_memory_reserve_mib) {
             return e(
                 "node.real_memory_reserve_mib",
-                "must not be negative".into(),
+                format!("must be 0 to {MAX_RESERVE_MIB} (16 TiB)"),
             );
         }
         if !(0..=u32::MAX as i64).contains(&self.node.weight) {
             return e("node.weight", "must be 0 to 4294967295".into());
         }
-        if self.node.gpus != "auto" && self.node.gpus.parse::<u32>().is_err() {
+        if self.node.gpus != "auto" && !self.node.gpus.parse::<u32>().is_ok_and(|n| n <= MAX_GPUS) {
             return e(
                 "node.gpus",
-                format!("expected \"auto\" or a number, got {:?}", self.node.gpus),
+                format!(
+                    "expected \"auto\" or a number 0 to {MAX_GPUS}, got {:?}",
+                    self.node.gpus
+                ),
             );
         }
         for s in &self.slurm.conf_servers {
@@ -301,6 +392,15 @@ impl Settings {
             if let Err(m) = crate::systemd::validate_unit_name(unit) {
                 return e(k, m);
             }
+        }
+        if self.slurm.join_deadline.is_zero() {
+            return e("slurm.join_deadline", "must be more than 0".into());
+        }
+        if self.agent.state_dir.as_os_str().is_empty() {
+            return e(
+                "agent.state_dir",
+                "must not be empty (the folder for bootstrap and drain state)".into(),
+            );
         }
         if !self.slurm.bin_dir.is_absolute() {
             return e("slurm.bin_dir", "must be an absolute path".into());
@@ -330,6 +430,9 @@ impl Settings {
                 "auth.key_owner",
                 format!("not a user name: {:?}", self.auth.key_owner),
             );
+        }
+        if self.imds.timeout.is_zero() || self.imds.timeout.0 > Duration::from_secs(300) {
+            return e("imds.timeout", "must be more than 0 and at most 5m".into());
         }
         if !(1..=10).contains(&self.imds.attempts) {
             return e("imds.attempts", "must be 1 to 10".into());

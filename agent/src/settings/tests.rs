@@ -140,13 +140,18 @@ fn dropins_are_read_in_name_order_and_only_toml() {
     )
     .unwrap();
     std::fs::write(dir.path().join("30-c.toml.bak"), "garbage [[[").unwrap();
-    let layers = Layer::from_dropin_dir(dir.path()).unwrap();
+    let layers = Layer::from_dropin_dir(dir.path(), false).unwrap();
     let r = Resolved::merge(&layers).unwrap();
     assert_eq!(r.settings.node.weight, 20);
     assert_eq!(r.settings.node.name, "a");
-    assert!(Layer::from_dropin_dir(&dir.path().join("missing"))
+    assert!(Layer::from_dropin_dir(&dir.path().join("missing"), true)
         .unwrap()
         .is_empty());
+    // Given explicitly, a missing folder is an error.
+    let e = Layer::from_dropin_dir(&dir.path().join("missing"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing") && e.contains("no such folder"), "{e}");
 }
 
 #[test]
@@ -155,13 +160,13 @@ fn entries_list_every_key_with_its_source() {
     let entries = r.entries();
     let ks = entries
         .iter()
-        .find(|(k, _, _)| k == "auth.key_source")
+        .find(|(k, _, _, _)| k == "auth.key_source")
         .unwrap();
     assert_eq!(ks.1.as_str(), Some("ssm:/c/munge"));
     assert!(matches!(ks.2, Source::File(_)));
     assert!(entries
         .iter()
-        .any(|(k, _, s)| k == "node.name_template" && *s == Source::Default));
+        .any(|(k, _, s, _)| k == "node.name_template" && *s == Source::Default));
 }
 
 #[test]
@@ -180,4 +185,309 @@ fn the_image_default_settings_are_valid() {
     let layer = Layer::from_toml(Source::File(path.into()), &text).unwrap();
     let r = Resolved::merge(&[layer]).unwrap();
     assert!(r.settings.node.dynamic);
+}
+
+// ---- trust classes ----
+
+fn tag(key: &str, value: &str) -> Layer {
+    Layer::from_tags([(format!("slurm-node-agent:{key}").as_str(), value)])
+        .unwrap()
+        .remove(0)
+}
+
+#[test]
+fn every_key_has_exactly_one_trust_class() {
+    let mut schema = known_keys();
+    schema.sort();
+    let mut classed: Vec<String> = trust::all_keys().into_iter().map(|(k, _)| k).collect();
+    classed.sort();
+    let before = classed.len();
+    classed.dedup();
+    assert_eq!(before, classed.len(), "a key is classed twice");
+    assert_eq!(schema, classed);
+}
+
+#[test]
+fn keys_naming_paths_programs_owners_units_and_endpoints_are_image_only() {
+    for key in [
+        "auth.key_path",
+        "auth.key_owner",
+        "auth.type",
+        "upgrade.hook",
+        "upgrade.poweroff_unit",
+        "slurm.bin_dir",
+        "slurm.slurmd_unit",
+        "slurm.munge_unit",
+        "slurm.slurmd_options_file",
+        "imds.endpoint",
+        "agent.state_dir",
+        "systemd.bus",
+        "health.checks_dir",
+        "health.nhc_conf",
+        "health.prometheus_textfile",
+        "health.reason_prefix",
+        "drain.metrics_file",
+    ] {
+        assert_eq!(trust::class_of(key).trust, Trust::Image, "{key}");
+    }
+    assert_eq!(trust::class_of("node.name").trust, Trust::Tag);
+    assert_eq!(trust::class_of("slurm.conf_servers").trust, Trust::Tag);
+    assert_eq!(trust::class_of("auth.key_source").trust, Trust::UserData);
+    assert_eq!(trust::class_of("mounts").trust, Trust::UserData);
+}
+
+#[test]
+fn the_tag_escalation_chain_is_refused_naming_the_tag_and_key() {
+    let base = file("[auth]\nkey_source = \"secretsmanager:cluster/munge\"\n");
+    for (key, value) in [
+        ("auth.key_source", "ssm:/evil/cron"),
+        ("auth.key_encoding", "raw"),
+        ("auth.key_path", "/etc/cron.d/evil"),
+        ("auth.key_owner", "root"),
+        ("upgrade.hook", "/bin/sh,-c,id"),
+        ("slurm.bin_dir", "/tmp/evil"),
+        ("imds.endpoint", "http://10.9.9.9"),
+        ("slurm.slurmd_unit", "debug-shell.service"),
+        ("agent.state_dir", "/etc"),
+    ] {
+        let e = Resolved::merge(&[base.clone(), tag(key, value)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "instance tag \"slurm-node-agent:{key}\": key `{key}`"
+            )),
+            "{e}"
+        );
+        assert!(e.contains("may not be set from an instance tag"), "{e}");
+        // Operator commands warn and go on without it.
+        let r =
+            Resolved::merge_with(&[base.clone(), tag(key, value)], Enforce::WarnAndIgnore).unwrap();
+        assert_eq!(r.refused.len(), 1, "{key}");
+        assert_eq!(r.settings.auth.key_source, "secretsmanager:cluster/munge");
+        assert!(r.settings.auth.key_path.as_os_str().is_empty());
+        assert_ne!(
+            r.source_of(key),
+            Source::Tag(format!("slurm-node-agent:{key}"))
+        );
+    }
+    // The node's shape still comes from tags.
+    let r = Resolved::merge(&[base, tag("node.name", "gpu-7"), tag("node.weight", "9")]).unwrap();
+    assert_eq!(r.settings.node.name, "gpu-7");
+}
+
+#[test]
+fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
+    let ok = Layer::from_toml(
+        Source::UserData,
+        "[auth]\nkey_source = \"secretsmanager:arn:aws:secretsmanager:us-east-1:111122223333:secret:pcs!x\"\nkey_encoding = \"raw\"\n",
+    )
+    .unwrap();
+    Resolved::merge(&[ok]).unwrap();
+    let file_source = Layer::from_toml(
+        Source::UserData,
+        "\n[auth]\nkey_source = \"file:/etc/shadow\"\n",
+    )
+    .unwrap();
+    let e = Resolved::merge(&[file_source]).unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "user data part application/x-slurm-node-agent, line 3: key `auth.key_source`"
+        ),
+        "{e}"
+    );
+    assert!(e.contains("never a file"), "{e}");
+    let dest =
+        Layer::from_toml(Source::UserData, "[auth]\nkey_path = \"/etc/cron.d/x\"\n").unwrap();
+    let e = Resolved::merge(&[dest]).unwrap_err().to_string();
+    assert!(
+        e.contains("key `auth.key_path`") && e.contains("trust class `image`"),
+        "{e}"
+    );
+    // From a file of the image, a file source is fine.
+    Resolved::merge(&[file("[auth]\nkey_source = \"file:/etc/munge/seed.key\"\n")]).unwrap();
+    // A tag may not pick the secret at all.
+    let e = Resolved::merge(&[tag("auth.key_source", "ssm:/x")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("trust class `user-data`"), "{e}");
+}
+
+#[test]
+fn mounts_from_user_data_take_no_unit_dependencies() {
+    let text = "[[mounts]]\ntype = \"tmpfs\"\nsource = \"tmpfs\"\nmount_point = \"/scratch\"\noptions = \"size=8m,x-systemd.requires=debug-shell.service\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::UserData, text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("key `mounts`") && e.contains("unit dependencies"),
+        "{e}"
+    );
+    // The same from the image is allowed.
+    Resolved::merge(&[file(text)]).unwrap();
+    // Plain mounts from user data are fine.
+    let plain = "[[mounts]]\ntype = \"efs\"\nfile_system_id = \"fs-0123456789abcdef0\"\nregion = \"us-east-1\"\nmount_point = \"/home\"\n";
+    Resolved::merge(&[Layer::from_toml(Source::UserData, plain).unwrap()]).unwrap();
+}
+
+#[test]
+fn config_entries_carry_the_trust_class() {
+    let r = Resolved::merge(&[]).unwrap();
+    let e = r.entries();
+    let class = |key: &str| e.iter().find(|x| x.0 == key).unwrap().3;
+    assert_eq!(class("auth.key_path"), Trust::Image);
+    assert_eq!(class("node.features"), Trust::Tag);
+    assert_eq!(class("events.enabled"), Trust::UserData);
+}
+
+#[test]
+fn the_readme_table_matches_the_code() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let table = trust::markdown_table();
+    assert!(
+        readme.contains(&table),
+        "README.md's table of keys and sources is out of date; replace it with:\n{table}"
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn settings_files_must_be_root_owned_and_not_group_or_world_writable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("agent.toml");
+    std::fs::write(&p, "[node]\nweight = 3\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(Layer::from_file(&p, false).unwrap().is_some());
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o664)).unwrap();
+    let e = Layer::from_file(&p, false).unwrap_err().to_string();
+    assert!(e.contains("agent.toml") && e.contains("mode 664"), "{e}");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // A folder others can write (without the sticky bit) is refused too.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = Layer::from_file(&p, false).unwrap_err().to_string();
+    assert!(e.contains("can be written by others"), "{e}");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    assert!(Layer::from_file(&p, false).unwrap().is_some());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    if rustix::process::geteuid().is_root() {
+        rustix::fs::chown(&p, Some(rustix::fs::Uid::from_raw(65534)), None).unwrap();
+        let e = Layer::from_file(&p, false).unwrap_err().to_string();
+        assert!(e.contains("owned by uid 65534, not root"), "{e}");
+    }
+}
+
+// ---- bad input: bounds, paths, error naming, sizes ----
+
+#[test]
+fn huge_and_zero_durations_are_clear_errors() {
+    for (text, key) in [
+        ("[imds]\ntimeout = \"580000000000years\"\n", "timeout"),
+        ("[health]\ntimeout = \"18446744073709551615s\"\n", "timeout"),
+        (
+            "[events]\nmaintenance_lead = \"400d\"\n",
+            "maintenance_lead",
+        ),
+    ] {
+        let e = Layer::from_toml(Source::File("/x.toml".into()), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 2") && e.contains(key), "{e}");
+        assert!(
+            e.contains("too long") || e.contains("invalid duration"),
+            "{e}"
+        );
+    }
+    for (text, key) in [
+        ("[imds]\ntimeout = \"0s\"\n", "imds.timeout"),
+        ("[slurm]\njoin_deadline = \"0s\"\n", "slurm.join_deadline"),
+        ("[events]\ninterval = \"0s\"\n", "events.interval"),
+        (
+            "[health]\nscontrol_timeout = \"0s\"\n",
+            "health.scontrol_timeout",
+        ),
+        ("[drain]\nlock_timeout = \"0s\"\n", "drain.lock_timeout"),
+        ("[upgrade]\nhook_timeout = \"0s\"\n", "upgrade.hook_timeout"),
+        ("[agent]\nstate_dir = \"\"\n", "agent.state_dir"),
+        (
+            "[node]\nreal_memory_reserve_mib = 9223372036854775807\n",
+            "node.real_memory_reserve_mib",
+        ),
+        ("[node]\ngpus = \"4294967295\"\n", "node.gpus"),
+    ] {
+        let e =
+            Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+                .unwrap_err()
+                .to_string();
+        assert!(
+            e.starts_with(&format!("/etc/x.toml, line 2: key `{key}`")),
+            "{text}: {e}"
+        );
+    }
+}
+
+#[test]
+fn mount_errors_name_their_file_entry_and_line() {
+    let text = "[[mounts]]\ntype = \"tmpfs\"\nsource = \"tmpfs\"\nmount_point = \"/scratch\"\n\n[[mounts]]\ntype = \"tmpfs\"\nsource = \"tmpfs\"\nmount_point = \"/etc\"\n";
+    let layer = Layer::from_toml(
+        Source::File("/etc/slurm-node-agent/conf.d/20-fs.toml".into()),
+        text,
+    )
+    .unwrap();
+    let e = Resolved::merge(&[layer]).unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "/etc/slurm-node-agent/conf.d/20-fs.toml, line 9: key `mounts[1].mount_point`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn explicit_missing_files_dangling_links_and_folders_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = file_layers(&Paths {
+        file: dir.path().join("nope.toml"),
+        dropin_dir: dir.path().to_path_buf(),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nope.toml") && e.contains("must exist"), "{e}");
+    let d = dir.path().join("conf.d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::create_dir(d.join("10-dir.toml")).unwrap();
+    let e = Layer::from_dropin_dir(&d, false).unwrap_err().to_string();
+    assert!(
+        e.contains("10-dir.toml") && e.contains("not a regular file"),
+        "{e}"
+    );
+    std::fs::remove_dir(d.join("10-dir.toml")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("gone"), d.join("20-link.toml")).unwrap();
+    let e = Layer::from_dropin_dir(&d, false).unwrap_err().to_string();
+    assert!(e.contains("20-link.toml") && e.contains("dangling"), "{e}");
+}
+
+#[test]
+fn oversized_files_and_tag_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("big.toml");
+    let mut text = String::from("[node]\nfeatures = [\n");
+    while text.len() <= trust::MAX_FILE_BYTES as usize {
+        text.push_str("\"abcdefghijklmnopqrstuvwxyz\",\n");
+    }
+    text.push_str("]\n");
+    std::fs::write(&p, &text).unwrap();
+    let e = Layer::from_file(&p, false).unwrap_err().to_string();
+    assert!(
+        e.contains("big.toml") && e.contains("limited to 1048576 bytes"),
+        "{e}"
+    );
+    let e = Layer::from_tags([("slurm-node-agent:node.features", "a,".repeat(600).as_str())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("instance tag \"slurm-node-agent:node.features\"") && e.contains("at most 1024"),
+        "{e}"
+    );
 }

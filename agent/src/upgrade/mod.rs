@@ -82,6 +82,27 @@ impl Default for UpgradeSettings {
     }
 }
 
+/// The parameter to watch and the budget are the launch template's; what runs (unit, hook)
+/// is the image's.
+impl crate::settings::Classified for UpgradeSettings {
+    const SECTION: &'static str = "upgrade";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::user_data("parameter"),
+            K::user_data("interval"),
+            K::user_data("action"),
+            K::image("poweroff_unit"),
+            K::image("hook"),
+            K::image("hook_timeout"),
+            K::image("resume_after_hook"),
+            K::user_data("max_unavailable"),
+            K::user_data("budget_partition"),
+            K::user_data("budget_wait"),
+        ]
+    };
+}
+
 /// The budget: a node count or a percentage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Budget {
@@ -130,8 +151,14 @@ impl UpgradeSettings {
         if let Err(m) = Budget::parse(&self.max_unavailable) {
             return e("max_unavailable", m);
         }
-        if self.interval.0.is_zero() {
-            return e("interval", "must be more than 0".into());
+        for (k, d) in [
+            ("interval", self.interval),
+            ("hook_timeout", self.hook_timeout),
+            ("budget_wait", self.budget_wait),
+        ] {
+            if d.0.is_zero() {
+                return e(k, "must be more than 0".into());
+            }
         }
         if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
             return e("poweroff_unit", m);
