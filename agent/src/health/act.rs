@@ -50,6 +50,18 @@ fn none(why: impl Into<String>) -> Action {
     Action::None { why: why.into() }
 }
 
+/// The failing check a health reason names: the text after `prefix` up to the first
+/// `": "` (`<prefix><check>: <detail>`, as [`Report::drain_reason`] writes it).
+pub fn reason_check<'a>(reason: &'a str, prefix: &str) -> &'a str {
+    let body = reason.strip_prefix(prefix).unwrap_or(reason);
+    // scontrol shows the reason followed by ` [user@time]`.
+    let body = match body.rfind(" [") {
+        Some(i) if body.ends_with(']') && body[i..].contains('@') => &body[..i],
+        _ => body,
+    };
+    body.split_once(": ").map_or(body, |(c, _)| c)
+}
+
 /// Decides what to do given the node's state (`None`: not known to slurmctld) and the
 /// drain reason of the report (`None`: healthy).
 pub fn decide(state: Option<&NodeState>, failure: Option<&str>, prefix: &str) -> Action {
@@ -65,7 +77,17 @@ pub fn decide(state: Option<&NodeState>, failure: Option<&str>, prefix: &str) ->
         Some(reason) => {
             if drained {
                 return if ours {
-                    none("already drained by the agent")
+                    // NHC rewrites its own note: when another check is now the one
+                    // failing, the reason says so (the same check with new numbers keeps
+                    // the reason, so it does not churn between runs).
+                    let now = st.reason.as_deref().map(|r| reason_check(r, prefix));
+                    if now.is_some_and(|c| c != reason_check(reason, prefix)) {
+                        Action::Drain {
+                            reason: reason.to_string(),
+                        }
+                    } else {
+                        none("already drained by the agent")
+                    }
                 } else {
                     none(format!(
                         "already drained for another reason ({}): kept",
@@ -288,6 +310,32 @@ mod tests {
     }
 
     #[test]
+    fn another_failing_check_rewrites_the_agents_reason() {
+        let mut drained = st("NodeName=n State=IDLE+DRAIN");
+        drained.reason = Some("slurm-node-agent: check_a: 3% free".into());
+        assert_eq!(
+            decide(
+                Some(&drained),
+                Some("slurm-node-agent: check_a: 2% free"),
+                P
+            ),
+            none("already drained by the agent")
+        );
+        assert_eq!(
+            decide(Some(&drained), Some("slurm-node-agent: check_b: gone"), P),
+            Action::Drain {
+                reason: "slurm-node-agent: check_b: gone".into()
+            }
+        );
+        // An admin's reason is never rewritten.
+        drained.reason = Some("ADMIN SHUTDOWN".into());
+        assert!(matches!(
+            decide(Some(&drained), Some("slurm-node-agent: check_b: gone"), P),
+            Action::None { .. }
+        ));
+    }
+
+    #[test]
     fn failure_drains_only_when_nobody_else_owns_the_node() {
         assert!(drains("NodeName=n State=IDLE+DYNAMIC_NORM"));
         assert!(drains("NodeName=n State=MIXED"));
@@ -302,6 +350,10 @@ mod tests {
             "NodeName=n State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]"
         ));
         assert!(!drains(
+            "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent: x: old [root@2026-01-01T00:00:00]"
+        ));
+        // Another check failing now: the agent's own reason is rewritten.
+        assert!(drains(
             "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent: old [root@2026-01-01T00:00:00]"
         ));
         assert!(!drains(
