@@ -118,8 +118,35 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
     );
     assert!(r.contains("healthy-flag"), "{r}");
 
-    // Recovery resumes it.
+    // Another check is now the one failing: the agent rewrites its own reason (issue 11).
+    let conf = root.path().join("nhc.conf");
+    let original = fs::read_to_string(&conf).unwrap();
+    fs::write(
+        &conf,
+        format!("{original}* || check_file_test -f /no/such/second-flag\n"),
+    )
+    .unwrap();
     fs::write(root.path().join("healthy-flag"), "ok").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !reason(&ctld, "hc1").contains("second-flag") {
+        assert!(
+            Instant::now() < deadline,
+            "reason not rewritten: {}",
+            reason(&ctld, "hc1")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = reason(&ctld, "hc1");
+    assert!(
+        r.starts_with(&format!(
+            "{PREFIX}check_file_test -f /no/such/second-flag: "
+        )),
+        "{r}"
+    );
+    assert!(ctld.node_state("hc1").unwrap().unwrap().contains("DRAIN"));
+
+    // Recovery resumes it.
+    fs::write(&conf, original).unwrap();
     ctld.wait_node_idle("hc1", Duration::from_secs(60)).unwrap();
 
     // An admin drain stays, healthy or not, and keeps its reason.

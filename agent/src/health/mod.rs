@@ -258,8 +258,14 @@ pub struct CheckResult {
     pub fatal: bool,
     /// What was found.
     pub message: String,
-    /// Wall time, milliseconds.
+    /// Wall time, milliseconds (JSON: a whole number, rounded).
+    #[serde(serialize_with = "whole_ms")]
     pub duration_ms: f64,
+}
+
+/// Milliseconds as a whole number in JSON (`duration_ms`, as bootstrap's steps).
+fn whole_ms<S: serde::Serializer>(ms: &f64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(ms.max(0.0).round() as u64)
 }
 
 impl CheckResult {
@@ -280,7 +286,8 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Unix time the run started, seconds.
     pub started_unix: f64,
-    /// Wall time of the whole run, milliseconds.
+    /// Wall time of the whole run, milliseconds (JSON: a whole number, rounded).
+    #[serde(serialize_with = "whole_ms")]
     pub duration_ms: f64,
 }
 
@@ -297,34 +304,20 @@ impl Report {
 
     /// The drain reason for this report, written by incarnation `instance_id`:
     /// `slurm-node-agent/health@<instance-id>: <check>: <message>` of the first fatal
-    /// failure ([`crate::identity`]), with `(+N more)` when several failed; control
-    /// characters replaced, cut to Slurm's 256 characters. `None` when healthy.
+    /// failure in file order ([`crate::identity`]; file order, so the reason does not flap
+    /// between runs while checks run concurrently), with `(+N more)` when several failed;
+    /// control characters replaced, cut to Slurm's 256 characters. `None` when healthy.
     pub fn drain_reason(&self, instance_id: &str) -> Option<String> {
         let prefix =
             &crate::identity::reason_head(crate::identity::ReasonCause::Health, instance_id);
         let failed: Vec<&CheckResult> = self.failures().collect();
         let first = failed.first()?;
-        let more = if failed.len() > 1 {
-            format!(" (+{} more)", failed.len() - 1)
-        } else {
-            String::new()
-        };
-        let body = format!("{}: {}", first.name, first.message);
-        let body: String = body
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        let room = 256usize
-            .saturating_sub(prefix.chars().count())
-            .saturating_sub(more.chars().count());
-        let body = if body.chars().count() > room {
-            let mut b: String = body.chars().take(room.saturating_sub(3)).collect();
-            b.push_str("...");
-            b
-        } else {
-            body
-        };
-        Some(format!("{prefix}{body}{more}"))
+        Some(health_reason(
+            prefix,
+            &first.name,
+            &first.message,
+            failed.len() - 1,
+        ))
     }
 }
 
@@ -333,4 +326,31 @@ impl Report {
 /// pass, no `scontrol` call is needed (see [`act`]). Never the authority: Slurm's reason is.
 pub fn clean_marker(state_dir: &Path) -> PathBuf {
     state_dir.join("health-clean")
+}
+
+/// The one place a health drain reason is built: `<prefix><check>: <detail>` and
+/// ` (+N more)` when `more` other checks failed; control characters become spaces and the
+/// detail is cut (ending in `...`) so the whole fits Slurm's 256 characters.
+pub fn health_reason(prefix: &str, check: &str, detail: &str, more: usize) -> String {
+    let more = if more > 0 {
+        format!(" (+{more} more)")
+    } else {
+        String::new()
+    };
+    let body = format!("{check}: {detail}");
+    let body: String = body
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let room = 256usize
+        .saturating_sub(prefix.chars().count())
+        .saturating_sub(more.chars().count());
+    let body = if body.chars().count() > room {
+        let mut b: String = body.chars().take(room.saturating_sub(3)).collect();
+        b.push_str("...");
+        b
+    } else {
+        body
+    };
+    format!("{prefix}{body}{more}")
 }

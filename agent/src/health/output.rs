@@ -41,13 +41,13 @@ pub fn text(report: &Report, action: Option<&ActOutcome>) -> String {
 }
 
 /// JSON: `{"node", "healthy", "duration_ms", "checks": [one object per check], "notes",
-/// "action"}`.
+/// "action"}`; `duration_ms` (run and checks) are whole milliseconds.
 pub fn json(report: &Report, action: Option<&ActOutcome>) -> String {
     serde_json::json!({
         "node": report.node,
         "healthy": report.healthy(),
         "started_unix": report.started_unix,
-        "duration_ms": report.duration_ms,
+        "duration_ms": report.duration_ms.max(0.0).round() as u64,
         "checks": report.results,
         "notes": report.notes,
         "action": action,

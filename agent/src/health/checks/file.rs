@@ -12,8 +12,9 @@ use rustix::fs::{Access, AtFlags, CWD};
 use crate::health::facts::Facts;
 use crate::health::matcher::{glob_match, Matcher};
 
-/// `test` operators over files: every operator must hold for every path (or, negated,
-/// none may).
+/// `test` operators over files: every operator must hold for every path; negated (NHC's
+/// `-!`), the check passes as soon as one test fails and fails only when all hold, as
+/// NHC 1.4.3's `check_file_test` does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileTestSpec {
     /// Operators, as the letters of `test` (`r`, `w`, `x`, `d`, `f`, `e`, `s`, `c`, `b`,
@@ -160,16 +161,24 @@ fn test_one(op: char, path: &str) -> bool {
 /// The failure message.
 pub fn check_test(spec: &FileTestSpec) -> Result<String, String> {
     let paths: Vec<String> = spec.paths.iter().flat_map(|p| expand_glob(p)).collect();
+    let ops: String = spec.ops.iter().map(|o| format!("-{o} ")).collect();
     for op in &spec.ops {
         for p in &paths {
-            let r = test_one(*op, p);
-            if r == spec.negate {
-                let not = if spec.negate { "" } else { "not " };
-                return Err(format!("test -{op} {p} is {not}true"));
+            if !test_one(*op, p) {
+                return if spec.negate {
+                    Ok(format!(
+                        "-! {ops}{}: test -{op} {p} is not true",
+                        paths.join(" ")
+                    ))
+                } else {
+                    Err(format!("test -{op} {p} is not true"))
+                };
             }
         }
     }
-    let ops: String = spec.ops.iter().map(|o| format!("-{o} ")).collect();
+    if spec.negate {
+        return Err(format!("-! {ops}{}: every test is true", paths.join(" ")));
+    }
     Ok(format!("{}{}", ops, paths.join(" ")))
 }
 
@@ -332,6 +341,12 @@ mod tests {
         assert!(ok("e", &["/no/such"], false).is_err());
         ok("e", &["/no/such"], true).unwrap();
         assert!(ok("e", &["/tmp"], true).is_err());
+        // NHC's -!: passes when any test fails, fails only when all hold.
+        ok("fd", &["/tmp"], true).unwrap();
+        ok("e", &["/tmp", "/no/such"], true).unwrap();
+        assert!(ok("ed", &["/tmp", "/var/tmp"], true)
+            .unwrap_err()
+            .contains("every test is true"));
         // Globs expand.
         ok("c", &["/dev/nul?"], false).unwrap();
         assert_eq!(expand_glob("/dev/nul[l]"), vec!["/dev/null".to_string()]);

@@ -134,8 +134,24 @@ pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, String> {
 ///
 /// # Errors
 /// The failure message.
-pub fn check_space(spec: &SpaceSpec) -> Result<String, String> {
-    let u = statvfs(&spec.path)?;
+///
+/// As NHC 1.4.3 (which looks the path up among the mounted file systems), a path that is
+/// not a mount point, or does not exist, is not measured: the check passes with a warning
+/// in its message, never fails on `statfs` and never measures the file system above it.
+pub fn check_space(spec: &SpaceSpec, facts: &Facts) -> Result<String, String> {
+    let path = spec.path.trim_end_matches('/');
+    let path = if path.is_empty() { "/" } else { path };
+    if !facts.mounts()?.iter().any(|m| m.target == path) {
+        let why = if Path::new(path).exists() {
+            "is not a mount point"
+        } else {
+            "does not exist"
+        };
+        return Ok(format!(
+            "warning: {path} {why}: not measured (as NHC, the check passes)"
+        ));
+    }
+    let u = statvfs(path)?;
     eval_space(spec, &u)
 }
 
@@ -336,14 +352,38 @@ mod tests {
     }
 
     #[test]
-    fn statvfs_of_root_and_missing_path() {
-        assert!(check_space(&spec(SpaceWhat::Free, Some(Threshold::Absolute(0)), None)).is_err());
+    fn statvfs_of_root_and_paths_that_are_no_mount_points() {
+        let facts = Facts::new(crate::health::facts::Host::default());
         let s = SpaceSpec {
             path: "/".into(),
             what: SpaceWhat::Free,
             min: Some(Threshold::Absolute(1)),
             max: None,
         };
-        check_space(&s).unwrap();
+        check_space(&s, &facts).unwrap();
+        // Impossible thresholds on a path that is no mount point (or does not exist):
+        // NHC passes; the agent passes with a warning and measures nothing.
+        let impossible = u64::MAX / 2;
+        for (path, why) in [
+            ("/etc", "is not a mount point"),
+            ("/no/such/fs", "does not exist"),
+        ] {
+            let s = SpaceSpec {
+                path: path.into(),
+                what: SpaceWhat::Free,
+                min: Some(Threshold::Absolute(impossible)),
+                max: None,
+            };
+            let m = check_space(&s, &facts).unwrap();
+            assert!(m.starts_with("warning: ") && m.contains(why), "{m}");
+        }
+        // On the mount point itself the same threshold fails.
+        let s = SpaceSpec {
+            path: "/".into(),
+            what: SpaceWhat::Free,
+            min: Some(Threshold::Absolute(impossible)),
+            max: None,
+        };
+        assert!(check_space(&s, &facts).is_err());
     }
 }

@@ -96,7 +96,7 @@ impl CheckKind {
     pub fn run_blocking(&self, facts: &Facts) -> Result<String, String> {
         match self {
             CheckKind::Mount(s) => fs::check_mount(s, facts),
-            CheckKind::Space(s) => fs::check_space(s),
+            CheckKind::Space(s) => fs::check_space(s, facts),
             CheckKind::Hardware(s) => hw::check_hardware(s, facts),
             CheckKind::Ib(s) => hw::check_ib(s, facts),
             CheckKind::NetDev(m) => hw::check_netdev(m, facts),
