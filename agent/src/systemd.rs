@@ -4,24 +4,11 @@
 //! Interface: `org.freedesktop.systemd1.Manager` and `org.freedesktop.systemd1.Unit`
 //! (org.freedesktop.systemd1(5)). A job's outcome arrives as the `JobRemoved` signal with
 //! result `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
-//!
-//! Early in boot, or on an image without `dbus`, there is no system bus: `system` then
-//! falls back to systemd's own private socket ([`PRIVATE_SOCKET`]), a peer-to-peer D-Bus
-//! connection (no bus daemon, EXTERNAL authentication, root only), as `systemctl` does when
-//! run as root. Signals arrive there without a bus, so they are matched locally.
 
-use std::path::Path;
 use std::time::Duration;
 
 use futures_lite::StreamExt;
-use zbus::message::Type as MessageType;
-use zbus::proxy::CacheProperties;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};
-use zbus::MatchRule;
-
-/// systemd's private D-Bus socket (PID 1 listens on it for root: `systemctl`'s fallback
-/// when no system bus runs).
-pub const PRIVATE_SOCKET: &str = "/run/systemd/private";
 
 #[zbus::proxy(
     interface = "org.freedesktop.systemd1.Manager",
@@ -142,32 +129,16 @@ pub struct Systemd {
 impl Systemd {
     /// Connects to `bus`: `system`, `session` (`DBUS_SESSION_BUS_ADDRESS`) or a D-Bus address.
     ///
-    /// `system` falls back to a peer-to-peer connection on [`PRIVATE_SOCKET`] when the
-    /// system bus cannot be reached and that socket exists (an address
-    /// `unix:path=/run/systemd/private` is always connected to peer-to-peer).
-    ///
     /// # Errors
-    /// [`SystemdError::Connect`] (for `system`, the system bus's error when the private
-    /// socket is absent, else the private socket's).
+    /// [`SystemdError::Connect`].
     pub async fn connect(bus: &str) -> Result<Systemd, SystemdError> {
         let err = |source| SystemdError::Connect {
             bus: bus.to_string(),
             source,
         };
-        let private_addr = format!("unix:path={PRIVATE_SOCKET}");
         let conn = match bus {
-            "system" => match zbus::Connection::system().await {
-                Ok(c) => Ok(c),
-                Err(e) if !Path::new(PRIVATE_SOCKET).exists() => Err(e),
-                Err(e) => {
-                    tracing::debug!(
-                        "system bus unreachable ({e}); using systemd's private socket {PRIVATE_SOCKET}"
-                    );
-                    connect_p2p(&private_addr).await
-                }
-            },
+            "system" => zbus::Connection::system().await,
             "session" => zbus::Connection::session().await,
-            addr if addr == private_addr => connect_p2p(addr).await,
             addr => match zbus::connection::Builder::address(addr) {
                 Ok(b) => b.build().await,
                 Err(e) => Err(e),
@@ -259,12 +230,9 @@ impl Systemd {
             source,
         };
         let path = self.manager.load_unit(unit).await.map_err(err)?;
-        // Uncached: a property cache watches PropertiesChanged through the bus's
-        // NameOwnerChanged, which a peer-to-peer connection does not have.
         let u = UnitProxy::builder(self.manager.inner().connection())
             .path(path)
             .map_err(err)?
-            .cache_properties(CacheProperties::No)
             .build()
             .await
             .map_err(err)?;
@@ -277,22 +245,8 @@ impl Systemd {
             unit: unit.to_string(),
             source,
         };
-        // Listen before queuing the job so that its JobRemoved cannot be missed. Matched on
-        // the connection, not through the proxy: a proxy's signal stream asks the bus who
-        // owns org.freedesktop.systemd1, and a peer-to-peer connection has no bus.
-        let conn = self.manager.inner().connection();
-        let mut rule = MatchRule::builder()
-            .msg_type(MessageType::Signal)
-            .path("/org/freedesktop/systemd1")
-            .and_then(|r| r.interface("org.freedesktop.systemd1.Manager"))
-            .and_then(|r| r.member("JobRemoved"))
-            .map_err(err)?;
-        if conn.is_bus() {
-            rule = rule.sender("org.freedesktop.systemd1").map_err(err)?;
-        }
-        let mut removed = zbus::MessageStream::for_match_rule(rule.build(), conn, None)
-            .await
-            .map_err(err)?;
+        // Listen before queuing the job so that its JobRemoved cannot be missed.
+        let mut removed = self.manager.receive_job_removed().await.map_err(err)?;
         let job = match call {
             "StartUnit" => self.manager.start_unit(unit, "replace").await,
             "RestartUnit" => self.manager.restart_unit(unit, "replace").await,
@@ -300,11 +254,7 @@ impl Systemd {
         }
         .map_err(err)?;
         let wait = async {
-            while let Some(msg) = removed.next().await {
-                let Ok(msg) = msg else { continue };
-                let Some(sig) = JobRemoved::from_message(msg) else {
-                    continue;
-                };
+            while let Some(sig) = removed.next().await {
                 let Ok(args) = sig.args() else { continue };
                 if args.job().as_str() == job.as_str() {
                     return Some(args.result().to_string());
@@ -334,14 +284,6 @@ impl Systemd {
             active_state,
         })
     }
-}
-
-/// A peer-to-peer connection (no `Hello`, no bus names) to `addr`.
-async fn connect_p2p(addr: &str) -> zbus::Result<zbus::Connection> {
-    zbus::connection::Builder::address(addr)?
-        .p2p()
-        .build()
-        .await
 }
 
 #[cfg(test)]

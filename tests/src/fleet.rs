@@ -1068,13 +1068,14 @@ impl Fleet {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
-    /// Submits a batch job (`sbatch --parsable args...`) and returns its id.
+    /// Submits a batch job (`sbatch --parsable --chdir=/tmp args...`: the test's folder
+    /// does not exist in the nodes) and returns its id.
     ///
     /// # Errors
     /// sbatch failing.
     pub fn sbatch(&self, args: &[&str]) -> Result<String> {
         let mut c = self.ctld.command("sbatch");
-        c.arg("--parsable").args(args);
+        c.args(["--parsable", "--chdir=/tmp"]).args(args);
         let out = run_ok(c, CMD_TIMEOUT)?;
         Ok(out.trim().split(';').next().unwrap_or_default().to_string())
     }

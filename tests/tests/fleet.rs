@@ -83,6 +83,15 @@ fn nodes_booted_at_once_all_join_idle_and_run_a_job_across_all() {
         "each node ran one task under its own host name"
     );
     fleet.check_no_job_killed(1).unwrap();
+
+    // The image has a system bus (dbus): the agent reaches systemd through it.
+    let node = &names[0];
+    assert_eq!(
+        fleet
+            .unit_property(node, "dbus.socket", "ActiveState")
+            .unwrap(),
+        "active"
+    );
 }
 
 /// IMDS's maintenance time format, `secs` from now.
@@ -127,8 +136,23 @@ fn a_node_without_metadata_or_without_a_controller_still_finishes_booting() {
     for name in ["nometa", "noctld"] {
         let st = fleet.wait_booted(name, BOOT_TIMEOUT).unwrap();
         let failed = fleet.failed_units(name).unwrap();
-        assert_eq!(st, "running", "{name}: failed units {failed:?}");
-        assert!(failed.is_empty(), "{name}: {failed:?}");
+        if name == "nometa" {
+            assert_eq!(st, "running", "{name}: failed units {failed:?}");
+            assert!(failed.is_empty(), "{name}: {failed:?}");
+        } else {
+            // The one unit that really fails without a controller: configless slurmd
+            // exits when it cannot fetch its configuration (bootstrap starts it again
+            // with backoff). Nothing else.
+            assert!(
+                failed.iter().all(|u| u == "slurmd.service"),
+                "{name}: {st}, failed units {failed:?}"
+            );
+            assert_eq!(
+                st == "degraded",
+                !failed.is_empty(),
+                "{name}: {st} {failed:?}"
+            );
+        }
         // Bootstrap still at it (running, or waiting to retry), not failed.
         let boot = fleet
             .unit_property(name, "slurm-node-agent-bootstrap.service", "ActiveState")
@@ -137,7 +161,10 @@ fn a_node_without_metadata_or_without_a_controller_still_finishes_booting() {
             boot == "active" || boot == "activating",
             "{name}: bootstrap is {boot}"
         );
-        // munge was skipped for want of the key, not failed.
+    }
+    // Without metadata there is no key: munge was skipped for want of it, not failed.
+    {
+        let name = "nometa";
         assert_eq!(
             fleet
                 .unit_property(name, "munge.service", "ActiveState")
@@ -154,10 +181,12 @@ fn a_node_without_metadata_or_without_a_controller_still_finishes_booting() {
         );
     }
     // The node with metadata got the key and runs munge; neither joined.
-    let slurmd = fleet
-        .unit_property("noctld", "slurmd.service", "ActiveState")
-        .unwrap();
-    assert_ne!(slurmd, "failed", "noctld: slurmd");
+    assert_eq!(
+        fleet
+            .unit_property("noctld", "munge.service", "ActiveState")
+            .unwrap(),
+        "active"
+    );
     assert_eq!(fleet.ctld.node_state("nometa").unwrap(), None);
 }
 
