@@ -37,6 +37,9 @@ pub struct RunEnv {
     pub output_limit: usize,
     /// Node name, for the report.
     pub node: Option<String>,
+    /// Whether NHC's `-S`/`-r`/`-c` service actions run (off for `check --no-act`, which
+    /// only reports).
+    pub service_actions: bool,
 }
 
 impl Default for RunEnv {
@@ -46,6 +49,7 @@ impl Default for RunEnv {
             systemd_bus: "system".into(),
             output_limit: 64 * 1024,
             node: None,
+            service_actions: true,
         }
     }
 }
@@ -58,6 +62,7 @@ impl RunEnv {
             systemd_bus: s.systemd.bus.clone(),
             output_limit: usize::try_from(s.health.output_limit).unwrap_or(64 * 1024),
             node: (!s.node.name.is_empty()).then(|| s.node.name.clone()),
+            service_actions: true,
         }
     }
 }
@@ -92,6 +97,7 @@ struct Ctx {
     facts: Arc<Facts>,
     bus: String,
     output_limit: usize,
+    service_actions: bool,
     systemd: tokio::sync::OnceCell<Result<Systemd, String>>,
 }
 
@@ -377,6 +383,15 @@ async fn run_async(check: Arc<Check>, ctx: Arc<Ctx>) -> (Outcome, Duration) {
 async fn after(check: &Check, outcome: Outcome, ctx: &Ctx) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
+            if p.must_run && p.action != ServiceAction::None && !ctx.service_actions =>
+        {
+            Outcome::Fail(format!(
+                "{m}; {} of {} not attempted (report only)",
+                format!("{:?}", p.action).to_lowercase(),
+                p.service
+            ))
+        }
+        (Outcome::Fail(m), CheckKind::Process(p))
             if p.must_run && p.action != ServiceAction::None =>
         {
             let note =
@@ -417,6 +432,7 @@ pub async fn run_checks(set: &CheckSet, env: &RunEnv) -> Report {
     let ctx = Arc::new(Ctx {
         facts: Arc::new(Facts::new(env.host.clone())),
         bus: env.systemd_bus.clone(),
+        service_actions: env.service_actions,
         output_limit: env.output_limit,
         systemd: tokio::sync::OnceCell::new(),
     });

@@ -65,12 +65,12 @@ fn malformed_toml_names_file_line_and_column() {
 
 #[test]
 fn unknown_keys_are_errors() {
-    let e = Layer::from_toml(Source::UserData, "[node]\nwieght = 5\n")
+    let e = Layer::from_toml(Source::UserData(1), "[node]\nwieght = 5\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("wieght"), "{e}");
     assert!(e.contains("line 2"), "{e}");
-    let e = Layer::from_toml(Source::UserData, "[nodes]\nweight = 5\n")
+    let e = Layer::from_toml(Source::UserData(1), "[nodes]\nweight = 5\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("nodes"), "{e}");
@@ -85,7 +85,7 @@ fn unknown_keys_are_errors() {
 
 #[test]
 fn wrong_types_name_the_key() {
-    let e = Layer::from_toml(Source::UserData, "[node]\nweight = \"heavy\"\n")
+    let e = Layer::from_toml(Source::UserData(1), "[node]\nweight = \"heavy\"\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("weight") && e.contains("line 2"), "{e}");
@@ -100,7 +100,7 @@ fn wrong_types_name_the_key() {
         e,
         "instance tag \"slurm-node-agent:node.weight\": key `node.weight`: expected an integer, got \"x\""
     );
-    let e = Layer::from_toml(Source::UserData, "[slurm]\njoin_deadline = \"soon\"\n")
+    let e = Layer::from_toml(Source::UserData(1), "[slurm]\njoin_deadline = \"soon\"\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("invalid duration \"soon\""), "{e}");
