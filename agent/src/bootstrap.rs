@@ -5,7 +5,7 @@
 //! they differ, units are started, not spawned, so there is one slurmd), so a bootstrap
 //! killed at any step and run again ends in the same state.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -64,7 +64,20 @@ pub enum BootstrapError {
     /// Other I/O (exit 74, EX_IOERR).
     #[error("{0}")]
     Io(String),
+    /// Another bootstrap held the lock for longer than [`LOCK_WAIT`] (exit 75).
+    #[error("another bootstrap still holds {} after {:?}", path.display(), LOCK_WAIT)]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+    },
 }
+
+/// Lock file, under `agent.state_dir`, that makes concurrent bootstraps take turns.
+pub const LOCK_FILE: &str = "bootstrap.lock";
+
+/// How long a bootstrap waits for another one to finish: longer than one bootstrap's own
+/// bounds (join deadline, GPU wait, mount retries) at their defaults.
+pub const LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
 
 impl BootstrapError {
     /// The process exit code for this error (sysexits(3) values).
@@ -77,7 +90,7 @@ impl BootstrapError {
             BootstrapError::Key(KeyError::Other { .. }) => 69,
             BootstrapError::Key(_) | BootstrapError::Invalid { .. } => 65,
             BootstrapError::Systemd(_) => 71,
-            BootstrapError::Join { .. } => 75,
+            BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
             BootstrapError::Io(_) => 74,
         }
     }
@@ -206,6 +219,9 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let file_layers = settings::file_layers(&opts.paths)?;
     let early = resolve(&file_layers, None, &opts.flag_layers)?;
     t.done("settings");
+    // Two bootstraps at once (the unit and an operator, or user data): the second waits
+    // for the first, then converges on what it did.
+    let _lock = take_lock(&early.settings.agent.state_dir).await?;
 
     let imds = Imds::new(&early.settings.imds);
     // The key source in the files and flags is almost always the final one (tags and user
@@ -339,6 +355,24 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
         steps: t.steps,
     })
+}
+
+/// Takes the bootstrap lock in `state_dir` (created if missing), waiting up to
+/// [`LOCK_WAIT`] with a log line.
+async fn take_lock(state_dir: &Path) -> Result<crate::fsutil::FileLock, BootstrapError> {
+    let io = |e: std::io::Error| BootstrapError::Io(format!("{}: {e}", state_dir.display()));
+    std::fs::create_dir_all(state_dir).map_err(io)?;
+    let path = state_dir.join(LOCK_FILE);
+    let lock = crate::fsutil::lock_exclusive(&path, LOCK_WAIT, || {
+        tracing::info!(
+            lock = %path.display(),
+            "another bootstrap is running: waiting for it to finish (up to {:?})",
+            LOCK_WAIT
+        );
+    })
+    .await
+    .map_err(|e| BootstrapError::Io(format!("{}: {e}", path.display())))?;
+    lock.ok_or(BootstrapError::Busy { path })
 }
 
 /// Fetches the stored (still encoded) key bytes; AWS sources use the SDK's default
@@ -511,7 +545,7 @@ fn write_state(
         ami_id: id.ami_id.clone(),
         dynamic_conf: def.dynamic_conf.clone(),
         setting_tags: crate::identity::setting_tags(id),
-        user_data_settings: crate::identity::user_data_settings(id).ok().flatten(),
+        user_data_settings: crate::identity::user_data_settings(id).unwrap_or_default(),
     };
     state.write(&s.agent.state_dir)
 }

@@ -222,6 +222,51 @@ fn libc_flags() -> i32 {
     (nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits()
 }
 
+/// An exclusive `flock(2)` lock, held until this value drops (or the process dies: the
+/// kernel releases it, so a killed holder never leaves a stale lock).
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+}
+
+/// Takes an exclusive lock on `path` (created 0600 if missing, never through a symlink),
+/// waiting up to `wait`; `on_wait` runs once when the lock is busy at first try. Returns
+/// `Ok(None)` when it is still busy after `wait`.
+///
+/// # Errors
+/// The OS error of opening or locking the file.
+pub async fn lock_exclusive(
+    path: &Path,
+    wait: Duration,
+    on_wait: impl FnOnce(),
+) -> io::Result<Option<FileLock>> {
+    use rustix::fs::{flock, FlockOperation};
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)?;
+    let start = std::time::Instant::now();
+    let mut on_wait = Some(on_wait);
+    loop {
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(Some(FileLock { _file: file })),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
+                if let Some(f) = on_wait.take() {
+                    f();
+                }
+                if start.elapsed() >= wait {
+                    return Ok(None);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -304,6 +349,29 @@ mod tests {
         fs::write(&live, b"").unwrap();
         write_atomic(&dir.path().join("f"), b"x", 0o644, None).unwrap();
         assert!(live.exists());
+    }
+
+    #[tokio::test]
+    async fn a_second_lock_waits_for_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bootstrap.lock");
+        let first = lock_exclusive(&p, Duration::ZERO, || {}).await.unwrap();
+        assert!(first.is_some());
+        let mut told = false;
+        let second = lock_exclusive(&p, Duration::from_millis(300), || told = true)
+            .await
+            .unwrap();
+        assert!(second.is_none(), "two holders at once");
+        assert!(told, "the wait was not announced");
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(first);
+        });
+        let third = lock_exclusive(&p, Duration::from_secs(60), || {})
+            .await
+            .unwrap();
+        assert!(third.is_some());
+        release.await.unwrap();
     }
 
     #[test]

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::settings::{self, Layer, Resolved, SettingsError, Source};
+use crate::userdata::SettingsPart;
 
 /// Start of every reason the agent writes.
 pub const REASON_PREFIX: &str = "slurm-node-agent/";
@@ -269,9 +270,10 @@ pub struct Recorded {
     /// read them, so that later commands resolve the same settings without IMDS.
     #[serde(default)]
     pub setting_tags: BTreeMap<String, String>,
-    /// The user data's settings part (TOML), as bootstrap read it.
+    /// The user data's settings parts (TOML, each with its position), as bootstrap read
+    /// them.
     #[serde(default)]
-    pub user_data_settings: Option<String>,
+    pub user_data_settings: Vec<SettingsPart>,
 }
 
 impl Recorded {
@@ -300,12 +302,14 @@ impl Recorded {
 /// # Errors
 /// [`SettingsError`] naming the user data or the tag.
 pub fn metadata_layers(
-    user_data_settings: Option<&str>,
+    user_data_settings: &[SettingsPart],
     tags: &BTreeMap<String, String>,
 ) -> Result<Vec<Layer>, SettingsError> {
+    // Each part its own layer: later parts override earlier ones, and an error names its
+    // part and a line of that part.
     let mut layers = Vec::new();
-    if let Some(text) = user_data_settings {
-        layers.push(Layer::from_toml(Source::UserData, text)?);
+    for part in user_data_settings {
+        layers.push(Layer::from_toml(Source::UserData(part.index), &part.text)?);
     }
     layers.extend(Layer::from_tags(
         tags.iter().map(|(k, v)| (k.as_str(), v.as_str())),
@@ -313,17 +317,17 @@ pub fn metadata_layers(
     Ok(layers)
 }
 
-/// The settings part of the instance's user data, if it has one.
+/// The settings parts of the instance's user data, in document order.
 ///
 /// # Errors
-/// [`SettingsError`] naming the user data.
-pub fn user_data_settings(id: &InstanceIdentity) -> Result<Option<String>, SettingsError> {
+/// [`SettingsError`] naming the user data part.
+pub fn user_data_settings(id: &InstanceIdentity) -> Result<Vec<SettingsPart>, SettingsError> {
     let Some(ud) = &id.user_data else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
-    crate::userdata::settings_part(ud.as_bytes()).map_err(|e| SettingsError::Parse {
-        origin: Source::UserData,
-        message: e.to_string(),
+    crate::userdata::settings_parts(ud.as_bytes()).map_err(|e| SettingsError::Parse {
+        origin: Source::UserData(e.part()),
+        message: e.detail(),
     })
 }
 
@@ -350,7 +354,7 @@ pub fn resolve_settings(
     let mut layers: Vec<Layer> = file_layers.to_vec();
     if let Some(id) = id {
         let ud = user_data_settings(id)?;
-        layers.extend(metadata_layers(ud.as_deref(), &setting_tags(id))?);
+        layers.extend(metadata_layers(&ud, &setting_tags(id))?);
     }
     layers.extend(flag_layers.iter().cloned());
     Resolved::merge_with(&layers, enforce)
@@ -535,7 +539,7 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         (None, Some(r)) => {
             let mut layers = files.clone();
             layers.extend(metadata_layers(
-                r.user_data_settings.as_deref(),
+                &r.user_data_settings,
                 &r.setting_tags,
             )?);
             layers.extend(req.flag_layers.iter().cloned());
@@ -693,13 +697,16 @@ mod tests {
             ami_id: "ami-1".into(),
             dynamic_conf: None,
             setting_tags: tags,
-            user_data_settings: Some("[node]\nfeatures = [\"ud\"]\n".into()),
+            user_data_settings: vec![SettingsPart {
+                index: 1,
+                text: "[node]\nfeatures = [\"ud\"]\n".into(),
+            }],
         };
         rec.write(&dir).unwrap();
         let back = Recorded::read(&dir).unwrap();
         assert_eq!(back, rec);
         let layers =
-            metadata_layers(back.user_data_settings.as_deref(), &back.setting_tags).unwrap();
+            metadata_layers(&back.user_data_settings, &back.setting_tags).unwrap();
         let r = Resolved::merge(&layers).unwrap();
         assert_eq!(r.settings.node.weight, 7);
         assert_eq!(r.settings.node.features, vec!["ud".to_string()]);

@@ -165,3 +165,58 @@ fn a_key_value_secret_needs_its_field_named() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(env.key_path()).unwrap(), key);
 }
+
+#[test]
+fn two_bootstraps_at_once_take_turns_and_converge() {
+    use rustix::fs::{flock, FlockOperation};
+    let env = NodeEnv::start("").unwrap();
+    // Hold the bootstrap lock, as a running bootstrap would, so that both wait for it.
+    std::fs::create_dir_all(env.state_dir()).unwrap();
+    let lock = std::fs::File::create(env.state_dir().join("bootstrap.lock")).unwrap();
+    flock(&lock, FlockOperation::LockExclusive).unwrap();
+    let spawn = |name: &str| {
+        let err = std::fs::File::create(env.root.path().join(name)).unwrap();
+        let child = env
+            .agent_command(&["bootstrap", "--output", "json"])
+            .unwrap()
+            .stdout(std::process::Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        (child, env.root.path().join(name))
+    };
+    let (a, a_err) = spawn("a.err");
+    let (b, b_err) = spawn("b.err");
+    for path in [&a_err, &b_err] {
+        slurm_e2e::wait_until(
+            "the bootstrap to say it waits for the lock",
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_millis(50),
+            || {
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                Ok(text
+                    .contains("another bootstrap is running: waiting")
+                    .then_some(()))
+            },
+        )
+        .unwrap();
+    }
+    assert!(
+        !env.options_file().exists(),
+        "a bootstrap went past the lock"
+    );
+    drop(lock);
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let text = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+    assert!(a.status.success(), "first:\n{}", text(&a_err));
+    assert!(b.status.success(), "second:\n{}", text(&b_err));
+    // One installed the key; the other found it in place.
+    let changed: Vec<bool> = [&a, &b]
+        .iter()
+        .map(|o| report(o).unwrap()["key_changed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(changed.iter().filter(|c| **c).count(), 1, "{changed:?}");
+    let options = std::fs::read_to_string(env.options_file()).unwrap();
+    assert_eq!(options.matches("SLURMD_OPTIONS=").count(), 1, "{options}");
+    assert!(env.slurmd_pid().unwrap() > 0);
+}

@@ -34,7 +34,8 @@ pub struct CheckArgs {
     /// Result format on stdout.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
-    /// Report only: do not drain or resume the node.
+    /// Report only: do not drain or resume the node, nor run NHC service actions (`-S`,
+    /// `-r`, `-c`).
     #[arg(long)]
     pub no_act: bool,
     /// Prometheus textfile to write (default: `health.prometheus_textfile`).
@@ -112,6 +113,8 @@ impl CheckArgs {
         };
         let mut env = RunEnv::from_settings(&s);
         env.node = node.clone();
+        // Report only: no NHC -S/-r/-c service starts either.
+        env.service_actions = !self.no_act;
         let report = health::run_checks(&checks, &env).await;
         let action: Option<ActOutcome> = match (&node, s.health.act && !self.no_act) {
             (_, false) => None,

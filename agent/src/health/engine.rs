@@ -40,6 +40,9 @@ pub struct RunEnv {
     /// Time limit of the whole run (`health.run_deadline`): a check still running then is
     /// reported as hung (a command is killed with its cgroup) and the run ends.
     pub run_deadline: Duration,
+    /// Whether NHC's `-S`/`-r`/`-c` service actions run (off for `check --no-act`, which
+    /// only reports).
+    pub service_actions: bool,
 }
 
 impl Default for RunEnv {
@@ -50,6 +53,7 @@ impl Default for RunEnv {
             output_limit: 64 * 1024,
             node: None,
             run_deadline: Duration::from_secs(30),
+            service_actions: true,
         }
     }
 }
@@ -63,6 +67,7 @@ impl RunEnv {
             output_limit: usize::try_from(s.health.output_limit).unwrap_or(64 * 1024),
             node: (!s.node.name.is_empty()).then(|| s.node.name.clone()),
             run_deadline: s.health.run_deadline.0,
+            service_actions: true,
         }
     }
 }
@@ -97,6 +102,7 @@ struct Ctx {
     facts: Arc<Facts>,
     bus: String,
     output_limit: usize,
+    service_actions: bool,
     systemd: tokio::sync::OnceCell<Result<Systemd, String>>,
 }
 
@@ -524,6 +530,15 @@ async fn run_async(
 async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
+            if p.must_run && p.action != ServiceAction::None && !ctx.service_actions =>
+        {
+            Outcome::Fail(format!(
+                "{m}; {} of {} not attempted (report only)",
+                format!("{:?}", p.action).to_lowercase(),
+                p.service
+            ))
+        }
+        (Outcome::Fail(m), CheckKind::Process(p))
             if p.must_run && p.action != ServiceAction::None =>
         {
             let limit = check
@@ -566,6 +581,7 @@ pub async fn run_checks(set: &CheckSet, env: &RunEnv) -> Report {
     let ctx = Arc::new(Ctx {
         facts: Arc::new(Facts::new(env.host.clone())),
         bus: env.systemd_bus.clone(),
+        service_actions: env.service_actions,
         output_limit: env.output_limit,
         systemd: tokio::sync::OnceCell::new(),
     });

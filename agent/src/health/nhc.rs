@@ -1319,4 +1319,47 @@ other || check_nope -x
             "check_fs_mount -0 -t tmpfs -f /a -f /b [/b]"
         );
     }
+
+    #[tokio::test]
+    async fn report_only_runs_no_service_action() {
+        let set = p("* || check_ps_service -S no-such-daemon-xyz\n", Some("n1")).unwrap();
+        let env = |service_actions| crate::health::engine::RunEnv {
+            // A bus nobody listens on: an attempted start says it was not possible.
+            systemd_bus: "unix:path=/nonexistent/bus".into(),
+            service_actions,
+            ..Default::default()
+        };
+        let r = crate::health::engine::run_checks(&set, &env(false)).await;
+        let m = &r.results[0].message;
+        assert!(
+            m.ends_with("start of no-such-daemon-xyz not attempted (report only)"),
+            "{m}"
+        );
+        let r = crate::health::engine::run_checks(&set, &env(true)).await;
+        let m = &r.results[0].message;
+        assert!(m.contains("not possible"), "{m}");
+    }
+
+    /// Lines an NHC file may hold: real check names, shell-ish punctuation, arbitrary text.
+    fn nhc_line() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let check = proptest::sample::select(SUPPORTED.to_vec());
+        prop_oneof![
+            (check, "[ -~]{0,40}").prop_map(|(c, a)| format!("* || {c} {a}")),
+            "[ -~]{0,60}",
+            "\\PC{0,30}",
+            "[*a-z0-9_.|&;$(){}'\"\\\\ =-]{0,50}",
+        ]
+    }
+
+    proptest::proptest! {
+        // Cases: proptest's default (256), or PROPTEST_CASES (CI's longer run).
+        #[test]
+        fn fuzz_nhc_parse_never_panics(lines in proptest::collection::vec(nhc_line(), 0..12)) {
+            let text = lines.join("\n");
+            if let Err(e) = p(&text, Some("n1")) {
+                proptest::prop_assert!(e.line <= lines.len().max(1), "{}", e);
+            }
+        }
+    }
 }

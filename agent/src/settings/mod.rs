@@ -48,8 +48,9 @@ pub enum Source {
     Default,
     /// A settings file (main file or drop-in).
     File(PathBuf),
-    /// The settings part of the instance's user data.
-    UserData,
+    /// A settings part of the instance's user data, by its 1-based position among the
+    /// document's leaf parts (0: the user data as a whole).
+    UserData(usize),
     /// An instance tag, by its full key.
     Tag(String),
     /// A command-line flag.
@@ -61,7 +62,8 @@ impl fmt::Display for Source {
         match self {
             Source::Default => f.write_str("default"),
             Source::File(p) => write!(f, "{}", p.display()),
-            Source::UserData => write!(f, "user data part {USER_DATA_CONTENT_TYPE}"),
+            Source::UserData(0) => f.write_str("user data"),
+            Source::UserData(n) => write!(f, "user data part {n} ({USER_DATA_CONTENT_TYPE})"),
             Source::Tag(k) => write!(f, "instance tag {k:?}"),
             Source::Flag => f.write_str("command line"),
         }

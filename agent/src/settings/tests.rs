@@ -65,12 +65,12 @@ fn malformed_toml_names_file_line_and_column() {
 
 #[test]
 fn unknown_keys_are_errors() {
-    let e = Layer::from_toml(Source::UserData, "[node]\nwieght = 5\n")
+    let e = Layer::from_toml(Source::UserData(1), "[node]\nwieght = 5\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("wieght"), "{e}");
     assert!(e.contains("line 2"), "{e}");
-    let e = Layer::from_toml(Source::UserData, "[nodes]\nweight = 5\n")
+    let e = Layer::from_toml(Source::UserData(1), "[nodes]\nweight = 5\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("nodes"), "{e}");
@@ -85,7 +85,7 @@ fn unknown_keys_are_errors() {
 
 #[test]
 fn wrong_types_name_the_key() {
-    let e = Layer::from_toml(Source::UserData, "[node]\nweight = \"heavy\"\n")
+    let e = Layer::from_toml(Source::UserData(1), "[node]\nweight = \"heavy\"\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("weight") && e.contains("line 2"), "{e}");
@@ -100,7 +100,7 @@ fn wrong_types_name_the_key() {
         e,
         "instance tag \"slurm-node-agent:node.weight\": key `node.weight`: expected an integer, got \"x\""
     );
-    let e = Layer::from_toml(Source::UserData, "[slurm]\njoin_deadline = \"soon\"\n")
+    let e = Layer::from_toml(Source::UserData(1), "[slurm]\njoin_deadline = \"soon\"\n")
         .unwrap_err()
         .to_string();
     assert!(e.contains("invalid duration \"soon\""), "{e}");
@@ -279,13 +279,13 @@ fn the_tag_escalation_chain_is_refused_naming_the_tag_and_key() {
 #[test]
 fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
     let ok = Layer::from_toml(
-        Source::UserData,
+        Source::UserData(1),
         "[auth]\nkey_source = \"secretsmanager:arn:aws:secretsmanager:us-east-1:111122223333:secret:pcs!x\"\nkey_encoding = \"raw\"\n",
     )
     .unwrap();
     Resolved::merge(&[ok]).unwrap();
     let file_source = Layer::from_toml(
-        Source::UserData,
+        Source::UserData(1),
         "\n[auth]\nkey_source = \"file:/etc/shadow\"\n",
     )
     .unwrap();
@@ -298,7 +298,7 @@ fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
     );
     assert!(e.contains("never a file"), "{e}");
     let dest =
-        Layer::from_toml(Source::UserData, "[auth]\nkey_path = \"/etc/cron.d/x\"\n").unwrap();
+        Layer::from_toml(Source::UserData(1), "[auth]\nkey_path = \"/etc/cron.d/x\"\n").unwrap();
     let e = Resolved::merge(&[dest]).unwrap_err().to_string();
     assert!(
         e.contains("key `auth.key_path`") && e.contains("trust class `image`"),
@@ -316,7 +316,7 @@ fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
 #[test]
 fn mounts_from_user_data_take_no_unit_dependencies() {
     let text = "[[mounts]]\ntype = \"tmpfs\"\nsource = \"tmpfs\"\nmount_point = \"/scratch\"\noptions = \"size=8m,x-systemd.requires=debug-shell.service\"\n";
-    let e = Resolved::merge(&[Layer::from_toml(Source::UserData, text).unwrap()])
+    let e = Resolved::merge(&[Layer::from_toml(Source::UserData(1), text).unwrap()])
         .unwrap_err()
         .to_string();
     assert!(
@@ -327,7 +327,7 @@ fn mounts_from_user_data_take_no_unit_dependencies() {
     Resolved::merge(&[file(text)]).unwrap();
     // Plain mounts from user data are fine.
     let plain = "[[mounts]]\ntype = \"efs\"\nfile_system_id = \"fs-0123456789abcdef0\"\nregion = \"us-east-1\"\nmount_point = \"/home\"\n";
-    Resolved::merge(&[Layer::from_toml(Source::UserData, plain).unwrap()]).unwrap();
+    Resolved::merge(&[Layer::from_toml(Source::UserData(1), plain).unwrap()]).unwrap();
 }
 
 #[test]

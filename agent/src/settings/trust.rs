@@ -53,7 +53,7 @@ impl Source {
     pub fn trust(&self) -> Trust {
         match self {
             Source::Default | Source::File(_) | Source::Flag => Trust::Image,
-            Source::UserData => Trust::UserData,
+            Source::UserData(_) => Trust::UserData,
             Source::Tag(_) => Trust::Tag,
         }
     }
