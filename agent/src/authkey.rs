@@ -25,6 +25,9 @@ pub enum KeySource {
     SecretsManager(String),
     /// `file:<absolute path>`.
     File(PathBuf),
+    /// The `sharedSecret` of the managed service's registration answer for this cluster
+    /// (base64); never parsed from settings (see `crate::pcs`).
+    Registration(String),
 }
 
 impl KeySource {
@@ -57,6 +60,9 @@ impl std::fmt::Display for KeySource {
             KeySource::Ssm(n) => write!(f, "SSM parameter {n}"),
             KeySource::SecretsManager(n) => write!(f, "Secrets Manager secret {n}"),
             KeySource::File(p) => write!(f, "key file {}", p.display()),
+            KeySource::Registration(c) => {
+                write!(f, "sharedSecret of the PCS registration (cluster {c})")
+            }
         }
     }
 }
@@ -253,6 +259,10 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<Ve
                 source_: src(),
                 message: e.to_string(),
             },
+        }),
+        KeySource::Registration(_) => Err(KeyError::Other {
+            source_: src(),
+            message: "comes with the registration answer, not fetched".into(),
         }),
         KeySource::Ssm(name) => {
             let client = aws_sdk_ssm::Client::new(sdk);

@@ -8,6 +8,7 @@
 //! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
+//! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
@@ -28,6 +29,7 @@ pub mod hostfacts;
 pub mod imds;
 pub mod mounts;
 pub mod nodedef;
+pub mod pcs;
 pub mod retry;
 pub mod settings;
 pub mod slurm;
