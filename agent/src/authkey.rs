@@ -35,6 +35,9 @@ pub enum KeySource {
     },
     /// `file:<absolute path>`.
     File(PathBuf),
+    /// The `sharedSecret` of the managed service's registration answer for this cluster
+    /// (base64); never parsed from settings (see `crate::pcs`).
+    Registration(String),
 }
 
 impl KeySource {
@@ -84,7 +87,7 @@ impl KeySource {
             KeySource::Ssm { field, .. } | KeySource::SecretsManager { field, .. } => {
                 field.as_deref()
             }
-            KeySource::File(_) => None,
+            KeySource::File(_) | KeySource::Registration(_) => None,
         }
     }
 }
@@ -95,6 +98,9 @@ impl std::fmt::Display for KeySource {
             KeySource::Ssm { name, .. } => write!(f, "SSM parameter {name}")?,
             KeySource::SecretsManager { id, .. } => write!(f, "Secrets Manager secret {id}")?,
             KeySource::File(p) => write!(f, "key file {}", p.display())?,
+            KeySource::Registration(c) => {
+                write!(f, "sharedSecret of the PCS registration (cluster {c})")?
+            }
         }
         match self.field() {
             Some(field) => write!(f, " (JSON field {field:?})"),
@@ -336,8 +342,8 @@ fn select_field(source: &KeySource, stored: &[u8]) -> Result<Option<Vec<u8>>, Ke
                 let example = match source {
                     KeySource::Ssm { name, .. } => format!("ssm:{name}#FIELD"),
                     KeySource::SecretsManager { id, .. } => format!("secretsmanager:{id}#FIELD"),
-                    KeySource::File(_) => {
-                        return Err(err("the file holds a JSON object, not a key".into()))
+                    KeySource::File(_) | KeySource::Registration(_) => {
+                        return Err(err("the value is a JSON object, not a key".into()))
                     }
                 };
                 return Err(err(format!(
@@ -409,6 +415,10 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<St
                     message: e.to_string(),
                 },
             }),
+        KeySource::Registration(_) => Err(KeyError::Other {
+            source_: src(),
+            message: "comes with the registration answer, not fetched".into(),
+        }),
         KeySource::Ssm { name, .. } => {
             let client = aws_sdk_ssm::Client::new(sdk);
             match client

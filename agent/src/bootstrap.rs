@@ -70,6 +70,9 @@ pub enum BootstrapError {
         /// The lock file.
         path: PathBuf,
     },
+    /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit_code`].
+    #[error(transparent)]
+    Pcs(#[from] crate::pcs::PcsError),
 }
 
 /// Lock file, under `agent.state_dir`, that makes concurrent bootstraps take turns.
@@ -92,6 +95,7 @@ impl BootstrapError {
             BootstrapError::Systemd(_) => 71,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
             BootstrapError::Io(_) => 74,
+            BootstrapError::Pcs(e) => e.exit_code(),
         }
     }
 }
@@ -253,6 +257,18 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let s = &resolved.settings;
     t.done("instance_metadata");
 
+    // Managed join (issue 13): PCS's registration answer names the node, the controller
+    // and the key; the rest of bootstrap runs with settings that say so.
+    let managed = match s.pcs.enabled {
+        true => Some(crate::pcs::register(s, &id).await?),
+        false => None,
+    };
+    let managed_settings = managed.as_ref().map(|m| m.join_settings(s));
+    let s = managed_settings.as_ref().unwrap_or(s);
+    if managed.is_some() {
+        t.done("register");
+    }
+
     // Independent steps run together: the node definition (which may wait for GPU
     // devices), the key (fetch, check, write) and the connection to systemd. Each step's
     // own duration is reported. Nothing is started before all three succeed.
@@ -289,6 +305,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
     t.record("node_definition", def_time);
     t.record("auth_key", key_time);
+    let key_changed = key_changed || managed.as_ref().is_some_and(|m| m.key_changed);
     // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
     // run together; slurmd starts when all three are done (it needs munge, and must not
     // run without its required mounts).

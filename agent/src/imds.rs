@@ -237,7 +237,7 @@ impl Imds {
     }
 }
 
-fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
+pub(crate) fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
     let mut b = aws_config::imds::Client::builder()
         .max_attempts(u32::try_from(s.attempts).unwrap_or(4))
         .token_ttl(s.token_ttl.0)
@@ -256,7 +256,7 @@ fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
     b.build()
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

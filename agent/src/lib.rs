@@ -10,6 +10,7 @@
 //! - [`identity`]: who the node is (NodeName, instance incarnation) and the agent's drain
 //!   reasons in Slurm.
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
+//! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
@@ -31,6 +32,7 @@ pub mod identity;
 pub mod imds;
 pub mod mounts;
 pub mod nodedef;
+pub mod pcs;
 pub mod retry;
 pub mod settings;
 pub mod slurm;

@@ -34,6 +34,8 @@ pub struct Settings {
     pub drain: crate::drain::DrainSettings,
     /// Health checks (`check`, and the daemon's schedule).
     pub health: crate::health::HealthSettings,
+    /// `[pcs]`: the managed join (AWS Parallel Computing Service registration).
+    pub pcs: crate::pcs::PcsSettings,
 }
 
 /// `[agent]`: the agent's own files.

@@ -1,0 +1,587 @@
+//! Managed join: becoming a node of an AWS Parallel Computing Service (PCS) cluster by
+//! registering through the service's `RegisterComputeNodeGroupInstance` call (issue 13),
+//! the second join mode beside the configless join to a known controller.
+//!
+//! Entry point: [`register`], called by bootstrap when `pcs.enabled` is set. It
+//! 1. finds the cluster id (`pcs.cluster_id`, else the instance tag `aws:pcs:cluster-id`)
+//!    and the compute node group (`pcs.compute_node_group_id`, else
+//!    `aws:pcs:compute-node-group-id`);
+//! 2. takes this boot's `bootstrapId` (made once per boot, kept in `pcs.bootstrap_id_file`
+//!    with the kernel's boot id, so every retry of this boot sends the same one);
+//! 3. calls the service with `aws-sdk-pcs`, signed with the instance profile's credentials
+//!    from IMDS (aws-config's IMDS credentials provider), retrying AccessDenied, throttling,
+//!    5xx and connection errors with capped, jittered backoff for `pcs.register_window`;
+//! 4. installs `sharedSecret` through the same key writer as every other key source
+//!    (`auth.type` decides the path and owner) and keeps the answer, without the secret, in
+//!    `<agent.state_dir>/pcs-registration.json` (mode 0600);
+//! 5. returns a [`Managed`] whose [`Managed::join_settings`] make the rest of bootstrap start
+//!    slurmd configless against the `SLURMCTLD` endpoints as the pre-declared node `nodeID`
+//!    (`-N <nodeID>`, not `-Z`), then wait for the node to be available as usual.
+//!
+//! Facts about the API and their sources: `docs/pcs-registration.md`. The service documents
+//! this call as the one its own agent makes, not as a public contract (see README).
+//!
+//! `sharedSecret` never reaches a log line, an error, the record file or `config show`.
+
+pub mod actions;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::authkey::{self, KeyError, KeySource, KeyTarget};
+use crate::imds::InstanceIdentity;
+use crate::retry::Backoff;
+use crate::settings::{HumanDuration, KeyEncoding, Settings};
+use crate::slurm::ConfServer;
+
+pub use actions::NodeLifecycleActions;
+
+/// Instance tag holding the cluster id (set by the service on the instances it launches).
+pub const CLUSTER_ID_TAG: &str = "aws:pcs:cluster-id";
+/// Instance tag holding the compute node group id.
+pub const GROUP_ID_TAG: &str = "aws:pcs:compute-node-group-id";
+/// File under `agent.state_dir` keeping the registration answer (without `sharedSecret`).
+pub const RECORD_FILE: &str = "pcs-registration.json";
+
+/// Backoff between registration attempts: a denied or throttled call is usually one the
+/// service will accept seconds to minutes later (role propagation, the instance not yet
+/// known to the group), so start at 1 s and cap at 20 s.
+pub const REGISTER_BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    cap: Duration::from_secs(20),
+};
+
+/// `[pcs]`: the managed join mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PcsSettings {
+    /// Join by registering with PCS instead of `slurm.conf_servers` and `auth.key_source`.
+    pub enabled: bool,
+    /// Cluster id (`pcs_...`) or name. Empty: the instance tag `aws:pcs:cluster-id`.
+    pub cluster_id: String,
+    /// Compute node group id. Empty: the tag `aws:pcs:compute-node-group-id` (only used for
+    /// the lifecycle scripts' environment when the answer lacks it).
+    pub compute_node_group_id: String,
+    /// Endpoint URL of the PCS API. Empty: the SDK's regional endpoint (or
+    /// `AWS_ENDPOINT_URL_PCS`).
+    pub endpoint: String,
+    /// Keep retrying transient failures (AccessDenied, throttling, 5xx, connection errors)
+    /// this long; the service gives a launched instance about 30 minutes to join.
+    pub register_window: HumanDuration,
+    /// This boot's `bootstrapId` (with the kernel's boot id), so retries reuse it.
+    pub bootstrap_id_file: PathBuf,
+}
+
+impl Default for PcsSettings {
+    fn default() -> Self {
+        PcsSettings {
+            enabled: false,
+            cluster_id: String::new(),
+            compute_node_group_id: String::new(),
+            endpoint: String::new(),
+            register_window: HumanDuration(Duration::from_secs(30 * 60)),
+            bootstrap_id_file: PathBuf::from("/run/slurm-node-agent/pcs-bootstrap-id"),
+        }
+    }
+}
+
+/// Why the managed join failed. [`PcsError::exit_code`] gives the sysexits(3) code.
+#[derive(Debug, thiserror::Error)]
+pub enum PcsError {
+    /// Settings or tags do not say enough (exit 78).
+    #[error("{key}: {message}")]
+    Config {
+        /// Settings key (or tag) at fault.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The service refused the request as malformed (exit 78): not worth retrying.
+    #[error("PCS RegisterComputeNodeGroupInstance for cluster {cluster}: {code}: {message}")]
+    Rejected {
+        /// Cluster identifier sent.
+        cluster: String,
+        /// Error code, e.g. `ValidationException`.
+        code: String,
+        /// The service's message.
+        message: String,
+    },
+    /// No success within `pcs.register_window` (exit 69); the last error is AWS's.
+    #[error(
+        "PCS RegisterComputeNodeGroupInstance for cluster {cluster} failed {attempts} times \
+         in {waited:?} (pcs.register_window); last error: {last}"
+    )]
+    Unavailable {
+        /// Cluster identifier sent.
+        cluster: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent.
+        waited: Duration,
+        /// The last error.
+        last: String,
+    },
+    /// The answer is unusable (exit 65): an unsafe nodeID, no SLURMCTLD endpoint.
+    #[error("PCS registration answer: {0}")]
+    Answer(String),
+    /// The shared secret could not be installed.
+    #[error("auth key: {0}")]
+    Key(#[from] KeyError),
+    /// Local files (exit 74).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl PcsError {
+    /// sysexits(3) code: 78 config, 69 unavailable, 65 bad data, 74 I/O, key errors as
+    /// bootstrap maps them.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            PcsError::Config { .. } | PcsError::Rejected { .. } => 78,
+            PcsError::Unavailable { .. } => 69,
+            PcsError::Answer(_) => 65,
+            PcsError::Key(KeyError::Write(_)) | PcsError::Io(_) => 74,
+            PcsError::Key(KeyError::AccessDenied { .. }) => 77,
+            PcsError::Key(_) => 65,
+        }
+    }
+}
+
+/// One controller endpoint from the answer (`Endpoint`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// `SLURMCTLD`, `SLURMDBD` or `SLURMRESTD`.
+    #[serde(rename = "type")]
+    pub endpoint_type: String,
+    /// Private IP address.
+    pub private_ip_address: String,
+    /// Port, as the API gives it (a string).
+    pub port: String,
+    /// Public IP address, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip_address: Option<String>,
+    /// IPv6 address, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_address: Option<String>,
+}
+
+/// What the registration gave, kept in [`RECORD_FILE`] for other commands. Has no
+/// `sharedSecret`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Registration {
+    /// Cluster identifier sent.
+    pub cluster_identifier: String,
+    /// `bootstrapId` sent.
+    pub bootstrap_id: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Slurm NodeName.
+    #[serde(rename = "nodeID")]
+    pub node_id: String,
+    /// Controller endpoints.
+    pub endpoints: Vec<Endpoint>,
+    /// Cluster name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// Compute node group id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_node_group_id: Option<String>,
+    /// Compute node group name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_node_group_name: Option<String>,
+    /// Lifecycle scripts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_lifecycle_actions: Option<NodeLifecycleActions>,
+    /// Attempts it took.
+    pub attempts: u32,
+}
+
+impl Registration {
+    /// The `SLURMCTLD` endpoints as configless servers, in the answer's order.
+    ///
+    /// # Errors
+    /// When there is none, or one is not an address and port.
+    pub fn conf_servers(&self) -> Result<Vec<String>, PcsError> {
+        let mut out = Vec::new();
+        for e in self
+            .endpoints
+            .iter()
+            .filter(|e| e.endpoint_type == "SLURMCTLD")
+        {
+            let ip: std::net::IpAddr = e.private_ip_address.parse().map_err(|_| {
+                PcsError::Answer(format!(
+                    "SLURMCTLD privateIpAddress {:?} is not an IP address",
+                    e.private_ip_address
+                ))
+            })?;
+            let port: u16 = e.port.parse().map_err(|_| {
+                PcsError::Answer(format!("SLURMCTLD port {:?} is not a port", e.port))
+            })?;
+            let server = match ip {
+                std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
+                std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+            };
+            ConfServer::parse(&server).map_err(PcsError::Answer)?;
+            out.push(server);
+        }
+        if out.is_empty() {
+            return Err(PcsError::Answer("no SLURMCTLD endpoint".into()));
+        }
+        Ok(out)
+    }
+}
+
+/// The outcome of [`register`].
+#[derive(Debug, Clone)]
+pub struct Managed {
+    /// The answer (without the secret).
+    pub registration: Registration,
+    /// Whether the key file was (re)written.
+    pub key_changed: bool,
+    /// Configless servers from the `SLURMCTLD` endpoints.
+    pub conf_servers: Vec<String>,
+}
+
+impl Managed {
+    /// The settings the rest of bootstrap runs with: NodeName `nodeID`, a pre-declared
+    /// (not dynamic) node, the `SLURMCTLD` endpoints as configless servers, and no key
+    /// source (the key is already installed from the answer).
+    pub fn join_settings(&self, s: &Settings) -> Settings {
+        let mut s = s.clone();
+        s.node.name = self.registration.node_id.clone();
+        s.node.dynamic = false;
+        s.slurm.conf_servers = self.conf_servers.clone();
+        s.auth.key_source = String::new();
+        s
+    }
+}
+
+/// The cluster id and compute node group id from settings or tags.
+///
+/// # Errors
+/// [`PcsError::Config`] when there is no cluster id, or it does not match the API's pattern.
+pub fn cluster_and_group(
+    s: &PcsSettings,
+    tags: &BTreeMap<String, String>,
+) -> Result<(String, Option<String>), PcsError> {
+    let (cluster, key) = if s.cluster_id.is_empty() {
+        match tags.get(CLUSTER_ID_TAG) {
+            Some(c) => (c.clone(), "tag aws:pcs:cluster-id"),
+            None => {
+                return Err(PcsError::Config {
+                    key: "pcs.cluster_id",
+                    message: format!(
+                        "no cluster id: set pcs.cluster_id, or allow tags in instance metadata \
+                         so that the tag {CLUSTER_ID_TAG} can be read"
+                    ),
+                })
+            }
+        }
+    } else {
+        (s.cluster_id.clone(), "pcs.cluster_id")
+    };
+    if !valid_cluster_identifier(&cluster) {
+        return Err(PcsError::Config {
+            key: if key == "pcs.cluster_id" {
+                "pcs.cluster_id"
+            } else {
+                "tag aws:pcs:cluster-id"
+            },
+            message: format!(
+                "{cluster:?} is not a cluster id or name \
+                 (pattern (pcs_[a-zA-Z0-9]+|[A-Za-z][A-Za-z0-9-]{{2,40}}))"
+            ),
+        });
+    }
+    let group = if s.compute_node_group_id.is_empty() {
+        tags.get(GROUP_ID_TAG).cloned()
+    } else {
+        Some(s.compute_node_group_id.clone())
+    };
+    Ok((cluster, group))
+}
+
+/// `clusterIdentifier`'s pattern, applied to the whole value:
+/// `(pcs_[a-zA-Z0-9]+|[A-Za-z][A-Za-z0-9-]{2,40})`.
+pub fn valid_cluster_identifier(s: &str) -> bool {
+    if let Some(rest) = s.strip_prefix("pcs_") {
+        if !rest.is_empty() && rest.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return true;
+        }
+    }
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
+        && (3..=41).contains(&s.len())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-')
+}
+
+/// The kernel's id of this boot.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// This boot's `bootstrapId`: the one in `path` when it was made in this boot, else a new
+/// one (32 random hex digits, as the service's own agent made them) written there first.
+///
+/// # Errors
+/// [`PcsError::Io`] when the file cannot be written.
+pub fn bootstrap_id(path: &Path) -> Result<String, PcsError> {
+    let boot = boot_id();
+    if let Ok(text) = std::fs::read_to_string(path) {
+        if let Some((b, id)) = text.trim().split_once(' ') {
+            if b == boot && (1..=1000).contains(&id.len()) && !id.contains(char::is_whitespace) {
+                return Ok(id.to_string());
+            }
+        }
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| PcsError::Io(format!("{}: {e}", dir.display())))?;
+    }
+    crate::fsutil::write_atomic(path, format!("{boot} {id}\n").as_bytes(), 0o600, None)
+        .map_err(|e| PcsError::Io(e.to_string()))?;
+    Ok(id)
+}
+
+/// Reads the record a managed bootstrap left, if any.
+pub fn read_record(state_dir: &Path) -> Option<Registration> {
+    let text = std::fs::read(state_dir.join(RECORD_FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Whether an error is worth another attempt: everything except a request the service
+/// calls malformed.
+fn retryable(code: Option<&str>) -> bool {
+    !matches!(
+        code,
+        Some(
+            "ValidationException"
+                | "SerializationException"
+                | "UnknownOperationException"
+                | "ResourceNotFoundException"
+        )
+    )
+}
+
+/// Registers with PCS, installs the key and keeps the record; see the module docs.
+///
+/// # Errors
+/// [`PcsError`].
+pub async fn register(s: &Settings, id: &InstanceIdentity) -> Result<Managed, PcsError> {
+    use aws_sdk_pcs::error::ProvideErrorMetadata;
+    let (cluster, group) = cluster_and_group(&s.pcs, &id.tags)?;
+    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file)?;
+    let creds = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
+        .imds_client(crate::imds::build_client(&s.imds))
+        .build();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(id.region.clone()))
+        .credentials_provider(creds)
+        .retry_config(aws_config::retry::RetryConfig::disabled());
+    if !s.pcs.endpoint.is_empty() {
+        loader = loader.endpoint_url(&s.pcs.endpoint);
+    }
+    let client = aws_sdk_pcs::Client::new(&loader.load().await);
+    tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
+
+    let start = Instant::now();
+    let window = s.pcs.register_window.0;
+    let mut attempts = 0u32;
+    let out = loop {
+        attempts += 1;
+        let result = client
+            .register_compute_node_group_instance()
+            .cluster_identifier(&cluster)
+            .bootstrap_id(&bootstrap_id)
+            .send()
+            .await;
+        let (code, message) = match result {
+            Ok(out) => break out,
+            Err(e) => {
+                let code = e.code().map(str::to_string);
+                let message = match e.message() {
+                    Some(m) => m.to_string(),
+                    None => crate::imds::error_chain(&e),
+                };
+                (code, message)
+            }
+        };
+        if !retryable(code.as_deref()) {
+            return Err(PcsError::Rejected {
+                cluster,
+                code: code.unwrap_or_default(),
+                message,
+            });
+        }
+        let last = match &code {
+            Some(c) => format!("{c}: {message}"),
+            None => message,
+        };
+        let left = window.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(PcsError::Unavailable {
+                cluster,
+                attempts,
+                waited: start.elapsed(),
+                last,
+            });
+        }
+        let wait = REGISTER_BACKOFF.delay(attempts - 1).min(left);
+        tracing::warn!(
+            attempt = attempts,
+            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            "PCS registration failed: {last}"
+        );
+        tokio::time::sleep(wait).await;
+    };
+
+    let registration = Registration {
+        cluster_identifier: cluster.clone(),
+        bootstrap_id,
+        instance_id: id.instance_id.clone(),
+        node_id: out.node_id().to_string(),
+        endpoints: out
+            .endpoints()
+            .iter()
+            .map(|e| Endpoint {
+                endpoint_type: e.r#type().as_str().to_string(),
+                private_ip_address: e.private_ip_address().to_string(),
+                port: e.port().to_string(),
+                public_ip_address: e.public_ip_address().map(str::to_string),
+                ipv6_address: e.ipv6_address().map(str::to_string),
+            })
+            .collect(),
+        cluster_name: out.cluster_name().map(str::to_string),
+        compute_node_group_id: out.compute_node_group_id().map(str::to_string).or(group),
+        compute_node_group_name: out.compute_node_group_name().map(str::to_string),
+        node_lifecycle_actions: out.node_lifecycle_actions().map(NodeLifecycleActions::from),
+        attempts,
+    };
+    crate::nodedef::validate_node_name(&registration.node_id)
+        .map_err(|m| PcsError::Answer(format!("nodeID: {m}")))?;
+    let conf_servers = registration.conf_servers()?;
+    tracing::info!(
+        node_id = %registration.node_id,
+        servers = ?conf_servers,
+        cluster_name = ?registration.cluster_name,
+        attempts,
+        "registered with PCS"
+    );
+
+    // The secret goes through the same checks and writer as every key source.
+    let target = KeyTarget::from_settings(&s.auth);
+    let owner = authkey::resolve_owner(&target.owner)?;
+    let key = authkey::decode(
+        &KeySource::Registration(cluster),
+        out.shared_secret().as_bytes(),
+        KeyEncoding::Base64,
+        &target,
+    )?;
+    let key_changed = authkey::install(&key, &target.path, owner)?;
+    tracing::info!(path = %target.path.display(), changed = key_changed, "auth key installed from the registration");
+
+    write_record(&s.agent.state_dir, &registration)?;
+    Ok(Managed {
+        registration,
+        key_changed,
+        conf_servers,
+    })
+}
+
+fn write_record(state_dir: &Path, r: &Registration) -> Result<(), PcsError> {
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| PcsError::Io(format!("{}: {e}", state_dir.display())))?;
+    let json = serde_json::to_vec_pretty(r).map_err(|e| PcsError::Io(e.to_string()))?;
+    crate::fsutil::write_atomic(&state_dir.join(RECORD_FILE), &json, 0o600, None)
+        .map_err(|e| PcsError::Io(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn cluster_from_settings_or_tag() {
+        let mut tags = BTreeMap::new();
+        let mut s = PcsSettings::default();
+        let e = cluster_and_group(&s, &tags).unwrap_err();
+        assert!(e.to_string().contains("pcs.cluster_id"), "{e}");
+        assert_eq!(e.exit_code(), 78);
+        tags.insert(CLUSTER_ID_TAG.to_string(), "pcs_abc".to_string());
+        tags.insert(GROUP_ID_TAG.to_string(), "pcs_grp".to_string());
+        assert_eq!(
+            cluster_and_group(&s, &tags).unwrap(),
+            ("pcs_abc".to_string(), Some("pcs_grp".to_string()))
+        );
+        s.cluster_id = "my-cluster".into();
+        assert_eq!(cluster_and_group(&s, &tags).unwrap().0, "my-cluster");
+        s.cluster_id = "bad id".into();
+        let e = cluster_and_group(&s, &tags).unwrap_err();
+        assert!(e.to_string().starts_with("pcs.cluster_id:"), "{e}");
+        s.cluster_id.clear();
+        tags.insert(CLUSTER_ID_TAG.to_string(), "x".to_string());
+        let e = cluster_and_group(&s, &tags).unwrap_err();
+        assert!(e.to_string().starts_with("tag aws:pcs:cluster-id:"), "{e}");
+    }
+
+    #[test]
+    fn bootstrap_id_is_kept_within_a_boot_and_renewed_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/id");
+        let a = bootstrap_id(&p).unwrap();
+        assert_eq!(a.len(), 32);
+        assert_eq!(bootstrap_id(&p).unwrap(), a);
+        // Written in another boot: a new one.
+        std::fs::write(&p, format!("another-boot {a}\n")).unwrap();
+        let b = bootstrap_id(&p).unwrap();
+        assert_ne!(a, b);
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn servers_from_slurmctld_endpoints_only() {
+        let ep = |t: &str, ip: &str, port: &str| Endpoint {
+            endpoint_type: t.into(),
+            private_ip_address: ip.into(),
+            port: port.into(),
+            public_ip_address: None,
+            ipv6_address: None,
+        };
+        let mut r = Registration {
+            cluster_identifier: "pcs_a".into(),
+            bootstrap_id: "b".into(),
+            instance_id: "i-1".into(),
+            node_id: "compute-1".into(),
+            endpoints: vec![
+                ep("SLURMDBD", "10.0.0.2", "6819"),
+                ep("SLURMCTLD", "10.0.0.1", "6817"),
+            ],
+            cluster_name: None,
+            compute_node_group_id: None,
+            compute_node_group_name: None,
+            node_lifecycle_actions: None,
+            attempts: 1,
+        };
+        assert_eq!(r.conf_servers().unwrap(), ["10.0.0.1:6817"]);
+        r.endpoints[1].port = "68a".into();
+        assert_eq!(r.conf_servers().unwrap_err().exit_code(), 65);
+        r.endpoints.remove(1);
+        assert!(r
+            .conf_servers()
+            .unwrap_err()
+            .to_string()
+            .contains("no SLURMCTLD"));
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"nodeID\":\"compute-1\""), "{json}");
+    }
+}
