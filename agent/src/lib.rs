@@ -8,6 +8,7 @@
 //! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
+//! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
@@ -19,6 +20,7 @@
 pub mod authkey;
 pub mod bootstrap;
 pub mod cli;
+pub mod cloudinit;
 pub mod daemon;
 pub mod drain;
 pub mod events;
