@@ -78,6 +78,7 @@ locals {
     "slurm-image:lustre-client"         = tostring(var.lustre_client)
     "slurm-image:nvidia-driver-version" = var.nvidia_driver_version
     "slurm-image:nvidia-dcgm"           = tostring(var.nvidia_dcgm)
+    "slurm-image:cloudwatch-agent"      = tostring(var.cloudwatch_agent)
     "slurm-image:agent-version"         = var.agent_version
   }
   tags = merge(var.tags, local.version_tags, { Name = local.ami_name })
@@ -100,6 +101,8 @@ locals {
     "LUSTRE_CLIENT=${var.lustre_client}",
     "NVIDIA_DRIVER_VERSION=${var.nvidia_driver_version}",
     "NVIDIA_DCGM=${var.nvidia_dcgm}",
+    "CLOUDWATCH_AGENT=${var.cloudwatch_agent}",
+    "IMAGE_REGION=${var.region}",
     "AGENT_VERSION=${var.agent_version}",
     "ALLOW_SKIPS=${var.allow_skips}",
   ]
@@ -186,6 +189,7 @@ build {
       "${path.root}/scripts/40-efa.sh",
       "${path.root}/scripts/50-lustre.sh",
       "${path.root}/scripts/60-nvidia.sh",
+      "${path.root}/scripts/65-services.sh",
       "${path.root}/scripts/70-agent.sh",
       "${path.root}/scripts/80-hardening.sh",
       "${path.root}/scripts/90-cleanup.sh",

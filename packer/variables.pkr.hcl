@@ -139,6 +139,12 @@ variable "nvidia_dcgm" {
   default     = false
 }
 
+variable "cloudwatch_agent" {
+  type        = bool
+  description = "Install the CloudWatch agent, shipping the journal of slurmd and slurm-node-agent."
+  default     = false
+}
+
 variable "agent_version" {
   type        = string
   description = "Version of slurm-node-agent baked in (recorded in tags and build-info)."

@@ -11,6 +11,7 @@
 //!   reasons in Slurm.
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
+//! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
@@ -22,6 +23,7 @@
 pub mod authkey;
 pub mod bootstrap;
 pub mod cli;
+pub mod cloudinit;
 pub mod daemon;
 pub mod drain;
 pub mod events;

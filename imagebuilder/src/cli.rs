@@ -109,6 +109,9 @@ pub struct RecipeArgs {
     /// Install NVIDIA DCGM (needs --nvidia-driver).
     #[arg(long)]
     pub dcgm: bool,
+    /// Install the CloudWatch agent, shipping the journal of slurmd and slurm-node-agent.
+    #[arg(long)]
+    pub cloudwatch_agent: bool,
     /// Version of slurm-node-agent recorded in tags and build-info.
     #[arg(long)]
     pub agent_version: Option<String>,
@@ -276,6 +279,7 @@ impl Cli {
             lustre: Some(!args.no_lustre),
             nvidia_driver: args.nvidia_driver.clone(),
             dcgm: args.dcgm,
+            cloudwatch_agent: args.cloudwatch_agent,
             agent_version: args.agent_version.clone(),
             region: args.region.clone(),
             ami_regions: args.ami_regions.clone(),

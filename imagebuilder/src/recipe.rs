@@ -125,6 +125,8 @@ pub struct Request {
     pub nvidia_driver: Option<String>,
     /// DCGM.
     pub dcgm: bool,
+    /// The CloudWatch agent.
+    pub cloudwatch_agent: bool,
     /// Agent version to record.
     pub agent_version: Option<String>,
     /// Build region.
@@ -166,6 +168,8 @@ pub struct Recipe {
     pub nvidia_driver: String,
     /// DCGM.
     pub dcgm: bool,
+    /// The CloudWatch agent (shipping the Slurm units' journal).
+    pub cloudwatch_agent: bool,
     /// Agent version.
     pub agent_version: String,
     /// Build region.
@@ -374,6 +378,7 @@ impl Recipe {
             lustre: req.lustre.unwrap_or(true),
             nvidia_driver,
             dcgm: req.dcgm,
+            cloudwatch_agent: req.cloudwatch_agent,
             agent_version: req
                 .agent_version
                 .clone()
@@ -410,6 +415,7 @@ impl Recipe {
         v.insert("lustre_client".into(), json!(self.lustre));
         v.insert("nvidia_driver_version".into(), json!(self.nvidia_driver));
         v.insert("nvidia_dcgm".into(), json!(self.dcgm));
+        v.insert("cloudwatch_agent".into(), json!(self.cloudwatch_agent));
         v.insert("agent_version".into(), json!(self.agent_version));
         v
     }
@@ -437,6 +443,8 @@ impl Recipe {
             ("LUSTRE_CLIENT", self.lustre.to_string()),
             ("NVIDIA_DRIVER_VERSION", self.nvidia_driver.clone()),
             ("NVIDIA_DCGM", self.dcgm.to_string()),
+            ("CLOUDWATCH_AGENT", self.cloudwatch_agent.to_string()),
+            ("IMAGE_REGION", self.region.clone()),
             ("AGENT_VERSION", self.agent_version.clone()),
             ("ALLOW_SKIPS", allow_skips.to_string()),
         ]

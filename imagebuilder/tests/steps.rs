@@ -245,3 +245,289 @@ fn cloud_init_that_never_finishes_stops_the_step_with_a_bounded_wait() {
         text(&out)
     );
 }
+
+/// Where a step run in [`step`] wrote: the overlay upper folders of /etc, /usr/local, /var
+/// and /opt.
+struct Written {
+    root: PathBuf,
+}
+
+impl Written {
+    /// The text a step wrote at `path` (absolute, under one of the overlaid folders).
+    fn read(&self, path: &str) -> String {
+        let (top, rest) = path.trim_start_matches('/').split_once('/').unwrap();
+        let top = if top == "usr" {
+            let (_, r) = rest.split_once('/').unwrap();
+            return std::fs::read_to_string(self.root.join("usr-local").join(r))
+                .unwrap_or_default();
+        } else {
+            top
+        };
+        std::fs::read_to_string(self.root.join(top).join(rest)).unwrap_or_default()
+    }
+}
+
+/// Run a provisioning step as root in a private mount namespace whose /etc, /usr/local,
+/// /var and /opt are overlays (writes land in a temporary folder, never on this machine),
+/// with the stand-ins first on PATH.
+fn step(s: &StandIn, script: &str, env: &[(&str, &str)]) -> (Output, Written) {
+    let root = s.path().join("root");
+    let mut mounts = String::new();
+    for (dir, name) in [
+        ("/etc", "etc"),
+        ("/usr/local", "usr-local"),
+        ("/var", "var"),
+        ("/opt", "opt"),
+    ] {
+        let up = root.join(name);
+        let work = root.join(format!("{name}.work"));
+        std::fs::create_dir_all(&up).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        mounts.push_str(&format!(
+            "mount -t overlay overlay -o lowerdir={dir},upperdir={},workdir={} {dir}\n",
+            up.display(),
+            work.display()
+        ));
+    }
+    let mut vars = String::new();
+    for (k, v) in env {
+        vars.push_str(&format!("export {k}='{v}'\n"));
+    }
+    let body = format!(
+        "set -e\n{mounts}{vars}exec bash {}\n",
+        repo().join("packer/scripts").join(script).display()
+    );
+    let script_file = s.path().join("run-step.sh");
+    std::fs::write(&script_file, body).unwrap();
+    let out = s.bash_cmd(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "bash"])
+            .arg(&script_file),
+    );
+    (out, Written { root })
+}
+
+impl StandIn {
+    /// Run `cmd` with the same environment as [`StandIn::bash`].
+    fn bash_cmd(&self, cmd: &mut Command) -> Output {
+        let path = format!(
+            "{}:{}",
+            self.dir.path().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.current_dir(repo())
+            .env("PATH", path)
+            .env("STANDIN_DIR", self.dir.path())
+            .env("PKG_RETRY_DELAY", "0")
+            .env(
+                "CLOUD_INIT_MARKER",
+                self.dir.path().join("cloud-init-waited"),
+            )
+            .output()
+            .unwrap()
+    }
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[test]
+fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    // (os, what records the SSM agent, the SSM agent's unit, chrony's config and unit)
+    for (os, ssm, ssm_unit, conf, chrony_unit) in [
+        (
+            "debian-12",
+            "amazon-ssm-agent",
+            "amazon-ssm-agent.service",
+            "/etc/chrony/chrony.conf",
+            "chrony.service",
+        ),
+        (
+            "ubuntu-22.04",
+            "snap:amazon-ssm-agent",
+            "snap.amazon-ssm-agent.amazon-ssm-agent.service",
+            "/etc/chrony/chrony.conf",
+            "chrony.service",
+        ),
+        (
+            "al2023",
+            "amazon-ssm-agent",
+            "amazon-ssm-agent.service",
+            "/etc/chrony.conf",
+            "chronyd.service",
+        ),
+        (
+            "rocky9",
+            "amazon-ssm-agent",
+            "amazon-ssm-agent.service",
+            "/etc/chrony.conf",
+            "chronyd.service",
+        ),
+    ] {
+        let s = StandIn::new();
+        let env = [
+            ("IMAGE_OS", os),
+            ("IMAGE_ARCH", "arm64"),
+            ("IMAGE_REGION", "eu-west-1"),
+            ("CLOUDWATCH_AGENT", "true"),
+        ];
+        let (out, written) = step(&s, "65-services.sh", &env);
+        assert!(out.status.success(), "{os}: {}", text(&out));
+        let installed = s.lines("installed");
+        for want in [ssm, "chrony", "amazon-cloudwatch-agent"] {
+            assert!(
+                installed.iter().any(|i| i == want),
+                "{os}: {want} not in {installed:?}"
+            );
+        }
+        let enabled = s.lines("enabled");
+        for want in [
+            ssm_unit,
+            chrony_unit,
+            "amazon-cloudwatch-agent.service",
+            "slurm-image-journal-export.service",
+        ] {
+            assert!(
+                enabled.iter().any(|e| e == want),
+                "{os}: {want} not enabled: {enabled:?}"
+            );
+        }
+        let chrony = written.read(conf);
+        assert!(
+            chrony.contains("server 169.254.169.123 prefer iburst")
+                && chrony.contains("server fd00:ec2::123 prefer iburst"),
+            "{os}: {chrony}"
+        );
+        let cw = written.read("/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json");
+        let cw: serde_json::Value = serde_json::from_str(&cw).unwrap();
+        assert_eq!(
+            cw["logs"]["logs_collected"]["files"]["collect_list"][0]["file_path"],
+            "/var/log/slurm-node/journal.log"
+        );
+        if os == "rocky9" {
+            assert!(
+                s.lines("log").iter().any(|l| l.contains(
+                    "dnf install -y -q https://s3.eu-west-1.amazonaws.com/amazon-ssm-eu-west-1/latest/linux_arm64/amazon-ssm-agent.rpm"
+                )),
+                "{:#?}",
+                s.lines("log")
+            );
+        }
+    }
+}
+
+#[test]
+fn services_step_is_idempotent_and_keeps_the_distribution_chrony_config() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    let s = StandIn::new();
+    let env = [("IMAGE_OS", "debian-12"), ("IMAGE_ARCH", "x86_64")];
+    let (out, written) = step(&s, "65-services.sh", &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let first = written.read("/etc/chrony/chrony.conf");
+    let (out, written) = step(&s, "65-services.sh", &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let second = written.read("/etc/chrony/chrony.conf");
+    assert_eq!(first, second);
+    assert_eq!(second.matches("169.254.169.123").count(), 1, "{second}");
+    // The second run installs nothing.
+    let installs = s
+        .lines("log")
+        .iter()
+        .filter(|l| l.starts_with("apt-get") && l.contains(" install "))
+        .count();
+    assert_eq!(installs, 1, "{:#?}", s.lines("log"));
+    // Not requested: no CloudWatch agent.
+    assert!(!s
+        .lines("installed")
+        .iter()
+        .any(|i| i.contains("cloudwatch")));
+}
+
+#[test]
+fn nvidia_step_sets_up_fabric_manager_persistenced_and_device_nodes_before_slurmd() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    for (os, fabric) in [
+        ("ubuntu-22.04", "nvidia-fabricmanager-550"),
+        ("rocky9", "nvidia-fabric-manager"),
+    ] {
+        let s = StandIn::new();
+        let env = [
+            ("IMAGE_OS", os),
+            ("IMAGE_ARCH", "x86_64"),
+            ("NVIDIA_DRIVER_VERSION", "550.127.05"),
+            ("NVIDIA_DCGM", "true"),
+        ];
+        let (out, written) = step(&s, "60-nvidia.sh", &env);
+        assert!(out.status.success(), "{os}: {}", text(&out));
+        let installed = s.lines("installed");
+        for want in [fabric, "nvidia-modprobe", "datacenter-gpu-manager"] {
+            assert!(
+                installed.iter().any(|i| i == want),
+                "{os}: {want} not in {installed:?}"
+            );
+        }
+        let enabled = s.lines("enabled");
+        for want in [
+            "nvidia-persistenced.service",
+            "nvidia-fabricmanager.service",
+            "nvidia-device-nodes.service",
+        ] {
+            assert!(
+                enabled.iter().any(|e| e == want),
+                "{os}: {want} not enabled: {enabled:?}"
+            );
+        }
+        let unit = written.read("/etc/systemd/system/nvidia-device-nodes.service");
+        assert!(
+            unit.contains("Before=slurmd.service")
+                && unit.contains("ExecStart=/usr/local/lib/slurm-image/nvidia-device-nodes"),
+            "{unit}"
+        );
+        let nodes = written.read("/usr/local/lib/slurm-image/nvidia-device-nodes");
+        assert!(nodes.contains("nvidia-modprobe -c"), "{nodes}");
+        let fm =
+            written.read("/etc/systemd/system/nvidia-fabricmanager.service.d/slurm-image.conf");
+        assert!(fm.contains("nvidia-nvswitch"), "{fm}");
+    }
+}
+
+#[test]
+fn nvidia_acceptance_checks_skip_device_checks_without_gpus() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    if std::path::Path::new("/proc/driver/nvidia/gpus").exists() {
+        eprintln!("skipped: this machine has NVIDIA GPUs");
+        return;
+    }
+    let s = StandIn::new();
+    // Only the NVIDIA part matters here: the rest of the checks fail on this host.
+    let (out, _) = step(
+        &s,
+        "99-acceptance.sh",
+        &[
+            ("IMAGE_OS", "debian-12"),
+            ("NVIDIA_DRIVER_VERSION", "550"),
+            ("ACCEPTANCE_CLEANUP_CHECK", "false"),
+        ],
+    );
+    let t = text(&out);
+    assert!(
+        t.contains(
+            "not checked: nvidia devices, Fabric Manager version and DCGM: no GPU on this builder"
+        ),
+        "{t}"
+    );
+}

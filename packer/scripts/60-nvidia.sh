@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# 60-nvidia: optional NVIDIA driver (a pinned branch from NVIDIA's CUDA repository) and DCGM.
+# 60-nvidia: optional NVIDIA driver (a pinned branch from NVIDIA's CUDA repository), with
+# what the big instances need: Fabric Manager of the driver's branch (NVSwitch instance
+# types p4d, p4de, p5, p5e cannot use their GPUs without it; it runs only where NVSwitches
+# are), nvidia-persistenced, and the /dev/nvidia* device nodes created (nvidia-modprobe)
+# before slurmd starts; DCGM when NVIDIA_DCGM=true.
 set -Eeuo pipefail
 STEP=60-nvidia
 for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
@@ -39,19 +43,65 @@ else
 	if [ "$(os_family)" = deb ]; then
 		if [ ! -f /usr/share/keyrings/cuda-archive-keyring.gpg ]; then
 			keyring=/var/cache/slurm-image/cuda-keyring.deb
+			mkdir -p "$(dirname "$keyring")"
 			curl -fsSL -o "$keyring" "$repo/cuda-keyring_1.1-1_all.deb"
-			dpkg -i "$keyring"
+			pkg_run "installing the CUDA repository keyring" dpkg -i "$keyring"
 		fi
 		pkg_install "linux-headers-$(uname -r)"
-		pkg_install "nvidia-driver-$branch-server-open" "nvidia-fabricmanager-$branch"
+		# Fabric Manager and the driver from the same branch of the same repository.
+		pkg_install "nvidia-driver-$branch-server-open" "nvidia-fabricmanager-$branch" nvidia-modprobe
 	else
 		pkg_install dnf-plugins-core "kernel-devel-$(uname -r)"
 		compgen -G "/etc/yum.repos.d/cuda-*.repo" >/dev/null || dnf config-manager --add-repo "$repo/cuda-$(basename "$(dirname "$repo")").repo"
-		dnf module install -y -q "nvidia-driver:$branch-open"
+		# The module stream pins the driver branch; Fabric Manager and nvidia-persistenced
+		# come from the same stream, so their versions match the driver's.
+		pkg_run "installing the NVIDIA driver $branch" dnf_cmd module install -y -q "nvidia-driver:$branch-open"
+		pkg_install nvidia-fabric-manager nvidia-persistenced nvidia-modprobe
 	fi
 	mkdir -p /etc/slurm-image
 	echo "$branch" >/etc/slurm-image/nvidia-branch
 fi
+
+# Device nodes before slurmd: slurmd (and the agent's GPU count) need /dev/nvidia<N>,
+# /dev/nvidiactl and /dev/nvidia-uvm, which the driver creates only on first use.
+write_if_changed "$IMAGE_LIB_DIR/nvidia-device-nodes" 0755 <<'EOS'
+#!/bin/sh
+# Create the NVIDIA device nodes (packer/scripts/60-nvidia.sh): one per GPU, the control
+# node and UVM. Run by nvidia-device-nodes.service before slurmd.
+set -eu
+nvidia-modprobe
+n=0
+for gpu in /proc/driver/nvidia/gpus/*; do
+	[ -e "$gpu" ] || continue
+	nvidia-modprobe -c "$n"
+	n=$((n + 1))
+done
+nvidia-modprobe -u -c 0
+echo "nvidia-device-nodes: $n GPU device node(s), nvidiactl and nvidia-uvm present"
+EOS
+write_if_changed /etc/systemd/system/nvidia-device-nodes.service 0644 <<UNIT
+[Unit]
+Description=Create the NVIDIA device nodes before slurmd
+Before=slurmd.service slurm-node-agent-bootstrap.service
+After=systemd-modules-load.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$IMAGE_LIB_DIR/nvidia-device-nodes
+
+[Install]
+WantedBy=multi-user.target slurmd.service
+UNIT
+# Fabric Manager only where NVSwitches are (its service fails elsewhere).
+write_if_changed /etc/systemd/system/nvidia-fabricmanager.service.d/slurm-image.conf 0644 <<'UNIT'
+[Unit]
+Before=slurmd.service
+[Service]
+ExecCondition=/bin/sh -c 'ls /proc/driver/nvidia-nvswitch/devices/* >/dev/null 2>&1'
+UNIT
+systemctl enable nvidia-persistenced.service nvidia-fabricmanager.service nvidia-device-nodes.service >/dev/null
+log "Fabric Manager (NVSwitch instances only), nvidia-persistenced and nvidia-device-nodes enabled"
 
 if [ "${NVIDIA_DCGM:-false}" = true ]; then
 	pkg_install datacenter-gpu-manager

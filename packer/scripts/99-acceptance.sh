@@ -135,6 +135,66 @@ else
 	fi
 fi
 
+# Operator services (65-services.sh).
+if reason=$(skipped_reason "amazon-ssm-agent"); then
+	not_checked "amazon-ssm-agent ($reason)"
+else
+	ssm=no
+	for u in amazon-ssm-agent.service snap.amazon-ssm-agent.amazon-ssm-agent.service; do
+		[ "$(systemctl is-enabled "$u" 2>/dev/null || true)" = enabled ] && ssm=$u
+	done
+	if [ "$ssm" != no ]; then pass "amazon-ssm-agent enabled ($ssm)"; else fail "amazon-ssm-agent is not installed and enabled"; fi
+fi
+chrony_conf=/etc/chrony/chrony.conf
+[ -f "$chrony_conf" ] || chrony_conf=/etc/chrony.conf
+if grep -qs '^server 169.254.169.123 ' "$chrony_conf" && grep -qs '^server fd00:ec2::123 ' "$chrony_conf"; then
+	pass "chrony uses the Amazon Time Sync Service ($chrony_conf)"
+else
+	fail "chrony: $chrony_conf does not name 169.254.169.123 and fd00:ec2::123"
+fi
+chrony_state=no
+for u in chrony.service chronyd.service; do
+	[ "$(systemctl is-enabled "$u" 2>/dev/null || true)" = enabled ] && chrony_state=$u
+done
+if [ "$chrony_state" != no ]; then pass "chrony enabled ($chrony_state)"; else fail "chrony is not enabled"; fi
+if [ "${CLOUDWATCH_AGENT:-false}" != true ]; then
+	pass "cloudwatch agent: not requested"
+elif reason=$(skipped_reason "CloudWatch agent"); then
+	not_checked "cloudwatch agent ($reason)"
+elif [ -s /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json ] &&
+	[ "$(systemctl is-enabled slurm-image-journal-export.service 2>/dev/null || true)" = enabled ]; then
+	pass "cloudwatch agent configured; journal export enabled"
+else
+	fail "cloudwatch agent: configuration or slurm-image-journal-export.service missing"
+fi
+
+# NVIDIA: services enabled; on a builder with GPUs, devices, Fabric Manager's version.
+if [ -z "${NVIDIA_DRIVER_VERSION:-}" ]; then
+	pass "nvidia: not requested"
+elif reason=$(skipped_reason "NVIDIA CUDA repository"); then
+	not_checked "nvidia ($reason)"
+else
+	for u in nvidia-persistenced.service nvidia-fabricmanager.service nvidia-device-nodes.service; do
+		state=$(systemctl is-enabled "$u" 2>/dev/null || true)
+		if [ "$state" = enabled ]; then pass "unit $u enabled"; else fail "unit $u is '${state:-unknown}', expected enabled"; fi
+	done
+	if ! compgen -G "/proc/driver/nvidia/gpus/*" >/dev/null; then
+		not_checked "nvidia devices, Fabric Manager version and DCGM: no GPU on this builder"
+	else
+		if [ -e /dev/nvidia0 ] && [ -e /dev/nvidiactl ]; then pass "nvidia device nodes present"; else fail "nvidia: /dev/nvidia0 or /dev/nvidiactl missing"; fi
+		driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 || true)
+		fm=$(nv-fabricmanager --version 2>/dev/null | grep -Eo '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1 || true)
+		if [ -n "$driver" ] && [ "$driver" = "$fm" ]; then
+			pass "Fabric Manager $fm matches the driver"
+		else
+			fail "Fabric Manager version '${fm:-none}' differs from the driver's '${driver:-none}'"
+		fi
+		if [ "${NVIDIA_DCGM:-false}" = true ]; then
+			if dcgmi discovery -l >/dev/null 2>&1; then pass "dcgm: dcgmi discovery -l"; else fail "dcgm: dcgmi discovery -l failed"; fi
+		fi
+	fi
+fi
+
 # Units enabled.
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service slurmd.service)
 [ "${SLURM_AUTH:-munge}" = munge ] && units+=(munge.service)
