@@ -12,12 +12,13 @@ use serde::Serialize;
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
+use crate::identity::{self, AgentReason, ReasonCause};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
 use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
 use crate::slurm::{self, ConfServer, NodeInfo, Scontrol};
-use crate::systemd::{Systemd, SystemdError};
+use crate::systemd::{ServiceInfo, Systemd, SystemdError};
 
 /// Name of the state file written under `agent.state_dir` when bootstrap succeeds.
 pub use crate::identity::STATE_FILE;
@@ -136,6 +137,9 @@ pub struct Report {
     pub key_changed: bool,
     /// Whether slurmd was restarted (options or key changed).
     pub slurmd_restarted: bool,
+    /// When the registered node stays drained: by whom and what lifts it, e.g.
+    /// `drained by an admin (bad DIMM); left drained`. `None` when it is available.
+    pub drain: Option<String>,
     /// Step durations in order.
     pub steps: Vec<Step>,
     /// Total milliseconds.
@@ -345,6 +349,21 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         let restart = options_changed || key_changed;
         if restart {
             stop_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
+            let old_start = prepare_record(s, &def.node_name, def.dynamic_conf.as_deref()).await;
+            // The proof of registration has one-second resolution: a slurmd started in the
+            // same second as the one that made the record could not be told from it.
+            if let Some(old) = old_start {
+                let now = crate::events::time::now();
+                if old >= now {
+                    let ms = u64::try_from((old + 1 - now).max(0)).unwrap_or(1) * 1000
+                        - u64::from(
+                            std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.subsec_millis()),
+                        );
+                    tokio::time::sleep(Duration::from_millis(ms + 1)).await;
+                }
+            }
         }
         Ok::<_, BootstrapError>(restart)
     });
@@ -358,7 +377,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     systemd.start(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
-    let node = join(s, &def, &systemd).await?;
+    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id).await?;
     t.done("join");
 
     write_state(s, &id, &def).map_err(BootstrapError::Io)?;
@@ -369,6 +388,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         dynamic_conf: def.dynamic_conf.clone(),
         key_changed,
         slurmd_restarted,
+        drain: kept_drain,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
         steps: t.steps,
     })
@@ -443,6 +463,85 @@ async fn install_key(
     Ok(changed)
 }
 
+/// Where a dynamic node's record in slurmctld differs from the `--conf` line about to be
+/// registered: `(key, in slurmctld, wanted)` for CPUs, RealMemory, Features and Gres.
+/// slurmctld keeps a dynamic node's record after slurmd stops, and a re-registration does
+/// not replace its definition.
+pub fn definition_differences(node: &NodeInfo, conf: &str) -> Vec<(String, String, String)> {
+    let want: std::collections::BTreeMap<&str, &str> = conf
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let set = |v: &str| -> std::collections::BTreeSet<String> {
+        v.split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty() && *x != "(null)")
+            .map(str::to_string)
+            .collect()
+    };
+    let have = |k: &str| node.fields.get(k).map_or("", String::as_str);
+    let mut out = Vec::new();
+    for (ours, theirs, as_set) in [
+        ("CPUs", "CPUTot", false),
+        ("RealMemory", "RealMemory", false),
+        ("Features", "AvailableFeatures", true),
+        ("Gres", "Gres", true),
+    ] {
+        let w = want.get(ours).copied().unwrap_or("");
+        let h = have(theirs);
+        let differs = if as_set {
+            set(w) != set(h)
+        } else {
+            !w.is_empty() && w != h
+        };
+        if differs {
+            out.push((ours.to_string(), h.to_string(), w.to_string()));
+        }
+    }
+    out
+}
+
+/// Before slurmd (re)starts: for a dynamic node, deletes its stale record
+/// (`scontrol delete NodeName=`) when the definition differs from `conf`, so that the
+/// registration that follows creates it anew. Never a record with a job on it, nor one
+/// whose reason is not the agent's (an admin's drain survives); a failure is logged and
+/// bootstrap carries on. Returns the record's `SlurmdStartTime`, if any.
+async fn prepare_record(
+    s: &settings::Settings,
+    node_name: &str,
+    conf: Option<&str>,
+) -> Option<i64> {
+    let scontrol = Scontrol::new(&s.slurm.bin_dir);
+    let Ok(Some(node)) = scontrol.show_node(node_name).await else {
+        return None;
+    };
+    let started = node.slurmd_start_time();
+    let Some(conf) = conf else {
+        return started;
+    };
+    let diff = definition_differences(&node, conf);
+    if diff.is_empty() {
+        return started;
+    }
+    let admin = node.reason().is_some_and(|r| !identity::is_agent_reason(r));
+    if admin || !crate::drain::slurm::node_is_empty(&node) {
+        tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
+        return started;
+    }
+    tracing::info!(
+        node = node_name,
+        ?diff,
+        "deleting the stale dynamic node record so that the new definition registers"
+    );
+    if let Err(e) = scontrol
+        .run(&["delete", &format!("NodeName={node_name}")])
+        .await
+    {
+        tracing::warn!("{e}");
+    }
+    started
+}
+
 /// Stops slurmd so that none is left: the distribution's units have `KillMode=process`
 /// so that job steps (`slurmstepd`) survive a slurmd restart, and the same setting leaves
 /// behind a configless slurmd's configuration-fetch child (a second `slurmd` process,
@@ -471,51 +570,238 @@ async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdErro
     systemd.start(unit).await
 }
 
-/// Waits until slurmctld reports the node available, until `slurm.join_deadline`.
+/// Whether the node record shows a registration by the slurmd now running: its
+/// `SlurmdStartTime` (whole seconds) is not before the start of the unit's main process
+/// (systemd's `ExecMainStartTimestamp`, floored to the second). A record left by an earlier
+/// slurmd (an earlier boot, a slurmd since stopped, another instance with the same
+/// NodeName) started before it and does not count.
+pub fn registered_by(node: &NodeInfo, svc: &ServiceInfo) -> bool {
+    let started = i64::try_from(svc.exec_main_start_usec / 1_000_000).unwrap_or(i64::MAX);
+    svc.exec_main_pid != 0 && started > 0 && node.slurmd_start_time().is_some_and(|t| t >= started)
+}
+
+/// What bootstrap does with a drain it finds on a node its slurmd has registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoundDrain {
+    /// The agent's drain for a cause that ended with the incarnation that saw it (a spot,
+    /// stop or hibernate notice, a maintenance event, a rebalance, a lifecycle state; an
+    /// upgrade of another instance): lifted.
+    Lift(AgentReason),
+    /// A drain that stays: an admin's (any reason not in the agent's scheme), or the
+    /// agent's own that its owner lifts (health checks, mounts, an operator's `drain`).
+    Keep(String),
+}
+
+/// Decides on a drain with `reason` found by incarnation `instance_id` at bootstrap.
+pub fn found_drain(reason: Option<&str>, instance_id: &str) -> FoundDrain {
+    let Some(r) = reason.and_then(identity::parse_reason) else {
+        return FoundDrain::Keep(format!(
+            "drained by an admin ({}); left drained",
+            reason.unwrap_or("no reason")
+        ));
+    };
+    let lift = match r.cause {
+        // The instance booted again (or is another one): the notice or event is over; the
+        // daemon drains again within one interval if it still stands.
+        ReasonCause::Spot
+        | ReasonCause::Stop
+        | ReasonCause::Hibernate
+        | ReasonCause::Maintenance
+        | ReasonCause::Rebalance
+        | ReasonCause::Lifecycle => true,
+        // This instance's upgrade drain is the upgrade's to finish.
+        ReasonCause::Upgrade => !r.written_by(instance_id),
+        ReasonCause::Health | ReasonCause::Mount | ReasonCause::Operator | ReasonCause::Script => {
+            false
+        }
+    };
+    if lift {
+        FoundDrain::Lift(r)
+    } else {
+        let owner = match r.cause {
+            ReasonCause::Health => "the health checks lift it when they pass",
+            ReasonCause::Mount => "the daemon lifts it when the mount is back",
+            ReasonCause::Upgrade => "the upgrade in progress owns it",
+            _ => "`slurm-node-agent resume` lifts it",
+        };
+        FoundDrain::Keep(format!("drained by the agent ({}): {owner}", r.to_reason()))
+    }
+}
+
+/// Says, as far as the agent can see, why slurmd has not registered: systemd's start
+/// limit, a controller that does not answer (which address), a name that does not
+/// resolve, no `_slurmctld._tcp` SRV record to use, authentication refused.
+async fn diagnose(s: &settings::Settings, svc: Option<&ServiceInfo>, seen: &str) -> String {
+    let mut why = Vec::new();
+    let unit = &s.slurm.slurmd_unit;
+    if let Some(svc) = svc {
+        if svc.result == "start-limit-hit" {
+            why.push(format!(
+                "systemd start limit hit for {unit} (StartLimitBurst): systemd refuses to start it until `systemctl reset-failed {unit}`"
+            ));
+        }
+    }
+    let low = seen.to_ascii_lowercase();
+    if low.contains("authentication") || low.contains("credential") {
+        why.push(
+            "authentication refused: the cluster key differs from the controller's".to_string(),
+        );
+    }
+    if s.slurm.conf_servers.is_empty() {
+        why.push(
+            "slurm.conf_servers is empty, so slurmd needs the DNS SRV record _slurmctld._tcp: \
+             none gave it a controller"
+                .to_string(),
+        );
+    }
+    for server in s
+        .slurm
+        .conf_servers
+        .iter()
+        .filter_map(|c| ConfServer::parse(c).ok())
+    {
+        let port = server.port.unwrap_or(6817);
+        let addr = if server.host.contains(':') {
+            format!("[{}]:{port}", server.host)
+        } else {
+            format!("{}:{port}", server.host)
+        };
+        let probe = async {
+            let addrs: Vec<_> = match tokio::net::lookup_host(&addr).await {
+                Ok(a) => a.collect(),
+                Err(e) => return Some(format!("name {} not resolvable: {e}", server.host)),
+            };
+            let mut last = None;
+            for a in addrs {
+                match tokio::net::TcpStream::connect(a).await {
+                    Ok(_) => return None,
+                    Err(e) => last = Some(e.to_string()),
+                }
+            }
+            Some(format!(
+                "controller unreachable at {addr}: {}",
+                last.unwrap_or_else(|| "no address".into())
+            ))
+        };
+        match tokio::time::timeout(Duration::from_secs(3), probe).await {
+            Ok(Some(m)) => why.push(m),
+            Ok(None) => {}
+            Err(_) => why.push(format!("controller unreachable at {addr}: no answer in 3s")),
+        }
+    }
+    why.join("; ")
+}
+
+/// Waits until the slurmd now running has registered and slurmctld reports the node
+/// available, until `slurm.join_deadline`. Returns the node and, when it stays drained by
+/// someone else's decision, why ([`FoundDrain::Keep`]): bootstrap succeeds then (the node
+/// is registered; a failure would make the unit restart bootstrap forever).
+///
+/// "Registered" is proved with [`registered_by`]; a re-run that restarts nothing proves it
+/// the same way. A drain of the agent's from an earlier run or another incarnation whose
+/// cause is over is lifted ([`found_drain`]).
 ///
 /// slurmd in configless mode either keeps retrying the configuration fetch itself (22.05
 /// does, under systemd) or exits (a missing spool folder, a refused registration, other
 /// versions); when the unit is `failed` or `inactive` it is restarted with capped,
-/// jittered backoff ([`Backoff::CONTROLLER`]). The error at the deadline carries the last
-/// thing seen: scontrol's answer and the unit's state.
+/// jittered backoff ([`Backoff::CONTROLLER`]). scontrol is polled with backoff (20 ms
+/// growing to 1 s). The error at the deadline names the cause as far as it is visible
+/// ([`diagnose`]), scontrol's last answer and the unit's state.
 async fn join(
     s: &settings::Settings,
     def: &NodeDefinition,
     systemd: &Systemd,
-) -> Result<NodeInfo, BootstrapError> {
+    instance_id: &str,
+) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let unit = &s.slurm.slurmd_unit;
     let scontrol = Scontrol::new(&s.slurm.bin_dir);
     let deadline = s.slurm.join_deadline.0;
     let start = Instant::now();
-    let mut unit_state = String::from("unknown");
+    let mut svc: Option<ServiceInfo> = None;
     let mut restarts = 0u32;
-    let mut polls = 0u32;
+    let mut pause = Duration::from_millis(20);
+    let mut lifted: Option<String> = None;
     loop {
+        if svc.is_none() {
+            svc = match systemd.service_info(unit).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!("{e}");
+                    None
+                }
+            };
+        }
         let seen = match scontrol.show_node(&def.node_name).await {
-            Ok(Some(node)) if node.is_available() => return Ok(node),
-            Ok(Some(node)) if node.has_flag("INVALID_REG") || node.has_flag("INVALID") => {
-                return Err(BootstrapError::Invalid {
-                    node_name: def.node_name.clone(),
-                    state: node.state().to_string(),
-                    reason: node.reason().unwrap_or("no reason given").to_string(),
-                })
+            Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
+                if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
+                    return Err(BootstrapError::Invalid {
+                        node_name: def.node_name.clone(),
+                        state: node.state().to_string(),
+                        reason: node.reason().unwrap_or("no reason given").to_string(),
+                    });
+                }
+                if node.is_available() {
+                    return Ok((node, None));
+                }
+                let drained = node.has_flag("DRAIN")
+                    || matches!(node.base_state(), "DRAIN" | "DRAINED" | "DRAINING");
+                if drained && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
+                    match found_drain(node.reason(), instance_id) {
+                        FoundDrain::Keep(why) => {
+                            tracing::warn!(node = %def.node_name, "{why}");
+                            return Ok((node, Some(why)));
+                        }
+                        FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
+                            tracing::info!(node = %def.node_name, reason = %r, "lifting the agent's drain of an earlier run: its cause is over");
+                            if let Err(e) = scontrol.resume(&def.node_name).await {
+                                tracing::warn!("{e}");
+                            }
+                            lifted = Some(r.to_reason());
+                            pause = Duration::from_millis(20);
+                            continue;
+                        }
+                        FoundDrain::Lift(_) => {}
+                    }
+                }
+                format!(
+                    "node is {}{}",
+                    node.state(),
+                    node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+                )
             }
             Ok(Some(node)) => format!(
-                "node is {}{}",
-                node.state(),
-                node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+                "slurmctld shows no registration by the slurmd now running (SlurmdStartTime={}, {unit} started at {})",
+                node.fields.get("SlurmdStartTime").map_or("none", String::as_str),
+                svc.as_ref()
+                    .map(|v| crate::events::time::format(
+                        i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
+                    ))
+                    .unwrap_or_else(|| "an unknown time".into())
             ),
             Ok(None) => "slurmctld does not know the node yet".into(),
             Err(e) => e.to_string(),
         };
         if start.elapsed() >= deadline {
+            let unit_state = systemd
+                .active_state(unit)
+                .await
+                .unwrap_or_else(|e| format!("unknown ({e})"));
+            let info = systemd.service_info(unit).await.ok();
+            let why = diagnose(s, info.as_ref(), &seen).await;
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!("{why}; ")
+            };
             return Err(BootstrapError::Join {
                 node_name: def.node_name.clone(),
                 waited: start.elapsed(),
-                last_error: format!("{seen}; {unit} is {unit_state} (restarted {restarts} times)"),
+                last_error: format!(
+                    "{why}{seen}; {unit} is {unit_state} (restarted {restarts} times)"
+                ),
             });
         }
-        unit_state = systemd.active_state(unit).await?;
+        let unit_state = systemd.active_state(unit).await?;
         tracing::debug!(%unit_state, %seen, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
             let wait = Backoff::CONTROLLER
@@ -533,18 +819,16 @@ async fn join(
             if let Err(e) = restart_slurmd(systemd, unit).await {
                 tracing::warn!("{e}");
             }
+            svc = None;
+            pause = Duration::from_millis(20);
             continue;
         }
-        polls += 1;
-        // slurmd registers in about 0.1 s: poll fast for a second, then less and less.
-        let pause = if polls < 100 {
-            10
-        } else if polls < 300 {
-            50
-        } else {
-            500
-        };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+        if svc.as_ref().is_none_or(|v| v.exec_main_pid == 0) {
+            // Activating: the start time is known once the main process runs.
+            svc = None;
+        }
+        tokio::time::sleep(pause.min(deadline.saturating_sub(start.elapsed()))).await;
+        pause = (pause * 3 / 2).min(Duration::from_secs(1));
     }
 }
 
@@ -570,4 +854,90 @@ fn write_state(
 /// Reads the state bootstrap left, if any.
 pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
     State::read(state_dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: &str = "i-0123456789abcdef0";
+    const OTHER: &str = "i-0fedcba9876543210";
+
+    #[test]
+    fn drains_found_at_bootstrap() {
+        let lifts = |r: &str| matches!(found_drain(Some(r), ME), FoundDrain::Lift(_));
+        for cause in [
+            "spot",
+            "stop",
+            "hibernate",
+            "maintenance",
+            "rebalance",
+            "lifecycle",
+        ] {
+            assert!(
+                lifts(&format!("slurm-node-agent/{cause}@{OTHER}: x")),
+                "{cause}"
+            );
+            assert!(
+                lifts(&format!("slurm-node-agent/{cause}@{ME}: x")),
+                "{cause}"
+            );
+        }
+        assert!(lifts(&format!("slurm-node-agent/upgrade@{OTHER}: a -> b")));
+        assert!(!lifts(&format!("slurm-node-agent/upgrade@{ME}: a -> b")));
+        for kept in ["health", "mount", "operator", "script"] {
+            assert!(
+                !lifts(&format!("slurm-node-agent/{kept}@{OTHER}: x")),
+                "{kept}"
+            );
+        }
+        let FoundDrain::Keep(why) = found_drain(Some("slurm-node-agent: spot"), ME) else {
+            panic!("an admin look-alike was lifted")
+        };
+        assert!(why.starts_with("drained by an admin"), "{why}");
+        let FoundDrain::Keep(why) = found_drain(None, ME) else {
+            panic!()
+        };
+        assert!(why.contains("no reason"), "{why}");
+    }
+
+    #[test]
+    fn definition_differences_name_what_changed() {
+        let node = NodeInfo::parse(
+            "NodeName=n CPUTot=2 RealMemory=1000 AvailableFeatures=m4.xlarge,first Gres=(null) State=IDLE",
+        );
+        let same = "CPUs=2 Boards=1 RealMemory=1000 Features=first,m4.xlarge Weight=1";
+        assert!(definition_differences(&node, same).is_empty());
+        let d = definition_differences(
+            &node,
+            "CPUs=2 RealMemory=1000 Features=m4.xlarge,second Weight=1",
+        );
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].0, "Features");
+        let d = definition_differences(
+            &node,
+            "CPUs=4 RealMemory=900 Features=m4.xlarge,first Gres=gpu:1",
+        );
+        let keys: Vec<&str> = d.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(keys, ["CPUs", "RealMemory", "Gres"]);
+    }
+
+    #[test]
+    fn registration_proof_compares_whole_seconds() {
+        let node = NodeInfo::parse("NodeName=n SlurmdStartTime=2017-09-18T08:22:00 State=IDLE");
+        let svc = |usec: u64, pid: u32| ServiceInfo {
+            exec_main_start_usec: usec,
+            exec_main_pid: pid,
+            ..ServiceInfo::default()
+        };
+        // Started in the same second (slurmd notes its start after the fork): proved.
+        assert!(registered_by(&node, &svc(1_505_722_920_900_000, 7)));
+        assert!(registered_by(&node, &svc(1_505_722_919_000_000, 7)));
+        // Started a second later: the record is an earlier slurmd's.
+        assert!(!registered_by(&node, &svc(1_505_722_921_000_000, 7)));
+        assert!(!registered_by(&node, &svc(1_505_722_920_000_000, 0)));
+        assert!(!registered_by(&node, &svc(0, 7)));
+        let never = NodeInfo::parse("NodeName=n SlurmdStartTime=None State=DOWN");
+        assert!(!registered_by(&never, &svc(1_505_722_920_000_000, 7)));
+    }
 }

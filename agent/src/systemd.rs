@@ -48,6 +48,35 @@ trait Unit {
     fn load_state(&self) -> zbus::Result<String>;
 }
 
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+trait Service {
+    #[zbus(property)]
+    fn exec_main_start_timestamp(&self) -> zbus::Result<u64>;
+    #[zbus(property, name = "ExecMainPID")]
+    fn exec_main_pid(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn result(&self) -> zbus::Result<String>;
+}
+
+/// What systemd knows about a service's main process (org.freedesktop.systemd1(5),
+/// `Service` interface).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceInfo {
+    /// `ExecMainStartTimestamp`: when the main process was started, microseconds since
+    /// the Unix epoch (`0`: never started).
+    pub exec_main_start_usec: u64,
+    /// `ExecMainPID` (`0`: not running).
+    pub exec_main_pid: u32,
+    /// `Result`: `success`, `exit-code`, `signal`, `start-limit-hit`, ...
+    pub result: String,
+    /// The unit's `ActiveState`.
+    pub active_state: String,
+}
+
 /// A systemd failure, naming the unit.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemdError {
@@ -237,6 +266,38 @@ impl Systemd {
             .await
             .map_err(err)?;
         u.active_state().await.map_err(err)
+    }
+
+    /// The service's main process start time, PID, result and state.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn service_info(&self, unit: &str) -> Result<ServiceInfo, SystemdError> {
+        let err = |source| SystemdError::Call {
+            call: "LoadUnit",
+            unit: unit.to_string(),
+            source,
+        };
+        let path = self.manager.load_unit(unit).await.map_err(err)?;
+        let conn = self.manager.inner().connection();
+        let svc = ServiceProxy::builder(conn)
+            .path(path.clone())
+            .map_err(err)?
+            .build()
+            .await
+            .map_err(err)?;
+        let u = UnitProxy::builder(conn)
+            .path(path)
+            .map_err(err)?
+            .build()
+            .await
+            .map_err(err)?;
+        Ok(ServiceInfo {
+            exec_main_start_usec: svc.exec_main_start_timestamp().await.map_err(err)?,
+            exec_main_pid: svc.exec_main_pid().await.map_err(err)?,
+            result: svc.result().await.map_err(err)?,
+            active_state: u.active_state().await.map_err(err)?,
+        })
     }
 
     async fn job(&self, call: &'static str, unit: &str) -> Result<(), SystemdError> {

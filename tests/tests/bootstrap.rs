@@ -253,6 +253,71 @@ fn an_unreachable_controller_ends_at_the_deadline_with_the_last_error() {
 }
 
 #[test]
+fn a_second_bootstrap_proves_its_own_registration_and_names_an_unreachable_controller() {
+    let env = NodeEnv::start("").unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    // A re-run that restarts nothing proves the registration the same way.
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "re-run failed:\n{}", stderr(&out));
+    assert_eq!(report(&out).unwrap()["slurmd_restarted"], false);
+    // slurmctld still holds the IDLE record of the first slurmd; the new one cannot reach
+    // anything: that old record must not count.
+    let out = env
+        .bootstrap(&[
+            "--conf-server",
+            "127.0.0.1:1",
+            "--set",
+            "slurm.join_deadline=4s",
+        ])
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("controller unreachable at 127.0.0.1:1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("no registration by the slurmd now running"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_changed_dynamic_definition_reaches_slurmctld() {
+    let env = NodeEnv::start("").unwrap();
+    let out = env.bootstrap(&["--set", "node.features=first"]).unwrap();
+    assert!(out.status.success(), "first bootstrap:\n{}", stderr(&out));
+    let show = |env: &NodeEnv| {
+        env.ctld
+            .scontrol_ok(&["show", "node", "-o", DEFAULT_NODE_NAME])
+            .unwrap()
+    };
+    assert!(show(&env).contains(",first"), "{}", show(&env));
+    // slurmctld keeps the record (with `first`) across the slurmd restart.
+    let out = env.bootstrap(&["--set", "node.features=second"]).unwrap();
+    assert!(out.status.success(), "second bootstrap:\n{}", stderr(&out));
+    let shown = show(&env);
+    assert!(shown.contains(",second"), "{shown}");
+    assert!(!shown.contains(",first"), "{shown}");
+    // A job that needs the new feature runs there.
+    let mut c = env.ctld.command("srun");
+    c.args([
+        "-N1",
+        "--constraint=second",
+        "--immediate=60",
+        "--time=1",
+        "hostname",
+    ]);
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "srun --constraint=second: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn a_slurmd_that_exits_is_restarted_with_backoff_until_it_joins() {
     let env = NodeEnv::start("").unwrap();
     // Without the parent of SlurmdSpoolDir, slurmd fetches its configuration, then exits.

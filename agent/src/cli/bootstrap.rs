@@ -57,6 +57,9 @@ fn print_report(r: &Report, output: Output) {
         },
         Output::Text => {
             println!("node {} is {} ({} ms)", r.node_name, r.state, r.total_ms);
+            if let Some(d) = &r.drain {
+                println!("  {d}");
+            }
             if let Some(c) = &r.dynamic_conf {
                 println!("  dynamic node: {c}");
             }

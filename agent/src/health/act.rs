@@ -353,6 +353,9 @@ mod tests {
         assert!(!drains("NodeName=n State=DOWN*+NOT_RESPONDING"));
         assert!(!drains("NodeName=n State=IDLE+FAIL Reason=failing disk"));
         assert!(!drains("NodeName=n State=IDLE+MAINT"));
+        // scontrol and JSON spell it MAINTENANCE (node_state_flag_string()).
+        assert!(!drains("NodeName=n State=IDLE+MAINTENANCE+RESERVED"));
+        assert!(!drains("NodeName=n State=MIXED+MAINTENANCE"));
         assert!(!drains("NodeName=n State=FUTURE"));
         assert!(!drains("NodeName=n State=IDLE+CLOUD+POWERED_DOWN"));
         assert!(!drains("NodeName=n State=IDLE+POWERING_DOWN"));

@@ -11,6 +11,135 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Every spelling of a node state or flag the agent reads, and the one name it uses for it
+/// (its canonical name). Slurm spells some differently by place and version; see the table
+/// with its sources in this module's tests ([`SLURM_STATE_NAMES`]).
+///
+/// Returns the canonical upper-case name; unknown words are upper-cased as they are.
+pub fn canonical_state_word(word: &str) -> String {
+    let up = word.trim().to_ascii_uppercase();
+    match up.as_str() {
+        // node_state_flag_string(): "MAINTENANCE" (scontrol, JSON); node_state_string():
+        // "MAINT" (sinfo long form); compact "maint".
+        "MAINTENANCE" | "MAINT" => "MAINT".into(),
+        "NO_RESPOND" | "NOT_RESPONDING" => "NOT_RESPONDING".into(),
+        "RESERVED" | "RES" | "RESV" => "RESERVED".into(),
+        "POWERED_DOWN" | "POWER_SAVE" => "POWERED_DOWN".into(),
+        "INVALID_REG" | "INVALID" | "INVAL" => "INVALID_REG".into(),
+        _ => up,
+    }
+}
+
+/// The state and flag names the agent reads, each with where Slurm writes it
+/// (`src/common/slurm_protocol_defs.c` unless said otherwise), for 22.05 through 25.11:
+/// `(name as printed, canonical name, source)`.
+pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
+    ("IDLE", "IDLE", "node_states[] / node_state_base_string()"),
+    ("MIXED", "MIXED", "node_states[] / node_state_base_string()"),
+    (
+        "ALLOCATED",
+        "ALLOCATED",
+        "node_states[] / node_state_base_string()",
+    ),
+    ("DOWN", "DOWN", "node_states[] / node_state_base_string()"),
+    (
+        "FUTURE",
+        "FUTURE",
+        "node_states[] / node_state_base_string()",
+    ),
+    (
+        "UNKNOWN",
+        "UNKNOWN",
+        "node_states[] / node_state_base_string()",
+    ),
+    (
+        "DRAIN",
+        "DRAIN",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "NOT_RESPONDING",
+        "NOT_RESPONDING",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "INVALID_REG",
+        "INVALID_REG",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "FAIL",
+        "FAIL",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "MAINTENANCE",
+        "MAINT",
+        "node_state_flags[] / node_state_flag_string(): scontrol show node, --json",
+    ),
+    (
+        "MAINT",
+        "MAINT",
+        "node_state_string() (sinfo %T); sinfo state filter",
+    ),
+    ("maint", "MAINT", "node_state_string_compact() (sinfo %t)"),
+    (
+        "POWER_DOWN",
+        "POWER_DOWN",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "POWERED_DOWN",
+        "POWERED_DOWN",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "POWERING_DOWN",
+        "POWERING_DOWN",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "POWERING_UP",
+        "POWERING_UP",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "REBOOT_REQUESTED",
+        "REBOOT_REQUESTED",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "REBOOT_ISSUED",
+        "REBOOT_ISSUED",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "RESERVED",
+        "RESERVED",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "PLANNED",
+        "PLANNED",
+        "node_state_flags[] / node_state_flag_string() (23.02+)",
+    ),
+    (
+        "DYNAMIC_NORM",
+        "DYNAMIC_NORM",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "COMPLETING",
+        "COMPLETING",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+    (
+        "CLOUD",
+        "CLOUD",
+        "node_state_flags[] / node_state_flag_string()",
+    ),
+];
+
 /// One node as `scontrol show node -o` describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeInfo {
@@ -67,14 +196,17 @@ impl NodeInfo {
             .trim_end_matches('*')
     }
 
-    /// State flags, e.g. `DRAIN`, `DYNAMIC_NORM`, `NOT_RESPONDING`, `INVALID_REG`.
+    /// State flags as printed, e.g. `DRAIN`, `DYNAMIC_NORM`, `NOT_RESPONDING`,
+    /// `MAINTENANCE`.
     pub fn flags(&self) -> impl Iterator<Item = &str> {
         self.state().split('+').skip(1)
     }
 
-    /// Has a flag.
+    /// Has a flag, under any of Slurm's spellings ([`canonical_state_word`]: `MAINT`
+    /// matches `MAINTENANCE`).
     pub fn has_flag(&self, flag: &str) -> bool {
-        self.flags().any(|f| f == flag)
+        let want = canonical_state_word(flag);
+        self.flags().any(|f| canonical_state_word(f) == want)
     }
 
     /// `Reason`, without Slurm's ` [user@time]` suffix.
@@ -87,6 +219,14 @@ impl NodeInfo {
         (!r.is_empty() && r != "(null)").then_some(r)
     }
 
+    /// `SlurmdStartTime` as Unix seconds: when the slurmd that last registered started
+    /// (one-second resolution). [`Scontrol`] runs with `TZ=UTC`, so the value is read as
+    /// UTC. `None` when absent or `None` (never registered).
+    pub fn slurmd_start_time(&self) -> Option<i64> {
+        let v = self.fields.get("SlurmdStartTime")?;
+        crate::events::time::parse(&format!("{v}Z")).ok()
+    }
+
     /// The node can take jobs: IDLE, MIXED or ALLOCATED, responding, not drained, not
     /// invalid.
     pub fn is_available(&self) -> bool {
@@ -94,7 +234,7 @@ impl NodeInfo {
             && !self.state().contains('*')
             && !self.flags().any(|f| {
                 matches!(
-                    f,
+                    canonical_state_word(f).as_str(),
                     "DRAIN"
                         | "NOT_RESPONDING"
                         | "INVALID_REG"
@@ -173,7 +313,9 @@ impl Scontrol {
     /// [`ScontrolError`].
     pub async fn run(&self, args: &[&str]) -> Result<String, ScontrolError> {
         let mut cmd = tokio::process::Command::new(&self.program);
+        // Times (SlurmdStartTime, the reason's time) in UTC whatever the host's zone.
         cmd.args(args)
+            .env("TZ", "UTC")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
@@ -335,7 +477,7 @@ impl NodeState {
             let up = w.to_ascii_uppercase();
             if i > 0 {
                 if !up.is_empty() {
-                    st.flags.insert(up);
+                    st.flags.insert(canonical_state_word(&up));
                 }
                 continue;
             }
@@ -350,7 +492,7 @@ impl NodeState {
                 "UNK" => ("UNKNOWN", None),
                 "FAILG" | "FAILING" => ("ALLOCATED", Some("FAIL")),
                 "FAIL" => ("DOWN", Some("FAIL")),
-                "MAINT" => ("IDLE", Some("MAINT")),
+                "MAINT" | "MAINTENANCE" => ("IDLE", Some("MAINT")),
                 "BOOT" | "REBOOT" => ("IDLE", Some("REBOOT_REQUESTED")),
                 "PLND" => ("IDLE", Some("PLANNED")),
                 "INVAL" => ("UNKNOWN", Some("INVALID_REG")),
@@ -544,6 +686,13 @@ mod tests {
         assert_eq!(n.fields["OS"], "Linux 6.1.0-18-amd64 #1 SMP Debian");
         assert_eq!(n.reason(), Some("Kill task failed"));
         assert!(!n.is_available());
+        assert_eq!(n.slurmd_start_time(), None);
+        let r = NodeInfo::parse("NodeName=n1 SlurmdStartTime=2017-09-18T08:22:00 State=IDLE");
+        assert_eq!(r.slurmd_start_time(), Some(1_505_722_920));
+        assert_eq!(
+            NodeInfo::parse("NodeName=n1 SlurmdStartTime=None").slurmd_start_time(),
+            None
+        );
     }
 
     #[test]
@@ -643,6 +792,32 @@ mod tests {
         assert!(old[0].base == "DOWN" && old[0].has("REBOOT_ISSUED"));
         assert!(parse_nodes_json("{\"jobs\": []}").is_err());
         assert!(parse_nodes_json("not json").is_err());
+    }
+
+    #[test]
+    fn every_spelling_slurm_uses_is_read() {
+        for (name, canonical, source) in SLURM_STATE_NAMES {
+            assert!(!source.is_empty());
+            assert_eq!(canonical_state_word(name), *canonical, "{name}");
+            let flag = NodeState::from_state_words(["IDLE", name]);
+            if *canonical != "IDLE"
+                && !["MIXED", "ALLOCATED", "DOWN", "FUTURE", "UNKNOWN"].contains(canonical)
+            {
+                assert!(flag.has(canonical), "{name} -> {:?}", flag.flags);
+                let info = NodeInfo::parse(&format!("NodeName=n State=IDLE+{name}"));
+                assert!(info.has_flag(canonical), "{name}");
+            }
+        }
+        // The issue's case: a node in a MAINT reservation as scontrol prints it.
+        let m = NodeInfo::parse("NodeName=n State=IDLE+MAINTENANCE+RESERVED");
+        assert!(m.has_flag("MAINT") && !m.is_available());
+        let st = NodeState::from_node_info(&m);
+        assert!(st.has("MAINT"));
+        assert!(NodeState::from_state_words(["maint"]).has("MAINT"));
+        assert!(NodeState::from_state_words(["idle$"]).has("MAINT"));
+        let json =
+            r#"{"nodes":[{"name":"n","state":["IDLE","MAINTENANCE","RESERVED"],"reason":""}]}"#;
+        assert!(parse_nodes_json(json).unwrap()[0].has("MAINT"));
     }
 
     #[test]
