@@ -521,8 +521,21 @@ fn write_state(
     Ok(())
 }
 
-/// Reads the state bootstrap left, if any.
+/// Reads the state bootstrap left, if any. A record that cannot be parsed (empty,
+/// truncated) is moved aside as `bootstrap.json.corrupt-<unix seconds>` with an error in
+/// the log, and is `None`: the caller resolves the node as if bootstrap had left nothing.
 pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
-    let text = std::fs::read(state_dir.join(STATE_FILE)).ok()?;
-    serde_json::from_slice(&text).ok()
+    let path = state_dir.join(STATE_FILE);
+    let text = std::fs::read(&path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(st) => Some(st),
+        Err(e) => {
+            crate::fsutil::set_aside_corrupt(
+                &path,
+                &text,
+                &format!("invalid bootstrap record: {e}"),
+            );
+            None
+        }
+    }
 }

@@ -1,6 +1,10 @@
 //! Crash-safe file writes: a temporary file in the same folder, fsync, rename over the
 //! target, fsync the folder. A reader sees the old content or the new, never a mix, and a
 //! crash at any point leaves no partial file under the target's name.
+//!
+//! A state file that cannot be read back anyway (truncated by a full disk, emptied, edited
+//! by hand) is moved aside by [`set_aside_corrupt`], so that the commands carry on from
+//! what Slurm says instead of refusing to run.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -82,6 +86,47 @@ pub fn write_atomic(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Moves the corrupt state file `path` aside as `<name>.corrupt-<unix seconds>` (`-<n>`
+/// added when that exists), if it still holds `bytes` (a concurrent writer that replaced
+/// it in the meantime wins), and logs an error naming both files and `problem`. Returns
+/// the new path, or `None` when nothing was moved (already replaced or moved by another
+/// process, or the rename failed: logged too).
+pub fn set_aside_corrupt(path: &Path, bytes: &[u8], problem: &str) -> Option<PathBuf> {
+    match fs::read(path) {
+        Ok(now) if now == bytes => {}
+        _ => return None,
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let mut aside = path.with_file_name(format!("{name}.corrupt-{secs}"));
+    let mut n = 1;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{name}.corrupt-{secs}-{n}"));
+        n += 1;
+    }
+    match fs::rename(path, &aside) {
+        Ok(()) => {
+            tracing::error!(
+                file = %path.display(),
+                kept_as = %aside.display(),
+                "CORRUPT STATE FILE: {problem}; moved aside, carrying on from what Slurm says"
+            );
+            Some(aside)
+        }
+        Err(e) => {
+            tracing::error!(
+                file = %path.display(),
+                "CORRUPT STATE FILE: {problem}; could not move it aside ({e}); carrying on from what Slurm says"
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]
