@@ -377,7 +377,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     systemd.start(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
-    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id).await?;
+    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id).await?;
     t.done("join");
 
     write_state(s, &id, &def).map_err(BootstrapError::Io)?;
@@ -592,8 +592,9 @@ pub enum FoundDrain {
     Keep(String),
 }
 
-/// Decides on a drain with `reason` found by incarnation `instance_id` at bootstrap.
-pub fn found_drain(reason: Option<&str>, instance_id: &str) -> FoundDrain {
+/// Decides on a drain with `reason` found by incarnation `instance_id`, which runs image
+/// `running_ami`, at bootstrap.
+pub fn found_drain(reason: Option<&str>, instance_id: &str, running_ami: &str) -> FoundDrain {
     let Some(r) = reason.and_then(identity::parse_reason) else {
         return FoundDrain::Keep(format!(
             "drained by an admin ({}); left drained",
@@ -609,8 +610,13 @@ pub fn found_drain(reason: Option<&str>, instance_id: &str) -> FoundDrain {
         | ReasonCause::Maintenance
         | ReasonCause::Rebalance
         | ReasonCause::Lifecycle => true,
-        // This instance's upgrade drain is the upgrade's to finish.
-        ReasonCause::Upgrade => !r.written_by(instance_id),
+        // This instance's upgrade drain is the upgrade's to finish; another instance's is
+        // over unless this replacement still runs an image other than the desired one (then
+        // the daemon's loop check owns it: lifting it would drain and power off again).
+        ReasonCause::Upgrade => {
+            !r.written_by(instance_id)
+                && !reason.is_some_and(|x| crate::upgrade::leftover_still_applies(x, running_ami))
+        }
         ReasonCause::Health | ReasonCause::Mount | ReasonCause::Operator | ReasonCause::Script => {
             false
         }
@@ -712,6 +718,7 @@ async fn join(
     def: &NodeDefinition,
     systemd: &Systemd,
     instance_id: &str,
+    running_ami: &str,
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let unit = &s.slurm.slurmd_unit;
     let scontrol = Scontrol::new(&s.slurm.bin_dir);
@@ -746,7 +753,7 @@ async fn join(
                 let drained = node.has_flag("DRAIN")
                     || matches!(node.base_state(), "DRAIN" | "DRAINED" | "DRAINING");
                 if drained && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
-                    match found_drain(node.reason(), instance_id) {
+                    match found_drain(node.reason(), instance_id, running_ami) {
                         FoundDrain::Keep(why) => {
                             tracing::warn!(node = %def.node_name, "{why}");
                             return Ok((node, Some(why)));
@@ -851,7 +858,9 @@ fn write_state(
     state.write(&s.agent.state_dir)
 }
 
-/// Reads the state bootstrap left, if any.
+/// Reads the state bootstrap left, if any. A record that cannot be parsed (empty,
+/// truncated) is moved aside as `bootstrap.json.corrupt-<unix seconds>` with an error in
+/// the log, and is `None`: the caller resolves the node as if bootstrap had left nothing.
 pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
     State::read(state_dir)
 }
@@ -862,10 +871,11 @@ mod tests {
 
     const ME: &str = "i-0123456789abcdef0";
     const OTHER: &str = "i-0fedcba9876543210";
+    const AMI: &str = "ami-0123456789abcdef0";
 
     #[test]
     fn drains_found_at_bootstrap() {
-        let lifts = |r: &str| matches!(found_drain(Some(r), ME), FoundDrain::Lift(_));
+        let lifts = |r: &str| matches!(found_drain(Some(r), ME, AMI), FoundDrain::Lift(_));
         for cause in [
             "spot",
             "stop",
@@ -884,6 +894,14 @@ mod tests {
             );
         }
         assert!(lifts(&format!("slurm-node-agent/upgrade@{OTHER}: a -> b")));
+        // Another instance drained for image ami-22222222; this one runs it: lift. Still
+        // the old image: the upgrade's loop check owns it.
+        assert!(lifts(&format!(
+            "slurm-node-agent/upgrade@{OTHER}: image upgrade ami-11111111 -> {AMI}"
+        )));
+        assert!(!lifts(&format!(
+            "slurm-node-agent/upgrade@{OTHER}: image upgrade {AMI} -> ami-22222222"
+        )));
         assert!(!lifts(&format!("slurm-node-agent/upgrade@{ME}: a -> b")));
         for kept in ["health", "mount", "operator", "script"] {
             assert!(
@@ -891,11 +909,11 @@ mod tests {
                 "{kept}"
             );
         }
-        let FoundDrain::Keep(why) = found_drain(Some("slurm-node-agent: spot"), ME) else {
+        let FoundDrain::Keep(why) = found_drain(Some("slurm-node-agent: spot"), ME, AMI) else {
             panic!("an admin look-alike was lifted")
         };
         assert!(why.starts_with("drained by an admin"), "{why}");
-        let FoundDrain::Keep(why) = found_drain(None, ME) else {
+        let FoundDrain::Keep(why) = found_drain(None, ME, AMI) else {
             panic!()
         };
         assert!(why.contains("no reason"), "{why}");

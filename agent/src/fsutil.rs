@@ -17,6 +17,10 @@
 //! `.<name>.tmp.<pid>` names) are removed before the next write of the same file when
 //! their writer is gone (its pid, which is part of the name, no longer runs) or they are
 //! older than [`STALE_AFTER`]; removal unlinks the entry and never follows it.
+//!
+//! A state file that cannot be read back anyway (truncated by a full disk, emptied, edited
+//! by hand) is moved aside by [`set_aside_corrupt`], so that the commands carry on from
+//! what Slurm says instead of refusing to run.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -263,6 +267,47 @@ pub async fn lock_exclusive(
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Moves the corrupt state file `path` aside as `<name>.corrupt-<unix seconds>` (`-<n>`
+/// added when that exists), if it still holds `bytes` (a concurrent writer that replaced
+/// it in the meantime wins), and logs an error naming both files and `problem`. Returns
+/// the new path, or `None` when nothing was moved (already replaced or moved by another
+/// process, or the rename failed: logged too).
+pub fn set_aside_corrupt(path: &Path, bytes: &[u8], problem: &str) -> Option<PathBuf> {
+    match fs::read(path) {
+        Ok(now) if now == bytes => {}
+        _ => return None,
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = path
+        .file_name()
+        .map_or_else(|| "state".into(), |n| n.to_string_lossy().into_owned());
+    let mut aside = path.with_file_name(format!("{name}.corrupt-{secs}"));
+    let mut n = 1;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{name}.corrupt-{secs}-{n}"));
+        n += 1;
+    }
+    match fs::rename(path, &aside) {
+        Ok(()) => {
+            tracing::error!(
+                file = %path.display(),
+                kept_as = %aside.display(),
+                "CORRUPT STATE FILE: {problem}; moved aside, carrying on from what Slurm says"
+            );
+            Some(aside)
+        }
+        Err(e) => {
+            tracing::error!(
+                file = %path.display(),
+                "CORRUPT STATE FILE: {problem}; could not move it aside ({e}); carrying on from what Slurm says"
+            );
+            None
         }
     }
 }

@@ -278,9 +278,24 @@ pub struct Recorded {
 
 impl Recorded {
     /// Reads `<state_dir>/bootstrap.json`; `None` when it is missing or unreadable.
+    ///
+    /// A record that cannot be parsed (empty, truncated) is moved aside as
+    /// `bootstrap.json.corrupt-<unix seconds>` with an error in the log, and is `None`: the
+    /// caller resolves the node as if bootstrap had left nothing.
     pub fn read(state_dir: &Path) -> Option<Recorded> {
-        let text = std::fs::read(state_dir.join(STATE_FILE)).ok()?;
-        serde_json::from_slice(&text).ok()
+        let path = state_dir.join(STATE_FILE);
+        let text = std::fs::read(&path).ok()?;
+        match serde_json::from_slice(&text) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                crate::fsutil::set_aside_corrupt(
+                    &path,
+                    &text,
+                    &format!("invalid bootstrap record: {e}"),
+                );
+                None
+            }
+        }
     }
 
     /// Writes it atomically.

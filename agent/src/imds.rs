@@ -202,7 +202,8 @@ impl Imds {
             self.get("/latest/meta-data/instance-type"),
             self.get("/latest/meta-data/placement/region"),
             self.get("/latest/meta-data/placement/availability-zone"),
-            self.get("/latest/meta-data/local-ipv4"),
+            // 404 on an IPv6-only instance: only a setting that needs it fails.
+            self.get_optional("/latest/meta-data/local-ipv4"),
             self.get("/latest/meta-data/local-hostname"),
             self.get("/latest/meta-data/ami-id"),
             self.get_optional("/latest/meta-data/instance-life-cycle"),
@@ -227,7 +228,7 @@ impl Imds {
             instance_type: instance_type.trim().to_string(),
             region: region.trim().to_string(),
             availability_zone: availability_zone.trim().to_string(),
-            local_ipv4: local_ipv4.trim().to_string(),
+            local_ipv4: local_ipv4.unwrap_or_default().trim().to_string(),
             local_hostname: local_hostname.trim().to_string(),
             ami_id: ami_id.trim().to_string(),
             spot: life_cycle.is_some_and(|l| l.trim() == "spot"),
@@ -281,7 +282,7 @@ pub struct InstanceIdentity {
     pub region: String,
     /// `us-east-1a`.
     pub availability_zone: String,
-    /// `10.0.0.12`.
+    /// `10.0.0.12`; empty on an IPv6-only instance (IMDS answers 404).
     pub local_ipv4: String,
     /// `ip-10-0-0-12.ec2.internal`.
     pub local_hostname: String,

@@ -97,6 +97,13 @@ pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, 
                 .next()
                 .unwrap_or_default()
                 .to_string(),
+            "local_ipv4_dashed" if id.local_ipv4.is_empty() => {
+                return Err(format!(
+                    "{{local_ipv4_dashed}} in {template:?} needs the instance's IPv4 address, \
+                     and instance metadata has no local-ipv4 (an IPv6-only instance): use \
+                     another placeholder"
+                ))
+            }
             "local_ipv4_dashed" => id.local_ipv4.replace('.', "-"),
             other => match other.strip_prefix("tag:") {
                 Some(key) => id
@@ -226,6 +233,18 @@ mod tests {
         assert!(expand_template("{nope}", &id())
             .unwrap_err()
             .contains("unknown placeholder"));
+        // IPv6-only: only a template that needs the IPv4 address fails, and says why.
+        let mut v6 = id();
+        v6.local_ipv4.clear();
+        assert_eq!(
+            expand_template("{local_hostname_short}", &v6).unwrap(),
+            "ip-10-0-0-12"
+        );
+        let e = expand_template("n-{local_ipv4_dashed}", &v6).unwrap_err();
+        assert!(
+            e.contains("IPv6-only") && e.contains("{local_ipv4_dashed}"),
+            "{e}"
+        );
         assert!(expand_template("{tag:Missing}", &id())
             .unwrap_err()
             .contains("Missing"));

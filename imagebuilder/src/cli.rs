@@ -216,6 +216,11 @@ pub struct PublishArgs {
     /// SSM endpoint override (also AWS_ENDPOINT_URL).
     #[arg(long)]
     pub endpoint_url: Option<String>,
+    /// Launch template (name) to roll to the image as well (repeatable): a new version
+    /// with the image, made the default, so that replacements boot it. A template that
+    /// takes its image from resolve:ssm:<parameter> already follows and is left alone.
+    #[arg(long = "launch-template")]
+    pub launch_templates: Vec<String>,
 }
 
 /// A command's result: JSON for machines, text for people.
@@ -631,7 +636,7 @@ async fn publish_cmd(args: &PublishArgs) -> Result<Report> {
         (None, None) => return Err(Error::BadInput("pass --ami-id or --manifest".into())),
     };
     let client = publish::client(args.region.clone(), args.endpoint_url.clone()).await;
-    let result = publish::publish(
+    let mut result = publish::publish(
         &client,
         &publish::PublishRequest {
             parameter: args.parameter.clone(),
@@ -642,10 +647,26 @@ async fn publish_cmd(args: &PublishArgs) -> Result<Report> {
         },
     )
     .await?;
+    if !args.launch_templates.is_empty() {
+        let ec2 = publish::ec2_client(args.region.clone(), args.endpoint_url.clone()).await;
+        result.launch_templates = publish::roll_launch_templates(
+            &ec2,
+            &args.launch_templates,
+            &result.ami_id,
+            &result.parameter,
+        )
+        .await?;
+    }
     let mut text = format!(
         "{} version {} = {}\n",
         result.parameter, result.version, result.ami_id
     );
+    for t in &result.launch_templates {
+        text.push_str(&format!(
+            "launch template {} ({}): {}, default version {} (was {}: {})\n",
+            t.name, t.id, t.outcome, t.default_version, t.previous_default, t.previous_image
+        ));
+    }
     if !result.labels.is_empty() {
         text.push_str(&format!("labels: {}\n", result.labels.join(", ")));
     }

@@ -142,6 +142,14 @@ pub enum Error {
         /// The service's message.
         message: String,
     },
+    /// Moving a launch template to the new image failed.
+    #[error("launch template {template}: {message}")]
+    LaunchTemplate {
+        /// The template's name.
+        template: String,
+        /// What failed and the service's message.
+        message: String,
+    },
     /// An I/O error with the path or program involved.
     #[error("{context}: {source}")]
     Io {
@@ -166,7 +174,7 @@ impl Error {
             Error::SourceUnreachable { .. } | Error::ChecksumMismatch { .. } => EXIT_SOURCE,
             Error::Build(_) => EXIT_BUILD,
             Error::Cancelled { .. } => EXIT_CANCELLED,
-            Error::Publish { .. } => EXIT_PUBLISH,
+            Error::Publish { .. } | Error::LaunchTemplate { .. } => EXIT_PUBLISH,
             Error::Io { .. } => EXIT_FAILURE,
         }
     }

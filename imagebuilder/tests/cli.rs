@@ -820,3 +820,110 @@ fn missing_sources_or_manifest_file_is_a_usage_error() {
         text(&out)
     );
 }
+
+/// The first two image ids of moto's `describe-images --owners amazon`.
+fn two_amazon_amis(moto: &Moto) -> (String, String) {
+    let body = "Action=DescribeImages&Version=2016-11-15&Owner.1=amazon";
+    let resp = http_post(moto.port(), "/", body).unwrap();
+    let ids: Vec<&str> = resp
+        .split("<imageId>")
+        .skip(1)
+        .filter_map(|s| s.split("</imageId>").next())
+        .collect();
+    (ids[0].to_string(), ids[1].to_string())
+}
+
+/// `ec2:CreateLaunchTemplate` through the query API.
+fn create_launch_template(moto: &Moto, name: &str, image: &str) {
+    let image = image.replace(':', "%3A").replace('/', "%2F");
+    let body = format!(
+        "Action=CreateLaunchTemplate&Version=2016-11-15&LaunchTemplateName={name}\
+         &LaunchTemplateData.ImageId={image}&LaunchTemplateData.InstanceType=m5.large"
+    );
+    let resp = http_post(moto.port(), "/", &body).unwrap();
+    assert!(resp.contains("<launchTemplateId>"), "{resp}");
+}
+
+/// The image of the default version of a launch template, read with the SDK.
+fn default_image(moto: &Moto, name: &str) -> (i64, String) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        let ec2 = slurm_image_builder::publish::ec2_client(
+            Some("us-east-1".into()),
+            Some(moto.endpoint.clone()),
+        )
+        .await;
+        let out = ec2
+            .describe_launch_template_versions()
+            .launch_template_name(name)
+            .versions("$Default")
+            .send()
+            .await
+            .unwrap();
+        let v = &out.launch_template_versions()[0];
+        (
+            v.version_number().unwrap(),
+            v.launch_template_data()
+                .and_then(|d| d.image_id())
+                .unwrap()
+                .to_string(),
+        )
+    })
+}
+
+#[test]
+fn publish_rolls_the_named_launch_templates_to_the_new_image() {
+    let moto = Moto::start();
+    let (old, new) = two_amazon_amis(&moto);
+    let parameter = "/slurm/compute/ami";
+    create_launch_template(&moto, "compute", &old);
+    create_launch_template(&moto, "follower", &format!("resolve:ssm:{parameter}"));
+    let publish = |extra: &[&str]| {
+        run(sib()
+            .args(["--output", "json", "publish", "--parameter", parameter])
+            .args(["--region", "us-east-1", "--ami-id", &new])
+            .args(["--endpoint-url", &moto.endpoint])
+            .args(extra))
+    };
+    let args = [
+        "--launch-template",
+        "compute",
+        "--launch-template",
+        "follower",
+    ];
+    let out = publish(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    let t = &v["launch_templates"];
+    assert_eq!(t[0]["name"], "compute", "{v}");
+    assert_eq!(t[0]["outcome"], "updated", "{v}");
+    assert_eq!(t[0]["previous_default"], 1, "{v}");
+    assert_eq!(t[0]["previous_image"], old.as_str(), "{v}");
+    assert_eq!(t[0]["default_version"], 2, "{v}");
+    assert_eq!(t[1]["outcome"], "follows-parameter", "{v}");
+    assert_eq!(default_image(&moto, "compute"), (2, new.clone()));
+    assert_eq!(
+        default_image(&moto, "follower"),
+        (1, format!("resolve:ssm:{parameter}"))
+    );
+
+    // Again: converged, no new version.
+    let out = publish(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&out)["launch_templates"][0]["outcome"], "unchanged");
+    assert_eq!(default_image(&moto, "compute"), (2, new.clone()));
+
+    // A template that does not exist: exit 7, named.
+    let out = publish(&["--launch-template", "nope"]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
+    assert!(
+        text(&out).contains("launch template nope"),
+        "{}",
+        text(&out)
+    );
+}

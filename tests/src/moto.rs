@@ -177,8 +177,51 @@ impl Moto {
 
     /// One IAM Query API call (form-encoded); returns the XML body of a 200.
     fn iam(&self, params: &str) -> Result<String> {
+        self.query("iam", &format!("{params}&Version=2010-05-08"))
+    }
+
+    /// One EC2 Query API call (form-encoded `Action=...&...`, values already URL-encoded);
+    /// returns the XML body of a 200.
+    pub fn ec2(&self, params: &str) -> Result<String> {
+        self.query("ec2", &format!("{params}&Version=2016-11-15"))
+    }
+
+    /// `ec2:RegisterImage` named `name`: the new image's id (`ami-` and 17 hex digits),
+    /// `available` at once in moto.
+    pub fn register_image(&self, name: &str) -> Result<String> {
+        let body = self.ec2(&format!(
+            "Action=RegisterImage&Name={name}&RootDeviceName=%2Fdev%2Fxvda&Architecture=x86_64"
+        ))?;
+        xml_value(&body, "imageId")
+    }
+
+    /// `ec2:CreateLaunchTemplate` named `name` launching `image` (`m5.large`): its id.
+    pub fn create_launch_template(&self, name: &str, image: &str) -> Result<String> {
+        let body = self.ec2(&format!(
+            "Action=CreateLaunchTemplate&LaunchTemplateName={name}\
+             &LaunchTemplateData.ImageId={image}&LaunchTemplateData.InstanceType=m5.large"
+        ))?;
+        xml_value(&body, "launchTemplateId")
+    }
+
+    /// `ec2:DescribeLaunchTemplateVersions` of version `version` (`$Default`, `$Latest`, a
+    /// number) of template `name`: `(version number, image id)`.
+    pub fn launch_template_version(&self, name: &str, version: &str) -> Result<(u64, String)> {
+        let v = version.replace('$', "%24");
+        let body = self.ec2(&format!(
+            "Action=DescribeLaunchTemplateVersions&LaunchTemplateName={name}&LaunchTemplateVersion.1={v}"
+        ))?;
+        let number = xml_value(&body, "versionNumber")?
+            .parse()
+            .with_context(|| format!("versionNumber in {body}"))?;
+        Ok((number, xml_value(&body, "imageId")?))
+    }
+
+    /// One Query API call of `service` (its SigV4 signing name); `params` must hold
+    /// `Version=`.
+    fn query(&self, service: &str, params: &str) -> Result<String> {
         let auth = format!(
-            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/iam/aws4_request, \
+            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/{service}/aws4_request, \
              SignedHeaders=host, Signature=0"
         );
         let (status, body) = http(
@@ -189,11 +232,11 @@ impl Moto {
                 ("Content-Type", "application/x-www-form-urlencoded"),
                 ("Authorization", &auth),
             ],
-            format!("{params}&Version=2010-05-08").as_bytes(),
+            params.as_bytes(),
         )?;
         let body = String::from_utf8_lossy(&body).into_owned();
         if status != 200 {
-            bail!("IAM {params}: HTTP {status}: {body}");
+            bail!("{service} {params}: HTTP {status}: {body}");
         }
         Ok(body)
     }

@@ -466,3 +466,17 @@ fn a_key_source_from_a_tag_wins_over_the_prefetched_one() {
     let out = env.bootstrap(&[]).unwrap();
     assert_failed_cleanly(&env, &out, 65, "SSM parameter /from/tag: not found");
 }
+
+#[test]
+fn an_ipv6_only_instance_bootstraps_unless_a_setting_needs_its_ipv4_address() {
+    let env = NodeEnv::start("").unwrap();
+    // IPv6-only: IMDS answers 404 for local-ipv4.
+    env.imds.remove("local-ipv4");
+    let out = env
+        .bootstrap(&["--set", "node.name_template=n-{local_ipv4_dashed}"])
+        .unwrap();
+    assert_failed_cleanly(&env, &out, 78, "IPv6-only");
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    assert_eq!(report(&out).unwrap()["node_name"], DEFAULT_NODE_NAME);
+}

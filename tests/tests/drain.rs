@@ -23,7 +23,8 @@ const NODE_CONF: &str = "CPUs=1 RealMemory=100";
 const WAIT: Duration = Duration::from_secs(60);
 /// The emulator's default `ami-id` (AEMM's).
 const RUNNING_AMI: &str = "ami-0a887e401f7654935";
-const DESIRED_AMI: &str = "ami-0123456789abcdef0";
+/// An AMI id that no image has (the form is right): the desired image must exist.
+const MISSING_AMI: &str = "ami-00000000000000000";
 
 struct World {
     // Dropped in order: slurmd before the controller.
@@ -62,6 +63,12 @@ impl World {
     fn with_moto(mut self) -> World {
         self.moto = Some(Moto::start().unwrap());
         self
+    }
+
+    /// Registers an image in moto (EC2 DescribeImages shows it `available`) and returns
+    /// its id: the desired image of an upgrade must exist.
+    fn new_image(&self, name: &str) -> String {
+        self.moto.as_ref().unwrap().register_image(name).unwrap()
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -421,10 +428,11 @@ fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
         "[upgrade]\nparameter = \"/cluster/compute/desired-ami\"\ninterval = \"1s\"\naction = \"reboot\"\n",
     )
     .with_moto();
+    let desired_ami = w.new_image("node-v2");
     w.moto
         .as_ref()
         .unwrap()
-        .put_parameter("/cluster/compute/desired-ami", DESIRED_AMI, "String")
+        .put_parameter("/cluster/compute/desired-ami", &desired_ami, "String")
         .unwrap();
     let job_done = w.submit_job(6);
     let mut d = w.daemon("agent", None);
@@ -433,7 +441,7 @@ fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
     assert!(
         w.reason().starts_with("slurm-node-agent/upgrade@i-")
             && w.reason()
-                .ends_with(&format!(": image upgrade {RUNNING_AMI} -> {DESIRED_AMI}")),
+                .ends_with(&format!(": image upgrade {RUNNING_AMI} -> {desired_ami}")),
         "{}",
         w.reason()
     );
@@ -470,7 +478,7 @@ fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
     .unwrap();
     w.ctld.wait_node_idle("up1", WAIT).unwrap();
     let st = w.wait_phase("active");
-    assert_eq!(st["state"]["applied_image"], DESIRED_AMI);
+    assert_eq!(st["state"]["applied_image"], desired_ami.as_str());
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         slurm_e2e::is_idle(&w.state()),
@@ -495,10 +503,11 @@ fn agent_killed_between_drain_and_action_continues_the_same_drain() {
         "[upgrade]\nparameter = \"/desired\"\ninterval = \"1s\"\naction = \"hook\"\nhook = [\"{}\"]\n",
         hook.display()
     ));
+    let desired_ami = w.new_image("node-v2");
     w.moto
         .as_ref()
         .unwrap()
-        .put_parameter("/desired", DESIRED_AMI, "String")
+        .put_parameter("/desired", &desired_ami, "String")
         .unwrap();
     let job_done = w.submit_job(5);
     let mut d = w.daemon("agent-1", None);
@@ -519,10 +528,10 @@ fn agent_killed_between_drain_and_action_continues_the_same_drain() {
 
     let mut d2 = w.daemon("agent-2", None);
     let st = w.wait_phase("active");
-    assert_eq!(st["state"]["applied_image"], DESIRED_AMI);
+    assert_eq!(st["state"]["applied_image"], desired_ami.as_str());
     assert_eq!(
         fs::read_to_string(w.path("hook-ran")).unwrap(),
-        format!("kill1 {RUNNING_AMI} {DESIRED_AMI}\n"),
+        format!("kill1 {RUNNING_AMI} {desired_ami}\n"),
         "the hook ran exactly once"
     );
     let history = st["state"]["history"].as_array().unwrap().clone();
@@ -752,7 +761,7 @@ fn bad_desired_image_parameters_never_drain() {
     // Access denied: a moto that enforces IAM, and a user without any policy.
     let strict = Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", "3")]).unwrap();
     strict
-        .put_parameter("/desired", DESIRED_AMI, "String")
+        .put_parameter("/desired", MISSING_AMI, "String")
         .unwrap();
     let (key_id, secret) = strict.create_user_without_permissions("node").unwrap();
     let mut c = w.agent(&["run"]);
@@ -947,4 +956,399 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
     });
     d.stop().unwrap();
     let _ = fs::remove_file(&flag);
+}
+
+/// How many times `needle` appears in the daemon's log.
+fn log_count(d: &Daemon, needle: &str) -> usize {
+    d.log_tail(100_000).matches(needle).count()
+}
+
+#[test]
+fn a_desired_image_missing_in_ec2_drains_nothing_and_is_logged_each_interval() {
+    let w = World::start(
+        "img1",
+        &[],
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\naction = \"none\"\n",
+    )
+    .with_moto();
+    let moto = w.moto.as_ref().unwrap();
+    moto.put_parameter("/desired", MISSING_AMI, "String")
+        .unwrap();
+    let mut d = w.daemon("agent", None);
+    let missing =
+        format!("desired image {MISSING_AMI} (SSM parameter /desired) does not exist in EC2");
+    wait_until(
+        "missing image logged 3 times",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok((log_count(&d, &missing) >= 3).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(d.log_tail(200).contains("ERROR"), "{}", d.log_tail(20));
+    assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+    assert_eq!(w.status()["phase"], "active");
+
+    // The same daemon, once the parameter names an image that exists: it drains.
+    let desired = w.new_image("node-v2");
+    moto.put_parameter("/desired", &desired, "String").unwrap();
+    w.wait_state("drained for the upgrade", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason().ends_with(&format!("{RUNNING_AMI} -> {desired}")),
+        "{}",
+        w.reason()
+    );
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_powered_off_node_record_holds_no_budget_slot() {
+    // `gone1` is the record of a node whose instance powered off for the upgrade while an
+    // older agent's reason stayed on it: its slurmd never answers again (nothing listens on
+    // 127.0.0.2), so slurmctld shows it not responding, drained, with the upgrade reason.
+    let w = World::start(
+        "bud1",
+        &[
+            "SlurmdTimeout=6".into(),
+            "NodeName=gone1 NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=UNKNOWN".into(),
+        ],
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\naction = \"none\"\n\
+         max_unavailable = \"1\"\nbudget_wait = \"300ms\"\n",
+    )
+    .with_moto();
+    let desired = w.new_image("node-v2");
+    let old = format!(
+        "slurm-node-agent/upgrade@i-0aaaaaaaaaaaaaaaa: image upgrade {RUNNING_AMI} -> {desired}"
+    );
+    w.ctld
+        .scontrol_ok(&[
+            "update",
+            "nodename=gone1",
+            "state=drain",
+            &format!("reason={old}"),
+        ])
+        .unwrap();
+    let gone = w
+        .ctld
+        .wait_node_state(
+            "gone1",
+            |s| s.contains("NOT_RESPONDING") || s.contains('*'),
+            WAIT,
+        )
+        .unwrap();
+    assert!(gone.contains("DRAIN"), "{gone}");
+
+    // With max_unavailable = 1 that record used to take the only slot for ever.
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", &desired, "String")
+        .unwrap();
+    let mut d = w.daemon("agent", None);
+    w.wait_state("bud1 drained for the upgrade", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason().ends_with(&format!("{RUNNING_AMI} -> {desired}")),
+        "{}",
+        w.reason()
+    );
+    assert!(
+        !d.log_tail(400).contains("budget used up"),
+        "{}",
+        d.log_tail(40)
+    );
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("loop1", &[], "").with_moto();
+    // The "poweroff" unit of this node: records that it ran.
+    let off = w.path("powered-off");
+    fs::write(
+        sd.unit_dir().join("sna-poweroff.service"),
+        format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
+            off.display()
+        ),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    w.write_settings(&format!(
+        "[systemd]\nbus = \"{}\"\n\n[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\n\
+         action = \"poweroff\"\npoweroff_unit = \"sna-poweroff.service\"\n",
+        sd.bus_address()
+    ));
+    let desired = w.new_image("node-v2");
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", &desired, "String")
+        .unwrap();
+    let first = "i-0aaaaaaaaaaaaaaaa";
+    w.imds.set("instance-id", first);
+    let mut d = w.daemon("agent-1", None);
+    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
+        Ok(off.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    // On the way out the reason says so: the record holds no budget slot.
+    assert_eq!(
+        w.reason(),
+        format!(
+            "slurm-node-agent/upgrade@{first}: powered off for image upgrade {RUNNING_AMI} -> {desired}"
+        )
+    );
+    d.stop().unwrap();
+
+    // The replacement: a new instance with the same NodeName and an empty state folder,
+    // launched from the old image (the launch template does not follow the parameter).
+    let second = "i-0bbbbbbbbbbbbbbbb";
+    w.imds.set("instance-id", second);
+    fs::remove_dir_all(w.path("state")).unwrap();
+    let mut d2 = w.daemon("agent-2", None);
+    wait_until(
+        "loop detected 3 times",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok((log_count(&d2, "UPGRADE LOOP") >= 3).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d2.log_tail(40)));
+    assert!(
+        w.reason().starts_with(&format!(
+            "slurm-node-agent/upgrade@{second}: replacement still runs {RUNNING_AMI}, not {desired} that instance {first} drained for"
+        )),
+        "{}",
+        w.reason()
+    );
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert_eq!(
+        fs::read_to_string(&off).unwrap().lines().count(),
+        1,
+        "powered off again"
+    );
+
+    // The operator points the parameter at the image the fleet runs: the drain is lifted.
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", RUNNING_AMI, "String")
+        .unwrap();
+    w.ctld
+        .wait_node_idle("loop1", WAIT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d2.log_tail(40)));
+    d2.stop().unwrap();
+}
+
+/// Installs `sna-agent.service` in the confined manager `sd`: `slurm-node-agent run` with
+/// the world's settings and environment as a `Type=notify` unit, its output appended to
+/// `agent.log` in the world's folder, plus `service` lines (`WatchdogSec=...`).
+fn install_agent_unit(w: &World, sd: &slurm_e2e::UserSystemd, service: &str) -> PathBuf {
+    let cmd = w.agent(&["run"]);
+    let argv: Vec<String> = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let env: String = cmd
+        .get_envs()
+        .filter_map(|(k, v)| {
+            v.map(|v| {
+                format!(
+                    "Environment=\"{}={}\"\n",
+                    k.to_string_lossy(),
+                    v.to_string_lossy()
+                )
+            })
+        })
+        .collect();
+    let log = w.path("agent.log");
+    fs::write(
+        sd.unit_dir().join("sna-agent.service"),
+        format!(
+            "[Unit]\nDescription=slurm-node-agent under test\n\n[Service]\nType=notify\n\
+             ExecStart={}\n{env}StandardOutput=append:{log}\nStandardError=append:{log}\n\
+             {service}\n",
+            argv.join(" "),
+            log = log.display()
+        ),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    log
+}
+
+#[test]
+fn a_25_second_hook_under_a_10_second_watchdog_runs_once_to_completion() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("wd1", &[], "").with_moto();
+    let ran = w.path("hook.log");
+    let hook = w.script(
+        "hook.sh",
+        &format!(
+            "echo start >> {r}; sleep 25; echo end >> {r}",
+            r = ran.display()
+        ),
+    );
+    w.write_settings(&format!(
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"1s\"\naction = \"hook\"\nhook = [\"{}\"]\n",
+        hook.display()
+    ));
+    let desired = w.new_image("node-v2");
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", &desired, "String")
+        .unwrap();
+    let log = install_agent_unit(
+        &w,
+        &sd,
+        "WatchdogSec=10s\nRestart=on-failure\nRestartSec=1s\nTimeoutStartSec=60s",
+    );
+    // Type=notify: `start` returns once the daemon sent READY=1.
+    sd.systemctl_ok(&["start", "sna-agent.service"])
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", slurm_e2e::process::tail_file(&log, 40)));
+    wait_until(
+        "the hook finished",
+        Duration::from_secs(180),
+        Duration::from_millis(250),
+        || {
+            Ok(fs::read_to_string(&ran)
+                .unwrap_or_default()
+                .contains("end")
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", slurm_e2e::process::tail_file(&log, 40)));
+    let st = w.wait_phase("active");
+    assert_eq!(st["state"]["applied_image"], desired.as_str());
+    w.ctld.wait_node_idle("wd1", WAIT).unwrap();
+    assert_eq!(
+        fs::read_to_string(&ran).unwrap(),
+        "start\nend\n",
+        "the hook ran once, to completion"
+    );
+    assert_eq!(
+        sd.unit_property("sna-agent.service", "NRestarts").unwrap(),
+        "0"
+    );
+    assert_eq!(
+        sd.unit_property("sna-agent.service", "ActiveState")
+            .unwrap(),
+        "active",
+        "{}",
+        slurm_e2e::process::tail_file(&log, 40)
+    );
+    assert!(
+        !slurm_e2e::process::tail_file(&log, 1000).contains("Watchdog timeout"),
+        "{}",
+        slurm_e2e::process::tail_file(&log, 40)
+    );
+    sd.systemctl_ok(&["stop", "sna-agent.service"]).unwrap();
+}
+
+#[test]
+fn without_instance_metadata_the_unit_is_ready_and_says_what_it_waits_for() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("nomd1", &[], "");
+    // Nothing listens there: IMDS never answers.
+    let closed = format!("http://127.0.0.1:{}", slurm_e2e::free_port());
+    w.write_settings("");
+    let text = fs::read_to_string(w.path("agent.toml"))
+        .unwrap()
+        .replace(&w.imds.endpoint(), &closed);
+    fs::write(w.path("agent.toml"), text).unwrap();
+    let log = install_agent_unit(&w, &sd, "WatchdogSec=10s\nTimeoutStartSec=20s");
+    sd.systemctl_ok(&["start", "sna-agent.service"])
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", slurm_e2e::process::tail_file(&log, 40)));
+    assert_eq!(
+        sd.unit_property("sna-agent.service", "ActiveState")
+            .unwrap(),
+        "active"
+    );
+    wait_until(
+        "status names the wait",
+        WAIT,
+        Duration::from_millis(200),
+        || {
+            let status = sd.unit_property("sna-agent.service", "StatusText")?;
+            Ok(status
+                .contains("waiting for instance metadata")
+                .then_some(status))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", slurm_e2e::process::tail_file(&log, 40)));
+    // Still alive past the watchdog interval: the loop answers it while IMDS does not.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        sd.unit_property("sna-agent.service", "NRestarts").unwrap(),
+        "0"
+    );
+    assert_eq!(
+        sd.unit_property("sna-agent.service", "ActiveState")
+            .unwrap(),
+        "active",
+        "{}",
+        slurm_e2e::process::tail_file(&log, 40)
+    );
+    sd.systemctl_ok(&["stop", "sna-agent.service"]).unwrap();
+}
+
+#[test]
+fn a_truncated_or_empty_state_file_is_set_aside_and_the_commands_carry_on() {
+    let w = World::start("trunc1", &[], "");
+    fs::create_dir_all(w.path("state")).unwrap();
+    let state = w.path("state/drain.json");
+    let aside = |w: &World| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(w.path("state"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("drain.json.corrupt-"))
+            .collect();
+        v.sort();
+        v
+    };
+    // status
+    fs::write(&state, "{\"version\": 1, \"phase\": \"drain").unwrap();
+    let out = w.run_agent(&["status", "--output", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["phase"], "active");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CORRUPT STATE FILE"));
+    let kept = aside(&w);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(
+        fs::read_to_string(&kept[0]).unwrap(),
+        "{\"version\": 1, \"phase\": \"drain"
+    );
+    // drain, then resume, each over an empty file
+    fs::write(&state, "").unwrap();
+    let out = w.run_agent(&["drain", "--reason", "bad DIMM"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.wait_state("drained", |s| s.contains("DRAIN"));
+    fs::write(&state, "").unwrap();
+    let out = w.run_agent(&["resume"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.ctld.wait_node_idle("trunc1", WAIT).unwrap();
+    assert_eq!(aside(&w).len(), 3);
+    // run
+    fs::write(&state, "{").unwrap();
+    let mut d = w.daemon("agent", None);
+    wait_until("daemon running", WAIT, Duration::from_millis(100), || {
+        d.check_running()?;
+        Ok(d.log_tail(200).contains("agent running").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(d.log_tail(200).contains("CORRUPT STATE FILE"));
+    assert_eq!(aside(&w).len(), 4);
+    d.stop().unwrap();
 }

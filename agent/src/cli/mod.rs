@@ -188,13 +188,24 @@ pub fn print_error(e: &(dyn std::error::Error + 'static)) {
     eprintln!("slurm-node-agent: error: {msg}");
 }
 
+/// Worker threads of the daemon's runtime: the main loop, and child tasks that may block
+/// one thread each (health, drain, events, upgrade) without starving it.
+const DAEMON_WORKER_THREADS: usize = 4;
+
 impl Cli {
     /// Runs the command and returns the process exit code.
     pub fn run(self) -> ExitCode {
-        let rt = match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
+        // The daemon's main loop must keep answering the watchdog while its child tasks
+        // work, some of which block a thread for a while (the state lock's wait, statfs):
+        // a few worker threads. The one-shot commands need one.
+        let mut builder = if matches!(self.command, Command::Run(_)) {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(DAEMON_WORKER_THREADS);
+            b
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+        };
+        let rt = match builder.enable_all().build() {
             Ok(rt) => rt,
             Err(e) => {
                 print_error(&e);

@@ -3,23 +3,31 @@
 //! It polls the IMDS notices ([`crate::events`]) and the desired image
 //! ([`crate::upgrade`]), turns them into drain requests, and moves the drain state machine
 //! ([`crate::drain`]) forward while a drain is in progress. It reports through sd_notify
-//! (`READY=1` once the state is loaded, `STATUS=` on every phase change, `WATCHDOG=1` when
-//! asked, `STOPPING=1`), and stops cleanly on SIGTERM or SIGINT: the step in progress is
-//! abandoned (a running hook is killed), the state on disk is always consistent, and the
-//! next start continues the same drain.
+//! (`READY=1` once its settings are read, even while instance metadata does not answer yet;
+//! `STATUS=` on every change; `WATCHDOG=1` from the main loop itself; `STOPPING=1`), and
+//! stops cleanly on SIGTERM or SIGINT: the step in progress is abandoned (a running hook is
+//! killed), the state on disk is always consistent, and the next start continues the same
+//! drain.
+//!
+//! The main loop never does the work itself: each piece (a poll, a health pass, a drain
+//! step, an upgrade hook) is a child task, at most one per kind, so that a 25 s hook under
+//! `WatchdogSec=10s` neither starves the watchdog nor holds up the spot polling.
 
 pub mod notify;
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::task::JoinSet;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::drain::{Cause, DrainError, Engine, Phase};
 use crate::events::{self, Decision, Observations};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::retry::Backoff;
-use crate::settings::{self, Layer, Resolved, SettingsError};
+use crate::settings::{self, Layer, Settings, SettingsError};
 use crate::upgrade::rollout::{self, Check};
 use notify::Notifier;
 
@@ -98,40 +106,17 @@ impl Term {
             _ = self.int.recv() => {}
         }
     }
-
-    /// Runs `f` unless a stop signal comes first (`None`).
-    async fn or_stop<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        tokio::select! {
-            r = f => Some(r),
-            _ = self.recv() => None,
-        }
-    }
 }
 
-/// Resolves the settings (files and flags, then IMDS tags and user data) and the instance
-/// identity, retrying IMDS until it answers or a stop signal comes.
-async fn resolve(
-    opts: &Options,
-    term: &mut Term,
-    notifier: &Notifier,
-) -> Result<Option<(Resolved, InstanceIdentity)>, DaemonError> {
-    let files = settings::file_layers(&opts.paths)?;
-    let early = crate::bootstrap::resolve(&files, None, &opts.flag_layers)?;
-    let imds = Imds::new(&early.settings.imds);
+/// Waits for the instance identity, retrying IMDS with capped backoff for as long as it
+/// takes (a child task of the daemon: the main loop keeps answering the watchdog and
+/// signals meanwhile), and says so in `STATUS=`.
+async fn wait_identity(imds: Arc<Imds>, notifier: Arc<Notifier>) -> InstanceIdentity {
     let mut attempt = 0;
     loop {
-        match term.or_stop(imds.identity()).await {
-            None => return Ok(None),
-            Some(Ok(id)) => {
-                let full = crate::bootstrap::resolve_with(
-                    &files,
-                    Some(&id),
-                    &opts.flag_layers,
-                    settings::Enforce::WarnAndIgnore,
-                )?;
-                return Ok(Some((full, id)));
-            }
-            Some(Err(e)) => {
+        match imds.identity().await {
+            Ok(id) => return id,
+            Err(e) => {
                 let wait = Backoff {
                     base: Duration::from_secs(1),
                     cap: Duration::from_secs(30),
@@ -139,10 +124,10 @@ async fn resolve(
                 .delay(attempt);
                 attempt += 1;
                 tracing::warn!("{e}; retrying in {wait:?}");
-                notifier.status(&format!("waiting for instance metadata: {e}"));
-                if term.or_stop(tokio::time::sleep(wait)).await.is_none() {
-                    return Ok(None);
-                }
+                notifier.status(&format!(
+                    "running; waiting for instance metadata (attempt {attempt}): {e}"
+                ));
+                tokio::time::sleep(wait).await;
             }
         }
     }
@@ -162,21 +147,77 @@ fn status_line(phase: Phase, cause: Option<&Cause>, reason: Option<&str>, upgrad
     s
 }
 
+/// What the main loop hands to its child tasks.
+struct Ctx {
+    s: Settings,
+    node: String,
+    id: InstanceIdentity,
+    engine: Engine,
+    imds: Arc<Imds>,
+    aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
+    mounts_systemd: Option<crate::systemd::Systemd>,
+    mount_env: crate::mounts::MountEnv,
+    scontrol: crate::slurm::Scontrol,
+    health_checks: Option<crate::health::CheckSet>,
+    health_env: crate::health::RunEnv,
+    health_act: crate::health::act::ActOptions,
+    outage: std::sync::Mutex<Outage>,
+}
+
+/// What a child task did.
+struct Outcome {
+    result: Result<(), DrainError>,
+    upgrade: Option<Check>,
+}
+
 /// Runs until SIGTERM/SIGINT.
+///
+/// The main loop only waits: for a signal, the watchdog tick, a timer, or a child task to
+/// finish. Everything that can take long (IMDS, slurmctld, SSM and EC2, health checks,
+/// mounts, the upgrade action or hook) runs as a child task, at most one of each kind at a
+/// time, so the loop never blocks and `WATCHDOG=1` (sent by the loop itself, only while it
+/// runs) means the daemon is alive. `READY=1` is sent once the settings are read, before
+/// instance metadata answers: the identity is awaited the same way, and `STATUS=` says so.
 ///
 /// # Errors
 /// [`DaemonError`] when it cannot start; once running, failures are logged and retried.
 pub async fn run(opts: &Options) -> Result<(), DaemonError> {
-    let notifier = Notifier::from_env();
+    let notifier = Arc::new(Notifier::from_env());
     let mut term = Term {
         term: signal(SignalKind::terminate()).map_err(DaemonError::Signal)?,
         int: signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?,
     };
-    let Some((resolved, id)) = resolve(opts, &mut term, &notifier).await? else {
-        notifier.stopping();
-        return Ok(());
+    let files = settings::file_layers(&opts.paths)?;
+    let early = crate::bootstrap::resolve(&files, None, &opts.flag_layers)?;
+    let watchdog = notify::watchdog_interval();
+    let mut watchdog_tick = interval_at(
+        Instant::now(),
+        watchdog.unwrap_or(Duration::from_secs(3600)),
+    );
+    watchdog_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    notifier.ready("running; waiting for instance metadata");
+
+    let early_imds = Arc::new(Imds::new(&early.settings.imds));
+    let mut identity = tokio::spawn(wait_identity(early_imds, notifier.clone()));
+    let id = loop {
+        tokio::select! {
+            _ = term.recv() => {
+                identity.abort();
+                notifier.stopping();
+                return Ok(());
+            }
+            _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
+            r = &mut identity => match r {
+                Ok(id) => break id,
+                Err(e) => {
+                    // The task cannot fail but by a panic; there is nothing to go on.
+                    tracing::error!("waiting for instance metadata: {e}");
+                    notifier.stopping();
+                    return Ok(());
+                }
+            },
+        }
     };
-    drop(resolved);
     // The one identity rule (crate::identity): bootstrap's record when it is this
     // incarnation's, else the NodeName resolved over the metadata just read, like bootstrap.
     let req = crate::identity::Request {
@@ -190,8 +231,8 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let s = resolved.settings;
     let node = ident.node_name.clone();
     let engine = Engine::new(&s, &node).with_instance(&ident.instance_id);
-    let imds = Imds::new(&s.imds);
-    let ssm = if s.upgrade.parameter.is_empty() {
+    let imds = Arc::new(Imds::new(&s.imds));
+    let aws = if s.upgrade.parameter.is_empty() {
         None
     } else {
         let region = std::env::var("AWS_REGION")
@@ -202,7 +243,10 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             .region(aws_config::Region::new(region))
             .load()
             .await;
-        Some(aws_sdk_ssm::Client::new(&sdk))
+        Some((
+            aws_sdk_ssm::Client::new(&sdk),
+            aws_sdk_ec2::Client::new(&sdk),
+        ))
     };
 
     let st = engine.load().map_err(DrainError::from)?;
@@ -224,21 +268,23 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         "agent running"
     );
     let mut upgrade_status = String::new();
+    let mut last_phase = st.phase;
     let mut last_status = status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), "");
-    notifier.ready(&last_status);
+    notifier.status(&last_status);
 
     let start = Instant::now();
     let events_on = s.events.enabled;
     let mut spot_tick = interval_at(start, s.events.spot_interval.0);
     let mut events_tick = interval_at(start, s.events.interval.0);
     let mut progress_tick = interval_at(start, s.drain.check_interval.0);
-    let watchdog = notify::watchdog_interval();
-    let mut watchdog_tick = interval_at(start, watchdog.unwrap_or(Duration::from_secs(3600)));
+    let mut health_tick = interval_at(start, s.health.interval.0);
+    let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
     for t in [
         &mut spot_tick,
         &mut events_tick,
         &mut progress_tick,
-        &mut watchdog_tick,
+        &mut health_tick,
+        &mut mounts_tick,
     ] {
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
     }
@@ -255,8 +301,6 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             }
         }
     };
-    let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
-    let scontrol = crate::slurm::Scontrol::new(&s.slurm.bin_dir);
     // Health checks on the daemon's own schedule (`health.interval`), the same checks and
     // drain/resume rules as `slurm-node-agent check`. Loaded once; a bad checks file is
     // logged and the checks are off until the daemon is restarted.
@@ -269,110 +313,161 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     };
     let mut health_env = crate::health::RunEnv::from_settings(&s);
     health_env.node = Some(node.clone());
-    let health_act =
-        crate::health::act::ActOptions::from_settings(&s).with_instance(&ident.instance_id);
-    let mut health_tick = interval_at(start, s.health.interval.0);
-    health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
-    mounts_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let upgrade_sleep = tokio::time::sleep_until(start);
     tokio::pin!(upgrade_sleep);
-    let mut outage = Outage::default();
+    let ctx = Arc::new(Ctx {
+        mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
+        scontrol: crate::slurm::Scontrol::new(&s.slurm.bin_dir),
+        health_act: crate::health::act::ActOptions::from_settings(&s)
+            .with_instance(&ident.instance_id),
+        health_env,
+        health_checks,
+        mounts_systemd,
+        aws,
+        imds,
+        engine,
+        id,
+        node,
+        s,
+        outage: std::sync::Mutex::new(Outage::default()),
+    });
+    let s = &ctx.s;
+    let mut tasks: JoinSet<Outcome> = JoinSet::new();
+    let mut running: HashMap<tokio::task::Id, Work> = HashMap::new();
+    let busy =
+        |running: &HashMap<tokio::task::Id, Work>, w: Work| running.values().any(|r| *r == w);
 
     loop {
         let work = tokio::select! {
             _ = term.recv() => break,
             _ = watchdog_tick.tick(), if watchdog.is_some() => { notifier.watchdog(); continue; }
-            _ = spot_tick.tick(), if events_on => Work::Spot,
-            _ = events_tick.tick(), if events_on => Work::Events,
-            _ = &mut upgrade_sleep, if ssm.is_some() => Work::Upgrade,
-            _ = progress_tick.tick() => Work::Progress,
-            _ = mounts_tick.tick(), if mounts_systemd.is_some() => Work::Mounts,
-            _ = health_tick.tick(), if health_checks.is_some() => Work::Health,
-        };
-        let current = engine.load().ok();
-        let result = match work {
-            Work::Spot => {
-                let Some(r) = term.or_stop(events::poll_spot(&imds)).await else {
-                    break;
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let (task, outcome) = match joined {
+                    Ok((task, o)) => (task, Some(o)),
+                    Err(e) => {
+                        tracing::error!("a daemon task failed: {e}");
+                        (e.id(), None)
+                    }
                 };
-                match r {
-                    Ok(o) => {
-                        outage.ok(events::notice::SPOT_PATH);
-                        let obs = Observations {
-                            spot: Some(o),
-                            ..Default::default()
+                let work = running.remove(&task);
+                if let Some(o) = outcome {
+                    if work == Some(Work::Upgrade) {
+                        let next = match &o.upgrade {
+                            Some(c) if c.wants_retry_soon() => {
+                                crate::upgrade::jittered(s.upgrade.budget_wait.0)
+                            }
+                            _ => s.upgrade.interval.0,
                         };
-                        let cur = current.as_ref().and_then(|c| c.cause.as_ref());
-                        let d = events::decide(&s.events, &obs, cur, events::time::now());
-                        match term.or_stop(apply(&engine, d)).await {
-                            Some(r) => r,
-                            None => break,
+                        upgrade_sleep.as_mut().reset(Instant::now() + next);
+                        if let Some(c) = &o.upgrade {
+                            upgrade_status = describe(c);
                         }
                     }
-                    Err(e) => {
-                        outage.fail(&e);
-                        Ok(())
+                    if let Err(e) = o.result {
+                        tracing::warn!("{e}");
+                    }
+                } else if work == Some(Work::Upgrade) {
+                    upgrade_sleep.as_mut().reset(Instant::now() + s.upgrade.interval.0);
+                }
+                if let Ok(st) = ctx.engine.load() {
+                    let line = status_line(
+                        st.phase,
+                        st.cause.as_ref(),
+                        st.reason.as_deref(),
+                        &upgrade_status,
+                    );
+                    if line != last_status {
+                        notifier.status(&line);
+                        last_status = line;
+                    }
+                    // A new drain: look at the node again soon rather than a full interval later.
+                    if st.phase != last_phase {
+                        last_phase = st.phase;
+                        progress_tick.reset_immediately();
                     }
                 }
+                continue;
             }
-            Work::Events => {
-                let polled = term
-                    .or_stop(async {
-                        tokio::join!(
-                            events::poll_rebalance(&imds),
-                            events::poll_maintenance(&imds),
-                            events::poll_lifecycle(&imds)
-                        )
-                    })
-                    .await;
-                let Some((rb, mt, lc)) = polled else { break };
+            _ = spot_tick.tick(), if events_on && !busy(&running, Work::Spot) => Work::Spot,
+            _ = events_tick.tick(), if events_on && !busy(&running, Work::Events) => Work::Events,
+            _ = &mut upgrade_sleep, if ctx.aws.is_some() && !busy(&running, Work::Upgrade) => Work::Upgrade,
+            _ = progress_tick.tick(), if !busy(&running, Work::Progress) => Work::Progress,
+            _ = mounts_tick.tick(), if ctx.mounts_systemd.is_some() && !busy(&running, Work::Mounts) => Work::Mounts,
+            _ = health_tick.tick(), if ctx.health_checks.is_some() && !busy(&running, Work::Health) => Work::Health,
+        };
+        if work == Work::Upgrade {
+            // Re-armed when the check ends; until then this branch is off (busy).
+            upgrade_sleep
+                .as_mut()
+                .reset(Instant::now() + s.upgrade.interval.0);
+        }
+        let handle = tasks.spawn(do_work(ctx.clone(), work));
+        running.insert(handle.id(), work);
+    }
+    tracing::info!("stop signal received; stopping");
+    notifier.stopping();
+    // The step in progress is abandoned (a running hook is killed with its task); the
+    // state on disk is consistent and the next start continues the same drain.
+    tasks.shutdown().await;
+    ctx.engine.write_metrics();
+    Ok(())
+}
+
+/// One piece of work, run as a child task of the main loop.
+async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
+    let s = &ctx.s;
+    let engine = &ctx.engine;
+    let mut upgrade = None;
+    let current = engine.load().ok();
+    let result = match work {
+        Work::Spot => match events::poll_spot(&ctx.imds).await {
+            Ok(o) => {
+                lock_outage(&ctx).ok(events::notice::SPOT_PATH);
                 let obs = Observations {
+                    spot: Some(o),
+                    ..Default::default()
+                };
+                let cur = current.as_ref().and_then(|c| c.cause.as_ref());
+                let d = events::decide(&s.events, &obs, cur, events::time::now());
+                apply(engine, d).await
+            }
+            Err(e) => {
+                lock_outage(&ctx).fail(&e);
+                Ok(())
+            }
+        },
+        Work::Events => {
+            let (rb, mt, lc) = tokio::join!(
+                events::poll_rebalance(&ctx.imds),
+                events::poll_maintenance(&ctx.imds),
+                events::poll_lifecycle(&ctx.imds)
+            );
+            let obs = {
+                let mut outage = lock_outage(&ctx);
+                Observations {
                     spot: None,
                     rebalance: keep(&mut outage, rb, events::notice::REBALANCE_PATH),
                     maintenance: keep(&mut outage, mt, events::notice::MAINTENANCE_PATH),
                     lifecycle: keep(&mut outage, lc, events::notice::LIFECYCLE_PATH),
-                };
-                let cur = current.as_ref().and_then(|c| c.cause.as_ref());
-                let d = events::decide(&s.events, &obs, cur, events::time::now());
-                match term.or_stop(apply(&engine, d)).await {
-                    Some(r) => r,
-                    None => break,
                 }
-            }
-            Work::Upgrade => {
-                let Some(client) = &ssm else { continue };
-                let Some(r) = term
-                    .or_stop(rollout::check(&engine, client, &id.ami_id))
-                    .await
-                else {
-                    break;
-                };
-                let next = match &r {
-                    Ok(c) if c.wants_retry_soon() => {
-                        crate::upgrade::jittered(s.upgrade.budget_wait.0)
-                    }
-                    _ => s.upgrade.interval.0,
-                };
-                upgrade_sleep.as_mut().reset(Instant::now() + next);
-                match r {
-                    Ok(c) => {
-                        upgrade_status = describe(&c);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
+            };
+            let cur = current.as_ref().and_then(|c| c.cause.as_ref());
+            let d = events::decide(&s.events, &obs, cur, events::time::now());
+            apply(engine, d).await
+        }
+        Work::Upgrade => match &ctx.aws {
+            None => Ok(()),
+            Some((ssm, ec2)) => match rollout::check(engine, ssm, ec2, &ctx.id.ami_id).await {
+                Ok(c) => {
+                    upgrade = Some(c);
+                    Ok(())
                 }
-            }
-            Work::Health => {
-                let Some(checks) = &health_checks else {
-                    continue;
-                };
-                let Some(report) = term
-                    .or_stop(crate::health::run_checks(checks, &health_env))
-                    .await
-                else {
-                    break;
-                };
+                Err(e) => Err(e),
+            },
+        },
+        Work::Health => {
+            if let Some(checks) = &ctx.health_checks {
+                let report = crate::health::run_checks(checks, &ctx.health_env).await;
                 if !s.health.prometheus_textfile.as_os_str().is_empty() {
                     if let Err(e) = crate::health::output::write_prometheus(
                         &report,
@@ -382,81 +477,50 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     }
                 }
                 if s.health.act {
-                    let act = crate::health::act_on(&report, &scontrol, &node, &health_act);
-                    match term.or_stop(act).await {
-                        Some(outcome) => {
-                            tracing::info!(
-                                healthy = report.healthy(),
-                                action = %outcome.action,
-                                detail = %outcome.detail,
-                                "health checks"
-                            );
-                        }
-                        None => break,
-                    }
+                    let outcome =
+                        crate::health::act_on(&report, &ctx.scontrol, &ctx.node, &ctx.health_act)
+                            .await;
+                    tracing::info!(
+                        healthy = report.healthy(),
+                        action = %outcome.action,
+                        detail = %outcome.detail,
+                        "health checks"
+                    );
                 }
-                Ok(())
             }
-            Work::Mounts => {
-                let Some(systemd) = &mounts_systemd else {
-                    continue;
-                };
+            Ok(())
+        }
+        Work::Mounts => {
+            if let Some(systemd) = &ctx.mounts_systemd {
                 let pass = crate::mounts::reconcile(
                     &s.mounts,
-                    &id.region,
-                    &mount_env,
+                    &ctx.id.region,
+                    &ctx.mount_env,
                     systemd,
-                    &scontrol,
-                    &node,
-                    &ident.instance_id,
+                    &ctx.scontrol,
+                    &ctx.node,
+                    &ctx.engine.instance_id,
                 );
-                match term.or_stop(pass).await {
-                    Some(Ok(report)) => {
-                        tracing::debug!(?report, "mounts checked");
-                        Ok(())
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!("mounts: {e}");
-                        Ok(())
-                    }
-                    None => break,
+                match pass.await {
+                    Ok(report) => tracing::debug!(?report, "mounts checked"),
+                    Err(e) => tracing::warn!("mounts: {e}"),
                 }
             }
-            Work::Progress => {
-                if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
-                    Ok(())
-                } else {
-                    match term.or_stop(engine.progress()).await {
-                        Some(r) => r.map(drop),
-                        None => break,
-                    }
-                }
-            }
-        };
-        if let Err(e) = result {
-            tracing::warn!("{e}");
+            Ok(())
         }
-        if let Ok(st) = engine.load() {
-            let line = status_line(
-                st.phase,
-                st.cause.as_ref(),
-                st.reason.as_deref(),
-                &upgrade_status,
-            );
-            if line != last_status {
-                notifier.status(&line);
-                last_status = line;
-            }
-            // A new drain: look at the node again soon rather than a full interval later.
-            if current.as_ref().is_some_and(|c| c.phase != st.phase) {
-                progress_tick.reset_immediately();
+        Work::Progress => {
+            if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
+                Ok(())
+            } else {
+                engine.progress().await.map(drop)
             }
         }
-    }
-    tracing::info!("stop signal received; stopping");
-    notifier.stopping();
-    engine.write_metrics();
-    Ok(())
+    };
+    Outcome { result, upgrade }
+}
+
+fn lock_outage(ctx: &Ctx) -> std::sync::MutexGuard<'_, Outage> {
+    ctx.outage.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn keep<T>(outage: &mut Outage, r: Result<T, ImdsError>, path: &str) -> Option<T> {
@@ -472,7 +536,7 @@ fn keep<T>(outage: &mut Outage, r: Result<T, ImdsError>, path: &str) -> Option<T
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Work {
     Spot,
     Events,
@@ -495,6 +559,13 @@ fn describe(c: &Check) -> String {
         Check::BackedOff => "backed off (budget)".into(),
         Check::Started { current, desired } => format!("{current} -> {desired}"),
         Check::Error(e) => format!("error: {e}"),
+        Check::Stuck {
+            current,
+            desired,
+            previous,
+        } => format!(
+            "stopped: {previous} already drained for {desired} and this replacement still runs {current} (launch template does not follow the parameter)"
+        ),
     }
 }
 

@@ -443,8 +443,19 @@ impl Engine {
     }
 
     async fn progress_action(&self) -> Result<Phase, DrainError> {
-        let node = self.node_info().await?;
-        let (cause, reason, current_phase);
+        // With `upgrade.delete_node_record` the poweroff action deletes the record before
+        // it powers off; a retry after a failed poweroff finds no record (and no job).
+        let node = match self.node_info().await {
+            Ok(n) => Some(n),
+            Err(DrainError::UnknownNode(_))
+                if self.upgrade.action == UpgradeAction::Poweroff
+                    && self.upgrade.delete_node_record =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let (cause, reason, current_phase, foreign);
         {
             let _lock = self.lock()?;
             let mut st = self.store.load()?;
@@ -457,15 +468,17 @@ impl Engine {
                     if now < st.next_attempt {
                         return Ok(st.phase);
                     }
-                    if !is_drained_flag(&node) {
-                        tracing::warn!(node = %self.node, "node no longer drained in Slurm; someone resumed it");
-                        st.resume(now)?;
-                        self.save(&st)?;
-                        return Ok(st.phase);
-                    }
-                    if !slurm::node_is_empty(&node) {
-                        // Never act with a job on the node.
-                        return Ok(st.phase);
+                    if let Some(node) = &node {
+                        if !is_drained_flag(node) {
+                            tracing::warn!(node = %self.node, "node no longer drained in Slurm; someone resumed it");
+                            st.resume(now)?;
+                            self.save(&st)?;
+                            return Ok(st.phase);
+                        }
+                        if !slurm::node_is_empty(node) {
+                            // Never act with a job on the node.
+                            return Ok(st.phase);
+                        }
                     }
                     st.act(boot_id(), now)?;
                     self.save(&st)?;
@@ -478,9 +491,12 @@ impl Engine {
             cause = st.cause.clone();
             reason = st.reason.clone().unwrap_or_default();
             current_phase = st.phase;
+            foreign = st.foreign_reason.is_some();
         }
         debug_assert_eq!(current_phase, Phase::Acting);
-        let result = self.run_action(cause.as_ref(), &reason).await;
+        let result = self
+            .run_action(cause.as_ref(), &reason, foreign, node.as_ref())
+            .await;
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
         if st.phase != Phase::Acting {
@@ -509,7 +525,56 @@ impl Engine {
         Ok(st.phase)
     }
 
-    async fn run_action(&self, cause: Option<&Cause>, reason: &str) -> Result<(), String> {
+    /// On the way out for an upgrade poweroff: the reason becomes `... powered off for image
+    /// upgrade A -> B` (so the record holds no budget slot and a replacement that reuses
+    /// the NodeName sees what happened; never over someone else's reason), then, with
+    /// `upgrade.delete_node_record`, a dynamic record with no job is deleted. Failing to
+    /// rewrite the reason stops the poweroff (retried); failing to delete is logged.
+    async fn leave_for_poweroff(
+        &self,
+        current: &str,
+        desired: &str,
+        foreign: bool,
+        node: Option<&NodeInfo>,
+    ) -> Result<(), String> {
+        let Some(node) = node else {
+            return Ok(()); // deleted on an earlier attempt
+        };
+        if !foreign {
+            let marker = crate::upgrade::upgrade_reason(
+                &self.instance_id,
+                &format!("{}{current} -> {desired}", crate::upgrade::POWERED_OFF),
+            );
+            self.ops
+                .scontrol
+                .drain(&self.node, &marker)
+                .await
+                .map_err(|e| format!("marking the node powered off before the poweroff: {e}"))?;
+        }
+        if self.upgrade.delete_node_record {
+            if node.has_flag("DYNAMIC_NORM") && slurm::node_is_empty(node) {
+                match self.ops.delete_node(&self.node).await {
+                    Ok(()) => {
+                        tracing::info!(node = %self.node, "deleted this node's dynamic record before the poweroff")
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %self.node, "could not delete this node's record (it stays, marked powered off): {e}")
+                    }
+                }
+            } else {
+                tracing::info!(node = %self.node, state = node.state(), "not a dynamic node with no job: its record stays, marked powered off");
+            }
+        }
+        Ok(())
+    }
+
+    async fn run_action(
+        &self,
+        cause: Option<&Cause>,
+        reason: &str,
+        foreign: bool,
+        node: Option<&NodeInfo>,
+    ) -> Result<(), String> {
         let (current, desired) = match cause {
             Some(Cause::Upgrade { current, desired }) => (current.as_str(), desired.as_str()),
             _ => ("", ""),
@@ -524,6 +589,8 @@ impl Engine {
                     .map_err(|e| e.to_string())
             }
             UpgradeAction::Poweroff => {
+                self.leave_for_poweroff(current, desired, foreign, node)
+                    .await?;
                 let unit = &self.upgrade.poweroff_unit;
                 tracing::info!(unit, bus = %self.systemd_bus, "orderly shutdown through systemd");
                 let sd = crate::systemd::Systemd::connect(&self.systemd_bus)

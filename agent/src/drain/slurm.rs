@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use crate::identity::ReasonCause;
 use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
 
 /// Slurm programs in one folder.
@@ -46,14 +45,32 @@ pub fn reason_time(n: &NodeInfo) -> &str {
 pub struct BudgetCount {
     /// Nodes in scope.
     pub total: usize,
-    /// Nodes whose reason carries the upgrade prefix, oldest drain first (by Slurm's reason
+    /// Nodes unavailable because of an upgrade now, oldest drain first (by Slurm's reason
     /// time, then name).
     pub upgrading: Vec<String>,
+    /// Nodes with an upgrade reason that hold no slot: their instance powered off, or they
+    /// no longer respond and run no job.
+    pub gone: Vec<String>,
+}
+
+/// Whether a node with an upgrade reason is gone rather than being upgraded: the agent
+/// marked it powered off, or slurmd no longer responds (`NOT_RESPONDING`, no reboot
+/// pending) and no job is on it. Such a record holds no budget slot (its instance is
+/// gone; a replacement is another record, or this one once it registers again).
+pub fn upgrade_record_gone(n: &NodeInfo, reason: &crate::upgrade::UpgradeReason<'_>) -> bool {
+    if reason.powered_off() {
+        return true;
+    }
+    let rebooting = n.has_flag("REBOOT_ISSUED") || n.has_flag("REBOOT_REQUESTED");
+    let not_responding = n.has_flag("NOT_RESPONDING") || n.state().contains('*');
+    not_responding && !rebooting && node_is_empty(n)
 }
 
 /// Counts, from `scontrol show nodes -o` output, the nodes of `partition` (all nodes when
-/// empty) and those drained for an upgrade.
+/// empty) and those unavailable because of an upgrade (an upgrade reason of the agent,
+/// [`crate::upgrade::parse_upgrade_reason`], and not [`upgrade_record_gone`]).
 pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
+    let mut gone = Vec::new();
     let mut total = 0;
     let mut up: Vec<(String, String)> = Vec::new();
     for n in show_nodes
@@ -69,9 +86,12 @@ pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
             continue;
         }
         total += 1;
-        if n.reason()
-            .is_some_and(|r| crate::identity::is_agent_reason_for(r, ReasonCause::Upgrade))
-        {
+        let Some(r) = n.reason().and_then(crate::upgrade::parse_upgrade_reason) else {
+            continue;
+        };
+        if upgrade_record_gone(&n, &r) {
+            gone.push(n.name().to_string());
+        } else {
             up.push((reason_time(&n).to_string(), n.name().to_string()));
         }
     }
@@ -79,6 +99,7 @@ pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
     BudgetCount {
         total,
         upgrading: up.into_iter().map(|(_, n)| n).collect(),
+        gone,
     }
 }
 
@@ -156,6 +177,16 @@ impl SlurmOps {
             .map(drop)
     }
 
+    /// `scontrol delete nodename=<node>`: removes a dynamic node's record (Slurm refuses
+    /// while a job runs on it or it is in a reservation).
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn delete_node(&self, node: &str) -> Result<(), ScontrolError> {
+        let arg = format!("nodename={node}");
+        self.scontrol.run(&["delete", &arg]).await.map(drop)
+    }
+
     /// Counts the upgrade drains of `partition`.
     ///
     /// # Errors
@@ -197,13 +228,19 @@ NodeName=c2 State=IDLE Partitions=main Reason=(null)
 NodeName=c3 State=MIXED+DRAIN Partitions=main Reason=slurm-node-agent/upgrade@i-0123456789abcdef0: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:01]
 NodeName=c4 State=IDLE+DRAIN Partitions=main Reason=bad disk [admin@2024-05-01T09:00:00]
 NodeName=g1 State=IDLE+DRAIN Partitions=gpu Reason=slurm-node-agent/upgrade@unknown: x [root@2024-05-01T09:00:00]
+NodeName=c5 State=DOWN+DRAIN+DYNAMIC_NORM+NOT_RESPONDING Partitions=main Reason=slurm-node-agent/upgrade@i-0aaaaaaaaaaaaaaaa: image upgrade ami-1 -> ami-2 [root@2024-05-01T08:00:00]
+NodeName=c6 State=IDLE+DRAIN Partitions=main Reason=slurm-node-agent/upgrade@i-0bbbbbbbbbbbbbbbb: powered off for image upgrade ami-1 -> ami-2 [root@2024-05-01T08:00:00]
+NodeName=c7 State=DOWN*+DRAIN+REBOOT_ISSUED Partitions=main Reason=slurm-node-agent/upgrade@i-0cccccccccccccccc: image upgrade ami-1 -> ami-2 [root@2024-05-01T10:00:09]
+NodeName=c8 State=IDLE+DRAIN Partitions=main Reason=slurm-node-agent: upgrade [admin@2024-05-01T09:00:00]
 ";
         let c = count_upgrading(out, "main");
-        assert_eq!(c.total, 4);
-        assert_eq!(c.upgrading, ["c3", "c1"]);
+        assert_eq!(c.total, 8);
+        // c5 no longer responds and runs nothing, c6 powered off: no slot. c7 reboots: slot.
+        assert_eq!(c.upgrading, ["c3", "c1", "c7"]);
+        assert_eq!(c.gone, ["c5", "c6"]);
         let all = count_upgrading(out, "");
-        assert_eq!(all.total, 5);
-        assert_eq!(all.upgrading, ["g1", "c3", "c1"]);
+        assert_eq!(all.total, 9);
+        assert_eq!(all.upgrading, ["g1", "c3", "c1", "c7"]);
         assert_eq!(count_upgrading(out, "none").total, 0);
     }
 }

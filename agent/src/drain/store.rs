@@ -117,17 +117,28 @@ impl Store {
         }
     }
 
-    /// Reads the state; a missing file is the default (active) state.
+    /// Reads the state; a missing file is the default (active) state. A file that is not
+    /// valid state (empty, truncated, edited) is moved aside as `drain.json.corrupt-<unix
+    /// seconds>` with an error in the log, and the default state is returned: the commands
+    /// and the daemon carry on from what Slurm shows rather than stop.
     ///
     /// # Errors
-    /// [`StoreError::Io`] or [`StoreError::Corrupt`].
+    /// [`StoreError::Io`] when the file cannot be read.
     pub fn load(&self) -> Result<DrainState, StoreError> {
         let path = self.path();
         match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| StoreError::Corrupt {
-                path,
-                message: e.to_string(),
-            }),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(st) => Ok(st),
+                Err(e) => {
+                    let problem = if bytes.iter().all(u8::is_ascii_whitespace) {
+                        "empty drain state".to_string()
+                    } else {
+                        format!("invalid drain state: {e}")
+                    };
+                    crate::fsutil::set_aside_corrupt(&path, &bytes, &problem);
+                    Ok(DrainState::default())
+                }
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DrainState::default()),
             Err(source) => Err(StoreError::Io { path, source }),
         }
@@ -167,9 +178,23 @@ mod tests {
         s.begin(Cause::Manual { reason: "x".into() }, None, 1);
         store.save(&s).unwrap();
         assert_eq!(store.load().unwrap(), s);
-        std::fs::write(store.path(), b"{\"phase\": \"draini").unwrap();
-        let e = store.load().unwrap_err();
-        assert!(e.to_string().contains("drain.json"), "{e}");
+        // Truncated, then empty: set aside (content kept), the default state carries on.
+        for bad in [&b"{\"phase\": \"draini"[..], b""] {
+            std::fs::write(store.path(), bad).unwrap();
+            assert_eq!(store.load().unwrap(), DrainState::default());
+            assert!(!store.path().exists());
+            let aside: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().contains("drain.json.corrupt-"))
+                .collect();
+            assert!(
+                aside.iter().any(|p| std::fs::read(p).unwrap() == bad),
+                "{aside:?}"
+            );
+            store.save(&s).unwrap();
+            assert_eq!(store.load().unwrap(), s);
+        }
     }
 
     #[test]

@@ -10,6 +10,20 @@
 //!
 //! An upgrade drain never kills a job: the action only runs in `drained`, i.e. when Slurm
 //! shows no job on the node.
+//!
+//! Upgrades finish:
+//! - the desired image must exist and be `available` (EC2 DescribeImages) before any node
+//!   drains for it; a value naming a missing image drains nothing and is logged each
+//!   interval;
+//! - the budget counts only nodes unavailable *because of* an upgrade now: a record whose
+//!   instance powered off for the upgrade (the agent rewrites the reason to
+//!   `... powered off for image upgrade A -> B` just before it powers off; optionally
+//!   deletes its dynamic record, `upgrade.delete_node_record`), or one that no longer
+//!   responds and runs no job, holds no slot;
+//! - a replacement that still runs another image than the one a previous incarnation of the
+//!   same NodeName powered off for (the launch template does not follow the parameter) does
+//!   not power off again: it stays drained with a reason saying so, which holds a slot, so
+//!   the rollout stops after the budget ([`rollout`]).
 
 pub mod rollout;
 
@@ -63,6 +77,11 @@ pub struct UpgradeSettings {
     pub budget_partition: String,
     /// Wait before counting again when the budget is used up (randomized ±50 %).
     pub budget_wait: HumanDuration,
+    /// Before `poweroff`, delete this node's record from slurmctld (`scontrol delete
+    /// nodename=`) when it is a dynamic node with no job. Off by default: a replacement
+    /// that reuses the NodeName then cannot see that a previous instance already powered
+    /// off for the same image. Either way the record holds no upgrade budget slot.
+    pub delete_node_record: bool,
 }
 
 impl Default for UpgradeSettings {
@@ -78,6 +97,7 @@ impl Default for UpgradeSettings {
             max_unavailable: "1".into(),
             budget_partition: String::new(),
             budget_wait: HumanDuration(Duration::from_secs(60)),
+            delete_node_record: false,
         }
     }
 }
@@ -193,6 +213,155 @@ pub fn is_ami_id(s: &str) -> bool {
     s.strip_prefix("ami-").is_some_and(|h| {
         (h.len() == 8 || h.len() == 17) && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
     })
+}
+
+/// The cause name of upgrade reasons in the agent's reason scheme.
+pub const REASON_CAUSE: &str = "upgrade";
+
+/// Start of the detail of the reason written just before an upgrade poweroff.
+pub const POWERED_OFF: &str = "powered off for image upgrade ";
+
+/// Start of the detail of the reason of a replacement that still runs the old image.
+pub const STUCK: &str = "replacement still runs ";
+
+/// An upgrade reason in the agent's scheme: `slurm-node-agent/upgrade@<instance-id>:
+/// <detail>` (`unknown` when the instance id is not known), control characters removed, at
+/// most 256 characters (Slurm's reason field).
+///
+/// The one place this module builds a reason, so that the shared builder of
+/// `crate::identity` can replace it in one line.
+pub fn upgrade_reason(instance_id: &str, detail: &str) -> String {
+    crate::identity::reason(crate::identity::ReasonCause::Upgrade, instance_id, detail)
+}
+
+/// An upgrade reason read back from Slurm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeReason<'a> {
+    /// The instance that wrote it (`None` for the older `node-agent/upgrade: ` form).
+    pub instance_id: Option<&'a str>,
+    /// Everything after `: `.
+    pub detail: &'a str,
+}
+
+impl UpgradeReason<'_> {
+    /// The images `(current, desired)` named by an `... A -> B` detail.
+    pub fn images(&self) -> Option<(&str, &str)> {
+        let (a, b) = self.detail.rsplit_once(" -> ")?;
+        let current = a.rsplit(' ').next()?;
+        let desired = b.split([' ', ';', ',']).next()?;
+        (is_ami_id(current) && is_ami_id(desired)).then_some((current, desired))
+    }
+
+    /// Written just before the instance powered off for the upgrade.
+    pub fn powered_off(&self) -> bool {
+        self.detail.starts_with(POWERED_OFF)
+    }
+}
+
+/// Parses an upgrade reason of the agent, `slurm-node-agent/upgrade@<instance-id>: <detail>`
+/// ([`crate::identity`] decides what is the agent's). Anything else is `None`.
+pub fn parse_upgrade_reason(reason: &str) -> Option<UpgradeReason<'_>> {
+    if !crate::identity::is_agent_reason_for(reason, crate::identity::ReasonCause::Upgrade) {
+        return None;
+    }
+    let rest = reason.strip_prefix("slurm-node-agent/upgrade@")?;
+    let (id, detail) = rest.split_once(": ")?;
+    Some(UpgradeReason {
+        instance_id: Some(id),
+        detail,
+    })
+}
+
+/// For bootstrap on a replacement (a new instance under a NodeName whose record carries
+/// `reason`): whether an upgrade drain left by another instance must stay for the daemon
+/// to judge, because it names a desired image other than `running` (the replacement booted
+/// from the old image: lifting it would let the node drain and power off again, a loop;
+/// the daemon's [`rollout`] check marks it stuck instead). `false` for anything else,
+/// including an upgrade reason whose desired image is `running` (the upgrade happened:
+/// lift it).
+pub fn leftover_still_applies(reason: &str, running: &str) -> bool {
+    parse_upgrade_reason(reason)
+        .and_then(|r| r.images().map(|(_, desired)| desired != running))
+        .unwrap_or(false)
+}
+
+/// The desired image cannot be used: missing, not available, or the check failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// EC2 does not know the image (deregistered, never existed, another region or account
+    /// without launch permission).
+    #[error("desired image {image} (SSM parameter {parameter}) does not exist in EC2; no node drains for it")]
+    Missing {
+        /// The AMI id.
+        image: String,
+        /// The parameter that names it.
+        parameter: String,
+    },
+    /// It exists but is not `available` yet (`pending`) or any more (`failed`,
+    /// `deregistered`, `disabled`).
+    #[error("desired image {image} (SSM parameter {parameter}) is {state}, not available; no node drains for it")]
+    NotAvailable {
+        /// The AMI id.
+        image: String,
+        /// The parameter.
+        parameter: String,
+        /// EC2's image state.
+        state: String,
+    },
+    /// DescribeImages failed (access denied, network...).
+    #[error("checking desired image {image} with EC2 DescribeImages: {message}")]
+    Check {
+        /// The AMI id.
+        image: String,
+        /// The error.
+        message: String,
+    },
+}
+
+/// Checks with EC2 DescribeImages that `image` exists and is `available`.
+///
+/// # Errors
+/// [`ImageError`]; EC2's `InvalidAMIID.NotFound`, `.Unavailable` and `.Malformed` are
+/// [`ImageError::Missing`].
+pub async fn check_image(
+    ec2: &aws_sdk_ec2::Client,
+    image: &str,
+    parameter: &str,
+) -> Result<(), ImageError> {
+    use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+    let missing = || ImageError::Missing {
+        image: image.to_string(),
+        parameter: parameter.to_string(),
+    };
+    let out = match ec2.describe_images().image_ids(image).send().await {
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(code) = e.as_service_error().and_then(|se| se.code()) {
+                if code.starts_with("InvalidAMIID.") {
+                    return Err(missing());
+                }
+            }
+            let mut message = aws_smithy_types::error::display::DisplayErrorContext(&e).to_string();
+            if message.len() > 300 {
+                message = message.chars().take(300).collect::<String>() + "...";
+            }
+            return Err(ImageError::Check {
+                image: image.to_string(),
+                message,
+            });
+        }
+    };
+    let Some(found) = out.images().iter().find(|i| i.image_id() == Some(image)) else {
+        return Err(missing());
+    };
+    match found.state() {
+        Some(aws_sdk_ec2::types::ImageState::Available) => Ok(()),
+        other => Err(ImageError::NotAvailable {
+            image: image.to_string(),
+            parameter: parameter.to_string(),
+            state: other.map_or_else(|| "in no state".to_string(), |s| s.as_str().to_string()),
+        }),
+    }
 }
 
 /// Reading the desired image failed.
@@ -369,6 +538,52 @@ mod tests {
         assert!(s.validate().is_ok());
         s.max_unavailable = "lots".into();
         assert_eq!(s.validate().unwrap_err().0, "upgrade.max_unavailable");
+    }
+
+    #[test]
+    fn upgrade_reasons_round_trip() {
+        let r = upgrade_reason(
+            "i-0abc",
+            &format!("{POWERED_OFF}ami-0a887e401f7654935 -> ami-0123456789abcdef0"),
+        );
+        assert_eq!(
+            r,
+            "slurm-node-agent/upgrade@i-0abc: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
+        );
+        let p = parse_upgrade_reason(&r).unwrap();
+        assert_eq!(p.instance_id, Some("i-0abc"));
+        assert!(p.powered_off());
+        assert_eq!(
+            p.images(),
+            Some(("ami-0a887e401f7654935", "ami-0123456789abcdef0"))
+        );
+        let old =
+            parse_upgrade_reason("node-agent/upgrade: image upgrade ami-12345678 -> ami-87654321")
+                .unwrap();
+        assert_eq!(old.instance_id, None);
+        assert!(!old.powered_off());
+        assert_eq!(old.images(), Some(("ami-12345678", "ami-87654321")));
+        assert_eq!(
+            upgrade_reason("", "x"),
+            "slurm-node-agent/upgrade@unknown: x"
+        );
+        assert!(leftover_still_applies(&r, "ami-0a887e401f7654935"));
+        assert!(!leftover_still_applies(&r, "ami-0123456789abcdef0"));
+        assert!(!leftover_still_applies(
+            "slurm-node-agent/spot@i-1: x",
+            "ami-12345678"
+        ));
+        assert!(upgrade_reason("i-1", &"y\n".repeat(300)).chars().count() <= 256);
+        for not_ours in [
+            "slurm-node-agent: upgrade",
+            "slurm-node-agent/upgrade@: x",
+            "slurm-node-agent/upgrade@i 1: x",
+            "slurm-node-agent/health@i-1: x",
+            "upgrade",
+            "ADMIN node-agent/upgrade: x",
+        ] {
+            assert!(parse_upgrade_reason(not_ours).is_none(), "{not_ours}");
+        }
     }
 
     #[test]

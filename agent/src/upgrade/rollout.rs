@@ -1,6 +1,10 @@
-//! One upgrade check: desired image vs running image, the budget, and the drain request.
+//! One upgrade check: desired image vs running image, the image exists, no replacement
+//! loop, the budget, and the drain request.
 
-use super::{desired_image, Budget, DesiredImageError};
+use super::{
+    check_image, desired_image, parse_upgrade_reason, upgrade_reason, Budget, DesiredImageError,
+    STUCK,
+};
 use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
 
 /// What an upgrade check found or did.
@@ -31,8 +35,20 @@ pub enum Check {
         /// To.
         desired: String,
     },
-    /// Reading the parameter failed (logged; no drain).
+    /// Reading the parameter failed, or the image is missing (logged; no drain).
     Error(String),
+    /// A previous instance of this NodeName already powered off for `desired`, and this
+    /// instance still runs `current`: the launch template does not follow the parameter.
+    /// The node stays drained with a reason saying so (it holds a budget slot, so the
+    /// rollout stops after the budget); nothing is powered off.
+    Stuck {
+        /// The image this instance runs.
+        current: String,
+        /// The desired image.
+        desired: String,
+        /// The instance that drained for it before.
+        previous: String,
+    },
 }
 
 impl Check {
@@ -46,11 +62,18 @@ impl Check {
 /// `ami-id`, or the image recorded by the last in-place upgrade), and starts an upgrade
 /// drain within the budget.
 ///
+/// Before any drain, the desired image must exist in EC2 ([`check_image`]), and the node's
+/// record must not show that a previous instance of this NodeName already drained for the
+/// same image (a replacement loop: [`Check::Stuck`]). A leftover upgrade drain of the agent
+/// that no longer applies (the node runs the desired image, or another image is desired
+/// now) is lifted.
+///
 /// # Errors
-/// [`DrainError`] from Slurm or the state; SSM errors are [`Check::Error`].
+/// [`DrainError`] from Slurm or the state; SSM and EC2 errors are [`Check::Error`].
 pub async fn check(
     engine: &Engine,
     ssm: &aws_sdk_ssm::Client,
+    ec2: &aws_sdk_ec2::Client,
     running: &str,
 ) -> Result<Check, DrainError> {
     let desired = match desired_image(ssm, &engine.upgrade.parameter).await {
@@ -69,7 +92,14 @@ pub async fn check(
         .clone()
         .unwrap_or_else(|| running.to_string());
     if desired == current {
+        if st.phase == Phase::Active {
+            lift_leftover(engine, &desired, &current).await?;
+        }
         return Ok(Check::UpToDate { image: current });
+    }
+    if let Err(e) = check_image(ec2, &desired, &engine.upgrade.parameter).await {
+        tracing::error!("{e}");
+        return Ok(Check::Error(e.to_string()));
     }
     let cause = Cause::Upgrade {
         current: current.clone(),
@@ -77,6 +107,9 @@ pub async fn check(
     };
     if st.phase != Phase::Active || st.handled.contains(&cause.key()) {
         return Ok(Check::Busy);
+    }
+    if let Some(stuck) = replacement_loop(engine, &current, &desired).await? {
+        return Ok(stuck);
     }
     let node = engine
         .ops
@@ -140,4 +173,95 @@ pub async fn check(
     }
     tracing::info!(%current, %desired, "upgrade drain started");
     Ok(Check::Started { current, desired })
+}
+
+/// The node is drained with an upgrade reason of the agent while the state machine has no
+/// drain: what did an earlier instance (or this one) leave, and does it still apply?
+///
+/// Returns [`Check::Stuck`] when another instance drained for `desired` and this one still
+/// runs `current`; resumes the node when the reason names another desired image (stale);
+/// `None` otherwise (nothing there, or an admin's reason).
+async fn replacement_loop(
+    engine: &Engine,
+    current: &str,
+    desired: &str,
+) -> Result<Option<Check>, DrainError> {
+    let node = engine
+        .ops
+        .scontrol
+        .show_node(&engine.node)
+        .await?
+        .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))?;
+    if !node.has_flag("DRAIN") {
+        return Ok(None);
+    }
+    let Some(reason) = node.reason().map(str::to_string) else {
+        return Ok(None);
+    };
+    let Some(r) = parse_upgrade_reason(&reason) else {
+        return Ok(None);
+    };
+    let ours = r.instance_id == Some(engine.instance_id.as_str());
+    let previous = r.instance_id.filter(|_| !ours);
+    let for_desired = r.images().is_some_and(|(_, d)| d == desired)
+        || (ours && r.detail.starts_with(STUCK) && r.detail.contains(desired));
+    if !for_desired {
+        tracing::info!(node = %engine.node, %reason, "lifting an upgrade drain for another image than the desired {desired}");
+        engine.ops.scontrol.resume(&engine.node).await?;
+        return Ok(None);
+    }
+    let previous = match previous {
+        Some(p) => p.to_string(),
+        None if ours => r
+            .detail
+            .rsplit_once("instance ")
+            .map_or("unknown", |(_, p)| p.split(' ').next().unwrap_or("unknown"))
+            .to_string(),
+        None => return Ok(None),
+    };
+    tracing::error!(
+        node = %engine.node,
+        %current,
+        %desired,
+        previous_instance = %previous,
+        "UPGRADE LOOP: instance {previous} of this node already drained for {desired}, and this \
+         instance still runs {current}: the launch template does not follow the parameter. \
+         Not powering off again; the node stays drained and holds an upgrade budget slot, so \
+         the rollout stops. Point the launch template at {desired} (or at \
+         resolve:ssm:{}), then publish again.",
+        engine.upgrade.parameter
+    );
+    let stuck = upgrade_reason(
+        &engine.instance_id,
+        &format!(
+            "{STUCK}{current}, not {desired} that instance {previous} drained for: launch template does not follow {}",
+            engine.upgrade.parameter
+        ),
+    );
+    if !ours {
+        engine.ops.scontrol.drain(&engine.node, &stuck).await?;
+    }
+    Ok(Some(Check::Stuck {
+        current: current.to_string(),
+        desired: desired.to_string(),
+        previous,
+    }))
+}
+
+/// Up to date: an upgrade drain the agent left on the node (an earlier instance's, or a
+/// stuck replacement's) no longer applies; lift it.
+async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<(), DrainError> {
+    let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
+        return Ok(());
+    };
+    let leftover = node.has_flag("DRAIN")
+        && node
+            .reason()
+            .and_then(parse_upgrade_reason)
+            .is_some_and(|r| r.instance_id.is_some());
+    if leftover {
+        tracing::info!(node = %engine.node, %current, %desired, reason = ?node.reason(), "the node runs the desired image; lifting the upgrade drain left on it");
+        engine.ops.scontrol.resume(&engine.node).await?;
+    }
+    Ok(())
 }
