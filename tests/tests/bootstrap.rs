@@ -457,14 +457,69 @@ fn access_denied_to_the_key_exits_77_and_writes_nothing() {
 }
 
 #[test]
-fn a_key_source_from_a_tag_wins_over_the_prefetched_one() {
-    // The settings file names a secret that exists; the tag names one that does not. The
+fn a_key_source_from_user_data_wins_over_the_prefetched_one() {
+    // The settings file names a secret that exists; user data names one that does not. The
     // key fetched early from the file's source must not be used.
     let env = NodeEnv::start("").unwrap();
-    env.imds
-        .set_tag("slurm-node-agent:auth.key_source", "ssm:/from/tag");
+    env.imds.set_user_data(
+        "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[auth]\nkey_source = \"ssm:/from/user-data\"\n--XX--\n",
+    );
     let out = env.bootstrap(&[]).unwrap();
-    assert_failed_cleanly(&env, &out, 65, "SSM parameter /from/tag: not found");
+    assert_failed_cleanly(&env, &out, 65, "SSM parameter /from/user-data: not found");
+}
+
+/// The escalation chain of issue 10, with tags only: a key source naming an SSM String
+/// parameter that holds a cron line, raw encoding, a key path in a cron folder and owner
+/// root. Refused (exit 78, the tag and key named) and nothing written.
+#[test]
+fn tags_cannot_make_bootstrap_write_a_root_file_anywhere() {
+    let env = NodeEnv::start("").unwrap();
+    let cron_dir = env.root.subdir("cron.d").unwrap();
+    let target = cron_dir.join("evil");
+    env.moto
+        .put_parameter(
+            "/evil/cron",
+            "* * * * * root touch /tmp/pwned-by-a-tag # padding padding padding\n",
+            "String",
+        )
+        .unwrap();
+    for (k, v) in [
+        ("auth.key_source", "ssm:/evil/cron".to_string()),
+        ("auth.key_encoding", "raw".to_string()),
+        ("auth.key_path", target.display().to_string()),
+        ("auth.key_owner", "root".to_string()),
+    ] {
+        env.imds.set_tag(&format!("slurm-node-agent:{k}"), &v);
+    }
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("instance tag \"slurm-node-agent:auth."),
+        "{err}"
+    );
+    assert!(err.contains("may not be set from an instance tag"), "{err}");
+    assert!(!target.exists(), "the tag chain wrote {}", target.display());
+    assert!(!env.key_path().exists());
+    // Each key on its own is refused too, naming it.
+    for (k, v) in [
+        ("upgrade.hook", "/bin/sh,-c,id"),
+        ("slurm.bin_dir", "/tmp"),
+        ("imds.endpoint", "http://127.0.0.2:1"),
+        ("slurm.slurmd_unit", "debug-shell.service"),
+        ("agent.state_dir", "/etc"),
+    ] {
+        env.imds.clear_tags();
+        env.imds.set_tag(&format!("slurm-node-agent:{k}"), v);
+        let out = env.bootstrap(&[]).unwrap();
+        assert_failed_cleanly(
+            &env,
+            &out,
+            78,
+            &format!("instance tag \"slurm-node-agent:{k}\": key `{k}`"),
+        );
+    }
 }
 
 #[test]

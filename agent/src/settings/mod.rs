@@ -622,4 +622,6 @@ pub fn file_layers(paths: &Paths) -> Result<Vec<Layer>, SettingsError> {
 }
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
