@@ -500,7 +500,12 @@ pub struct Request<'a> {
 /// [`IdentityError`].
 pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let files = settings::file_layers(req.paths)?;
-    let early = resolve_settings(&files, None, req.flag_layers, settings::Enforce::WarnAndIgnore)?;
+    let early = resolve_settings(
+        &files,
+        None,
+        req.flag_layers,
+        settings::Enforce::WarnAndIgnore,
+    )?;
     let state_dir = early.settings.agent.state_dir.clone();
     let flag_name =
         (early.source_of("node.name") == Source::Flag).then(|| early.settings.node.name.clone());
@@ -550,13 +555,15 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         facts.is_none_or(|f| f.instance_id == r.instance_id) && !r.node_name.is_empty()
     });
     let resolved = match (facts, &record) {
-        (Some(f), _) => resolve_settings(&files, Some(f), req.flag_layers, settings::Enforce::WarnAndIgnore)?,
+        (Some(f), _) => resolve_settings(
+            &files,
+            Some(f),
+            req.flag_layers,
+            settings::Enforce::WarnAndIgnore,
+        )?,
         (None, Some(r)) => {
             let mut layers = files.clone();
-            layers.extend(metadata_layers(
-                &r.user_data_settings,
-                &r.setting_tags,
-            )?);
+            layers.extend(metadata_layers(&r.user_data_settings, &r.setting_tags)?);
             layers.extend(req.flag_layers.iter().cloned());
             Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)?
         }
@@ -720,8 +727,7 @@ mod tests {
         rec.write(&dir).unwrap();
         let back = Recorded::read(&dir).unwrap();
         assert_eq!(back, rec);
-        let layers =
-            metadata_layers(&back.user_data_settings, &back.setting_tags).unwrap();
+        let layers = metadata_layers(&back.user_data_settings, &back.setting_tags).unwrap();
         let r = Resolved::merge(&layers).unwrap();
         assert_eq!(r.settings.node.weight, 7);
         assert_eq!(r.settings.node.features, vec!["ud".to_string()]);

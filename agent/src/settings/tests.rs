@@ -297,8 +297,11 @@ fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
         "{e}"
     );
     assert!(e.contains("never a file"), "{e}");
-    let dest =
-        Layer::from_toml(Source::UserData(1), "[auth]\nkey_path = \"/etc/cron.d/x\"\n").unwrap();
+    let dest = Layer::from_toml(
+        Source::UserData(1),
+        "[auth]\nkey_path = \"/etc/cron.d/x\"\n",
+    )
+    .unwrap();
     let e = Resolved::merge(&[dest]).unwrap_err().to_string();
     assert!(
         e.contains("key `auth.key_path`") && e.contains("trust class `image`"),
