@@ -71,6 +71,9 @@ pub enum BootstrapError {
         /// The lock file.
         path: PathBuf,
     },
+    /// cloud-init did not finish within its bound, or could not be run (exit 75 or 71).
+    #[error(transparent)]
+    CloudInit(crate::cloudinit::CloudInitError),
     /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit_code`].
     #[error(transparent)]
     Pcs(#[from] crate::pcs::PcsError),
@@ -97,6 +100,7 @@ impl BootstrapError {
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
             BootstrapError::Io(_) => 74,
             BootstrapError::Pcs(e) => e.exit_code(),
+            BootstrapError::CloudInit(e) => e.exit_code(),
         }
     }
 }
@@ -367,8 +371,17 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         }
         Ok::<_, BootstrapError>(restart)
     });
-    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, prep_time)) =
-        tokio::try_join!(munge, mounts, slurmd_prep)?;
+    // A site's user-data scripts (cloud-init) prepare the node before it takes jobs:
+    // waited for here, not by unit ordering (cloud-final is after multi-user.target on
+    // Debian and Ubuntu, so `After=` would be a cycle). No cloud-init: nothing to wait for.
+    let cloud_init = async {
+        crate::cloudinit::CloudInit::default()
+            .wait_and_log()
+            .await
+            .map_err(BootstrapError::CloudInit)
+    };
+    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, prep_time), _) =
+        tokio::try_join!(munge, mounts, slurmd_prep, cloud_init)?;
     if s.auth.auth_type == AuthType::Munge {
         t.record("munge", munge_time);
     }

@@ -5,7 +5,7 @@
 //!   being present is the notice: a body that cannot be parsed still drains (deadline two
 //!   minutes from now, as AWS promises), and the parse error is logged.
 //! - `events/recommendations/rebalance` (every `events.interval`, 5 s): drain when
-//!   `events.rebalance = "drain"` (default); running jobs continue.
+//!   `events.rebalance = "drain"` (default `"ignore"`: logged only); running jobs continue.
 //! - `events/maintenance/scheduled` (5 s): an `active` event (or one in an unknown state)
 //!   drains once `NotBefore - events.maintenance_lead` has come; `canceled`, `completed`,
 //!   a `NotAfter` in the past, or the event gone from the list undoes the drain it caused.
@@ -33,9 +33,10 @@ pub const SPOT_WARNING_SECS: i64 = 120;
 #[serde(rename_all = "lowercase")]
 pub enum RebalancePolicy {
     /// Drain: no new jobs land, running ones continue.
-    #[default]
     Drain,
-    /// Log it only.
+    /// Log it only (the default: EC2 never withdraws a recommendation, and most never turn
+    /// into an interruption, so other tools leave rebalance draining off by default too).
+    #[default]
     Ignore,
 }
 
@@ -63,8 +64,12 @@ pub struct EventsSettings {
     pub spot_interval: HumanDuration,
     /// Poll interval of rebalance, scheduled maintenance and lifecycle state.
     pub interval: HumanDuration,
-    /// `drain` or `ignore` rebalance recommendations.
+    /// `drain` or `ignore` (default) rebalance recommendations.
     pub rebalance: RebalancePolicy,
+    /// With `rebalance = "drain"`: a recommendation older than this (by its `noticeTime`)
+    /// that never became an interruption notice is over: the drain is lifted (EC2 never
+    /// withdraws a recommendation). Default 1h.
+    pub rebalance_window: HumanDuration,
     /// Drain this long before a maintenance event's `NotBefore`, so jobs can finish (set it
     /// to the longest job time limit).
     pub maintenance_lead: HumanDuration,
@@ -88,7 +93,8 @@ impl Default for EventsSettings {
             enabled: true,
             spot_interval: HumanDuration(Duration::from_secs(1)),
             interval: HumanDuration(Duration::from_secs(5)),
-            rebalance: RebalancePolicy::Drain,
+            rebalance: RebalancePolicy::Ignore,
+            rebalance_window: HumanDuration(Duration::from_secs(3600)),
             maintenance_lead: HumanDuration(Duration::from_secs(24 * 3600)),
             maintenance_ignore_codes: Vec::new(),
             lifecycle: true,
@@ -109,6 +115,7 @@ impl crate::settings::Classified for EventsSettings {
             K::user_data("spot_interval"),
             K::user_data("interval"),
             K::user_data("rebalance"),
+            K::user_data("rebalance_window"),
             K::user_data("maintenance_lead"),
             K::user_data("maintenance_ignore_codes"),
             K::user_data("lifecycle"),
@@ -133,6 +140,9 @@ impl EventsSettings {
         let e = |k: &str, m: &str| Err((format!("events.{k}"), m.to_string()));
         if self.spot_interval.0.is_zero() {
             return e("spot_interval", "must be more than 0");
+        }
+        if self.rebalance_window.0.is_zero() {
+            return e("rebalance_window", "must be more than 0");
         }
         if self.interval.0.is_zero() {
             return e("interval", "must be more than 0");
@@ -311,10 +321,20 @@ pub fn decide(
         }
     }
     if s.rebalance == RebalancePolicy::Drain {
+        let window = i64::try_from(s.rebalance_window.0.as_secs()).unwrap_or(i64::MAX);
         match &obs.rebalance {
-            Some(Observed::Present(r)) => out.push(Decision::Drain(Cause::Rebalance {
-                notice_time: r.notice_time,
-            })),
+            Some(Observed::Present(r)) if now.saturating_sub(r.notice_time) < window => {
+                out.push(Decision::Drain(Cause::Rebalance {
+                    notice_time: r.notice_time,
+                }))
+            }
+            Some(Observed::Present(_)) => {
+                // The window passed without an interruption notice: the recommendation is
+                // over (a spot notice, if one comes, drains on its own).
+                if let Some(c @ Cause::Rebalance { .. }) = current {
+                    out.push(Decision::Undo(c.key()));
+                }
+            }
             Some(Observed::Unreadable(e)) => {
                 tracing::warn!("{e}; treated as a rebalance recommendation now");
                 out.push(Decision::Drain(Cause::Rebalance { notice_time: now }));
@@ -451,7 +471,26 @@ mod tests {
             lifecycle: Some(Observed::Present("Terminated".into())),
             ..Default::default()
         };
+        // Default: a rebalance recommendation is logged, not drained.
+        assert_eq!(
+            decide(&s, &obs, None, 10),
+            [Decision::Drain(Cause::Lifecycle {
+                state: "Terminated".into()
+            })]
+        );
+        s.rebalance = RebalancePolicy::Drain;
         assert_eq!(decide(&s, &obs, None, 10).len(), 2);
+        // Past the window without an interruption: the agent's rebalance drain is lifted,
+        // and not taken again.
+        let current = Cause::Rebalance { notice_time: 5 };
+        let late = 5 + 3600;
+        let d = decide(&s, &obs, Some(&current), late);
+        assert!(d.contains(&Decision::Undo(current.key())), "{d:?}");
+        assert!(
+            !d.iter()
+                .any(|x| matches!(x, Decision::Drain(Cause::Rebalance { .. }))),
+            "{d:?}"
+        );
         s.rebalance = RebalancePolicy::Ignore;
         s.lifecycle = false;
         assert!(decide(&s, &obs, None, 10).is_empty());

@@ -106,7 +106,7 @@ impl crate::settings::Classified for HealthSettings {
             K::image("checks_dir"),
             K::image("nhc_conf"),
             K::user_data("timeout"),
-            K::image("reason_prefix"),
+            K::user_data("run_deadline"),
             K::user_data("act"),
             K::image("prometheus_textfile"),
             K::user_data("scontrol_timeout"),

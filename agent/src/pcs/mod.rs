@@ -75,6 +75,24 @@ pub struct PcsSettings {
     pub bootstrap_id_file: PathBuf,
 }
 
+/// Which cluster and group the node joins is the launch's choice (user data); the API
+/// endpoint decides which controller and key the node accepts, and the bootstrap id file is
+/// a path: the image's.
+impl crate::settings::Classified for PcsSettings {
+    const SECTION: &'static str = "pcs";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::user_data("enabled"),
+            K::user_data("cluster_id"),
+            K::user_data("compute_node_group_id"),
+            K::image("endpoint"),
+            K::user_data("register_window"),
+            K::image("bootstrap_id_file"),
+        ]
+    };
+}
+
 impl Default for PcsSettings {
     fn default() -> Self {
         PcsSettings {

@@ -216,6 +216,7 @@ impl Classified for Auth {
         KeyTrust::image("key_path"),
         KeyTrust::image("key_owner"),
         KeyTrust::user_data("key_encoding"),
+        KeyTrust::image("allow_string_parameter"),
     ];
 }
 

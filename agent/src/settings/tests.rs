@@ -292,7 +292,7 @@ fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
     let e = Resolved::merge(&[file_source]).unwrap_err().to_string();
     assert!(
         e.starts_with(
-            "user data part application/x-slurm-node-agent, line 3: key `auth.key_source`"
+            "user data part 1 (application/x-slurm-node-agent), line 3: key `auth.key_source`"
         ),
         "{e}"
     );

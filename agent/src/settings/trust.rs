@@ -119,7 +119,7 @@ pub trait Classified {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 11] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 12] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -135,6 +135,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 11] {
         s::<crate::upgrade::UpgradeSettings>(),
         s::<crate::drain::DrainSettings>(),
         s::<crate::health::HealthSettings>(),
+        s::<crate::pcs::PcsSettings>(),
     ]
 }
 

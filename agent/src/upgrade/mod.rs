@@ -119,6 +119,7 @@ impl crate::settings::Classified for UpgradeSettings {
             K::user_data("max_unavailable"),
             K::user_data("budget_partition"),
             K::user_data("budget_wait"),
+            K::user_data("delete_node_record"),
         ]
     };
 }
@@ -543,26 +544,25 @@ mod tests {
     #[test]
     fn upgrade_reasons_round_trip() {
         let r = upgrade_reason(
-            "i-0abc",
+            "i-0abc12345678",
             &format!("{POWERED_OFF}ami-0a887e401f7654935 -> ami-0123456789abcdef0"),
         );
         assert_eq!(
             r,
-            "slurm-node-agent/upgrade@i-0abc: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
+            "slurm-node-agent/upgrade@i-0abc12345678: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0"
         );
         let p = parse_upgrade_reason(&r).unwrap();
-        assert_eq!(p.instance_id, Some("i-0abc"));
+        assert_eq!(p.instance_id, Some("i-0abc12345678"));
         assert!(p.powered_off());
         assert_eq!(
             p.images(),
             Some(("ami-0a887e401f7654935", "ami-0123456789abcdef0"))
         );
-        let old =
-            parse_upgrade_reason("node-agent/upgrade: image upgrade ami-12345678 -> ami-87654321")
-                .unwrap();
-        assert_eq!(old.instance_id, None);
-        assert!(!old.powered_off());
-        assert_eq!(old.images(), Some(("ami-12345678", "ami-87654321")));
+        // The form older agents wrote is not the agent's any more (one reason scheme).
+        assert!(parse_upgrade_reason(
+            "node-agent/upgrade: image upgrade ami-12345678 -> ami-87654321"
+        )
+        .is_none());
         assert_eq!(
             upgrade_reason("", "x"),
             "slurm-node-agent/upgrade@unknown: x"
