@@ -834,8 +834,8 @@ impl Fleet {
         )
     }
 
-    /// The default agent settings of a node: the key from the bound file, the controller
-    /// by address (or SRV), plus the builder's extra TOML.
+    /// The default agent settings of a node's user data: the controller by address (or
+    /// SRV), plus the builder's extra TOML.
     pub fn default_agent_toml(&self) -> String {
         let mut s = String::new();
         if !self.builder.srv {
@@ -845,10 +845,8 @@ impl Fleet {
                 self.ctld.conf_server()
             );
         }
-        let _ = writeln!(
-            s,
-            "[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\""
-        );
+        // The key's source is a file on the node: an image setting (user data may only name
+        // a secret), so it goes in a drop-in of the node's disk (see `launch`), not here.
         s.push_str(&self.builder.extra_toml);
         s
     }
@@ -944,6 +942,14 @@ impl Fleet {
         // Its host name (the image's /etc/hostname is the build machine's; systemd in the
         // container would set that one).
         fs::write(etc.join("hostname"), format!("{}\n", node.launch.name))?;
+        // The cluster key from the file bound into the container: a root-owned drop-in, as
+        // an image would carry it.
+        let dropins = etc.join("slurm-node-agent/conf.d");
+        fs::create_dir_all(&dropins)?;
+        fs::write(
+            dropins.join("50-fleet-key.toml"),
+            format!("[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n"),
+        )?;
         let resolv = etc.join("resolv.conf");
         let _ = fs::remove_file(&resolv);
         fs::write(
