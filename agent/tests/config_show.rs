@@ -59,7 +59,7 @@ fn shows_each_value_with_its_source() {
     assert_eq!(v["node.features"]["value"][0], "from-user-data");
     assert_eq!(
         v["node.features"]["source"],
-        "user data part application/x-slurm-node-agent"
+        "user data part 2 (application/x-slurm-node-agent)"
     );
     assert_eq!(v["node.name"]["value"], "n-9");
     assert_eq!(v["node.name"]["source"], "command line");

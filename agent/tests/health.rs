@@ -89,9 +89,9 @@ async fn hanging_command_is_killed_with_its_children_and_named() {
     }
     assert!(matches!(st, None | Some('Z')), "child {child} state {st:?}");
     // The report names the check.
-    let reason = r.drain_reason("agent: ").unwrap();
+    let reason = r.drain_reason("unknown").unwrap();
     assert!(
-        reason.starts_with("agent: check_cmd_status -t 1 /bin/sh"),
+        reason.starts_with("slurm-node-agent/health@unknown: check_cmd_status -t 1 /bin/sh"),
         "{reason}"
     );
 }
@@ -172,9 +172,11 @@ async fn run_deadline_ends_a_run_of_hung_commands_and_names_them() {
         assert!(res.message.contains("run deadline (2s"), "{res:?}");
     }
     assert_eq!(r.results.len(), 6);
-    let reason = r.drain_reason("agent: ").unwrap();
+    let reason = r.drain_reason("unknown").unwrap();
     assert!(
-        reason.starts_with("agent: check_cmd_status -t 100 sleep 101: hung"),
+        reason.starts_with(
+            "slurm-node-agent/health@unknown: check_cmd_status -t 100 sleep 101: hung"
+        ),
         "{reason}"
     );
     // No `sleep 10N` is left.

@@ -309,7 +309,7 @@ async fn inner_mount_checks() {
     );
     // Each check waited its own 1 s timeout, at the same time: the agent did not hang.
     assert!(took < Duration::from_secs(10), "took {took:?}");
-    let reason = r.drain_reason("agent: ").unwrap();
+    let reason = r.drain_reason("unknown").unwrap();
     assert!(
         reason.contains(&hs) && reason.ends_with("(+1 more)"),
         "{reason}"
@@ -352,9 +352,11 @@ async fn inner_mount_checks() {
             "{res:?}"
         );
     }
-    let reason = r.drain_reason("agent: ").unwrap();
+    let reason = r.drain_reason("unknown").unwrap();
     assert!(
-        reason.starts_with(&format!("agent: check_fs_mount -f {hs}: hung")),
+        reason.starts_with(&format!(
+            "slurm-node-agent/health@unknown: check_fs_mount -f {hs}: hung"
+        )),
         "{reason}"
     );
     // Once the file system answers again (here: the connection is aborted, so statfs

@@ -346,7 +346,7 @@ fn undeclared_or_mistyped_variable_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     let t = text(&out);
     assert!(
-        t.contains("variable 'no_such_variable' is not declared in packer")
+        t.contains("variable 'no_such_variable' is not declared in ")
             && t.contains("slurm_version"),
         "{t}"
     );
