@@ -26,6 +26,10 @@ fn setup(root: &Path, ctld_conf: &Path) -> std::path::PathBuf {
     let flag = root.join("healthy-flag");
     fs::write(&flag, "ok").unwrap();
     fs::create_dir_all(root.join("state")).unwrap();
+    // Paths given on the command line must exist (only the built-in defaults are optional).
+    fs::write(root.join("none.toml"), "").unwrap();
+    fs::create_dir_all(root.join("none.d")).unwrap();
+    fs::create_dir_all(root.join("checks.d")).unwrap();
     fs::write(
         root.join("nhc.conf"),
         format!(
@@ -138,9 +142,7 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
     }
     let r = reason(&ctld, "hc1");
     assert!(
-        r.starts_with(&format!(
-            "{PREFIX}check_file_test -f /no/such/second-flag: "
-        )),
+        r.starts_with(PREFIX) && r.contains(": check_file_test -f /no/such/second-flag: "),
         "{r}"
     );
     assert!(ctld.node_state("hc1").unwrap().unwrap().contains("DRAIN"));
