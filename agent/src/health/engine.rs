@@ -122,6 +122,16 @@ enum Outcome {
     Timeout(String),
 }
 
+impl From<Result<String, String>> for Outcome {
+    /// A host check's result: its message on pass, or why it failed.
+    fn from(r: Result<String, String>) -> Outcome {
+        match r {
+            Ok(m) => Outcome::Pass(m),
+            Err(m) => Outcome::Fail(m),
+        }
+    }
+}
+
 /// Messages from lane workers (worker id first).
 enum LaneMsg {
     Started(usize, usize, Instant),
@@ -283,14 +293,7 @@ async fn run_lane(
                             }
                             LaneMsg::Done(_, i, r, took) if !reported[i] => {
                                 running.remove(&i);
-                                out.push((
-                                    i,
-                                    match r {
-                                        Ok(m) => Outcome::Pass(m),
-                                        Err(m) => Outcome::Fail(m),
-                                    },
-                                    took,
-                                ));
+                                out.push((i, Outcome::from(r), took));
                                 reported[i] = true;
                             }
                             _ => {}
@@ -379,14 +382,7 @@ async fn run_lane(
                     continue;
                 }
                 workers.insert(w, None);
-                out.push((
-                    i,
-                    match r {
-                        Ok(m) => Outcome::Pass(m),
-                        Err(m) => Outcome::Fail(m),
-                    },
-                    took,
-                ));
+                out.push((i, Outcome::from(r), took));
                 reported[i] = true;
                 pending -= 1;
             }
