@@ -2,7 +2,7 @@
 #
 # Build with `slurm-image-builder build` (it resolves versions and checksums from
 # sources.toml and passes them as variables), or directly:
-#   packer init . && packer build -var slurm_version=23.11.4 -var slurm_sha256=... .
+#   packer init . && packer build -var slurm_version=24.11.7 -var slurm_sha256=... .
 # The provisioning steps live in scripts/NN-*.sh; the last one runs the acceptance checks.
 
 packer {

@@ -58,12 +58,12 @@ variable "image_name_prefix" {
 
 variable "slurm_version" {
   type        = string
-  description = "Slurm version, e.g. 23.11.4. With slurm_source = distro it is the version the distribution must ship."
+  description = "Slurm version, e.g. 24.11.7. With slurm_source = distro it is the version the distribution must ship."
 }
 
 variable "slurm_source" {
   type        = string
-  description = "tarball (build the pinned, sha256-verified source) or distro (the distribution's packages)."
+  description = "tarball (build the pinned, sha256-verified source), debian-source (build Debian's own source package the same way) or distro (the distribution's packages)."
   default     = "tarball"
 }
 

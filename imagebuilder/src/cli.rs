@@ -91,8 +91,9 @@ pub struct RecipeArgs {
     /// Slurm version (default: sources.toml's, or Debian 12's 22.05.8 locally).
     #[arg(long)]
     pub slurm_version: Option<String>,
-    /// Slurm from the pinned source tarball or the distribution's packages.
-    #[arg(long, value_parser = ["tarball", "distro"])]
+    /// Slurm from the pinned source tarball, Debian's own source package (built the same
+    /// way, offline from the pins), or the distribution's packages.
+    #[arg(long, value_parser = ["tarball", "debian-source", "distro"])]
     pub slurm_source: Option<String>,
     /// Slurm authentication: munge or slurm.
     #[arg(long)]

@@ -113,7 +113,7 @@ pub struct Request {
     pub arch: Option<String>,
     /// Slurm version.
     pub slurm_version: Option<String>,
-    /// `tarball` or `distro`.
+    /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: Option<String>,
     /// `munge` or `slurm`.
     pub auth: Option<String>,
@@ -148,7 +148,7 @@ pub struct Recipe {
     pub family: String,
     /// Slurm version.
     pub slurm_version: String,
-    /// `tarball` or `distro`.
+    /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: String,
     /// Slurm tarball pin (tarball builds).
     pub slurm: Option<Pin>,
@@ -274,7 +274,7 @@ impl Recipe {
             .clone()
             .unwrap_or_else(|| if req.local { "distro" } else { "tarball" }.to_string());
         let slurm_version = req.slurm_version.clone().unwrap_or_else(|| {
-            if req.local {
+            if req.local || slurm_source == "debian-source" {
                 DEBIAN_12_SLURM.to_string()
             } else {
                 sources.defaults.slurm.clone()
@@ -294,9 +294,17 @@ impl Recipe {
                 sources_file,
             )?),
             "distro" => None,
+            // Debian's own source package: apt verifies it against the signed Sources
+            // index of the root's mirror, so there is no pin of ours.
+            "debian-source" if family != "deb" => {
+                return Err(Error::BadInput(format!(
+                    "Slurm source 'debian-source' needs a Debian-family OS, not {os}: use tarball"
+                )))
+            }
+            "debian-source" => None,
             other => {
                 return Err(Error::BadInput(format!(
-                    "unknown Slurm source '{other}' (supported: tarball, distro)"
+                    "unknown Slurm source '{other}' (supported: tarball, debian-source, distro)"
                 )))
             }
         };

@@ -140,7 +140,7 @@ fn plan_prints_versions_checksums_and_variables() {
     let v = json(&out);
     assert_eq!(v["variables"]["os"], "ubuntu-22.04");
     assert_eq!(v["variables"]["arch"], "arm64");
-    assert_eq!(v["variables"]["slurm_version"], "23.11.4");
+    assert_eq!(v["variables"]["slurm_version"], "24.11.7");
     assert_eq!(v["variables"]["slurm_sha256"].as_str().unwrap().len(), 64);
     assert!(v["sources"]
         .as_array()
@@ -204,6 +204,70 @@ fn version_without_checksum_is_refused() {
         "{}",
         text(&out)
     );
+}
+
+#[test]
+fn the_managed_services_slurm_versions_are_pinned_with_their_source_and_25_05_is_refused() {
+    // Each pinned version resolves to its own tarball and a 64-hex sha256.
+    let mut seen = std::collections::BTreeSet::new();
+    for v in ["24.05.8", "24.11.7", "25.11.6"] {
+        let out = run(sib().args(["--output", "json", "plan", "--slurm-version", v]));
+        assert!(out.status.success(), "{v}: {}", text(&out));
+        let j = json(&out);
+        let url = j["variables"]["slurm_url"].as_str().unwrap().to_string();
+        assert!(
+            url.ends_with(&format!("slurm-{}-1.tar.gz", v.replace('.', "-"))),
+            "{url}"
+        );
+        let sha = j["variables"]["slurm_sha256"].as_str().unwrap().to_string();
+        assert_eq!(sha.len(), 64, "{v}: {sha}");
+        assert!(seen.insert(sha), "{v}: the same sha256 as another version");
+    }
+    // Every pin names where its checksum came from, on the line above it.
+    let sources = std::fs::read_to_string(repo().join("packer/sources.toml")).unwrap();
+    let lines: Vec<&str> = sources.lines().collect();
+    for (i, l) in lines.iter().enumerate() {
+        if l.starts_with("[slurm.") {
+            assert!(
+                i > 0 && lines[i - 1].contains("Source:"),
+                "{l} has no `# Source:` line above it"
+            );
+        }
+    }
+    // No publisher's sha256 for 25.05 here: refused, naming the file to add it to.
+    let out = run(sib().args(["plan", "--slurm-version", "25.05.9"]));
+    assert_eq!(out.status.code(), Some(2));
+    let t = text(&out);
+    assert!(
+        t.contains("Slurm 25.05.9 has no pinned source") && t.contains("sources.toml"),
+        "{t}"
+    );
+}
+
+#[test]
+fn debian_source_needs_a_debian_root_and_no_pin() {
+    let out = run(sib().args(["plan", "--os", "al2023", "--slurm-source", "debian-source"]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("'debian-source' needs a Debian-family OS, not al2023"),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args([
+        "--output",
+        "json",
+        "plan",
+        "--target",
+        "local",
+        "--slurm-source",
+        "debian-source",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let j = json(&out);
+    assert_eq!(j["variables"]["slurm_source"], "debian-source");
+    // Debian 12's own Slurm, and no tarball of ours to fetch.
+    assert_eq!(j["variables"]["slurm_version"], "22.05.8");
+    assert_eq!(j["variables"]["slurm_url"], "");
 }
 
 fn sources_with(url: &str, sha: &str) -> tempfile::TempDir {

@@ -33,6 +33,7 @@ fn usable_agent() -> Option<PathBuf> {
 
 #[test]
 fn local_target_builds_a_debian_root_that_passes_acceptance() {
+    let _one = LOCAL_BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let work = tempfile::Builder::new()
         .prefix("sib-local-")
         .tempdir_in("/var/tmp")
@@ -166,4 +167,94 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
         std::fs::read_to_string(root.join("etc/slurm-image/build-info")).unwrap(),
         before
     );
+}
+
+/// The two local builds share the apt cache: one at a time.
+static LOCAL_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The source-build path proven offline (issue 14, section 1): Debian's own Slurm source
+/// package, fetched through a deb-src entry for the root's mirror, built by the same
+/// `build_slurm` and flags as an upstream tarball, then the acceptance checks on the result:
+/// PMIx, JWT, hwloc and slurmrestd present; NVML skipped with its reason (NVIDIA's
+/// development files are outside Debian's main archive). Slow: it compiles Slurm.
+#[test]
+fn local_target_builds_slurm_from_debians_source_package_with_the_tarball_flags() {
+    let _one = LOCAL_BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let work = tempfile::Builder::new()
+        .prefix("sib-src-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let cache = repo().join("target/sib-apt-cache");
+    let mut cmd = sib();
+    cmd.current_dir(work.path())
+        .arg("--packer-dir")
+        .arg(repo().join("packer"))
+        .args([
+            "--output",
+            "json",
+            "build",
+            "--target",
+            "local",
+            "--slurm-source",
+            "debian-source",
+            "--without-agent",
+            "--no-artifacts",
+            "--units-dir",
+        ])
+        .arg(repo().join("units"))
+        .arg("--work-dir")
+        .arg(work.path().join("out"))
+        .arg("--apt-cache")
+        .arg(&cache);
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acceptance: Vec<String> = serde_json::from_value(v["acceptance"].clone()).unwrap();
+    let has = |line: &str| acceptance.iter().any(|l| l.contains(line));
+    for want in [
+        "ok: slurmd -V reports 22.05.8",
+        "ok: slurm feature: pmix (mpi_pmix",
+        "ok: slurm feature: jwt (auth_jwt.so)",
+        "ok: slurm feature: hwloc (slurmd links libhwloc)",
+        "ok: slurm feature: slurmrestd (slurm 22.05.8",
+        "not checked: slurm feature: nvml (built without NVIDIA's development files",
+        "ok: munge: round trip",
+    ] {
+        assert!(has(want), "{want} missing: {acceptance:#?}");
+    }
+    assert!(!has("FAIL"), "{acceptance:#?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "skipping --with-nvml: NVIDIA's development files (nvml.h) are not installed"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Debian source package slurm-wlm_22.05.8"),
+        "{stderr}"
+    );
+    // Built into /opt/slurm, not Debian's binary packages; the deb-src entry is gone.
+    let root = PathBuf::from(v["root"].as_str().unwrap());
+    assert!(root.join("opt/slurm/sbin/slurmd").is_file());
+    assert!(
+        !root.join("usr/sbin/slurmd").exists(),
+        "Debian's slurmd package installed too"
+    );
+    assert!(!root
+        .join("etc/apt/sources.list.d/slurm-image-src.sources")
+        .exists());
+    let configure = std::fs::read_to_string(root.join("etc/slurm-image/slurm-configure")).unwrap();
+    for flag in [
+        "--with-pmix=",
+        "--with-hwloc",
+        "--with-jwt",
+        "--enable-slurmrestd",
+        "--without-nvml",
+    ] {
+        assert!(
+            configure.lines().any(|l| l.starts_with(flag)),
+            "{flag}: {configure}"
+        );
+    }
 }

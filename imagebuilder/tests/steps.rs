@@ -409,6 +409,90 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
             cw["logs"]["logs_collected"]["files"]["collect_list"][0]["file_path"],
             "/var/log/slurm-node/journal.log"
         );
+        // The agent's textfile metrics: a node exporter with only its textfile collector on
+        // loopback, the agent told (by an image drop-in) to write its textfiles there, and
+        // the CloudWatch agent scraping that address.
+        let exporter = match os {
+            "debian-12" | "ubuntu-22.04" => Some((
+                "prometheus-node-exporter",
+                "prometheus-node-exporter.service",
+            )),
+            "rocky9" => Some((
+                "golang-github-prometheus-node-exporter",
+                "node_exporter.service",
+            )),
+            _ => None,
+        };
+        let prom = &cw["logs"]["metrics_collected"]["prometheus"];
+        assert_eq!(
+            prom["prometheus_config_path"],
+            "/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml"
+        );
+        if let Some((pkg, unit)) = exporter {
+            assert!(
+                installed.iter().any(|i| i == pkg),
+                "{os}: {pkg} not in {installed:?}"
+            );
+            assert!(
+                enabled.iter().any(|e| e == unit),
+                "{os}: {unit} not enabled: {enabled:?}"
+            );
+            let dropin = written.read(&format!("/etc/systemd/system/{unit}.d/slurm-image.conf"));
+            assert!(
+                dropin.contains("--web.listen-address=127.0.0.1:9100")
+                    && dropin.contains("--collector.disable-defaults")
+                    && dropin.contains(
+                        "--collector.textfile.directory=/var/lib/slurm-node-agent/metrics"
+                    ),
+                "{os}: {dropin}"
+            );
+            let conf: toml::Value = toml::from_str(
+                &written.read("/etc/slurm-node-agent/conf.d/60-textfile-metrics.toml"),
+            )
+            .unwrap();
+            assert_eq!(
+                conf["health"]["prometheus_textfile"].as_str(),
+                Some("/var/lib/slurm-node-agent/metrics/health.prom")
+            );
+            assert_eq!(
+                conf["drain"]["metrics_file"].as_str(),
+                Some("/var/lib/slurm-node-agent/metrics/drain.prom")
+            );
+            let scrape = written.read("/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml");
+            assert!(
+                scrape.contains("targets: [\"127.0.0.1:9100\"]"),
+                "{os}: {scrape}"
+            );
+            // Every metric the declarations select is one the agent writes.
+            for decl in prom["emf_processor"]["metric_declaration"]
+                .as_array()
+                .unwrap()
+            {
+                for sel in decl["metric_selectors"].as_array().unwrap() {
+                    let name = sel
+                        .as_str()
+                        .unwrap()
+                        .trim_start_matches('^')
+                        .trim_end_matches('$');
+                    let src = ["agent/src/health/output.rs", "agent/src/drain/metrics.rs"]
+                        .iter()
+                        .map(|f| std::fs::read_to_string(repo().join(f)).unwrap())
+                        .collect::<String>();
+                    assert!(
+                        src.contains(name),
+                        "{name} is not a metric the agent writes"
+                    );
+                }
+            }
+        } else {
+            assert!(
+                text(&out).contains(
+                    "has no node exporter package, so the textfile metrics are not shipped"
+                ),
+                "{os}: {}",
+                text(&out)
+            );
+        }
         if os == "rocky9" {
             assert!(
                 s.lines("log").iter().any(|l| l.contains(

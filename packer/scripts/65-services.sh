@@ -4,7 +4,10 @@
 #   - chrony on the Amazon Time Sync Service (169.254.169.123, and fd00:ec2::123 over IPv6
 #     on Nitro instances): munge refuses credentials when clocks drift;
 #   - optionally (CLOUDWATCH_AGENT=true) the CloudWatch agent, shipping the journal of
-#     slurmd and slurm-node-agent (exported to a file it can follow).
+#     slurmd and slurm-node-agent (exported to a file it can follow) and the agent's
+#     Prometheus textfile metrics (health checks and drains). The CloudWatch agent scrapes
+#     Prometheus endpoints, not files, so the distribution's node exporter serves the
+#     textfile folder on 127.0.0.1:9100 with only its textfile collector.
 # amazon-ssm-agent (outside Ubuntu's snap and Amazon Linux's repository) and the CloudWatch
 # agent come from AWS's download buckets, not from a distribution.
 set -Eeuo pipefail
@@ -107,6 +110,61 @@ rm -f "$chrony_conf.slurm-image"
 systemctl enable "$chrony_unit" >/dev/null
 log "chrony uses the Amazon Time Sync Service ($chrony_conf); $chrony_unit enabled"
 
+# --- the agent's Prometheus textfile metrics, for the CloudWatch agent -------------------
+METRICS_DIR=/var/lib/slurm-node-agent/metrics
+AGENT_CONF_D=/etc/slurm-node-agent/conf.d
+
+# setup_textfile_metrics: the node exporter (textfile collector only, loopback only), the
+# agent's settings that write its textfiles into METRICS_DIR (an image-level drop-in: these
+# keys are image-only), and the CloudWatch agent's scrape configuration. Sets
+# exporter_unit. 1 (recorded as skipped) where the OS has no node exporter package.
+setup_textfile_metrics() {
+	local pkg bin
+	case ${IMAGE_OS:-} in
+	debian-* | ubuntu-*) pkg=prometheus-node-exporter bin=/usr/bin/prometheus-node-exporter exporter_unit=prometheus-node-exporter.service ;;
+	rocky*)
+		pkg_install epel-release
+		pkg=golang-github-prometheus-node-exporter bin=/usr/bin/node_exporter exporter_unit=node_exporter.service
+		;;
+	*)
+		record_skip "Prometheus textfile metrics" "${IMAGE_OS:-this OS} has no node exporter package; the CloudWatch agent ships logs only"
+		log "skipped: ${IMAGE_OS:-this OS} has no node exporter package, so the textfile metrics are not shipped (logs are)"
+		return 1
+		;;
+	esac
+	pkg_install "$pkg"
+	install -d -m 0755 "$METRICS_DIR" "$AGENT_CONF_D" "$UNIT_DIR/$exporter_unit.d"
+	write_if_changed "$UNIT_DIR/$exporter_unit.d/slurm-image.conf" 0644 <<UNIT
+# slurm-image: serve only the agent's textfile metrics, only on loopback, for the
+# CloudWatch agent (its Prometheus scrape configuration names 127.0.0.1:9100).
+[Service]
+EnvironmentFile=
+ExecStart=
+ExecStart=$bin --web.listen-address=127.0.0.1:9100 --collector.disable-defaults --collector.textfile --collector.textfile.directory=$METRICS_DIR
+UNIT
+	write_if_changed "$AGENT_CONF_D/60-textfile-metrics.toml" 0644 <<TOML
+# slurm-image: the agent's Prometheus textfiles, served by $exporter_unit and shipped by
+# the CloudWatch agent (image build option cloudwatch_agent).
+[health]
+prometheus_textfile = "$METRICS_DIR/health.prom"
+
+[drain]
+metrics_file = "$METRICS_DIR/drain.prom"
+TOML
+	write_if_changed /opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml 0644 <<'YAML'
+# slurm-image: scrape the agent's textfile metrics (served by the node exporter).
+global:
+  scrape_interval: 1m
+  scrape_timeout: 10s
+scrape_configs:
+  - job_name: slurm-node-agent
+    sample_limit: 10000
+    static_configs:
+      - targets: ["127.0.0.1:9100"]
+YAML
+	return 0
+}
+
 # --- CloudWatch agent (optional) ---------------------------------------------------------
 if [ "${CLOUDWATCH_AGENT:-false}" = true ]; then
 	NAME="CloudWatch agent"
@@ -155,6 +213,36 @@ UNIT
 {
   "agent": { "run_as_user": "root" },
   "logs": {
+    "metrics_collected": {
+      "prometheus": {
+        "log_group_name": "/slurm/nodes/prometheus",
+        "prometheus_config_path": "/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml",
+        "emf_processor": {
+          "metric_namespace": "SlurmNodeAgent",
+          "metric_declaration": [
+            {
+              "source_labels": ["job"],
+              "label_matcher": "^slurm-node-agent$",
+              "dimensions": [["node"]],
+              "metric_selectors": [
+                "^slurm_node_agent_health_healthy$",
+                "^slurm_node_agent_health_run_duration_seconds$",
+                "^slurm_node_agent_drain_phase$"
+              ]
+            },
+            {
+              "source_labels": ["job"],
+              "label_matcher": "^slurm-node-agent$",
+              "dimensions": [["node", "check"]],
+              "metric_selectors": [
+                "^slurm_node_agent_health_check_ok$",
+                "^slurm_node_agent_health_check_timed_out$"
+              ]
+            }
+          ]
+        }
+      }
+    },
     "logs_collected": {
       "files": {
         "collect_list": [
@@ -170,7 +258,12 @@ UNIT
   }
 }
 JSON
-		systemctl enable slurm-image-journal-export.service amazon-cloudwatch-agent.service >/dev/null
+		cw_units=(slurm-image-journal-export.service amazon-cloudwatch-agent.service)
+		if setup_textfile_metrics; then
+			cw_units+=("$exporter_unit")
+			log "CloudWatch agent: the agent's textfile metrics ($METRICS_DIR) go to /slurm/nodes/prometheus through $exporter_unit"
+		fi
+		systemctl enable "${cw_units[@]}" >/dev/null
 		clear_skip "$NAME"
 		log "CloudWatch agent installed; ships the Slurm units' journal to /slurm/nodes/journal"
 	fi

@@ -91,6 +91,25 @@ else
 	fail "slurmd -V reports '${got:-nothing}', expected '${SLURM_VERSION:-}'"
 fi
 
+# Slurm's build features: PMIx (`srun --mpi=pmix`), hwloc, JWT, slurmrestd and NVML
+# (`AutoDetect=nvml`). Required of source builds (tarball, debian-source); reported for the
+# distribution's packages, which decide them. `srun --mpi=list` and starting slurmrestd
+# need a configuration: they are checked in a booted node, not here.
+slurm_plugin_dir=$(find /opt/slurm/lib/slurm /usr/lib/*-linux-gnu/slurm* /usr/lib64/slurm -maxdepth 1 -name 'select_cons_tres.so' -printf '%h\n' 2>/dev/null | head -n1 || true)
+case ${SLURM_SOURCE:-tarball} in tarball | debian-source) feature_missing=fail ;; *) feature_missing=not_checked ;; esac
+have_plugin() { [ -n "$slurm_plugin_dir" ] && compgen -G "$slurm_plugin_dir/$1" >/dev/null; }
+if have_plugin 'mpi_pmix*.so'; then pass "slurm feature: pmix ($(basename "$(compgen -G "$slurm_plugin_dir/mpi_pmix*.so" | head -n1)"))"; else "$feature_missing" "slurm feature: pmix (no mpi_pmix plugin in ${slurm_plugin_dir:-any plugin folder})"; fi
+if have_plugin 'auth_jwt.so'; then pass "slurm feature: jwt (auth_jwt.so)"; else "$feature_missing" "slurm feature: jwt (no auth_jwt plugin)"; fi
+if ldd "$(command -v slurmd 2>/dev/null || echo /nonexistent)" 2>/dev/null | grep -q 'libhwloc'; then pass "slurm feature: hwloc (slurmd links libhwloc)"; else "$feature_missing" "slurm feature: hwloc (slurmd does not link libhwloc)"; fi
+if restd=$(command -v slurmrestd 2>/dev/null) && "$restd" -V >/dev/null 2>&1; then pass "slurm feature: slurmrestd ($("$restd" -V 2>&1 | head -n1))"; else "$feature_missing" "slurm feature: slurmrestd (missing or does not run)"; fi
+if have_plugin 'gpu_nvml.so'; then
+	pass "slurm feature: nvml (gpu_nvml.so)"
+elif [ -r /etc/slurm-image/slurm-configure ] && grep -qx -- '--without-nvml' /etc/slurm-image/slurm-configure; then
+	not_checked "slurm feature: nvml (built without NVIDIA's development files, which are outside Debian's main archive)"
+else
+	"$feature_missing" "slurm feature: nvml (no gpu_nvml plugin)"
+fi
+
 # Auth: a munge round trip through a private munged (temporary key, removed after).
 if [ "${SLURM_AUTH:-munge}" = munge ]; then
 	if ! command -v munged >/dev/null 2>&1; then
