@@ -615,3 +615,127 @@ fn nvidia_acceptance_checks_skip_device_checks_without_gpus() {
         "{t}"
     );
 }
+
+/// A stand-in Slurm source tree (`configure` records its arguments, `make install` puts a
+/// `slurmd` that reports VERSION and the plugins named in PLUGINS under /opt/slurm), packed
+/// as the tarball the recipe pins; returns its sha256.
+fn fake_slurm_tarball(dest: &Path, version: &str, plugins: &[&str], record: &Path) -> String {
+    let tree = tempfile::tempdir().unwrap();
+    let top = tree.path().join("slurm-src");
+    std::fs::create_dir(&top).unwrap();
+    let configure = format!(
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}\nexit 0\n",
+        record.display()
+    );
+    std::fs::write(top.join("configure"), configure).unwrap();
+    let mut install =
+        String::from("\tmkdir -p /opt/slurm/sbin /opt/slurm/bin /opt/slurm/lib/slurm\n");
+    install.push_str(&format!(
+        "\tprintf '#!/bin/sh\\necho \"slurm {version}\"\\n' > /opt/slurm/sbin/slurmd\n\tchmod 755 /opt/slurm/sbin/slurmd\n"
+    ));
+    for p in plugins {
+        install.push_str(&format!("\ttouch /opt/slurm/lib/slurm/{p}\n"));
+    }
+    std::fs::write(
+        top.join("Makefile"),
+        format!("all:\n\t@true\ninstall:\n{install}"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        top.join("configure"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let st = Command::new("tar")
+        .arg("-czf")
+        .arg(dest)
+        .arg("-C")
+        .arg(tree.path())
+        .arg("slurm-src")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = Command::new("sha256sum").arg(dest).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The managed service's recipe (auth/slurm): the tarball build passes `--without-munge`
+/// and the feature flags, installs no MUNGE development package, finds the auth_slurm
+/// plugin; the munge recipe passes no `--without-munge`. Runs 30-slurm.sh with the
+/// stand-in package manager and a stand-in source tree, so only the plumbing is shown:
+/// auth/slurm needs Slurm >= 23.11, which cannot be fetched or built here.
+#[test]
+fn slurm_step_builds_for_auth_slurm_without_munge_and_for_munge_with_it() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    for auth in ["slurm", "munge"] {
+        let s = StandIn::new();
+        let staging = s.path().join("staging");
+        std::fs::create_dir_all(staging.join("sources")).unwrap();
+        let url = "https://github.com/SchedMD/slurm/archive/slurm-24-11-7-1.tar.gz";
+        let record = s.path().join("configure-args");
+        let sha = fake_slurm_tarball(
+            &staging.join("sources/slurm-24-11-7-1.tar.gz"),
+            "24.11.7",
+            &["auth_slurm.so", "mpi_pmix.so"],
+            &record,
+        );
+        // PMIx's header where a site-built PMIx lives (the overlay's /usr/local).
+        let inc = s.path().join("root/usr-local/include");
+        std::fs::create_dir_all(&inc).unwrap();
+        std::fs::write(inc.join("pmix.h"), "/* stand-in */\n").unwrap();
+        let staging_s = staging.display().to_string();
+        let env = [
+            ("IMAGE_OS", "debian-12"),
+            ("IMAGE_ARCH", "x86_64"),
+            ("IMAGE_STAGING", staging_s.as_str()),
+            ("SLURM_VERSION", "24.11.7"),
+            ("SLURM_SOURCE", "tarball"),
+            ("SLURM_URL", url),
+            ("SLURM_SHA256", sha.as_str()),
+            ("SLURM_AUTH", auth),
+        ];
+        let (out, _written) = step(&s, "30-slurm.sh", &env);
+        assert!(out.status.success(), "{auth}: {}", text(&out));
+        let args = std::fs::read_to_string(&record).unwrap();
+        let args: Vec<&str> = args.lines().collect();
+        for want in [
+            "--with-pmix=/usr/local",
+            "--with-hwloc",
+            "--with-jwt",
+            "--enable-slurmrestd",
+            "--without-nvml",
+        ] {
+            assert!(args.contains(&want), "{auth}: {want} not in {args:?}");
+        }
+        assert_eq!(
+            args.contains(&"--without-munge"),
+            auth == "slurm",
+            "{auth}: {args:?}"
+        );
+        let installed = s.lines("installed");
+        assert_eq!(
+            installed.iter().any(|p| p == "libmunge-dev"),
+            auth == "munge",
+            "{auth}: {installed:?}"
+        );
+        for p in ["libpmix-dev", "libjwt-dev", "libhwloc-dev"] {
+            assert!(
+                installed.iter().any(|i| i == p),
+                "{auth}: {p} not in {installed:?}"
+            );
+        }
+        assert!(
+            text(&out).contains("slurm 24.11.7 installed"),
+            "{auth}: {}",
+            text(&out)
+        );
+    }
+}

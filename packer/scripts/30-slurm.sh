@@ -35,12 +35,18 @@ installed_version() {
 # install_build_deps: compilers and the libraries behind the configure flags of
 # build_slurm, as packages of the OS family.
 install_build_deps() {
+	local munge_dev=
+	if [ "$SLURM_AUTH" = munge ]; then
+		if [ "$(os_family)" = deb ]; then munge_dev=libmunge-dev; else munge_dev=munge-devel; fi
+	fi
 	if [ "$(os_family)" = deb ]; then
-		pkg_install build-essential dpkg-dev libmunge-dev libssl-dev libpam0g-dev \
+		# shellcheck disable=SC2086 # empty when auth/slurm
+		pkg_install build-essential dpkg-dev $munge_dev libssl-dev libpam0g-dev \
 			libhwloc-dev libpmix-dev libjson-c-dev libjwt-dev libhttp-parser-dev liblz4-dev libyaml-dev \
 			libdbus-1-dev libreadline-dev python3 bzip2
 	else
-		pkg_install gcc gcc-c++ make munge-devel openssl-devel pam-devel hwloc-devel pmix-devel \
+		# shellcheck disable=SC2086
+		pkg_install gcc gcc-c++ make $munge_dev openssl-devel pam-devel hwloc-devel pmix-devel \
 			json-c-devel libjwt-devel http-parser-devel lz4-devel libyaml-devel dbus-devel \
 			readline-devel python3 bzip2 perl
 	fi
@@ -50,7 +56,7 @@ install_build_deps() {
 # multiarch pmix2 folder, the RPM families under /usr).
 pmix_prefix() {
 	local d
-	for d in /usr/lib/*-linux-gnu/pmix2 /usr/lib/*-linux-gnu/pmix /usr; do
+	for d in /usr/lib/*-linux-gnu/pmix2 /usr/lib/*-linux-gnu/pmix /usr/local /usr; do
 		[ -r "$d/include/pmix.h" ] && { echo "$d"; return 0; }
 	done
 	return 1
@@ -75,6 +81,10 @@ build_slurm() {
 	flags=(--prefix="$PREFIX" --sysconfdir=/etc/slurm --with-systemdsystemunitdir=/usr/lib/systemd/system
 		--enable-pam --without-rpath --with-pmix="$pmix" --with-hwloc --with-jwt --with-json
 		--with-yaml --enable-slurmrestd)
+	# The managed service's join mode: auth/slurm (Slurm >= 23.11) and no MUNGE at all.
+	if [ "$SLURM_AUTH" = slurm ]; then
+		flags+=(--without-munge)
+	fi
 	if nvml=$(nvml_prefix); then
 		flags+=(--with-nvml="$nvml")
 	else
