@@ -217,7 +217,9 @@ fn hostile_tags_and_bad_settings_are_refused_with_the_source_named() {
 fn instance_metadata_failures_name_the_path() {
     use slurm_e2e::imds_emulator::{Fault, FaultTarget};
     let env = NodeEnv::start("").unwrap();
-    let flags = ["--set", "imds.attempts=2", "--set", "imds.timeout=3s"];
+    // The emulator answers at once; a generous per-request timeout keeps a loaded machine
+    // from turning the 401/503 under test into a timeout (seen once at 3 s under a full run).
+    let flags = ["--set", "imds.attempts=2", "--set", "imds.timeout=30s"];
     env.imds.inject(Fault::status(503).on(FaultTarget::Get));
     let out = env.bootstrap(&flags).unwrap();
     assert_failed_cleanly(&env, &out, 69, "instance metadata /latest/");
