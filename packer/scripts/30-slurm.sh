@@ -132,16 +132,20 @@ SRC
 	trap 'rm -f "$list"' RETURN
 	apt_get update || die "apt-get update with the deb-src entry for $uri failed"
 	work=$(mktemp -d /var/tmp/slurm-src.XXXXXX)
-	(cd "$work" && apt_get source "slurm-wlm") || die "apt-get source slurm-wlm failed (mirror $uri)"
-	local tree
-	tree=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'slurm-wlm-*' | head -n1)
-	[ -n "$tree" ] || die "apt-get source slurm-wlm left no source tree in $work"
-	local got=${tree##*/slurm-wlm-}
+	# --download-only: apt checks each file against the signed Sources index. The upstream
+	# tarball of the package (`.orig.tar.*`) is built as it is, like a pinned tarball: the
+	# Debian patches change Makefile.am files and expect dh_autoreconf, which is Debian's
+	# packaging, not Slurm's build.
+	(cd "$work" && apt_get source --download-only "slurm-wlm") || die "apt-get source slurm-wlm failed (mirror $uri)"
+	local orig dsc
+	orig=$(find "$work" -maxdepth 1 -name 'slurm-wlm_*.orig.tar.*' | head -n1)
+	[ -n "$orig" ] || die "apt-get source slurm-wlm fetched no upstream tarball into $work"
+	local got=${orig##*/slurm-wlm_}
+	got=${got%%.orig.tar.*}
 	[ "$got" = "$SLURM_VERSION" ] || die "Debian's source package is Slurm $got, not the requested $SLURM_VERSION"
-	local dsc
 	dsc=$(find "$work" -maxdepth 1 -name '*.dsc' -printf '%f\n' | head -n1)
-	log "Debian source package ${dsc%.dsc} unpacked"
-	cp -a "$tree/." "$dir/"
+	log "Debian source package ${dsc%.dsc}: building its upstream tarball $(basename "$orig")"
+	tar -xaf "$orig" -C "$dir" --strip-components=1
 	rm -rf "$work"
 	rm -f "$list"
 	apt_get update >/dev/null 2>&1 || true
