@@ -175,6 +175,10 @@ fn is_drained_flag(n: &NodeInfo) -> bool {
     n.has_flag("DRAIN") || matches!(n.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
 }
 
+/// Seconds after an upgrade drain began before its action may run: long enough for every
+/// drain that started at the same moment on another node to be visible in Slurm.
+pub const UPGRADE_BUDGET_SETTLE_SECS: i64 = 5;
+
 impl Engine {
     /// An engine for `node` from the settings.
     pub fn new(settings: &Settings, node: &str) -> Engine {
@@ -442,6 +446,33 @@ impl Engine {
         }
     }
 
+    /// The upgrade budget of this node's partition: `(partition, count, limit)`, where the
+    /// partition is `upgrade.budget_partition` or the node's first one, `count` the nodes
+    /// upgrading now there (oldest drain first) and `limit` `upgrade.max_unavailable` of
+    /// its nodes.
+    ///
+    /// # Errors
+    /// [`DrainError`] from scontrol.
+    pub async fn upgrade_budget(
+        &self,
+        node: &NodeInfo,
+    ) -> Result<(String, slurm::BudgetCount, usize), DrainError> {
+        let partition = if self.upgrade.budget_partition.is_empty() {
+            node.fields
+                .get("Partitions")
+                .and_then(|p| p.split(',').next())
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            self.upgrade.budget_partition.clone()
+        };
+        let budget = crate::upgrade::Budget::parse(&self.upgrade.max_unavailable)
+            .unwrap_or(crate::upgrade::Budget::Nodes(1));
+        let count = self.ops.count_upgrading(&partition).await?;
+        let limit = budget.limit(count.total);
+        Ok((partition, count, limit))
+    }
+
     async fn progress_action(&self) -> Result<Phase, DrainError> {
         // With `upgrade.delete_node_record` the poweroff action deletes the record before
         // it powers off; a retry after a failed poweroff finds no record (and no job).
@@ -455,6 +486,35 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
+        // The budget once more before an upgrade action, after every drain that started
+        // together with ours is visible in Slurm (UPGRADE_BUDGET_SETTLE after ours began):
+        // two nodes that counted before either had drained both went ahead at their first
+        // count; this count ranks them the same way on every node (Slurm's reason time,
+        // then name), so the ones beyond the budget withdraw before anything is powered
+        // off or rebooted.
+        if let Some(n) = &node {
+            let st = self.store.load()?;
+            if st.phase == Phase::Drained {
+                if let Some(cause @ Cause::Upgrade { .. }) = &st.cause {
+                    let now = time::now();
+                    if now < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
+                        return Ok(st.phase);
+                    }
+                    let (_, count, limit) = self.upgrade_budget(n).await?;
+                    let rank = count.upgrading.iter().position(|x| *x == self.node);
+                    if rank.is_some_and(|r| r >= limit) {
+                        tracing::warn!(
+                            node = %self.node,
+                            ?rank,
+                            limit,
+                            "over the upgrade budget before the action (drains that started together); withdrawing"
+                        );
+                        self.withdraw(&cause.key()).await?;
+                        return Ok(self.store.load()?.phase);
+                    }
+                }
+            }
+        }
         let (cause, reason, current_phase, foreign);
         {
             let _lock = self.lock()?;

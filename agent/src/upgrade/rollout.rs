@@ -2,8 +2,7 @@
 //! loop, the budget, and the drain request.
 
 use super::{
-    check_image, desired_image, parse_upgrade_reason, upgrade_reason, Budget, DesiredImageError,
-    STUCK,
+    check_image, desired_image, parse_upgrade_reason, upgrade_reason, DesiredImageError, STUCK,
 };
 use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
 
@@ -124,18 +123,7 @@ pub async fn check(
     {
         return Ok(Check::ForeignDrain);
     }
-    let partition = if engine.upgrade.budget_partition.is_empty() {
-        node.fields
-            .get("Partitions")
-            .and_then(|p| p.split(',').next())
-            .unwrap_or_default()
-            .to_string()
-    } else {
-        engine.upgrade.budget_partition.clone()
-    };
-    let budget = Budget::parse(&engine.upgrade.max_unavailable).unwrap_or(Budget::Nodes(1));
-    let count = engine.ops.count_upgrading(&partition).await?;
-    let limit = budget.limit(count.total);
+    let (partition, count, limit) = engine.upgrade_budget(&node).await?;
     let others = count
         .upgrading
         .iter()
