@@ -513,6 +513,39 @@ impl Node {
     }
 }
 
+/// `root` and all its descendants (through `/proc/<pid>/task/*/children`).
+fn descendants(root: u32) -> Vec<u32> {
+    let mut all = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        all.push(p);
+        let Ok(tasks) = fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            stack.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    all
+}
+
+/// A process's proportional set size in bytes (`Pss:` of `/proc/<pid>/smaps_rollup`, kB):
+/// its private pages plus its share of the pages it shares (the image's binaries, mapped
+/// by every node, count once across the fleet). 0 when it is gone.
+fn pss_bytes(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The first descendant of `root` whose innermost pid is 1 (a container's init).
 fn find_pid1(root: u32) -> Option<u32> {
     let mut stack = vec![root];
@@ -1054,6 +1087,28 @@ impl Fleet {
             .arg(program)
             .args(args);
         run_with_timeout(c, CMD_TIMEOUT)
+    }
+
+    /// The node's memory footprint in bytes: the proportional set size (PSS) of its
+    /// container's processes (nspawn, its systemd and everything below), so pages shared
+    /// by all nodes (the image's binaries) are split between them. Page cache and the
+    /// overlay's tmpfs-free disk are not counted (they are not per node).
+    ///
+    /// # Errors
+    /// An unknown node, or one not running.
+    pub fn memory_footprint(&self, name: &str) -> Result<u64> {
+        let pid = {
+            let mut nodes = self.lock_nodes();
+            let n = nodes
+                .get_mut(name)
+                .with_context(|| format!("no node {name} in the fleet"))?;
+            let running = n.container.as_mut().map(|c| (c.is_running(), c.pid()));
+            match running {
+                Some((true, pid)) => pid,
+                _ => bail!("node {name} is not running"),
+            }
+        };
+        Ok(descendants(pid).into_iter().map(pss_bytes).sum())
     }
 
     /// `systemctl is-system-running` in the node (`running`, `degraded`, `starting`...).
