@@ -392,3 +392,35 @@ fn spot_storm_drains_every_notified_node_and_replacements_join() {
     );
     fleet.check_no_job_killed(1).unwrap();
 }
+
+/// Size of the rolling upgrade scenario: `SLURM_E2E_FLEET_UPGRADE_NODES` (default 4 to
+/// keep CI short; the 8 runs in `scripts/bench-fleet.sh`).
+fn upgrade_size() -> usize {
+    std::env::var("SLURM_E2E_FLEET_UPGRADE_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(4)
+}
+
+#[test]
+fn rolling_upgrade_replaces_every_busy_node_from_the_new_image_within_the_budget() {
+    let n = upgrade_size();
+    let outcome =
+        slurm_e2e::fleet_scenarios::rolling_upgrade(n, 2, 20, Duration::from_secs(900)).unwrap();
+    eprintln!("fleet: {outcome:#?}");
+    // The agent's budget: never more than 2 nodes draining or drained for the upgrade
+    // while their instance still runs (a powered-off record holds no slot, by design).
+    assert!(
+        outcome.max_upgrading <= 2,
+        "{} nodes were upgrading at once",
+        outcome.max_upgrading
+    );
+    // Every old instance drained once, and only once; no replacement drained at all.
+    assert_eq!(outcome.drains.len(), n, "{:?}", outcome.drains);
+    assert!(
+        outcome.drains.values().all(|c| *c == 1),
+        "an instance drained twice: {:?}",
+        outcome.drains
+    );
+}
