@@ -691,9 +691,12 @@ impl FleetBuilder {
     /// Any step; what was started is stopped again.
     pub fn start(self) -> Result<Fleet> {
         let lock = FLEET_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let image = Image::cached()?;
+        // The machine-wide fleet lock first: a build removes older cached roots, which
+        // must not be the lower layer of a fleet running in another process (another
+        // worktree's agent binary makes another key).
         fs::create_dir_all(cache_dir())?;
         let machine_lock = FileLock::acquire(&cache_dir().join("fleet.lock"))?;
+        let image = Image::cached()?;
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
