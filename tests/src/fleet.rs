@@ -556,6 +556,11 @@ pub struct Launch {
     pub life_cycle: String,
     /// The agent's settings part of the user data (TOML), wrapped in MIME multipart.
     pub agent_toml: String,
+    /// The baseline of `scripts/bench-fleet.sh`: the same image without the agent. Its
+    /// units are masked, the cluster key is the image's `/etc/munge/munge.key`, and the
+    /// distribution's slurmd unit starts `slurmd -Z -N <name> --conf-server <controller>`
+    /// from a static `/etc/default/slurmd`. Default `false`.
+    pub static_slurmd: bool,
     /// Whether the node has instance metadata at all (`false`: nothing listens on
     /// 169.254.169.254 and there is no route to it, as on a machine outside EC2).
     pub metadata: bool,
@@ -1016,6 +1021,7 @@ impl Fleet {
             ami_id: format!("ami-0f1ee7{}", &self.image.key[..11]),
             life_cycle: "on-demand".into(),
             agent_toml: self.default_agent_toml(),
+            static_slurmd: false,
             metadata: true,
         }
     }
@@ -1127,6 +1133,9 @@ impl Fleet {
                 ),
             )?;
         }
+        if node.launch.static_slurmd {
+            self.write_static_slurmd(&etc, &node.launch.name)?;
+        }
         let resolv = etc.join("resolv.conf");
         let _ = fs::remove_file(&resolv);
         fs::write(
@@ -1140,6 +1149,57 @@ impl Fleet {
             nodes.insert(name, node);
         }
         self.reload_dns()?;
+        Ok(())
+    }
+
+    /// See [`Launch::static_slurmd`]; `etc` is the node's upper `/etc`.
+    fn write_static_slurmd(&self, etc: &Path, name: &str) -> Result<()> {
+        let units = etc.join("systemd/system");
+        fs::create_dir_all(units.join("slurmd.service.d"))?;
+        for u in [
+            "slurm-node-agent-bootstrap.service",
+            "slurm-node-agent.service",
+        ] {
+            let p = units.join(u);
+            let _ = fs::remove_file(&p);
+            std::os::unix::fs::symlink("/dev/null", &p)
+                .with_context(|| format!("masking {}", p.display()))?;
+        }
+        // Replaces the image's drop-in of the same name (bootstrap's conditions).
+        fs::write(
+            units.join("slurmd.service.d/slurm-node-agent.conf"),
+            "[Unit]\nConditionPathExists=\n[Service]\nEnvironmentFile=-/etc/default/slurmd\n",
+        )?;
+        fs::create_dir_all(etc.join("default"))?;
+        fs::write(
+            etc.join("default/slurmd"),
+            format!(
+                "SLURMD_OPTIONS=\"-Z -N {name} --conf-server {}\"\n",
+                self.ctld.conf_server()
+            ),
+        )?;
+        // munge's key, owned by the image's munge user (ids from its passwd).
+        let passwd = fs::read_to_string(self.image.root.join("etc/passwd"))?;
+        let (uid, gid) = passwd
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.first() == Some(&"munge") && f.len() > 3)
+                    .then(|| Some((f[2].parse::<u32>().ok()?, f[3].parse::<u32>().ok()?)))
+                    .flatten()
+            })
+            .context("no munge user in the image's /etc/passwd")?;
+        let dir = etc.join("munge");
+        fs::create_dir_all(&dir)?;
+        let key = dir.join("munge.key");
+        fs::copy(&self.key, &key)?;
+        for p in [&dir, &key] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid))
+                .with_context(|| format!("chown {}", p.display()))?;
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o400))?;
         Ok(())
     }
 

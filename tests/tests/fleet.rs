@@ -424,3 +424,31 @@ fn rolling_upgrade_replaces_every_busy_node_from_the_new_image_within_the_budget
         outcome.drains
     );
 }
+
+/// The baseline of the benchmark's comparison works: the same image with the agent's
+/// units masked and a plain slurmd from a static configuration joins and runs a job.
+#[test]
+fn the_same_image_with_a_static_slurmd_and_no_agent_joins() {
+    let mut fleet = Fleet::builder().start().unwrap();
+    let mut l = fleet.new_launch("static001");
+    l.static_slurmd = true;
+    fleet.launch(l).unwrap();
+    let names = vec!["static001".to_string()];
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    assert_eq!(
+        fleet
+            .unit_property(
+                "static001",
+                "slurm-node-agent-bootstrap.service",
+                "LoadState"
+            )
+            .unwrap(),
+        "masked"
+    );
+    let out = fleet
+        .ctld
+        .run_job("srun", &["-N1", "-w", "static001", "hostname"])
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "static001");
+    fleet.check_no_job_killed(1).unwrap();
+}

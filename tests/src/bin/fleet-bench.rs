@@ -7,7 +7,9 @@
 //! 3. Controller load: RPCs per node per minute in `sdiag` while the N nodes sit idle
 //!    with the daemon running.
 //! 4. Spot notices on every node at once → DRAIN seen by slurmctld, per node.
-//! 5. Rolling upgrade of 8 busy nodes with a budget of 2 and 30 s jobs
+//! 5. The same N nodes booting the same image without the agent (a plain slurmd from a
+//!    static configuration): whole fleet to all IDLE, agent ÷ static.
+//! 6. Rolling upgrade of 8 busy nodes with a budget of 2 and 30 s jobs
 //!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
 //!    image and IDLE, ÷ the ideal nodes/budget × (job + replacement), the replacement
 //!    being the measured mean from power-off to the new instance IDLE.
@@ -192,6 +194,24 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         );
     }
     drop(fleet);
+
+    // The same fleet booting the same image without the agent: a plain slurmd started by
+    // systemd from a static configuration (see `Launch::static_slurmd`).
+    let static_wall = {
+        let mut fleet = Fleet::builder().start()?;
+        let t = Instant::now();
+        for x in &all {
+            let mut l = fleet.new_launch(x);
+            l.static_slurmd = true;
+            fleet.launch(l)?;
+        }
+        fleet.wait_all_idle(&all, Duration::from_secs(1800))?;
+        t.elapsed().as_secs_f64()
+    };
+    println!(
+        "{n} nodes at once, agent vs a static slurmd on the same image: all IDLE after {wall:.2} s vs {static_wall:.2} s; ratio {:.2} (goal <= 1.2)",
+        wall / static_wall
+    );
 
     let (up_nodes, budget, job) = (8, 2, 30);
     let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
