@@ -4,9 +4,10 @@
 #   - one node alone: container start -> IDLE, and the agent's share of it (goal <= 10 %);
 #   - N nodes at once: the agent's part per node / the lone node's (goal <= 1.5);
 #   - controller load with N idle nodes: RPCs per node per minute from sdiag (goal <= 2);
-#   - a spot storm on all N nodes: notice -> DRAIN p50/p99 (goal p99 <= 2 s).
-# Not measured yet: the agent vs a plain static slurmd on the same image, and the rolling
-# upgrade ratio.
+#   - a spot storm on all N nodes: notice -> DRAIN p50/p99 (goal p99 <= 2 s);
+#   - N nodes to all IDLE with the agent / the same image with a plain static slurmd
+#     (goal <= 1.2);
+#   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3).
 #
 #   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
 set -euo pipefail

@@ -25,6 +25,12 @@
 //!   makes nspawn exit 133: the fleet's supervisor thread starts it again on the same
 //!   disk.
 //!
+//! - optionally ([`FleetBuilder::moto`]) moto's server for SSM and EC2: it runs on the
+//!   host's loopback as in the other tests (its helpers and `slurm-image-builder publish`
+//!   reach it there), and a relay in the fleet namespace at `10.77.0.1:<its port>` lets the
+//!   nodes reach it; each node's daemon gets `AWS_ENDPOINT_URL` and test credentials from
+//!   a drop-in of its disk (the stand-in for an instance profile).
+//!
 //! Images are cached under [`CACHE_ENV`] (default `/var/tmp/slurm-e2e-fleet`), keyed on
 //! the contents of `packer/`, `units/` and the agent binary; a rebuild says so on stderr.
 //!
@@ -35,7 +41,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{Read, Write as _};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,6 +58,7 @@ use crate::munge::Munge;
 use crate::process::{pid_of, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot};
 use crate::slurm::Slurmctld;
 use crate::systemd::{cgroup_roots, remove_cgroup_tree};
+use crate::Moto;
 
 /// Environment variable: where built image roots are cached.
 pub const CACHE_ENV: &str = "SLURM_E2E_FLEET_CACHE";
@@ -428,6 +435,75 @@ impl Drop for NetNs {
     }
 }
 
+/// A TCP relay: listens on an address inside a network namespace and relays each
+/// connection to `target` in the host's namespace (here: moto on 127.0.0.1), so that the
+/// nodes reach a host service at an address of their own network. Stops accepting on drop;
+/// open connections end when either side closes.
+#[derive(Debug)]
+struct Relay {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(ns: &NetNs, listen: SocketAddr, target: SocketAddr) -> Result<Relay> {
+        let listener = ns.run_in(|| {
+            TcpListener::bind(listen).with_context(|| format!("relay: binding {listen}"))
+        })?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        thread::spawn(move || {
+                            if let Err(e) = relay_one(conn, target) {
+                                eprintln!("slurm-e2e fleet: relay to {target}: {e:#}");
+                            }
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => {
+                        eprintln!("slurm-e2e fleet: relay accept on {listen}: {e}");
+                        thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            }
+        });
+        Ok(Relay {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn relay_one(a: TcpStream, target: SocketAddr) -> Result<()> {
+    a.set_nonblocking(false)?;
+    let b = TcpStream::connect_timeout(&target, CMD_TIMEOUT)?;
+    let (mut a_r, mut b_w) = (a.try_clone()?, b.try_clone()?);
+    let up = thread::spawn(move || {
+        let _ = std::io::copy(&mut a_r, &mut b_w);
+        let _ = b_w.shutdown(Shutdown::Write);
+    });
+    let (mut b_r, mut a_w) = (b, a);
+    let _ = std::io::copy(&mut b_r, &mut a_w);
+    let _ = a_w.shutdown(Shutdown::Write);
+    let _ = up.join();
+    Ok(())
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// An overlayfs mount, unmounted on drop.
 #[derive(Debug)]
 struct Overlay {
@@ -480,6 +556,11 @@ pub struct Launch {
     pub life_cycle: String,
     /// The agent's settings part of the user data (TOML), wrapped in MIME multipart.
     pub agent_toml: String,
+    /// The baseline of `scripts/bench-fleet.sh`: the same image without the agent. Its
+    /// units are masked, the cluster key is the image's `/etc/munge/munge.key`, and the
+    /// distribution's slurmd unit starts `slurmd -Z -N <name> --conf-server <controller>`
+    /// from a static `/etc/default/slurmd`. Default `false`.
+    pub static_slurmd: bool,
     /// Whether the node has instance metadata at all (`false`: nothing listens on
     /// 169.254.169.254 and there is no route to it, as on a machine outside EC2).
     pub metadata: bool,
@@ -511,6 +592,39 @@ impl Node {
         }
         find_pid1(c.pid())
     }
+}
+
+/// `root` and all its descendants (through `/proc/<pid>/task/*/children`).
+fn descendants(root: u32) -> Vec<u32> {
+    let mut all = Vec::new();
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        all.push(p);
+        let Ok(tasks) = fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            stack.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    all
+}
+
+/// A process's proportional set size in bytes (`Pss:` of `/proc/<pid>/smaps_rollup`, kB):
+/// its private pages plus its share of the pages it shares (the image's binaries, mapped
+/// by every node, count once across the fleet). 0 when it is gone.
+fn pss_bytes(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// The first descendant of `root` whose innermost pid is 1 (a container's init).
@@ -546,6 +660,7 @@ pub struct FleetBuilder {
     ctld_lines: Vec<String>,
     srv: bool,
     extra_toml: String,
+    moto: bool,
 }
 
 impl FleetBuilder {
@@ -562,6 +677,12 @@ impl FleetBuilder {
         self
     }
 
+    /// Starts moto (SSM, EC2) for the fleet: see [`Fleet::moto`]. Default: none.
+    pub fn moto(mut self, yes: bool) -> Self {
+        self.moto = yes;
+        self
+    }
+
     /// TOML appended to every node's agent settings (user data part).
     pub fn agent_toml(mut self, toml: impl Into<String>) -> Self {
         self.extra_toml = toml.into();
@@ -575,9 +696,12 @@ impl FleetBuilder {
     /// Any step; what was started is stopped again.
     pub fn start(self) -> Result<Fleet> {
         let lock = FLEET_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let image = Image::cached()?;
+        // The machine-wide fleet lock first: a build removes older cached roots, which
+        // must not be the lower layer of a fleet running in another process (another
+        // worktree's agent binary makes another key).
         fs::create_dir_all(cache_dir())?;
         let machine_lock = FileLock::acquire(&cache_dir().join("fleet.lock"))?;
+        let image = Image::cached()?;
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
@@ -605,8 +729,22 @@ impl FleetBuilder {
         }
         let ctld = b.start()?;
 
+        let (moto, relay) = if self.moto {
+            let m = Moto::start()?;
+            let r = Relay::start(
+                &netns,
+                SocketAddr::from((FLEET_GATEWAY, m.port())),
+                SocketAddr::from((Ipv4Addr::LOCALHOST, m.port())),
+            )?;
+            (Some(m), Some(r))
+        } else {
+            (None, None)
+        };
+
         let hosts = root.path().join("hosts");
         let mut fleet = Fleet {
+            _relay: relay,
+            moto,
             nodes: Arc::new(Mutex::new(BTreeMap::new())),
             supervisor: None,
             stop: Arc::new(AtomicBool::new(false)),
@@ -730,6 +868,9 @@ fn start_container(n: &mut Node, image: &Path, key: &Path) -> Result<()> {
 #[derive(Debug)]
 pub struct Fleet {
     nodes: Arc<Mutex<BTreeMap<String, Node>>>,
+    /// Kept for its lifetime: moto as the nodes reach it.
+    _relay: Option<Relay>,
+    moto: Option<Moto>,
     supervisor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     dns: Option<Daemon>,
@@ -755,7 +896,27 @@ impl Fleet {
             ctld_lines: Vec::new(),
             srv: false,
             extra_toml: String::new(),
+            moto: false,
         }
+    }
+
+    /// The fleet's moto ([`FleetBuilder::moto`]), reached from the host at
+    /// [`Moto::endpoint`] and from the nodes at [`Fleet::moto_endpoint_for_nodes`].
+    ///
+    /// # Errors
+    /// When the fleet was built without it.
+    pub fn moto(&self) -> Result<&Moto> {
+        self.moto
+            .as_ref()
+            .context("the fleet was built without moto (FleetBuilder::moto)")
+    }
+
+    /// `http://10.77.0.1:<moto's port>`: moto as the nodes reach it.
+    ///
+    /// # Errors
+    /// When the fleet was built without it.
+    pub fn moto_endpoint_for_nodes(&self) -> Result<String> {
+        Ok(format!("http://{FLEET_GATEWAY}:{}", self.moto()?.port()))
     }
 
     /// The image the nodes boot.
@@ -860,6 +1021,7 @@ impl Fleet {
             ami_id: format!("ami-0f1ee7{}", &self.image.key[..11]),
             life_cycle: "on-demand".into(),
             agent_toml: self.default_agent_toml(),
+            static_slurmd: false,
             metadata: true,
         }
     }
@@ -887,7 +1049,13 @@ impl Fleet {
         // Unique per incarnation (names of the node's namespace and veth).
         let index = self.seq.fetch_add(1, Ordering::Relaxed);
         let addr = self.free_address();
-        let dir = self.root.path().join("nodes").join(&launch.name);
+        // One folder per incarnation: a replacement under the same name gets a new disk
+        // (the old one's drain state must not come back with it).
+        let dir = self
+            .root
+            .path()
+            .join("nodes")
+            .join(format!("{}-{index}", launch.name));
         fs::create_dir_all(&dir)?;
         let netns = NetNs::create(&format!("{}-{index}", self.netns.name()))?;
         let veth = format!("vf{index}");
@@ -950,6 +1118,24 @@ impl Fleet {
             dropins.join("50-fleet-key.toml"),
             format!("[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n"),
         )?;
+        if self.moto.is_some() {
+            // AWS for the daemon: moto through the relay, test credentials (on EC2 an
+            // instance profile; the region comes from IMDS).
+            let d = etc.join("systemd/system/slurm-node-agent.service.d");
+            fs::create_dir_all(&d)?;
+            fs::write(
+                d.join("50-fleet-aws.conf"),
+                format!(
+                    "[Service]\nEnvironment=AWS_ENDPOINT_URL={}\n\
+                     Environment=AWS_ACCESS_KEY_ID=testing\n\
+                     Environment=AWS_SECRET_ACCESS_KEY=testing\n",
+                    self.moto_endpoint_for_nodes()?
+                ),
+            )?;
+        }
+        if node.launch.static_slurmd {
+            self.write_static_slurmd(&etc, &node.launch.name)?;
+        }
         let resolv = etc.join("resolv.conf");
         let _ = fs::remove_file(&resolv);
         fs::write(
@@ -963,6 +1149,57 @@ impl Fleet {
             nodes.insert(name, node);
         }
         self.reload_dns()?;
+        Ok(())
+    }
+
+    /// See [`Launch::static_slurmd`]; `etc` is the node's upper `/etc`.
+    fn write_static_slurmd(&self, etc: &Path, name: &str) -> Result<()> {
+        let units = etc.join("systemd/system");
+        fs::create_dir_all(units.join("slurmd.service.d"))?;
+        for u in [
+            "slurm-node-agent-bootstrap.service",
+            "slurm-node-agent.service",
+        ] {
+            let p = units.join(u);
+            let _ = fs::remove_file(&p);
+            std::os::unix::fs::symlink("/dev/null", &p)
+                .with_context(|| format!("masking {}", p.display()))?;
+        }
+        // Replaces the image's drop-in of the same name (bootstrap's conditions).
+        fs::write(
+            units.join("slurmd.service.d/slurm-node-agent.conf"),
+            "[Unit]\nConditionPathExists=\n[Service]\nEnvironmentFile=-/etc/default/slurmd\n",
+        )?;
+        fs::create_dir_all(etc.join("default"))?;
+        fs::write(
+            etc.join("default/slurmd"),
+            format!(
+                "SLURMD_OPTIONS=\"-Z -N {name} --conf-server {}\"\n",
+                self.ctld.conf_server()
+            ),
+        )?;
+        // munge's key, owned by the image's munge user (ids from its passwd).
+        let passwd = fs::read_to_string(self.image.root.join("etc/passwd"))?;
+        let (uid, gid) = passwd
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                (f.first() == Some(&"munge") && f.len() > 3)
+                    .then(|| Some((f[2].parse::<u32>().ok()?, f[3].parse::<u32>().ok()?)))
+                    .flatten()
+            })
+            .context("no munge user in the image's /etc/passwd")?;
+        let dir = etc.join("munge");
+        fs::create_dir_all(&dir)?;
+        let key = dir.join("munge.key");
+        fs::copy(&self.key, &key)?;
+        for p in [&dir, &key] {
+            std::os::unix::fs::chown(p, Some(uid), Some(gid))
+                .with_context(|| format!("chown {}", p.display()))?;
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o400))?;
         Ok(())
     }
 
@@ -1020,6 +1257,36 @@ impl Fleet {
         Ok(n.launch.instance_id.clone())
     }
 
+    /// The exit code of the node's container when it has stopped by itself and was not
+    /// started again (a power-off inside: nspawn exits 0); `None` while it runs (a reboot,
+    /// exit 133, is restarted by the supervisor).
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn exited(&self, name: &str) -> Result<Option<i32>> {
+        let mut nodes = self.lock_nodes();
+        let n = nodes
+            .get_mut(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        Ok(n.container
+            .as_mut()
+            .and_then(Daemon::exit_status)
+            .filter(|st| st.code() != Some(REBOOT_EXIT))
+            .map(|st| st.code().unwrap_or(-1)))
+    }
+
+    /// The AMI id node `name` was launched with (its IMDS `ami-id`).
+    ///
+    /// # Errors
+    /// An unknown node.
+    pub fn ami_id(&self, name: &str) -> Result<String> {
+        let nodes = self.lock_nodes();
+        let n = nodes
+            .get(name)
+            .with_context(|| format!("no node {name} in the fleet"))?;
+        Ok(n.launch.ami_id.clone())
+    }
+
     /// How many times the node's container was started.
     ///
     /// # Errors
@@ -1054,6 +1321,28 @@ impl Fleet {
             .arg(program)
             .args(args);
         run_with_timeout(c, CMD_TIMEOUT)
+    }
+
+    /// The node's memory footprint in bytes: the proportional set size (PSS) of its
+    /// container's processes (nspawn, its systemd and everything below), so pages shared
+    /// by all nodes (the image's binaries) are split between them. Page cache and the
+    /// overlay's tmpfs-free disk are not counted (they are not per node).
+    ///
+    /// # Errors
+    /// An unknown node, or one not running.
+    pub fn memory_footprint(&self, name: &str) -> Result<u64> {
+        let pid = {
+            let mut nodes = self.lock_nodes();
+            let n = nodes
+                .get_mut(name)
+                .with_context(|| format!("no node {name} in the fleet"))?;
+            let running = n.container.as_mut().map(|c| (c.is_running(), c.pid()));
+            match running {
+                Some((true, pid)) => pid,
+                _ => bail!("node {name} is not running"),
+            }
+        };
+        Ok(descendants(pid).into_iter().map(pss_bytes).sum())
     }
 
     /// `systemctl is-system-running` in the node (`running`, `degraded`, `starting`...).
@@ -1255,7 +1544,15 @@ impl Fleet {
             .lock_nodes()
             .remove(name)
             .with_context(|| format!("no node {name} in the fleet"))?;
+        let dir = node.dir.clone();
         drop_node(node);
+        // The disk goes with the instance (its console log stays for diagnostics).
+        for d in ["upper", "work", "merged"] {
+            let p = dir.join(d);
+            if p.exists() {
+                fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+            }
+        }
         self.reload_dns()
     }
 

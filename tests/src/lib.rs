@@ -29,6 +29,7 @@
 
 pub mod agent;
 pub mod fleet;
+pub mod fleet_scenarios;
 pub mod moto;
 pub mod munge;
 pub mod process;

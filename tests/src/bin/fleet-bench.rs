@@ -7,6 +7,12 @@
 //! 3. Controller load: RPCs per node per minute in `sdiag` while the N nodes sit idle
 //!    with the daemon running.
 //! 4. Spot notices on every node at once → DRAIN seen by slurmctld, per node.
+//! 5. The same N nodes booting the same image without the agent (a plain slurmd from a
+//!    static configuration): whole fleet to all IDLE, agent ÷ static.
+//! 6. Rolling upgrade of 8 busy nodes with a budget of 2 and 30 s jobs
+//!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
+//!    image and IDLE, ÷ the ideal nodes/budget × (job + replacement), the replacement
+//!    being the measured mean from power-off to the new instance IDLE.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -187,6 +193,51 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
             lat.len()
         );
     }
+    drop(fleet);
+
+    // The same fleet booting the same image without the agent: a plain slurmd started by
+    // systemd from a static configuration (see `Launch::static_slurmd`).
+    let static_wall = {
+        let mut fleet = Fleet::builder().start()?;
+        let t = Instant::now();
+        for x in &all {
+            let mut l = fleet.new_launch(x);
+            l.static_slurmd = true;
+            fleet.launch(l)?;
+        }
+        fleet.wait_all_idle(&all, Duration::from_secs(1800))?;
+        t.elapsed().as_secs_f64()
+    };
+    println!(
+        "{n} nodes at once, agent vs a static slurmd on the same image: all IDLE after {wall:.2} s vs {static_wall:.2} s; ratio {:.2} (goal <= 1.2)",
+        wall / static_wall
+    );
+
+    let (up_nodes, budget, job) = (8, 2, 30);
+    let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
+        up_nodes,
+        budget,
+        job,
+        Duration::from_secs(1800),
+    )?;
+    let replace = if o.replace_times.is_empty() {
+        0.0
+    } else {
+        o.replace_times
+            .iter()
+            .map(Duration::as_secs_f64)
+            .sum::<f64>()
+            / o.replace_times.len() as f64
+    };
+    let ideal = up_nodes.div_ceil(budget) as f64 * (job as f64 + replace);
+    println!(
+        "rolling upgrade, {up_nodes} busy nodes, budget {budget}, {job} s jobs: {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} upgrading and {} unavailable at once; {} jobs completed",
+        o.total.as_secs_f64(),
+        o.total.as_secs_f64() / ideal,
+        o.max_upgrading,
+        o.max_unavailable,
+        o.jobs
+    );
     Ok(())
 }
 

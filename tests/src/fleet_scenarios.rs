@@ -1,0 +1,216 @@
+//! Fleet scenarios shared by the tests (`tests/tests/fleet.rs`) and the benchmark
+//! (`fleet-bench`): each runs a whole fleet, checks the end state, and returns what it
+//! observed (counts and durations) for the caller to assert or print.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::fleet::{image_builder_binary, Fleet};
+use crate::moto::REGION;
+use crate::process::run_ok;
+use crate::slurm::{field, is_idle};
+
+/// What a rolling upgrade did, sampled every half second from slurmctld.
+#[derive(Debug, Clone)]
+pub struct UpgradeOutcome {
+    /// The image the fleet booted (IMDS `ami-id`).
+    pub old_image: String,
+    /// The image published (registered in moto).
+    pub new_image: String,
+    /// The most nodes seen at once with an upgrade drain of an instance still running
+    /// (draining or drained, not yet powered off): what `upgrade.max_unavailable` bounds.
+    pub max_upgrading: usize,
+    /// The most nodes seen at once not available for jobs for any reason (drained,
+    /// powered off and not yet replaced, replacement still booting).
+    pub max_unavailable: usize,
+    /// Upgrade drains seen per instance id.
+    pub drains: BTreeMap<String, u32>,
+    /// The distinct upgrade reasons seen, per instance id that wrote them.
+    pub reasons: BTreeMap<String, Vec<String>>,
+    /// From publish to every node on the new image and IDLE.
+    pub total: Duration,
+    /// Per replaced node: its power-off seen to its replacement IDLE.
+    pub replace_times: Vec<Duration>,
+    /// Every change seen in a node's record: `+<seconds since publish> <name> <state>
+    /// <reason>`.
+    pub timeline: Vec<String>,
+    /// Jobs that ran (one per node, all completed with exit 0).
+    pub jobs: usize,
+}
+
+/// The SSM parameter the fleet's nodes watch in [`rolling_upgrade`].
+pub const UPGRADE_PARAMETER: &str = "/slurm/fleet/compute-ami";
+
+/// `NodeName -> (State, Reason)` from one `scontrol show node -o`.
+fn node_table(fleet: &Fleet) -> Result<BTreeMap<String, (String, String)>> {
+    let out = fleet.ctld.scontrol_ok(&["show", "node", "-o"])?;
+    let mut t = BTreeMap::new();
+    for line in out.lines() {
+        let Some(name) = field(line, "NodeName") else {
+            continue;
+        };
+        let state = field(line, "State").unwrap_or_default().to_string();
+        // Reason=<text with spaces> [user@time]
+        let reason = line
+            .split(" Reason=")
+            .nth(1)
+            .map(|r| r.split(" [").next().unwrap_or(r).trim().to_string())
+            .unwrap_or_default();
+        t.insert(name.to_string(), (state, reason));
+    }
+    Ok(t)
+}
+
+/// The instance id of an upgrade reason of the agent (`slurm-node-agent/upgrade@<id>: ...`).
+fn upgrade_instance(reason: &str) -> Option<&str> {
+    reason
+        .strip_prefix("slurm-node-agent/upgrade@")?
+        .split(':')
+        .next()
+}
+
+/// A rolling upgrade of `nodes` busy nodes with a budget of `budget`: the fleet boots with
+/// moto, each node runs one `sleep <job_secs>` job, a new image is registered in EC2 and
+/// `slurm-image-builder publish`ed to [`UPGRADE_PARAMETER`]; the test then acts as the auto
+/// scaling group: a node whose container powered off is replaced (same NodeName, new
+/// instance id) by an instance with the new image's id as its `ami-id`. Ends when every
+/// node runs the new image and is IDLE, then checks that every job completed with exit 0.
+///
+/// # Errors
+/// Any step, or `timeout` after the publish, with the nodes' diagnostics.
+pub fn rolling_upgrade(
+    nodes: usize,
+    budget: usize,
+    job_secs: u64,
+    timeout: Duration,
+) -> Result<UpgradeOutcome> {
+    let toml = format!(
+        "[upgrade]\nparameter = \"{UPGRADE_PARAMETER}\"\ninterval = \"2s\"\n\
+         max_unavailable = \"{budget}\"\nbudget_wait = \"3s\"\naction = \"poweroff\"\n"
+    );
+    let mut fleet = Fleet::builder().moto(true).agent_toml(toml).start()?;
+    let names: Vec<String> = (1..=nodes).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs)?;
+    fleet.wait_all_idle(&names, Duration::from_secs(600))?;
+    let old_image = fleet.ami_id(&names[0])?;
+
+    for name in &names {
+        fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
+    }
+    for name in &names {
+        fleet.ctld.wait_node_state(
+            name,
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )?;
+    }
+
+    let new_image = fleet.moto()?.register_image("slurm-compute-fleet-next")?;
+    let mut c = Command::new(image_builder_binary()?);
+    c.args(["publish", "--parameter", UPGRADE_PARAMETER, "--ami-id"])
+        .arg(&new_image)
+        .args(["--region", REGION, "--endpoint-url"])
+        .arg(fleet.moto()?.endpoint())
+        .envs(fleet.moto()?.env());
+    run_ok(c, Duration::from_secs(120)).context("slurm-image-builder publish")?;
+    let started = Instant::now();
+
+    let mut max_upgrading = 0;
+    let mut max_unavailable = 0;
+    let mut drains: BTreeMap<String, u32> = BTreeMap::new();
+    let mut reasons: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // NodeName -> the instance whose upgrade drain is on its record now.
+    let mut drained_now: BTreeMap<String, String> = BTreeMap::new();
+    let mut replaced_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut replace_times = Vec::new();
+    let mut timeline = Vec::new();
+    let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    loop {
+        if started.elapsed() > timeout {
+            bail!(
+                "the rolling upgrade did not finish within {timeout:?}: {:?}\n{}",
+                node_table(&fleet).unwrap_or_default(),
+                fleet.diagnostics(&names)
+            );
+        }
+        let table = node_table(&fleet)?;
+        let (mut upgrading, mut unavailable, mut done) = (0, 0, true);
+        for name in &names {
+            let (state, reason) = table.get(name).cloned().unwrap_or_default();
+            if last.get(name) != Some(&(state.clone(), reason.clone())) {
+                timeline.push(format!(
+                    "+{:.1} {name} {state} {reason}",
+                    started.elapsed().as_secs_f64()
+                ));
+                last.insert(name.clone(), (state.clone(), reason.clone()));
+            }
+            let available = !state.is_empty()
+                && !state.contains("DRAIN")
+                && !state.starts_with("DOWN")
+                && !state.ends_with('*')
+                && !state.contains("NOT_RESPONDING");
+            if !available {
+                unavailable += 1;
+            }
+            match upgrade_instance(&reason) {
+                Some(id) if state.contains("DRAIN") => {
+                    let seen = reasons.entry(id.to_string()).or_default();
+                    if !seen.contains(&reason) {
+                        seen.push(reason.clone());
+                    }
+                    if !reason.contains(": powered off for image upgrade ") {
+                        upgrading += 1;
+                    }
+                    if drained_now.get(name).map(String::as_str) != Some(id) {
+                        *drains.entry(id.to_string()).or_default() += 1;
+                        drained_now.insert(name.clone(), id.to_string());
+                    }
+                }
+                _ => {
+                    drained_now.remove(name);
+                }
+            }
+            let on_new = fleet.ami_id(name)? == new_image;
+            if on_new && is_idle(&state) {
+                if let Some(t) = replaced_at.remove(name) {
+                    replace_times.push(t.elapsed());
+                }
+            }
+            done &= on_new && is_idle(&state);
+        }
+        max_upgrading = max_upgrading.max(upgrading);
+        max_unavailable = max_unavailable.max(unavailable);
+        if done {
+            break;
+        }
+        // The auto scaling group: a powered-off instance is replaced from the new image.
+        for name in &names {
+            if fleet.exited(name)?.is_some() {
+                let mut l = fleet.new_launch(name);
+                l.ami_id.clone_from(&new_image);
+                fleet.replace(name, l)?;
+                replaced_at.insert(name.clone(), Instant::now());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let total = started.elapsed();
+    fleet.wait_no_jobs(Duration::from_secs(120))?;
+    fleet.check_no_job_killed(nodes)?;
+    Ok(UpgradeOutcome {
+        old_image,
+        new_image,
+        max_upgrading,
+        max_unavailable,
+        drains,
+        reasons,
+        total,
+        replace_times,
+        timeline,
+        jobs: fleet.job_records().len(),
+    })
+}
