@@ -248,7 +248,23 @@ impl Engine {
     pub async fn request(&self, cause: Cause) -> Result<Requested, DrainError> {
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
-        let preview = st.preview(&cause);
+        let mut preview = st.preview(&cause);
+        if matches!(preview, Begin::AlreadyDraining { .. })
+            && matches!(st.phase, Phase::Draining | Phase::Drained)
+        {
+            // The state file says a drain is in progress; Slurm is the record. When the
+            // node is no longer drained there (bootstrap lifted a notice's drain after a
+            // stop/start, an operator resumed it), that drain is over: the new notice
+            // starts its own rather than being remembered as handled behind it.
+            if let Ok(node) = self.node_info().await {
+                if !is_drained_flag(&node) && !node.has_flag("REBOOT_REQUESTED") {
+                    tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
+                    st.resume(time::now())?;
+                    self.save(&st)?;
+                    preview = st.preview(&cause);
+                }
+            }
+        }
         if !matches!(preview, Begin::Started | Begin::Escalated { .. }) {
             // No transition; a lower notice may still be remembered as handled.
             let before = st.clone();
