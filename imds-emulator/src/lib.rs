@@ -13,8 +13,10 @@
 //!   trailing `/` on subdirectories, and IMDS's 404 page for absent paths; the bodies of
 //!   the 400, 401 and 404 pages and the listings match AEMM's golden files byte for byte.
 //! - Tags (`meta-data/tags/instance/`), user data and the event paths (spot interruption,
-//!   rebalance recommendation, scheduled maintenance, auto scaling lifecycle state) can be
-//!   changed while it runs, through the [`Emulator`] handle or the control API.
+//!   rebalance recommendation, scheduled maintenance and its history, auto scaling
+//!   lifecycle state) can be changed while it runs, through the [`Emulator`] handle or the
+//!   control API; a scheduled event can be ended (completed or canceled) the way EC2 ends
+//!   it, moved to `events/maintenance/history`.
 //! - [`Fault`]s: error statuses, delays and dropped connections, for the token PUT, GETs
 //!   or both, for the next N requests or until cleared.
 //!
@@ -46,7 +48,7 @@ pub use fault::{Fault, FaultKind, FaultTarget};
 pub use server::{
     RequestRecord, CONTROL_PREFIX, MAX_TOKEN_TTL_SECS, TOKEN_HEADER, TOKEN_TTL_HEADER,
 };
-pub use tree::AEMM_DEFAULTS_JSON;
+pub use tree::{EventOutcome, AEMM_DEFAULTS_JSON};
 
 use server::{Shared, State};
 use tree::Tree;
@@ -276,6 +278,33 @@ impl Emulator {
     /// Removes `events/maintenance/scheduled`.
     pub fn clear_scheduled_maintenance(&self) {
         self.remove("events/maintenance/scheduled");
+    }
+
+    /// Sets `events/maintenance/history`, served verbatim: the completed and canceled
+    /// events, the same shape as `scheduled`.
+    pub fn set_maintenance_history(&self, events_json: &str) {
+        self.set("events/maintenance/history", events_json);
+    }
+
+    /// Removes `events/maintenance/history`.
+    pub fn clear_maintenance_history(&self) {
+        self.remove("events/maintenance/history");
+    }
+
+    /// Ends the scheduled maintenance event `event_id` as EC2 does: it leaves
+    /// `events/maintenance/scheduled` (which answers 404 once empty) and is appended to
+    /// `events/maintenance/history` with `State` `completed` or `canceled` and
+    /// `[Completed] ` or `[Canceled] ` before its description.
+    ///
+    /// # Errors
+    /// When `scheduled` is not a JSON array or has no event with that `EventId`; nothing
+    /// changes then.
+    pub fn finish_maintenance_event(
+        &self,
+        event_id: &str,
+        outcome: EventOutcome,
+    ) -> Result<(), String> {
+        tree::finish_event(&mut self.shared.lock().tree, event_id, outcome)
     }
 
     /// Sets `autoscaling/target-lifecycle-state` (`InService`, `Terminated`, ...).

@@ -351,6 +351,19 @@ async fn control(shared: &Shared, req: Request<Incoming>) -> Resp {
             state.tree.remove(&format!("{}/{key}", crate::TAGS_PATH));
             ok()
         }
+        (&Method::POST, "maintenance", rest) if rest.contains('/') => {
+            let (event_id, word) = rest.rsplit_once('/').unwrap_or_default();
+            let Some(outcome) = crate::EventOutcome::parse(word) else {
+                return control_reply(
+                    StatusCode::BAD_REQUEST,
+                    format!("maintenance: expected .../completed or .../canceled, got {word:?}\n"),
+                );
+            };
+            match crate::tree::finish_event(&mut state.tree, event_id, outcome) {
+                Ok(()) => ok(),
+                Err(e) => control_reply(StatusCode::BAD_REQUEST, format!("maintenance: {e}\n")),
+            }
+        }
         (&Method::POST, "fault", "") => {
             let fault = serde_json::from_slice::<FaultSpec>(&body)
                 .map_err(|e| e.to_string())

@@ -137,6 +137,117 @@ impl Tree {
     }
 }
 
+/// Where the scheduled maintenance events are, relative to `/latest/`.
+pub(crate) const SCHEDULED_PATH: &str = "meta-data/events/maintenance/scheduled";
+/// Where EC2 keeps completed and canceled maintenance events, relative to `/latest/`.
+pub(crate) const HISTORY_PATH: &str = "meta-data/events/maintenance/history";
+
+/// How a scheduled maintenance event ended (its `State` in `events/maintenance/history`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// `completed`: the reboot, stop or maintenance happened.
+    Completed,
+    /// `canceled`: AWS canceled it.
+    Canceled,
+}
+
+impl EventOutcome {
+    /// The `State` value, `completed` or `canceled`.
+    pub fn state(self) -> &'static str {
+        match self {
+            EventOutcome::Completed => "completed",
+            EventOutcome::Canceled => "canceled",
+        }
+    }
+
+    /// Parses `completed` or `canceled` (also `cancelled`).
+    pub fn parse(s: &str) -> Option<EventOutcome> {
+        match s {
+            "completed" => Some(EventOutcome::Completed),
+            "canceled" | "cancelled" => Some(EventOutcome::Canceled),
+            _ => None,
+        }
+    }
+
+    /// The prefix EC2 puts before the description of an event in history, as in the AWS
+    /// documentation's example (`[Canceled] scheduled reboot`).
+    fn description_prefix(self) -> &'static str {
+        match self {
+            EventOutcome::Completed => "[Completed] ",
+            EventOutcome::Canceled => "[Canceled] ",
+        }
+    }
+}
+
+/// A JSON array of event objects at `key`, keys in document order; none when absent.
+fn event_list(tree: &Tree, key: &str) -> Result<Vec<Json>, String> {
+    let Lookup::Value(body) = tree.lookup(key) else {
+        return Ok(Vec::new());
+    };
+    match serde_json::from_slice::<Json>(&body) {
+        Ok(Json::Arr(items)) => Ok(items),
+        Ok(_) => Err(format!("{key} is not a JSON array")),
+        Err(e) => Err(format!("{key} is not JSON: {e}")),
+    }
+}
+
+fn field<'a>(event: &'a Json, name: &str) -> Option<&'a Json> {
+    match event {
+        Json::Obj(entries) => entries.iter().find(|(k, _)| k == name).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn set_field(event: &mut Json, name: &str, value: String) {
+    if let Json::Obj(entries) = event {
+        match entries.iter_mut().find(|(k, _)| k == name) {
+            Some((_, v)) => *v = Json::Str(value),
+            None => entries.push((name.to_owned(), Json::Str(value))),
+        }
+    }
+}
+
+/// Moves the event `event_id` from `events/maintenance/scheduled` to the end of
+/// `events/maintenance/history`, with `State` set to the outcome and `[Completed] ` or
+/// `[Canceled] ` before its `Description`, as EC2 does once an event is over. The other
+/// events and every field keep their order; `scheduled` disappears (404) when its last
+/// event leaves.
+pub(crate) fn finish_event(
+    tree: &mut Tree,
+    event_id: &str,
+    outcome: EventOutcome,
+) -> Result<(), String> {
+    let mut scheduled = event_list(tree, SCHEDULED_PATH)?;
+    let Some(i) = scheduled
+        .iter()
+        .position(|e| field(e, "EventId") == Some(&Json::Str(event_id.to_owned())))
+    else {
+        return Err(format!("no event {event_id:?} in {SCHEDULED_PATH}"));
+    };
+    let mut history = event_list(tree, HISTORY_PATH)?;
+    let mut event = scheduled.remove(i);
+    set_field(&mut event, "State", outcome.state().to_owned());
+    let description = match field(&event, "Description") {
+        Some(Json::Str(d)) => d.clone(),
+        _ => String::new(),
+    };
+    if !description.starts_with(outcome.description_prefix()) {
+        set_field(
+            &mut event,
+            "Description",
+            format!("{}{description}", outcome.description_prefix()),
+        );
+    }
+    history.push(event);
+    if scheduled.is_empty() {
+        tree.remove(SCHEDULED_PATH);
+    } else {
+        tree.set(SCHEDULED_PATH, Json::Arr(scheduled).to_go_pretty());
+    }
+    tree.set(HISTORY_PATH, Json::Arr(history).to_go_pretty());
+    Ok(())
+}
+
 /// Strips leading and trailing slashes and collapses empty segments.
 pub(crate) fn normalize(path: &str) -> String {
     path.split('/')
@@ -336,6 +447,51 @@ mod tests {
         assert_eq!(t.lookup("meta-data/ia"), Lookup::Absent);
         t.remove("meta-data/iam");
         assert_eq!(t.lookup("meta-data"), Lookup::Absent);
+    }
+
+    #[test]
+    fn a_finished_event_moves_to_history_in_order() {
+        let mut t = Tree::default();
+        t.set(
+            SCHEDULED_PATH,
+            r#"[{"NotBefore": "21 Jan 2019 09:00:43 GMT", "Code": "system-reboot",
+                 "Description": "scheduled reboot", "EventId": "instance-event-1",
+                 "NotAfter": "", "State": "active"},
+                {"NotBefore": "22 Jan 2019 09:00:43 GMT", "Code": "instance-stop",
+                 "Description": "stop", "EventId": "instance-event-2",
+                 "NotAfter": "", "State": "active"}]"#,
+        );
+        assert!(
+            finish_event(&mut t, "instance-event-3", EventOutcome::Completed)
+                .unwrap_err()
+                .contains("no event")
+        );
+        finish_event(&mut t, "instance-event-1", EventOutcome::Completed).unwrap();
+        let body = |t: &Tree, k: &str| match t.lookup(k) {
+            Lookup::Value(v) => serde_json::from_slice::<serde_json::Value>(&v).unwrap(),
+            other => panic!("{k}: {other:?}"),
+        };
+        let h = body(&t, HISTORY_PATH);
+        assert_eq!(h[0]["State"], "completed");
+        assert_eq!(h[0]["Description"], "[Completed] scheduled reboot");
+        assert_eq!(h[0]["NotBefore"], "21 Jan 2019 09:00:43 GMT");
+        assert_eq!(body(&t, SCHEDULED_PATH)[0]["EventId"], "instance-event-2");
+        // Field order kept: NotBefore first, State last.
+        let Lookup::Value(raw) = t.lookup(HISTORY_PATH) else {
+            panic!()
+        };
+        let raw = String::from_utf8(raw.to_vec()).unwrap();
+        assert!(raw.find("NotBefore").unwrap() < raw.find("State").unwrap());
+        finish_event(&mut t, "instance-event-2", EventOutcome::Canceled).unwrap();
+        assert_eq!(t.lookup(SCHEDULED_PATH), Lookup::Absent);
+        let h = body(&t, HISTORY_PATH);
+        assert_eq!(h[1]["State"], "canceled");
+        assert_eq!(h[1]["Description"], "[Canceled] stop");
+        assert_eq!(h.as_array().unwrap().len(), 2);
+        t.set(SCHEDULED_PATH, "{");
+        assert!(finish_event(&mut t, "x", EventOutcome::Canceled)
+            .unwrap_err()
+            .contains("not JSON"));
     }
 
     #[test]

@@ -168,6 +168,49 @@ fn control_api_changes_state_while_running() {
         "{}"
     );
 
+    // A scheduled maintenance event ends: moved to history.
+    let ev = br#"[{"NotBefore": "21 Jan 2019 09:00:43 GMT", "Code": "system-reboot", "Description": "scheduled reboot", "EventId": "instance-event-1", "NotAfter": "", "State": "active"}]"#;
+    assert_eq!(
+        ctl(
+            "PUT",
+            "/__emulator/meta-data/events/maintenance/scheduled",
+            ev
+        )
+        .status,
+        204
+    );
+    assert_eq!(
+        ctl(
+            "POST",
+            "/__emulator/maintenance/instance-event-1/bogus",
+            b""
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        ctl(
+            "POST",
+            "/__emulator/maintenance/instance-event-2/canceled",
+            b""
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        ctl(
+            "POST",
+            "/__emulator/maintenance/instance-event-1/canceled",
+            b""
+        )
+        .status,
+        204
+    );
+    assert_eq!(md("events/maintenance/scheduled").status, 404);
+    assert!(md("events/maintenance/history")
+        .text()
+        .contains("\"State\": \"canceled\""));
+
     // Tags.
     assert_eq!(
         ctl("PUT", "/__emulator/tags/slurm%3Anode-name", b"n7").status,

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{get, golden, request, token};
-use imds_emulator::{Config, Emulator, RequestRecord};
+use imds_emulator::{Config, Emulator, EventOutcome, RequestRecord};
 
 fn start() -> Emulator {
     Emulator::start(Config::default()).unwrap()
@@ -435,6 +435,24 @@ fn event_paths_are_settable_and_clearable() {
     emu.set_scheduled_maintenance(events);
     assert_eq!(at("events/maintenance/scheduled").text(), events);
     assert_eq!(at("events/maintenance").text(), "scheduled");
+    // EC2 moves a completed or canceled event to `history`.
+    emu.finish_maintenance_event("instance-event-1234567890abcdef0", EventOutcome::Completed)
+        .unwrap();
+    assert_eq!(at("events/maintenance/scheduled").status, 404);
+    assert_eq!(at("events/maintenance").text(), "history");
+    let history: serde_json::Value =
+        serde_json::from_str(&at("events/maintenance/history").text()).unwrap();
+    assert_eq!(history[0]["State"], "completed");
+    assert_eq!(history[0]["Description"], "[Completed] scheduled reboot");
+    assert!(emu
+        .finish_maintenance_event("instance-event-1234567890abcdef0", EventOutcome::Canceled)
+        .is_err());
+    emu.clear_maintenance_history();
+    assert_eq!(at("events/maintenance/history").status, 404);
+    emu.set_maintenance_history("[]");
+    assert_eq!(at("events/maintenance/history").text(), "[]");
+    emu.clear_maintenance_history();
+    emu.set_scheduled_maintenance(events);
     emu.clear_scheduled_maintenance();
     assert_eq!(at("events/maintenance/scheduled").status, 404);
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rustix::process::Signal;
 use serde_json::Value;
 use slurm_e2e::agent::agent_binary;
-use slurm_e2e::imds_emulator::{Config, Emulator, Fault, FaultTarget};
+use slurm_e2e::imds_emulator::{Config, Emulator, EventOutcome, Fault, FaultTarget};
 use slurm_e2e::slurm::{field, NodeKind};
 use slurm_e2e::{run_with_timeout, wait_until, Daemon, Moto, Slurmctld, Slurmd, TempRoot};
 
@@ -212,11 +212,16 @@ fn json(out: &Output) -> Value {
 }
 
 fn in_two_minutes() -> String {
+    rfc3339_in(120)
+}
+
+/// RFC 3339 time `secs` from now.
+fn rfc3339_in(secs: u64) -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
-        + 120;
+        + secs;
     let out = Command::new("date")
         .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
         .output()
@@ -599,7 +604,7 @@ fn maintenance_drains_ahead_and_cancel_resumes_but_never_an_admin_drain() {
     w.imds.set_scheduled_maintenance(&ev2("active"));
     w.wait_phase("drained");
     assert_eq!(w.reason(), "admin: bad DIMM");
-    w.imds.set_scheduled_maintenance(&ev2("completed"));
+    w.imds.set_scheduled_maintenance(&ev2("canceled"));
     w.wait_phase("active");
     std::thread::sleep(Duration::from_secs(1));
     assert!(
@@ -608,6 +613,228 @@ fn maintenance_drains_ahead_and_cancel_resumes_but_never_an_admin_drain() {
         w.state()
     );
     assert_eq!(w.reason(), "admin: bad DIMM");
+    d.stop().unwrap();
+}
+
+/// How many times the metadata service was asked for `path` (under `/latest/meta-data/`).
+fn polls(imds: &Emulator, path: &str) -> usize {
+    let full = format!("/latest/meta-data/{path}");
+    imds.requests().iter().filter(|r| r.path == full).count()
+}
+
+/// Waits until the daemon has read `path` `n` more times than `since`.
+fn wait_polls(imds: &Emulator, path: &str, since: usize, n: usize) {
+    wait_until(
+        &format!("{n} more polls of {path}"),
+        WAIT,
+        Duration::from_millis(50),
+        || Ok((polls(imds, path) >= since + n).then_some(())),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_completed_reboot_event_in_history_is_lifted_once_slurmd_registered_again() {
+    let mut w = World::start(
+        "mnt2",
+        &[],
+        "[events]\ninterval = \"500ms\"\nmaintenance_lead = \"2h\"\n",
+    );
+    let mut d = w.daemon("agent", None);
+    let event = format!(
+        r#"[{{"NotBefore": "{}", "Code": "system-reboot", "Description": "scheduled reboot",
+             "EventId": "instance-event-0a1b2c", "NotAfter": "", "State": "active"}}]"#,
+        gmt_in(3600)
+    );
+    w.imds.set_scheduled_maintenance(&event);
+    // Drained early (NotBefore within the lead), no job: drained.
+    w.wait_state("drained ahead of the reboot", |s| s.contains("DRAIN"));
+    w.wait_phase("drained");
+    assert!(
+        w.reason()
+            .starts_with("slurm-node-agent/maintenance@i-1234567890abcdef0: scheduled system-reboot instance-event-0a1b2c"),
+        "{}",
+        w.reason()
+    );
+
+    // EC2 reboots the instance (slurmd goes away) and moves the event to history as
+    // completed. Until slurmd has registered again, the drain stays.
+    drop(w.slurmd.take());
+    w.imds
+        .finish_maintenance_event("instance-event-0a1b2c", EventOutcome::Completed)
+        .unwrap();
+    let history = "events/maintenance/history";
+    let seen = polls(&w.imds, history);
+    wait_polls(&w.imds, history, seen, 3);
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert!(
+        w.reason().starts_with("slurm-node-agent/maintenance@"),
+        "{}",
+        w.reason()
+    );
+
+    // The node is back: slurmd registers again; the daemon lifts its drain.
+    w.slurmd = Some(Slurmd::dynamic(&w.ctld, "mnt2", NODE_CONF).unwrap());
+    let state = w.ctld.wait_node_idle("mnt2", WAIT).unwrap();
+    assert!(!state.contains("DRAIN"), "{state}");
+    assert_eq!(w.reason(), "", "reason left behind");
+    w.wait_phase("active");
+
+    // An admin's drain under a second reboot event that completes stays, reason untouched.
+    w.ctld
+        .scontrol_ok(&[
+            "update",
+            "nodename=mnt2",
+            "state=drain",
+            "reason=admin maintenance",
+        ])
+        .unwrap();
+    let second = event.replace("instance-event-0a1b2c", "instance-event-0d3e4f");
+    w.imds.set_scheduled_maintenance(&second);
+    let st = w.wait_phase("drained");
+    // The reboot comes after the second the drain began (slurmctld's SlurmdStartTime has
+    // one-second resolution, and the agent counts only a slurmd started later).
+    let began = st["state"]["started"].as_i64().unwrap();
+    wait_until("the next second", WAIT, Duration::from_millis(50), || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        Ok((i64::try_from(now).unwrap() > began).then_some(()))
+    })
+    .unwrap();
+    drop(w.slurmd.take());
+    w.imds
+        .finish_maintenance_event("instance-event-0d3e4f", EventOutcome::Completed)
+        .unwrap();
+    w.slurmd = Some(Slurmd::dynamic(&w.ctld, "mnt2", NODE_CONF).unwrap());
+    w.wait_phase("active");
+    let seen = polls(&w.imds, history);
+    wait_polls(&w.imds, history, seen, 2);
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert_eq!(w.reason(), "admin maintenance");
+    d.stop().unwrap();
+}
+
+#[test]
+fn rebalance_drains_only_when_asked_and_is_lifted_after_the_window() {
+    let rebalance = "events/recommendations/rebalance";
+    // Default (`ignore`): a recommendation is logged, the node is not drained.
+    let w = World::start("rb1", &[], "[events]\ninterval = \"300ms\"\n");
+    let mut d = w.daemon("agent-ignore", None);
+    wait_polls(&w.imds, rebalance, 0, 1);
+    w.imds.set_rebalance(&rfc3339_in(0));
+    let seen = polls(&w.imds, rebalance);
+    wait_polls(&w.imds, rebalance, seen, 3);
+    assert!(slurm_e2e::is_idle(&w.state()), "{}", w.state());
+    assert_eq!(w.reason(), "");
+    assert_eq!(w.status()["phase"], "active");
+    d.stop().unwrap();
+
+    // `drain` with a window: drained on the recommendation, lifted once the window passed
+    // without an interruption notice, and not drained again for the same recommendation.
+    w.imds.clear_rebalance();
+    w.write_settings(
+        "[events]\ninterval = \"300ms\"\nrebalance = \"drain\"\nrebalance_window = \"20s\"\n",
+    );
+    let mut d = w.daemon("agent-drain", None);
+    let seen = polls(&w.imds, rebalance);
+    wait_polls(&w.imds, rebalance, seen, 1);
+    w.imds.set_rebalance(&rfc3339_in(0));
+    w.wait_state("drained on the recommendation", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason().starts_with(
+            "slurm-node-agent/rebalance@i-1234567890abcdef0: rebalance recommendation at "
+        ),
+        "{}",
+        w.reason()
+    );
+    w.ctld
+        .wait_node_state(
+            "rb1",
+            |s| slurm_e2e::is_idle(s) && !s.contains("DRAIN"),
+            Duration::from_secs(180),
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", d.log_tail(40)));
+    assert_eq!(w.reason(), "");
+    w.wait_phase("active");
+    let seen = polls(&w.imds, rebalance);
+    wait_polls(&w.imds, rebalance, seen, 3);
+    assert!(!w.state().contains("DRAIN"), "drained again: {}", w.state());
+    d.stop().unwrap();
+}
+
+#[test]
+fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
+    let scratch = TempRoot::new("health-reboot-").unwrap();
+    let flag = scratch.path().join("healthy-flag");
+    let marker = scratch.path().join("rebooted");
+    let reboot = scratch.path().join("reboot.sh");
+    fs::write(
+        &reboot,
+        format!("#!/bin/sh\necho \"$(date +%s)\" >> {}\n", marker.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut w = World::start("hr1", &[format!("RebootProgram={}", reboot.display())], "");
+    fs::create_dir_all(w.path("checks.d")).unwrap();
+    fs::write(
+        w.path("nhc.conf"),
+        format!("* || check_file_test -f {}\n", flag.display()),
+    )
+    .unwrap();
+    w.write_settings(&format!(
+        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n",
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let mut d = w.daemon("agent-health", None);
+    w.wait_state("drained by the health check", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason().starts_with("slurm-node-agent/health@"),
+        "{}",
+        w.reason()
+    );
+
+    // An admin reboots the node through Slurm; it comes back (slurmd -b), the check still
+    // failing: still drained by the health checks.
+    w.ctld.scontrol_ok(&["reboot", "hr1"]).unwrap();
+    wait_until("RebootProgram", WAIT, Duration::from_millis(100), || {
+        Ok(marker.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    drop(w.slurmd.take());
+    w.slurmd = Some(
+        Slurmd::spawn(
+            &w.ctld,
+            "hr1",
+            &NodeKind::Dynamic(NODE_CONF.into()),
+            &["-b"],
+        )
+        .unwrap(),
+    );
+    w.wait_state("back from the reboot, drained", |s| {
+        s.contains("DRAIN") && !s.contains("REBOOT")
+    });
+    wait_until("health reason", WAIT, Duration::from_millis(100), || {
+        Ok(w.reason()
+            .starts_with("slurm-node-agent/health@")
+            .then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", w.reason()));
+
+    // The checks pass: the drain is lifted.
+    fs::write(&flag, "ok").unwrap();
+    let st = w
+        .ctld
+        .wait_node_state(
+            "hr1",
+            |s| slurm_e2e::is_idle(s) && !s.contains("DRAIN"),
+            WAIT,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", d.log_tail(40)));
+    assert!(!st.contains("REBOOT"), "{st}");
+    assert_eq!(w.reason(), "");
     d.stop().unwrap();
 }
 

@@ -437,9 +437,10 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
             }
         },
         Work::Events => {
-            let (rb, mt, lc) = tokio::join!(
+            let (rb, mt, mh, lc) = tokio::join!(
                 events::poll_rebalance(&ctx.imds),
                 events::poll_maintenance(&ctx.imds),
+                events::poll_maintenance_history(&ctx.imds),
                 events::poll_lifecycle(&ctx.imds)
             );
             let obs = {
@@ -448,6 +449,11 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                     spot: None,
                     rebalance: keep(&mut outage, rb, events::notice::REBALANCE_PATH),
                     maintenance: keep(&mut outage, mt, events::notice::MAINTENANCE_PATH),
+                    maintenance_history: keep(
+                        &mut outage,
+                        mh,
+                        events::notice::MAINTENANCE_HISTORY_PATH,
+                    ),
                     lifecycle: keep(&mut outage, lc, events::notice::LIFECYCLE_PATH),
                 }
             };
@@ -569,14 +575,18 @@ fn describe(c: &Check) -> String {
     }
 }
 
-/// Applies decisions in order: undo first (a canceled event), then drains.
+/// Applies decisions in order: undo first (a canceled event; an event that is over, once
+/// slurmd registered again), then drains.
 async fn apply(engine: &Engine, decisions: Vec<Decision>) -> Result<(), DrainError> {
     let mut first_err = None;
-    for d in decisions.iter().filter(|d| matches!(d, Decision::Undo(_))) {
-        if let Decision::Undo(k) = d {
-            if let Err(e) = engine.undo(k).await {
-                first_err.get_or_insert(e);
-            }
+    for d in &decisions {
+        let r = match d {
+            Decision::Undo(k) => engine.undo(k).await,
+            Decision::UndoAfterRegistration(k) => engine.undo_after_registration(k).await,
+            Decision::Drain(_) => continue,
+        };
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
         }
     }
     for d in decisions {

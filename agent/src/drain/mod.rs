@@ -171,6 +171,16 @@ pub fn boot_id() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// Whether the node's slurmd started after `since` (Unix seconds) and the node responds.
+/// slurmctld's `SlurmdStartTime` has one-second resolution, so a slurmd started in the
+/// same second as `since` does not count (it may have started just before): a reboot comes
+/// long after the drain that prepared it.
+pub fn registered_since(n: &NodeInfo, since: i64) -> bool {
+    n.slurmd_start_time().is_some_and(|t| t > since)
+        && !n.state().contains('*')
+        && !n.has_flag("NOT_RESPONDING")
+}
+
 fn is_drained_flag(n: &NodeInfo) -> bool {
     n.has_flag("DRAIN") || matches!(n.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
 }
@@ -242,7 +252,23 @@ impl Engine {
     pub async fn request(&self, cause: Cause) -> Result<Requested, DrainError> {
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
-        let preview = st.preview(&cause);
+        let mut preview = st.preview(&cause);
+        if matches!(preview, Begin::AlreadyDraining { .. })
+            && matches!(st.phase, Phase::Draining | Phase::Drained)
+        {
+            // The state file says a drain is in progress; Slurm is the record. When the
+            // node is no longer drained there (bootstrap lifted a notice's drain after a
+            // stop/start, an operator resumed it), that drain is over: the new notice
+            // starts its own rather than being remembered as handled behind it.
+            if let Ok(node) = self.node_info().await {
+                if !is_drained_flag(&node) && !node.has_flag("REBOOT_REQUESTED") {
+                    tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
+                    st.resume(time::now())?;
+                    self.save(&st)?;
+                    preview = st.preview(&cause);
+                }
+            }
+        }
         if !matches!(preview, Begin::Started | Begin::Escalated { .. }) {
             // No transition; a lower notice may still be remembered as handled.
             let before = st.clone();
@@ -276,6 +302,35 @@ impl Engine {
     /// # Errors
     /// [`DrainError`].
     pub async fn undo(&self, key: &str) -> Result<bool, DrainError> {
+        self.undo_inner(key, false).await
+    }
+
+    /// The maintenance event with key `key` is over and took the instance down (a reboot, a
+    /// stop): like [`Engine::undo`], once this node's slurmd has registered with slurmctld
+    /// again, started after the second the drain began ([`registered_since`]). Until then nothing changes
+    /// (`Ok(false)`) and the next poll asks again.
+    ///
+    /// # Errors
+    /// [`DrainError`].
+    pub async fn undo_after_registration(&self, key: &str) -> Result<bool, DrainError> {
+        let st = self.store.load()?;
+        let current = st.cause.as_ref().is_some_and(|c| c.key() == key)
+            && matches!(st.phase, Phase::Draining | Phase::Drained);
+        if current {
+            let node = self.node_info().await?;
+            let began = st.started.unwrap_or(st.since);
+            if !registered_since(&node, began) {
+                tracing::debug!(
+                    node = %self.node,
+                    key,
+                    state = node.state(),
+                    slurmd_start_time = node.slurmd_start_time(),
+                    drain_began = began,
+                    "maintenance event over; waiting for slurmd to register again"
+                );
+                return Ok(false);
+            }
+        }
         self.undo_inner(key, false).await
     }
 
@@ -710,5 +765,43 @@ impl Engine {
         if let Ok(st) = self.store.load() {
             metrics::write(&self.metrics_file, &st);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_since_needs_a_later_responding_slurmd() {
+        let node = |state: &str, start: &str| {
+            NodeInfo::parse(&format!(
+                "NodeName=n1 State={state} SlurmdStartTime={start} Reason=x [root@2026-01-01T00:00:00]"
+            ))
+        };
+        // 2026-01-01T00:00:10 is 1767225610.
+        let began = 1_767_225_610;
+        assert!(registered_since(
+            &node("IDLE+DRAIN", "2026-01-01T00:00:11"),
+            began
+        ));
+        // The same second may be a slurmd started just before the drain.
+        assert!(!registered_since(
+            &node("IDLE+DRAIN", "2026-01-01T00:00:10"),
+            began
+        ));
+        assert!(!registered_since(
+            &node("IDLE+DRAIN", "2025-12-31T23:59:00"),
+            began
+        ));
+        assert!(!registered_since(
+            &node("IDLE+DRAIN+NOT_RESPONDING", "2026-01-01T00:01:00"),
+            began
+        ));
+        assert!(!registered_since(
+            &node("DOWN*+DRAIN", "2026-01-01T00:01:00"),
+            began
+        ));
+        assert!(!registered_since(&node("IDLE+DRAIN", "None"), began));
     }
 }

@@ -200,9 +200,10 @@ impl Cause {
     }
 
     /// Whether the agent undoes the drain by itself when the cause goes away (a
-    /// maintenance event canceled or completed).
+    /// maintenance event canceled or completed, a rebalance recommendation past
+    /// `events.rebalance_window` without an interruption notice).
     pub fn undoable(&self) -> bool {
-        matches!(self, Cause::Maintenance { .. })
+        matches!(self, Cause::Maintenance { .. } | Cause::Rebalance { .. })
     }
 
     /// The deadline by which jobs must be off the node, if the cause has one.

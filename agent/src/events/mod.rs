@@ -6,9 +6,13 @@
 //!   minutes from now, as AWS promises), and the parse error is logged.
 //! - `events/recommendations/rebalance` (every `events.interval`, 5 s): drain when
 //!   `events.rebalance = "drain"` (default `"ignore"`: logged only); running jobs continue.
-//! - `events/maintenance/scheduled` (5 s): an `active` event (or one in an unknown state)
-//!   drains once `NotBefore - events.maintenance_lead` has come; `canceled`, `completed`,
-//!   a `NotAfter` in the past, or the event gone from the list undoes the drain it caused.
+//! - `events/maintenance/scheduled` and `events/maintenance/history` (5 s): an `active`
+//!   event (or one in an unknown state) drains once `NotBefore - events.maintenance_lead`
+//!   has come. The drain it caused is undone when the event is canceled (at once), or
+//!   completed, past its `NotAfter`, gone from `scheduled` or moved to `history` (EC2 moves
+//!   completed and canceled events there): at once for a code that leaves the instance
+//!   running, and for one that takes it down (`system-reboot`, `instance-reboot`,
+//!   `instance-stop`, `instance-retirement`) once slurmd has registered again.
 //! - `autoscaling/target-lifecycle-state` (5 s): `Terminated` drains.
 //!
 //! A failed poll (IMDS 401 after a token refresh, 5xx after retries, unreachable) is never
@@ -177,8 +181,10 @@ pub struct Observations {
     pub spot: Option<Observed<SpotNotice>>,
     /// Rebalance recommendation.
     pub rebalance: Option<Observed<RebalanceNotice>>,
-    /// Scheduled maintenance.
+    /// Scheduled maintenance (`Absent`: none scheduled).
     pub maintenance: Option<Observed<Vec<MaintenanceEvent>>>,
+    /// Completed and canceled maintenance events (`events/maintenance/history`).
+    pub maintenance_history: Option<Observed<Vec<MaintenanceEvent>>>,
     /// Lifecycle state.
     pub lifecycle: Option<Observed<String>>,
 }
@@ -230,6 +236,24 @@ pub async fn poll_maintenance(imds: &Imds) -> Result<Observed<Vec<MaintenanceEve
     .await
 }
 
+/// Reads `events/maintenance/history`; field-level problems are logged as warnings.
+///
+/// # Errors
+/// [`ImdsError`].
+pub async fn poll_maintenance_history(
+    imds: &Imds,
+) -> Result<Observed<Vec<MaintenanceEvent>>, ImdsError> {
+    poll(imds, notice::MAINTENANCE_HISTORY_PATH, |b| {
+        notice::parse_maintenance_history(b).map(|(events, warnings)| {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            events
+        })
+    })
+    .await
+}
+
 /// Reads `autoscaling/target-lifecycle-state`.
 ///
 /// # Errors
@@ -243,9 +267,13 @@ pub async fn poll_lifecycle(imds: &Imds) -> Result<Observed<String>, ImdsError> 
 pub enum Decision {
     /// Drain for this cause.
     Drain(Cause),
-    /// The maintenance event with this key ([`Cause::key`]) no longer needs the node
-    /// drained.
+    /// The cause with this key ([`Cause::key`]: a maintenance event, a rebalance
+    /// recommendation) no longer needs the node drained.
     Undo(String),
+    /// The maintenance event with this key is over and took the instance down (a reboot, a
+    /// stop: [`notice::takes_instance_down`]): its drain is lifted once this node's slurmd
+    /// has registered with slurmctld again after the drain began.
+    UndoAfterRegistration(String),
 }
 
 /// Turns observations into decisions, most urgent first. `current` is the cause of the
@@ -287,39 +315,7 @@ pub fn decide(
             _ => {}
         }
     }
-    if let Some(Observed::Present(events)) = &obs.maintenance {
-        let lead = i64::try_from(s.maintenance_lead.0.as_secs()).unwrap_or(i64::MAX);
-        let mut due_keys = Vec::new();
-        for ev in events {
-            let ignored = s.maintenance_ignore_codes.iter().any(|c| c == &ev.code);
-            let live = matches!(
-                ev.state,
-                notice::EventState::Active | notice::EventState::Other(_)
-            ) && ev.not_after.is_none_or(|end| end > now);
-            let cause = Cause::Maintenance {
-                event_id: ev.event_id.clone(),
-                code: ev.code.clone(),
-                not_before: ev.not_before,
-            };
-            if !live || ignored {
-                out.push(Decision::Undo(cause.key()));
-                continue;
-            }
-            let due = ev
-                .not_before
-                .is_none_or(|nb| nb.saturating_sub(lead) <= now);
-            if due {
-                due_keys.push(cause.key());
-                out.push(Decision::Drain(cause));
-            }
-        }
-        if let Some(c @ Cause::Maintenance { .. }) = current {
-            let k = c.key();
-            if !due_keys.contains(&k) && !out.contains(&Decision::Undo(k.clone())) {
-                out.push(Decision::Undo(k));
-            }
-        }
-    }
+    decide_maintenance(s, obs, current, now, &mut out);
     if s.rebalance == RebalancePolicy::Drain {
         let window = i64::try_from(s.rebalance_window.0.as_secs()).unwrap_or(i64::MAX);
         match &obs.rebalance {
@@ -343,6 +339,105 @@ pub fn decide(
         }
     }
     out
+}
+
+/// How a maintenance event ended, as far as IMDS tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Canceled: nothing happened to the instance.
+    Canceled,
+    /// Completed, its window (`NotAfter`) passed, or gone from `scheduled` without a word in
+    /// `history`: it may have taken the instance down.
+    Done,
+}
+
+/// The decision that ends the drain of a maintenance event that is over: at once when it
+/// was canceled or its code leaves the instance running; after slurmd registered again when
+/// it took the instance down ([`notice::takes_instance_down`]).
+fn undo_over(cause: &Cause, code: &str, over: Over) -> Decision {
+    if over == Over::Done && notice::takes_instance_down(code) {
+        Decision::UndoAfterRegistration(cause.key())
+    } else {
+        Decision::Undo(cause.key())
+    }
+}
+
+/// The maintenance part of [`decide`]. `events/maintenance/scheduled` answering 404 is no
+/// event scheduled. An event in `events/maintenance/history` is over whatever `scheduled`
+/// still says (EC2 moves completed and canceled events there). Nothing is undone while
+/// `scheduled` could not be read (a failed poll or an unreadable body), unless `history`
+/// names the event.
+fn decide_maintenance(
+    s: &EventsSettings,
+    obs: &Observations,
+    current: Option<&Cause>,
+    now: i64,
+    out: &mut Vec<Decision>,
+) {
+    let scheduled: Option<&[MaintenanceEvent]> = match &obs.maintenance {
+        Some(Observed::Present(events)) => Some(events),
+        Some(Observed::Absent) => Some(&[]),
+        Some(Observed::Unreadable(_)) | None => None,
+    };
+    let history: &[MaintenanceEvent] = match &obs.maintenance_history {
+        Some(Observed::Present(events)) => events,
+        _ => &[],
+    };
+    let cause_of = |ev: &MaintenanceEvent| Cause::Maintenance {
+        event_id: ev.event_id.clone(),
+        code: ev.code.clone(),
+        not_before: ev.not_before,
+    };
+    let lead = i64::try_from(s.maintenance_lead.0.as_secs()).unwrap_or(i64::MAX);
+    let mut decided: Vec<String> = Vec::new();
+    for ev in history {
+        let cause = cause_of(ev);
+        if decided.contains(&cause.key()) {
+            continue;
+        }
+        decided.push(cause.key());
+        let over = match ev.state {
+            notice::EventState::Canceled => Over::Canceled,
+            _ => Over::Done,
+        };
+        out.push(undo_over(&cause, &ev.code, over));
+    }
+    for ev in scheduled.unwrap_or_default() {
+        let cause = cause_of(ev);
+        if decided.contains(&cause.key()) {
+            continue;
+        }
+        decided.push(cause.key());
+        if s.maintenance_ignore_codes.iter().any(|c| c == &ev.code) {
+            out.push(Decision::Undo(cause.key()));
+            continue;
+        }
+        let over = match ev.state {
+            notice::EventState::Canceled => Some(Over::Canceled),
+            notice::EventState::Completed => Some(Over::Done),
+            _ if ev.not_after.is_some_and(|end| end <= now) => Some(Over::Done),
+            _ => None,
+        };
+        if let Some(over) = over {
+            out.push(undo_over(&cause, &ev.code, over));
+            continue;
+        }
+        let due = ev
+            .not_before
+            .is_none_or(|nb| nb.saturating_sub(lead) <= now);
+        if due {
+            out.push(Decision::Drain(cause));
+        } else if current.is_some_and(|c| c.key() == cause.key()) {
+            // Rescheduled later than the lead: the drain it caused is not needed yet.
+            out.push(Decision::Undo(cause.key()));
+        }
+    }
+    if let Some(c @ Cause::Maintenance { code, .. }) = current {
+        if scheduled.is_some() && !decided.contains(&c.key()) {
+            // Gone from `scheduled` and not in `history`.
+            out.push(undo_over(c, code, Over::Done));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -393,7 +488,7 @@ mod tests {
             .iter()
             .filter_map(|d| match d {
                 Decision::Drain(c) => Some(c.key()),
-                Decision::Undo(_) => None,
+                Decision::Undo(_) | Decision::UndoAfterRegistration(_) => None,
             })
             .collect();
         assert_eq!(
@@ -415,6 +510,8 @@ mod tests {
             code: "system-reboot".into(),
             not_before: Some(now),
         };
+        let mut maintenance_stays = ev("e-m", notice::EventState::Completed, Some(now), None);
+        maintenance_stays.code = "system-maintenance".into();
         let obs = Observations {
             maintenance: Some(Observed::Present(vec![
                 ev("e-c", notice::EventState::Canceled, Some(now), None),
@@ -425,22 +522,131 @@ mod tests {
                     Some(now - 7200),
                     Some(now - 1),
                 ),
+                maintenance_stays,
             ])),
             ..Default::default()
         };
         let d = decide(&s, &obs, Some(&current), now);
+        // A canceled reboot never happened: undone at once. A reboot that is over (completed,
+        // window passed, gone) is undone once slurmd registered again; an event that left
+        // the instance running, at once.
         assert_eq!(
             d,
             [
                 Decision::Undo("maintenance:e-c".into()),
-                Decision::Undo("maintenance:e-d".into()),
-                Decision::Undo("maintenance:e-old".into()),
-                Decision::Undo("maintenance:e-gone".into()),
+                Decision::UndoAfterRegistration("maintenance:e-d".into()),
+                Decision::UndoAfterRegistration("maintenance:e-old".into()),
+                Decision::Undo("maintenance:e-m".into()),
+                Decision::UndoAfterRegistration("maintenance:e-gone".into()),
             ]
         );
         // A failed poll (None) undoes nothing.
         let none = decide(&s, &Observations::default(), Some(&current), now);
         assert!(none.is_empty());
+        // Neither does an unreadable `scheduled`.
+        let unreadable = Observations {
+            maintenance: Some(Observed::Unreadable(NoticeError {
+                path: notice::MAINTENANCE_PATH,
+                message: "EOF".into(),
+            })),
+            ..Default::default()
+        };
+        assert!(decide(&s, &unreadable, Some(&current), now).is_empty());
+        // `scheduled` answering 404 is no event: the current one is gone.
+        let absent = Observations {
+            maintenance: Some(Observed::Absent),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &absent, Some(&current), now),
+            [Decision::UndoAfterRegistration("maintenance:e-gone".into())]
+        );
+    }
+
+    #[test]
+    fn maintenance_history_ends_the_drain_whatever_scheduled_still_says() {
+        let s = EventsSettings::default();
+        let now = 1_000_000;
+        let reboot = Cause::Maintenance {
+            event_id: "e-r".into(),
+            code: "system-reboot".into(),
+            not_before: Some(now),
+        };
+        // EC2 moved the reboot to history as completed; `scheduled` still lists it as
+        // active (not yet updated): history wins, and nothing drains again.
+        let obs = Observations {
+            maintenance: Some(Observed::Present(vec![ev(
+                "e-r",
+                notice::EventState::Active,
+                Some(now),
+                None,
+            )])),
+            maintenance_history: Some(Observed::Present(vec![ev(
+                "e-r",
+                notice::EventState::Completed,
+                Some(now),
+                None,
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &obs, Some(&reboot), now),
+            [Decision::UndoAfterRegistration(reboot.key())]
+        );
+        // Canceled in history, gone from scheduled (404): at once.
+        let obs = Observations {
+            maintenance: Some(Observed::Absent),
+            maintenance_history: Some(Observed::Present(vec![ev(
+                "e-r",
+                notice::EventState::Canceled,
+                Some(now),
+                None,
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &obs, Some(&reboot), now),
+            [Decision::Undo(reboot.key())]
+        );
+        // History alone (scheduled not read this round) still ends the drain.
+        let obs = Observations {
+            maintenance: None,
+            maintenance_history: Some(Observed::Present(vec![ev(
+                "e-r",
+                notice::EventState::Completed,
+                Some(now),
+                None,
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &obs, Some(&reboot), now),
+            [Decision::UndoAfterRegistration(reboot.key())]
+        );
+        // Another event's history says nothing about the current one, and an active event
+        // still due keeps its drain.
+        let obs = Observations {
+            maintenance: Some(Observed::Present(vec![ev(
+                "e-r",
+                notice::EventState::Active,
+                Some(now),
+                None,
+            )])),
+            maintenance_history: Some(Observed::Present(vec![ev(
+                "e-other",
+                notice::EventState::Completed,
+                Some(now - 86_400),
+                None,
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&s, &obs, Some(&reboot), now),
+            [
+                Decision::UndoAfterRegistration("maintenance:e-other".into()),
+                Decision::Drain(reboot.clone()),
+            ]
+        );
     }
 
     #[test]

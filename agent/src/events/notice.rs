@@ -8,6 +8,10 @@
 //! - `events/maintenance/scheduled`: `[{"NotBefore": "21 Jan 2019 09:00:43 GMT", "Code":
 //!   "system-reboot", "Description": "...", "EventId": "instance-event-...", "NotAfter":
 //!   "...", "State": "active"|"canceled"|"completed"}]`; `NotAfter` may be empty.
+//! - `events/maintenance/history`: the same array, for the events EC2 moved out of
+//!   `scheduled` once they were completed or canceled (AWS EC2 User Guide, "Scheduled
+//!   events for your instances", "view event history ... using instance metadata"); 404
+//!   while there are none.
 //! - `autoscaling/target-lifecycle-state`: plain text, e.g. `InService`, `Terminated`.
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +24,8 @@ pub const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";
 pub const REBALANCE_PATH: &str = "/latest/meta-data/events/recommendations/rebalance";
 /// IMDS path of the scheduled maintenance events.
 pub const MAINTENANCE_PATH: &str = "/latest/meta-data/events/maintenance/scheduled";
+/// IMDS path of the completed and canceled maintenance events.
+pub const MAINTENANCE_HISTORY_PATH: &str = "/latest/meta-data/events/maintenance/history";
 /// IMDS path of the Auto Scaling target lifecycle state.
 pub const LIFECYCLE_PATH: &str = "/latest/meta-data/autoscaling/target-lifecycle-state";
 
@@ -189,10 +195,37 @@ struct EventDoc {
 /// [`NoticeError`] when the document is not a JSON array of objects, or an event has no
 /// `EventId` (it could not be followed to its cancellation).
 pub fn parse_maintenance(body: &str) -> Result<(Vec<MaintenanceEvent>, Vec<String>), NoticeError> {
-    let err = |message: String| NoticeError {
-        path: MAINTENANCE_PATH,
-        message,
-    };
+    parse_events_at(MAINTENANCE_PATH, body)
+}
+
+/// The events of `events/maintenance/history` (completed and canceled events, the same
+/// shape as [`parse_maintenance`]'s), and one message per field that could not be read.
+///
+/// # Errors
+/// [`NoticeError`] naming [`MAINTENANCE_HISTORY_PATH`], as for [`parse_maintenance`].
+pub fn parse_maintenance_history(
+    body: &str,
+) -> Result<(Vec<MaintenanceEvent>, Vec<String>), NoticeError> {
+    parse_events_at(MAINTENANCE_HISTORY_PATH, body)
+}
+
+/// Maintenance event codes whose event takes the instance down (a reboot, a stop, a
+/// retirement): once such an event is over the node's slurmd has started again, and the
+/// drain is lifted only after it registered (AWS EC2 User Guide, "Scheduled events for your
+/// instances": instance-reboot, system-reboot, instance-stop, instance-retirement;
+/// `system-maintenance` keeps the instance running).
+pub fn takes_instance_down(code: &str) -> bool {
+    matches!(
+        code.trim(),
+        "system-reboot" | "instance-reboot" | "instance-stop" | "instance-retirement"
+    )
+}
+
+fn parse_events_at(
+    path: &'static str,
+    body: &str,
+) -> Result<(Vec<MaintenanceEvent>, Vec<String>), NoticeError> {
+    let err = |message: String| NoticeError { path, message };
     if body.trim().is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
@@ -210,7 +243,7 @@ pub fn parse_maintenance(body: &str) -> Result<(Vec<MaintenanceEvent>, Vec<Strin
             Ok(t) => Some(t),
             Err(e) => {
                 warnings.push(format!(
-                    "{MAINTENANCE_PATH}: event {id}: field `NotBefore`: {e}; treated as due now"
+                    "{path}: event {id}: field `NotBefore`: {e}; treated as due now"
                 ));
                 None
             }
@@ -222,7 +255,7 @@ pub fn parse_maintenance(body: &str) -> Result<(Vec<MaintenanceEvent>, Vec<Strin
                 Ok(t) => Some(t),
                 Err(e) => {
                     warnings.push(format!(
-                        "{MAINTENANCE_PATH}: event {id}: field `NotAfter`: {e}; ignored"
+                        "{path}: event {id}: field `NotAfter`: {e}; ignored"
                     ));
                     None
                 }
@@ -234,7 +267,7 @@ pub fn parse_maintenance(body: &str) -> Result<(Vec<MaintenanceEvent>, Vec<Strin
             "completed" => EventState::Completed,
             other => {
                 warnings.push(format!(
-                    "{MAINTENANCE_PATH}: event {id}: unknown State {other:?}; treated as active"
+                    "{path}: event {id}: unknown State {other:?}; treated as active"
                 ));
                 EventState::Other(other.to_string())
             }
@@ -342,6 +375,38 @@ mod tests {
             let e = parse_maintenance(bad).unwrap_err();
             assert!(e.to_string().contains(MAINTENANCE_PATH), "{e}");
         }
+    }
+
+    #[test]
+    fn maintenance_history_in_the_shape_aws_documents() {
+        // AWS EC2 User Guide, "Scheduled events for your instances": a canceled and a
+        // completed system-reboot event, as `events/maintenance/history` serves them.
+        let body = r#"[
+          {"NotBefore" : "21 Jan 2019 09:00:43 GMT", "Code" : "system-reboot",
+           "Description" : "[Canceled] scheduled reboot",
+           "EventId" : "instance-event-0d59937288b749b32",
+           "NotAfter" : "21 Jan 2019 09:17:23 GMT", "State" : "canceled"},
+          {"NotBefore" : "29 Jan 2019 09:00:43 GMT", "Code" : "system-reboot",
+           "Description" : "[Completed] scheduled reboot",
+           "EventId" : "instance-event-0d59937288b749b32b",
+           "NotAfter" : "29 Jan 2019 09:17:23 GMT", "State" : "completed"}
+        ]"#;
+        let (ev, warnings) = parse_maintenance_history(body).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(ev.len(), 2);
+        assert_eq!(ev[0].state, EventState::Canceled);
+        assert_eq!(ev[1].state, EventState::Completed);
+        assert_eq!(ev[1].event_id, "instance-event-0d59937288b749b32b");
+        let e = parse_maintenance_history("[{").unwrap_err();
+        assert!(e.to_string().contains(MAINTENANCE_HISTORY_PATH), "{e}");
+        let (_, w) = parse_maintenance_history(
+            r#"[{"EventId": "instance-event-1", "NotBefore": "soon", "State": "completed"}]"#,
+        )
+        .unwrap();
+        assert!(w[0].starts_with(MAINTENANCE_HISTORY_PATH), "{w:?}");
+        assert!(takes_instance_down("system-reboot"));
+        assert!(takes_instance_down("instance-stop"));
+        assert!(!takes_instance_down("system-maintenance"));
     }
 
     #[test]

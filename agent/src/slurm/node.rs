@@ -31,8 +31,19 @@ pub fn canonical_state_word(word: &str) -> String {
 }
 
 /// The state and flag names the agent reads, each with where Slurm writes it
-/// (`src/common/slurm_protocol_defs.c` unless said otherwise), for 22.05 through 25.11:
+/// (`src/common/slurm_protocol_defs.c` unless said otherwise):
 /// `(name as printed, canonical name, source)`.
+///
+/// Checked against: Slurm master (earlier); SchedMD/slurm commit
+/// d43feafc018f6e7cea939f747f987d5579a3887c of `slurm_protocol_defs.c` (the one version
+/// the project's source index holds: it has `node_states[]` with ERROR, `node_state_flags[]`
+/// with DYNAMIC_FUTURE, PERFCTRS, PLANNED and `{ NODE_STATE_MAINT, "MAINTENANCE" }`, and
+/// `node_state_string()` returning `INVAL` for INVALID_REG and `MAINT`/`MAINT*`; i.e. the
+/// 23.x line); Slurm 22.05 as it runs in the tests (`scontrol show node` prints
+/// `MAINTENANCE`). The index has no copy of the tags or branches slurm-22-05, 23-02, 23-11,
+/// 24-05, 24-11, 25-05 or 25-11, so those are not checked line by line here: every
+/// spelling any of the checked versions prints is accepted, which covers a version that
+/// uses either.
 pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
     ("IDLE", "IDLE", "node_states[] / node_state_base_string()"),
     ("MIXED", "MIXED", "node_states[] / node_state_base_string()"),
@@ -83,6 +94,11 @@ pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
         "node_state_string() (sinfo %T); sinfo state filter",
     ),
     ("maint", "MAINT", "node_state_string_compact() (sinfo %t)"),
+    (
+        "INVAL",
+        "INVALID_REG",
+        "node_state_string() (sinfo %T) for INVALID_REG, commit d43feafc",
+    ),
     (
         "POWER_DOWN",
         "POWER_DOWN",
