@@ -77,6 +77,36 @@ fn shows_each_value_with_its_source() {
     assert!(text.contains("10-site.toml"), "{text}");
 }
 
+/// A whole user data document gzip-compressed (served as bytes by IMDS) is read.
+#[test]
+fn gzip_compressed_user_data_is_read() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("conf.d")).unwrap();
+    let emu = Emulator::start(Config::default()).unwrap();
+    emu.clear_tags();
+    let doc = "Content-Type: multipart/mixed; boundary=\"XX\"\n\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[node]\nfeatures = [\"zipped\"]\n--XX--\n";
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(doc.as_bytes()).unwrap();
+    emu.set_user_data(gz.finish().unwrap());
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        format!("[imds]\nendpoint = \"{}\"\n", emu.endpoint()),
+    )
+    .unwrap();
+    let out = agent(dir.path(), &["--output", "json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("not text"), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node.features"]["value"][0], "zipped");
+    assert_eq!(
+        v["node.features"]["source"],
+        "user data part 1 (application/x-slurm-node-agent)"
+    );
+}
+
 #[test]
 fn errors_name_file_line_and_key_and_exit_78() {
     let dir = tempfile::tempdir().unwrap();
