@@ -340,7 +340,7 @@ pub fn user_data_settings(id: &InstanceIdentity) -> Result<Vec<SettingsPart>, Se
     let Some(ud) = &id.user_data else {
         return Ok(Vec::new());
     };
-    crate::userdata::settings_parts(ud.as_bytes()).map_err(|e| SettingsError::Parse {
+    crate::userdata::settings_parts(ud).map_err(|e| SettingsError::Parse {
         origin: Source::UserData(e.part()),
         message: e.detail(),
     })

@@ -8,15 +8,32 @@
 //! - refreshes the token when a GET still answers 401 after the client's retries (its token
 //!   cache only drops a token when the token's own TTL runs out, so a token the service has
 //!   forgotten would otherwise be sent until then);
-//! - maps errors to [`ImdsError`], which always names the path.
+//! - maps errors to [`ImdsError`], which always names the path;
+//! - reads the user data as bytes ([`Imds::get_bytes_optional`]). EC2 serves user data as
+//!   it was given (`application/octet-stream`), often gzip-compressed, and aws-config's
+//!   client (1.13) only returns UTF-8 text: its `get` refuses any other body and drops it.
+//!   So user data goes through the same orchestrator the client is built on
+//!   (aws-smithy-runtime's `Operation`, with its default HTTP client, standard retries,
+//!   timeouts and the same retry classifier), with the same IMDSv2 token flow done here:
+//!   `PUT /latest/api/token` with `X-aws-ec2-metadata-token-ttl-seconds`, then the GET with
+//!   `X-aws-ec2-metadata-token`. The endpoint is `imds.endpoint`, else
+//!   `AWS_EC2_METADATA_SERVICE_ENDPOINT`, else the IPv6 address when
+//!   `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`, else `http://169.254.169.254`, as
+//!   aws-config resolves it (less its `~/.aws/config` profile keys).
 //!
 //! Paths and formats: <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html>.
 
 use aws_config::imds::client::error::ImdsError as SdkImdsError;
+use aws_smithy_runtime::client::orchestrator::operation::Operation;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
+use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse, OrchestratorError};
+use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_runtime_api::client::retries::classifiers::{
     ClassifyRetry, RetryAction, SharedRetryClassifier,
 };
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -88,6 +105,7 @@ impl ClassifyRetry for RetryClassifier {
 /// IMDSv2 client.
 pub struct Imds {
     client: Mutex<aws_config::imds::Client>,
+    bytes: BytesClient,
     settings: settings::Imds,
 }
 
@@ -104,6 +122,7 @@ impl Imds {
     pub fn new(settings: &settings::Imds) -> Imds {
         Imds {
             client: Mutex::new(build_client(settings)),
+            bytes: BytesClient::new(settings),
             settings: settings.clone(),
         }
     }
@@ -167,13 +186,22 @@ impl Imds {
         }
     }
 
-    /// The user data as text. User data that is not text (gzip-compressed, binary) cannot
-    /// carry the settings part, so it counts as none, with a warning.
-    async fn user_data(&self) -> Result<Option<String>, ImdsError> {
-        match self.get_optional("/latest/user-data").await {
-            Err(ImdsError::Unreachable { message, .. }) if message.contains("UTF-8") => {
-                tracing::warn!("user data is not text (compressed?): no settings read from it");
-                Ok(None)
+    /// GETs a path as bytes, whatever they are (user data: `/latest/user-data`), with a
+    /// session token of its own; retried and refreshed as [`Imds::get_optional`] does. 404
+    /// is `Ok(None)`.
+    ///
+    /// # Errors
+    /// [`ImdsError`] naming the path, after the retries.
+    pub async fn get_bytes_optional(&self, path: &str) -> Result<Option<Vec<u8>>, ImdsError> {
+        let token = self.bytes.token(path).await?;
+        match self.bytes.get(path, &token).await {
+            Err(ImdsError::Status { status: 401, .. }) => {
+                tracing::warn!(
+                    path,
+                    "IMDS answered 401 after retries; requesting a new token"
+                );
+                let token = self.bytes.token(path).await?;
+                self.bytes.get(path, &token).await
             }
             other => other,
         }
@@ -208,7 +236,7 @@ impl Imds {
             self.get("/latest/meta-data/ami-id"),
             self.get_optional("/latest/meta-data/instance-life-cycle"),
             self.get_optional("/latest/meta-data/tags/instance"),
-            self.user_data(),
+            self.get_bytes_optional("/latest/user-data"),
         )?;
         let mut tags = BTreeMap::new();
         let keys: Vec<String> = tag_keys
@@ -257,6 +285,164 @@ pub(crate) fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
     b.build()
 }
 
+/// An IMDS answer that is not a success, for the orchestrator's error path.
+#[derive(Debug, thiserror::Error)]
+#[error("HTTP {0}")]
+struct BadStatus(u16);
+
+/// A session token, kept out of `Debug` output (the orchestrator logs its input at trace).
+#[derive(Clone)]
+struct Token(String);
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(** redacted **)")
+    }
+}
+
+/// Input of a GET: the path and the token.
+#[derive(Debug)]
+struct GetInput {
+    path: String,
+    token: Token,
+}
+
+/// IMDS GETs that return bytes, with the IMDSv2 token flow (see the module docs for why).
+#[derive(Debug)]
+struct BytesClient {
+    token: Operation<(), Token, BadStatus>,
+    get: Operation<GetInput, Vec<u8>, BadStatus>,
+}
+
+/// IMDS's own address when no endpoint is configured (IPv4 and IPv6 endpoint modes).
+const DEFAULT_ENDPOINT_V4: &str = "http://169.254.169.254";
+const DEFAULT_ENDPOINT_V6: &str = "http://[fd00:ec2::254]";
+
+/// The endpoint as aws-config resolves it: setting, environment, endpoint mode, default.
+fn endpoint(s: &settings::Imds) -> String {
+    if !s.endpoint.is_empty() {
+        return s.endpoint.clone();
+    }
+    if let Ok(e) = std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT") {
+        if !e.is_empty() {
+            return e;
+        }
+    }
+    match std::env::var("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE") {
+        Ok(m) if m.eq_ignore_ascii_case("ipv6") => DEFAULT_ENDPOINT_V6.to_string(),
+        _ => DEFAULT_ENDPOINT_V4.to_string(),
+    }
+}
+
+fn status_of(response: &HttpResponse) -> Result<(), OrchestratorError<BadStatus>> {
+    let status = response.status().as_u16();
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(OrchestratorError::operation(BadStatus(status)))
+    }
+}
+
+fn body_of(response: &HttpResponse) -> &[u8] {
+    // The orchestrator reads the whole body before deserializing (non-streaming).
+    response.body().bytes().unwrap_or_default()
+}
+
+impl BytesClient {
+    fn new(s: &settings::Imds) -> BytesClient {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(s.timeout.0)
+            .read_timeout(s.timeout.0)
+            .operation_attempt_timeout(s.timeout.0 + s.timeout.0)
+            .operation_timeout(Duration::from_secs(120))
+            .build();
+        let retry =
+            RetryConfig::standard().with_max_attempts(u32::try_from(s.attempts).unwrap_or(4));
+        let endpoint = endpoint(s);
+        let ttl = s.token_ttl.0.as_secs().max(1).to_string();
+        let base = |name: &'static str| {
+            Operation::builder()
+                // Its own retry partition: its retry tokens are not the metadata client's.
+                .service_name("imds-bytes")
+                .operation_name(name)
+                .endpoint_url(&endpoint)
+                .no_auth()
+                .standard_retry(&retry)
+                .retry_classifier(RetryClassifier)
+                .timeout_config(timeouts.clone())
+        };
+        let token = base("token")
+            .serializer(move |()| {
+                let mut r = HttpRequest::new(SdkBody::empty());
+                r.set_method("PUT")?;
+                r.set_uri("/latest/api/token")?;
+                r.headers_mut()
+                    .try_insert("x-aws-ec2-metadata-token-ttl-seconds", ttl.clone())?;
+                Ok(r)
+            })
+            .deserializer(|response| {
+                status_of(response)?;
+                let text = std::str::from_utf8(body_of(response))
+                    .map_err(|_| OrchestratorError::operation(BadStatus(0)))?;
+                Ok(Token(text.trim().to_string()))
+            })
+            .build();
+        let get = base("get-bytes")
+            .serializer(|input: GetInput| {
+                let mut r = HttpRequest::new(SdkBody::empty());
+                r.set_method("GET")?;
+                r.set_uri(input.path)?;
+                r.headers_mut()
+                    .try_insert("x-aws-ec2-metadata-token", input.token.0)?;
+                Ok(r)
+            })
+            .deserializer(|response| {
+                status_of(response)?;
+                Ok(body_of(response).to_vec())
+            })
+            .build();
+        BytesClient { token, get }
+    }
+
+    /// A session token; the service answering no (or nothing usable) is
+    /// [`ImdsError::Token`], no answer at all [`ImdsError::Unreachable`].
+    async fn token(&self, path: &str) -> Result<Token, ImdsError> {
+        let path = path.to_string();
+        self.token.invoke(()).await.map_err(|e| match e {
+            SdkError::ServiceError(ctx) => ImdsError::Token {
+                path,
+                message: match ctx.err().0 {
+                    0 => "the token is not text".to_string(),
+                    status => format!("HTTP {status}"),
+                },
+            },
+            other => ImdsError::Unreachable {
+                path,
+                message: error_chain(&other),
+            },
+        })
+    }
+
+    async fn get(&self, path: &str, token: &Token) -> Result<Option<Vec<u8>>, ImdsError> {
+        let input = GetInput {
+            path: path.to_string(),
+            token: token.clone(),
+        };
+        match self.get.invoke(input).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(SdkError::ServiceError(ctx)) if ctx.err().0 == 404 => Ok(None),
+            Err(SdkError::ServiceError(ctx)) => Err(ImdsError::Status {
+                path: path.to_string(),
+                status: ctx.err().0,
+            }),
+            Err(e) => Err(ImdsError::Unreachable {
+                path: path.to_string(),
+                message: error_chain(&e),
+            }),
+        }
+    }
+}
+
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -292,6 +478,6 @@ pub struct InstanceIdentity {
     pub spot: bool,
     /// Instance tags (empty unless the launch template allows tags in metadata).
     pub tags: BTreeMap<String, String>,
-    /// Raw user data, if any.
-    pub user_data: Option<String>,
+    /// The user data as served (bytes: text, gzip, anything), if any.
+    pub user_data: Option<Vec<u8>>,
 }

@@ -170,11 +170,70 @@ async fn dropped_connections_and_no_service_are_unreachable() {
 }
 
 #[tokio::test]
-async fn binary_user_data_counts_as_none() {
+async fn binary_user_data_is_read_as_served() {
     let emu = Emulator::start(Config::default()).unwrap();
-    // A gzip header and bytes that are not UTF-8.
-    emu.set_user_data(vec![0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe, 0x00, 0x01]);
+    // A gzip header and bytes that are not UTF-8: aws-config's text client refuses them.
+    let bytes = vec![0x1f, 0x8b, 0x08, 0x00, 0xff, 0xfe, 0x00, 0x01];
+    emu.set_user_data(bytes.clone());
     let id = client(&emu.endpoint(), 2, 1000).identity().await.unwrap();
-    assert_eq!(id.user_data, None);
+    assert_eq!(id.user_data, Some(bytes));
     assert!(!id.instance_id.is_empty());
+    // Every user data GET carried a token (IMDSv2 only).
+    assert!(emu.requests().iter().all(|r| r.status != Some(401)));
+}
+
+fn user_data_gets(emu: &Emulator) -> usize {
+    emu.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/latest/user-data")
+        .count()
+}
+
+#[tokio::test]
+async fn user_data_bytes_are_retried_refreshed_and_named_on_failure() {
+    const UD: &str = "/latest/user-data";
+    let emu = Emulator::start(Config::default()).unwrap();
+    emu.set_user_data(vec![0xffu8; 3]);
+    let imds = client(&emu.endpoint(), 3, 1000);
+    // Throttled and failing twice, then served.
+    emu.inject(Fault::status(429).on(FaultTarget::Get).times(1));
+    emu.inject(Fault::status(503).on(FaultTarget::Get).times(1));
+    assert_eq!(
+        imds.get_bytes_optional(UD).await.unwrap(),
+        Some(vec![0xff; 3])
+    );
+    assert_eq!(user_data_gets(&emu), 3);
+    // A token the service forgot: a new one, and the data.
+    emu.clear_faults();
+    emu.expire_tokens();
+    assert!(imds.get_bytes_optional(UD).await.unwrap().is_some());
+    // Always 401: bounded (three tries, a new token, three tries), an error naming the path.
+    emu.inject(Fault::status(401).on(FaultTarget::Get));
+    let before = user_data_gets(&emu);
+    let e = imds.get_bytes_optional(UD).await.unwrap_err();
+    assert_eq!(e.status(), Some(401), "{e}");
+    assert!(e.to_string().contains(UD), "{e}");
+    assert_eq!(user_data_gets(&emu) - before, 6);
+    // The token refused: a token error, never a GET without a token.
+    emu.clear_faults();
+    emu.inject(Fault::status(403).on(FaultTarget::Token));
+    let before = user_data_gets(&emu);
+    let e = imds.get_bytes_optional(UD).await.unwrap_err();
+    assert!(matches!(e, ImdsError::Token { .. }), "{e:?}");
+    assert_eq!(user_data_gets(&emu), before);
+    // None at all: 404 is no user data.
+    emu.clear_faults();
+    emu.clear_user_data();
+    assert_eq!(imds.get_bytes_optional(UD).await.unwrap(), None);
+    // Nothing listening: unreachable, naming the path.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = client(&format!("http://127.0.0.1:{port}"), 2, 300)
+        .get_bytes_optional(UD)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ImdsError::Unreachable { .. }), "{e:?}");
+    assert!(e.to_string().contains(UD), "{e}");
 }

@@ -471,6 +471,33 @@ fn a_key_source_from_user_data_wins_over_the_prefetched_one() {
     assert_failed_cleanly(&env, &out, 65, "SSM parameter /from/user-data: not found");
 }
 
+/// Launch templates gzip their user data (EC2's 16 KiB limit); IMDS serves the compressed
+/// bytes as they are. The agent part inside still shapes the node: its features reach
+/// slurmctld.
+#[test]
+fn gzip_compressed_user_data_shapes_the_node() {
+    use std::io::Write;
+    let env = NodeEnv::start("").unwrap();
+    let doc = "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
+         Content-Type: text/x-shellscript\n\n#!/bin/sh\necho hi\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[node]\nfeatures = [\"zipped\"]\n--XX--\n";
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(doc.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    assert!(std::str::from_utf8(&gz).is_err(), "gzip bytes are not text");
+    env.imds.set_user_data(gz);
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    let show = env
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", DEFAULT_NODE_NAME])
+        .unwrap();
+    assert!(
+        show.contains("AvailableFeatures=m4.xlarge,us-east-1a,ondemand,zipped"),
+        "{show}"
+    );
+}
+
 /// The escalation chain of issue 10, with tags only: a key source naming an SSM String
 /// parameter that holds a cron line, raw encoding, a key path in a cron folder and owner
 /// root. Refused (exit 78, the tag and key named) and nothing written.

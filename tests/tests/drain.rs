@@ -956,6 +956,70 @@ fn drain_resume_commands_are_idempotent_and_respect_foreign_drains() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node name is unknown"));
 }
 
+/// `status` in text: one readable line per field; when Slurm's view cannot be had (here
+/// scontrol has no configuration), what is known locally is still printed and the exit
+/// code is 69. With `--log-format json` every stderr line is a JSON object, the final
+/// error and a usage error included.
+#[test]
+fn status_reads_as_text_and_exits_69_without_slurms_view() {
+    let w = World::start("st1", &[], "");
+    let out = w.run_agent(&["drain", "--reason", "disk swap"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = w.run_agent(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    for want in [
+        "NodeName:",
+        "st1\n",
+        "Instance:",
+        "Phase:",
+        "Reason:",
+        "Slurm State:",
+    ] {
+        assert!(text.contains(want), "{want:?} missing:\n{text}");
+    }
+    assert!(text.contains("DRAIN"), "{text}");
+    assert!(!text.contains('{'), "no raw JSON in text mode:\n{text}");
+
+    let broken = |args: &[&str]| {
+        let mut c = w.agent(args);
+        c.env("SLURM_CONF", w.path("no-such-slurm.conf"));
+        run_with_timeout(c, Duration::from_secs(120)).unwrap()
+    };
+    let out = broken(&["status"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(69), "{text}\n{err}");
+    assert!(text.contains("NodeName:") && text.contains("st1"), "{text}");
+    assert!(text.contains("Phase:") && text.contains("drain"), "{text}");
+    assert!(
+        text.contains("Slurm:") && text.contains("unavailable"),
+        "{text}"
+    );
+    assert!(err.contains("error: Slurm's view of node st1"), "{err}");
+
+    // JSON logs: every stderr line is JSON, the final error too.
+    let every_line_json = |out: &Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.trim().is_empty());
+        for line in err.lines() {
+            let v: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}\n{err}"));
+            assert!(v["level"].is_string(), "{line}");
+        }
+        err
+    };
+    let out = broken(&["status", "--log-format", "json", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert!(json(&out)["slurm"]["error"].is_string());
+    let err = every_line_json(&out);
+    assert!(err.contains("Slurm's view of node st1"), "{err}");
+    let out = w.run_agent(&["status", "--log-format", "json", "--bogus-flag"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = every_line_json(&out);
+    assert!(err.contains("--bogus-flag"), "{err}");
+}
+
 #[test]
 fn bad_desired_image_parameters_never_drain() {
     let w = World::start(

@@ -90,10 +90,10 @@ impl CheckArgs {
             .chain(self.nhc_conf.iter().map(|f| (f, "--nhc-conf")))
             .find(|(p, _)| !p.exists());
         if let Some((p, flag)) = missing {
-            eprintln!(
-                "slurm-node-agent: error: command line: {flag} {}: no such file or folder (given explicitly, so it must exist)",
+            super::print_error_message(&format!(
+                "command line: {flag} {}: no such file or folder (given explicitly, so it must exist)",
                 p.display()
-            );
+            ));
             return 78;
         }
         if let Some(d) = self.checks_dir {
@@ -145,7 +145,7 @@ impl CheckArgs {
             Output::Json => println!("{}", health::output::json(&report, action.as_ref())),
         }
         if let Some(e) = action.as_ref().and_then(|a| a.error.as_ref()) {
-            eprintln!("slurm-node-agent: warning: {e}");
+            super::print_warning_message(e);
         }
         if report.healthy() {
             0

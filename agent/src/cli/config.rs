@@ -3,7 +3,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::{print_error, Output, SettingsArgs};
+use super::{print_error, print_error_message, Output, SettingsArgs};
 use crate::bootstrap;
 use crate::imds::Imds;
 use crate::settings::Enforce;
@@ -60,6 +60,15 @@ impl ShowArgs {
         .await;
         let resolved = match result {
             Ok(r) => r,
+            Err(e @ bootstrap::BootstrapError::Imds(_)) => {
+                // Off EC2 (a build host, a laptop) there is no IMDS to ask.
+                print_error_message(&format!(
+                    "{}; not on an EC2 instance? `config show --no-imds` shows the settings \
+                     from the files and flags only",
+                    crate::imds::error_chain(&e)
+                ));
+                return e.exit_code();
+            }
             Err(e) => {
                 print_error(&e);
                 return e.exit_code();

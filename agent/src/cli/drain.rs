@@ -79,6 +79,9 @@ pub struct DrainArgs {
 pub struct Report {
     /// NodeName.
     pub node: String,
+    /// EC2 instance id of this incarnation (`status`; `unknown` when not known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
     /// What the command did: `started`, `escalated`, `already_draining`,
     /// `already_handled`, `resumed`, `status`.
     pub result: String,
@@ -103,6 +106,7 @@ impl Report {
     pub fn new(node: &str, result: &str, state: DrainState) -> Report {
         Report {
             node: node.to_string(),
+            instance_id: None,
             result: result.to_string(),
             phase: state.phase.as_str().to_string(),
             cause: state.cause.as_ref().map(|c| c.kind().to_string()),
@@ -175,17 +179,17 @@ impl DrainArgs {
             match engine.progress().await {
                 Ok(Phase::Drained | Phase::Acting | Phase::Done) => break 0,
                 Ok(Phase::Active) => {
-                    eprintln!("slurm-node-agent: error: node {node} was resumed while waiting");
+                    super::print_error_message(&format!("node {node} was resumed while waiting"));
                     break 75;
                 }
                 Ok(Phase::Draining) => {}
                 Err(e) => tracing::warn!("{e}"),
             }
             if start.elapsed() >= self.timeout {
-                eprintln!(
-                    "slurm-node-agent: error: node {node} still has jobs after {}",
+                super::print_error_message(&format!(
+                    "node {node} still has jobs after {}",
                     humantime::format_duration(self.timeout)
-                );
+                ));
                 break 75;
             }
             tokio::time::sleep(Duration::from_secs(1).min(self.timeout)).await;

@@ -32,7 +32,8 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]
     pub log_format: LogFormat,
-    /// More logging (-v debug, -vv trace). `RUST_LOG` overrides.
+    /// More logging: -v the agent's debug lines, -vv its trace, -vvv also the AWS SDK's
+    /// and the HTTP libraries' debug lines, -vvvv everything at trace. `RUST_LOG` overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// What to do.
@@ -152,28 +153,44 @@ impl SettingsArgs {
     }
 }
 
+/// The log filter for `-v` counted `verbose` times: the agent's own targets
+/// (`slurm_node_agent`) get more detail first; the libraries (aws-config, the AWS SDK,
+/// aws-smithy, hyper), which log hundreds of debug lines per AWS call, only from -vvv.
+pub fn filter_directives(verbose: u8) -> &'static str {
+    match verbose {
+        0 => "info",
+        1 => "info,slurm_node_agent=debug",
+        2 => "info,slurm_node_agent=trace",
+        3 => "debug,slurm_node_agent=trace",
+        _ => "trace",
+    }
+}
+
 /// Sets up tracing on stderr: INFO by default (WARN... with no -v for one-shot output
 /// commands is the caller's choice), `RUST_LOG` overrides.
 pub fn init_tracing(format: LogFormat, verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
+    let default = filter_directives(verbose);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false);
+        // JSON lines name their target (filterable); text stays short.
+        .with_target(format == LogFormat::Json);
+    let _ = LOG_FORMAT.set(format);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
 }
 
-/// Prints an error with its causes, as `error: a: b: c`.
+/// The log format chosen at start-up ([`init_tracing`]); the final error and warning lines
+/// ([`print_error_message`], [`print_warning_message`]) follow it.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Prints an error with its causes, as `error: a: b: c` (a JSON line with
+/// `--log-format json`).
 pub fn print_error(e: &(dyn std::error::Error + 'static)) {
     let mut msg = e.to_string();
     let mut cur = e.source();
@@ -185,7 +202,91 @@ pub fn print_error(e: &(dyn std::error::Error + 'static)) {
         }
         cur = c.source();
     }
-    eprintln!("slurm-node-agent: error: {msg}");
+    print_error_message(&msg);
+}
+
+/// Prints a command's final error line on stderr: `slurm-node-agent: error: MSG`, or with
+/// `--log-format json` one JSON object shaped as the log lines are (`timestamp`, `level`
+/// `ERROR`, `fields.message`, `target`).
+pub fn print_error_message(msg: &str) {
+    eprintln!("{}", final_line("ERROR", msg, log_format()));
+}
+
+/// Prints a warning line on stderr, as [`print_error_message`] does (level `WARN`).
+pub fn print_warning_message(msg: &str) {
+    eprintln!("{}", final_line("WARN", msg, log_format()));
+}
+
+fn log_format() -> LogFormat {
+    LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text)
+}
+
+/// One final line: text `slurm-node-agent: error: MSG`, or a JSON object.
+fn final_line(level: &str, msg: &str, format: LogFormat) -> String {
+    match format {
+        LogFormat::Text => {
+            let word = if level == "ERROR" { "error" } else { "warning" };
+            format!("slurm-node-agent: {word}: {msg}")
+        }
+        LogFormat::Json => serde_json::json!({
+            "timestamp": crate::events::time::format(crate::events::time::now()),
+            "level": level,
+            "fields": { "message": msg },
+            "target": "slurm_node_agent",
+        })
+        .to_string(),
+    }
+}
+
+/// Whether the command line or the environment asks for JSON logs, read without clap (for
+/// the usage error clap could not parse).
+fn json_logs_requested(args: &[std::ffi::OsString]) -> bool {
+    let mut json = std::env::var("SLURM_NODE_AGENT_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let mut it = args.iter().map(|a| a.to_string_lossy());
+    while let Some(a) = it.next() {
+        if a == "--log-format" {
+            json = it.next().is_some_and(|v| v == "json");
+        } else if let Some(v) = a.strip_prefix("--log-format=") {
+            json = v == "json";
+        }
+    }
+    json
+}
+
+impl Cli {
+    /// Parses the command line; on a usage error prints it (as a JSON line when JSON logs
+    /// were asked for) and returns the exit code (2; 0 for `--help` and `--version`).
+    ///
+    /// # Errors
+    /// The exit code to end with.
+    pub fn parse_or_exit_code() -> Result<Cli, ExitCode> {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match <Cli as Parser>::try_parse_from(&args) {
+            Ok(cli) => Ok(cli),
+            Err(e) if !e.use_stderr() => {
+                let _ = e.print();
+                Err(ExitCode::from(0))
+            }
+            Err(e) if json_logs_requested(&args) => {
+                let text = e.render().to_string();
+                let msg = text
+                    .trim()
+                    .strip_prefix("error: ")
+                    .unwrap_or(text.trim())
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                eprintln!("{}", final_line("ERROR", &msg, LogFormat::Json));
+                Err(ExitCode::from(2))
+            }
+            Err(e) => {
+                let _ = e.print();
+                Err(ExitCode::from(2))
+            }
+        }
+    }
 }
 
 /// Worker threads of the daemon's runtime: the main loop, and child tasks that may block
@@ -235,5 +336,40 @@ mod tests {
     fn cli_is_well_formed() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn final_lines_follow_the_log_format() {
+        assert_eq!(
+            final_line("ERROR", "x: y", LogFormat::Text),
+            "slurm-node-agent: error: x: y"
+        );
+        assert_eq!(
+            final_line("WARN", "w", LogFormat::Text),
+            "slurm-node-agent: warning: w"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&final_line("ERROR", "a \"b\"\nc", LogFormat::Json))
+                .expect("JSON");
+        assert_eq!(v["level"], "ERROR");
+        assert_eq!(v["fields"]["message"], "a \"b\"\nc");
+        assert_eq!(v["target"], "slurm_node_agent");
+    }
+
+    #[test]
+    fn json_logs_are_found_without_clap() {
+        let a = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(json_logs_requested(&a(&[
+            "sna",
+            "--log-format",
+            "json",
+            "bogus"
+        ])));
+        assert!(json_logs_requested(&a(&[
+            "sna",
+            "status",
+            "--log-format=json"
+        ])));
+        assert!(!json_logs_requested(&a(&["sna", "--log-format", "text"])));
     }
 }

@@ -1,13 +1,22 @@
 //! `slurm-node-agent status`: the drain state, and Slurm's view of the node.
 //!
-//! Exit codes: 0 printed (a Slurm error is reported in the output, not as a failure); 74
-//! the state file cannot be read or is corrupt; 78 invalid settings or no node name.
+//! Text output is one `Field: value` line each (NodeName, Instance, Phase, Cause, Reason,
+//! Last error, then Slurm's State and Reason); `--output json` is one object (the drain
+//! report with `instance_id` and `slurm`: `{state, reason}` or `{error}`).
+//!
+//! Exit codes: 0 printed, Slurm's view included (or not asked, `--no-slurm`); 69 Slurm's
+//! view could not be had (scontrol failed, slurmctld unreachable, the node unknown to it):
+//! what is known locally is still printed, and the error goes to stderr; 74 the state file
+//! cannot be read or is corrupt; 78 invalid settings or no node name.
 
 use clap::Args;
 
 use super::drain::{local_settings, Report};
-use super::{print_error, Output, SettingsArgs};
+use super::{print_error_message, Output, SettingsArgs};
 use crate::drain::Engine;
+
+/// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
+const SLURM_UNAVAILABLE: u8 = 69;
 
 /// Arguments of `status`.
 #[derive(Debug, Args)]
@@ -35,22 +44,119 @@ impl StatusArgs {
         let st = match engine.load() {
             Ok(st) => st,
             Err(e) => {
-                print_error(&e);
+                super::print_error(&e);
                 return 74;
             }
         };
         let mut report = Report::new(&node, "status", st);
+        report.instance_id = Some(id.instance_id.clone());
+        let mut slurm_error = None;
         if !self.no_slurm {
             report.slurm = Some(match engine.ops.scontrol.show_node(&node).await {
                 Ok(Some(n)) => serde_json::json!({
                     "state": n.state(),
                     "reason": n.reason(),
                 }),
-                Ok(None) => serde_json::json!({ "error": "node not known to slurmctld" }),
-                Err(e) => serde_json::json!({ "error": e.to_string() }),
+                Ok(None) => {
+                    let e = "node not known to slurmctld".to_string();
+                    slurm_error = Some(e.clone());
+                    serde_json::json!({ "error": e })
+                }
+                Err(e) => {
+                    let e = crate::imds::error_chain(&e);
+                    slurm_error = Some(e.clone());
+                    serde_json::json!({ "error": e })
+                }
             });
         }
-        report.print(self.output);
-        0
+        match self.output {
+            Output::Json => report.print(Output::Json),
+            Output::Text => print!("{}", render_text(&report)),
+        }
+        match slurm_error {
+            Some(e) => {
+                print_error_message(&format!("Slurm's view of node {node}: {e}"));
+                SLURM_UNAVAILABLE
+            }
+            None => 0,
+        }
+    }
+}
+
+/// The text rendering: one `Field: value` line each, fields that are not set left out.
+pub fn render_text(r: &Report) -> String {
+    let mut lines: Vec<(&str, String)> = vec![("NodeName", r.node.clone())];
+    if let Some(i) = &r.instance_id {
+        lines.push(("Instance", i.clone()));
+    }
+    let since = if r.state.since > 0 {
+        format!(" since {}", crate::events::time::format(r.state.since))
+    } else {
+        String::new()
+    };
+    lines.push(("Phase", format!("{}{since}", r.phase)));
+    if let Some(c) = &r.cause {
+        lines.push(("Cause", c.clone()));
+    }
+    if let Some(reason) = &r.reason {
+        lines.push(("Reason", reason.clone()));
+    }
+    if let Some(f) = &r.state.foreign_reason {
+        lines.push(("Admin reason", f.clone()));
+    }
+    if let Some(e) = &r.state.last_error {
+        lines.push(("Last error", e.clone()));
+    }
+    match &r.slurm {
+        None => lines.push(("Slurm", "not asked (--no-slurm)".to_string())),
+        Some(v) => {
+            if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+                lines.push(("Slurm", format!("unavailable: {e}")));
+            } else {
+                let field = |k: &str| v.get(k).and_then(|s| s.as_str()).map(str::to_string);
+                lines.push(("Slurm State", field("state").unwrap_or_default()));
+                lines.push((
+                    "Slurm Reason",
+                    field("reason").unwrap_or_else(|| "(none)".to_string()),
+                ));
+            }
+        }
+    }
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    lines
+        .iter()
+        .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drain::DrainState;
+
+    #[test]
+    fn text_names_each_field_and_never_prints_json() {
+        let mut r = Report::new("gpu-1", "status", DrainState::default());
+        r.instance_id = Some("i-0abc".into());
+        r.slurm = Some(serde_json::json!({"state": "IDLE+DRAIN", "reason": "admin: disk"}));
+        let t = render_text(&r);
+        assert!(t.starts_with("NodeName:"), "{t}");
+        for want in [
+            "gpu-1\n",
+            "Instance:",
+            "i-0abc\n",
+            "Phase:",
+            "Slurm State:",
+            "IDLE+DRAIN\n",
+            "Slurm Reason:",
+            "admin: disk\n",
+        ] {
+            assert!(t.contains(want), "{want:?} missing in {t}");
+        }
+        assert!(!t.contains('{'), "{t}");
+        r.slurm = Some(serde_json::json!({"error": "slurmctld unreachable"}));
+        let t = render_text(&r);
+        assert!(t.contains("unavailable: slurmctld unreachable\n"), "{t}");
+        assert!(!t.contains('{'), "{t}");
     }
 }
