@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::checks::cmd::{self, TIMEOUT_PREFIX};
-use super::checks::ps::ServiceAction;
+use super::checks::ps::{ServiceAction, Verify};
 use super::checks::{CheckKind, UnitSpec};
 use super::facts::{Facts, Host};
 use super::{Check, CheckResult, CheckSet, Report, Status};
@@ -437,18 +437,24 @@ async fn run_unit(spec: &UnitSpec, ctx: &Ctx) -> Result<String, String> {
 }
 
 /// NHC's `-S`/`-r`/`-c` for a missing service: a systemd job on `<service>.service`.
-async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> String {
-    let unit = if service.contains('.') {
+/// The systemd unit NHC's service name stands for (`munged` → `munged.service`).
+fn unit_of(service: &str) -> String {
+    if service.contains('.') {
         service.to_string()
     } else {
         format!("{service}.service")
-    };
+    }
+}
+
+/// Runs a service action through systemd: whether its job completed, and what happened.
+async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (bool, String) {
+    let unit = unit_of(service);
     if let Err(m) = crate::systemd::validate_unit_name(&unit) {
-        return format!("no action: {m}");
+        return (false, format!("no action: {m}"));
     }
     let sd = match ctx.systemd().await {
         Ok(s) => s,
-        Err(e) => return format!("{action:?} of {unit} not possible: {e}"),
+        Err(e) => return (false, format!("{action:?} of {unit} not possible: {e}")),
     };
     let r = match action {
         ServiceAction::Start => sd.start(&unit).await,
@@ -457,13 +463,19 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> Stri
             Ok(()) => sd.start(&unit).await,
             Err(e) => Err(e),
         },
-        ServiceAction::None => return String::new(),
+        ServiceAction::None => return (false, String::new()),
     };
     match r {
-        Ok(()) => format!("{} {unit}: done", format!("{action:?}").to_lowercase()),
-        Err(e) => format!(
-            "{} {unit} failed: {e}",
-            format!("{action:?}").to_lowercase()
+        Ok(()) => (
+            true,
+            format!("{} {unit}: done", format!("{action:?}").to_lowercase()),
+        ),
+        Err(e) => (
+            false,
+            format!(
+                "{} {unit} failed: {e}",
+                format!("{action:?}").to_lowercase()
+            ),
         ),
     }
 }
@@ -521,8 +533,9 @@ async fn run_async(
     (outcome, start.elapsed())
 }
 
-/// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it (the check still
-/// fails for this run), within the check's timeout and the run deadline.
+/// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it within the
+/// check's timeout and the run deadline. The check still fails for this run unless `-v`
+/// (the action's job completed) or `-V` (the unit is active afterwards) says otherwise.
 async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
@@ -540,10 +553,35 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
             let limit = check
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
-            let note = tokio::time::timeout(limit, service_action(&p.service, p.action, ctx))
-                .await
-                .unwrap_or_else(|_| "service action not done: timeout or run deadline".into());
-            Outcome::Fail(format!("{m}; {note}"))
+            let done = tokio::time::timeout(limit, async {
+                let (ok, note) = service_action(&p.service, p.action, ctx).await;
+                match (ok, p.verify) {
+                    (true, Verify::Sync) => (true, note),
+                    (true, Verify::Check) => {
+                        let unit = unit_of(&p.service);
+                        match ctx.systemd().await {
+                            Ok(sd) => match sd.active_state(&unit).await {
+                                Ok(s) if s == "active" => (true, format!("{note}; {unit} active")),
+                                Ok(s) => (false, format!("{note} but {unit} is not running ({s})")),
+                                Err(e) => (false, format!("{note}; state of {unit} unknown: {e}")),
+                            },
+                            Err(e) => (false, format!("{note}; state of {unit} unknown: {e}")),
+                        }
+                    }
+                    (_, _) => (false, note),
+                }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                (
+                    false,
+                    "service action not done: timeout or run deadline".into(),
+                )
+            });
+            match done {
+                (true, note) => Outcome::Pass(format!("{m}; {note}")),
+                (false, note) => Outcome::Fail(format!("{m}; {note}")),
+            }
         }
         (o, _) => o,
     }

@@ -25,7 +25,7 @@ use super::checks::dmi::DmiSpec;
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
 use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
 use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, MemSpec, MemWhat};
-use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction};
+use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction, Verify};
 use super::checks::CheckKind;
 use super::matcher::Matcher;
 use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold};
@@ -727,15 +727,15 @@ fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String
                 None => daemon.to_string(),
             };
             let blacklist = name == "check_ps_blacklist";
+            // NHC compares the owner with the process's user name: as a match expression
+            // for the blacklist, as a plain string for the daemon (so a numeric owner such
+            // as `0` never matches a user that has a name).
             let owner = match arg(args, 1) {
                 None => None,
                 Some(o) if blacklist => Some(matcher(o)?),
                 Some(o) => Some(Matcher::literal(o)),
             };
-            let owner_by_uid = arg(args, 1).is_some_and(|o| {
-                let o = o.strip_prefix('!').unwrap_or(o);
-                !o.is_empty() && o.chars().all(|c| c.is_ascii_digit())
-            });
+            let owner_by_uid = false;
             Ok(one(
                 CheckKind::Process(ProcessSpec {
                     service: daemon.to_string(),
@@ -745,6 +745,7 @@ fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String
                     owner_by_uid,
                     must_run: !blacklist,
                     action: ServiceAction::None,
+                    verify: Verify::None,
                 }),
                 timeout,
             ))
@@ -819,7 +820,16 @@ fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String
             for (c, v) in opts {
                 match c {
                     '!' | 'n' => spec.negate = true,
-                    'h' => spec.handles = v.split_whitespace().map(str::to_string).collect(),
+                    // `HANDLES=( $OPTARG )`, each a bash array subscript: arithmetic.
+                    'h' => {
+                        spec.handles = v
+                            .split_whitespace()
+                            .map(|w| {
+                                super::arith::eval(w, &|_| None)
+                                    .map_err(|e| format!("-h {w:?}: not a DMI handle: {e}"))
+                            })
+                            .collect::<Result<_, _>>()?
+                    }
                     't' => spec.type_filter = Some(v),
                     _ => {}
                 }
@@ -916,6 +926,7 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
     let mut pattern = None;
     let mut owner = None;
     let mut action = ServiceAction::None;
+    let mut verify = Verify::None;
     for (c, v) in opts {
         match c {
             '0' => fatal = false,
@@ -926,7 +937,8 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             'S' => action = ServiceAction::Start,
             'r' => action = ServiceAction::Restart,
             'c' => action = ServiceAction::Cycle,
-            'v' | 'V' => {}
+            'v' => verify = Verify::Sync,
+            'V' => verify = Verify::Check,
             's' | 'k' => {
                 return Err(unsupported_opt(
                     c,
@@ -948,10 +960,11 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
     }
     let daemon = daemon.unwrap_or_else(|| service.clone());
     let pattern = pattern.unwrap_or_else(|| format!("*{daemon}"));
-    let owner_by_uid = owner.as_deref().is_some_and(|o| {
-        let o = o.strip_prefix('!').unwrap_or(o);
-        !o.is_empty() && o.chars().all(|c| c.is_ascii_digit())
-    });
+    // NHC: an all-digit owner is a uid, turned into its user name; anything else
+    // (`!0` too) is a match expression over the user name.
+    let owner_by_uid = owner
+        .as_deref()
+        .is_some_and(|o| !o.is_empty() && o.chars().all(|c| c.is_ascii_digit()));
     Ok(vec![(
         String::new(),
         CheckKind::Process(ProcessSpec {
@@ -962,44 +975,57 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             owner_by_uid,
             must_run: true,
             action,
+            verify,
         }),
         fatal,
         timeout,
     )])
 }
 
-fn parse_octal(s: &str) -> Result<u32, String> {
-    u32::from_str_radix(s, 8).map_err(|_| format!("{s:?} is not an octal mode"))
-}
-
 fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     s.parse().map_err(|_| format!("{s:?} is not a number"))
 }
 
+/// A value NHC compares with bash arithmetic (`[[ $X -ne $VALUE ]]`, `$((A & VALUE))`):
+/// `0x..` is hex, a leading `0` octal, else decimal. So `-m 0755` is the mode 0755 but
+/// `-m 755` is decimal 755 (0o1363), exactly as NHC reads it.
+fn bash_num<T: TryFrom<i64>>(c: char, s: &str) -> Result<T, String> {
+    let n = super::arith::eval(s, &|_| None).map_err(|e| format!("-{c} {s:?}: {e}"))?;
+    T::try_from(n).map_err(|_| format!("-{c} {s:?}: {n} is out of range"))
+}
+
+/// A uid or gid NHC compares as a string with stat's decimal `%u`/`%g`: only the plain
+/// decimal spelling can ever match.
+fn decimal_id(c: char, s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n.to_string() == s => Ok(n),
+        _ => Err(format!(
+            "-{c} {s:?}: NHC compares it as text with the decimal id, so it never matches"
+        )),
+    }
+}
+
+/// `check_file_stat [-D|-d devno] [-G group] [-g gid] [-M mode] [-m mode] [-N|-O secs]
+/// [-n|-o secs] [-T minor] [-t major] [-U user] [-u uid] file...` (NHC 1.4.3's options).
 fn file_stat(args: &[String], timeout: Duration) -> Result<Built, String> {
-    let (opts, rest) = getopts(args, "B:D:G:M:N:O:P:S:T:U:b:c:d:g:m:n:o:p:s:t:u:")?;
+    let (opts, rest) = getopts(args, "D:G:M:N:O:T:U:d:g:m:n:o:t:u:")?;
     let mut s = FileStatSpec::default();
     for (c, v) in opts {
         match c {
-            'D' | 'd' => s.devno = Some(parse_num(&v)?),
+            'D' | 'd' => s.devno = Some(bash_num(c, &v)?),
             'G' => s.group = Some(v),
-            'g' => s.gid = Some(parse_num(&v)?),
+            'g' => s.gid = Some(decimal_id(c, &v)?),
             'U' => s.user = Some(v),
-            'u' => s.uid = Some(parse_num(&v)?),
-            'm' | 'p' => s.mode_is = Some(parse_octal(&v)?),
-            'M' | 'P' => s.mode_has = Some(parse_octal(&v)?),
-            't' => s.major = Some(parse_num(&v)?),
-            'T' => s.minor = Some(parse_num(&v)?),
-            'n' => s.mtime_newer = Some(parse_num(&v)?),
-            'o' => s.mtime_older = Some(parse_num(&v)?),
-            'N' => s.ctime_newer = Some(parse_num(&v)?),
-            'O' => s.ctime_older = Some(parse_num(&v)?),
-            c => {
-                return Err(unsupported_opt(
-                    c,
-                    "birth time, SELinux context and sizes are not checked",
-                ))
-            }
+            'u' => s.uid = Some(decimal_id(c, &v)?),
+            'm' => s.mode_is = Some(bash_num(c, &v)?),
+            'M' => s.mode_has = Some(bash_num(c, &v)?),
+            't' => s.major = Some(bash_num(c, &v)?),
+            'T' => s.minor = Some(bash_num(c, &v)?),
+            'n' => s.mtime_newer = Some(bash_num(c, &v)?),
+            'o' => s.mtime_older = Some(bash_num(c, &v)?),
+            'N' => s.ctime_newer = Some(bash_num(c, &v)?),
+            'O' => s.ctime_older = Some(bash_num(c, &v)?),
+            c => return Err(format!("invalid option -{c}")),
         }
     }
     if rest.is_empty() {

@@ -28,6 +28,20 @@ pub enum ServiceAction {
     Cycle,
 }
 
+/// NHC's `-v` / `-V` on `check_ps_service`: whether a recovery action that worked makes
+/// the check pass for this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// The check fails for this run whatever the action did (NHC: "in progress").
+    #[default]
+    None,
+    /// `-v`: pass when the action's systemd job completed successfully.
+    Sync,
+    /// `-V`: pass when, after the action, the unit is active (NHC runs
+    /// `service <name> status`).
+    Check,
+}
+
 /// A process that must (or must not) run.
 #[derive(Debug, Clone)]
 pub struct ProcessSpec {
@@ -37,14 +51,19 @@ pub struct ProcessSpec {
     pub pattern: Matcher,
     /// Matched against.
     pub on: MatchOn,
-    /// Owner's user name must match (or its uid, when `owner_by_uid`).
+    /// Owner's user name must match (or its uid, when `owner_by_uid`). A process whose
+    /// uid has no name in the passwd file is owned by its decimal uid, as `ps` shows it.
     pub owner: Option<Matcher>,
-    /// `owner` is a uid expression (`0`, `!0`) rather than a user name.
+    /// `owner` is a plain decimal uid (`check_ps_service -u 0`: NHC turns it into that
+    /// uid's user name). Anything else, `!0` included, is matched against the user name
+    /// as NHC does, so `-u '!0'` excludes only a user named `0`.
     pub owner_by_uid: bool,
     /// Must run (`true`) or must not run (`false`).
     pub must_run: bool,
     /// Recovery action when a required process is missing.
     pub action: ServiceAction,
+    /// Whether a successful action makes the check pass.
+    pub verify: Verify,
 }
 
 /// Load average limits (1, 5, 15 minutes): fails when the integer part reaches a limit.
@@ -57,11 +76,19 @@ pub struct LoadAvgSpec {
 fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
     let procs = facts.procs()?;
     for p in procs {
-        let subject = match spec.on {
-            MatchOn::Argv0 => p.argv0(),
-            MatchOn::Args => p.args.as_str(),
+        let hit = match spec.on {
+            MatchOn::Argv0 => {
+                let argv0 = p.argv0();
+                // Better than NHC: a daemon that rewrote its title to `name: what it
+                // does` (sshd, postfix's master, ...) is still `name`.
+                spec.pattern.matches(argv0)
+                    || argv0
+                        .strip_suffix(':')
+                        .is_some_and(|name| !name.is_empty() && spec.pattern.matches(name))
+            }
+            MatchOn::Args => spec.pattern.matches(&p.args),
         };
-        if !spec.pattern.matches(subject) {
+        if !hit {
             continue;
         }
         if let Some(o) = &spec.owner {
@@ -166,6 +193,7 @@ mod tests {
             owner_by_uid: false,
             must_run: true,
             action: ServiceAction::None,
+            verify: Verify::None,
         };
         check_process(&spec, &f).unwrap();
         let ghost = ProcessSpec {
