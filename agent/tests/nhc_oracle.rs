@@ -394,3 +394,53 @@ async fn numeric_owners_and_rewritten_titles() {
     )
     .await;
 }
+
+/// `check_ps_service -S` with `-v` / `-V` (NHC: a start that worked passes the check with
+/// `-v`; `-V` also needs `service NAME status` to succeed), through a real, confined
+/// `systemd --user`. Agent only: NHC runs `/sbin/service`.
+#[tokio::test]
+async fn service_start_verified_with_v_and_cap_v() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let tag = format!("sna{}", std::process::id());
+    let dir = sd.unit_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let daemon = |name: &str| {
+        format!("[Service]\nExecStart=/bin/bash -c 'exec -a {tag}-{name} sleep 600'\n")
+    };
+    // Runs once and is gone: the start job succeeds, the unit is not active afterwards.
+    let oneshot = "[Service]\nType=oneshot\nExecStart=/bin/true\n".to_string();
+    let failing = "[Service]\nType=oneshot\nExecStart=/bin/false\n".to_string();
+    for (name, text) in [
+        ("plain", daemon("plain")),
+        ("sync", daemon("sync")),
+        ("check", daemon("check")),
+        ("gone", oneshot.clone()),
+        ("gonev", oneshot),
+        ("fails", failing),
+    ] {
+        std::fs::write(dir.join(format!("{tag}-{name}.service")), text).unwrap();
+    }
+    sd.daemon_reload().unwrap();
+    let mut env = RunEnv::default();
+    env.systemd_bus = sd.bus_address();
+    let run = |opts: &str, name: &str| {
+        let conf = format!("* || check_ps_service {opts} -S -d {tag}-{name} {tag}-{name}\n");
+        let env = env.clone();
+        async move { agent_passes(&conf, "n1", &env).await }
+    };
+    // Without -v/-V the check fails for this run even though the start worked.
+    let (ok, m) = run("", "plain").await;
+    assert!(!ok && m.contains("start") && m.contains(": done"), "{m}");
+    let (ok, m) = run("-v", "sync").await;
+    assert!(ok, "{m}");
+    let (ok, m) = run("-V", "check").await;
+    assert!(ok && m.contains("active"), "{m}");
+    // The job worked but nothing runs afterwards: -v passes, -V does not.
+    let (ok, m) = run("-v", "gonev").await;
+    assert!(ok, "{m}");
+    let (ok, m) = run("-V", "gone").await;
+    assert!(!ok && m.contains("not running"), "{m}");
+    // The start job fails: -v fails.
+    let (ok, m) = run("-v", "fails").await;
+    assert!(!ok && m.contains("failed"), "{m}");
+}
