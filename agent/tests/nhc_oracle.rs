@@ -444,3 +444,32 @@ async fn service_start_verified_with_v_and_cap_v() {
     let (ok, m) = run("-v", "fails").await;
     assert!(!ok && m.contains("failed"), "{m}");
 }
+
+/// NHC's wrapper options on the command checks: `-C` names the check in its message,
+/// `-M` replaces the message of the `-m` at its position, `-O` is accepted.
+#[tokio::test]
+async fn cmd_wrapper_options() {
+    let env = RunEnv::default();
+    let named = "* || check_cmd_output -C check_mine -M 'no %m in %c (%f failed)' -m '/^zzz$/' /bin/echo hello\n";
+    let negated =
+        "* || check_cmd_output -C mine -M 'bad %m at line %l' -m '!hello' /bin/echo hello\n";
+    let output = "* || check_cmd_output -O OUT -m hello /bin/echo hello\n";
+    let status = "* || check_cmd_status -C mine -r 1 /bin/false\n";
+    check_cases(
+        &[
+            same(named, "n1", false),
+            same(negated, "n1", false),
+            same(output, "n1", true),
+            same(status, "n1", true),
+        ],
+        &env,
+    )
+    .await;
+    let (_, m) = agent_passes(named, "n1", &env).await;
+    assert!(
+        m.contains("check_mine: no /^zzz$/ in /bin/echo hello (1 failed)"),
+        "{m}"
+    );
+    let (_, m) = agent_passes(negated, "n1", &env).await;
+    assert!(m.contains("mine: bad hello at line 1"), "{m}");
+}

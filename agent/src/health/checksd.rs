@@ -619,6 +619,8 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
                         .flatten()
                         .map(|m| Matcher::parse(m))
                         .collect::<Result<_, _>>()?,
+                    check_name: None,
+                    messages: Vec::new(),
                 }),
                 timeout,
             )]);

@@ -14,6 +14,8 @@ fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
     s.parse().map_err(|_| format!("{s:?} is not a number"))
 }
 
+/// `check_cmd_status [-C name] [-r status] [-t secs] cmd...` and `check_cmd_output [-C
+/// name] [-O var] [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs] [cmd...]`.
 fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
     let spec = if name == "check_cmd_status" {
         "C:r:t:"
@@ -25,13 +27,20 @@ fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
     let mut status = 0;
     let mut matches = Vec::new();
     let mut cmdline = None;
+    let mut check_name = None;
+    let mut messages = Vec::new();
     for (c, v) in opts {
         match c {
             't' => secs = parse_num(&v)?,
             'r' => status = parse_num(&v)?,
             'm' => matches.push(matcher(&v)?),
             'e' => cmdline = Some(v.split_whitespace().map(str::to_string).collect::<Vec<_>>()),
-            'C' | 'O' | 'M' => return Err(unsupported_opt(c, "only for NHC's own wrapper checks")),
+            // NHC's options for wrapper checks: -C names the check in its messages, -M
+            // gives the message of the -m of the same position (%m, %l, %c, %f), -O
+            // stores the output in a bash array that nothing in nhc.conf can read.
+            'C' => check_name = Some(v),
+            'M' => messages.push(v),
+            'O' => {}
             _ => {}
         }
     }
@@ -47,6 +56,8 @@ fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
             argv,
             status,
             matches,
+            check_name,
+            messages,
         }),
         Duration::from_secs(secs),
     ))
