@@ -417,6 +417,7 @@ async fn service_start_verified_with_v_and_cap_v() {
         ("gone", oneshot.clone()),
         ("gonev", oneshot),
         ("fails", failing),
+        ("stopme", daemon("stopme")),
     ] {
         std::fs::write(dir.join(format!("{tag}-{name}.service")), text).unwrap();
     }
@@ -443,6 +444,47 @@ async fn service_start_verified_with_v_and_cap_v() {
     // The start job fails: -v fails.
     let (ok, m) = run("-v", "fails").await;
     assert!(!ok && m.contains("failed"), "{m}");
+    // -s: a service that must not run is stopped; -V passes once the unit is inactive.
+    sd.systemctl_ok(&["start", &format!("{tag}-stopme.service")])
+        .unwrap();
+    let conf = format!("* || check_ps_service -s -V -d {tag}-stopme {tag}-stopme\n");
+    let (ok, m) = agent_passes(&conf, "n1", &env).await;
+    assert!(ok && m.contains("stop") && m.contains("inactive"), "{m}");
+    assert_eq!(
+        sd.unit_property(&format!("{tag}-stopme.service"), "ActiveState")
+            .unwrap(),
+        "inactive"
+    );
+    // Nothing runs now: the check passes without an action (NHC returns 0).
+    let (ok, m) = agent_passes(&conf, "n1", &env).await;
+    assert!(ok, "{m}");
+}
+
+/// `check_ps_service -k`: SIGKILL each matching process (only when not report-only);
+/// `-V` passes once it is gone.
+#[tokio::test]
+async fn service_kill_with_k() {
+    let tag = format!("sna{}-victim", std::process::id());
+    let mut victim = Titled::start(&format!("/usr/sbin/{tag}"));
+    let conf = format!("* || check_ps_service -k -V {tag}\n");
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let (ok, m) = agent_passes(&conf, "n1", &report_only).await;
+    assert!(!ok && m.contains("not attempted (report only)"), "{m}");
+    assert!(
+        victim.0.try_wait().unwrap().is_none(),
+        "killed in report-only mode"
+    );
+    let (ok, m) = agent_passes(&conf, "n1", &RunEnv::default()).await;
+    assert!(ok && m.contains("killed process ID"), "{m}");
+    let status = victim.0.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    // Nothing matches any more: the check passes (NHC returns 0).
+    let (ok, m) = agent_passes(&conf, "n1", &RunEnv::default()).await;
+    assert!(ok, "{m}");
 }
 
 /// NHC's wrapper options on the command checks: `-C` names the check in its message,

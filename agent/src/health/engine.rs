@@ -463,7 +463,8 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (boo
             Ok(()) => sd.start(&unit).await,
             Err(e) => Err(e),
         },
-        ServiceAction::None => return (false, String::new()),
+        ServiceAction::Stop => sd.stop(&unit).await,
+        ServiceAction::None | ServiceAction::Kill => return (false, String::new()),
     };
     match r {
         Ok(()) => (
@@ -478,6 +479,54 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (boo
             ),
         ),
     }
+}
+
+/// NHC's `-k`: SIGKILL every process the check matched; whether all were killed, and
+/// what happened. `-V` also needs each to be gone (or a zombie) within a second.
+async fn kill_matching(p: &super::checks::ps::ProcessSpec, ctx: &Ctx) -> (bool, String) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pids = match super::checks::ps::matching_pids(p, &ctx.facts) {
+        Ok(v) => v,
+        Err(e) => return (false, format!("kill not done: {e}")),
+    };
+    let mut notes = Vec::new();
+    let mut ok = true;
+    for pid in &pids {
+        match i32::try_from(*pid).map(|n| kill(Pid::from_raw(n), Signal::SIGKILL)) {
+            Ok(Ok(())) => notes.push(format!("killed process ID {pid} (SIGKILL)")),
+            Ok(Err(e)) => {
+                ok = false;
+                notes.push(format!("kill -9 {pid} failed: {e}"));
+            }
+            Err(_) => ok = false,
+        }
+    }
+    if ok && p.verify == Verify::Check {
+        let gone = |pid: &u32| {
+            std::fs::read_to_string(ctx.facts.host.proc_dir.join(format!("{pid}/stat")))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(true)
+        };
+        // Bounded poll (SIGKILL is delivered asynchronously); 1 s at most.
+        for _ in 0..100 {
+            if pids.iter().all(gone) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for pid in pids.iter().filter(|p| !gone(p)) {
+            ok = false;
+            notes.push(format!("process {pid} still there after SIGKILL"));
+        }
+    }
+    (ok, notes.join("; "))
 }
 
 /// Runs an async check (command, unit).
@@ -539,7 +588,7 @@ async fn run_async(
 async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
-            if p.must_run && p.action != ServiceAction::None && !ctx.service_actions =>
+            if p.action != ServiceAction::None && !ctx.service_actions =>
         {
             Outcome::Fail(format!(
                 "{m}; {} of {} not attempted (report only)",
@@ -547,9 +596,15 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
                 p.service
             ))
         }
-        (Outcome::Fail(m), CheckKind::Process(p))
-            if p.must_run && p.action != ServiceAction::None =>
-        {
+        (Outcome::Fail(m), CheckKind::Process(p)) if p.action == ServiceAction::Kill => {
+            let (ok, note) = kill_matching(p, ctx).await;
+            if ok && p.verify != Verify::None {
+                Outcome::Pass(format!("{m}; {note}"))
+            } else {
+                Outcome::Fail(format!("{m}; {note}"))
+            }
+        }
+        (Outcome::Fail(m), CheckKind::Process(p)) if p.action != ServiceAction::None => {
             let limit = check
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
@@ -559,9 +614,12 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
                     (true, Verify::Sync) => (true, note),
                     (true, Verify::Check) => {
                         let unit = unit_of(&p.service);
+                        let want_active = p.action != ServiceAction::Stop;
                         match ctx.systemd().await {
                             Ok(sd) => match sd.active_state(&unit).await {
-                                Ok(s) if s == "active" => (true, format!("{note}; {unit} active")),
+                                Ok(s) if (s == "active") == want_active => {
+                                    (true, format!("{note}; {unit} {s}"))
+                                }
                                 Ok(s) => (false, format!("{note} but {unit} is not running ({s})")),
                                 Err(e) => (false, format!("{note}; state of {unit} unknown: {e}")),
                             },

@@ -26,6 +26,10 @@ pub enum ServiceAction {
     Restart,
     /// Stop then start.
     Cycle,
+    /// `-s`: a process that must not run is found: stop the unit.
+    Stop,
+    /// `-k`: a process that must not run is found: SIGKILL each matching process.
+    Kill,
 }
 
 /// NHC's `-v` / `-V` on `check_ps_service`: whether a recovery action that worked makes
@@ -73,40 +77,55 @@ pub struct LoadAvgSpec {
     pub limits: [Option<u64>; 3],
 }
 
-fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
-    let procs = facts.procs()?;
-    for p in procs {
-        let hit = match spec.on {
-            MatchOn::Argv0 => {
-                let argv0 = p.argv0();
-                // Better than NHC: a daemon that rewrote its title to `name: what it
-                // does` (sshd, postfix's master, ...) is still `name`.
-                spec.pattern.matches(argv0)
-                    || argv0
-                        .strip_suffix(':')
-                        .is_some_and(|name| !name.is_empty() && spec.pattern.matches(name))
-            }
-            MatchOn::Args => spec.pattern.matches(&p.args),
-        };
-        if !hit {
-            continue;
+fn matches_proc(spec: &ProcessSpec, p: &ProcEntry, facts: &Facts) -> bool {
+    let hit = match spec.on {
+        MatchOn::Argv0 => {
+            let argv0 = p.argv0();
+            // Better than NHC: a daemon that rewrote its title to `name: what it
+            // does` (sshd, postfix's master, ...) is still `name`.
+            spec.pattern.matches(argv0)
+                || argv0
+                    .strip_suffix(':')
+                    .is_some_and(|name| !name.is_empty() && spec.pattern.matches(name))
         }
-        if let Some(o) = &spec.owner {
-            let Some(uid) = p.uid(&facts.host.proc_dir) else {
-                continue;
-            };
-            let who = if spec.owner_by_uid {
-                uid.to_string()
-            } else {
-                facts.user_name(uid)
-            };
-            if !o.matches(&who) {
-                continue;
-            }
-        }
-        return Ok(Some(p));
+        MatchOn::Args => spec.pattern.matches(&p.args),
+    };
+    if !hit {
+        return false;
     }
-    Ok(None)
+    if let Some(o) = &spec.owner {
+        let Some(uid) = p.uid(&facts.host.proc_dir) else {
+            return false;
+        };
+        let who = if spec.owner_by_uid {
+            uid.to_string()
+        } else {
+            facts.user_name(uid)
+        };
+        if !o.matches(&who) {
+            return false;
+        }
+    }
+    true
+}
+
+fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
+    Ok(facts.procs()?.iter().find(|p| matches_proc(spec, p, facts)))
+}
+
+/// The PIDs of the processes the spec matches (pattern and owner), in `/proc` order.
+///
+/// # Errors
+/// `/proc` could not be read.
+pub fn matching_pids(spec: &ProcessSpec, facts: &Facts) -> Result<Vec<u32>, String> {
+    let procs = facts.procs()?;
+    let mut out = Vec::new();
+    for p in procs {
+        if matches_proc(spec, p, facts) {
+            out.push(p.pid);
+        }
+    }
+    Ok(out)
 }
 
 /// Runs a process check.

@@ -773,7 +773,11 @@ n* || check_hw_eth eth0
             ("* || check_fs_ifree / lots\n", 1, "invalid count"),
             ("{n[1-} || check_hw_eth lo\n", 1, "target"),
             ("* || check_hw_eth 'lo\n", 1, "unclosed"),
-            ("* || check_ps_service -k evil\n", 1, "-k is not supported"),
+            (
+                "* || check_ps_service -e reboot evil\n",
+                1,
+                "-e is not supported",
+            ),
             (
                 "* || check_cmd_output -m '/(/' /bin/true\n",
                 1,

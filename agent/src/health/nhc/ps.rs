@@ -79,12 +79,8 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             'c' => action = ServiceAction::Cycle,
             'v' => verify = Verify::Sync,
             'V' => verify = Verify::Check,
-            's' | 'k' => {
-                return Err(unsupported_opt(
-                    c,
-                    "the agent does not stop or kill services",
-                ))
-            }
+            's' => action = ServiceAction::Stop,
+            'k' => action = ServiceAction::Kill,
             'e' | 'E' => {
                 return Err(unsupported_opt(
                     c,
@@ -113,7 +109,8 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             on,
             owner: owner.as_deref().map(matcher).transpose()?,
             owner_by_uid,
-            must_run: true,
+            // -s / -k: the service must not run (NHC passes when nothing matches).
+            must_run: !matches!(action, ServiceAction::Stop | ServiceAction::Kill),
             action,
             verify,
         }),
