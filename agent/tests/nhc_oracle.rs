@@ -515,3 +515,37 @@ async fn cmd_wrapper_options() {
     let (_, m) = agent_passes(negated, "n1", &env).await;
     assert!(m.contains("mine: bad hello at line 1"), "{m}");
 }
+
+/// `check_ps_service -e` / `-E`: the action runs as a program with its words (no shell:
+/// `;` in it is not an operator but refused), only when not report-only; with `-v` a
+/// successful action passes the check.
+#[tokio::test]
+async fn service_actions_e_and_cap_e_run_without_a_shell() {
+    let d = tempfile::tempdir().unwrap();
+    let marker = d.path().join("ran");
+    let tag = format!("sna{}-e", std::process::id());
+    let missing = format!(
+        "* || check_ps_service -v -e '/usr/bin/touch {}' {tag}-none\n",
+        marker.display()
+    );
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let (ok, m) = agent_passes(&missing, "n1", &report_only).await;
+    assert!(!ok && m.contains("report only"), "{m}");
+    assert!(!marker.exists());
+    let (ok, m) = agent_passes(&missing, "n1", &RunEnv::default()).await;
+    assert!(ok && m.contains("succeeded"), "{m}");
+    assert!(marker.exists());
+    // -E runs when the process is found; a failing action fails the check.
+    let _p = Titled::start(&format!("/usr/sbin/{tag}-found"));
+    let found = format!("* || check_ps_service -v -E /bin/false {tag}-found\n");
+    let (ok, m) = agent_passes(&found, "n1", &RunEnv::default()).await;
+    assert!(!ok && m.contains("failed (exit code Some(1))"), "{m}");
+    // No shell: an operator in the action is refused when the line is read.
+    let evil = format!(
+        "* || check_ps_service -e 'touch {}; reboot' {tag}-none\n",
+        marker.display()
+    );
+    let (ok, m) = agent_passes(&evil, "n1", &RunEnv::default()).await;
+    assert!(!ok && m.contains("operator"), "{m}");
+}

@@ -464,7 +464,10 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (boo
             Err(e) => Err(e),
         },
         ServiceAction::Stop => sd.stop(&unit).await,
-        ServiceAction::None | ServiceAction::Kill => return (false, String::new()),
+        ServiceAction::None
+        | ServiceAction::Kill
+        | ServiceAction::Command
+        | ServiceAction::CommandWhenFound => return (false, String::new()),
     };
     match r {
         Ok(()) => (
@@ -595,6 +598,28 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
                 format!("{:?}", p.action).to_lowercase(),
                 p.service
             ))
+        }
+        (Outcome::Fail(m), CheckKind::Process(p))
+            if matches!(
+                p.action,
+                ServiceAction::Command | ServiceAction::CommandWhenFound
+            ) =>
+        {
+            let limit = check
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            let shown = p.command.join(" ");
+            let (ok, note) = match cmd::run_command(&p.command, limit, ctx.output_limit).await {
+                Ok(o) if o.timed_out => (false, format!("{shown:?} did not finish; killed")),
+                Ok(o) if o.code == Some(0) => (true, format!("{shown:?} succeeded")),
+                Ok(o) => (false, format!("{shown:?} failed (exit code {:?})", o.code)),
+                Err(e) => (false, format!("{shown:?} not run: {e}")),
+            };
+            if ok && p.verify != Verify::None {
+                Outcome::Pass(format!("{m}; {note}"))
+            } else {
+                Outcome::Fail(format!("{m}; {note}"))
+            }
         }
         (Outcome::Fail(m), CheckKind::Process(p)) if p.action == ServiceAction::Kill => {
             let (ok, note) = kill_matching(p, ctx).await;

@@ -30,6 +30,10 @@ pub enum ServiceAction {
     Stop,
     /// `-k`: a process that must not run is found: SIGKILL each matching process.
     Kill,
+    /// `-e`: a required process is missing: run [`ProcessSpec::command`].
+    Command,
+    /// `-E`: a process that must not run is found: run [`ProcessSpec::command`].
+    CommandWhenFound,
 }
 
 /// NHC's `-v` / `-V` on `check_ps_service`: whether a recovery action that worked makes
@@ -68,6 +72,8 @@ pub struct ProcessSpec {
     pub action: ServiceAction,
     /// Whether a successful action makes the check pass.
     pub verify: Verify,
+    /// The program and arguments of `-e`/`-E`, run directly (never through a shell).
+    pub command: Vec<String>,
 }
 
 /// Load average limits (1, 5, 15 minutes): fails when the integer part reaches a limit.
@@ -213,6 +219,7 @@ mod tests {
             must_run: true,
             action: ServiceAction::None,
             verify: Verify::None,
+            command: Vec::new(),
         };
         check_process(&spec, &f).unwrap();
         let ghost = ProcessSpec {

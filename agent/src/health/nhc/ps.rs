@@ -35,6 +35,7 @@ pub(super) fn daemon(name: &str, args: &[String], timeout: Duration) -> Result<B
             must_run: !blacklist,
             action: ServiceAction::None,
             verify: Verify::None,
+            command: Vec::new(),
         }),
         timeout,
     ))
@@ -67,6 +68,7 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
     let mut owner = None;
     let mut action = ServiceAction::None;
     let mut verify = Verify::None;
+    let mut command = Vec::new();
     for (c, v) in opts {
         match c {
             '0' => fatal = false,
@@ -81,11 +83,19 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             'V' => verify = Verify::Check,
             's' => action = ServiceAction::Stop,
             'k' => action = ServiceAction::Kill,
+            // NHC runs these through `bash -c`; the agent splits them into words once,
+            // here (quotes and backslashes; no variables, substitutions or operators),
+            // and runs the program directly.
             'e' | 'E' => {
-                return Err(unsupported_opt(
-                    c,
-                    "shell actions are not run; use a command check",
-                ))
+                command = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                if command.is_empty() {
+                    return Err(format!("-{c}: empty action"));
+                }
+                action = if c == 'e' {
+                    ServiceAction::Command
+                } else {
+                    ServiceAction::CommandWhenFound
+                };
             }
             _ => {}
         }
@@ -110,9 +120,13 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             owner: owner.as_deref().map(matcher).transpose()?,
             owner_by_uid,
             // -s / -k: the service must not run (NHC passes when nothing matches).
-            must_run: !matches!(action, ServiceAction::Stop | ServiceAction::Kill),
+            must_run: !matches!(
+                action,
+                ServiceAction::Stop | ServiceAction::Kill | ServiceAction::CommandWhenFound
+            ),
             action,
             verify,
+            command,
         }),
         fatal,
         timeout,
