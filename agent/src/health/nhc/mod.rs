@@ -773,11 +773,7 @@ n* || check_hw_eth eth0
             ("* || check_fs_ifree / lots\n", 1, "invalid count"),
             ("{n[1-} || check_hw_eth lo\n", 1, "target"),
             ("* || check_hw_eth 'lo\n", 1, "unclosed"),
-            (
-                "* || check_ps_service -e reboot evil\n",
-                1,
-                "-e is not supported",
-            ),
+            ("* || check_ps_service -e 'a;b' evil\n", 1, "operator"),
             (
                 "* || check_cmd_output -m '/(/' /bin/true\n",
                 1,
