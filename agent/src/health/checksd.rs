@@ -522,6 +522,8 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
                 },
                 owner: d.user.as_deref().map(Matcher::parse).transpose()?,
                 owner_by_uid: false,
+                verify: Default::default(),
+                command: Vec::new(),
                 must_run: d.running.unwrap_or(true),
                 action: if d.start.unwrap_or(false) {
                     ServiceAction::Start
@@ -618,6 +620,8 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
                         .flatten()
                         .map(|m| Matcher::parse(m))
                         .collect::<Result<_, _>>()?,
+                    check_name: None,
+                    messages: Vec::new(),
                 }),
                 timeout,
             )]);

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::checks::cmd::{self, TIMEOUT_PREFIX};
-use super::checks::ps::ServiceAction;
+use super::checks::ps::{ServiceAction, Verify};
 use super::checks::{CheckKind, UnitSpec};
 use super::facts::{Facts, Host};
 use super::{Check, CheckResult, CheckSet, Report, Status};
@@ -437,18 +437,24 @@ async fn run_unit(spec: &UnitSpec, ctx: &Ctx) -> Result<String, String> {
 }
 
 /// NHC's `-S`/`-r`/`-c` for a missing service: a systemd job on `<service>.service`.
-async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> String {
-    let unit = if service.contains('.') {
+/// The systemd unit NHC's service name stands for (`munged` → `munged.service`).
+fn unit_of(service: &str) -> String {
+    if service.contains('.') {
         service.to_string()
     } else {
         format!("{service}.service")
-    };
+    }
+}
+
+/// Runs a service action through systemd: whether its job completed, and what happened.
+async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (bool, String) {
+    let unit = unit_of(service);
     if let Err(m) = crate::systemd::validate_unit_name(&unit) {
-        return format!("no action: {m}");
+        return (false, format!("no action: {m}"));
     }
     let sd = match ctx.systemd().await {
         Ok(s) => s,
-        Err(e) => return format!("{action:?} of {unit} not possible: {e}"),
+        Err(e) => return (false, format!("{action:?} of {unit} not possible: {e}")),
     };
     let r = match action {
         ServiceAction::Start => sd.start(&unit).await,
@@ -457,15 +463,73 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> Stri
             Ok(()) => sd.start(&unit).await,
             Err(e) => Err(e),
         },
-        ServiceAction::None => return String::new(),
+        ServiceAction::Stop => sd.stop(&unit).await,
+        ServiceAction::None
+        | ServiceAction::Kill
+        | ServiceAction::Command
+        | ServiceAction::CommandWhenFound => return (false, String::new()),
     };
     match r {
-        Ok(()) => format!("{} {unit}: done", format!("{action:?}").to_lowercase()),
-        Err(e) => format!(
-            "{} {unit} failed: {e}",
-            format!("{action:?}").to_lowercase()
+        Ok(()) => (
+            true,
+            format!("{} {unit}: done", format!("{action:?}").to_lowercase()),
+        ),
+        Err(e) => (
+            false,
+            format!(
+                "{} {unit} failed: {e}",
+                format!("{action:?}").to_lowercase()
+            ),
         ),
     }
+}
+
+/// NHC's `-k`: SIGKILL every process the check matched; whether all were killed, and
+/// what happened. `-V` also needs each to be gone (or a zombie) within a second.
+async fn kill_matching(p: &super::checks::ps::ProcessSpec, ctx: &Ctx) -> (bool, String) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pids = match super::checks::ps::matching_pids(p, &ctx.facts) {
+        Ok(v) => v,
+        Err(e) => return (false, format!("kill not done: {e}")),
+    };
+    let mut notes = Vec::new();
+    let mut ok = true;
+    for pid in &pids {
+        match i32::try_from(*pid).map(|n| kill(Pid::from_raw(n), Signal::SIGKILL)) {
+            Ok(Ok(())) => notes.push(format!("killed process ID {pid} (SIGKILL)")),
+            Ok(Err(e)) => {
+                ok = false;
+                notes.push(format!("kill -9 {pid} failed: {e}"));
+            }
+            Err(_) => ok = false,
+        }
+    }
+    if ok && p.verify == Verify::Check {
+        let gone = |pid: &u32| {
+            std::fs::read_to_string(ctx.facts.host.proc_dir.join(format!("{pid}/stat")))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(true)
+        };
+        // Bounded poll (SIGKILL is delivered asynchronously); 1 s at most.
+        for _ in 0..100 {
+            if pids.iter().all(gone) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for pid in pids.iter().filter(|p| !gone(p)) {
+            ok = false;
+            notes.push(format!("process {pid} still there after SIGKILL"));
+        }
+    }
+    (ok, notes.join("; "))
 }
 
 /// Runs an async check (command, unit).
@@ -521,12 +585,13 @@ async fn run_async(
     (outcome, start.elapsed())
 }
 
-/// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it (the check still
-/// fails for this run), within the check's timeout and the run deadline.
+/// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it within the
+/// check's timeout and the run deadline. The check still fails for this run unless `-v`
+/// (the action's job completed) or `-V` (the unit is active afterwards) says otherwise.
 async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) -> Outcome {
     match (outcome, &check.kind) {
         (Outcome::Fail(m), CheckKind::Process(p))
-            if p.must_run && p.action != ServiceAction::None && !ctx.service_actions =>
+            if p.action != ServiceAction::None && !ctx.service_actions =>
         {
             Outcome::Fail(format!(
                 "{m}; {} of {} not attempted (report only)",
@@ -535,15 +600,71 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
             ))
         }
         (Outcome::Fail(m), CheckKind::Process(p))
-            if p.must_run && p.action != ServiceAction::None =>
+            if matches!(
+                p.action,
+                ServiceAction::Command | ServiceAction::CommandWhenFound
+            ) =>
         {
             let limit = check
                 .timeout
                 .min(deadline.saturating_duration_since(Instant::now()));
-            let note = tokio::time::timeout(limit, service_action(&p.service, p.action, ctx))
-                .await
-                .unwrap_or_else(|_| "service action not done: timeout or run deadline".into());
-            Outcome::Fail(format!("{m}; {note}"))
+            let shown = p.command.join(" ");
+            let (ok, note) = match cmd::run_command(&p.command, limit, ctx.output_limit).await {
+                Ok(o) if o.timed_out => (false, format!("{shown:?} did not finish; killed")),
+                Ok(o) if o.code == Some(0) => (true, format!("{shown:?} succeeded")),
+                Ok(o) => (false, format!("{shown:?} failed (exit code {:?})", o.code)),
+                Err(e) => (false, format!("{shown:?} not run: {e}")),
+            };
+            if ok && p.verify != Verify::None {
+                Outcome::Pass(format!("{m}; {note}"))
+            } else {
+                Outcome::Fail(format!("{m}; {note}"))
+            }
+        }
+        (Outcome::Fail(m), CheckKind::Process(p)) if p.action == ServiceAction::Kill => {
+            let (ok, note) = kill_matching(p, ctx).await;
+            if ok && p.verify != Verify::None {
+                Outcome::Pass(format!("{m}; {note}"))
+            } else {
+                Outcome::Fail(format!("{m}; {note}"))
+            }
+        }
+        (Outcome::Fail(m), CheckKind::Process(p)) if p.action != ServiceAction::None => {
+            let limit = check
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            let done = tokio::time::timeout(limit, async {
+                let (ok, note) = service_action(&p.service, p.action, ctx).await;
+                match (ok, p.verify) {
+                    (true, Verify::Sync) => (true, note),
+                    (true, Verify::Check) => {
+                        let unit = unit_of(&p.service);
+                        let want_active = p.action != ServiceAction::Stop;
+                        match ctx.systemd().await {
+                            Ok(sd) => match sd.active_state(&unit).await {
+                                Ok(s) if (s == "active") == want_active => {
+                                    (true, format!("{note}; {unit} {s}"))
+                                }
+                                Ok(s) => (false, format!("{note} but {unit} is not running ({s})")),
+                                Err(e) => (false, format!("{note}; state of {unit} unknown: {e}")),
+                            },
+                            Err(e) => (false, format!("{note}; state of {unit} unknown: {e}")),
+                        }
+                    }
+                    (_, _) => (false, note),
+                }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                (
+                    false,
+                    "service action not done: timeout or run deadline".into(),
+                )
+            });
+            match done {
+                (true, note) => Outcome::Pass(format!("{m}; {note}")),
+                (false, note) => Outcome::Fail(format!("{m}; {note}")),
+            }
         }
         (o, _) => o,
     }

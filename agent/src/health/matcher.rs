@@ -2,14 +2,22 @@
 //! nhc.conf targets and for check arguments (mount sources, options, process names,
 //! file contents, command output).
 //!
-//! - `/regex/`: an unanchored regular expression (Rust `regex` syntax, which accepts the
-//!   POSIX ERE that NHC users write, including `[[:space:]]` and `\b`);
-//! - `{n[01-16],login1}`: a node list in Slurm/pdsh hostlist syntax (zero-padded ranges
-//!   keep their width; `n[1-3,7]` lists are accepted too);
-//! - anything else: a shell glob matched against the whole string (`*`, `?`, `[...]`);
+//! - `/regex/`: an unanchored POSIX extended regular expression, as bash's `=~` reads it
+//!   (glibc `regcomp` with `REG_EXTENDED`, see [`super::posix::Ere`]: `[[:space:]]`,
+//!   `\b` and back-references; no `\d`);
+//! - `{n[1-16],login1}`: a node list as NHC's `mcheck_range` reads it: a range matches
+//!   numbers written with exactly the width of the longer bound (`{n[1-16]}` matches `n01`
+//!   and `n16`, not `n1`); reversed bounds are swapped. Beyond NHC (which fails the whole
+//!   list on these), `n[1-3,7]` lists inside brackets and names without a digit are
+//!   accepted;
+//! - anything else: a shell pattern over the whole string as bash's `[[ s == p ]]` reads
+//!   it, extglob included (`n[[:digit:]]*`, `+(gpu|cpu)*`; see [`super::posix::glob_match`]);
 //! - a leading `!` negates any of the above.
 
 use std::fmt;
+use std::sync::Arc;
+
+use super::posix::Ere;
 
 /// A compiled match expression.
 #[derive(Clone)]
@@ -22,8 +30,10 @@ pub struct Matcher {
 #[derive(Clone)]
 enum Kind {
     Glob(String),
-    Regex(regex::Regex),
+    Regex(Arc<Ere>),
     Hosts(Vec<HostPattern>),
+    /// One item of a comma-separated list (mount options).
+    ListItem(String),
 }
 
 impl fmt::Debug for Matcher {
@@ -56,10 +66,9 @@ impl Matcher {
         };
         let kind = if body.len() >= 2 && body.starts_with('/') && body.ends_with('/') {
             let re = &body[1..body.len() - 1];
-            Kind::Regex(
-                regex::Regex::new(re)
-                    .map_err(|e| format!("invalid regular expression /{re}/: {e}"))?,
-            )
+            Kind::Regex(Arc::new(
+                Ere::new(re).map_err(|e| format!("invalid regular expression /{re}/: {e}"))?,
+            ))
         } else if body.len() >= 2 && body.starts_with('{') && body.ends_with('}') {
             Kind::Hosts(parse_hostlist(&body[1..body.len() - 1])?)
         } else {
@@ -88,15 +97,13 @@ impl Matcher {
         }
     }
 
-    /// A regular expression that holds when `option` is one of the comma-separated items
-    /// of a mount options string (`rw`, `noatime`...).
+    /// Holds when `option` is one of the comma-separated items of a mount options string
+    /// (`rw`, `noatime`...); shown as the regular expression NHC uses for it.
     pub fn mount_option(option: &str) -> Matcher {
-        let re = format!("(^|,){}($|,)", regex::escape(option));
         Matcher {
             negate: false,
-            // The escaped pattern always compiles.
-            kind: Kind::Regex(regex::Regex::new(&re).unwrap_or_else(|_| never())),
-            source: format!("/{re}/"),
+            kind: Kind::ListItem(option.to_string()),
+            source: format!("/(^|,){option}($|,)/"),
         }
     }
 
@@ -116,6 +123,7 @@ impl Matcher {
             Kind::Glob(g) => glob_match(g, text),
             Kind::Regex(r) => r.is_match(text),
             Kind::Hosts(h) => h.iter().any(|p| p.matches(text)),
+            Kind::ListItem(item) => text.split(',').any(|o| o == item),
         };
         m != self.negate
     }
@@ -127,105 +135,9 @@ impl Matcher {
     }
 }
 
-fn never() -> regex::Regex {
-    // `[^\s\S]` matches nothing; used only if an escaped literal failed to compile.
-    regex::Regex::new(r"[^\s\S]").unwrap_or_else(|_| unreachable!("constant regex"))
-}
-
-/// Shell glob over the whole string: `*`, `?`, `[abc]`, `[a-z]`, `[!x]`/`[^x]`, and `\x`.
+/// Shell pattern over the whole string, as bash's `[[ text == pattern ]]` (extglob on).
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    glob_at(&p, &t)
-}
-
-fn glob_at(p: &[char], t: &[char]) -> bool {
-    // Iterative with backtracking on the last `*` (linear in practice).
-    let (mut pi, mut ti) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    star = Some((pi, ti));
-                    pi += 1;
-                    continue;
-                }
-                '?' => {
-                    pi += 1;
-                    ti += 1;
-                    continue;
-                }
-                '[' => {
-                    if let Some((matched, next)) = class_match(p, pi, t[ti]) {
-                        if matched {
-                            pi = next;
-                            ti += 1;
-                            continue;
-                        }
-                    } else if t[ti] == '[' {
-                        pi += 1;
-                        ti += 1;
-                        continue;
-                    }
-                }
-                '\\' if pi + 1 < p.len() => {
-                    if p[pi + 1] == t[ti] {
-                        pi += 2;
-                        ti += 1;
-                        continue;
-                    }
-                }
-                c => {
-                    if c == t[ti] {
-                        pi += 1;
-                        ti += 1;
-                        continue;
-                    }
-                }
-            }
-        }
-        match star {
-            Some((sp, st)) => {
-                pi = sp + 1;
-                ti = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
-
-/// Matches `c` against the bracket expression starting at `p[start] == '['`. Returns
-/// (matched, index after `]`), or None when the bracket is not closed (literal `[`).
-fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
-    let mut i = start + 1;
-    let negate = matches!(p.get(i), Some('!') | Some('^'));
-    if negate {
-        i += 1;
-    }
-    let mut matched = false;
-    let mut first = true;
-    while i < p.len() {
-        let ch = p[i];
-        if ch == ']' && !first {
-            return Some((matched != negate, i + 1));
-        }
-        first = false;
-        if i + 2 < p.len() && p[i + 1] == '-' && p[i + 2] != ']' {
-            if ch <= c && c <= p[i + 2] {
-                matched = true;
-            }
-            i += 3;
-        } else {
-            if ch == c {
-                matched = true;
-            }
-            i += 1;
-        }
-    }
-    None
+    super::posix::glob_match(pattern, text)
 }
 
 /// One element of a hostlist: a name, or a prefix, numeric ranges and a suffix.
@@ -254,15 +166,10 @@ impl HostPattern {
         let Ok(n) = digits.parse::<u64>() else {
             return false;
         };
-        self.ranges.iter().any(|&(lo, hi, width)| {
-            let width_ok = if width > 1 {
-                digits.len() == width
-            } else {
-                // No padding: no leading zero unless the number is 0.
-                digits == n.to_string()
-            };
-            width_ok && lo <= n && n <= hi
-        })
+        // NHC: the number has exactly the width of the longer bound.
+        self.ranges
+            .iter()
+            .any(|&(lo, hi, width)| digits.len() == width && lo <= n && n <= hi)
     }
 }
 
@@ -334,11 +241,7 @@ fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
             let (Some(lo), Some(hi)) = (num(a), num(b)) else {
                 return bad(group, "ranges are numbers: [1-4,7] or [01-16]");
             };
-            let width = if a.starts_with('0') && a.len() > 1 {
-                a.len().max(b.len())
-            } else {
-                1
-            };
+            let width = a.len().max(b.len());
             ranges.push((lo.min(hi), lo.max(hi), width));
         }
         out.push(HostPattern {
@@ -374,6 +277,10 @@ mod tests {
         assert!(m("a\\*b", "a*b"));
         assert!(!m("a\\*b", "axb"));
         assert!(m("!login*", "compute1"));
+        assert!(m("n[[:digit:]]*", "n1x"));
+        assert!(!m("n[[:digit:]]*", "nx"));
+        assert!(m("+(gpu|cpu)*", "cpu12"));
+        assert!(!m("+(gpu|cpu)*", "login1"));
         assert!(!m("!login*", "login1"));
     }
 
@@ -384,6 +291,9 @@ mod tests {
         assert!(!m("/(^|,)rw($|,)/", "ro,relatime,rwx"));
         assert!(m("/^gpu-[0-9]+$/", "gpu-17"));
         assert!(m("/[[:space:]]x/", "a x"));
+        // POSIX ERE, not Perl: `\d` is a plain `d` to glibc.
+        assert!(!m("/^n\\d+$/", "n12"));
+        assert!(m("/^n[[:digit:]]+$/", "n12"));
         assert!(m("!/^login/", "compute"));
         assert!(Matcher::parse("/(unclosed/").is_err());
     }
@@ -393,9 +303,13 @@ mod tests {
         assert!(m("{n[01-16]}", "n05"));
         assert!(!m("{n[01-16]}", "n5"));
         assert!(!m("{n[01-16]}", "n17"));
-        assert!(m("{n[1-10]}", "n5"));
+        // NHC's mcheck_range: the width of the longer bound, whatever the start says.
+        assert!(!m("{n[1-10]}", "n5"));
+        assert!(m("{n[1-10]}", "n05"));
         assert!(m("{n[1-10]}", "n10"));
-        assert!(!m("{n[1-10]}", "n05"));
+        assert!(m("{n[1-16]}", "n01"));
+        assert!(!m("{n[1-16]}", "n1"));
+        assert!(m("{n[16-1]}", "n09"));
         assert!(m("{login1,gpu[1-3,7]}", "gpu7"));
         assert!(m("{login1,gpu[1-3,7]}", "login1"));
         assert!(!m("{login1,gpu[1-3,7]}", "gpu5"));

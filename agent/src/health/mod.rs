@@ -37,6 +37,7 @@ pub mod facts;
 pub mod matcher;
 pub mod nhc;
 pub mod output;
+pub mod posix;
 pub mod units;
 
 use std::fmt;

@@ -31,6 +31,12 @@ pub struct CommandSpec {
     /// Expressions over stdout lines: each positive one must match a line, no line may
     /// match a negated one.
     pub matches: Vec<Matcher>,
+    /// NHC's `-C`: the name failures are reported under (`name: message`).
+    pub check_name: Option<String>,
+    /// NHC's `-M`: the failure message of the match at the same position, with `%m` (the
+    /// expression), `%l` (the line number, for a negated match), `%c` (the command) and
+    /// `%f` (how many expressions failed to match).
+    pub messages: Vec<String>,
 }
 
 /// Resolves a program name against [`SAFE_PATH`].
@@ -201,6 +207,35 @@ pub async fn check_command(
     timeout: Duration,
     output_limit: usize,
 ) -> Result<String, String> {
+    match (
+        run_and_judge(spec, timeout, output_limit).await,
+        &spec.check_name,
+    ) {
+        // A timeout keeps its prefix first: the engine recognises it by it.
+        (Err(m), Some(name)) if !m.starts_with(TIMEOUT_PREFIX) => Err(format!("{name}: {m}")),
+        (r, _) => r,
+    }
+}
+
+/// NHC's `-M` message for match `i`, with its `%` fields filled in.
+fn custom_message(spec: &CommandSpec, i: usize, line: usize, failed: usize) -> Option<String> {
+    let m = spec.matches.get(i)?;
+    let expr = m.as_str().strip_prefix('!').unwrap_or(m.as_str());
+    Some(
+        spec.messages
+            .get(i)?
+            .replace("%m", expr)
+            .replace("%l", &line.to_string())
+            .replace("%c", &spec.argv.join(" "))
+            .replace("%f", &failed.to_string()),
+    )
+}
+
+async fn run_and_judge(
+    spec: &CommandSpec,
+    timeout: Duration,
+    output_limit: usize,
+) -> Result<String, String> {
     let shown = spec.argv.join(" ");
     let o = run_command(&spec.argv, timeout, output_limit).await?;
     if o.timed_out {
@@ -238,6 +273,9 @@ pub async fn check_command(
         for (i, m) in spec.matches.iter().enumerate() {
             if m.is_negated() {
                 if m.matches_ignoring_negation(line) {
+                    if let Some(custom) = custom_message(spec, i, n + 1, 0) {
+                        return Err(custom);
+                    }
                     return Err(format!(
                         "{:?} matched at line {} output by {shown:?}",
                         &m.as_str()[1..],
@@ -249,8 +287,17 @@ pub async fn check_command(
             }
         }
     }
-    for (m, ok) in spec.matches.iter().zip(&matched) {
+    let failed = spec
+        .matches
+        .iter()
+        .zip(&matched)
+        .filter(|(m, ok)| !m.is_negated() && !**ok)
+        .count();
+    for (i, (m, ok)) in spec.matches.iter().zip(&matched).enumerate() {
         if !m.is_negated() && !ok {
+            if let Some(custom) = custom_message(spec, i, 0, failed) {
+                return Err(custom);
+            }
             let note = if truncated {
                 format!(" (output truncated to its first {} bytes)", o.stdout.len())
             } else {

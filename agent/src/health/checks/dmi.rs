@@ -88,8 +88,10 @@ impl DmiTable {
 pub struct DmiSpec {
     /// Fail when a line matches instead.
     pub negate: bool,
-    /// Only these handles.
-    pub handles: Vec<String>,
+    /// Only these handles, as numbers (NHC keeps handles as subscripts of bash indexed
+    /// arrays, so `-h 0x0400`, `-h 0x400` and `-h 1024` name the same handle and `-h 0400`
+    /// is octal, i.e. 256).
+    pub handles: Vec<i64>,
     /// Only handles of this type (number or type string).
     pub type_filter: Option<String>,
     /// Expression over flattened lines.
@@ -105,7 +107,11 @@ pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, String> {
     let selected: Vec<&DmiHandle> = table
         .handles
         .iter()
-        .filter(|h| spec.handles.is_empty() || spec.handles.contains(&h.handle))
+        .filter(|h| {
+            spec.handles.is_empty()
+                || crate::health::arith::parse_int(&h.handle)
+                    .is_ok_and(|n| spec.handles.contains(&n))
+        })
         .filter(|h| {
             spec.type_filter
                 .as_ref()

@@ -26,6 +26,28 @@ pub enum ServiceAction {
     Restart,
     /// Stop then start.
     Cycle,
+    /// `-s`: a process that must not run is found: stop the unit.
+    Stop,
+    /// `-k`: a process that must not run is found: SIGKILL each matching process.
+    Kill,
+    /// `-e`: a required process is missing: run [`ProcessSpec::command`].
+    Command,
+    /// `-E`: a process that must not run is found: run [`ProcessSpec::command`].
+    CommandWhenFound,
+}
+
+/// NHC's `-v` / `-V` on `check_ps_service`: whether a recovery action that worked makes
+/// the check pass for this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verify {
+    /// The check fails for this run whatever the action did (NHC: "in progress").
+    #[default]
+    None,
+    /// `-v`: pass when the action's systemd job completed successfully.
+    Sync,
+    /// `-V`: pass when, after the action, the unit is active (NHC runs
+    /// `service <name> status`).
+    Check,
 }
 
 /// A process that must (or must not) run.
@@ -37,14 +59,21 @@ pub struct ProcessSpec {
     pub pattern: Matcher,
     /// Matched against.
     pub on: MatchOn,
-    /// Owner's user name must match (or its uid, when `owner_by_uid`).
+    /// Owner's user name must match (or its uid, when `owner_by_uid`). A process whose
+    /// uid has no name in the passwd file is owned by its decimal uid, as `ps` shows it.
     pub owner: Option<Matcher>,
-    /// `owner` is a uid expression (`0`, `!0`) rather than a user name.
+    /// `owner` is a plain decimal uid (`check_ps_service -u 0`: NHC turns it into that
+    /// uid's user name). Anything else, `!0` included, is matched against the user name
+    /// as NHC does, so `-u '!0'` excludes only a user named `0`.
     pub owner_by_uid: bool,
     /// Must run (`true`) or must not run (`false`).
     pub must_run: bool,
     /// Recovery action when a required process is missing.
     pub action: ServiceAction,
+    /// Whether a successful action makes the check pass.
+    pub verify: Verify,
+    /// The program and arguments of `-e`/`-E`, run directly (never through a shell).
+    pub command: Vec<String>,
 }
 
 /// Load average limits (1, 5, 15 minutes): fails when the integer part reaches a limit.
@@ -54,32 +83,55 @@ pub struct LoadAvgSpec {
     pub limits: [Option<u64>; 3],
 }
 
-fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
-    let procs = facts.procs()?;
-    for p in procs {
-        let subject = match spec.on {
-            MatchOn::Argv0 => p.argv0(),
-            MatchOn::Args => p.args.as_str(),
-        };
-        if !spec.pattern.matches(subject) {
-            continue;
+fn matches_proc(spec: &ProcessSpec, p: &ProcEntry, facts: &Facts) -> bool {
+    let hit = match spec.on {
+        MatchOn::Argv0 => {
+            let argv0 = p.argv0();
+            // Better than NHC: a daemon that rewrote its title to `name: what it
+            // does` (sshd, postfix's master, ...) is still `name`.
+            spec.pattern.matches(argv0)
+                || argv0
+                    .strip_suffix(':')
+                    .is_some_and(|name| !name.is_empty() && spec.pattern.matches(name))
         }
-        if let Some(o) = &spec.owner {
-            let Some(uid) = p.uid(&facts.host.proc_dir) else {
-                continue;
-            };
-            let who = if spec.owner_by_uid {
-                uid.to_string()
-            } else {
-                facts.user_name(uid)
-            };
-            if !o.matches(&who) {
-                continue;
-            }
-        }
-        return Ok(Some(p));
+        MatchOn::Args => spec.pattern.matches(&p.args),
+    };
+    if !hit {
+        return false;
     }
-    Ok(None)
+    if let Some(o) = &spec.owner {
+        let Some(uid) = p.uid(&facts.host.proc_dir) else {
+            return false;
+        };
+        let who = if spec.owner_by_uid {
+            uid.to_string()
+        } else {
+            facts.user_name(uid)
+        };
+        if !o.matches(&who) {
+            return false;
+        }
+    }
+    true
+}
+
+fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
+    Ok(facts.procs()?.iter().find(|p| matches_proc(spec, p, facts)))
+}
+
+/// The PIDs of the processes the spec matches (pattern and owner), in `/proc` order.
+///
+/// # Errors
+/// `/proc` could not be read.
+pub fn matching_pids(spec: &ProcessSpec, facts: &Facts) -> Result<Vec<u32>, String> {
+    let procs = facts.procs()?;
+    let mut out = Vec::new();
+    for p in procs {
+        if matches_proc(spec, p, facts) {
+            out.push(p.pid);
+        }
+    }
+    Ok(out)
 }
 
 /// Runs a process check.
@@ -166,6 +218,8 @@ mod tests {
             owner_by_uid: false,
             must_run: true,
             action: ServiceAction::None,
+            verify: Verify::None,
+            command: Vec::new(),
         };
         check_process(&spec, &f).unwrap();
         let ghost = ProcessSpec {

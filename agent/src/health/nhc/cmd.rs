@@ -1,0 +1,64 @@
+//! NHC's `lbnl_cmd.nhc` functions translated to the engine's checks: check_cmd_status, check_cmd_output.
+
+use super::*;
+
+/// NHC's default command timeout (`check_cmd_*` without `-t`), seconds.
+const NHC_CMD_TIMEOUT: u64 = 5;
+
+/// `check_cmd_status` / `check_cmd_output`.
+pub(super) fn status(name: &str, args: &[String], _timeout: Duration) -> Result<Built, String> {
+    cmd(name, args)
+}
+
+fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|_| format!("{s:?} is not a number"))
+}
+
+/// `check_cmd_status [-C name] [-r status] [-t secs] cmd...` and `check_cmd_output [-C
+/// name] [-O var] [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs] [cmd...]`.
+fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
+    let spec = if name == "check_cmd_status" {
+        "C:r:t:"
+    } else {
+        "C:O:M:e:m:r:t:"
+    };
+    let (opts, rest) = getopts(args, spec)?;
+    let mut secs = NHC_CMD_TIMEOUT;
+    let mut status = 0;
+    let mut matches = Vec::new();
+    let mut cmdline = None;
+    let mut check_name = None;
+    let mut messages = Vec::new();
+    for (c, v) in opts {
+        match c {
+            't' => secs = parse_num(&v)?,
+            'r' => status = parse_num(&v)?,
+            'm' => matches.push(matcher(&v)?),
+            'e' => cmdline = Some(v.split_whitespace().map(str::to_string).collect::<Vec<_>>()),
+            // NHC's options for wrapper checks: -C names the check in its messages, -M
+            // gives the message of the -m of the same position (%m, %l, %c, %f), -O
+            // stores the output in a bash array that nothing in nhc.conf can read.
+            'C' => check_name = Some(v),
+            'M' => messages.push(v),
+            'O' => {}
+            _ => {}
+        }
+    }
+    let argv = cmdline.unwrap_or(rest);
+    if argv.is_empty() {
+        return Err("no command specified".into());
+    }
+    if secs == 0 {
+        return Err("-t must be at least 1 second".into());
+    }
+    Ok(one(
+        CheckKind::Command(CommandSpec {
+            argv,
+            status,
+            matches,
+            check_name,
+            messages,
+        }),
+        Duration::from_secs(secs),
+    ))
+}

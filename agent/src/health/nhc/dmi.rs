@@ -1,0 +1,40 @@
+//! NHC's `lbnl_dmi.nhc` functions translated to the engine's checks: check_dmi_data_match.
+
+use super::*;
+
+/// `check_dmi_data_match`.
+pub(super) fn data_match(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+    let (opts, mut rest) = getopts(args, "!h:nt:")?;
+    let mut spec = DmiSpec {
+        negate: false,
+        handles: Vec::new(),
+        type_filter: None,
+        pattern: Matcher::parse("*")?,
+    };
+    for (c, v) in opts {
+        match c {
+            '!' | 'n' => spec.negate = true,
+            // `HANDLES=( $OPTARG )`, each a bash array subscript: arithmetic.
+            'h' => {
+                spec.handles = v
+                    .split_whitespace()
+                    .map(|w| {
+                        crate::health::arith::eval(w, &|_| None)
+                            .map_err(|e| format!("-h {w:?}: not a DMI handle: {e}"))
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            't' => spec.type_filter = Some(v),
+            _ => {}
+        }
+    }
+    if rest.first().map(String::as_str) == Some("!") {
+        spec.negate = true;
+        rest.remove(0);
+    }
+    if rest.is_empty() {
+        return Err("missing match expression".into());
+    }
+    spec.pattern = matcher(&rest.join(" "))?;
+    Ok(one(CheckKind::Dmi(spec), timeout))
+}
