@@ -77,6 +77,10 @@ pub enum BootstrapError {
     /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit_code`].
     #[error(transparent)]
     Pcs(#[from] crate::pcs::PcsError),
+    /// A lifecycle script stopped bootstrap; see
+    /// [`crate::node_lifecycle::LifecycleError::exit_code`].
+    #[error(transparent)]
+    Lifecycle(#[from] crate::node_lifecycle::LifecycleError),
 }
 
 /// Lock file, under `agent.state_dir`, that makes concurrent bootstraps take turns.
@@ -100,6 +104,7 @@ impl BootstrapError {
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
             BootstrapError::Io(_) => 74,
             BootstrapError::Pcs(e) => e.exit_code(),
+            BootstrapError::Lifecycle(e) => e.exit_code(),
             BootstrapError::CloudInit(e) => e.exit_code(),
         }
     }
@@ -148,6 +153,10 @@ pub struct Report {
     pub steps: Vec<Step>,
     /// Total milliseconds.
     pub total_ms: u64,
+    /// Lifecycle scripts of both stages, in the order they were considered (absent when
+    /// there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lifecycle: Vec<crate::node_lifecycle::ScriptResult>,
 }
 
 struct Timer {
@@ -386,12 +395,43 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         t.record("munge", munge_time);
     }
     t.record("mounts", mounts_time);
+
+    // Lifecycle scripts (issue 13): the service's, then the image's settings'.
+    let facts = crate::node_lifecycle::Facts {
+        node_name: def.node_name.clone(),
+        instance_id: id.instance_id.clone(),
+        first_boot: false,
+        conf_servers: s.slurm.conf_servers.clone(),
+        pcs: managed.as_ref().map(|m| crate::pcs::facts(&m.registration)),
+    };
+    let lifecycle = crate::node_lifecycle::Context {
+        settings: s,
+        region: &id.region,
+        service: managed
+            .as_ref()
+            .and_then(|m| m.registration.node_lifecycle_actions.as_ref()),
+        facts: &facts,
+    };
+    let mut scripts = Vec::new();
+    let stage = crate::node_lifecycle::Stage::NodeBootstrapped;
+    let outcome = run_lifecycle(lifecycle, stage, &systemd, managed.as_ref()).await?;
+    if !outcome.scripts.is_empty() {
+        t.done("node_bootstrapped");
+    }
+    scripts.extend(outcome.scripts);
+
     let slurmd_start = Instant::now();
     systemd.start(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
     let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id).await?;
     t.done("join");
+    let stage = crate::node_lifecycle::Stage::NodeReady;
+    let outcome = run_lifecycle(lifecycle, stage, &systemd, managed.as_ref()).await?;
+    if !outcome.scripts.is_empty() {
+        t.done("node_ready");
+    }
+    scripts.extend(outcome.scripts);
 
     write_state(s, &id, &def).map_err(BootstrapError::Io)?;
     Ok(Report {
@@ -404,7 +444,29 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         drain: kept_drain,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
         steps: t.steps,
+        lifecycle: scripts,
     })
+}
+
+/// One lifecycle stage; a `TERMINATE` also goes into the registration record in the managed
+/// mode.
+async fn run_lifecycle(
+    cx: crate::node_lifecycle::Context<'_>,
+    stage: crate::node_lifecycle::Stage,
+    systemd: &Systemd,
+    managed: Option<&crate::pcs::Managed>,
+) -> Result<crate::node_lifecycle::StageOutcome, BootstrapError> {
+    let result = crate::node_lifecycle::run(cx, stage, systemd).await;
+    if let (Err(crate::node_lifecycle::LifecycleError::Terminated { reason, .. }), Some(m)) =
+        (&result, managed)
+    {
+        if let Err(e) =
+            crate::pcs::record_termination(&cx.settings.agent.state_dir, &m.registration, reason)
+        {
+            tracing::error!("{e}");
+        }
+    }
+    Ok(result?)
 }
 
 /// Takes the bootstrap lock in `state_dir` (created if missing), waiting up to

@@ -33,6 +33,7 @@ pub mod hostfacts;
 pub mod identity;
 pub mod imds;
 pub mod mounts;
+pub mod node_lifecycle;
 pub mod nodedef;
 pub mod pcs;
 pub mod retry;

@@ -224,3 +224,388 @@ fn denied_past_the_window_fails_with_nothing_started() {
     assert!(!env.key_path().exists(), "a key file was written");
     assert!(!env.options_file().exists(), "slurmd options were written");
 }
+
+fn sha256(body: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(body.as_bytes()))
+}
+
+/// A lifecycle script entry (the service's JSON shape) for a parameter in moto's SSM (the
+/// agent's `ssm:` extension; the service itself sends `s3://`).
+fn ssm_script(
+    name: &str,
+    key: &str,
+    checksum: &str,
+    policy: &str,
+    on_error: &str,
+    args: &[&str],
+) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "scriptSource": {"scriptLocation": format!("ssm:/pcs-scripts/{key}"), "checksum": checksum},
+        "arguments": args,
+        "executionPolicy": policy,
+        "onError": on_error,
+    })
+}
+
+/// The node's `Reason=` in `scontrol show node -o`, without Slurm's ` [user@time]` suffix.
+fn node_reason(env: &NodeEnv, node: &str) -> String {
+    let out = env.ctld.scontrol_ok(&["show", "node", "-o", node]).unwrap();
+    let reason = out.split(" Reason=").nth(1).unwrap_or("").trim();
+    match reason.rsplit_once(" [") {
+        Some((r, by)) if by.ends_with(']') => r.to_string(),
+        _ => reason.to_string(),
+    }
+}
+
+/// `(name, status)` of the report's lifecycle scripts.
+fn lifecycle(out: &std::process::Output) -> Vec<(String, String)> {
+    report(out).unwrap()["lifecycle"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+/// Makes the lifecycle record look as an earlier boot left it: every mention of this boot's
+/// id becomes another boot's (the kernel's boot id cannot change without a reboot).
+fn pretend_an_earlier_boot(env: &NodeEnv) {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let path = env.state_dir().join("lifecycle/state.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(boot.trim()), "{text}");
+    std::fs::write(&path, text.replace(boot.trim(), "an-earlier-boot")).unwrap();
+}
+
+/// A unit in the node's confined Manager standing in for `poweroff.target`: it records
+/// that it was started. Returns the file it writes.
+fn recording_poweroff_unit(env: &NodeEnv) -> std::path::PathBuf {
+    let marker = env.root.path().join("powered-off");
+    std::fs::write(
+        env.systemd.unit_dir().join("sna-poweroff.service"),
+        format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/touch {}\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    env.systemd.daemon_reload().unwrap();
+    std::fs::write(
+        env.config_dir().join("60-poweroff.toml"),
+        "[node_lifecycle]\npoweroff_unit = \"sna-poweroff.service\"\n",
+    )
+    .unwrap();
+    marker
+}
+
+#[test]
+fn lifecycle_scripts_from_the_answer_run_by_policy_and_a_checksum_mismatch_never_runs() {
+    let (env, pcs, _) = managed_env("60s");
+    let out = env.root.path().join("script-out");
+    let body = |tag: &str| {
+        format!(
+            "#!/bin/sh\necho {tag} $PCS_NODE_ID $PCS_COMPUTE_NODE_GROUP_NAME $PCS_CLUSTER_ID \
+             $PCS_CLUSTER_NAME $PCS_COMPUTE_NODE_GROUP_ID $PCS_IS_FIRST_BOOT \"$@\" >> {}\n",
+            out.display()
+        )
+    };
+    let fail = "#!/bin/sh\necho failing on purpose\nexit 3\n";
+    for (key, text) in [
+        ("prep.sh", body("prep")),
+        ("evil.sh", body("evil")),
+        ("fail.sh", fail.to_string()),
+        ("after.sh", body("after")),
+        ("once.sh", body("once")),
+        ("ready.sh", body("ready")),
+    ] {
+        env.moto
+            .put_parameter(&format!("/pcs-scripts/{}", key), &text, "String")
+            .unwrap();
+    }
+    pcs.set_lifecycle_actions(
+        GROUP,
+        Some(serde_json::json!({
+            "scriptCachingPolicy": "REFRESH_ON_REBOOT",
+            "stages": {
+                "nodeBootstrapped": [
+                    ssm_script("prep", "prep.sh", &sha256(&body("prep")), "EVERY_BOOT", "CONTINUE", &["a b", "$HOME"]),
+                    // Another script's checksum: never runs, and CONTINUE goes on.
+                    ssm_script("evil", "evil.sh", &sha256(&body("prep")), "EVERY_BOOT", "CONTINUE", &[]),
+                    ssm_script("fail", "fail.sh", &sha256(fail), "EVERY_BOOT", "STOP_SEQUENCE", &[]),
+                    ssm_script("after", "after.sh", &sha256(&body("after")), "EVERY_BOOT", "CONTINUE", &[]),
+                ],
+                "nodeReady": [
+                    ssm_script("once", "once.sh", &sha256(&body("once")), "FIRST_BOOT_ONLY", "CONTINUE", &[]),
+                    ssm_script("fail-on", "fail.sh", &sha256(fail), "EVERY_BOOT", "CONTINUE", &[]),
+                    ssm_script("ready", "ready.sh", &sha256(&body("ready")), "EVERY_BOOT", "CONTINUE", &[]),
+                ],
+            }
+        })),
+    );
+    let boot = env.bootstrap(&[]).unwrap();
+    assert!(
+        boot.status.success(),
+        "bootstrap failed:\n{}",
+        stderr(&boot)
+    );
+    let r = report(&boot).unwrap();
+    assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
+    assert_eq!(
+        lifecycle(&boot),
+        pairs(&[
+            ("prep", "ok"),
+            ("evil", "failed"),
+            ("fail", "failed"),
+            ("after", "not_run"),
+            ("once", "ok"),
+            ("fail-on", "failed"),
+            ("ready", "ok"),
+        ])
+    );
+    // nodeBootstrapped before slurmd, nodeReady after the node joined.
+    let steps: Vec<&str> = r["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    let at = |n: &str| steps.iter().position(|s| *s == n).unwrap();
+    assert!(at("register") < at("node_bootstrapped"), "{steps:?}");
+    assert!(at("node_bootstrapped") < at("slurmd"), "{steps:?}");
+    assert!(at("join") < at("node_ready"), "{steps:?}");
+    let facts = format!("compute-1 compute {CLUSTER} e2e {GROUP}");
+    let first = format!("prep {facts} true a b $HOME\nonce {facts} true\nready {facts} true\n");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+    let logs = env.state_dir().join("lifecycle/logs");
+    assert_eq!(
+        std::fs::read_to_string(logs.join("nodeBootstrapped-3-fail.log")).unwrap(),
+        "failing on purpose\n"
+    );
+    assert!(!logs.join("nodeBootstrapped-2-evil.log").exists());
+    assert!(!logs.join("nodeBootstrapped-4-after.log").exists());
+    assert!(logs.join("nodeReady-2-fail-on.log").exists());
+
+    // Bootstrap again in the same boot: what succeeded does not run again.
+    let boot = env.bootstrap(&[]).unwrap();
+    assert!(boot.status.success(), "again:\n{}", stderr(&boot));
+    assert_eq!(
+        lifecycle(&boot),
+        pairs(&[
+            ("prep", "done"),
+            ("evil", "failed"),
+            ("fail", "failed"),
+            ("after", "not_run"),
+            ("once", "done"),
+            ("fail-on", "failed"),
+            ("ready", "done"),
+        ])
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first);
+
+    // Another boot: FIRST_BOOT_ONLY is skipped, EVERY_BOOT runs again.
+    pretend_an_earlier_boot(&env);
+    let boot = env.bootstrap(&[]).unwrap();
+    assert!(boot.status.success(), "second boot:\n{}", stderr(&boot));
+    assert_eq!(
+        lifecycle(&boot),
+        pairs(&[
+            ("prep", "ok"),
+            ("evil", "failed"),
+            ("fail", "failed"),
+            ("after", "not_run"),
+            ("once", "skipped"),
+            ("fail-on", "failed"),
+            ("ready", "ok"),
+        ])
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        format!("{first}prep {facts} false a b $HOME\nready {facts} false\n")
+    );
+}
+
+#[test]
+fn terminate_in_node_ready_drains_naming_the_script_and_powers_off() {
+    let (env, pcs, _) = managed_env("60s");
+    let marker = recording_poweroff_unit(&env);
+    let fail = "#!/bin/sh\necho site check failed\nexit 1\n";
+    env.moto
+        .put_parameter("/pcs-scripts/fail.sh", fail, "String")
+        .unwrap();
+    pcs.set_lifecycle_actions(
+        GROUP,
+        Some(serde_json::json!({
+            "scriptCachingPolicy": "CACHE_ONCE",
+            "stages": {"nodeReady": [
+                ssm_script("site-check", "fail.sh", &sha256(fail), "EVERY_BOOT", "TERMINATE", &[]),
+            ]}
+        })),
+    );
+    let boot = env.bootstrap(&[]).unwrap();
+    let err = stderr(&boot);
+    assert_eq!(boot.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("\"site-check\"") && err.contains("TERMINATE"),
+        "{err}"
+    );
+    assert!(err.contains("sna-poweroff.service started"), "{err}");
+    let reason = node_reason(&env, "compute-1");
+    assert!(
+        reason.starts_with(&format!(
+            "slurm-node-agent/script@{INSTANCE}: site-check failed in nodeReady (onError TERMINATE)"
+        )),
+        "{reason:?}"
+    );
+    let state = env.ctld.node_state("compute-1").unwrap().unwrap();
+    assert!(state.contains("DRAIN"), "{state}");
+    wait_until(
+        "the poweroff unit to run",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(marker.exists().then_some(())),
+    )
+    .unwrap();
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(env.state_dir().join("pcs-registration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["terminatedBy"].as_str(), Some(reason.as_str()));
+}
+
+#[test]
+fn terminate_in_node_bootstrapped_starts_no_slurmd_and_keeps_the_reason_in_the_record() {
+    let (env, pcs, _) = managed_env("60s");
+    let marker = recording_poweroff_unit(&env);
+    let fail = "#!/bin/sh\nexit 4\n";
+    let ready = "#!/bin/sh\nexit 0\n";
+    env.moto
+        .put_parameter("/pcs-scripts/fail.sh", fail, "String")
+        .unwrap();
+    env.moto
+        .put_parameter("/pcs-scripts/ready.sh", ready, "String")
+        .unwrap();
+    pcs.set_lifecycle_actions(
+        GROUP,
+        Some(serde_json::json!({
+            "scriptCachingPolicy": "CACHE_ONCE",
+            "stages": {
+                "nodeBootstrapped": [
+                    ssm_script("early-check", "fail.sh", &sha256(fail), "FIRST_BOOT_ONLY", "TERMINATE", &[]),
+                ],
+                "nodeReady": [
+                    ssm_script("ready", "ready.sh", &sha256(ready), "EVERY_BOOT", "CONTINUE", &[]),
+                ],
+            }
+        })),
+    );
+    let boot = env.bootstrap(&[]).unwrap();
+    let err = stderr(&boot);
+    assert_eq!(boot.status.code(), Some(65), "{err}");
+    assert!(err.contains("early-check"), "{err}");
+    wait_until(
+        "the poweroff unit to run",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(marker.exists().then_some(())),
+    )
+    .unwrap();
+    // slurmd never started: the controller never heard of the node, nothing was drained.
+    let active = env
+        .systemd
+        .systemctl(&["is-active", "slurmd.service"])
+        .unwrap();
+    assert_ne!(String::from_utf8_lossy(&active.stdout).trim(), "active");
+    let reason = node_reason(&env, "compute-1");
+    assert!(!reason.contains("slurm-node-agent"), "{reason:?}");
+    // The reason is in the log and the registration record.
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(env.state_dir().join("pcs-registration.json")).unwrap(),
+    )
+    .unwrap();
+    let kept = record["terminatedBy"].as_str().unwrap();
+    assert!(
+        kept.starts_with(&format!(
+            "slurm-node-agent/script@{INSTANCE}: early-check failed in nodeBootstrapped"
+        )),
+        "{kept}"
+    );
+    assert!(err.contains(kept), "{err}");
+    assert!(!env
+        .state_dir()
+        .join("lifecycle/logs/nodeReady-1-ready.log")
+        .exists());
+}
+
+#[test]
+fn settings_scripts_run_in_the_configless_mode_with_the_agents_variables() {
+    let env = NodeEnv::start("").unwrap();
+    let out = env.root.path().join("script-out");
+    let script = format!(
+        "#!/bin/sh\necho \"$1\" \"$SLURM_NODE_AGENT_NODE_NAME\" \"$SLURM_NODE_AGENT_INSTANCE_ID\" \
+         \"$SLURM_NODE_AGENT_IS_FIRST_BOOT\" \"$SLURM_NODE_AGENT_STAGE\" \
+         \"$SLURM_NODE_AGENT_CONF_SERVERS\" \"${{PCS_NODE_ID-unset}}\" >> {}\n",
+        out.display()
+    );
+    let file = env.root.path().join("site-prep.sh");
+    std::fs::write(&file, &script).unwrap();
+    env.moto
+        .put_parameter("/site/ready-script", &script, "String")
+        .unwrap();
+    std::fs::write(
+        env.config_dir().join("40-lifecycle.toml"),
+        format!(
+            "[node_lifecycle]\nscript_caching_policy = \"CACHE_ONCE\"\n\n\
+             [[node_lifecycle.node_bootstrapped]]\nname = \"prep\"\n\
+             script_location = \"file:{}\"\nchecksum = \"{}\"\narguments = [\"bootstrapped\"]\n\
+             execution_policy = \"EVERY_BOOT\"\non_error = \"TERMINATE\"\n\n\
+             [[node_lifecycle.node_ready]]\nname = \"ready\"\n\
+             script_location = \"ssm:/site/ready-script\"\narguments = [\"ready\"]\n\
+             execution_policy = \"FIRST_BOOT_ONLY\"\non_error = \"STOP_SEQUENCE\"\n",
+            file.display(),
+            sha256(&script)
+        ),
+    )
+    .unwrap();
+    let boot = env.bootstrap(&[]).unwrap();
+    assert!(
+        boot.status.success(),
+        "bootstrap failed:\n{}",
+        stderr(&boot)
+    );
+    let r = report(&boot).unwrap();
+    let node = r["node_name"].as_str().unwrap().to_string();
+    let instance = r["instance_id"].as_str().unwrap().to_string();
+    assert_eq!(lifecycle(&boot), pairs(&[("prep", "ok"), ("ready", "ok")]));
+    let servers = format!("127.0.0.1:{}", env.ctld.port());
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        format!(
+            "bootstrapped {node} {instance} true nodeBootstrapped {servers} unset\n\
+             ready {node} {instance} true nodeReady {servers} unset\n"
+        )
+    );
+    // A bad key is refused before anything runs, naming the key.
+    std::fs::write(
+        env.config_dir().join("50-bad.toml"),
+        "[[node_lifecycle.node_ready]]\nname = \"x\"\nscript_location = \"file:/x\"\n\
+         execution_policy = \"EVERY_BOOT\"\non_error = \"EXPLODE\"\n",
+    )
+    .unwrap();
+    let boot = env.bootstrap(&[]).unwrap();
+    let err = stderr(&boot);
+    assert_eq!(boot.status.code(), Some(78), "{err}");
+    assert!(err.contains("node_lifecycle.node_ready"), "{err}");
+}

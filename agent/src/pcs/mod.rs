@@ -217,6 +217,11 @@ pub struct Registration {
     pub node_lifecycle_actions: Option<NodeLifecycleActions>,
     /// Attempts it took.
     pub attempts: u32,
+    /// The drain reason of a lifecycle script whose `onError = TERMINATE` failed (the node
+    /// is powering off); in `nodeBootstrapped` this record and the log are the only places
+    /// it goes, as slurmd has not fetched its config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminated_by: Option<String>,
 }
 
 impl Registration {
@@ -482,6 +487,7 @@ pub async fn register(s: &Settings, id: &InstanceIdentity) -> Result<Managed, Pc
         compute_node_group_name: out.compute_node_group_name().map(str::to_string),
         node_lifecycle_actions: out.node_lifecycle_actions().map(NodeLifecycleActions::from),
         attempts,
+        terminated_by: None,
     };
     crate::nodedef::validate_node_name(&registration.node_id)
         .map_err(|m| PcsError::Answer(format!("nodeID: {m}")))?;
@@ -512,6 +518,30 @@ pub async fn register(s: &Settings, id: &InstanceIdentity) -> Result<Managed, Pc
         key_changed,
         conf_servers,
     })
+}
+
+/// Adds `terminatedBy` to the record of this registration.
+///
+/// # Errors
+/// [`PcsError::Io`].
+pub fn record_termination(
+    state_dir: &Path,
+    r: &Registration,
+    reason: &str,
+) -> Result<(), PcsError> {
+    let mut r = r.clone();
+    r.terminated_by = Some(reason.to_string());
+    write_record(state_dir, &r)
+}
+
+/// The lifecycle scripts' `PCS_*` facts of this registration.
+pub fn facts(r: &Registration) -> crate::node_lifecycle::PcsFacts {
+    crate::node_lifecycle::PcsFacts {
+        cluster_id: r.cluster_identifier.clone(),
+        cluster_name: r.cluster_name.clone().unwrap_or_default(),
+        group_id: r.compute_node_group_id.clone().unwrap_or_default(),
+        group_name: r.compute_node_group_name.clone().unwrap_or_default(),
+    }
 }
 
 fn write_record(state_dir: &Path, r: &Registration) -> Result<(), PcsError> {
@@ -589,6 +619,7 @@ mod tests {
             compute_node_group_name: None,
             node_lifecycle_actions: None,
             attempts: 1,
+            terminated_by: None,
         };
         assert_eq!(r.conf_servers().unwrap(), ["10.0.0.1:6817"]);
         r.endpoints[1].port = "68a".into();

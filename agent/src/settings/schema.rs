@@ -36,6 +36,8 @@ pub struct Settings {
     pub health: crate::health::HealthSettings,
     /// `[pcs]`: the managed join (AWS Parallel Computing Service registration).
     pub pcs: crate::pcs::PcsSettings,
+    /// `[node_lifecycle]`: the image's lifecycle scripts and the `TERMINATE` shutdown unit.
+    pub node_lifecycle: crate::node_lifecycle::NodeLifecycleSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -453,6 +455,7 @@ impl Settings {
         self.upgrade.validate()?;
         self.drain.validate()?;
         self.health.validate()?;
+        self.node_lifecycle.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         match self.systemd.bus.as_str() {
             "system" | "session" => {}

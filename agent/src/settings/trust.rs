@@ -119,7 +119,7 @@ pub trait Classified {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 12] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 13] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -136,6 +136,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 12] {
         s::<crate::drain::DrainSettings>(),
         s::<crate::health::HealthSettings>(),
         s::<crate::pcs::PcsSettings>(),
+        s::<crate::node_lifecycle::NodeLifecycleSettings>(),
     ]
 }
 

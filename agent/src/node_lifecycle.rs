@@ -1,0 +1,957 @@
+//! Node lifecycle actions (issue 13): a site's own scripts, run by bootstrap at two stages:
+//! `nodeBootstrapped` (after registration, key and mounts, before slurmd starts) and
+//! `nodeReady` (after the node is available in slurmctld).
+//!
+//! Two sources, run in this order within each stage:
+//! 1. the managed service's `nodeLifecycleActions` (PCS's registration answer, shape in
+//!    [`crate::pcs::actions`]), with the facts in `PCS_*` variables;
+//! 2. the image's `[node_lifecycle]` settings ([`NodeLifecycleSettings`]), in both join modes.
+//!
+//! Every script gets `SLURM_NODE_AGENT_*` variables ([`Facts::environment`]).
+//!
+//! Each script is
+//! - fetched from `scriptLocation`: `s3://bucket/key` (with `s3VersionId` when given; as the
+//!   service sends), or this agent's `ssm:<parameter name>` and `file:<absolute path>`;
+//!   `aws-sdk-ssm` with the SDK's default credentials chain (the instance profile) in the
+//!   instance's region (`s3://` is accepted but not downloaded yet: see [`fetch`]). A download is tried [`FETCH_ATTEMPTS`] times with
+//!   backoff; at most [`MAX_SCRIPT_BYTES`];
+//! - compared with its SHA-256 `checksum` (64 hex digits) before anything runs: a mismatch
+//!   never runs it, and counts as the script failing;
+//! - cached under `<agent.state_dir>/lifecycle/cache/` per `scriptCachingPolicy`:
+//!   `CACHE_ONCE` keeps the first copy (fetched again only if it no longer matches the
+//!   checksum), `REFRESH_ON_REBOOT` fetches once per boot;
+//! - run as root, executed directly (no shell around it: it needs its own `#!` line), with
+//!   its `arguments` as separate words, stdin from `/dev/null`, stdout and stderr in its own
+//!   log file `<agent.state_dir>/lifecycle/logs/<stage>-<n>-<name>.log` (the last run's
+//!   output; `n` is its position in the stage, from 1). Scripts are never retried.
+//!
+//! `executionPolicy`: `FIRST_BOOT_ONLY` runs only in the instance's first boot (the first
+//! boot in which bootstrap ran on this instance id), `EVERY_BOOT` in every boot. A script that
+//! succeeded is not run again in the same boot (bootstrap may run again; it converges).
+//! `onError` on failure (exit status not 0, no `#!`, download or checksum failure):
+//! `CONTINUE` goes on; `STOP_SEQUENCE` skips the rest of the stage, bootstrap goes on;
+//! `TERMINATE` stops bootstrap and shuts the instance down in order (see
+//! [`terminate_reason`] and `bootstrap`).
+//!
+//! What ran is kept in `<agent.state_dir>/lifecycle/state.json` ([`RunRecord`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::pcs::actions::{NodeLifecycleActions, Script, ScriptSource, Stages};
+use crate::retry::Backoff;
+
+/// Largest script accepted: 2 MiB (the service's limit).
+pub const MAX_SCRIPT_BYTES: u64 = 2 * 1024 * 1024;
+/// Most scripts in one stage (the service's limit, per source here).
+pub const MAX_SCRIPTS: usize = 20;
+/// Most arguments of one script.
+pub const MAX_ARGUMENTS: usize = 20;
+/// Most characters of one argument.
+pub const MAX_ARGUMENT_CHARS: usize = 256;
+/// Download attempts per script (scripts themselves are never retried).
+pub const FETCH_ATTEMPTS: u32 = 3;
+/// Backoff between download attempts.
+pub const FETCH_BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(500),
+    cap: Duration::from_secs(4),
+};
+/// Folder under `agent.state_dir`.
+pub const DIR: &str = "lifecycle";
+/// The run record under `agent.state_dir`.
+pub const STATE_FILE: &str = "lifecycle/state.json";
+
+/// A stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Stage {
+    /// After registration (key, mounts), before slurmd starts.
+    #[serde(rename = "nodeBootstrapped")]
+    NodeBootstrapped,
+    /// After the node is available in slurmctld.
+    #[serde(rename = "nodeReady")]
+    NodeReady,
+}
+
+impl Stage {
+    /// The API's name: `nodeBootstrapped`, `nodeReady`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::NodeBootstrapped => "nodeBootstrapped",
+            Stage::NodeReady => "nodeReady",
+        }
+    }
+
+    fn of(self, stages: &Stages) -> &[Script] {
+        match self {
+            Stage::NodeBootstrapped => &stages.node_bootstrapped,
+            Stage::NodeReady => &stages.node_ready,
+        }
+    }
+}
+
+/// Where a script list comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Origin {
+    /// The managed service's `nodeLifecycleActions`.
+    Service,
+    /// The image's `[node_lifecycle]` settings.
+    Settings,
+}
+
+/// `[[node_lifecycle.node_bootstrapped]]`, `[[node_lifecycle.node_ready]]`: one script, in
+/// the service's terms (snake_case keys, the service's values).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptSettings {
+    /// Name: in logs, reasons and its log file's name.
+    pub name: String,
+    /// `s3://bucket/key`, `ssm:<parameter name>` or `file:<absolute path>`.
+    pub script_location: String,
+    /// SHA-256 of the script, 64 hex digits; empty: not checked.
+    #[serde(default)]
+    pub checksum: String,
+    /// S3 object version; empty: the latest.
+    #[serde(default)]
+    pub s3_version_id: String,
+    /// Arguments, at most 20 of at most 256 characters.
+    #[serde(default)]
+    pub arguments: Vec<String>,
+    /// `FIRST_BOOT_ONLY` or `EVERY_BOOT`.
+    pub execution_policy: String,
+    /// `TERMINATE`, `STOP_SEQUENCE` or `CONTINUE`.
+    pub on_error: String,
+}
+
+/// `[node_lifecycle]`: the image's lifecycle scripts (both join modes) and how a
+/// `TERMINATE` shuts the instance down.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeLifecycleSettings {
+    /// Unit started (through `systemd.bus`) for the orderly shutdown a failed `TERMINATE`
+    /// script asks for: `poweroff.target`.
+    pub poweroff_unit: String,
+    /// `scriptCachingPolicy` of the scripts below: `CACHE_ONCE` or `REFRESH_ON_REBOOT`.
+    pub script_caching_policy: String,
+    /// Scripts run before slurmd starts, in order (after the service's).
+    pub node_bootstrapped: Vec<ScriptSettings>,
+    /// Scripts run once the node is available, in order (after the service's).
+    pub node_ready: Vec<ScriptSettings>,
+}
+
+impl Default for NodeLifecycleSettings {
+    fn default() -> Self {
+        NodeLifecycleSettings {
+            poweroff_unit: "poweroff.target".into(),
+            script_caching_policy: "REFRESH_ON_REBOOT".into(),
+            node_bootstrapped: Vec::new(),
+            node_ready: Vec::new(),
+        }
+    }
+}
+
+/// Scripts run as root and the unit is a unit: only the image says.
+impl crate::settings::Classified for NodeLifecycleSettings {
+    const SECTION: &'static str = "node_lifecycle";
+    const TRUST: &'static [crate::settings::KeyTrust] = {
+        use crate::settings::KeyTrust as K;
+        &[
+            K::image("poweroff_unit"),
+            K::image("script_caching_policy"),
+            K::image("node_bootstrapped"),
+            K::image("node_ready"),
+        ]
+    };
+}
+
+impl NodeLifecycleSettings {
+    /// The scripts as the service's shape.
+    pub fn actions(&self) -> NodeLifecycleActions {
+        let list = |l: &[ScriptSettings]| -> Vec<Script> {
+            l.iter()
+                .map(|s| Script {
+                    name: s.name.clone(),
+                    script_source: ScriptSource {
+                        script_location: s.script_location.clone(),
+                        checksum: Some(s.checksum.clone()).filter(|c| !c.is_empty()),
+                        s3_version_id: Some(s.s3_version_id.clone()).filter(|v| !v.is_empty()),
+                    },
+                    arguments: s.arguments.clone(),
+                    execution_policy: s.execution_policy.clone(),
+                    on_error: s.on_error.clone(),
+                })
+                .collect()
+        };
+        NodeLifecycleActions {
+            script_caching_policy: self.script_caching_policy.clone(),
+            stages: Stages {
+                node_bootstrapped: list(&self.node_bootstrapped),
+                node_ready: list(&self.node_ready),
+            },
+        }
+    }
+
+    /// Checks the unit and the scripts as [`validate`] does.
+    ///
+    /// # Errors
+    /// The dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
+            return Err(("node_lifecycle.poweroff_unit".into(), m));
+        }
+        validate(&self.actions()).map_err(|(key, m)| (format!("node_lifecycle.{key}"), m))
+    }
+}
+
+fn location_ok(loc: &str) -> bool {
+    if let Some(rest) = loc.strip_prefix("s3://") {
+        return rest
+            .split_once('/')
+            .is_some_and(|(b, k)| !b.is_empty() && !k.is_empty());
+    }
+    if let Some(name) = loc.strip_prefix("ssm:") {
+        return !name.is_empty();
+    }
+    loc.strip_prefix("file:")
+        .is_some_and(|p| p.starts_with('/') && p.len() > 1)
+}
+
+/// Checks what the API allows: a known caching policy; per stage at most 20 scripts; each
+/// with a name of 1 to 256 characters, a location this agent knows, a checksum of 64 hex
+/// digits when given, at most 20 arguments of at most 256 characters without NUL, and
+/// known policies.
+///
+/// # Errors
+/// The key (`script_caching_policy`, `<stage>[<i>].<field>` in snake_case) and a message
+/// naming the script.
+pub fn validate(a: &NodeLifecycleActions) -> Result<(), (String, String)> {
+    if !matches!(
+        a.script_caching_policy.as_str(),
+        "CACHE_ONCE" | "REFRESH_ON_REBOOT"
+    ) {
+        return Err((
+            "script_caching_policy".into(),
+            format!(
+                "{:?} is not CACHE_ONCE or REFRESH_ON_REBOOT",
+                a.script_caching_policy
+            ),
+        ));
+    }
+    for (stage, key) in [
+        (Stage::NodeBootstrapped, "node_bootstrapped"),
+        (Stage::NodeReady, "node_ready"),
+    ] {
+        let list = stage.of(&a.stages);
+        if list.len() > MAX_SCRIPTS {
+            return Err((
+                key.into(),
+                format!("{} scripts, at most {MAX_SCRIPTS}", list.len()),
+            ));
+        }
+        for (i, s) in list.iter().enumerate() {
+            let e = |field: &str, m: String| {
+                Err((
+                    format!("{key}[{i}].{field}"),
+                    format!("script {:?}: {m}", s.name),
+                ))
+            };
+            if s.name.is_empty() || s.name.chars().count() > 256 {
+                return e("name", "must be 1 to 256 characters".into());
+            }
+            if !location_ok(&s.script_source.script_location) {
+                return e(
+                    "script_location",
+                    format!(
+                        "{:?} is not s3://bucket/key, ssm:<parameter name> or file:<absolute path>",
+                        s.script_source.script_location
+                    ),
+                );
+            }
+            if let Some(c) = &s.script_source.checksum {
+                if c.len() != 64 || !c.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return e("checksum", "not 64 hex digits (SHA-256)".into());
+                }
+            }
+            if s.arguments.len() > MAX_ARGUMENTS {
+                return e(
+                    "arguments",
+                    format!("{} arguments, at most {MAX_ARGUMENTS}", s.arguments.len()),
+                );
+            }
+            if let Some(a) = s
+                .arguments
+                .iter()
+                .find(|a| a.chars().count() > MAX_ARGUMENT_CHARS || a.contains('\0'))
+            {
+                return e(
+                    "arguments",
+                    format!(
+                        "an argument of {} characters (at most {MAX_ARGUMENT_CHARS}, no NUL)",
+                        a.chars().count()
+                    ),
+                );
+            }
+            if !matches!(
+                s.execution_policy.as_str(),
+                "FIRST_BOOT_ONLY" | "EVERY_BOOT"
+            ) {
+                return e(
+                    "execution_policy",
+                    format!(
+                        "{:?} is not FIRST_BOOT_ONLY or EVERY_BOOT",
+                        s.execution_policy
+                    ),
+                );
+            }
+            if !matches!(
+                s.on_error.as_str(),
+                "TERMINATE" | "STOP_SEQUENCE" | "CONTINUE"
+            ) {
+                return e(
+                    "on_error",
+                    format!(
+                        "{:?} is not TERMINATE, STOP_SEQUENCE or CONTINUE",
+                        s.on_error
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The managed service's facts (`PCS_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcsFacts {
+    /// `PCS_CLUSTER_ID`: the cluster identifier registered with.
+    pub cluster_id: String,
+    /// `PCS_CLUSTER_NAME`.
+    pub cluster_name: String,
+    /// `PCS_COMPUTE_NODE_GROUP_ID`.
+    pub group_id: String,
+    /// `PCS_COMPUTE_NODE_GROUP_NAME`.
+    pub group_name: String,
+}
+
+/// What scripts learn from their environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// Slurm NodeName (`nodeID` in the managed mode).
+    pub node_name: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// Whether this is the instance's first boot.
+    pub first_boot: bool,
+    /// The configless servers slurmd uses (`host:port`), in order.
+    pub conf_servers: Vec<String>,
+    /// Set in the managed mode.
+    pub pcs: Option<PcsFacts>,
+}
+
+impl Facts {
+    /// The variables a script of `stage` gets (besides the agent's own environment):
+    /// always `SLURM_NODE_AGENT_NODE_NAME`, `SLURM_NODE_AGENT_INSTANCE_ID`,
+    /// `SLURM_NODE_AGENT_IS_FIRST_BOOT` (`true`/`false`), `SLURM_NODE_AGENT_STAGE`
+    /// (`nodeBootstrapped`/`nodeReady`), `SLURM_NODE_AGENT_CONF_SERVERS` (comma-separated
+    /// `host:port`); in the managed mode also `PCS_CLUSTER_ID`, `PCS_CLUSTER_NAME`,
+    /// `PCS_COMPUTE_NODE_GROUP_ID`, `PCS_COMPUTE_NODE_GROUP_NAME`, `PCS_NODE_ID`,
+    /// `PCS_IS_FIRST_BOOT` (`true`/`false`), as the service's own agent sets them.
+    pub fn environment(&self, stage: Stage) -> Vec<(&'static str, String)> {
+        let first = if self.first_boot { "true" } else { "false" };
+        let mut env = vec![
+            ("SLURM_NODE_AGENT_NODE_NAME", self.node_name.clone()),
+            ("SLURM_NODE_AGENT_INSTANCE_ID", self.instance_id.clone()),
+            ("SLURM_NODE_AGENT_IS_FIRST_BOOT", first.to_string()),
+            ("SLURM_NODE_AGENT_STAGE", stage.name().to_string()),
+            ("SLURM_NODE_AGENT_CONF_SERVERS", self.conf_servers.join(",")),
+        ];
+        if let Some(p) = &self.pcs {
+            env.extend([
+                ("PCS_CLUSTER_ID", p.cluster_id.clone()),
+                ("PCS_CLUSTER_NAME", p.cluster_name.clone()),
+                ("PCS_COMPUTE_NODE_GROUP_ID", p.group_id.clone()),
+                ("PCS_COMPUTE_NODE_GROUP_NAME", p.group_name.clone()),
+                ("PCS_NODE_ID", self.node_name.clone()),
+                ("PCS_IS_FIRST_BOOT", first.to_string()),
+            ]);
+        }
+        env
+    }
+}
+
+/// What happened to one script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScriptResult {
+    /// Stage.
+    pub stage: Stage,
+    /// Where the script list came from.
+    pub origin: Origin,
+    /// Script name.
+    pub name: String,
+    /// `ok`, `failed`, `skipped` (`FIRST_BOOT_ONLY` after the first boot), `done` (succeeded
+    /// earlier in this boot) or `not_run` (after a `STOP_SEQUENCE` or `TERMINATE` failure).
+    pub status: &'static str,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A failed `TERMINATE` script.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminate {
+    /// Stage name.
+    pub stage: String,
+    /// Script name.
+    pub script: String,
+    /// Why it failed.
+    pub message: String,
+}
+
+/// The outcome of a stage.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StageOutcome {
+    /// Every script, in order.
+    pub scripts: Vec<ScriptResult>,
+    /// The failed script whose `onError` is `TERMINATE`, if one failed.
+    pub terminate: Option<Terminate>,
+}
+
+/// `<agent.state_dir>/lifecycle/state.json`: which boot was the instance's first, which
+/// scripts succeeded in this boot, when each cached copy was fetched, and the last
+/// `TERMINATE`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunRecord {
+    /// The instance this record is about (a record from another instance, e.g. baked
+    /// into an image, starts afresh).
+    pub instance_id: String,
+    /// Kernel boot id of the first boot bootstrap ran in on this instance.
+    pub first_boot_id: String,
+    /// Kernel boot id `succeeded` is about.
+    pub boot_id: String,
+    /// Scripts that succeeded in this boot: `<stage>/<origin>/<n>/<checksum or location>`.
+    pub succeeded: Vec<String>,
+    /// Cache file name → boot id in which it was fetched.
+    pub fetched: BTreeMap<String, String>,
+    /// The drain reason of the last failed `TERMINATE` script.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminated_by: Option<String>,
+}
+
+impl RunRecord {
+    /// Reads the record (a missing or unreadable one is empty), then makes it about this
+    /// instance and boot.
+    pub fn load(state_dir: &Path, instance_id: &str, boot_id: &str) -> RunRecord {
+        let mut r: RunRecord = std::fs::read(state_dir.join(STATE_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        if r.instance_id != instance_id || r.first_boot_id.is_empty() {
+            r = RunRecord {
+                instance_id: instance_id.to_string(),
+                first_boot_id: boot_id.to_string(),
+                ..RunRecord::default()
+            };
+        }
+        if r.boot_id != boot_id {
+            r.boot_id = boot_id.to_string();
+            r.succeeded.clear();
+        }
+        r
+    }
+
+    /// Whether this boot is the instance's first.
+    pub fn first_boot(&self) -> bool {
+        self.first_boot_id == self.boot_id
+    }
+
+    /// Writes the record atomically (mode 0600).
+    ///
+    /// # Errors
+    /// A message naming the file.
+    pub fn save(&self, state_dir: &Path) -> Result<(), String> {
+        let dir = state_dir.join(DIR);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+        crate::fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600, None)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A name usable in a file name: other characters become `_`; at most 100.
+fn safe_name(name: &str) -> String {
+    name.chars()
+        .take(100)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Log file of the `n`-th (from 1) script of a stage:
+/// `<state_dir>/lifecycle/logs/<stage>-<n>-<name>.log`.
+pub fn log_path(state_dir: &Path, stage: Stage, n: usize, name: &str) -> PathBuf {
+    state_dir
+        .join(DIR)
+        .join("logs")
+        .join(format!("{}-{n}-{}.log", stage.name(), safe_name(name)))
+}
+
+/// The drain reason of a failed `TERMINATE` script, in the one reason scheme (cause
+/// `script`): `slurm-node-agent/script@<instance-id>: <script> failed in <stage> (onError
+/// TERMINATE), powering off: <why>` (cut to Slurm's 256 characters).
+pub fn terminate_reason(instance_id: &str, t: &Terminate) -> String {
+    crate::identity::reason(
+        crate::identity::ReasonCause::Script,
+        instance_id,
+        &format!(
+            "{} failed in {} (onError TERMINATE), powering off: {}",
+            t.script, t.stage, t.message
+        ),
+    )
+}
+
+/// The SDK's configuration in `region` (default credentials chain: the instance profile).
+async fn sdk(region: &str) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()))
+        .load()
+        .await
+}
+
+/// Fetches a script's bytes once.
+async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, String> {
+    let loc = &source.script_location;
+    let too_big = || format!("{loc}: larger than {MAX_SCRIPT_BYTES} bytes");
+    if loc.starts_with("s3://") {
+        // aws-sdk-s3 is left out for now: it turns on aws-runtime's event-stream features,
+        // which rebuilds every aws-sdk crate of the agent (aws-sdk-ec2 alone takes most of an
+        // hour on the project's build machine). To come: a SigV4-signed GetObject.
+        Err(format!(
+            "{loc}: s3:// downloads are not built into this agent yet; use ssm: or file:"
+        ))
+    } else if let Some(name) = loc.strip_prefix("ssm:") {
+        let client = aws_sdk_ssm::Client::new(&sdk(region).await);
+        let out = client
+            .get_parameter()
+            .name(name)
+            .with_decryption(true)
+            .send()
+            .await
+            .map_err(|e| format!("{loc}: {}", crate::imds::error_chain(&e)))?;
+        Ok(out
+            .parameter
+            .and_then(|p| p.value)
+            .unwrap_or_default()
+            .into_bytes())
+    } else if let Some(path) = loc.strip_prefix("file:") {
+        match crate::fsutil::read_regular(Path::new(path), MAX_SCRIPT_BYTES) {
+            Ok(Some((bytes, _))) => Ok(bytes),
+            Ok(None) => match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => Err(too_big()),
+                Ok(_) => Err(format!("{loc}: not a regular file")),
+                Err(e) => Err(format!("{loc}: {e}")),
+            },
+            Err(e) => Err(format!("{loc}: {e}")),
+        }
+    } else {
+        Err(format!(
+            "{loc}: expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>"
+        ))
+    }
+}
+
+/// Size and checksum of a copy.
+fn check(source: &ScriptSource, bytes: &[u8]) -> Result<(), String> {
+    if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(format!(
+            "{}: {} bytes, larger than {MAX_SCRIPT_BYTES}",
+            source.script_location,
+            bytes.len()
+        ));
+    }
+    if let Some(want) = &source.checksum {
+        let got = hex::encode(Sha256::digest(bytes));
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(format!(
+                "{}: checksum mismatch (SHA-256 {got}, expected {want}); not run",
+                source.script_location
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Downloads with [`FETCH_ATTEMPTS`] attempts, then checks size and checksum (a mismatch is
+/// not retried: the object is what it is).
+async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, String> {
+    let mut last = String::new();
+    for attempt in 0..FETCH_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(FETCH_BACKOFF.delay(attempt - 1)).await;
+        }
+        match fetch_once(&script.script_source, region).await {
+            Ok(bytes) => {
+                check(&script.script_source, &bytes)?;
+                return Ok(bytes);
+            }
+            Err(e) => {
+                tracing::warn!(script = %script.name, attempt = attempt + 1, "fetching the script failed: {e}");
+                last = e;
+            }
+        }
+    }
+    Err(format!("{last} ({FETCH_ATTEMPTS} attempts)"))
+}
+
+/// Runs one script: no shell, its arguments, the facts, output to its log. A script that
+/// the kernel finds busy (`ETXTBSY`: another thread's fork held the new file open for a
+/// moment) is tried again: it never started.
+async fn execute(
+    script: &Script,
+    path: &Path,
+    log: &Path,
+    env: &[(&'static str, String)],
+) -> Result<(), String> {
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut tries = 0;
+    let status = loop {
+        let out = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(log)
+                .map_err(|e| format!("{}: {e}", log.display()))?
+        };
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = tokio::process::Command::new(path);
+        cmd.args(&script.arguments)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        match cmd.status().await {
+            Ok(s) => break s,
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ETXTBSY as i32) && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot run it ({e}); a script needs a #! line (no shell runs it)"
+                ))
+            }
+        }
+    };
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{status}; output in {}", log.display()))
+    }
+}
+
+/// One list of scripts to run in a stage.
+#[derive(Debug, Clone, Copy)]
+pub struct ScriptList<'a> {
+    /// Where it comes from.
+    pub origin: Origin,
+    /// The actions (the stage's list and the caching policy).
+    pub actions: &'a NodeLifecycleActions,
+}
+
+/// Runs a stage: the lists in order, each script per its policies (see the module docs).
+/// Updates `record` (the caller saves it). A failed `TERMINATE` script ends the stage.
+pub async fn run_stage(
+    state_dir: &Path,
+    region: &str,
+    stage: Stage,
+    lists: &[ScriptList<'_>],
+    facts: &Facts,
+    record: &mut RunRecord,
+) -> StageOutcome {
+    let env = facts.environment(stage);
+    let mut outcome = StageOutcome::default();
+    let mut n = 0;
+    for list in lists {
+        let mut stopped = outcome.terminate.is_some();
+        for script in stage.of(&list.actions.stages) {
+            n += 1;
+            let result = |status, detail| ScriptResult {
+                stage,
+                origin: list.origin,
+                name: script.name.clone(),
+                status,
+                detail,
+            };
+            if stopped {
+                outcome.scripts.push(result("not_run", None));
+                continue;
+            }
+            if script.execution_policy == "FIRST_BOOT_ONLY" && !record.first_boot() {
+                tracing::info!(stage = stage.name(), script = %script.name, "FIRST_BOOT_ONLY, not the first boot: skipped");
+                outcome.scripts.push(result("skipped", None));
+                continue;
+            }
+            let id = format!(
+                "{}/{}/{n}/{}",
+                stage.name(),
+                match list.origin {
+                    Origin::Service => "service",
+                    Origin::Settings => "settings",
+                },
+                script
+                    .script_source
+                    .checksum
+                    .as_deref()
+                    .unwrap_or(&script.script_source.script_location)
+            );
+            if record.succeeded.contains(&id) {
+                outcome.scripts.push(result("done", None));
+                continue;
+            }
+            let cache_name = format!(
+                "{}-{}-{n}-{}",
+                stage.name(),
+                match list.origin {
+                    Origin::Service => "s",
+                    Origin::Settings => "i",
+                },
+                safe_name(&script.name)
+            );
+            let cache = state_dir.join(DIR).join("cache").join(&cache_name);
+            let ran = match cached_or_fetched(
+                script,
+                &cache,
+                &cache_name,
+                &list.actions.script_caching_policy,
+                region,
+                record,
+            )
+            .await
+            {
+                Ok(()) => {
+                    let log = log_path(state_dir, stage, n, &script.name);
+                    tracing::info!(stage = stage.name(), script = %script.name, log = %log.display(), "running lifecycle script");
+                    execute(script, &cache, &log, &env).await
+                }
+                Err(e) => Err(e),
+            };
+            match ran {
+                Ok(()) => {
+                    tracing::info!(stage = stage.name(), script = %script.name, "lifecycle script succeeded");
+                    record.succeeded.push(id);
+                    outcome.scripts.push(result("ok", None));
+                }
+                Err(e) => {
+                    tracing::warn!(stage = stage.name(), script = %script.name, on_error = %script.on_error, "lifecycle script failed: {e}");
+                    outcome.scripts.push(result("failed", Some(e.clone())));
+                    match script.on_error.as_str() {
+                        "CONTINUE" => {}
+                        "STOP_SEQUENCE" => stopped = true,
+                        _ => {
+                            stopped = true;
+                            outcome.terminate = Some(Terminate {
+                                stage: stage.name().into(),
+                                script: script.name.clone(),
+                                message: e,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    outcome
+}
+
+/// Makes `cache` hold a checked copy: the cached one when the policy allows and it still
+/// matches, else a download.
+async fn cached_or_fetched(
+    script: &Script,
+    cache: &Path,
+    cache_name: &str,
+    policy: &str,
+    region: &str,
+    record: &mut RunRecord,
+) -> Result<(), String> {
+    let fresh = policy == "CACHE_ONCE" || record.fetched.get(cache_name) == Some(&record.boot_id);
+    if fresh {
+        if let Ok(Some((bytes, _))) = crate::fsutil::read_regular(cache, MAX_SCRIPT_BYTES) {
+            if check(&script.script_source, &bytes).is_ok() {
+                return Ok(());
+            }
+        }
+    }
+    let bytes = fetch(script, region).await?;
+    if let Some(dir) = cache.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    crate::fsutil::write_atomic(cache, &bytes, 0o700, None).map_err(|e| e.to_string())?;
+    record
+        .fetched
+        .insert(cache_name.to_string(), record.boot_id.clone());
+    Ok(())
+}
+
+/// Why a stage stopped bootstrap.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    /// The actions break the API's limits (exit 65): nothing of the stage ran.
+    #[error("nodeLifecycleActions from the {origin}: {key}: {message}")]
+    Invalid {
+        /// `service` or `settings`.
+        origin: &'static str,
+        /// Where in the actions.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A `TERMINATE` script failed: the node was drained (when registered) and the
+    /// shutdown unit started (exit 65).
+    #[error("lifecycle script {script:?} failed in {stage} with onError TERMINATE ({message}); {action}")]
+    Terminated {
+        /// Stage name.
+        stage: String,
+        /// Script name.
+        script: String,
+        /// Why it failed.
+        message: String,
+        /// The drain reason (also in the log and the records).
+        reason: String,
+        /// What was done: `powering off (poweroff.target started)` or why not.
+        action: String,
+    },
+    /// The run record could not be written (exit 74).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl LifecycleError {
+    /// sysexits(3) code: 65 for invalid actions and a `TERMINATE`, 74 for the record.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LifecycleError::Invalid { .. } | LifecycleError::Terminated { .. } => 65,
+            LifecycleError::Io(_) => 74,
+        }
+    }
+}
+
+/// The kernel's id of this boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// What bootstrap hands [`run`].
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The settings bootstrap runs with.
+    pub settings: &'a crate::settings::Settings,
+    /// The instance's region (downloads).
+    pub region: &'a str,
+    /// The service's actions, in the managed mode.
+    pub service: Option<&'a NodeLifecycleActions>,
+    /// The facts, but `first_boot`, which comes from the run record.
+    pub facts: &'a Facts,
+}
+
+/// Runs one stage for bootstrap: the service's scripts, then the settings', per the module
+/// docs; keeps the run record. On a failed `TERMINATE` script: in `nodeReady` drains the node
+/// with [`terminate_reason`]; in `nodeBootstrapped` (slurmd has not fetched its config, the
+/// node is not registered) the reason goes to the log and the records only; then starts
+/// `node_lifecycle.poweroff_unit` through `systemd` (an orderly shutdown).
+///
+/// # Errors
+/// [`LifecycleError`].
+pub async fn run(
+    cx: Context<'_>,
+    stage: Stage,
+    systemd: &crate::systemd::Systemd,
+) -> Result<StageOutcome, LifecycleError> {
+    let s = cx.settings;
+    let image = s.node_lifecycle.actions();
+    if let Some(a) = cx.service {
+        validate(a).map_err(|(key, message)| LifecycleError::Invalid {
+            origin: "service",
+            key,
+            message,
+        })?;
+    }
+    let mut lists = Vec::new();
+    if let Some(a) = cx.service {
+        lists.push(ScriptList {
+            origin: Origin::Service,
+            actions: a,
+        });
+    }
+    lists.push(ScriptList {
+        origin: Origin::Settings,
+        actions: &image,
+    });
+    if lists.iter().all(|l| stage.of(&l.actions.stages).is_empty()) {
+        return Ok(StageOutcome::default());
+    }
+    let state_dir = &s.agent.state_dir;
+    let mut record = RunRecord::load(state_dir, &cx.facts.instance_id, &boot_id());
+    let facts = Facts {
+        first_boot: record.first_boot(),
+        ..cx.facts.clone()
+    };
+    let outcome = run_stage(state_dir, cx.region, stage, &lists, &facts, &mut record).await;
+    let Some(t) = outcome.terminate.clone() else {
+        record.save(state_dir).map_err(LifecycleError::Io)?;
+        return Ok(outcome);
+    };
+    let reason = terminate_reason(&facts.instance_id, &t);
+    record.terminated_by = Some(reason.clone());
+    if let Err(e) = record.save(state_dir) {
+        tracing::error!("{e}");
+    }
+    if stage == Stage::NodeReady {
+        let scontrol = crate::slurm::Scontrol::new(&s.slurm.bin_dir);
+        match scontrol.drain(&facts.node_name, &reason).await {
+            Ok(()) => {
+                tracing::error!(node = %facts.node_name, %reason, "drained before powering off")
+            }
+            Err(e) => {
+                tracing::error!(node = %facts.node_name, %reason, "draining before powering off failed: {e}")
+            }
+        }
+    } else {
+        tracing::error!(%reason, "slurmd has not started: the reason goes to the log and the records only");
+    }
+    let unit = &s.node_lifecycle.poweroff_unit;
+    let action = match systemd.start(unit).await {
+        Ok(()) => format!("powering off ({unit} started)"),
+        Err(e) => {
+            tracing::error!("starting {unit} for the orderly shutdown failed: {e}");
+            format!("starting {unit} failed: {e}")
+        }
+    };
+    Err(LifecycleError::Terminated {
+        stage: t.stage,
+        script: t.script,
+        message: t.message,
+        reason,
+        action,
+    })
+}
+
+#[cfg(test)]
+mod tests;

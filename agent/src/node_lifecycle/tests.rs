@@ -1,0 +1,279 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use std::os::unix::fs::PermissionsExt;
+
+fn script(dir: &Path, name: &str, body: &str, on_error: &str, policy: &str) -> Script {
+    let p = dir.join(format!("{name}.src"));
+    std::fs::write(&p, body).unwrap();
+    // Not executable at its source: the agent runs its own checked copy.
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Script {
+        name: name.into(),
+        script_source: ScriptSource {
+            script_location: format!("file:{}", p.display()),
+            checksum: Some(hex::encode(Sha256::digest(body.as_bytes()))),
+            s3_version_id: None,
+        },
+        arguments: vec!["a b".into(), "$HOME".into()],
+        execution_policy: policy.into(),
+        on_error: on_error.into(),
+    }
+}
+
+fn actions(policy: &str, list: Vec<Script>) -> NodeLifecycleActions {
+    NodeLifecycleActions {
+        script_caching_policy: policy.into(),
+        stages: Stages {
+            node_bootstrapped: list,
+            node_ready: Vec::new(),
+        },
+    }
+}
+
+fn facts(pcs: bool) -> Facts {
+    Facts {
+        node_name: "compute-1".into(),
+        instance_id: "i-0123456789abcdef0".into(),
+        first_boot: true,
+        conf_servers: vec!["10.0.0.1:6817".into()],
+        pcs: pcs.then(|| PcsFacts {
+            cluster_id: "pcs_c".into(),
+            ..PcsFacts::default()
+        }),
+    }
+}
+
+async fn stage(
+    dir: &Path,
+    a: &NodeLifecycleActions,
+    f: &Facts,
+    record: &mut RunRecord,
+) -> StageOutcome {
+    let lists = [ScriptList {
+        origin: Origin::Service,
+        actions: a,
+    }];
+    run_stage(dir, "us-east-1", Stage::NodeBootstrapped, &lists, f, record).await
+}
+
+fn statuses(o: &StageOutcome) -> Vec<&'static str> {
+    o.scripts.iter().map(|s| s.status).collect()
+}
+
+#[tokio::test]
+async fn scripts_run_in_order_without_a_shell_and_on_error_decides() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    let ok = format!(
+        "#!/bin/sh\nprintf '%s|' \"$@\" \"$PCS_NODE_ID\" \"$PCS_IS_FIRST_BOOT\" \"$SLURM_NODE_AGENT_STAGE\" >> {}\n",
+        out.display()
+    );
+    let fail = "#!/bin/sh\necho failing\nexit 3\n";
+    let mut bad_sum = script(d.path(), "badsum", &ok, "CONTINUE", "EVERY_BOOT");
+    bad_sum.script_source.checksum = Some("0".repeat(64));
+    let a = actions(
+        "CACHE_ONCE",
+        vec![
+            script(d.path(), "one", &ok, "CONTINUE", "EVERY_BOOT"),
+            bad_sum,
+            script(d.path(), "fails", fail, "STOP_SEQUENCE", "EVERY_BOOT"),
+            script(d.path(), "after", &ok, "CONTINUE", "EVERY_BOOT"),
+        ],
+    );
+    validate(&a).unwrap();
+    let mut rec = RunRecord::load(d.path(), "i-0123456789abcdef0", "boot1");
+    assert!(rec.first_boot());
+    let o = stage(d.path(), &a, &facts(true), &mut rec).await;
+    assert_eq!(statuses(&o), ["ok", "failed", "failed", "not_run"]);
+    let why = o.scripts[1].detail.as_ref().unwrap();
+    assert!(why.contains("checksum mismatch"), "{why}");
+    assert!(o.terminate.is_none());
+    // Arguments reach the script as they are (no shell expansion); the checksum mismatch
+    // ran nothing.
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "a b|$HOME|compute-1|true|nodeBootstrapped|"
+    );
+    let log = log_path(d.path(), Stage::NodeBootstrapped, 3, "fails");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "failing\n");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&log).unwrap().mode() & 0o777, 0o600);
+    assert!(!log_path(d.path(), Stage::NodeBootstrapped, 2, "badsum").exists());
+
+    // TERMINATE stops the stage and names the script.
+    let a = actions(
+        "CACHE_ONCE",
+        vec![
+            script(d.path(), "t", fail, "TERMINATE", "EVERY_BOOT"),
+            script(d.path(), "u", &ok, "CONTINUE", "EVERY_BOOT"),
+        ],
+    );
+    let o = stage(d.path(), &a, &facts(true), &mut rec).await;
+    let t = o.terminate.clone().unwrap();
+    assert_eq!(t.script, "t");
+    assert_eq!(statuses(&o), ["failed", "not_run"]);
+    let reason = terminate_reason("i-0123456789abcdef0", &t);
+    let parsed = crate::identity::parse_reason(&reason).unwrap();
+    assert_eq!(parsed.cause, crate::identity::ReasonCause::Script);
+    assert!(
+        parsed
+            .detail
+            .starts_with("t failed in nodeBootstrapped (onError TERMINATE)"),
+        "{reason}"
+    );
+    assert!(reason.chars().count() <= 256);
+}
+
+#[tokio::test]
+async fn a_script_without_a_shebang_fails_and_is_not_run_through_a_shell() {
+    let d = tempfile::tempdir().unwrap();
+    let a = actions(
+        "CACHE_ONCE",
+        vec![script(
+            d.path(),
+            "plain",
+            "touch /tmp/x\n",
+            "CONTINUE",
+            "EVERY_BOOT",
+        )],
+    );
+    let mut rec = RunRecord::load(d.path(), "i-0123456789abcdef0", "boot1");
+    let o = stage(d.path(), &a, &facts(false), &mut rec).await;
+    assert_eq!(statuses(&o), ["failed"]);
+    assert!(
+        o.scripts[0].detail.as_ref().unwrap().contains("#! line"),
+        "{o:?}"
+    );
+}
+
+#[tokio::test]
+async fn first_boot_only_is_skipped_later_succeeded_scripts_are_not_rerun_and_cache_once_keeps_the_first_copy(
+) {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    let body = format!("#!/bin/sh\necho \"$1\" >> {}\n", out.display());
+    let mut once = script(d.path(), "once", &body, "CONTINUE", "FIRST_BOOT_ONLY");
+    once.arguments = vec!["once".into()];
+    let mut every = script(d.path(), "every", &body, "CONTINUE", "EVERY_BOOT");
+    every.arguments = vec!["every".into()];
+    every.script_source.checksum = None;
+    let a = actions("CACHE_ONCE", vec![once, every.clone()]);
+    let id = "i-0123456789abcdef0";
+    let mut rec = RunRecord::load(d.path(), id, "boot1");
+    let o = stage(d.path(), &a, &facts(false), &mut rec).await;
+    assert_eq!(statuses(&o), ["ok", "ok"]);
+    rec.save(d.path()).unwrap();
+    // Bootstrap again in the same boot: nothing runs again.
+    let mut rec = RunRecord::load(d.path(), id, "boot1");
+    assert!(rec.first_boot());
+    let o = stage(d.path(), &a, &facts(false), &mut rec).await;
+    assert_eq!(statuses(&o), ["done", "done"]);
+    rec.save(d.path()).unwrap();
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "once\nevery\n");
+
+    // The unchecked source changes; CACHE_ONCE keeps running the first copy.
+    let src = every
+        .script_source
+        .script_location
+        .strip_prefix("file:")
+        .unwrap();
+    std::fs::write(src, "#!/bin/sh\nexit 1\n").unwrap();
+    let mut rec = RunRecord::load(d.path(), id, "boot2");
+    assert!(!rec.first_boot());
+    let o = stage(d.path(), &a, &facts(false), &mut rec).await;
+    assert_eq!(statuses(&o), ["skipped", "ok"]);
+    rec.save(d.path()).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "once\nevery\nevery\n"
+    );
+    // REFRESH_ON_REBOOT fetches again in a new boot: the changed script now fails.
+    let a = actions("REFRESH_ON_REBOOT", vec![every]);
+    let mut rec = RunRecord::load(d.path(), id, "boot3");
+    let o = stage(d.path(), &a, &facts(false), &mut rec).await;
+    assert_eq!(statuses(&o), ["failed"]);
+
+    // Another instance (a record baked into an image): its first boot again.
+    let rec = RunRecord::load(d.path(), "i-0fedcba9876543210", "boot3");
+    assert!(rec.first_boot());
+}
+
+#[test]
+fn validation_names_the_script_and_field() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = script(d.path(), "n", "x", "EXPLODE", "EVERY_BOOT");
+    let (key, m) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    assert_eq!(key, "node_bootstrapped[0].on_error");
+    assert!(m.contains("\"n\"") && m.contains("EXPLODE"), "{m}");
+    s.on_error = "CONTINUE".into();
+    s.arguments = vec!["x".repeat(257)];
+    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    assert_eq!(key, "node_bootstrapped[0].arguments");
+    s.arguments = vec!["x".into(); 21];
+    assert!(validate(&actions("CACHE_ONCE", vec![s.clone()])).is_err());
+    s.arguments.clear();
+    s.script_source.script_location = "http://example.com/x".into();
+    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    assert_eq!(key, "node_bootstrapped[0].script_location");
+    s.script_source.script_location = "s3://bucket/key".into();
+    s.script_source.checksum = Some("abc".into());
+    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    assert_eq!(key, "node_bootstrapped[0].checksum");
+    s.script_source.checksum = None;
+    assert!(validate(&actions("CACHE_ONCE", vec![s.clone(); 20])).is_ok());
+    assert!(validate(&actions("CACHE_ONCE", vec![s.clone(); 21])).is_err());
+    let (key, _) = validate(&actions("SOMETIMES", vec![s])).unwrap_err();
+    assert_eq!(key, "script_caching_policy");
+}
+
+#[test]
+fn the_environment_has_the_agents_names_always_and_the_services_in_the_managed_mode() {
+    let names = |f: &Facts| -> Vec<&'static str> {
+        f.environment(Stage::NodeReady)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    let plain = facts(false);
+    assert_eq!(
+        names(&plain),
+        [
+            "SLURM_NODE_AGENT_NODE_NAME",
+            "SLURM_NODE_AGENT_INSTANCE_ID",
+            "SLURM_NODE_AGENT_IS_FIRST_BOOT",
+            "SLURM_NODE_AGENT_STAGE",
+            "SLURM_NODE_AGENT_CONF_SERVERS",
+        ]
+    );
+    let env = facts(true).environment(Stage::NodeReady);
+    let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+    assert_eq!(get("PCS_NODE_ID"), "compute-1");
+    assert_eq!(get("PCS_CLUSTER_ID"), "pcs_c");
+    assert_eq!(get("PCS_IS_FIRST_BOOT"), "true");
+    assert_eq!(get("SLURM_NODE_AGENT_STAGE"), "nodeReady");
+    assert_eq!(get("SLURM_NODE_AGENT_CONF_SERVERS"), "10.0.0.1:6817");
+    assert_eq!(env.len(), 11);
+}
+
+#[test]
+fn settings_scripts_are_checked_with_their_dotted_keys() {
+    let mut s = NodeLifecycleSettings::default();
+    s.validate().unwrap();
+    s.node_ready.push(ScriptSettings {
+        name: "r".into(),
+        script_location: "file:/opt/site/ready.sh".into(),
+        checksum: String::new(),
+        s3_version_id: String::new(),
+        arguments: Vec::new(),
+        execution_policy: "EVERY_BOOT".into(),
+        on_error: "NEVER".into(),
+    });
+    let (key, _) = s.validate().unwrap_err();
+    assert_eq!(key, "node_lifecycle.node_ready[0].on_error");
+    s.node_ready[0].on_error = "CONTINUE".into();
+    s.validate().unwrap();
+    let a = s.actions();
+    assert_eq!(a.stages.node_ready[0].script_source.checksum, None);
+    s.poweroff_unit = "../x".into();
+    assert_eq!(s.validate().unwrap_err().0, "node_lifecycle.poweroff_unit");
+}
