@@ -178,7 +178,6 @@ static LOCAL_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// PMIx, JWT, hwloc and slurmrestd present; NVML skipped with its reason (NVIDIA's
 /// development files are outside Debian's main archive). Slow: it compiles Slurm.
 #[test]
-#[ignore = "compiles Slurm (minutes on 2 cores): pending a verified run"]
 fn local_target_builds_slurm_from_debians_source_package_with_the_tarball_flags() {
     let _one = LOCAL_BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let work = tempfile::Builder::new()
