@@ -20,13 +20,22 @@ pub struct UpgradeOutcome {
     pub old_image: String,
     /// The image published (registered in moto).
     pub new_image: String,
-    /// The most nodes seen at once with an upgrade drain of an instance still running
-    /// (draining or drained, not yet powered off): what `upgrade.max_unavailable` bounds.
+    /// The most upgrade drains at once among those that went on to power their instance
+    /// off (from the drain's first sight to its "powered off" reason): what
+    /// `upgrade.max_unavailable` bounds. A drain that started together with others beyond
+    /// the budget and was withdrawn before any action is not counted here but in
+    /// [`UpgradeOutcome::withdrawn`] (the agent's coordination-free budget allows those by
+    /// design; see `agent/src/upgrade/mod.rs`).
     pub max_upgrading: usize,
+    /// The most nodes seen at once with an upgrade drain of a running instance, withdrawn
+    /// ones included.
+    pub max_upgrade_drains_seen: usize,
+    /// Upgrade drains withdrawn before any action, per instance id.
+    pub withdrawn: BTreeMap<String, u32>,
     /// The most nodes seen at once not available for jobs for any reason (drained,
     /// powered off and not yet replaced, replacement still booting).
     pub max_unavailable: usize,
-    /// Upgrade drains seen per instance id.
+    /// Upgrade drains that ended with the instance powered off, per instance id.
     pub drains: BTreeMap<String, u32>,
     /// The distinct upgrade reasons seen, per instance id that wrote them.
     pub reasons: BTreeMap<String, Vec<String>>,
@@ -119,9 +128,14 @@ pub fn rolling_upgrade(
     run_ok(c, Duration::from_secs(120)).context("slurm-image-builder publish")?;
     let started = Instant::now();
 
-    let mut max_upgrading = 0;
+    let mut max_seen = 0;
     let mut max_unavailable = 0;
     let mut drains: BTreeMap<String, u32> = BTreeMap::new();
+    let mut withdrawn: BTreeMap<String, u32> = BTreeMap::new();
+    // NodeName -> (instance id, first sight) of an upgrade drain not yet ended, and the
+    // ended ones: (start, end) of those that powered off.
+    let mut open: BTreeMap<String, (String, Instant)> = BTreeMap::new();
+    let mut powered_off: Vec<(Instant, Instant)> = Vec::new();
     let mut reasons: BTreeMap<String, Vec<String>> = BTreeMap::new();
     // NodeName -> the instance whose upgrade drain is on its record now.
     let mut drained_now: BTreeMap<String, String> = BTreeMap::new();
@@ -156,22 +170,44 @@ pub fn rolling_upgrade(
             if !available {
                 unavailable += 1;
             }
+            let now = Instant::now();
             match upgrade_instance(&reason) {
                 Some(id) if state.contains("DRAIN") => {
                     let seen = reasons.entry(id.to_string()).or_default();
                     if !seen.contains(&reason) {
                         seen.push(reason.clone());
                     }
-                    if !reason.contains(": powered off for image upgrade ") {
+                    let off = reason.contains(": powered off for image upgrade ");
+                    if !off {
                         upgrading += 1;
                     }
                     if drained_now.get(name).map(String::as_str) != Some(id) {
-                        *drains.entry(id.to_string()).or_default() += 1;
                         drained_now.insert(name.clone(), id.to_string());
+                        if !off {
+                            open.insert(name.clone(), (id.to_string(), now));
+                        }
+                    }
+                    if off {
+                        if let Some((oid, start)) = open.remove(name) {
+                            *drains.entry(oid).or_default() += 1;
+                            powered_off.push((start, now));
+                        }
                     }
                 }
                 _ => {
                     drained_now.remove(name);
+                    if let Some((oid, start)) = open.remove(name) {
+                        // Gone without the "powered off" reason: withdrawn if the same
+                        // instance still runs, else it powered off between two samples.
+                        let same = fleet.exited(name)?.is_none()
+                            && fleet.instance_id(name).is_ok_and(|i| i == oid);
+                        if same {
+                            *withdrawn.entry(oid).or_default() += 1;
+                        } else {
+                            *drains.entry(oid).or_default() += 1;
+                            powered_off.push((start, now));
+                        }
+                    }
                 }
             }
             let on_new = fleet.ami_id(name)? == new_image;
@@ -182,7 +218,7 @@ pub fn rolling_upgrade(
             }
             done &= on_new && is_idle(&state);
         }
-        max_upgrading = max_upgrading.max(upgrading);
+        max_seen = max_seen.max(upgrading);
         max_unavailable = max_unavailable.max(unavailable);
         if done {
             break;
@@ -199,12 +235,25 @@ pub fn rolling_upgrade(
         std::thread::sleep(Duration::from_millis(500));
     }
     let total = started.elapsed();
+    // The most drains that powered off, overlapping at once.
+    let max_upgrading = powered_off
+        .iter()
+        .map(|(s, _)| {
+            powered_off
+                .iter()
+                .filter(|(s2, e2)| s2 <= s && s < e2)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
     fleet.wait_no_jobs(Duration::from_secs(120))?;
     fleet.check_no_job_killed(nodes)?;
     Ok(UpgradeOutcome {
         old_image,
         new_image,
         max_upgrading,
+        max_upgrade_drains_seen: max_seen,
+        withdrawn,
         max_unavailable,
         drains,
         reasons,
