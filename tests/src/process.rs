@@ -25,11 +25,39 @@ const LOG_TAIL_LINES: usize = 40;
 /// Environment variable: when set to anything but `0`, scratch folders are never deleted.
 pub const KEEP_ENV: &str = "SLURM_E2E_KEEP";
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+/// A TCP port (20000-32767, below the kernel's ephemeral range) that was free on
+/// 127.0.0.1 and 0.0.0.0 a moment ago and was not given out before by this process.
 ///
 /// Another process may take it before the caller binds it: callers that start a daemon on
 /// it retry with a new port when the daemon fails to bind.
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::Mutex;
+    // Below the kernel's ephemeral range (32768-60999 by default): a port taken from that
+    // range by binding port 0 can be reused as the local port of any outgoing connection
+    // (to moto, the emulator, slurmctld) before the daemon it was meant for binds it, which
+    // happened under a full parallel run ("Unable to bind listen port"). Random, so that
+    // test processes running at once rarely pick the same port; never the same port twice
+    // in one process.
+    const LOW: u16 = 20000;
+    const HIGH: u16 = 32767;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(u64::from(std::process::id()));
+        let port = LOW + (h.finish() % u64::from(HIGH - LOW)) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        let free = TcpListener::bind(("0.0.0.0", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free {
+            given.push(port);
+            return port;
+        }
+    }
+    // Fall back to the kernel's choice.
     let listener =
         TcpListener::bind(("127.0.0.1", 0)).expect("binding 127.0.0.1:0 must always work");
     listener
