@@ -118,10 +118,11 @@ fn maintenance_both_formats_empty_not_after_unknown_code_and_cancel() {
             ..Default::default()
         };
         let d = events::decide(&EventsSettings::default(), &obs, None, now);
+        // A completed reboot event ends its drain once slurmd has registered again.
         assert_eq!(
             d,
             [
-                Decision::Undo("maintenance:instance-event-old".into()),
+                Decision::UndoAfterRegistration("maintenance:instance-event-old".into()),
                 Decision::Drain(Cause::Maintenance {
                     event_id: "instance-event-soon".into(),
                     code: "brand-new-code".into(),
