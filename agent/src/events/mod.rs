@@ -572,53 +572,30 @@ mod tests {
             code: "system-reboot".into(),
             not_before: Some(now),
         };
-        // EC2 moved the reboot to history as completed; `scheduled` still lists it as
-        // active (not yet updated): history wins, and nothing drains again.
-        let obs = Observations {
-            maintenance: Some(Observed::Present(vec![ev(
-                "e-r",
-                notice::EventState::Active,
-                Some(now),
-                None,
-            )])),
-            maintenance_history: Some(Observed::Present(vec![ev(
-                "e-r",
-                notice::EventState::Completed,
-                Some(now),
-                None,
-            )])),
+        // `scheduled` as given, and `history` holding e-r in `state`.
+        let with_history = |scheduled: Option<Observed<Vec<notice::MaintenanceEvent>>>,
+                            state: notice::EventState| Observations {
+            maintenance: scheduled,
+            maintenance_history: Some(Observed::Present(vec![ev("e-r", state, Some(now), None)])),
             ..Default::default()
         };
+        // EC2 moved the reboot to history as completed; `scheduled` still lists it as
+        // active (not yet updated): history wins, and nothing drains again.
+        let still_active =
+            Observed::Present(vec![ev("e-r", notice::EventState::Active, Some(now), None)]);
+        let obs = with_history(Some(still_active), notice::EventState::Completed);
         assert_eq!(
             decide(&s, &obs, Some(&reboot), now),
             [Decision::UndoAfterRegistration(reboot.key())]
         );
         // Canceled in history, gone from scheduled (404): at once.
-        let obs = Observations {
-            maintenance: Some(Observed::Absent),
-            maintenance_history: Some(Observed::Present(vec![ev(
-                "e-r",
-                notice::EventState::Canceled,
-                Some(now),
-                None,
-            )])),
-            ..Default::default()
-        };
+        let obs = with_history(Some(Observed::Absent), notice::EventState::Canceled);
         assert_eq!(
             decide(&s, &obs, Some(&reboot), now),
             [Decision::Undo(reboot.key())]
         );
         // History alone (scheduled not read this round) still ends the drain.
-        let obs = Observations {
-            maintenance: None,
-            maintenance_history: Some(Observed::Present(vec![ev(
-                "e-r",
-                notice::EventState::Completed,
-                Some(now),
-                None,
-            )])),
-            ..Default::default()
-        };
+        let obs = with_history(None, notice::EventState::Completed);
         assert_eq!(
             decide(&s, &obs, Some(&reboot), now),
             [Decision::UndoAfterRegistration(reboot.key())]
