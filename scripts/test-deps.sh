@@ -28,6 +28,9 @@ APT_PACKAGES=(
   systemd-container dnsmasq-base openssh-server sshfs
   # Script linting and the benchmarks (/usr/bin/time measures peak RSS).
   shellcheck hyperfine time
+  # Signature checks of AWS's agent packages in the provisioning steps (gpgv), and the
+  # tests' stand-in signing keys (gpg, gpg-agent).
+  gpg gpgv gpg-agent
   # moto's server runs in a Python virtual environment when it is not installed yet.
   python3 python3-venv
   # Building the workspace (C code in aws-lc-sys, linking).

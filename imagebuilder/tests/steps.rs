@@ -370,11 +370,13 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
         ),
     ] {
         let s = StandIn::new();
+        let keys = signed_agent_packages(&s);
         let env = [
             ("IMAGE_OS", os),
             ("IMAGE_ARCH", "arm64"),
             ("IMAGE_REGION", "eu-west-1"),
             ("CLOUDWATCH_AGENT", "true"),
+            ("SIGNING_KEYS_DIR", keys.to_str().unwrap()),
         ];
         let (out, written) = step(&s, "65-services.sh", &env);
         assert!(out.status.success(), "{os}: {}", text(&out));
@@ -496,8 +498,8 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
         if os == "rocky9" {
             assert!(
                 s.lines("log").iter().any(|l| l.contains(
-                    "dnf install -y -q https://s3.eu-west-1.amazonaws.com/amazon-ssm-eu-west-1/latest/linux_arm64/amazon-ssm-agent.rpm"
-                )),
+                    "curl -fsSL --retry 2 --connect-timeout 10 -o /var/cache/slurm-image/amazon-ssm-agent.rpm.sig https://s3.eu-west-1.amazonaws.com/amazon-ssm-eu-west-1/latest/linux_arm64/amazon-ssm-agent.rpm.sig"
+                )) && s.lines("log").iter().any(|l| l == "dnf install -y -q /var/cache/slurm-image/amazon-ssm-agent.rpm"),
                 "{:#?}",
                 s.lines("log")
             );
@@ -512,7 +514,12 @@ fn services_step_is_idempotent_and_keeps_the_distribution_chrony_config() {
         return;
     }
     let s = StandIn::new();
-    let env = [("IMAGE_OS", "debian-12"), ("IMAGE_ARCH", "x86_64")];
+    let keys = signed_agent_packages(&s);
+    let env = [
+        ("IMAGE_OS", "debian-12"),
+        ("IMAGE_ARCH", "x86_64"),
+        ("SIGNING_KEYS_DIR", keys.to_str().unwrap()),
+    ];
     let (out, written) = step(&s, "65-services.sh", &env);
     assert!(out.status.success(), "{}", text(&out));
     let first = written.read("/etc/chrony/chrony.conf");
@@ -738,4 +745,331 @@ fn slurm_step_builds_for_auth_slurm_without_munge_and_for_munge_with_it() {
             text(&out)
         );
     }
+}
+
+/// A throwaway OpenPGP signing key (GnuPG in a temporary home), standing in for AWS's
+/// package signing keys: the stand-in downloads are signed with it and its fingerprint is
+/// pinned in a keys folder shaped like `packer/files/keys`.
+struct Signer {
+    home: tempfile::TempDir,
+    fpr: String,
+}
+
+impl Signer {
+    /// A new key; `faked_time` (gpg's `--faked-system-time`, e.g. `20200101T000000!`)
+    /// makes it in the past with a one-day expiry, so it has expired today.
+    fn new(faked_time: Option<&str>) -> Signer {
+        let home = tempfile::tempdir().unwrap();
+        let mut args = vec!["--batch", "--passphrase", "", "--pinentry-mode", "loopback"];
+        let mut expiry = "never";
+        if let Some(t) = faked_time {
+            args.extend(["--faked-system-time", t]);
+            expiry = "1d";
+        }
+        let mut s = Signer {
+            home,
+            fpr: String::new(),
+        };
+        let out = s.gpg(
+            &args,
+            &[
+                "--quick-gen-key",
+                "Stand-in Signer <signer@example.invalid>",
+                "ed25519",
+                "sign",
+                expiry,
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        let out = s.gpg(&["--batch"], &["--with-colons", "--list-keys"]);
+        let fpr = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("fpr:")
+                    .map(|r| r.trim_matches(':').to_string())
+            })
+            .unwrap();
+        s.fpr = fpr;
+        s
+    }
+
+    fn gpg(&self, pre: &[&str], args: &[&str]) -> Output {
+        Command::new("gpg")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(pre)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Writes `data` as `served/NAME` and its detached signature as `served/NAME.sig`.
+    fn serve_signed(&self, s: &StandIn, name: &str, data: &str, faked_time: Option<&str>) {
+        let served = s.path().join("served");
+        std::fs::create_dir_all(&served).unwrap();
+        let file = served.join(name);
+        std::fs::write(&file, data).unwrap();
+        let sig = served.join(format!("{name}.sig"));
+        let _ = std::fs::remove_file(&sig);
+        let mut pre = vec!["--batch", "--yes"];
+        if let Some(t) = faked_time {
+            pre.extend(["--faked-system-time", t]);
+        }
+        let out = self.gpg(
+            &pre,
+            &[
+                "--detach-sign",
+                "-o",
+                sig.to_str().unwrap(),
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+    }
+
+    /// A keys folder pinning this key for `ids` (`<id>.asc` and `<id>.fpr`).
+    fn keys_dir(&self, s: &StandIn, ids: &[&str]) -> PathBuf {
+        let dir = s.path().join("keys");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = self.gpg(&["--batch"], &["--armor", "--export", &self.fpr]);
+        assert!(out.status.success());
+        for id in ids {
+            std::fs::write(dir.join(format!("{id}.asc")), &out.stdout).unwrap();
+            std::fs::write(
+                dir.join(format!("{id}.fpr")),
+                format!("# the test's stand-in key\n{}\n", self.fpr),
+            )
+            .unwrap();
+        }
+        dir
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        // gpg started an agent for the temporary home: stop it.
+        let _ = Command::new("gpgconf")
+            .arg("--homedir")
+            .arg(self.home.path())
+            .args(["--kill", "all"])
+            .output();
+    }
+}
+
+/// The AWS agent packages (deb and rpm) served signed by a stand-in key pinned in a keys
+/// folder, which is returned. Without gpg, an empty folder (the steps then refuse them).
+fn signed_agent_packages(s: &StandIn) -> PathBuf {
+    if !has_gpg() {
+        return s.path().to_path_buf();
+    }
+    let signer = Signer::new(None);
+    let ids = ["amazon-ssm-agent", "amazon-cloudwatch-agent"];
+    for id in ids {
+        for ext in ["deb", "rpm"] {
+            signer.serve_signed(s, &format!("{id}.{ext}"), &format!("{id} {ext}\n"), None);
+        }
+    }
+    signer.keys_dir(s, &ids)
+}
+
+fn has_gpg() -> bool {
+    Command::new("gpg").arg("--version").output().is_ok()
+}
+
+#[test]
+fn aws_agent_packages_are_installed_only_with_a_good_signature_by_the_pinned_key() {
+    if !is_root() || !has_gpg() {
+        eprintln!("skipped: needs root for a private mount namespace, and gpg");
+        return;
+    }
+    let signer = Signer::new(None);
+    let ids = ["amazon-ssm-agent", "amazon-cloudwatch-agent"];
+    let env_for = |keys: &Path, os: &'static str| {
+        vec![
+            ("IMAGE_OS", os.to_string()),
+            ("IMAGE_ARCH", "x86_64".to_string()),
+            ("CLOUDWATCH_AGENT", "true".to_string()),
+            ("SIGNING_KEYS_DIR", keys.display().to_string()),
+        ]
+    };
+    let run = |s: &StandIn, env: &[(&str, String)]| {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        step(s, "65-services.sh", &env)
+    };
+
+    // Good signatures (deb and rpm): installed from the verified files, and said so.
+    for (os, ext) in [("debian-12", "deb"), ("rocky9", "rpm")] {
+        let s = StandIn::new();
+        let keys = signer.keys_dir(&s, &ids);
+        for id in ids {
+            signer.serve_signed(&s, &format!("{id}.{ext}"), &format!("{id} package\n"), None);
+        }
+        let (out, _) = run(&s, &env_for(&keys, os));
+        assert!(out.status.success(), "{os}: {}", text(&out));
+        let t = text(&out);
+        assert_eq!(
+            t.matches(&format!("good signature by the pinned key {}", signer.fpr))
+                .count(),
+            2,
+            "{os}: {t}"
+        );
+        let installer = if ext == "deb" {
+            "dpkg -i"
+        } else {
+            "dnf install -y -q"
+        };
+        for id in ids {
+            assert!(
+                s.lines("log")
+                    .iter()
+                    .any(|l| l == &format!("{installer} /var/cache/slurm-image/{id}.{ext}")),
+                "{os}: {id}: {:#?}",
+                s.lines("log")
+            );
+        }
+    }
+
+    // A package changed after signing: the step stops, names the check, installs nothing
+    // and leaves no file where the package would be.
+    let s = StandIn::new();
+    let keys = signer.keys_dir(&s, &ids);
+    signer.serve_signed(&s, "amazon-ssm-agent.deb", "the real package\n", None);
+    std::fs::write(
+        s.path().join("served/amazon-ssm-agent.deb"),
+        "a package changed on the way\n",
+    )
+    .unwrap();
+    let (out, written) = run(&s, &env_for(&keys, "debian-12"));
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("amazon-ssm-agent.deb.sig is not a good signature by the pinned key")
+            && t.contains("BAD signature")
+            && t.contains("failed its signature check")
+            && t.contains("it was not installed"),
+        "{t}"
+    );
+    assert!(!s.lines("log").iter().any(|l| l.starts_with("dpkg -i")));
+    assert!(written
+        .read("/var/cache/slurm-image/amazon-ssm-agent.deb")
+        .is_empty());
+
+    // Signed, but by another key than the pinned one.
+    let other = Signer::new(None);
+    let s = StandIn::new();
+    let keys = signer.keys_dir(&s, &ids);
+    other.serve_signed(&s, "amazon-ssm-agent.deb", "a package\n", None);
+    let (out, _) = run(&s, &env_for(&keys, "debian-12"));
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains(&format!(
+            "is not a good signature by the pinned key {}",
+            signer.fpr
+        )),
+        "{t}"
+    );
+    assert!(!s.lines("log").iter().any(|l| l.starts_with("dpkg -i")));
+
+    // No pin at all: refused, naming the file to write.
+    let s = StandIn::new();
+    let empty = s.path().join("no-keys");
+    std::fs::create_dir_all(&empty).unwrap();
+    signer.serve_signed(&s, "amazon-ssm-agent.deb", "a package\n", None);
+    let (out, _) = run(&s, &env_for(&empty, "debian-12"));
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("no pinned signing key fingerprint (40 hex digits) in")
+            && text(&out).contains("amazon-ssm-agent.fpr"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_signature_by_the_pinned_key_past_its_expiry_date_is_accepted_and_said_so() {
+    if !has_gpg() {
+        eprintln!("skipped: needs gpg");
+        return;
+    }
+    let t = "20200101T000000!";
+    let signer = Signer::new(Some(t));
+    let s = StandIn::new();
+    let keys = signer.keys_dir(&s, &["amazon-ssm-agent"]);
+    signer.serve_signed(
+        &s,
+        "amazon-ssm-agent.deb",
+        "a package\n",
+        Some("20200101T010000!"),
+    );
+    let served = s.path().join("served");
+    let out = s.bash(
+        "debian-12",
+        &format!(
+            "export SIGNING_KEYS_DIR={}; . {}; verify_signature amazon-ssm-agent {}/amazon-ssm-agent.deb {}/amazon-ssm-agent.deb.sig amazon-ssm-agent",
+            keys.display(),
+            lib().display(),
+            served.display(),
+            served.display()
+        ),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("past its expiry date; the fingerprint is what is pinned"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// The keys the recipe ships are the ones pinned next to them.
+#[test]
+fn the_shipped_signing_keys_match_their_pinned_fingerprints() {
+    if !has_gpg() {
+        eprintln!("skipped: needs gpg");
+        return;
+    }
+    let dir = repo().join("packer/files/keys");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().and_then(|x| x.to_str()) != Some("fpr") {
+            continue;
+        }
+        let pin: String = std::fs::read_to_string(&p)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect::<String>()
+            .split_whitespace()
+            .collect();
+        assert_eq!(pin.len(), 40, "{}", p.display());
+        let asc = p.with_extension("asc");
+        let url = p.with_extension("key-url");
+        assert!(
+            asc.exists() || url.exists(),
+            "{}: neither the key nor where to fetch it",
+            p.display()
+        );
+        if asc.exists() {
+            let home = tempfile::tempdir().unwrap();
+            let out = Command::new("gpg")
+                .arg("--homedir")
+                .arg(home.path())
+                .args(["--batch", "--with-colons", "--show-keys"])
+                .arg(&asc)
+                .output()
+                .unwrap();
+            let fprs = String::from_utf8_lossy(&out.stdout);
+            let primary = fprs
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("fpr:")
+                        .map(|r| r.trim_matches(':').to_string())
+                })
+                .unwrap();
+            assert_eq!(primary, pin.to_uppercase(), "{}", asc.display());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no shipped key checked in {}", dir.display());
 }

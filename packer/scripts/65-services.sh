@@ -9,7 +9,9 @@
 #     Prometheus endpoints, not files, so the distribution's node exporter serves the
 #     textfile folder on 127.0.0.1:9100 with only its textfile collector.
 # amazon-ssm-agent (outside Ubuntu's snap and Amazon Linux's repository) and the CloudWatch
-# agent come from AWS's download buckets, not from a distribution.
+# agent come from AWS's download buckets, not from a distribution: "latest" packages with no
+# checksum list, so each is checked against its detached signature (.sig) by the signing
+# key pinned in packer/files/keys/ (fetch_signed in lib.sh) before it is installed.
 set -Eeuo pipefail
 STEP=65-services
 for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
@@ -30,15 +32,6 @@ UNIT_DIR=/etc/systemd/system
 
 pkg_present() { [ -z "$(pkg_missing "$1")" ]; }
 
-# fetch_unpinned NAME URL DEST: AWS publishes these agents as "latest" without a checksum
-# list; they are signed packages, installed by the package manager. 2 when unreachable.
-fetch_unpinned() {
-	mkdir -p "$(dirname "$3")"
-	probe "$2" || return 2
-	log "$1: downloading $2"
-	curl -fsSL --retry 2 --connect-timeout 10 -o "$3" "$2" || return 2
-}
-
 # --- amazon-ssm-agent ---------------------------------------------------------------
 NAME="amazon-ssm-agent"
 ssm_unit=amazon-ssm-agent.service
@@ -52,7 +45,7 @@ if [ "$(os_family)" = deb ]; then
 	elif ! pkg_present amazon-ssm-agent; then
 		url=https://s3.$region.amazonaws.com/amazon-ssm-$region/latest/debian_$parch/amazon-ssm-agent.deb
 		rc=0
-		fetch_unpinned "$NAME" "$url" "$CACHE/amazon-ssm-agent.deb" || rc=$?
+		fetch_signed "$NAME" "$url" "$CACHE/amazon-ssm-agent.deb" amazon-ssm-agent || rc=$?
 		if [ "$rc" -eq 0 ]; then
 			pkg_run "installing amazon-ssm-agent" dpkg -i "$CACHE/amazon-ssm-agent.deb"
 		else
@@ -66,8 +59,10 @@ else
 	*)
 		if ! pkg_present amazon-ssm-agent; then
 			url=https://s3.$region.amazonaws.com/amazon-ssm-$region/latest/linux_$parch/amazon-ssm-agent.rpm
-			if probe "$url"; then
-				pkg_run "installing amazon-ssm-agent" dnf_cmd install -y -q "$url"
+			rc=0
+			fetch_signed "$NAME" "$url" "$CACHE/amazon-ssm-agent.rpm" amazon-ssm-agent || rc=$?
+			if [ "$rc" -eq 0 ]; then
+				pkg_run "installing amazon-ssm-agent" dnf_cmd install -y -q "$CACHE/amazon-ssm-agent.rpm"
 			else
 				unreachable "$NAME" "$url"
 				ssm_ok=false
@@ -180,7 +175,7 @@ if [ "${CLOUDWATCH_AGENT:-false}" = true ]; then
 			esac
 			url=https://amazoncloudwatch-agent.s3.amazonaws.com/$dir/$parch/latest/amazon-cloudwatch-agent.$ext
 			rc=0
-			fetch_unpinned "$NAME" "$url" "$CACHE/amazon-cloudwatch-agent.$ext" || rc=$?
+			fetch_signed "$NAME" "$url" "$CACHE/amazon-cloudwatch-agent.$ext" amazon-cloudwatch-agent || rc=$?
 			if [ "$rc" -ne 0 ]; then
 				unreachable "$NAME" "$url"
 				cw_ok=false

@@ -266,6 +266,101 @@ fetch_verified() {
 	mv -f "$dest.part" "$dest"
 }
 
+# Signing keys of packages that come with a detached signature and no checksum list (AWS's
+# "latest" agent packages): packer/files/keys/<id>.fpr holds the pinned fingerprint (40
+# hex digits; '#' comments name where it is published), <id>.asc the public key where it
+# ships with the recipe, or <id>.key-url where the publisher serves it (its fingerprint is
+# checked before use).
+: "${SIGNING_KEYS_DIR:=$IMAGE_STAGING/files/keys}"
+
+# dearmor: an ASCII-armored OpenPGP block on stdin as binary on stdout (gpgv reads binary
+# keyrings; gpg itself is not on every minimal root, gpgv is: apt and dnf use it).
+dearmor() {
+	sed -n '/^-----BEGIN PGP PUBLIC KEY BLOCK-----/,/^-----END PGP PUBLIC KEY BLOCK-----/p' |
+		sed '1d;$d' | awk 'NF == 0 { body = 1; next } body && !/^=/' | base64 -d
+}
+
+# verify_signature NAME FILE SIG KEYID: check FILE against the detached signature SIG,
+# made by the key pinned as KEYID in $SIGNING_KEYS_DIR. Returns 1 with the reason on
+# stderr when it is not a good signature by that key. A signature by the pinned key whose
+# expiry date has passed is accepted (and said so): AWS extends the expiry of the same key
+# (same fingerprint) and republishes it.
+verify_signature() {
+	local name=$1 file=$2 sig=$3 id=$4 fpr keyring key url status primary why
+	fpr=$(grep -v '^[[:space:]]*#' "$SIGNING_KEYS_DIR/$id.fpr" 2>/dev/null | tr -d ' \t\n' | tr 'a-f' 'A-F') ||
+		true
+	if [ ${#fpr} -ne 40 ] || [ -n "${fpr//[0-9A-F]/}" ]; then
+		printf '[%s] %s: no pinned signing key fingerprint (40 hex digits) in %s\n' "$STEP" "$name" "$SIGNING_KEYS_DIR/$id.fpr" >&2
+		return 1
+	fi
+	if ! command -v gpgv >/dev/null 2>&1; then
+		printf '[%s] %s: gpgv is not installed: cannot check the signature\n' "$STEP" "$name" >&2
+		return 1
+	fi
+	key=$SIGNING_KEYS_DIR/$id.asc
+	if [ ! -r "$key" ]; then
+		url=$(grep -v '^[[:space:]]*#' "$SIGNING_KEYS_DIR/$id.key-url" 2>/dev/null | head -n1) || true
+		if [ -z "$url" ]; then
+			printf '[%s] %s: no public key %s and no %s.key-url\n' "$STEP" "$name" "$key" "$id" >&2
+			return 1
+		fi
+		key=$(mktemp)
+		if ! curl -fsSL --retry 2 --connect-timeout 10 -o "$key" "$url"; then
+			rm -f "$key"
+			printf '[%s] %s: cannot download its signing key from %s\n' "$STEP" "$name" "$url" >&2
+			return 1
+		fi
+	fi
+	keyring=$(mktemp)
+	if grep -q -- '-----BEGIN PGP PUBLIC KEY BLOCK-----' "$key"; then
+		dearmor <"$key" >"$keyring" 2>/dev/null || true
+	else
+		cat "$key" >"$keyring"
+	fi
+	[ "$key" = "$SIGNING_KEYS_DIR/$id.asc" ] || rm -f "$key"
+	if [ ! -s "$keyring" ]; then
+		rm -f "$keyring"
+		printf '[%s] %s: its signing key is empty or not an OpenPGP public key\n' "$STEP" "$name" >&2
+		return 1
+	fi
+	# The status lines on stdout; gpgv's own words (stderr) go into the message.
+	status=$(gpgv --status-fd 1 --keyring "$keyring" "$sig" "$file" 2>"$keyring.err") || true
+	why=$(tr '\n' ' ' <"$keyring.err")
+	rm -f "$keyring" "$keyring.err"
+	primary=$(printf '%s\n' "$status" | awk '$2 == "VALIDSIG" { print (NF >= 12 ? $12 : $3); exit }')
+	if [ "$primary" != "$fpr" ] || printf '%s\n' "$status" | grep -q '^\[GNUPG:\] REVKEYSIG'; then
+		printf '[%s] %s: %s is not a good signature by the pinned key %s (%s): %s\n' \
+			"$STEP" "$name" "$(basename "$sig")" "$fpr" "$SIGNING_KEYS_DIR/$id.fpr" "${why:-no signature found}" >&2
+		return 1
+	fi
+	if printf '%s\n' "$status" | grep -q '^\[GNUPG:\] EXPKEYSIG'; then
+		log "$name: good signature by the pinned key $fpr (this copy of the key is past its expiry date; the fingerprint is what is pinned)"
+	else
+		log "$name: good signature by the pinned key $fpr"
+	fi
+}
+
+# fetch_signed NAME URL DEST KEYID: download URL to DEST and its detached signature URL.sig
+# to DEST.sig, and check them with verify_signature. A bad signature stops the step, and
+# nothing is left at DEST. 2 when the URL cannot be reached.
+fetch_signed() {
+	local name=$1 url=$2 dest=$3 id=$4
+	mkdir -p "$(dirname "$dest")"
+	probe "$url" || return 2
+	log "$name: downloading $url and its signature"
+	rm -f "$dest" "$dest.sig"
+	if ! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.part" "$url" ||
+		! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.sig" "$url.sig"; then
+		rm -f "$dest.part" "$dest.sig"
+		return 2
+	fi
+	if ! verify_signature "$name" "$dest.part" "$dest.sig" "$id"; then
+		rm -f "$dest.part" "$dest.sig"
+		die "$name from $url failed its signature check (above); it was not installed. If AWS has rotated the key, pin the new fingerprint from AWS's documentation in $SIGNING_KEYS_DIR/$id.fpr."
+	fi
+	mv -f "$dest.part" "$dest"
+}
+
 # write_if_changed DEST MODE: write stdin to DEST atomically, only when the content differs.
 write_if_changed() {
 	local dest=$1 mode=$2 tmp
