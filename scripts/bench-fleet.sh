@@ -14,5 +14,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-cargo build --locked -p slurm-node-agent -p slurm-image-builder -p slurm-e2e --bins
+cargo build --locked --workspace --bins
 SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"

@@ -32,7 +32,7 @@ if [ -n "${BENCH_PROBE_ONLY:-}" ]; then
 	echo "agent: ${agent[*]}"
 	exit 0
 fi
-cargo build -q -p slurm-image-builder
+cargo build -q --workspace --bins
 sib=$top/target/debug/slurm-image-builder
 
 build() {

@@ -20,9 +20,9 @@ if [ "$(id -u)" -ne 0 ]; then
 	exit 1
 fi
 args=(--profile "$profile")
-cargo test "${args[@]}" -p slurm-node-agent --test mounts -- \
+cargo test "${args[@]}" --workspace --test mounts -- \
 	--ignored --exact bench_mount_overhead --nocapture --test-threads=1 2>&1 |
 	grep -E '^(runs|bare|agent|added)' || {
-	echo "bench-mounts: the benchmark failed; rerun with: cargo test ${args[*]} -p slurm-node-agent --test mounts -- --ignored bench_mount_overhead --nocapture" >&2
+	echo "bench-mounts: the benchmark failed; rerun with: cargo test ${args[*]} --workspace --test mounts -- --ignored bench_mount_overhead --nocapture" >&2
 	exit 1
 }

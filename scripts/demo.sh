@@ -22,8 +22,8 @@ esac
 
 scripts/test-deps.sh
 if [[ -n $nodes ]]; then
-  cargo build --locked -p slurm-node-agent -p slurm-image-builder -p slurm-e2e --bins
+  cargo build --locked --workspace --bins
   SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-demo "$nodes"
 fi
-cargo build --locked -p slurm-node-agent -p slurm-e2e --bins
+cargo build --locked --workspace --bins
 SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/demo
