@@ -93,6 +93,35 @@ const CMD_TIMEOUT: Duration = Duration::from_secs(60);
 
 static FLEET_LOCK: Mutex<()> = Mutex::new(());
 
+/// Which image a fleet boots: how `slurm-image-builder build --target local` is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageRecipe {
+    /// The default local image: Debian's Slurm packages (quick to build).
+    #[default]
+    Default,
+    /// Slurm built from source, as for a production image (PMIx, hwloc, JWT, slurmrestd),
+    /// from Debian's own Slurm source package (`--slurm-source debian-source`): several
+    /// minutes of compiling, cached like the default image.
+    DebianSourceSlurm,
+}
+
+impl ImageRecipe {
+    /// The cache folder prefix (each recipe keeps and prunes its own roots).
+    fn prefix(self) -> &'static str {
+        match self {
+            ImageRecipe::Default => "image-",
+            ImageRecipe::DebianSourceSlurm => "srcimage-",
+        }
+    }
+
+    fn build_args(self) -> &'static [&'static str] {
+        match self {
+            ImageRecipe::Default => &[],
+            ImageRecipe::DebianSourceSlurm => &["--slurm-source", "debian-source"],
+        }
+    }
+}
+
 /// A built image root, shared read-only (the lower layer) by every node of a fleet.
 #[derive(Debug, Clone)]
 pub struct Image {
@@ -102,6 +131,10 @@ pub struct Image {
     pub key: String,
     /// Whether this call built it (else it came from the cache).
     pub rebuilt: bool,
+    /// The builder's JSON report of the build that made this root (`--output json`:
+    /// `root`, `acceptance` lines, ...), kept next to the cached root; `None` for a root
+    /// given by [`IMAGE_ENV`] or cached before reports were kept.
+    pub report: Option<serde_json::Value>,
 }
 
 /// The repository root (this crate's parent folder).
@@ -227,7 +260,16 @@ impl Image {
     /// # Errors
     /// Hashing the inputs, or the build failing (with the tail of its log).
     pub fn cached() -> Result<Image> {
-        if let Some(root) = std::env::var_os(IMAGE_ENV) {
+        Image::cached_recipe(ImageRecipe::Default)
+    }
+
+    /// [`Image::cached`] for a given recipe. [`IMAGE_ENV`] applies to the default recipe
+    /// only.
+    ///
+    /// # Errors
+    /// As [`Image::cached`].
+    pub fn cached_recipe(recipe: ImageRecipe) -> Result<Image> {
+        if let (ImageRecipe::Default, Some(root)) = (recipe, std::env::var_os(IMAGE_ENV)) {
             let root = PathBuf::from(root);
             if !root.join("usr/local/bin/slurm-node-agent").is_file() {
                 bail!(
@@ -243,6 +285,7 @@ impl Image {
                 root,
                 key: "0000000000000000".into(),
                 rebuilt: false,
+                report: None,
             });
         }
         let repo = repo_root();
@@ -258,10 +301,17 @@ impl Image {
         let cache = cache_dir();
         fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
         let _lock = FileLock::acquire(&cache.join("lock"))?;
-        let done = cache.join(format!("image-{key}"));
+        let prefix = recipe.prefix();
+        let done = cache.join(format!("{prefix}{key}"));
         let root = done.join("root");
+        let read_report = |done: &Path| {
+            fs::read(done.join("report.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+        };
         if done.join("complete").exists() {
             return Ok(Image {
+                report: read_report(&done),
                 root,
                 key,
                 rebuilt: false,
@@ -270,18 +320,20 @@ impl Image {
         // Straight to stderr, past the test harness's capture: a rebuild takes minutes.
         let _ = writeln!(
             std::io::stderr(),
-            "slurm-e2e fleet: building the node image root (no cached root for packer/, units/ \
-             and the agent binary as they are now: key {key}) in {}",
+            "slurm-e2e fleet: building the node image root ({recipe:?}; no cached root for \
+             packer/, units/ and the agent binary as they are now: key {key}) in {}",
             done.display()
         );
-        let work = cache.join(format!("build-{key}"));
+        let work = cache.join(format!("build-{prefix}{key}"));
         if work.exists() {
             let _ = Command::new("rm").arg("-rf").arg(&work).status();
         }
-        let log = cache.join(format!("build-{key}.log"));
+        let log = cache.join(format!("build-{prefix}{key}.log"));
         let mut c = Command::new(image_builder_binary()?);
         c.current_dir(&repo)
             .args([
+                "--output",
+                "json",
                 "build",
                 "--target",
                 "local",
@@ -302,9 +354,16 @@ impl Image {
             .arg("--apt-cache")
             .arg(cache.join("apt"))
             .arg("--log-file")
-            .arg(&log);
+            .arg(&log)
+            .args(recipe.build_args());
         let started = Instant::now();
-        let out = run_with_timeout(c, Duration::from_secs(1200))?;
+        // A source build compiles Slurm: 4 minutes on a quiet 2-core machine, much longer
+        // beside a loaded test run.
+        let deadline = match recipe {
+            ImageRecipe::Default => Duration::from_secs(1200),
+            ImageRecipe::DebianSourceSlurm => Duration::from_secs(3600),
+        };
+        let out = run_with_timeout(c, deadline)?;
         if !out.status.success() {
             bail!(
                 "slurm-image-builder build --target local failed ({}):\n{}\n{}\nlog: {}",
@@ -324,12 +383,14 @@ impl Image {
         if let Ok(rd) = fs::read_dir(&cache) {
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().into_owned();
-                if n.starts_with("image-") && e.path() != done {
+                // The prefixes are disjoint: "srcimage-" does not start with "image-".
+                if n.starts_with(prefix) && e.path() != done {
                     let _ = Command::new("rm").arg("-rf").arg(e.path()).status();
                 }
             }
         }
         fs::create_dir_all(&done)?;
+        fs::write(done.join("report.json"), &out.stdout)?;
         fs::rename(work.join("root"), &root)
             .with_context(|| format!("moving the built root into {}", root.display()))?;
         let _ = Command::new("rm").arg("-rf").arg(&work).status();
@@ -341,6 +402,7 @@ impl Image {
             root.display()
         );
         Ok(Image {
+            report: serde_json::from_slice(&out.stdout).ok(),
             root,
             key,
             rebuilt: true,
@@ -661,6 +723,7 @@ pub struct FleetBuilder {
     srv: bool,
     extra_toml: String,
     moto: bool,
+    recipe: ImageRecipe,
 }
 
 impl FleetBuilder {
@@ -683,6 +746,12 @@ impl FleetBuilder {
         self
     }
 
+    /// The image the nodes boot. Default: [`ImageRecipe::Default`].
+    pub fn image_recipe(mut self, recipe: ImageRecipe) -> Self {
+        self.recipe = recipe;
+        self
+    }
+
     /// TOML appended to every node's agent settings (user data part).
     pub fn agent_toml(mut self, toml: impl Into<String>) -> Self {
         self.extra_toml = toml.into();
@@ -701,7 +770,7 @@ impl FleetBuilder {
         // worktree's agent binary makes another key).
         fs::create_dir_all(cache_dir())?;
         let machine_lock = FileLock::acquire(&cache_dir().join("fleet.lock"))?;
-        let image = Image::cached()?;
+        let image = Image::cached_recipe(self.recipe)?;
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
@@ -897,6 +966,7 @@ impl Fleet {
             srv: false,
             extra_toml: String::new(),
             moto: false,
+            recipe: ImageRecipe::Default,
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use slurm_e2e::fleet::{Fleet, FLEET_GATEWAY};
+use slurm_e2e::fleet::{Fleet, ImageRecipe, FLEET_GATEWAY};
 
 /// Generous: systemd boots of several containers on 2 shared cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -459,5 +459,135 @@ fn the_same_image_with_a_static_slurmd_and_no_agent_joins() {
         .run_job("srun", &["-N1", "-w", "static001", "hostname"])
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "static001");
+    fleet.check_no_job_killed(1).unwrap();
+}
+
+/// Issue 14, section 1: the source-build path, proven offline. The image's Slurm is built
+/// from Debian's own Slurm source package through the same `build_slurm` and flags as an
+/// upstream tarball (PMIx, hwloc, JWT, slurmrestd; NVML skipped without NVIDIA's
+/// development files); the build's acceptance checks pass; and what needs a configuration
+/// is checked in a booted node: `srun --mpi=list` lists pmix, a `--mpi=pmix` step gets its
+/// PMIx rank, and slurmrestd answers a ping. Slow the first time: it compiles Slurm (the
+/// root is cached like the default image's).
+#[test]
+fn a_node_of_the_source_built_image_runs_pmix_steps_and_slurmrestd() {
+    let mut fleet = Fleet::builder()
+        .image_recipe(ImageRecipe::DebianSourceSlurm)
+        .start()
+        .unwrap();
+    let image = fleet.image().clone();
+
+    // The build: acceptance lines from the builder's own report.
+    if let Some(report) = &image.report {
+        let acceptance: Vec<String> = serde_json::from_value(report["acceptance"].clone()).unwrap();
+        let has = |line: &str| acceptance.iter().any(|l| l.contains(line));
+        for want in [
+            "ok: slurmd -V reports 22.05.8",
+            "ok: slurm feature: pmix (mpi_pmix",
+            "ok: slurm feature: jwt (auth_jwt.so)",
+            "ok: slurm feature: hwloc (slurmd links libhwloc)",
+            "ok: slurm feature: slurmrestd (slurm 22.05.8",
+            "not checked: slurm feature: nvml (built without NVIDIA's development files",
+            "ok: munge: round trip",
+        ] {
+            assert!(has(want), "{want} missing: {acceptance:#?}");
+        }
+        assert!(!has("FAIL"), "{acceptance:#?}");
+    } else {
+        assert!(!image.rebuilt, "a fresh build keeps its report");
+        eprintln!("image root cached without its build report: acceptance lines not re-read");
+    }
+    // Built into /opt/slurm, not Debian's binary packages; the deb-src entry is gone; the
+    // configure flags are recorded.
+    let root = &image.root;
+    assert!(root.join("opt/slurm/sbin/slurmd").is_file());
+    assert!(
+        !root.join("usr/sbin/slurmd").exists(),
+        "Debian's slurmd package installed too"
+    );
+    assert!(!root
+        .join("etc/apt/sources.list.d/slurm-image-src.sources")
+        .exists());
+    let configure = std::fs::read_to_string(root.join("etc/slurm-image/slurm-configure")).unwrap();
+    for flag in [
+        "--with-pmix=",
+        "--with-hwloc",
+        "--with-jwt",
+        "--enable-slurmrestd",
+        "--without-nvml",
+    ] {
+        assert!(
+            configure.lines().any(|l| l.starts_with(flag)),
+            "{flag}: {configure}"
+        );
+    }
+
+    // The booted node: the agent joins it with the source-built slurmd.
+    let name = "src001";
+    fleet.launch_all(&[name]).unwrap();
+    fleet
+        .wait_all_idle(&[name.to_string()], BOOT_TIMEOUT)
+        .unwrap();
+    let exec_start = fleet
+        .unit_property(name, "slurmd.service", "ExecStart")
+        .unwrap();
+    assert!(
+        exec_start.contains("/opt/slurm/sbin/slurmd"),
+        "{exec_start}"
+    );
+    let text = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+
+    // Inside the node, with the configuration its configless slurmd fetched.
+    let out = fleet
+        .exec(name, "/opt/slurm/bin/srun", &["--mpi=list"])
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("pmix"), "{}", text(&out));
+    let out = fleet
+        .exec(
+            name,
+            "/opt/slurm/bin/srun",
+            &["--mpi=pmix", "-N1", "-w", name, "printenv", "PMIX_RANK"],
+        )
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "{}",
+        text(&out)
+    );
+
+    // slurmrestd listening on a UNIX socket, as a user that is not root (slurmrestd refuses
+    // root and SlurmUser), with rest_auth/local: the client must connect as the same user
+    // (its peer credentials), so curl runs as that user too.
+    let out = fleet
+        .exec(
+            name,
+            "setpriv",
+            &[
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/bin/sh",
+                "-c",
+                "sock=/tmp/slurmrestd-test.sock; rm -f $sock; \
+                 /opt/slurm/sbin/slurmrestd -a rest_auth/local -s openapi/v0.0.38 unix:$sock & \
+                 pid=$!; i=0; while [ ! -S $sock ] && [ $i -lt 500 ]; do sleep 0.1; i=$((i+1)); done; \
+                 curl -sS -i --unix-socket $sock http://localhost/slurm/v0.0.38/ping; rc=$?; \
+                 kill $pid; wait $pid; exit $rc",
+            ],
+        )
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("HTTP/1.1 200"), "{t}");
+    assert!(t.contains("\"ping\""), "{t}");
     fleet.check_no_job_killed(1).unwrap();
 }
