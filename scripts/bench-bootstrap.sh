@@ -3,9 +3,20 @@
 # alternately on one local controller, and the agent's peak RSS. Prints the ratio.
 #
 #   sudo scripts/bench-bootstrap.sh [TRIALS]
+#
+# BENCH_PROFILE=debug measures the debug build instead (no release build of the AWS SDK
+# crates; the agent's own CPU time then weighs several times more). BENCH_STEPS=1 prints
+# each trial's steps; BENCH_AGENT_LOG=<RUST_LOG> prints the agent's log of each trial
+# (e.g. `info,slurm_node_agent=debug` for the key prefetch's and the join's timings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-cargo build --release --locked -p slurm-node-agent -p slurm-e2e --bins
-SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" exec target/release/bench-bootstrap "$@"
+if [ "${BENCH_PROFILE:-release}" = debug ]; then
+    cargo build --workspace --locked --bins
+    dir=target/debug
+else
+    cargo build --release --locked -p slurm-node-agent -p slurm-e2e --bins
+    dir=target/release
+fi
+SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" exec "$dir/bench-bootstrap" "$@"

@@ -248,18 +248,39 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // The key source in the files and flags is almost always the final one (tags and user
     // data can still change it): fetch the key while the rest of the metadata is read, and
     // use the result only if the final source is the same.
-    // It runs as its own task (with its own IMDS session) so that it overlaps everything up
-    // to the key step.
+    // It runs on a thread of its own, with its own runtime and IMDS session, so that it
+    // overlaps everything up to the key step: the AWS SDK's first HTTPS client loads and
+    // parses the platform's trusted roots, CPU work that blocks whichever thread does it.
     let prefetch = KeySource::parse(&early.settings.auth.key_source)
         .ok()
         .map(|source| {
             let imds_settings = early.settings.imds.clone();
-            tokio::spawn(async move {
-                let imds = Imds::new(&imds_settings);
-                let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
-                let stored = fetch_stored(&source, region.trim()).await;
-                Some((source, stored))
-            })
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let fetch = move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async move {
+                    let t = Instant::now();
+                    let imds = Imds::new(&imds_settings);
+                    let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
+                    tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: region read");
+                    let stored = fetch_stored(&source, region.trim()).await;
+                    tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: key fetched");
+                    Some((source, stored))
+                })
+            };
+            let spawned = std::thread::Builder::new()
+                .name("key-prefetch".into())
+                .spawn(move || {
+                    let _ = tx.send(fetch());
+                });
+            if let Err(e) = spawned {
+                // The key step fetches it then.
+                tracing::warn!("cannot start the key prefetch thread: {e}");
+            }
+            rx
         });
     let id = imds.identity().await?;
     tracing::info!(
@@ -311,7 +332,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     });
     let key = timed(async {
         let prefetched = match prefetch {
-            Some(task) => task.await.ok().flatten(),
+            Some(rx) => rx.await.ok().flatten(),
             None => None,
         };
         Ok::<_, BootstrapError>(install_key(s, &id, prefetched).await?)
@@ -495,10 +516,12 @@ async fn fetch_stored(source: &KeySource, region: &str) -> Result<authkey::Store
             authkey::fetch(source, &aws_config::SdkConfig::builder().build()).await
         }
         _ => {
+            let t = Instant::now();
             let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .region(aws_config::Region::new(region.to_string()))
                 .load()
                 .await;
+            tracing::debug!(elapsed = ?t.elapsed(), "AWS SDK configuration loaded");
             authkey::fetch(source, &sdk).await
         }
     }
@@ -785,8 +808,8 @@ async fn diagnose(s: &settings::Settings, svc: Option<&ServiceInfo>, seen: &str)
 /// slurmd in configless mode either keeps retrying the configuration fetch itself (22.05
 /// does, under systemd) or exits (a missing spool folder, a refused registration, other
 /// versions); when the unit is `failed` or `inactive` it is restarted with capped,
-/// jittered backoff ([`Backoff::CONTROLLER`]). scontrol is polled with backoff (20 ms
-/// growing to 1 s). The error at the deadline names the cause as far as it is visible
+/// jittered backoff ([`Backoff::CONTROLLER`]). scontrol and the unit are read together,
+/// 5 ms apart at first, then with backoff to 1 s ([`poll_pause`]). The error at the deadline names the cause as far as it is visible
 /// ([`diagnose`]), scontrol's last answer and the unit's state.
 async fn join(
     s: &settings::Settings,
@@ -799,21 +822,25 @@ async fn join(
     let scontrol = Scontrol::new(&s.slurm.bin_dir);
     let deadline = s.slurm.join_deadline.0;
     let start = Instant::now();
-    let mut svc: Option<ServiceInfo> = None;
     let mut restarts = 0u32;
-    let mut pause = Duration::from_millis(20);
+    let mut polls = 0u32;
     let mut lifted: Option<String> = None;
     loop {
-        if svc.is_none() {
-            svc = match systemd.service_info(unit).await {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    tracing::warn!("{e}");
-                    None
-                }
-            };
-        }
-        let seen = match scontrol.show_node(&def.node_name).await {
+        // slurmctld's record and the unit's state, read together: one wait per poll.
+        let (node, svc) = futures_lite::future::zip(
+            scontrol.show_node(&def.node_name),
+            systemd.service_info(unit),
+        )
+        .await;
+        let svc = match svc {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        };
+        polls += 1;
+        let seen = match node {
             Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
                 if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
                     return Err(BootstrapError::Invalid {
@@ -839,7 +866,7 @@ async fn join(
                                 tracing::warn!("{e}");
                             }
                             lifted = Some(r.to_reason());
-                            pause = Duration::from_millis(20);
+                            polls = 0;
                             continue;
                         }
                         FoundDrain::Lift(_) => {}
@@ -883,7 +910,10 @@ async fn join(
                 ),
             });
         }
-        let unit_state = systemd.active_state(unit).await?;
+        let unit_state = match &svc {
+            Some(v) => v.active_state.clone(),
+            None => systemd.active_state(unit).await?,
+        };
         tracing::debug!(%unit_state, %seen, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
             let wait = Backoff::CONTROLLER
@@ -901,18 +931,30 @@ async fn join(
             if let Err(e) = restart_slurmd(systemd, unit).await {
                 tracing::warn!("{e}");
             }
-            svc = None;
-            pause = Duration::from_millis(20);
+            polls = 0;
             continue;
         }
-        if svc.as_ref().is_none_or(|v| v.exec_main_pid == 0) {
-            // Activating: the start time is known once the main process runs.
-            svc = None;
-        }
-        tokio::time::sleep(pause.min(deadline.saturating_sub(start.elapsed()))).await;
-        pause = (pause * 3 / 2).min(Duration::from_secs(1));
+        tokio::time::sleep(poll_pause(polls).min(deadline.saturating_sub(start.elapsed()))).await;
     }
 }
+
+/// The pause after the `polls`-th look at slurmctld in [`join`]: a registration normally
+/// shows within tens of milliseconds of slurmd's start, so the first
+/// [`JOIN_FAST_POLLS`] looks come [`JOIN_FAST_PAUSE`] apart; then the pause grows by half
+/// each time, up to one second.
+fn poll_pause(polls: u32) -> Duration {
+    let slow = polls.saturating_sub(JOIN_FAST_POLLS).min(16);
+    let mut pause = JOIN_FAST_PAUSE;
+    for _ in 0..slow {
+        pause = pause * 3 / 2;
+    }
+    pause.min(Duration::from_secs(1))
+}
+
+/// Looks at slurmctld [`JOIN_FAST_PAUSE`] apart at first ([`poll_pause`]).
+const JOIN_FAST_POLLS: u32 = 20;
+/// The pause between the first looks at slurmctld ([`poll_pause`]).
+const JOIN_FAST_PAUSE: Duration = Duration::from_millis(5);
 
 /// What later commands (`check`, `run`) need from bootstrap: [`crate::identity::Recorded`].
 pub type State = crate::identity::Recorded;
@@ -1013,6 +1055,22 @@ mod tests {
         );
         let keys: Vec<&str> = d.iter().map(|x| x.0.as_str()).collect();
         assert_eq!(keys, ["CPUs", "RealMemory", "Gres"]);
+    }
+
+    #[test]
+    fn the_join_looks_often_at_first_then_backs_off_to_one_second() {
+        for n in 0..=JOIN_FAST_POLLS {
+            assert_eq!(poll_pause(n), JOIN_FAST_PAUSE, "poll {n}");
+        }
+        assert!(poll_pause(JOIN_FAST_POLLS + 1) > JOIN_FAST_PAUSE);
+        let mut last = Duration::ZERO;
+        for n in 0..200 {
+            let p = poll_pause(n);
+            assert!(p >= last, "poll {n}: {p:?} after {last:?}");
+            last = p;
+        }
+        assert_eq!(poll_pause(200), Duration::from_secs(1));
+        assert_eq!(poll_pause(u32::MAX), Duration::from_secs(1));
     }
 
     #[test]

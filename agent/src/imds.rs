@@ -21,10 +21,18 @@
 //!   `AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`, else `http://169.254.169.254`, as
 //!   aws-config resolves it (less its `~/.aws/config` profile keys).
 //!
+//! Both clients share one HTTP client ([`http_client`]): the SDK's, but without the
+//! platform's trusted root certificates when the endpoint is plain HTTP, as IMDS's own
+//! addresses are (loading and parsing `/etc/ssl/certs`, about a third of a debug build's
+//! bootstrap CPU time, for roots no request uses).
+//!
 //! Paths and formats: <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html>.
 
 use aws_config::imds::client::error::ImdsError as SdkImdsError;
+use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
 use aws_smithy_runtime::client::orchestrator::operation::Operation;
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
 use aws_smithy_runtime_api::client::orchestrator::{HttpRequest, HttpResponse, OrchestratorError};
 use aws_smithy_runtime_api::client::result::SdkError;
@@ -106,6 +114,7 @@ impl ClassifyRetry for RetryClassifier {
 pub struct Imds {
     client: Mutex<aws_config::imds::Client>,
     bytes: BytesClient,
+    http: Option<SharedHttpClient>,
     settings: settings::Imds,
 }
 
@@ -120,9 +129,11 @@ impl std::fmt::Debug for Imds {
 impl Imds {
     /// A client with the given endpoint, timeouts, attempts and token TTL.
     pub fn new(settings: &settings::Imds) -> Imds {
+        let http = http_client(&endpoint(settings));
         Imds {
-            client: Mutex::new(build_client(settings)),
-            bytes: BytesClient::new(settings),
+            client: Mutex::new(build_client_with(settings, http.clone())),
+            bytes: BytesClient::new(settings, http.clone()),
+            http,
             settings: settings.clone(),
         }
     }
@@ -147,7 +158,7 @@ impl Imds {
                     "IMDS answered 401 after retries; requesting a new token"
                 );
                 *self.client.lock().unwrap_or_else(|p| p.into_inner()) =
-                    build_client(&self.settings);
+                    build_client_with(&self.settings, self.http.clone());
                 self.get_once(path).await
             }
             other => other,
@@ -266,7 +277,39 @@ impl Imds {
     }
 }
 
+/// aws-config's IMDS client for these settings.
 pub(crate) fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
+    build_client_with(s, http_client(&endpoint(s)))
+}
+
+/// The HTTP client for `endpoint`: `None` (the SDK's default, with the platform's trusted
+/// roots) for `https://`; for plain `http://` (IMDS's own addresses) the same client with
+/// an empty trust store, which spares loading and parsing every certificate in
+/// `/etc/ssl/certs` (the SDK does that once per process, and again for each connector).
+fn http_client(endpoint: &str) -> Option<SharedHttpClient> {
+    if endpoint
+        .get(..8)
+        .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+    {
+        return None;
+    }
+    let tls = TlsContext::builder()
+        .with_trust_store(TrustStore::empty())
+        .build()
+        .map_err(|e| tracing::warn!("IMDS HTTP client: {e}; using the default one"))
+        .ok()?;
+    Some(
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+            .tls_context(tls)
+            .build_https(),
+    )
+}
+
+fn build_client_with(
+    s: &settings::Imds,
+    http: Option<SharedHttpClient>,
+) -> aws_config::imds::Client {
     let mut b = aws_config::imds::Client::builder()
         .max_attempts(u32::try_from(s.attempts).unwrap_or(4))
         .token_ttl(s.token_ttl.0)
@@ -275,6 +318,11 @@ pub(crate) fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
         .operation_attempt_timeout(s.timeout.0 + s.timeout.0)
         .operation_timeout(Duration::from_secs(120))
         .retry_classifier(SharedRetryClassifier::new(RetryClassifier));
+    if let Some(http) = http {
+        b = b.configure(
+            &aws_config::provider_config::ProviderConfig::without_region().with_http_client(http),
+        );
+    }
     if !s.endpoint.is_empty() {
         // Validated as an http(s) URL by the settings.
         match b.clone().endpoint(&s.endpoint) {
@@ -349,7 +397,7 @@ fn body_of(response: &HttpResponse) -> &[u8] {
 }
 
 impl BytesClient {
-    fn new(s: &settings::Imds) -> BytesClient {
+    fn new(s: &settings::Imds, http: Option<SharedHttpClient>) -> BytesClient {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(s.timeout.0)
             .read_timeout(s.timeout.0)
@@ -361,7 +409,12 @@ impl BytesClient {
         let endpoint = endpoint(s);
         let ttl = s.token_ttl.0.as_secs().max(1).to_string();
         let base = |name: &'static str| {
-            Operation::builder()
+            let b = Operation::builder();
+            let b = match &http {
+                Some(h) => b.http_client(h.clone()),
+                None => b,
+            };
+            b
                 // Its own retry partition: its retry tokens are not the metadata client's.
                 .service_name("imds-bytes")
                 .operation_name(name)
@@ -480,4 +533,18 @@ pub struct InstanceIdentity {
     pub tags: BTreeMap<String, String>,
     /// The user data as served (bytes: text, gzip, anything), if any.
     pub user_data: Option<Vec<u8>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_plain_http_endpoint_gets_the_client_without_trusted_roots() {
+        assert!(http_client("http://169.254.169.254").is_some());
+        assert!(http_client("http://[fd00:ec2::254]").is_some());
+        assert!(http_client("http://127.0.0.1:8080").is_some());
+        assert!(http_client("https://imds.example").is_none());
+        assert!(http_client("HTTPS://imds.example").is_none());
+    }
 }

@@ -262,6 +262,8 @@ impl Systemd {
         let u = UnitProxy::builder(self.manager.inner().connection())
             .path(path)
             .map_err(err)?
+            // One read: no property cache (its set-up is a GetAll and a match rule).
+            .cache_properties(zbus::proxy::CacheProperties::No)
             .build()
             .await
             .map_err(err)?;
@@ -280,23 +282,33 @@ impl Systemd {
         };
         let path = self.manager.load_unit(unit).await.map_err(err)?;
         let conn = self.manager.inner().connection();
+        // One read of each property, all four asked at once (bootstrap polls this while
+        // it waits for the registration): no property cache.
         let svc = ServiceProxy::builder(conn)
             .path(path.clone())
             .map_err(err)?
+            .cache_properties(zbus::proxy::CacheProperties::No)
             .build()
             .await
             .map_err(err)?;
         let u = UnitProxy::builder(conn)
             .path(path)
             .map_err(err)?
+            .cache_properties(zbus::proxy::CacheProperties::No)
             .build()
             .await
             .map_err(err)?;
+        let ((exec_main_start_usec, exec_main_pid), (result, active_state)) =
+            futures_lite::future::zip(
+                futures_lite::future::zip(svc.exec_main_start_timestamp(), svc.exec_main_pid()),
+                futures_lite::future::zip(svc.result(), u.active_state()),
+            )
+            .await;
         Ok(ServiceInfo {
-            exec_main_start_usec: svc.exec_main_start_timestamp().await.map_err(err)?,
-            exec_main_pid: svc.exec_main_pid().await.map_err(err)?,
-            result: svc.result().await.map_err(err)?,
-            active_state: u.active_state().await.map_err(err)?,
+            exec_main_start_usec: exec_main_start_usec.map_err(err)?,
+            exec_main_pid: exec_main_pid.map_err(err)?,
+            result: result.map_err(err)?,
+            active_state: active_state.map_err(err)?,
         })
     }
 

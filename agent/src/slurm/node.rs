@@ -34,16 +34,9 @@ pub fn canonical_state_word(word: &str) -> String {
 /// (`src/common/slurm_protocol_defs.c` unless said otherwise):
 /// `(name as printed, canonical name, source)`.
 ///
-/// Checked against: Slurm master (earlier); SchedMD/slurm commit
-/// d43feafc018f6e7cea939f747f987d5579a3887c of `slurm_protocol_defs.c` (the one version
-/// the project's source index holds: it has `node_states[]` with ERROR, `node_state_flags[]`
-/// with DYNAMIC_FUTURE, PERFCTRS, PLANNED and `{ NODE_STATE_MAINT, "MAINTENANCE" }`, and
-/// `node_state_string()` returning `INVAL` for INVALID_REG and `MAINT`/`MAINT*`; i.e. the
-/// 23.x line); Slurm 22.05 as it runs in the tests (`scontrol show node` prints
-/// `MAINTENANCE`). The index has no copy of the tags or branches slurm-22-05, 23-02, 23-11,
-/// 24-05, 24-11, 25-05 or 25-11, so those are not checked line by line here: every
-/// spelling any of the checked versions prints is accepted, which covers a version that
-/// uses either.
+/// Which Slurm releases and source trees each name was checked against, and which were
+/// not: [`SLURM_STATE_SOURCES`] and [`SLURM_RELEASES_NOT_CHECKED`]. Every spelling any
+/// checked source prints is accepted, which covers a release that uses either.
 pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
     ("IDLE", "IDLE", "node_states[] / node_state_base_string()"),
     ("MIXED", "MIXED", "node_states[] / node_state_base_string()"),
@@ -97,7 +90,7 @@ pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
     (
         "INVAL",
         "INVALID_REG",
-        "node_state_string() (sinfo %T) for INVALID_REG, commit d43feafc",
+        "node_state_string() (sinfo %T) for INVALID_REG",
     ),
     (
         "POWER_DOWN",
@@ -137,7 +130,7 @@ pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
     (
         "PLANNED",
         "PLANNED",
-        "node_state_flags[] / node_state_flag_string() (23.02+)",
+        "node_state_flags[] / node_state_flag_string() (22.05 already has it)",
     ),
     (
         "DYNAMIC_NORM",
@@ -155,6 +148,169 @@ pub const SLURM_STATE_NAMES: &[(&str, &str, &str)] = &[
         "node_state_flags[] / node_state_flag_string()",
     ),
 ];
+
+/// Where the names in [`SLURM_STATE_NAMES`] were checked, one row per Slurm release or
+/// source tree: `(release, source, names it prints)`. The names are every node state and
+/// flag string of that source (`node_states[]`, `node_state_flags[]`, and the long
+/// `node_state_string()` forms where the source was read that far), not only the ones the
+/// agent reads. The module's tests check that every name the agent reads is in each row
+/// (or is a later addition, as said there), and `agent/tests/slurm_state_names.rs` checks
+/// the 22.05 row against the installed Slurm's `libslurmfull.so`.
+///
+/// The search index holds no copy it names as a release tag: two commits of SchedMD's
+/// `slurm_protocol_defs.c` and 61 forks whose release no stored file states (their META,
+/// NEWS and slurm.spec are not stored alongside). Those two commits and the one fork read
+/// are later than 22.05 (they add `BLOCKED` and `EXTERNAL`); which release each belongs to
+/// is not known, so they are recorded by commit. Releases not checked:
+/// [`SLURM_RELEASES_NOT_CHECKED`].
+pub const SLURM_STATE_SOURCES: &[(&str, &str, &[&str])] = &[
+    (
+        "22.05",
+        "Debian slurm-wlm 22.05.8-4+deb12u3, /usr/lib/x86_64-linux-gnu/slurm-wlm/libslurmfull.so \
+         (the build the tests run; strings in the binary, agent/tests/slurm_state_names.rs)",
+        &[
+            "DOWN",
+            "IDLE",
+            "ALLOCATED",
+            "MIXED",
+            "FUTURE",
+            "UNKNOWN",
+            "CLOUD",
+            "COMPLETING",
+            "DRAIN",
+            "DYNAMIC_FUTURE",
+            "DYNAMIC_NORM",
+            "INVALID_REG",
+            "FAIL",
+            "MAINTENANCE",
+            "POWER_DOWN",
+            "POWER_UP",
+            "POWERED_DOWN",
+            "REBOOT_REQUESTED",
+            "REBOOT_ISSUED",
+            "RESERVED",
+            "NOT_RESPONDING",
+            "PLANNED",
+            "POWERING_UP",
+            "POWERING_DOWN",
+            "MAINT",
+            "INVAL",
+        ],
+    ),
+    (
+        "later than 22.05 (release not stated)",
+        "SchedMD/slurm d43feafc018f6e7cea939f747f987d5579a3887c src/common/slurm_protocol_defs.c \
+         (read in an earlier session): node_states[], node_state_flags[], node_state_string()",
+        &[
+            "DOWN",
+            "IDLE",
+            "ALLOCATED",
+            "ERROR",
+            "MIXED",
+            "FUTURE",
+            "UNKNOWN",
+            "CLOUD",
+            "COMPLETING",
+            "DRAIN",
+            "DYNAMIC_FUTURE",
+            "DYNAMIC_NORM",
+            "INVALID_REG",
+            "FAIL",
+            "MAINTENANCE",
+            "POWER_DOWN",
+            "POWER_UP",
+            "PERFCTRS",
+            "POWERED_DOWN",
+            "REBOOT_REQUESTED",
+            "REBOOT_ISSUED",
+            "RESERVED",
+            "NOT_RESPONDING",
+            "PLANNED",
+            "POWERING_UP",
+            "POWERING_DOWN",
+            "MAINT",
+            "INVAL",
+        ],
+    ),
+    (
+        "later than 22.05 (release not stated)",
+        "SchedMD/slurm 0008e6108fa59b4550059bab55e7f028f28548c7 src/common/slurm_protocol_defs.c: \
+         node_states[], node_state_flags[]",
+        &[
+            "DOWN",
+            "IDLE",
+            "ALLOCATED",
+            "ERROR",
+            "MIXED",
+            "FUTURE",
+            "UNKNOWN",
+            "BLOCKED",
+            "CLOUD",
+            "COMPLETING",
+            "DRAIN",
+            "DYNAMIC_FUTURE",
+            "DYNAMIC_NORM",
+            "EXTERNAL",
+            "INVALID_REG",
+            "FAIL",
+            "MAINTENANCE",
+            "POWER_DOWN",
+            "POWER_UP",
+            "POWERED_DOWN",
+            "REBOOT_REQUESTED",
+            "REBOOT_ISSUED",
+            "RESERVED",
+            "RESUME",
+            "NOT_RESPONDING",
+            "PLANNED",
+            "POWERING_UP",
+            "POWERING_DOWN",
+        ],
+    ),
+    (
+        "later than 22.05 (release not stated)",
+        "Uburro/slurm (a fork) 3e38b1ad9ee6fdb5f5ef9d32a11461b922293229 \
+         src/common/slurm_protocol_defs.c: node_states[], node_state_flags[] (the same as \
+         0008e610's), node_state_string() and node_state_string_compact()",
+        &[
+            "DOWN",
+            "IDLE",
+            "ALLOCATED",
+            "ERROR",
+            "MIXED",
+            "FUTURE",
+            "UNKNOWN",
+            "BLOCKED",
+            "CLOUD",
+            "COMPLETING",
+            "DRAIN",
+            "DYNAMIC_FUTURE",
+            "DYNAMIC_NORM",
+            "EXTERNAL",
+            "INVALID_REG",
+            "FAIL",
+            "MAINTENANCE",
+            "POWER_DOWN",
+            "POWER_UP",
+            "POWERED_DOWN",
+            "REBOOT_REQUESTED",
+            "REBOOT_ISSUED",
+            "RESERVED",
+            "RESUME",
+            "NOT_RESPONDING",
+            "PLANNED",
+            "POWERING_UP",
+            "POWERING_DOWN",
+            "MAINT",
+            "INVAL",
+        ],
+    ),
+];
+
+/// Slurm releases whose sources the search index does not hold under a name, so they are
+/// not checked line by line ([`SLURM_STATE_SOURCES`]).
+pub const SLURM_RELEASES_NOT_CHECKED: &[&str] =
+    &["23.02", "23.11", "24.05", "24.11", "25.05", "25.11"];
 
 /// One node as `scontrol show node -o` describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -808,6 +964,45 @@ mod tests {
         assert!(old[0].base == "DOWN" && old[0].has("REBOOT_ISSUED"));
         assert!(parse_nodes_json("{\"jobs\": []}").is_err());
         assert!(parse_nodes_json("not json").is_err());
+    }
+
+    #[test]
+    fn every_checked_source_prints_the_names_the_agent_reads() {
+        // Names sinfo prints in lower case (%t) are the upper-case ones, lowered.
+        let read: Vec<&str> = SLURM_STATE_NAMES
+            .iter()
+            .map(|(name, _, _)| *name)
+            .filter(|n| n.chars().all(|c| !c.is_ascii_lowercase()))
+            .collect();
+        for (release, source, names) in SLURM_STATE_SOURCES {
+            assert!(!source.is_empty() && !release.is_empty());
+            // A source read only as far as its tables does not show node_state_string().
+            let tables_only = !names.contains(&"INVAL");
+            for name in &read {
+                if tables_only && ["MAINT", "INVAL"].contains(name) {
+                    continue;
+                }
+                assert!(names.contains(name), "{name} missing from {source}");
+            }
+            // Whatever a source prints maps to one name the agent knows, or is kept as
+            // printed (a state the agent does not act on).
+            for name in *names {
+                let canonical = canonical_state_word(name);
+                assert!(
+                    SLURM_STATE_NAMES.iter().any(|(_, c, _)| *c == canonical) || canonical == *name,
+                    "{name} from {source}"
+                );
+            }
+        }
+        // The issue's spellings of the maintenance flag, in every source read that far.
+        for (_, source, names) in SLURM_STATE_SOURCES {
+            assert!(names.contains(&"MAINTENANCE"), "{source}");
+        }
+        assert!(SLURM_RELEASES_NOT_CHECKED
+            .iter()
+            .all(|r| !SLURM_STATE_SOURCES
+                .iter()
+                .any(|(checked, _, _)| checked == r)));
     }
 
     #[test]
