@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::checks::cmd::{self, TIMEOUT_PREFIX};
 use super::checks::ps::{ServiceAction, Verify};
+use super::checks::{hw, net, psres};
 use super::checks::{CheckKind, UnitSpec};
 use super::facts::{Facts, Host};
 use super::{Check, CheckResult, CheckSet, Report, Status};
@@ -415,6 +416,12 @@ fn what_hangs(kind: &CheckKind) -> String {
         CheckKind::FileStat(f) => format!("stat of {}", f.paths.join(" ")),
         CheckKind::Process(_) => "read of /proc".into(),
         CheckKind::Command(c) => format!("command {}", c.argv.join(" ")),
+        CheckKind::Mcelog(c) => format!("command {}", c.argv.join(" ")),
+        CheckKind::PsResource(_) | CheckKind::PsUsers(_) | CheckKind::Kswapd(_) => {
+            "read of /proc".into()
+        }
+        CheckKind::NetSocket(_) => "read of /proc/net".into(),
+        CheckKind::Ping(p) => format!("ping of {}", p.target),
         CheckKind::Unit(u) => format!("systemd query of {}", u.unit),
         k => format!("{} check", k.family()),
     }
@@ -565,6 +572,38 @@ async fn run_async(
                 Err(_) => Outcome::Timeout(format!("command did not finish within {limit:?}")),
             }
         }
+        CheckKind::Mcelog(spec) => {
+            let limit = timeout + Duration::from_secs(2);
+            match tokio::time::timeout(limit, hw::check_mcelog(spec, timeout, ctx.output_limit))
+                .await
+            {
+                Ok(Ok(m)) => Outcome::Pass(m),
+                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(
+                    deadline_message(run_deadline, &format!("{}; {m}", what_hangs(&check.kind))),
+                ),
+                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
+                Ok(Err(m)) => Outcome::Fail(m),
+                Err(_) => Outcome::Timeout(format!("mcelog did not finish within {limit:?}")),
+            }
+        }
+        CheckKind::PsResource(_)
+        | CheckKind::PsUsers(_)
+        | CheckKind::Kswapd(_)
+        | CheckKind::NetSocket(_)
+        | CheckKind::Ping(_) => {
+            match tokio::time::timeout(timeout, run_ps(check.clone(), &ctx, timeout)).await {
+                Ok(Ok(m)) => Outcome::Pass(m),
+                Ok(Err(m)) => Outcome::Fail(m),
+                Err(_) if cut => {
+                    Outcome::Timeout(deadline_message(run_deadline, &what_hangs(&check.kind)))
+                }
+                Err(_) => Outcome::Timeout(format!(
+                    "{} did not finish within {}",
+                    what_hangs(&check.kind),
+                    humantime::format_duration(timeout)
+                )),
+            }
+        }
         CheckKind::Unit(spec) => match tokio::time::timeout(timeout, run_unit(spec, &ctx)).await {
             Ok(Ok(m)) => Outcome::Pass(m),
             Ok(Err(m)) => Outcome::Fail(m),
@@ -583,6 +622,128 @@ async fn run_async(
         )),
     };
     (outcome, start.elapsed())
+}
+
+/// The users running jobs on this node: the lines of `argv`'s output (NHC's `squeue -w
+/// $HOSTNAME_S --noheader -o %u`); none when it cannot run or fails, as in NHC.
+async fn job_users(argv: &[String], timeout: Duration, limit: usize) -> (Vec<String>, String) {
+    match cmd::run_command(argv, timeout, limit).await {
+        Ok(o) if o.code == Some(0) => {
+            let users: Vec<String> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            (users, String::new())
+        }
+        Ok(o) => (
+            Vec::new(),
+            format!(
+                "; no job users: {:?} exited with {:?}",
+                argv.join(" "),
+                o.code
+            ),
+        ),
+        Err(e) => (Vec::new(), format!("; no job users: {e}")),
+    }
+}
+
+/// The per-process and network checks (NHC's `check_ps_cpu`...
+/// `check_ps_userproc_lineage`, `check_net_socket`, `check_net_ping`): reads the host on
+/// a blocking thread, then takes the actions the verdict asks for (SIGKILL,
+/// renice, a program run without a shell), or only reports them under `--no-act`.
+async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<String, String> {
+    let (users, note) = match &check.kind {
+        CheckKind::PsUsers(u) if !u.jobs_command.is_empty() => {
+            job_users(&u.jobs_command, timeout, ctx.output_limit).await
+        }
+        _ => (Vec::new(), String::new()),
+    };
+    let facts = ctx.facts.clone();
+    let c = check.clone();
+    let verdict = tokio::task::spawn_blocking(move || match &c.kind {
+        CheckKind::PsResource(s) => psres::eval_resource(s, &facts),
+        CheckKind::PsUsers(s) => psres::eval_users(s, &facts, &users),
+        CheckKind::Kswapd(s) => psres::eval_kswapd(s, &facts),
+        CheckKind::NetSocket(s) => net::eval_socket(s, &facts),
+        CheckKind::Ping(p) => Ok(psres::Verdict {
+            result: net::ping::check_ping(p),
+            actions: Vec::new(),
+        }),
+        k => Err(format!(
+            "internal error: {} is not a process check",
+            k.family()
+        )),
+    })
+    .await
+    .map_err(|e| format!("internal error: {e}"))??;
+    let mut done = Vec::new();
+    if !verdict.actions.is_empty() && !ctx.service_actions {
+        done.push(format!(
+            "not attempted (report only): {}",
+            verdict
+                .actions
+                .iter()
+                .map(show_action)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else {
+        for a in &verdict.actions {
+            done.push(take_action(a, ctx, timeout).await);
+        }
+    }
+    let tail = if done.is_empty() {
+        note
+    } else {
+        format!("{note}; {}", done.join("; "))
+    };
+    match verdict.result {
+        Ok(m) => Ok(format!("{m}{tail}")),
+        Err(m) => Err(format!("{m}{tail}")),
+    }
+}
+
+fn show_action(a: &psres::Action) -> String {
+    match a {
+        psres::Action::Kill(p) => format!("kill -9 {p}"),
+        psres::Action::Renice(p, n) => format!("renice -n {n} {p}"),
+        psres::Action::Run(argv) => format!("run {:?}", argv.join(" ")),
+    }
+}
+
+async fn take_action(a: &psres::Action, ctx: &Ctx, timeout: Duration) -> String {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pid_of = |p: u32| i32::try_from(p).map_err(|_| format!("PID {p} out of range"));
+    match a {
+        psres::Action::Kill(p) => match pid_of(*p).map(|n| kill(Pid::from_raw(n), Signal::SIGKILL))
+        {
+            Ok(Ok(())) => format!("killed process ID {p} (SIGKILL)"),
+            Ok(Err(e)) => format!("kill -9 {p} failed: {e}"),
+            Err(e) => e,
+        },
+        psres::Action::Renice(p, n) => {
+            let r = pid_of(*p).map(|raw| {
+                rustix::process::setpriority_process(rustix::process::Pid::from_raw(raw), *n)
+            });
+            match r {
+                Ok(Ok(())) => format!("reniced process ID {p} to {n}"),
+                Ok(Err(e)) => format!("renice of {p} failed: {e}"),
+                Err(e) => e,
+            }
+        }
+        psres::Action::Run(argv) => {
+            let shown = argv.join(" ");
+            match cmd::run_command(argv, timeout, ctx.output_limit).await {
+                Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
+                Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
+                Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                Err(e) => format!("{shown:?} not run: {e}"),
+            }
+        }
+    }
 }
 
 /// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it within the

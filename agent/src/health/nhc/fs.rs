@@ -3,22 +3,26 @@
 use super::*;
 
 /// `check_fs_mount`.
-pub(super) fn mount(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn mount(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     fs_mount(args, None, timeout)
 }
 
 /// `check_fs_mount_rw`.
-pub(super) fn mount_rw(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn mount_rw(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     fs_mount(args, Some("rw"), timeout)
 }
 
 /// `check_fs_mount_ro`.
-pub(super) fn mount_ro(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn mount_ro(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     fs_mount(args, Some("ro"), timeout)
 }
 
 /// `check_fs_free` / `check_fs_used` / `check_fs_ifree` / `check_fs_iused`.
-pub(super) fn space(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn space(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 2)?;
     let path = need(args, 0, "file system")?.to_string();
     let t = need(args, 1, "threshold")?;
@@ -46,7 +50,8 @@ pub(super) fn space(name: &str, args: &[String], timeout: Duration) -> Result<Bu
 }
 
 /// `check_fs_size` / `check_fs_inodes`.
-pub(super) fn size(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let path = need(args, 0, "file system")?.to_string();
     let parse = |s: Option<&str>| -> Result<Option<Threshold>, String> {

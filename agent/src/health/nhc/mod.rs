@@ -24,8 +24,13 @@ use super::checks::cmd::CommandSpec;
 use super::checks::dmi::DmiSpec;
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
 use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
-use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, MemSpec, MemWhat};
+use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, McelogSpec, MemSpec, MemWhat};
+use super::checks::net::ping::PingSpec;
+use super::checks::net::SocketSpec;
 use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction, Verify};
+use super::checks::psres::{
+    parse_user_actions, KswapdSpec, Resource, ResourceSpec, SysUids, UsersRule, UsersSpec,
+};
 use super::checks::CheckKind;
 use super::matcher::Matcher;
 use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold};
@@ -36,11 +41,33 @@ mod dmi;
 mod file;
 mod fs;
 mod hw;
+mod net;
 mod ps;
 
 /// How one NHC check function becomes engine checks: (function name, its arguments, the
 /// default timeout) to the checks, or a message naming what is wrong.
-type Translate = fn(&str, &[String], Duration) -> Result<Built, String>;
+type Translate = fn(&str, &[String], &Cx) -> Result<Built, String>;
+
+/// What a translation may read besides the line: the default timeout and the variables
+/// the file set so far (NHC's settings such as `MCELOG`, `NHC_AUTH_USERS`, `MAX_SYS_UID`
+/// are shell variables too).
+pub(super) struct Cx<'a> {
+    /// Default per-check timeout.
+    pub timeout: Duration,
+    /// Variables in assignment order (the last one of a name wins).
+    pub vars: &'a [(String, String)],
+}
+
+impl Cx<'_> {
+    /// The value of a variable the file set (or the reader's own `HOSTNAME`, `PATH`).
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
 
 /// The translation table: every NHC check function this reader understands, and the
 /// small function (one file per NHC family) that translates it. A new NHC function is
@@ -64,16 +91,28 @@ const TABLE: &[(&str, Translate)] = &[
     ("check_hw_mem_free", hw::mem_free),
     ("check_hw_ib", hw::ib),
     ("check_hw_eth", hw::eth),
+    ("check_hw_mcelog", hw::mcelog),
     ("check_ps_service", ps::service),
     ("check_ps_daemon", ps::daemon),
     ("check_ps_blacklist", ps::daemon),
     ("check_ps_loadavg", ps::loadavg),
+    ("check_ps_cpu", ps::resource),
+    ("check_ps_mem", ps::resource),
+    ("check_ps_physmem", ps::resource),
+    ("check_ps_time", ps::resource),
+    ("check_ps_unauth_users", ps::users),
+    ("check_ps_userproc_lineage", ps::users),
+    ("check_ps_kswapd", ps::kswapd),
     ("check_file_test", file::test),
     ("check_file_contents", file::contents),
     ("check_file_stat", file::stat),
     ("check_cmd_status", cmd::status),
     ("check_cmd_output", cmd::status),
+    ("check_cmd_dmesg", cmd::dmesg),
+    ("check_net_socket", net::socket),
+    ("check_net_ping", net::ping),
     ("check_dmi_data_match", dmi::data_match),
+    ("check_dmi_raw_data_match", dmi::raw_data_match),
 ];
 
 /// The NHC checks this reader understands, in table order.
@@ -228,7 +267,7 @@ pub fn parse(
         };
         if !applies {
             if let Line::Check(first, args) = &parsed {
-                if let Err(m) = build(first, args, default_timeout) {
+                if let Err(m) = build(first, args, default_timeout, &vars) {
                     set.notes.push(format!(
                         "{here}: not for this node, and cannot run: {first}: {m}"
                     ));
@@ -256,7 +295,7 @@ pub fn parse(
                     vars.push((k, v));
                 }
             }
-            Line::Check(first, args) => match build(&first, &args, default_timeout) {
+            Line::Check(first, args) => match build(&first, &args, default_timeout, &vars) {
                 Ok(built) => {
                     let multiple = built.len() > 1;
                     for (suffix, kind, fatal, timeout) in built {
@@ -588,9 +627,14 @@ fn too_many(args: &[String], max: usize) -> Result<(), String> {
 }
 
 /// Builds the check(s) of one NHC line through [`TABLE`].
-fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+fn build(
+    name: &str,
+    args: &[String],
+    timeout: Duration,
+    vars: &[(String, String)],
+) -> Result<Built, String> {
     match TABLE.iter().find(|(n, _)| *n == name) {
-        Some((_, translate)) => translate(name, args, timeout),
+        Some((_, translate)) => translate(name, args, &Cx { timeout, vars }),
         None => Err(format!(
             "unsupported NHC check (supported: {})",
             supported().collect::<Vec<_>>().join(", ")
