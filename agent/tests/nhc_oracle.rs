@@ -73,7 +73,8 @@ fn nhc_passes(conf: &str, host: &str) -> Option<bool> {
     Some(out.status.success())
 }
 
-/// Runs the agent on `conf` as node `host`; whether every check passed, and the messages.
+/// Runs the agent on `conf` as node `host`; whether every fatal check passed, and the
+/// messages.
 async fn agent_passes(conf: &str, host: &str, env: &RunEnv) -> (bool, String) {
     let set = nhc::parse(
         conf,
@@ -91,7 +92,13 @@ async fn agent_passes(conf: &str, host: &str, env: &RunEnv) -> (bool, String) {
         .map(|x| format!("{}: {:?} {}", x.name, x.status, x.message))
         .collect::<Vec<_>>()
         .join("; ");
-    (r.results.iter().all(|x| x.status == Status::Pass), msgs)
+    // A non-fatal check (`-0`) that fails is logged, not a failure (NHC returns 0).
+    (
+        r.results
+            .iter()
+            .all(|x| x.status == Status::Pass || !x.fatal),
+        msgs,
+    )
 }
 
 /// One case: NHC's result (from its source) and the agent's (the same unless noted).
@@ -1036,4 +1043,110 @@ fn cmd_found(name: &str) -> bool {
         .unwrap_or_default()
         .split(':')
         .any(|d| Path::new(d).join(name).is_file())
+}
+
+/// `check_fs_mount -r -O -e -E` (and NHC's creating a missing mount point): the verdict as
+/// NHC's, the actions run as programs (no shell) with the arguments NHC gives them, only
+/// when not report-only. `MOUNT_CMD` is a stand-in that records its arguments.
+#[tokio::test]
+async fn fs_mount_actions_as_nhc() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let log = dir.join("mount.log");
+    let mount = script(
+        dir,
+        "mount",
+        &format!("echo \"$*\" >> '{}'\n", log.display()),
+    );
+    let pre = format!("* || MOUNT_CMD={}\n", mount.display());
+    let nhc_dir = dir.join("nhc");
+    std::fs::create_dir(&nhc_dir).unwrap();
+    let nm = nhc_dir.display();
+    let nhc_mount = script(&nhc_dir, "mount", "exit 0\n");
+    let nhc_pre = format!("* || MOUNT_CMD={}\n", nhc_mount.display());
+    // Verdicts (NHC runs its actions in the background: only in nhc/, never looked at).
+    check_cases(
+        &[
+            same(
+                format!("{nhc_pre}* || check_fs_mount -E '/usr/bin/touch {nm}/found' -f /proc\n"),
+                "n1",
+                true,
+            ),
+            same(
+                format!("{nhc_pre}* || check_fs_mount -r -O size=1m -e '/usr/bin/touch {nm}/x' -f {nm}/gone\n"),
+                "n1",
+                false,
+            ),
+            same(
+                format!("{nhc_pre}* || check_fs_mount -0 -r -t xfs -f /proc\n"),
+                "n1",
+                true,
+            ),
+        ],
+        &RunEnv::default(),
+    )
+    .await;
+    let gone = dir.join("gone");
+    let found = dir.join("found");
+    let missing = dir.join("missing");
+    let run = |l: String, env: RunEnv| {
+        let conf = format!("{pre}* || {l}\n");
+        async move { agent_passes(&conf, "n1", &env).await }
+    };
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let not_mounted = format!(
+        "check_fs_mount -r -O size=1m -e '/usr/bin/touch {}' -f {}",
+        missing.display(),
+        gone.display()
+    );
+    // --no-act: reported, nothing done.
+    let (ok, m) = run(not_mounted.clone(), report_only.clone()).await;
+    assert!(
+        !ok && m.contains("not attempted (report only): mkdir -p -m 0755"),
+        "{m}"
+    );
+    assert!(!gone.exists() && !missing.exists() && !log.exists(), "{m}");
+    // Not mounted, no directory: NHC makes it, mounts with -O's options, runs -e.
+    let (ok, m) = run(not_mounted.clone(), RunEnv::default()).await;
+    assert!(!ok && m.contains("(auto-fixed)"), "{m}");
+    assert!(gone.is_dir() && missing.exists(), "{m}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("-o size=1m {}\n", gone.display())
+    );
+    // Mounted but wrong: `-o remount,OPTS`.
+    std::fs::remove_file(&log).unwrap();
+    let (ok, m) = run(
+        "check_fs_mount -r -O ro -t xfs -f /proc".into(),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(
+        !ok && m.contains("incorrect type") || m.contains("has type proc"),
+        "{m}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "-o remount,ro /proc\n"
+    );
+    // Mounted and right: -E runs, the check passes; -e does not run.
+    let (ok, m) = run(
+        format!(
+            "check_fs_mount -E '/usr/bin/touch {}' -e '/usr/bin/touch {}x' -f /proc",
+            found.display(),
+            found.display()
+        ),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(ok && m.contains("succeeded"), "{m}");
+    assert!(found.exists() && !dir.join("foundx").exists());
+    // No shell: an operator in an action is refused when the line is read.
+    let (ok, m) = run(
+        "check_fs_mount -e 'touch x; reboot' -f /proc".into(),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(!ok && m.contains("operator"), "{m}");
 }

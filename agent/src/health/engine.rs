@@ -827,7 +827,91 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
                 (false, note) => Outcome::Fail(format!("{m}; {note}")),
             }
         }
+        (o, CheckKind::Mount(m)) if m.actions.any() && !matches!(o, Outcome::Timeout(_)) => {
+            let limit = check
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            mount_after(o, m, ctx, limit).await
+        }
         (o, _) => o,
+    }
+}
+
+/// NHC's `check_fs_mount` actions (`-r`/`-O`, `-e`, `-E`, creating a missing mount
+/// point): taken after the check, or only reported under `--no-act`. The verdict stays.
+async fn mount_after(
+    outcome: Outcome,
+    m: &super::checks::fs::MountSpec,
+    ctx: &Ctx,
+    limit: Duration,
+) -> Outcome {
+    use super::checks::fs::{mount_actions, MountAction};
+    let passed = matches!(outcome, Outcome::Pass(_));
+    let in_table = !passed
+        && ctx
+            .facts
+            .mounts()
+            .map(|t| t.iter().any(|e| e.target == m.path))
+            .unwrap_or(false);
+    // A stat of the mount point (its parent may hang): off the async threads, bounded.
+    let dir_exists = if passed || in_table {
+        true
+    } else {
+        let p = m.path.clone();
+        tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || std::path::Path::new(&p).is_dir()),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(true)
+    };
+    let actions = mount_actions(m, passed, in_table, dir_exists);
+    if actions.is_empty() {
+        return outcome;
+    }
+    let show = |a: &MountAction| match a {
+        MountAction::Mkdir(p) => format!("mkdir -p -m 0755 {p}"),
+        MountAction::Run(argv) => format!("run {:?}", argv.join(" ")),
+    };
+    let mut notes = Vec::new();
+    if !ctx.service_actions {
+        notes.push(format!(
+            "not attempted (report only): {}",
+            actions.iter().map(show).collect::<Vec<_>>().join(", ")
+        ));
+    } else {
+        for a in &actions {
+            notes.push(match a {
+                MountAction::Mkdir(p) => {
+                    use std::os::unix::fs::DirBuilderExt;
+                    match std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o755)
+                        .create(p)
+                    {
+                        Ok(()) => format!("directory {p} missing (auto-fixed)"),
+                        Err(e) => format!("directory {p} missing; mkdir failed: {e}"),
+                    }
+                }
+                MountAction::Run(argv) => {
+                    let shown = argv.join(" ");
+                    match cmd::run_command(argv, limit, ctx.output_limit).await {
+                        Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
+                        Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
+                        Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                        Err(e) => format!("{shown:?} not run: {e}"),
+                    }
+                }
+            });
+        }
+    }
+    let tail = notes.join("; ");
+    match outcome {
+        Outcome::Pass(msg) => Outcome::Pass(format!("{msg}; {tail}")),
+        Outcome::Fail(msg) => Outcome::Fail(format!("{msg}; {tail}")),
+        o => o,
     }
 }
 

@@ -4,20 +4,17 @@ use super::*;
 
 /// `check_fs_mount`.
 pub(super) fn mount(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
-    let timeout = cx.timeout;
-    fs_mount(args, None, timeout)
+    fs_mount(args, None, cx)
 }
 
 /// `check_fs_mount_rw`.
 pub(super) fn mount_rw(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
-    let timeout = cx.timeout;
-    fs_mount(args, Some("rw"), timeout)
+    fs_mount(args, Some("rw"), cx)
 }
 
 /// `check_fs_mount_ro`.
 pub(super) fn mount_ro(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
-    let timeout = cx.timeout;
-    fs_mount(args, Some("ro"), timeout)
+    fs_mount(args, Some("ro"), cx)
 }
 
 /// `check_fs_free` / `check_fs_used` / `check_fs_ifree` / `check_fs_iused`.
@@ -79,7 +76,22 @@ pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, String
     ))
 }
 
-fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Built, String> {
+fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
+    // NHC creates a missing mount point directory whatever the options.
+    let mut actions = MountActions {
+        mkdir: true,
+        mount_cmd: cx
+            .var("MOUNT_CMD")
+            .unwrap_or("mount")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        ..MountActions::default()
+    };
+    if actions.mount_cmd.is_empty() {
+        return Err("MOUNT_CMD is empty".into());
+    }
     let mut fs_list = Vec::new();
     let mut sources = Vec::new();
     let mut fstypes = Vec::new();
@@ -107,12 +119,20 @@ fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Bu
                 's' => sources.push(matcher(&v)?),
                 't' => fstypes.push(matcher(&v)?),
                 'o' => options.push(matcher(&v)?),
-                'r' | 'O' => return Err(unsupported_opt(c, "the agent does not remount")),
+                'r' => actions.remount = true,
+                'O' => actions.mount_opts = Some(v),
+                // NHC runs these with `bash -c`; the agent splits them into words once
+                // (no variables, substitutions or operators) and runs the program.
                 'e' | 'E' => {
-                    return Err(unsupported_opt(
-                        c,
-                        "shell actions are not run; use a command check",
-                    ))
+                    let words = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                    if words.is_empty() {
+                        return Err(format!("-{c}: empty action"));
+                    }
+                    if c == 'e' {
+                        actions.missing = words;
+                    } else {
+                        actions.found = words;
+                    }
                 }
                 _ => {}
             }
@@ -138,6 +158,7 @@ fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Bu
                     alive: true,
                     writable: want == Some("rw"),
                     space: Vec::new(),
+                    actions: actions.clone(),
                 }),
                 fatal,
                 timeout,

@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::checks::cmd::CommandSpec;
 use super::checks::dmi::DmiSpec;
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
-use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
+use super::checks::fs::{MountActions, MountSpec, SpaceSpec, SpaceWhat};
 use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, McelogSpec, MemSpec, MemWhat};
 use super::checks::net::ping::PingSpec;
 use super::checks::net::SocketSpec;
