@@ -424,7 +424,7 @@ pub fn eval_users(
                 "unauthorized"
             }
             UsersRule::Lineage { daemon } => {
-                if auth.iter().any(|a| *a == user)
+                if names_word(&spec.auth_users, &user)
                     || daemon.matches(cmd)
                     || below(facts, p.pid, daemon)
                 {
@@ -461,6 +461,18 @@ pub fn eval_users(
         Ok(format!("{} (logged only)", notes.join("; ")))
     };
     Ok(Verdict { result, actions })
+}
+
+/// Whether `word` appears in `list` between non-alphanumeric characters (or the ends):
+/// NHC's `/(^|[^A-Za-z0-9])$USER($|[^A-Za-z0-9])/` over `NHC_AUTH_USERS`.
+fn names_word(list: &str, word: &str) -> bool {
+    if word.is_empty() {
+        return false;
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    list.match_indices(word).any(|(i, _)| {
+        !alnum(list[..i].chars().next_back()) && !alnum(list[i + word.len()..].chars().next())
+    })
 }
 
 /// NHC's `nhc_ps_pid_lineage`: whether an ancestor's command line (up to and including
@@ -589,6 +601,15 @@ mod tests {
             .max(),
             7
         );
+    }
+
+    #[test]
+    fn auth_users_as_words() {
+        assert!(names_word("root nobody", "root"));
+        assert!(names_word("root,alice", "alice"));
+        assert!(!names_word("root nobody", "body"));
+        assert!(!names_word("alice2", "alice"));
+        assert!(names_word("x-alice-y", "alice"));
     }
 
     #[test]

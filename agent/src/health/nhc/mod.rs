@@ -12,7 +12,9 @@
 //!   and `${VAR}` from `HOSTNAME`, `HOSTNAME_S` and variables the file assigns); command
 //!   substitution, pipes, redirections and `;` are refused;
 //! - `VAR=value` / `export VAR=value` lines set variables; `TIMEOUT` becomes the default
-//!   per-check timeout, other NHC settings are reported as ignored.
+//!   per-check timeout, the settings in `READ_SETTINGS` (`MCELOG`, `NHC_AUTH_USERS`,
+//!   `MOUNT_CMD`...) are read by the checks after them, other NHC settings are reported as
+//!   ignored.
 //!
 //! Every line is parsed whatever its target, so a bad line is reported on every node.
 //! Supported checks: the translation table `TABLE` (see [`supported`]), one file per NHC family. Anything else is an error naming file and line.
@@ -113,6 +115,24 @@ const TABLE: &[(&str, Translate)] = &[
     ("check_net_ping", net::ping),
     ("check_dmi_data_match", dmi::data_match),
     ("check_dmi_raw_data_match", dmi::raw_data_match),
+];
+
+/// NHC settings the translations read (besides `TIMEOUT` and `PATH`): assigning them is
+/// not "ignored".
+const READ_SETTINGS: &[&str] = &[
+    "MCELOG",
+    "MCELOG_ARGS",
+    "MCELOG_MAX_CORRECTED_RATE",
+    "MCELOG_MAX_UNCORRECTED_RATE",
+    "MAX_SYS_UID",
+    "LOGIN_DEFS_SRC",
+    "NHC_RM",
+    "NHC_AUTH_USERS",
+    "RM_DAEMON_MATCH",
+    "SQUEUE_CMD",
+    "SQUEUE_NODE",
+    "SQUEUE_FMT_ARGS",
+    "MOUNT_CMD",
 ];
 
 /// The NHC checks this reader understands, in table order.
@@ -286,7 +306,7 @@ pub fn parse(
                                 continue;
                             }
                         }
-                    } else if k != "PATH" {
+                    } else if k != "PATH" && !READ_SETTINGS.contains(&k.as_str()) {
                         set.notes.push(format!(
                             "{here}: NHC setting {k} ignored (not used by slurm-node-agent)"
                         ));
@@ -764,6 +784,7 @@ n* || check_hw_eth eth0
 * || check_file_test -r \\
       /etc/passwd
 * || check_file_contents /etc/hostname \"$HOSTNAME\"
+* || MCELOG=/opt/bin/mcelog
 ";
         let set = p(text, Some("n1")).unwrap();
         assert_eq!(set.checks.len(), 2);
@@ -774,6 +795,12 @@ n* || check_hw_eth eth0
         );
         assert!(
             set.notes.iter().any(|n| n.contains("MARK_OFFLINE")),
+            "{:?}",
+            set.notes
+        );
+        // A setting a check reads is not "ignored".
+        assert!(
+            !set.notes.iter().any(|n| n.contains("MCELOG")),
             "{:?}",
             set.notes
         );
@@ -828,6 +855,43 @@ n* || check_hw_eth eth0
             ("* || export TIMEOUT=soon\n", 1, "TIMEOUT"),
             ("* || check_hw_eth $((1/0))\n", 1, "division by 0"),
             ("* || check_hw_eth ${X:?}\n", 1, "parameter expansion"),
+            ("* || check_ps_cpu -m x\n", 1, "missing limit"),
+            ("* || check_ps_cpu 5x\n", 1, "CPU utilization limit"),
+            ("* || check_ps_mem 10%\n", 1, "percentage not supported"),
+            ("* || check_ps_time 5h\n", 1, "invalid characters"),
+            ("* || check_ps_kswapd 10\n", 1, "missing discrepancy"),
+            ("* || check_ps_kswapd 10 2 kill\n", 1, "unknown action"),
+            ("* || check_ps_unauth_users explode\n", 1, "unknown action"),
+            (
+                "* || NHC_RM=none\n* || check_ps_userproc_lineage\n",
+                2,
+                "resource manager",
+            ),
+            ("* || check_net_socket -0\n", 1, "no match criteria"),
+            (
+                "* || check_net_socket -p tcp extra\n",
+                1,
+                "additional arguments",
+            ),
+            ("* || check_net_ping\n", 1, "no target"),
+            (
+                "* || check_net_ping -I eth0 127.0.0.1\n",
+                1,
+                "interface name",
+            ),
+            (
+                "* || check_net_ping -c many 127.0.0.1\n",
+                1,
+                "not a whole number",
+            ),
+            ("* || check_hw_mcelog now\n", 1, "unexpected argument"),
+            (
+                "* || MCELOG_MAX_CORRECTED_RATE=lots\n* || check_hw_mcelog\n",
+                2,
+                "MCELOG_MAX",
+            ),
+            ("* || check_cmd_dmesg extra\n", 1, "unexpected argument"),
+            ("* || check_fs_mount -e 'a|b' -f /x\n", 1, "operator"),
         ] {
             let set = p(text, Some("n1")).unwrap();
             let bad = invalid(&set);
