@@ -454,6 +454,21 @@ async fn service_start_verified_with_v_and_cap_v() {
     // -s: a service that must not run is stopped; -V passes once the unit is inactive.
     sd.systemctl_ok(&["start", &format!("{tag}-stopme.service")])
         .unwrap();
+    // The start job is done once the service forked; wait (generously) until it runs
+    // under its title.
+    let title = format!("{tag}-stopme");
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(title.as_bytes()))
+        })
+    };
+    for _ in 0..3000 {
+        if running() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(running(), "{title} did not start");
     let conf = format!("* || check_ps_service -s -V -d {tag}-stopme {tag}-stopme\n");
     let (ok, m) = agent_passes(&conf, "n1", &env).await;
     assert!(ok && m.contains("stop") && m.contains("inactive"), "{m}");
@@ -722,8 +737,8 @@ async fn ps_resources_and_owners_as_nhc() {
     let tag = format!("sna{}", std::process::id());
     let busy_t = format!("{tag}-kswapdbusy");
     let idle_t = format!("{tag}-kswapdidle");
-    let busy = Proc::start(&busy_t, 4242, true);
-    let _idle = Proc::start(&idle_t, 4242, false);
+    let busy = Proc::start(&busy_t, 4242000, true);
+    let _idle = Proc::start(&idle_t, 4242000, false);
     // Eventually (generous: the machine is shared) it has used 2 s of CPU.
     for _ in 0..1200 {
         if busy.cpu_secs() >= 2 {
@@ -734,16 +749,21 @@ async fn ps_resources_and_owners_as_nhc() {
     assert!(busy.cpu_secs() >= 2, "the busy process got no CPU");
     let d = tempfile::tempdir().unwrap();
     let nojobs = script(d.path(), "squeue-none", "exit 0\n");
-    let jobs = script(d.path(), "squeue-4242", "echo 4242\n");
-    let pre = format!("* || SQUEUE_CMD={}\n", nojobs.display());
+    let jobs = script(d.path(), "squeue-4242000", "echo 4242000\n");
+    // Test uids above 4000000 and that as the system range: processes of real users that
+    // other tests on this machine may run count as system users' and stay out of the way.
+    let pre = format!(
+        "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n",
+        nojobs.display()
+    );
     let line = |l: &str| format!("{pre}* || {l}\n");
     check_cases(
         &[
             same(line(&format!("check_ps_cpu -m {busy_t} 1")), "n1", false),
             same(line(&format!("check_ps_cpu -m {busy_t} 1000%")), "n1", true),
             same(line(&format!("check_ps_cpu -a -m {busy_t} 1")), "n1", false),
-            // -u: uid 0 is root, the owner is 4242. NHC disagrees here: looking up the
-            // nameless uid 4242 (getent finds nothing) stores an empty name at index ""
+            // -u: uid 0 is root, the owner is 4242000. NHC disagrees here: looking up the
+            // nameless uid 4242000 (getent finds nothing) stores an empty name at index ""
             // of its uid-to-name array, which bash reads as index 0, so `-u 0` becomes
             // "any owner" once such a process exists.
             Case {
@@ -763,7 +783,7 @@ async fn ps_resources_and_owners_as_nhc() {
                 true,
             ),
             same(
-                line(&format!("check_ps_cpu -u 4242 -m {busy_t} 1")),
+                line(&format!("check_ps_cpu -u 4242000 -m {busy_t} 1")),
                 "n1",
                 false,
             ),
@@ -779,12 +799,12 @@ async fn ps_resources_and_owners_as_nhc() {
             ),
             // System users' processes only with -A.
             same(
-                format!("{pre}* || MAX_SYS_UID=5000\n* || check_ps_cpu -m {busy_t} 1\n"),
+                format!("{pre}* || MAX_SYS_UID=5000000\n* || check_ps_cpu -m {busy_t} 1\n"),
                 "n1",
                 true,
             ),
             same(
-                format!("{pre}* || MAX_SYS_UID=5000\n* || check_ps_cpu -A -m {busy_t} 1\n"),
+                format!("{pre}* || MAX_SYS_UID=5000000\n* || check_ps_cpu -A -m {busy_t} 1\n"),
                 "n1",
                 false,
             ),
@@ -816,27 +836,27 @@ async fn ps_resources_and_owners_as_nhc() {
             same(line("check_ps_kswapd 1 10"), "n1", false),
             same(line("check_ps_kswapd 1 10 log"), "n1", true),
             same(line("check_ps_kswapd 100000000 100000000"), "n1", true),
-            // Owners: uid 4242 is neither a system user, nor allowed, nor running a job.
+            // Owners: uid 4242000 is neither a system user, nor allowed, nor running a job.
             same(line("check_ps_unauth_users"), "n1", false),
             same(line("check_ps_unauth_users log syslog"), "n1", true),
-            same(line("check_ps_unauth_users -u 4242"), "n1", true),
+            same(line("check_ps_unauth_users -u 4242000"), "n1", true),
             same(
                 format!(
-                    "{pre}* || NHC_AUTH_USERS=\"root nobody 4242\"\n* || check_ps_unauth_users\n"
+                    "{pre}* || NHC_AUTH_USERS=\"root nobody 4242000\"\n* || check_ps_unauth_users\n"
                 ),
                 "n1",
                 true,
             ),
             same(
                 format!(
-                    "* || SQUEUE_CMD={}\n* || check_ps_unauth_users\n",
+                    "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n* || check_ps_unauth_users\n",
                     jobs.display()
                 ),
                 "n1",
                 true,
             ),
             same(line("check_ps_userproc_lineage"), "n1", false),
-            same(line("check_ps_userproc_lineage -u 4242"), "n1", true),
+            same(line("check_ps_userproc_lineage -u 4242000"), "n1", true),
             same(line("check_ps_userproc_lineage ignore die"), "n1", true),
         ],
         &RunEnv::default(),
@@ -850,7 +870,7 @@ async fn ps_resources_and_owners_as_nhc() {
     .await;
     assert!(
         m.contains(&format!(
-            "Process \"{busy_t}\" ({}) of 4242 has consumed",
+            "Process \"{busy_t}\" ({}) of 4242000 has consumed",
             busy.0.id()
         )),
         "{m}"
@@ -860,7 +880,7 @@ async fn ps_resources_and_owners_as_nhc() {
     let step = Command::new("bash")
         .args([
             "-c",
-            "exec -a \"$0\" bash -c 'setpriv --reuid=4343 --regid=4343 --clear-groups sleep 600 & wait'",
+            "exec -a \"$0\" bash -c 'setpriv --reuid=4343000 --regid=4343000 --clear-groups sleep 600 & wait'",
             "slurmstepd:",
         ])
         .process_group(0)
@@ -883,7 +903,7 @@ async fn ps_resources_and_owners_as_nhc() {
         if let Some(k) = kids.split_whitespace().next() {
             let st = std::fs::read_to_string(format!("/proc/{k}/status")).unwrap_or_default();
             let cmd = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
-            if st.contains("\nUid:\t4343") && cmd.starts_with(b"sleep") {
+            if st.contains("\nUid:\t4343000") && cmd.starts_with(b"sleep") {
                 child_seen = true;
                 break;
             }
@@ -893,8 +913,8 @@ async fn ps_resources_and_owners_as_nhc() {
     assert!(child_seen, "the job step's child did not start");
     check_cases(
         &[
-            same(line("check_ps_userproc_lineage -u 4242"), "n1", true),
-            same(line("check_ps_unauth_users -u 4242"), "n1", false),
+            same(line("check_ps_userproc_lineage -u 4242000"), "n1", true),
+            same(line("check_ps_unauth_users -u 4242000"), "n1", false),
         ],
         &RunEnv::default(),
     )
