@@ -1170,3 +1170,53 @@ async fn fs_mount_actions_as_nhc() {
     .await;
     assert!(!ok && m.contains("operator"), "{m}");
 }
+
+/// `check_nvsmi_healthmon` / `check_nv_healthmon` with the program the file names
+/// (`NVIDIA_SMI_HEALTHMON`, `NVIDIA_HEALTHMON`): its exit status decides, as in NHC.
+/// Without one the agent asks NVML (tested in health_gpu.rs and the GPU unit tests); on a
+/// machine without the driver and nvidia-smi both fail.
+#[tokio::test]
+async fn gpu_healthmon_programs_as_nhc() {
+    let d = tempfile::tempdir().unwrap();
+    let ok = script(d.path(), "smi-ok", "echo 'GPU 0: fine'\n");
+    let lost = script(d.path(), "smi-lost", "exit 15\n");
+    let conf = |var: &str, prog: &Path, check: &str| {
+        format!("* || {var}={}\n* || {check}\n", prog.display())
+    };
+    let mut cases = vec![
+        same(
+            conf("NVIDIA_SMI_HEALTHMON", &ok, "check_nvsmi_healthmon"),
+            "n1",
+            true,
+        ),
+        same(
+            conf("NVIDIA_SMI_HEALTHMON", &lost, "check_nvsmi_healthmon"),
+            "n1",
+            false,
+        ),
+        same(
+            conf("NVIDIA_HEALTHMON", &ok, "check_nv_healthmon"),
+            "n1",
+            true,
+        ),
+        same(
+            conf("NVIDIA_HEALTHMON", &lost, "check_nv_healthmon"),
+            "n1",
+            false,
+        ),
+    ];
+    let no_gpu = !cmd_found("nvidia-smi")
+        && !Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists()
+        && !Path::new("/dev/nvidiactl").exists();
+    if no_gpu {
+        cases.push(same("* || check_nvsmi_healthmon\n", "n1", false));
+    }
+    check_cases(&cases, &RunEnv::default()).await;
+    let (_, m) = agent_passes(
+        &conf("NVIDIA_SMI_HEALTHMON", &lost, "check_nvsmi_healthmon"),
+        "n1",
+        &RunEnv::default(),
+    )
+    .await;
+    assert!(m.contains("check_nvsmi_healthmon: 15 (expected 0)"), "{m}");
+}

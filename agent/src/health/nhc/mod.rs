@@ -44,6 +44,7 @@ mod file;
 mod fs;
 mod hw;
 mod net;
+mod nv;
 mod ps;
 
 /// How one NHC check function becomes engine checks: (function name, its arguments, the
@@ -113,6 +114,8 @@ const TABLE: &[(&str, Translate)] = &[
     ("check_cmd_dmesg", cmd::dmesg),
     ("check_net_socket", net::socket),
     ("check_net_ping", net::ping),
+    ("check_nv_healthmon", nv::healthmon),
+    ("check_nvsmi_healthmon", nv::healthmon),
     ("check_dmi_data_match", dmi::data_match),
     ("check_dmi_raw_data_match", dmi::raw_data_match),
 ];
@@ -133,6 +136,10 @@ const READ_SETTINGS: &[&str] = &[
     "SQUEUE_NODE",
     "SQUEUE_FMT_ARGS",
     "MOUNT_CMD",
+    "NVIDIA_HEALTHMON",
+    "NVIDIA_HEALTHMON_ARGS",
+    "NVIDIA_SMI_HEALTHMON",
+    "NVIDIA_SMI_HEALTHMON_ARGS",
 ];
 
 /// The NHC checks this reader understands, in table order.
@@ -949,6 +956,36 @@ other || check_nope -x
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert_eq!(bad[0].0, 5);
         assert!(bad[0].1.contains("$UNSET_VAR"), "{bad:?}");
+    }
+
+    #[test]
+    fn gpu_healthmon_through_nvml_or_the_named_program() {
+        let set = p(
+            "* || check_nvsmi_healthmon\n* || check_nv_healthmon\n\
+             * || NVIDIA_SMI_HEALTHMON=/usr/bin/dcgmi\n\
+             * || NVIDIA_SMI_HEALTHMON_ARGS=\"diag -r 1\"\n* || check_nvsmi_healthmon\n\
+             * || NVIDIA_HEALTHMON=/opt/nvidia-healthmon\n* || check_nv_healthmon\n",
+            Some("n1"),
+        )
+        .unwrap();
+        assert!(set.notes.is_empty(), "{:?}", set.notes);
+        let CheckKind::Gpu(smi) = &set.checks[0].kind else {
+            panic!("{:?}", set.checks[0])
+        };
+        assert!(smi.require && !smi.xid && smi.max_uncorrected_ecc.is_none());
+        let CheckKind::Gpu(mon) = &set.checks[1].kind else {
+            panic!("{:?}", set.checks[1])
+        };
+        assert!(mon.require && mon.xid && mon.max_uncorrected_ecc == Some(0));
+        let CheckKind::Command(c) = &set.checks[2].kind else {
+            panic!("{:?}", set.checks[2])
+        };
+        assert_eq!(c.argv, ["/usr/bin/dcgmi", "diag", "-r", "1"]);
+        assert_eq!(c.check_name.as_deref(), Some("check_nvsmi_healthmon"));
+        let CheckKind::Command(c) = &set.checks[3].kind else {
+            panic!("{:?}", set.checks[3])
+        };
+        assert_eq!(c.argv, ["/opt/nvidia-healthmon", "-e", "-v"]);
     }
 
     #[test]
