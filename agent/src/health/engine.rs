@@ -41,8 +41,10 @@ pub struct RunEnv {
     /// Time limit of the whole run (`health.run_deadline`): a check still running then is
     /// reported as hung (a command is killed with its cgroup) and the run ends.
     pub run_deadline: Duration,
-    /// Whether NHC's `-S`/`-r`/`-c` service actions run (off for `check --no-act`, which
-    /// only reports).
+    /// Whether checks take their actions (off for `check --no-act`, which only reports
+    /// them): NHC's service actions (`-S`/`-r`/`-c`/`-s`/`-k`/`-e`/`-E`), the per-process
+    /// checks' SIGKILL, renice and `-e`, `check_net_socket -e/-E`, and `check_fs_mount`'s
+    /// mount point creation, `-r` and `-e/-E`.
     pub service_actions: bool,
 }
 
