@@ -1019,6 +1019,27 @@ async fn net_socket_as_nhc() {
     assert!(!ok && m.contains("No matching sockets found"), "{m}");
     let (ok, m) = agent_passes(&line("check_net_socket"), "n1", &env).await;
     assert!(!ok && m.contains("no match criteria"), "{m}");
+    // -e runs (no shell) when nothing matches, -E when something does; not under --no-act.
+    let d = tempfile::tempdir().unwrap();
+    let (missing, found) = (d.path().join("missing"), d.path().join("found"));
+    let actions = |port: u16| {
+        line(&format!(
+            "check_net_socket -l 127.0.0.1:{port} -e '/usr/bin/touch {}' -E '/usr/bin/touch {}'",
+            missing.display(),
+            found.display()
+        ))
+    };
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let (ok, m) = agent_passes(&actions(closed), "n1", &report_only).await;
+    assert!(!ok && m.contains("not attempted (report only)"), "{m}");
+    assert!(!missing.exists());
+    let (ok, m) = agent_passes(&actions(closed), "n1", &env).await;
+    assert!(!ok && m.contains("succeeded"), "{m}");
+    assert!(missing.exists() && !found.exists());
+    let (ok, m) = agent_passes(&actions(port), "n1", &env).await;
+    assert!(ok && m.contains("succeeded"), "{m}");
+    assert!(found.exists());
     drop(l);
 }
 
