@@ -882,7 +882,7 @@ n* || check_hw_eth eth0
             ),
             ("* || check_net_ping\n", 1, "no target"),
             (
-                "* || check_net_ping -I eth0 127.0.0.1\n",
+                "* || check_net_ping -I a/b 127.0.0.1\n",
                 1,
                 "interface name",
             ),

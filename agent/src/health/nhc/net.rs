@@ -82,7 +82,7 @@ pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
     )])
 }
 
-/// `check_net_ping [-I source] [-i interval] [-s size] [-t ttl] [-c count] [-w deadline]
+/// `check_net_ping [-I address|interface] [-i interval] [-s size] [-t ttl] [-c count] [-w deadline]
 /// [-W timeout] target...`: one check per target. NHC's defaults: 1 request, TTL 2, 1 s
 /// deadline.
 pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
@@ -113,6 +113,7 @@ pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
         size: 56,
         ttl: Some(2),
         source: None,
+        device: None,
     };
     for (c, v) in opts {
         match c {
@@ -122,11 +123,14 @@ pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
             'i' => base.interval = secs(c, &v)?.unwrap_or(base.interval),
             's' => base.size = num(c, &v)? as usize,
             't' => base.ttl = Some(num(c, &v)?),
-            'I' => {
-                base.source = Some(v.parse().map_err(|_| {
-                    unsupported_opt(c, "an interface name; give the source address")
-                })?)
-            }
+            // ping's -I: an address, or else an interface name.
+            'I' => match v.parse() {
+                Ok(a) => base.source = Some(a),
+                Err(_) if !v.is_empty() && v.len() < 16 && !v.contains(['/', ' ']) => {
+                    base.device = Some(v)
+                }
+                Err(_) => return Err(format!("-I {v:?}: not an address or interface name")),
+            },
             _ => {}
         }
     }

@@ -30,8 +30,10 @@ pub struct PingSpec {
     pub size: usize,
     /// `-t`: IP time to live (NHC: 2).
     pub ttl: Option<u32>,
-    /// `-I`: the source address to send from.
+    /// `-I ADDRESS`: the source address to send from.
     pub source: Option<IpAddr>,
+    /// `-I INTERFACE`: the interface to send through (`SO_BINDTODEVICE`).
+    pub device: Option<String>,
 }
 
 fn checksum(b: &[u8]) -> u16 {
@@ -80,6 +82,14 @@ pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
             rustix::net::sockopt::set_ip_ttl(&fd, ttl)
         };
         r.map_err(|e| format!("setting TTL {ttl}: {e}"))?;
+    }
+    if let Some(dev) = &spec.device {
+        nix::sys::socket::setsockopt(
+            &fd,
+            nix::sys::socket::sockopt::BindToDevice,
+            &std::ffi::OsString::from(dev),
+        )
+        .map_err(|e| format!("binding to interface {dev}: {e}"))?;
     }
     if let Some(src) = spec.source {
         rustix::net::bind(&fd, &SocketAddr::new(src, 0))
