@@ -56,9 +56,18 @@ if ! pgrep -x munged >/dev/null; then
     echo "bench-check: started munged (pid $MUNGED_PID) with a throw-away key" >&2
 fi
 
+# `check` reads the node's state with scontrol: a stand-in answers it (an IDLE node, from the
+# test fixtures), so no real scontrol looks for a controller (DNS SRV lookups) or skews the
+# timings.
+mkdir -p "$WORK/bin"
+sed 's/^NodeName=[^ ]*/NodeName=bench-node/' "$ROOT/agent/tests/fixtures/slurm-22.05/scontrol-show-node-idle.txt" > "$WORK/node.txt"
+printf '#!/bin/sh\ncat %s\n' "$WORK/node.txt" > "$WORK/bin/scontrol"
+chmod 755 "$WORK/bin/scontrol"
 ARGS=(check "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" "--checks-dir=$WORK/checks.d"
-      "--set=agent.state_dir=$WORK/state" "--nhc-conf=$CONF")
-mkdir -p "$WORK/state"
+      "--set=agent.state_dir=$WORK/state" "--set=slurm.bin_dir=$WORK/bin" "--nhc-conf=$CONF")
+mkdir -p "$WORK/state" "$WORK/none.d" "$WORK/checks.d"
+# Settings files given explicitly must exist: empty ones (the defaults).
+: > "$WORK/none.toml"
 AGENT=(env -i SLURMD_NODENAME=bench-node)
 
 # One run must pass all 21 checks.
@@ -144,7 +153,8 @@ for n in 1 2 3; do
 done
 START=$(date +%s.%N)
 "${ENV[@]}" "$BIN" check "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" \
-    "--checks-dir=$WORK/checks.d" "--set=agent.state_dir=$WORK/state" "--nhc-conf=$HUNG" \
+    "--checks-dir=$WORK/checks.d" "--set=agent.state_dir=$WORK/state" \
+    "--set=slurm.bin_dir=$WORK/bin" "--nhc-conf=$HUNG" \
     --set=health.run_deadline=5s --set=health.timeout=60s --no-act > "$WORK/hung.txt" || true
 END=$(date +%s.%N)
 HUNG_N=$(grep -c 'run deadline' "$WORK/hung.txt" || true)

@@ -245,7 +245,7 @@ async fn failures_fail_and_warnings_do_not_drain() {
     let r = run("* || check_file_test -e /no/such/file\n\
          * || check_cmd_status -r 3 /bin/false\n\
          * || check_cmd_output -m '/Plan9/' /bin/uname -s\n\
-         * || check_fs_mount -0 -f /no/such/mount\n\
+         * || check_fs_mount -0 -f /proc/no-such-mount\n\
          * || check_ps_blacklist xyzzy-cryptominer\n")
     .await;
     let st: Vec<(Status, bool)> = r.results.iter().map(|x| (x.status, x.fatal)).collect();
@@ -263,7 +263,7 @@ async fn failures_fail_and_warnings_do_not_drain() {
     );
     assert_eq!(r.failures().count(), 3);
     assert!(r.drain_reason("p: ").unwrap().ends_with("(+2 more)"));
-    let warn_only = run("* || check_fs_mount -0 -f /no/such/mount\n").await;
+    let warn_only = run("* || check_fs_mount -0 -f /proc/no-such-mount\n").await;
     assert!(warn_only.healthy());
 }
 

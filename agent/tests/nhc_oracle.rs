@@ -73,7 +73,8 @@ fn nhc_passes(conf: &str, host: &str) -> Option<bool> {
     Some(out.status.success())
 }
 
-/// Runs the agent on `conf` as node `host`; whether every check passed, and the messages.
+/// Runs the agent on `conf` as node `host`; whether every fatal check passed, and the
+/// messages.
 async fn agent_passes(conf: &str, host: &str, env: &RunEnv) -> (bool, String) {
     let set = nhc::parse(
         conf,
@@ -91,7 +92,13 @@ async fn agent_passes(conf: &str, host: &str, env: &RunEnv) -> (bool, String) {
         .map(|x| format!("{}: {:?} {}", x.name, x.status, x.message))
         .collect::<Vec<_>>()
         .join("; ");
-    (r.results.iter().all(|x| x.status == Status::Pass), msgs)
+    // A non-fatal check (`-0`) that fails is logged, not a failure (NHC returns 0).
+    (
+        r.results
+            .iter()
+            .all(|x| x.status == Status::Pass || !x.fatal),
+        msgs,
+    )
 }
 
 /// One case: NHC's result (from its source) and the agent's (the same unless noted).
@@ -447,6 +454,21 @@ async fn service_start_verified_with_v_and_cap_v() {
     // -s: a service that must not run is stopped; -V passes once the unit is inactive.
     sd.systemctl_ok(&["start", &format!("{tag}-stopme.service")])
         .unwrap();
+    // The start job is done once the service forked; wait (generously) until it runs
+    // under its title.
+    let title = format!("{tag}-stopme");
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c.starts_with(title.as_bytes()))
+        })
+    };
+    for _ in 0..3000 {
+        if running() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(running(), "{title} did not start");
     let conf = format!("* || check_ps_service -s -V -d {tag}-stopme {tag}-stopme\n");
     let (ok, m) = agent_passes(&conf, "n1", &env).await;
     assert!(ok && m.contains("stop") && m.contains("inactive"), "{m}");
@@ -548,4 +570,709 @@ async fn service_actions_e_and_cap_e_run_without_a_shell() {
     );
     let (ok, m) = agent_passes(&evil, "n1", &RunEnv::default()).await;
     assert!(!ok && m.contains("operator"), "{m}");
+}
+
+/// A stand-in program for both sides: an executable script in `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    p
+}
+
+/// `check_cmd_dmesg` (NHC's wrapper of `check_cmd_output -C check_cmd_dmesg` over
+/// `dmesg`, `-e` replacing the command), `check_hw_mcelog` (`$MCELOG $MCELOG_ARGS`, per
+/// DIMM limits `MCELOG_MAX_CORRECTED_RATE` / `MCELOG_MAX_UNCORRECTED_RATE`), and
+/// `check_dmi_raw_data_match` (dmidecode's raw lines).
+#[tokio::test]
+async fn dmesg_mcelog_and_dmi_raw_as_nhc() {
+    let d = tempfile::tempdir().unwrap();
+    let dmesg = script(
+        d.path(),
+        "dmesg",
+        "echo '[    0.000000] Linux version 6.1.0'\necho '[    5.1] EDAC MC0: 1 CE memory read error'\n",
+    );
+    let dm = dmesg.display();
+    let dimm = |c: u32, u: u32| {
+        format!(
+            "echo 'memory controller 0 channel 1 dimm 0'\necho 'corrected memory errors:'\necho '        {c} total'\necho '        {c} in 24h'\necho 'uncorrected memory errors:'\necho '        {u} total'\necho '        {u} in 24h'\n"
+        )
+    };
+    let quiet = script(d.path(), "mcelog-quiet", "exit 0\n");
+    let refused = script(
+        d.path(),
+        "mcelog-refused",
+        "echo 'mcelog: client connect: Connection refused' >&2\nexit 1\n",
+    );
+    let ok = script(d.path(), "mcelog-ok", &dimm(9, 0));
+    let many = script(d.path(), "mcelog-many", &dimm(10, 0));
+    let fatal = script(d.path(), "mcelog-fatal", &dimm(0, 1));
+    let mce = |prog: &Path, extra: &str| {
+        format!(
+            "* || MCELOG={}\n{extra}* || check_hw_mcelog\n",
+            prog.display()
+        )
+    };
+    // dmidecode for both (as in dmi_handles_compare_as_bash_numbers).
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/health/dmidecode.txt");
+    let bin = d.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let prog = script(&bin, "dmidecode", &format!("cat '{}'\n", fixture.display()));
+    let mut env = RunEnv::default();
+    env.host.dmidecode = prog;
+    let raw = |m: &str| {
+        format!(
+            "* || export PATH=\"{}:$PATH\"\n* || check_dmi_raw_data_match {m}\n",
+            bin.display()
+        )
+    };
+    check_cases(
+        &[
+            same(
+                format!("* || check_cmd_dmesg -e {dm} -m '/EDAC MC[0-9]/'\n"),
+                "n1",
+                true,
+            ),
+            same(
+                format!("* || check_cmd_dmesg -e {dm} -m '!/ CE memory/'\n"),
+                "n1",
+                false,
+            ),
+            same(
+                format!("* || check_cmd_dmesg -e {dm} -M 'no %m' -m '*Linux version 7*'\n"),
+                "n1",
+                false,
+            ),
+            same(format!("* || check_cmd_dmesg -e {dm} -r 1\n"), "n1", false),
+            same(mce(&quiet, ""), "n1", true),
+            same(mce(&refused, ""), "n1", true),
+            same(mce(&ok, ""), "n1", true),
+            same(mce(&many, ""), "n1", false),
+            same(mce(&fatal, ""), "n1", false),
+            same(
+                mce(&many, "* || MCELOG_MAX_CORRECTED_RATE=10\n"),
+                "n1",
+                true,
+            ),
+            // Without limits any output is fatal.
+            same(mce(&ok, "* || MCELOG_MAX_CORRECTED_RATE=\n"), "n1", false),
+            same(raw("'*Product Name: c5n.18xlarge*'"), "n1", true),
+            same(raw("'/^[[:space:]]+Product Name: c5n/'"), "n1", true),
+            same(raw("'! *Product Name: c5n.18xlarge*'"), "n1", true),
+            same(raw("! '*Product Name: c5n.18xlarge*'"), "n1", false),
+            same(raw("'*Product Name: m7i*'"), "n1", false),
+            same(raw("! '*Product Name: m7i*'"), "n1", true),
+        ],
+        &env,
+    )
+    .await;
+    let (_, m) = agent_passes(
+        &format!("* || check_cmd_dmesg -e {dm} -m '!/ CE memory/'\n"),
+        "n1",
+        &env,
+    )
+    .await;
+    assert!(m.contains("check_cmd_dmesg: "), "{m}");
+    let (_, m) = agent_passes(&mce(&many, ""), "n1", &env).await;
+    assert!(
+        m.contains("10 corrected memory errors detected (limit of 9/day)"),
+        "{m}"
+    );
+}
+
+/// A process of its own (killed by PID when dropped) with a one-word title, as `uid`.
+struct Proc(Child);
+
+impl Proc {
+    fn start(title: &str, uid: u32, busy: bool) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let body = if busy {
+            "while :; do :; done"
+        } else {
+            "sleep 600"
+        };
+        let child = Command::new("bash")
+            .args(["-c", &format!("exec -a \"$0\" bash -c '{body}'"), title])
+            .uid(uid)
+            .gid(uid)
+            .spawn()
+            .unwrap();
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        for _ in 0..1000 {
+            if std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(title.as_bytes())) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Proc(child)
+    }
+
+    /// User plus system CPU time so far, seconds.
+    fn cpu_secs(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).unwrap_or_default();
+        let f: Vec<&str> = s
+            .rsplit_once(')')
+            .map(|x| x.1)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let t = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        (t(11) + t(12)) / 100
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `check_ps_cpu/mem/physmem/time`, `check_ps_kswapd`, `check_ps_unauth_users` and
+/// `check_ps_userproc_lineage` on processes this test starts as a non-system uid (one
+/// test: these checks see every process of the host, so the cases must not overlap).
+/// `SQUEUE_CMD` is a stand-in: no real squeue runs (it would look for a controller).
+#[tokio::test]
+async fn ps_resources_and_owners_as_nhc() {
+    let tag = format!("sna{}", std::process::id());
+    let busy_t = format!("{tag}-kswapdbusy");
+    let idle_t = format!("{tag}-kswapdidle");
+    let busy = Proc::start(&busy_t, 4242000, true);
+    let _idle = Proc::start(&idle_t, 4242000, false);
+    // Eventually (generous: the machine is shared) it has used 2 s of CPU; then it is
+    // stopped so its figures hold still while both sides look. Not at :08 or :09 seconds:
+    // NHC reads `ps`'s `M:SS` with bash arithmetic, where `08` and `09` are bad octal
+    // numbers and its check_ps_time then passes whatever the limit (an NHC bug).
+    let signal = |sig: &str| {
+        let st = Command::new("kill")
+            .args([sig, &busy.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig}");
+    };
+    let mut want = 2;
+    loop {
+        for _ in 0..1200 {
+            if busy.cpu_secs() >= want {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(busy.cpu_secs() >= want, "the busy process got no CPU");
+        signal("-STOP");
+        // Stopped (state T) before the final figure is read.
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", busy.0.id())).is_ok_and(|st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, r)| r.starts_with('T'))
+            })
+        };
+        for _ in 0..1000 {
+            if stopped() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(stopped(), "SIGSTOP did not stop the busy process");
+        if ![8, 9].contains(&(busy.cpu_secs() % 60)) {
+            break;
+        }
+        signal("-CONT");
+        want = busy.cpu_secs() + 2;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let nojobs = script(d.path(), "squeue-none", "exit 0\n");
+    let jobs = script(d.path(), "squeue-4242000", "echo 4242000\n");
+    // Test uids above 4000000 and that as the system range: processes of real users that
+    // other tests on this machine may run count as system users' and stay out of the way.
+    let pre = format!(
+        "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n",
+        nojobs.display()
+    );
+    let line = |l: &str| format!("{pre}* || {l}\n");
+    check_cases(
+        &[
+            same(line(&format!("check_ps_cpu -m {busy_t} 1")), "n1", false),
+            same(line(&format!("check_ps_cpu -m {busy_t} 1000%")), "n1", true),
+            same(line(&format!("check_ps_cpu -a -m {busy_t} 1")), "n1", false),
+            // -u: uid 0 is root, the owner is 4242000. NHC disagrees here: looking up the
+            // nameless uid 4242000 (getent finds nothing) stores an empty name at index ""
+            // of its uid-to-name array, which bash reads as index 0, so `-u 0` becomes
+            // "any owner" once such a process exists.
+            Case {
+                conf: line(&format!("check_ps_cpu -u 0 -m {busy_t} 1")),
+                host: "n1",
+                nhc: false,
+                agent: true,
+            },
+            same(
+                line(&format!("check_ps_cpu -u root -m {busy_t} 1")),
+                "n1",
+                true,
+            ),
+            same(
+                line(&format!("check_ps_cpu -u 1 -m {busy_t} 1")),
+                "n1",
+                true,
+            ),
+            same(
+                line(&format!("check_ps_cpu -u 4242000 -m {busy_t} 1")),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_ps_cpu -f -m '*{busy_t} -c while*' 1")),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_ps_cpu -m '*{busy_t} -c while*' 1")),
+                "n1",
+                true,
+            ),
+            // System users' processes only with -A.
+            same(
+                format!("{pre}* || MAX_SYS_UID=5000000\n* || check_ps_cpu -m {busy_t} 1\n"),
+                "n1",
+                true,
+            ),
+            same(
+                format!("{pre}* || MAX_SYS_UID=5000000\n* || check_ps_cpu -A -m {busy_t} 1\n"),
+                "n1",
+                false,
+            ),
+            same(line(&format!("check_ps_time -m {busy_t} 1s")), "n1", false),
+            same(line(&format!("check_ps_time -m {busy_t} 100m")), "n1", true),
+            same(
+                line(&format!("check_ps_time -m {busy_t} 1m30s")),
+                "n1",
+                true,
+            ),
+            same(line(&format!("check_ps_mem -m {busy_t} 1k")), "n1", false),
+            same(line(&format!("check_ps_mem -m {busy_t} 1t")), "n1", true),
+            same(
+                line(&format!("check_ps_physmem -m {busy_t} 1k")),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_ps_physmem -m {busy_t} 1t")),
+                "n1",
+                true,
+            ),
+            same(
+                line(&format!("check_ps_physmem -m {busy_t} 100%")),
+                "n1",
+                true,
+            ),
+            // kswapd: the busy one (over 1 s) is "a NUMA node" above the threshold.
+            same(line("check_ps_kswapd 1 10"), "n1", false),
+            same(line("check_ps_kswapd 1 10 log"), "n1", true),
+            same(line("check_ps_kswapd 100000000 100000000"), "n1", true),
+            // Owners: uid 4242000 is neither a system user, nor allowed, nor running a job.
+            same(line("check_ps_unauth_users"), "n1", false),
+            same(line("check_ps_unauth_users log syslog"), "n1", true),
+            same(line("check_ps_unauth_users -u 4242000"), "n1", true),
+            same(
+                format!(
+                    "{pre}* || NHC_AUTH_USERS=\"root nobody 4242000\"\n* || check_ps_unauth_users\n"
+                ),
+                "n1",
+                true,
+            ),
+            same(
+                format!(
+                    "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n* || check_ps_unauth_users\n",
+                    jobs.display()
+                ),
+                "n1",
+                true,
+            ),
+            same(line("check_ps_userproc_lineage"), "n1", false),
+            same(line("check_ps_userproc_lineage -u 4242000"), "n1", true),
+            same(line("check_ps_userproc_lineage ignore die"), "n1", true),
+        ],
+        &RunEnv::default(),
+    )
+    .await;
+    let (_, m) = agent_passes(
+        &line(&format!("check_ps_time -m {busy_t} 1s")),
+        "n1",
+        &RunEnv::default(),
+    )
+    .await;
+    assert!(
+        m.contains(&format!(
+            "Process \"{busy_t}\" ({}) of 4242000 has consumed",
+            busy.0.id()
+        )),
+        "{m}"
+    );
+    // A process below a `slurmstepd` is a job's: lineage passes for it.
+    use std::os::unix::process::CommandExt;
+    let step = Command::new("bash")
+        .args([
+            "-c",
+            "exec -a \"$0\" bash -c 'setpriv --reuid=4343000 --regid=4343000 --clear-groups sleep 600 & wait'",
+            "slurmstepd:",
+        ])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    struct Group(Child);
+    impl Drop for Group {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", self.0.id())])
+                .status();
+            let _ = self.0.wait();
+        }
+    }
+    let step = Group(step);
+    let mut child_seen = false;
+    for _ in 0..500 {
+        let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", step.0.id()))
+            .unwrap_or_default();
+        if let Some(k) = kids.split_whitespace().next() {
+            let st = std::fs::read_to_string(format!("/proc/{k}/status")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{k}/cmdline")).unwrap_or_default();
+            if st.contains("\nUid:\t4343000") && cmd.starts_with(b"sleep") {
+                child_seen = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(child_seen, "the job step's child did not start");
+    check_cases(
+        &[
+            same(line("check_ps_userproc_lineage -u 4242000"), "n1", true),
+            same(line("check_ps_unauth_users -u 4242000"), "n1", false),
+        ],
+        &RunEnv::default(),
+    )
+    .await;
+    drop(step);
+    // Actions: only reported under --no-act, taken otherwise (agent only: NHC would kill
+    // in the background).
+    let kill = line(&format!("check_ps_cpu -k -m {busy_t} 1"));
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let (ok, m) = agent_passes(&kill, "n1", &report_only).await;
+    assert!(
+        !ok && m.contains("not attempted (report only): kill -9"),
+        "{m}"
+    );
+    let mut busy = busy;
+    assert!(
+        busy.0.try_wait().unwrap().is_none(),
+        "killed under --no-act"
+    );
+    let (ok, m) = agent_passes(&kill, "n1", &RunEnv::default()).await;
+    assert!(!ok && m.contains("killed process ID"), "{m}");
+    let status = busy.0.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+}
+
+/// `check_net_socket` over a listener this test opens on 127.0.0.1. NHC runs `netstat
+/// -Tanpee`, which this netstat refuses (no output: nothing matches), so NHC is pointed at
+/// `ss` as it does when netstat is missing.
+#[tokio::test]
+async fn net_socket_as_nhc() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let closed = {
+        let c = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        c.local_addr().unwrap().port()
+    };
+    let line = |l: &str| format!("* || NETSTAT_CMD=/nonexistent/netstat\n* || {l}\n");
+    check_cases(
+        &[
+            same(
+                line(&format!(
+                    "check_net_socket -p tcp -s LISTEN -l 127.0.0.1:{port}"
+                )),
+                "n1",
+                true,
+            ),
+            same(line(&format!("check_net_socket -l '*:{port}'")), "n1", true),
+            same(
+                line(&format!(
+                    "check_net_socket -n test -p tcp -l 127.0.0.1:{closed}"
+                )),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_net_socket -p udp -l 127.0.0.1:{port}")),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_net_socket -! -l 127.0.0.1:{port}")),
+                "n1",
+                false,
+            ),
+            same(
+                line(&format!("check_net_socket -! -l 127.0.0.1:{closed}")),
+                "n1",
+                true,
+            ),
+            same(
+                line(&format!(
+                    "check_net_socket -0 -l '/^127\\.0\\.0\\.1:{port}$/'"
+                )),
+                "n1",
+                true,
+            ),
+        ],
+        &RunEnv::default(),
+    )
+    .await;
+    // Agent only: the owner and the daemon (this test program).
+    let env = RunEnv::default();
+    let (ok, m) = agent_passes(
+        &line(&format!(
+            "check_net_socket -u root -d 'nhc_oracle*' -l 127.0.0.1:{port}"
+        )),
+        "n1",
+        &env,
+    )
+    .await;
+    assert!(ok, "{m}");
+    let (ok, m) = agent_passes(
+        &line(&format!("check_net_socket -d sshd -l 127.0.0.1:{port}")),
+        "n1",
+        &env,
+    )
+    .await;
+    assert!(!ok && m.contains("No matching sockets found"), "{m}");
+    let (ok, m) = agent_passes(&line("check_net_socket"), "n1", &env).await;
+    assert!(!ok && m.contains("no match criteria"), "{m}");
+    // -e runs (no shell) when nothing matches, -E when something does; not under --no-act.
+    let d = tempfile::tempdir().unwrap();
+    let (missing, found) = (d.path().join("missing"), d.path().join("found"));
+    let actions = |port: u16| {
+        line(&format!(
+            "check_net_socket -l 127.0.0.1:{port} -e '/usr/bin/touch {}' -E '/usr/bin/touch {}'",
+            missing.display(),
+            found.display()
+        ))
+    };
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let (ok, m) = agent_passes(&actions(closed), "n1", &report_only).await;
+    assert!(!ok && m.contains("not attempted (report only)"), "{m}");
+    assert!(!missing.exists());
+    let (ok, m) = agent_passes(&actions(closed), "n1", &env).await;
+    assert!(!ok && m.contains("succeeded"), "{m}");
+    assert!(missing.exists() && !found.exists());
+    let (ok, m) = agent_passes(&actions(port), "n1", &env).await;
+    assert!(ok && m.contains("succeeded"), "{m}");
+    assert!(found.exists());
+    drop(l);
+}
+
+/// `check_net_ping` over ICMP on 127.0.0.1 (NHC runs `ping`; compared with NHC only where
+/// a `ping` program is installed). Failing: a source address or an interface this host does
+/// not have (the socket cannot bind, nothing is sent).
+#[tokio::test]
+async fn net_ping_loopback() {
+    let env = RunEnv::default();
+    let has_ping = cmd_found("ping");
+    let cases = [
+        ("check_net_ping 127.0.0.1", true),
+        ("check_net_ping -c 2 -i 0.2 -w 5 127.0.0.1 127.0.0.2", true),
+        ("check_net_ping -I 127.0.0.1 localhost", true),
+        ("check_net_ping -I 10.255.255.254 127.0.0.1", false),
+        ("check_net_ping -I lo 127.0.0.1", true),
+        ("check_net_ping -I nosuchif0 127.0.0.1", false),
+        ("check_net_ping", false),
+    ];
+    for (l, want) in cases {
+        let conf = format!("* || {l}\n");
+        let (ok, m) = agent_passes(&conf, "n1", &env).await;
+        assert_eq!(ok, want, "{l}: {m}");
+        if has_ping {
+            if let Some(n) = nhc_passes(&conf, "n1") {
+                assert_eq!(n, want, "NHC on {l}");
+            }
+        }
+    }
+    let (_, m) = agent_passes(
+        "* || check_net_ping -I 10.255.255.254 127.0.0.1\n",
+        "n1",
+        &env,
+    )
+    .await;
+    assert!(
+        m.contains("check_net_ping: No response received from 127.0.0.1"),
+        "{m}"
+    );
+}
+
+fn cmd_found(name: &str) -> bool {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .any(|d| Path::new(d).join(name).is_file())
+}
+
+/// `check_fs_mount -r -O -e -E` (and NHC's creating a missing mount point): the verdict as
+/// NHC's, the actions run as programs (no shell) with the arguments NHC gives them, only
+/// when not report-only. `MOUNT_CMD` is a stand-in that records its arguments.
+#[tokio::test]
+async fn fs_mount_actions_as_nhc() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let log = dir.join("mount.log");
+    let mount = script(
+        dir,
+        "mount",
+        &format!("echo \"$*\" >> '{}'\n", log.display()),
+    );
+    let pre = format!("* || MOUNT_CMD={}\n", mount.display());
+    let nhc_dir = dir.join("nhc");
+    std::fs::create_dir(&nhc_dir).unwrap();
+    let nm = nhc_dir.display();
+    let nhc_mount = script(&nhc_dir, "mount", "exit 0\n");
+    let nhc_pre = format!("* || MOUNT_CMD={}\n", nhc_mount.display());
+    // Verdicts (NHC runs its actions in the background: only in nhc/, never looked at).
+    check_cases(
+        &[
+            same(
+                format!("{nhc_pre}* || check_fs_mount -E '/usr/bin/touch {nm}/found' -f /proc\n"),
+                "n1",
+                true,
+            ),
+            same(
+                format!("{nhc_pre}* || check_fs_mount -r -O size=1m -e '/usr/bin/touch {nm}/x' -f {nm}/gone\n"),
+                "n1",
+                false,
+            ),
+            same(
+                format!("{nhc_pre}* || check_fs_mount -0 -r -t xfs -f /proc\n"),
+                "n1",
+                true,
+            ),
+        ],
+        &RunEnv::default(),
+    )
+    .await;
+    let gone = dir.join("gone");
+    let found = dir.join("found");
+    let missing = dir.join("missing");
+    let run = |l: String, env: RunEnv| {
+        let conf = format!("{pre}* || {l}\n");
+        async move { agent_passes(&conf, "n1", &env).await }
+    };
+    let mut report_only = RunEnv::default();
+    report_only.service_actions = false;
+    let not_mounted = format!(
+        "check_fs_mount -r -O size=1m -e '/usr/bin/touch {}' -f {}",
+        missing.display(),
+        gone.display()
+    );
+    // --no-act: reported, nothing done.
+    let (ok, m) = run(not_mounted.clone(), report_only.clone()).await;
+    assert!(
+        !ok && m.contains("not attempted (report only): mkdir -p -m 0755"),
+        "{m}"
+    );
+    assert!(!gone.exists() && !missing.exists() && !log.exists(), "{m}");
+    // Not mounted, no directory: NHC makes it, mounts with -O's options, runs -e.
+    let (ok, m) = run(not_mounted.clone(), RunEnv::default()).await;
+    assert!(!ok && m.contains("(auto-fixed)"), "{m}");
+    assert!(gone.is_dir() && missing.exists(), "{m}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("-o size=1m {}\n", gone.display())
+    );
+    // Mounted but wrong: `-o remount,OPTS`.
+    std::fs::remove_file(&log).unwrap();
+    let (ok, m) = run(
+        "check_fs_mount -r -O ro -t xfs -f /proc".into(),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(
+        !ok && m.contains("incorrect type") || m.contains("has type proc"),
+        "{m}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "-o remount,ro /proc\n"
+    );
+    // Mounted and right: -E runs, the check passes; -e does not run.
+    let (ok, m) = run(
+        format!(
+            "check_fs_mount -E '/usr/bin/touch {}' -e '/usr/bin/touch {}x' -f /proc",
+            found.display(),
+            found.display()
+        ),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(ok && m.contains("succeeded"), "{m}");
+    assert!(found.exists() && !dir.join("foundx").exists());
+    // No shell: an operator in an action is refused when the line is read.
+    let (ok, m) = run(
+        "check_fs_mount -e 'touch x; reboot' -f /proc".into(),
+        RunEnv::default(),
+    )
+    .await;
+    assert!(!ok && m.contains("operator"), "{m}");
+}
+
+/// `check_nvsmi_healthmon` / `check_nv_healthmon` with the program the file names
+/// (`NVIDIA_SMI_HEALTHMON`, `NVIDIA_HEALTHMON`): its exit status decides, as in NHC.
+/// Without one the agent asks NVML (tested in health_gpu.rs and the GPU unit tests); on a
+/// machine without the driver and nvidia-smi both fail.
+#[tokio::test]
+async fn gpu_healthmon_programs_as_nhc() {
+    let d = tempfile::tempdir().unwrap();
+    let ok = script(d.path(), "smi-ok", "echo 'GPU 0: fine'\n");
+    let lost = script(d.path(), "smi-lost", "exit 15\n");
+    let conf = |var: &str, prog: &Path, check: &str| {
+        format!("* || {var}={}\n* || {check}\n", prog.display())
+    };
+    let mut cases = vec![
+        same(
+            conf("NVIDIA_SMI_HEALTHMON", &ok, "check_nvsmi_healthmon"),
+            "n1",
+            true,
+        ),
+        same(
+            conf("NVIDIA_SMI_HEALTHMON", &lost, "check_nvsmi_healthmon"),
+            "n1",
+            false,
+        ),
+        same(
+            conf("NVIDIA_HEALTHMON", &ok, "check_nv_healthmon"),
+            "n1",
+            true,
+        ),
+        same(
+            conf("NVIDIA_HEALTHMON", &lost, "check_nv_healthmon"),
+            "n1",
+            false,
+        ),
+    ];
+    let no_gpu = !cmd_found("nvidia-smi")
+        && !Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists()
+        && !Path::new("/dev/nvidiactl").exists();
+    if no_gpu {
+        cases.push(same("* || check_nvsmi_healthmon\n", "n1", false));
+    }
+    check_cases(&cases, &RunEnv::default()).await;
+    let (_, m) = agent_passes(
+        &conf("NVIDIA_SMI_HEALTHMON", &lost, "check_nvsmi_healthmon"),
+        "n1",
+        &RunEnv::default(),
+    )
+    .await;
+    assert!(m.contains("check_nvsmi_healthmon: 15 (expected 0)"), "{m}");
 }

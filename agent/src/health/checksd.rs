@@ -414,6 +414,7 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
                     alive: true,
                     writable,
                     space,
+                    actions: Default::default(),
                 }),
                 timeout,
             )]);

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::checks::cmd::{self, TIMEOUT_PREFIX};
 use super::checks::ps::{ServiceAction, Verify};
+use super::checks::{hw, net, psres};
 use super::checks::{CheckKind, UnitSpec};
 use super::facts::{Facts, Host};
 use super::{Check, CheckResult, CheckSet, Report, Status};
@@ -40,8 +41,10 @@ pub struct RunEnv {
     /// Time limit of the whole run (`health.run_deadline`): a check still running then is
     /// reported as hung (a command is killed with its cgroup) and the run ends.
     pub run_deadline: Duration,
-    /// Whether NHC's `-S`/`-r`/`-c` service actions run (off for `check --no-act`, which
-    /// only reports).
+    /// Whether checks take their actions (off for `check --no-act`, which only reports
+    /// them): NHC's service actions (`-S`/`-r`/`-c`/`-s`/`-k`/`-e`/`-E`), the per-process
+    /// checks' SIGKILL, renice and `-e`, `check_net_socket -e/-E`, and `check_fs_mount`'s
+    /// mount point creation, `-r` and `-e/-E`.
     pub service_actions: bool,
 }
 
@@ -415,6 +418,12 @@ fn what_hangs(kind: &CheckKind) -> String {
         CheckKind::FileStat(f) => format!("stat of {}", f.paths.join(" ")),
         CheckKind::Process(_) => "read of /proc".into(),
         CheckKind::Command(c) => format!("command {}", c.argv.join(" ")),
+        CheckKind::Mcelog(c) => format!("command {}", c.argv.join(" ")),
+        CheckKind::PsResource(_) | CheckKind::PsUsers(_) | CheckKind::Kswapd(_) => {
+            "read of /proc".into()
+        }
+        CheckKind::NetSocket(_) => "read of /proc/net".into(),
+        CheckKind::Ping(p) => format!("ping of {}", p.target),
         CheckKind::Unit(u) => format!("systemd query of {}", u.unit),
         k => format!("{} check", k.family()),
     }
@@ -565,6 +574,38 @@ async fn run_async(
                 Err(_) => Outcome::Timeout(format!("command did not finish within {limit:?}")),
             }
         }
+        CheckKind::Mcelog(spec) => {
+            let limit = timeout + Duration::from_secs(2);
+            match tokio::time::timeout(limit, hw::check_mcelog(spec, timeout, ctx.output_limit))
+                .await
+            {
+                Ok(Ok(m)) => Outcome::Pass(m),
+                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(
+                    deadline_message(run_deadline, &format!("{}; {m}", what_hangs(&check.kind))),
+                ),
+                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
+                Ok(Err(m)) => Outcome::Fail(m),
+                Err(_) => Outcome::Timeout(format!("mcelog did not finish within {limit:?}")),
+            }
+        }
+        CheckKind::PsResource(_)
+        | CheckKind::PsUsers(_)
+        | CheckKind::Kswapd(_)
+        | CheckKind::NetSocket(_)
+        | CheckKind::Ping(_) => {
+            match tokio::time::timeout(timeout, run_ps(check.clone(), &ctx, timeout)).await {
+                Ok(Ok(m)) => Outcome::Pass(m),
+                Ok(Err(m)) => Outcome::Fail(m),
+                Err(_) if cut => {
+                    Outcome::Timeout(deadline_message(run_deadline, &what_hangs(&check.kind)))
+                }
+                Err(_) => Outcome::Timeout(format!(
+                    "{} did not finish within {}",
+                    what_hangs(&check.kind),
+                    humantime::format_duration(timeout)
+                )),
+            }
+        }
         CheckKind::Unit(spec) => match tokio::time::timeout(timeout, run_unit(spec, &ctx)).await {
             Ok(Ok(m)) => Outcome::Pass(m),
             Ok(Err(m)) => Outcome::Fail(m),
@@ -583,6 +624,128 @@ async fn run_async(
         )),
     };
     (outcome, start.elapsed())
+}
+
+/// The users running jobs on this node: the lines of `argv`'s output (NHC's `squeue -w
+/// $HOSTNAME_S --noheader -o %u`); none when it cannot run or fails, as in NHC.
+async fn job_users(argv: &[String], timeout: Duration, limit: usize) -> (Vec<String>, String) {
+    match cmd::run_command(argv, timeout, limit).await {
+        Ok(o) if o.code == Some(0) => {
+            let users: Vec<String> = String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect();
+            (users, String::new())
+        }
+        Ok(o) => (
+            Vec::new(),
+            format!(
+                "; no job users: {:?} exited with {:?}",
+                argv.join(" "),
+                o.code
+            ),
+        ),
+        Err(e) => (Vec::new(), format!("; no job users: {e}")),
+    }
+}
+
+/// The per-process and network checks (NHC's `check_ps_cpu`...
+/// `check_ps_userproc_lineage`, `check_net_socket`, `check_net_ping`): reads the host on
+/// a blocking thread, then takes the actions the verdict asks for (SIGKILL,
+/// renice, a program run without a shell), or only reports them under `--no-act`.
+async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<String, String> {
+    let (users, note) = match &check.kind {
+        CheckKind::PsUsers(u) if !u.jobs_command.is_empty() => {
+            job_users(&u.jobs_command, timeout, ctx.output_limit).await
+        }
+        _ => (Vec::new(), String::new()),
+    };
+    let facts = ctx.facts.clone();
+    let c = check.clone();
+    let verdict = tokio::task::spawn_blocking(move || match &c.kind {
+        CheckKind::PsResource(s) => psres::eval_resource(s, &facts),
+        CheckKind::PsUsers(s) => psres::eval_users(s, &facts, &users),
+        CheckKind::Kswapd(s) => psres::eval_kswapd(s, &facts),
+        CheckKind::NetSocket(s) => net::eval_socket(s, &facts),
+        CheckKind::Ping(p) => Ok(psres::Verdict {
+            result: net::ping::check_ping(p),
+            actions: Vec::new(),
+        }),
+        k => Err(format!(
+            "internal error: {} is not a process check",
+            k.family()
+        )),
+    })
+    .await
+    .map_err(|e| format!("internal error: {e}"))??;
+    let mut done = Vec::new();
+    if !verdict.actions.is_empty() && !ctx.service_actions {
+        done.push(format!(
+            "not attempted (report only): {}",
+            verdict
+                .actions
+                .iter()
+                .map(show_action)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    } else {
+        for a in &verdict.actions {
+            done.push(take_action(a, ctx, timeout).await);
+        }
+    }
+    let tail = if done.is_empty() {
+        note
+    } else {
+        format!("{note}; {}", done.join("; "))
+    };
+    match verdict.result {
+        Ok(m) => Ok(format!("{m}{tail}")),
+        Err(m) => Err(format!("{m}{tail}")),
+    }
+}
+
+fn show_action(a: &psres::Action) -> String {
+    match a {
+        psres::Action::Kill(p) => format!("kill -9 {p}"),
+        psres::Action::Renice(p, n) => format!("renice -n {n} {p}"),
+        psres::Action::Run(argv) => format!("run {:?}", argv.join(" ")),
+    }
+}
+
+async fn take_action(a: &psres::Action, ctx: &Ctx, timeout: Duration) -> String {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let pid_of = |p: u32| i32::try_from(p).map_err(|_| format!("PID {p} out of range"));
+    match a {
+        psres::Action::Kill(p) => match pid_of(*p).map(|n| kill(Pid::from_raw(n), Signal::SIGKILL))
+        {
+            Ok(Ok(())) => format!("killed process ID {p} (SIGKILL)"),
+            Ok(Err(e)) => format!("kill -9 {p} failed: {e}"),
+            Err(e) => e,
+        },
+        psres::Action::Renice(p, n) => {
+            let r = pid_of(*p).map(|raw| {
+                rustix::process::setpriority_process(rustix::process::Pid::from_raw(raw), *n)
+            });
+            match r {
+                Ok(Ok(())) => format!("reniced process ID {p} to {n}"),
+                Ok(Err(e)) => format!("renice of {p} failed: {e}"),
+                Err(e) => e,
+            }
+        }
+        psres::Action::Run(argv) => {
+            let shown = argv.join(" ");
+            match cmd::run_command(argv, timeout, ctx.output_limit).await {
+                Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
+                Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
+                Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                Err(e) => format!("{shown:?} not run: {e}"),
+            }
+        }
+    }
 }
 
 /// NHC's `-S`/`-r`/`-c`: a failed process check with an action runs it within the
@@ -666,7 +829,91 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
                 (false, note) => Outcome::Fail(format!("{m}; {note}")),
             }
         }
+        (o, CheckKind::Mount(m)) if m.actions.any() && !matches!(o, Outcome::Timeout(_)) => {
+            let limit = check
+                .timeout
+                .min(deadline.saturating_duration_since(Instant::now()));
+            mount_after(o, m, ctx, limit).await
+        }
         (o, _) => o,
+    }
+}
+
+/// NHC's `check_fs_mount` actions (`-r`/`-O`, `-e`, `-E`, creating a missing mount
+/// point): taken after the check, or only reported under `--no-act`. The verdict stays.
+async fn mount_after(
+    outcome: Outcome,
+    m: &super::checks::fs::MountSpec,
+    ctx: &Ctx,
+    limit: Duration,
+) -> Outcome {
+    use super::checks::fs::{mount_actions, MountAction};
+    let passed = matches!(outcome, Outcome::Pass(_));
+    let in_table = !passed
+        && ctx
+            .facts
+            .mounts()
+            .map(|t| t.iter().any(|e| e.target == m.path))
+            .unwrap_or(false);
+    // A stat of the mount point (its parent may hang): off the async threads, bounded.
+    let dir_exists = if passed || in_table {
+        true
+    } else {
+        let p = m.path.clone();
+        tokio::time::timeout(
+            limit,
+            tokio::task::spawn_blocking(move || std::path::Path::new(&p).is_dir()),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(true)
+    };
+    let actions = mount_actions(m, passed, in_table, dir_exists);
+    if actions.is_empty() {
+        return outcome;
+    }
+    let show = |a: &MountAction| match a {
+        MountAction::Mkdir(p) => format!("mkdir -p -m 0755 {p}"),
+        MountAction::Run(argv) => format!("run {:?}", argv.join(" ")),
+    };
+    let mut notes = Vec::new();
+    if !ctx.service_actions {
+        notes.push(format!(
+            "not attempted (report only): {}",
+            actions.iter().map(show).collect::<Vec<_>>().join(", ")
+        ));
+    } else {
+        for a in &actions {
+            notes.push(match a {
+                MountAction::Mkdir(p) => {
+                    use std::os::unix::fs::DirBuilderExt;
+                    match std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o755)
+                        .create(p)
+                    {
+                        Ok(()) => format!("directory {p} missing (auto-fixed)"),
+                        Err(e) => format!("directory {p} missing; mkdir failed: {e}"),
+                    }
+                }
+                MountAction::Run(argv) => {
+                    let shown = argv.join(" ");
+                    match cmd::run_command(argv, limit, ctx.output_limit).await {
+                        Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
+                        Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
+                        Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                        Err(e) => format!("{shown:?} not run: {e}"),
+                    }
+                }
+            });
+        }
+    }
+    let tail = notes.join("; ");
+    match outcome {
+        Outcome::Pass(msg) => Outcome::Pass(format!("{msg}; {tail}")),
+        Outcome::Fail(msg) => Outcome::Fail(format!("{msg}; {tail}")),
+        o => o,
     }
 }
 

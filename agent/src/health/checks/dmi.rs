@@ -26,6 +26,9 @@ pub struct DmiHandle {
 pub struct DmiTable {
     /// Handles in order.
     pub handles: Vec<DmiHandle>,
+    /// dmidecode's output lines as printed, without empty ones (NHC's `DMI_RAW_DATA`,
+    /// the output split on newlines).
+    pub raw: Vec<String>,
 }
 
 impl DmiTable {
@@ -79,7 +82,12 @@ impl DmiTable {
             };
             stack.push(tag);
         }
-        DmiTable { handles }
+        let raw = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        DmiTable { handles, raw }
     }
 }
 
@@ -96,6 +104,9 @@ pub struct DmiSpec {
     pub type_filter: Option<String>,
     /// Expression over flattened lines.
     pub pattern: Matcher,
+    /// NHC's `check_dmi_raw_data_match`: `pattern` is matched against dmidecode's raw
+    /// output lines ([`DmiTable::raw`]); handles and type do not apply.
+    pub raw: bool,
 }
 
 /// Runs a DMI check.
@@ -104,6 +115,21 @@ pub struct DmiSpec {
 /// The failure message.
 pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, String> {
     let table = facts.dmi()?;
+    if spec.raw {
+        let hit = table.raw.iter().find(|l| spec.pattern.matches(l));
+        return match (hit, spec.negate) {
+            (Some(l), false) => Ok(format!("DMI: {l}")),
+            (Some(l), true) => Err(format!(
+                "check_dmi_raw_data_match: match found for {}: {l}",
+                spec.pattern
+            )),
+            (None, false) => Err(format!(
+                "check_dmi_raw_data_match: no match found for {}",
+                spec.pattern
+            )),
+            (None, true) => Ok(format!("no dmidecode line matches {}", spec.pattern)),
+        };
+    }
     let selected: Vec<&DmiHandle> = table
         .handles
         .iter()

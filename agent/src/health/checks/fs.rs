@@ -59,6 +59,90 @@ pub struct MountSpec {
     pub writable: bool,
     /// Space checks on the mount point, after the above.
     pub space: Vec<SpaceSpec>,
+    /// What to do when the check fails or passes (NHC's `-r`, `-O`, `-e`, `-E`).
+    pub actions: MountActions,
+}
+
+/// NHC's `check_fs_mount` actions, taken by the engine after the check (never through a
+/// shell; only reported under `check --no-act`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountActions {
+    /// A missing mount point directory is created (`mkdir -p -m 0755`), as NHC always
+    /// does for a file system that is not mounted.
+    pub mkdir: bool,
+    /// `-r`: mount it (`MOUNT [-o OPTS] PATH`), or, when it is mounted but wrong and `-O`
+    /// is given, `MOUNT -o remount,OPTS PATH`.
+    pub remount: bool,
+    /// The mount program and its first arguments (NHC's `MOUNT_CMD`, `mount`).
+    pub mount_cmd: Vec<String>,
+    /// `-O`: mount options for `-r`.
+    pub mount_opts: Option<String>,
+    /// `-e`: run when the check fails.
+    pub missing: Vec<String>,
+    /// `-E`: run when the check passes.
+    pub found: Vec<String>,
+}
+
+/// One action of [`MountActions`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountAction {
+    /// Create the directory (mode 0755, parents too).
+    Mkdir(String),
+    /// Run this program with these arguments.
+    Run(Vec<String>),
+}
+
+impl MountActions {
+    /// Whether any action is set.
+    pub fn any(&self) -> bool {
+        self.mkdir || self.remount || !self.missing.is_empty() || !self.found.is_empty()
+    }
+}
+
+/// The actions NHC takes after `check_fs_mount` on `spec.path`: `passed` is the check's
+/// verdict, `in_table` whether the path is in `/proc/mounts` (mounted, but wrong), and
+/// `dir_exists` whether the mount point directory exists.
+pub fn mount_actions(
+    spec: &MountSpec,
+    passed: bool,
+    in_table: bool,
+    dir_exists: bool,
+) -> Vec<MountAction> {
+    let a = &spec.actions;
+    let mut out = Vec::new();
+    if passed {
+        if !a.found.is_empty() {
+            out.push(MountAction::Run(a.found.clone()));
+        }
+        return out;
+    }
+    let mount = |opts: Option<String>| {
+        let mut argv = a.mount_cmd.clone();
+        if let Some(o) = opts {
+            argv.extend(["-o".to_string(), o]);
+        }
+        argv.push(spec.path.clone());
+        MountAction::Run(argv)
+    };
+    if !in_table && !dir_exists {
+        if a.mkdir {
+            out.push(MountAction::Mkdir(spec.path.clone()));
+        }
+        if a.remount {
+            out.push(mount(a.mount_opts.clone()));
+        }
+    } else if a.remount {
+        let opts = if in_table {
+            a.mount_opts.as_ref().map(|o| format!("remount,{o}"))
+        } else {
+            a.mount_opts.clone()
+        };
+        out.push(mount(opts));
+    }
+    if !a.missing.is_empty() {
+        out.push(MountAction::Run(a.missing.clone()));
+    }
+    out
 }
 
 struct Usage {

@@ -52,6 +52,9 @@ pub struct GpuSpec {
     pub nvlink: bool,
     /// Library to load (default `libnvidia-ml.so.1`).
     pub library: Option<String>,
+    /// NVML must load (NHC's `check_nvsmi_healthmon`: nvidia-smi fails without the
+    /// driver): "no GPU" fails too.
+    pub require: bool,
 }
 
 impl Default for GpuSpec {
@@ -67,6 +70,7 @@ impl Default for GpuSpec {
             fail_on_hw_slowdown: true,
             nvlink: false,
             library: None,
+            require: false,
         }
     }
 }
@@ -148,6 +152,7 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
         ) => {
             return match expected {
                 Some(n) if n > 0 => Err(format!("expected {n} GPUs, but NVML is unavailable: {e}")),
+                _ if spec.require => Err(format!("NVML is unavailable: {e}")),
                 _ => Ok(format!("no GPU (NVML unavailable: {e})")),
             };
         }
@@ -297,5 +302,12 @@ mod tests {
         };
         let e = check_gpus(&want, &f).unwrap_err();
         assert!(e.contains("expected 8 GPUs"), "{e}");
+        let required = GpuSpec {
+            require: true,
+            count: GpuCount::Auto,
+            ..want
+        };
+        let e = check_gpus(&required, &f).unwrap_err();
+        assert!(e.starts_with("NVML is unavailable"), "{e}");
     }
 }

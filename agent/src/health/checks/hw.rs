@@ -301,6 +301,92 @@ pub fn check_netdev(m: &Matcher, facts: &Facts) -> Result<String, String> {
     }
 }
 
+/// NHC's `check_hw_mcelog`: runs `mcelog --client` (NHC's `MCELOG` and `MCELOG_ARGS`)
+/// and reads its per-DIMM error counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McelogSpec {
+    /// Program and arguments (`mcelog --client`), run without a shell.
+    pub argv: Vec<String>,
+    /// Most corrected memory errors in 24 h per DIMM (`MCELOG_MAX_CORRECTED_RATE`,
+    /// default 9). With either limit unset, any output of mcelog fails the check (NHC).
+    pub max_corrected: Option<i64>,
+    /// Most uncorrected memory errors in 24 h per DIMM (`MCELOG_MAX_UNCORRECTED_RATE`,
+    /// default 0).
+    pub max_uncorrected: Option<i64>,
+}
+
+/// Judges mcelog's output (stdout then stderr) as NHC does: nothing, or `Connection
+/// refused` (no daemon), passes; otherwise with both limits set, the count two non-empty
+/// lines below each `corrected memory errors:` / `uncorrected memory errors:` line (the
+/// `in 24h` line of mcelog's client output) must not exceed its limit; without limits any
+/// output fails.
+///
+/// # Errors
+/// The failure message.
+pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, String> {
+    if output.is_empty() {
+        return Ok("no machine check errors reported".into());
+    }
+    if output.contains("Connection refused") {
+        return Ok("no mcelog daemon running (connection refused)".into());
+    }
+    let (Some(max_c), Some(max_u)) = (spec.max_corrected, spec.max_uncorrected) else {
+        let first = output.lines().next().unwrap_or("");
+        return Err(format!(
+            "check_hw_mcelog: MCEs detected in log (no limits set): {first}"
+        ));
+    };
+    let lines: Vec<&str> = output.split('\n').filter(|l| !l.is_empty()).collect();
+    for (i, l) in lines.iter().enumerate() {
+        let (limit, what) = match *l {
+            "corrected memory errors:" => (max_c, "corrected"),
+            "uncorrected memory errors:" => (max_u, "UNcorrected"),
+            _ => continue,
+        };
+        let n = lines
+            .get(i + 2)
+            .and_then(|x| x.split_whitespace().next())
+            .and_then(|w| w.parse::<i64>().ok());
+        if let Some(n) = n.filter(|n| *n > limit) {
+            return Err(format!(
+                "check_hw_mcelog: MCEs detected - {n} {what} memory errors detected (limit of {limit}/day)."
+            ));
+        }
+    }
+    Ok(format!(
+        "machine check errors within limits ({max_c} corrected, {max_u} uncorrected per day)"
+    ))
+}
+
+/// Runs mcelog and judges its output ([`judge_mcelog`]). A program that cannot be
+/// started counts as its error message printed, as NHC's `$(mcelog ... 2>&1)` does.
+///
+/// # Errors
+/// The failure message; a timeout starts with [`super::cmd::TIMEOUT_PREFIX`].
+pub async fn check_mcelog(
+    spec: &McelogSpec,
+    timeout: std::time::Duration,
+    output_limit: usize,
+) -> Result<String, String> {
+    let output = match super::cmd::run_command(&spec.argv, timeout, output_limit).await {
+        Ok(o) if o.timed_out => {
+            return Err(format!(
+                "{}{} for {:?}",
+                super::cmd::TIMEOUT_PREFIX,
+                humantime::format_duration(timeout),
+                spec.argv.join(" ")
+            ))
+        }
+        Ok(o) => {
+            let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&o.stderr));
+            text
+        }
+        Err(e) => e,
+    };
+    judge_mcelog(spec, &output)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -9,7 +9,9 @@ pub mod file;
 pub mod fs;
 pub mod gpu;
 pub mod hw;
+pub mod net;
 pub mod ps;
+pub mod psres;
 
 use super::facts::Facts;
 
@@ -47,6 +49,18 @@ pub enum CheckKind {
     Command(cmd::CommandSpec),
     /// DMI (SMBIOS) data from dmidecode.
     Dmi(dmi::DmiSpec),
+    /// Machine check errors from `mcelog --client`.
+    Mcelog(hw::McelogSpec),
+    /// No process over a CPU, memory or CPU time limit.
+    PsResource(psres::ResourceSpec),
+    /// No process of an unauthorized user, or outside the resource manager's tree.
+    PsUsers(Box<psres::UsersSpec>),
+    /// kswapd CPU times balanced across NUMA nodes.
+    Kswapd(psres::KswapdSpec),
+    /// A socket exists (or must not).
+    NetSocket(Box<net::SocketSpec>),
+    /// A host answers ICMP echo.
+    Ping(net::ping::PingSpec),
     /// A definition that cannot run on this node (an unsupported NHC function, a bad
     /// option...): always fails with this message, which names the file and line.
     Invalid(String),
@@ -64,9 +78,20 @@ pub struct UnitSpec {
 impl CheckKind {
     /// Whether the check runs on a thread of its own (it reads the host: a hung file
     /// system or process must not hang the agent) as opposed to running as async code
-    /// (commands, D-Bus).
+    /// (commands, D-Bus, and the per-process and network checks, which read the host on
+    /// a blocking thread of their own and then may take actions).
     pub fn is_blocking(&self) -> bool {
-        !matches!(self, CheckKind::Command(_) | CheckKind::Unit(_))
+        !matches!(
+            self,
+            CheckKind::Command(_)
+                | CheckKind::Unit(_)
+                | CheckKind::Mcelog(_)
+                | CheckKind::PsResource(_)
+                | CheckKind::PsUsers(_)
+                | CheckKind::Kswapd(_)
+                | CheckKind::NetSocket(_)
+                | CheckKind::Ping(_)
+        )
     }
 
     /// A stable short family name for metrics: `mount`, `space`, `hardware`...
@@ -85,6 +110,9 @@ impl CheckKind {
             CheckKind::FileTest(_) | CheckKind::FileContents(_) | CheckKind::FileStat(_) => "file",
             CheckKind::Command(_) => "command",
             CheckKind::Dmi(_) => "dmi",
+            CheckKind::Mcelog(_) => "mcelog",
+            CheckKind::PsResource(_) | CheckKind::PsUsers(_) | CheckKind::Kswapd(_) => "process",
+            CheckKind::NetSocket(_) | CheckKind::Ping(_) => "network",
             CheckKind::Invalid(_) => "config",
         }
     }
@@ -109,7 +137,14 @@ impl CheckKind {
             CheckKind::FileStat(s) => file::check_stat(s, facts),
             CheckKind::Dmi(s) => dmi::check_dmi(s, facts),
             CheckKind::Invalid(m) => Err(m.clone()),
-            CheckKind::Command(_) | CheckKind::Unit(_) => {
+            CheckKind::Command(_)
+            | CheckKind::Unit(_)
+            | CheckKind::Mcelog(_)
+            | CheckKind::PsResource(_)
+            | CheckKind::PsUsers(_)
+            | CheckKind::Kswapd(_)
+            | CheckKind::NetSocket(_)
+            | CheckKind::Ping(_) => {
                 Err("internal error: an async check was run as a blocking one".into())
             }
         }

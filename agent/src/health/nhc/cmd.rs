@@ -6,8 +6,30 @@ use super::*;
 const NHC_CMD_TIMEOUT: u64 = 5;
 
 /// `check_cmd_status` / `check_cmd_output`.
-pub(super) fn status(name: &str, args: &[String], _timeout: Duration) -> Result<Built, String> {
+pub(super) fn status(name: &str, args: &[String], _cx: &Cx) -> Result<Built, String> {
     cmd(name, args)
+}
+
+/// `check_cmd_dmesg [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs]`: NHC's
+/// wrapper of `check_cmd_output -C check_cmd_dmesg` over `dmesg` (or the `-e` command).
+pub(super) fn dmesg(_name: &str, args: &[String], _cx: &Cx) -> Result<Built, String> {
+    let (opts, rest) = getopts(args, "M:e:m:r:t:")?;
+    too_many(&rest, 0)?;
+    let mut out: Vec<String> = vec!["-C".into(), "check_cmd_dmesg".into()];
+    let mut cmdline = "dmesg".to_string();
+    let (mut msgs, mut matches) = (Vec::new(), Vec::new());
+    for (c, v) in opts {
+        match c {
+            'M' => msgs.extend(["-M".to_string(), v]),
+            'm' => matches.extend(["-m".to_string(), v]),
+            'e' => cmdline = v,
+            _ => out.extend([format!("-{c}"), v]),
+        }
+    }
+    out.extend(["-e".to_string(), cmdline]);
+    out.extend(msgs);
+    out.extend(matches);
+    cmd("check_cmd_output", &out)
 }
 
 fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {

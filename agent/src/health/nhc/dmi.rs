@@ -1,15 +1,39 @@
-//! NHC's `lbnl_dmi.nhc` functions translated to the engine's checks: check_dmi_data_match.
+//! NHC's `lbnl_dmi.nhc` functions translated to the engine's checks: check_dmi_data_match, check_dmi_raw_data_match.
 
 use super::*;
 
+/// `check_dmi_raw_data_match [!] expr...`: a line of `dmidecode`'s own output (not
+/// flattened) must match, or with `!` none may.
+pub(super) fn raw_data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let mut rest = args;
+    let mut negate = false;
+    if rest.first().map(String::as_str) == Some("!") {
+        negate = true;
+        rest = &rest[1..];
+    }
+    // NHC matches `$*`: the words joined by single spaces (an empty expression included).
+    Ok(one(
+        CheckKind::Dmi(DmiSpec {
+            negate,
+            handles: Vec::new(),
+            type_filter: None,
+            pattern: matcher(&rest.join(" "))?,
+            raw: true,
+        }),
+        cx.timeout,
+    ))
+}
+
 /// `check_dmi_data_match`.
-pub(super) fn data_match(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     let (opts, mut rest) = getopts(args, "!h:nt:")?;
     let mut spec = DmiSpec {
         negate: false,
         handles: Vec::new(),
         type_filter: None,
         pattern: Matcher::parse("*")?,
+        raw: false,
     };
     for (c, v) in opts {
         match c {

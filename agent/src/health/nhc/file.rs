@@ -3,7 +3,8 @@
 use super::*;
 
 /// `check_file_test`.
-pub(super) fn test(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn test(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     let (opts, rest) = getopts(args, "!GLNOSabcdefghkprstuwx")?;
     let mut ops = Vec::new();
     let mut negate = false;
@@ -32,7 +33,8 @@ pub(super) fn test(_name: &str, args: &[String], timeout: Duration) -> Result<Bu
 }
 
 /// `check_file_contents`.
-pub(super) fn contents(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn contents(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     let path = need(args, 0, "file")?.to_string();
     if args.len() < 2 {
         return Err("at least one match expression is required".into());
@@ -48,7 +50,8 @@ pub(super) fn contents(_name: &str, args: &[String], timeout: Duration) -> Resul
 }
 
 /// `check_file_stat`.
-pub(super) fn stat(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn stat(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     file_stat(args, timeout)
 }
 

@@ -3,22 +3,23 @@
 use super::*;
 
 /// `check_fs_mount`.
-pub(super) fn mount(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
-    fs_mount(args, None, timeout)
+pub(super) fn mount(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    fs_mount(args, None, cx)
 }
 
 /// `check_fs_mount_rw`.
-pub(super) fn mount_rw(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
-    fs_mount(args, Some("rw"), timeout)
+pub(super) fn mount_rw(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    fs_mount(args, Some("rw"), cx)
 }
 
 /// `check_fs_mount_ro`.
-pub(super) fn mount_ro(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
-    fs_mount(args, Some("ro"), timeout)
+pub(super) fn mount_ro(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    fs_mount(args, Some("ro"), cx)
 }
 
 /// `check_fs_free` / `check_fs_used` / `check_fs_ifree` / `check_fs_iused`.
-pub(super) fn space(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn space(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 2)?;
     let path = need(args, 0, "file system")?.to_string();
     let t = need(args, 1, "threshold")?;
@@ -46,7 +47,8 @@ pub(super) fn space(name: &str, args: &[String], timeout: Duration) -> Result<Bu
 }
 
 /// `check_fs_size` / `check_fs_inodes`.
-pub(super) fn size(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let path = need(args, 0, "file system")?.to_string();
     let parse = |s: Option<&str>| -> Result<Option<Threshold>, String> {
@@ -74,7 +76,22 @@ pub(super) fn size(name: &str, args: &[String], timeout: Duration) -> Result<Bui
     ))
 }
 
-fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Built, String> {
+fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
+    // NHC creates a missing mount point directory whatever the options.
+    let mut actions = MountActions {
+        mkdir: true,
+        mount_cmd: cx
+            .var("MOUNT_CMD")
+            .unwrap_or("mount")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect(),
+        ..MountActions::default()
+    };
+    if actions.mount_cmd.is_empty() {
+        return Err("MOUNT_CMD is empty".into());
+    }
     let mut fs_list = Vec::new();
     let mut sources = Vec::new();
     let mut fstypes = Vec::new();
@@ -102,12 +119,20 @@ fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Bu
                 's' => sources.push(matcher(&v)?),
                 't' => fstypes.push(matcher(&v)?),
                 'o' => options.push(matcher(&v)?),
-                'r' | 'O' => return Err(unsupported_opt(c, "the agent does not remount")),
+                'r' => actions.remount = true,
+                'O' => actions.mount_opts = Some(v),
+                // NHC runs these with `bash -c`; the agent splits them into words once
+                // (no variables, substitutions or operators) and runs the program.
                 'e' | 'E' => {
-                    return Err(unsupported_opt(
-                        c,
-                        "shell actions are not run; use a command check",
-                    ))
+                    let words = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                    if words.is_empty() {
+                        return Err(format!("-{c}: empty action"));
+                    }
+                    if c == 'e' {
+                        actions.missing = words;
+                    } else {
+                        actions.found = words;
+                    }
                 }
                 _ => {}
             }
@@ -133,6 +158,7 @@ fn fs_mount(args: &[String], want: Option<&str>, timeout: Duration) -> Result<Bu
                     alive: true,
                     writable: want == Some("rw"),
                     space: Vec::new(),
+                    actions: actions.clone(),
                 }),
                 fatal,
                 timeout,

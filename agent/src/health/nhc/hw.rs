@@ -1,9 +1,10 @@
-//! NHC's `lbnl_hw.nhc` functions translated to the engine's checks: check_hw_cpuinfo, check_hw_physmem/swap/mem (and _free), check_hw_ib, check_hw_eth.
+//! NHC's `lbnl_hw.nhc` functions translated to the engine's checks: check_hw_cpuinfo, check_hw_physmem/swap/mem (and _free), check_hw_ib, check_hw_eth, check_hw_mcelog.
 
 use super::*;
 
 /// `check_hw_cpuinfo`.
-pub(super) fn cpuinfo(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn cpuinfo(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let n = |i: usize| -> Result<Option<u32>, String> {
         arg(args, i)
@@ -29,7 +30,8 @@ pub(super) fn cpuinfo(_name: &str, args: &[String], timeout: Duration) -> Result
 }
 
 /// `check_hw_physmem` / `check_hw_swap` / `check_hw_mem`.
-pub(super) fn mem(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn mem(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let what = match name {
         "check_hw_physmem" => MemWhat::Physmem,
@@ -55,7 +57,8 @@ pub(super) fn mem(name: &str, args: &[String], timeout: Duration) -> Result<Buil
 }
 
 /// `check_hw_physmem_free` / `check_hw_swap_free` / `check_hw_mem_free`.
-pub(super) fn mem_free(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn mem_free(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 1)?;
     let what = match name {
         "check_hw_physmem_free" => MemWhat::PhysmemFree,
@@ -79,7 +82,8 @@ pub(super) fn mem_free(name: &str, args: &[String], timeout: Duration) -> Result
 }
 
 /// `check_hw_ib`.
-pub(super) fn ib(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn ib(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 2)?;
     Ok(one(
         CheckKind::Ib(IbSpec {
@@ -90,8 +94,48 @@ pub(super) fn ib(_name: &str, args: &[String], timeout: Duration) -> Result<Buil
     ))
 }
 
+/// `check_hw_mcelog`: `$MCELOG $MCELOG_ARGS` (default `mcelog --client`, words split on
+/// whitespace, run without a shell), limits from `MCELOG_MAX_CORRECTED_RATE` (default 9)
+/// and `MCELOG_MAX_UNCORRECTED_RATE` (default 0); an empty limit means none.
+pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    too_many(args, 0)?;
+    let mut argv: Vec<String> = cx
+        .var("MCELOG")
+        .unwrap_or("mcelog")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if argv.is_empty() {
+        return Err("MCELOG is empty".into());
+    }
+    argv.extend(
+        cx.var("MCELOG_ARGS")
+            .unwrap_or("--client")
+            .split_whitespace()
+            .map(str::to_string),
+    );
+    let limit = |var: &str, default: &str| -> Result<Option<i64>, String> {
+        let v = cx.var(var).unwrap_or(default);
+        if v.is_empty() {
+            return Ok(None);
+        }
+        crate::health::arith::parse_int(v)
+            .map(Some)
+            .map_err(|e| format!("{var}={v:?}: {e}"))
+    };
+    Ok(one(
+        CheckKind::Mcelog(McelogSpec {
+            argv,
+            max_corrected: limit("MCELOG_MAX_CORRECTED_RATE", "9")?,
+            max_uncorrected: limit("MCELOG_MAX_UNCORRECTED_RATE", "0")?,
+        }),
+        cx.timeout,
+    ))
+}
+
 /// `check_hw_eth`.
-pub(super) fn eth(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn eth(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 1)?;
     Ok(one(
         CheckKind::NetDev(matcher(need(args, 0, "device")?)?),

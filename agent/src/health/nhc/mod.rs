@@ -12,7 +12,9 @@
 //!   and `${VAR}` from `HOSTNAME`, `HOSTNAME_S` and variables the file assigns); command
 //!   substitution, pipes, redirections and `;` are refused;
 //! - `VAR=value` / `export VAR=value` lines set variables; `TIMEOUT` becomes the default
-//!   per-check timeout, other NHC settings are reported as ignored.
+//!   per-check timeout, the settings in `READ_SETTINGS` (`MCELOG`, `NHC_AUTH_USERS`,
+//!   `MOUNT_CMD`...) are read by the checks after them, other NHC settings are reported as
+//!   ignored.
 //!
 //! Every line is parsed whatever its target, so a bad line is reported on every node.
 //! Supported checks: the translation table `TABLE` (see [`supported`]), one file per NHC family. Anything else is an error naming file and line.
@@ -23,9 +25,14 @@ use std::time::Duration;
 use super::checks::cmd::CommandSpec;
 use super::checks::dmi::DmiSpec;
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
-use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
-use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, MemSpec, MemWhat};
+use super::checks::fs::{MountActions, MountSpec, SpaceSpec, SpaceWhat};
+use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, McelogSpec, MemSpec, MemWhat};
+use super::checks::net::ping::PingSpec;
+use super::checks::net::SocketSpec;
 use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction, Verify};
+use super::checks::psres::{
+    parse_user_actions, KswapdSpec, Resource, ResourceSpec, SysUids, UsersRule, UsersSpec,
+};
 use super::checks::CheckKind;
 use super::matcher::Matcher;
 use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold};
@@ -36,11 +43,34 @@ mod dmi;
 mod file;
 mod fs;
 mod hw;
+mod net;
+mod nv;
 mod ps;
 
 /// How one NHC check function becomes engine checks: (function name, its arguments, the
 /// default timeout) to the checks, or a message naming what is wrong.
-type Translate = fn(&str, &[String], Duration) -> Result<Built, String>;
+type Translate = fn(&str, &[String], &Cx) -> Result<Built, String>;
+
+/// What a translation may read besides the line: the default timeout and the variables
+/// the file set so far (NHC's settings such as `MCELOG`, `NHC_AUTH_USERS`, `MAX_SYS_UID`
+/// are shell variables too).
+pub(super) struct Cx<'a> {
+    /// Default per-check timeout.
+    pub timeout: Duration,
+    /// Variables in assignment order (the last one of a name wins).
+    pub vars: &'a [(String, String)],
+}
+
+impl Cx<'_> {
+    /// The value of a variable the file set (or the reader's own `HOSTNAME`, `PATH`).
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
 
 /// The translation table: every NHC check function this reader understands, and the
 /// small function (one file per NHC family) that translates it. A new NHC function is
@@ -64,16 +94,52 @@ const TABLE: &[(&str, Translate)] = &[
     ("check_hw_mem_free", hw::mem_free),
     ("check_hw_ib", hw::ib),
     ("check_hw_eth", hw::eth),
+    ("check_hw_mcelog", hw::mcelog),
     ("check_ps_service", ps::service),
     ("check_ps_daemon", ps::daemon),
     ("check_ps_blacklist", ps::daemon),
     ("check_ps_loadavg", ps::loadavg),
+    ("check_ps_cpu", ps::resource),
+    ("check_ps_mem", ps::resource),
+    ("check_ps_physmem", ps::resource),
+    ("check_ps_time", ps::resource),
+    ("check_ps_unauth_users", ps::users),
+    ("check_ps_userproc_lineage", ps::users),
+    ("check_ps_kswapd", ps::kswapd),
     ("check_file_test", file::test),
     ("check_file_contents", file::contents),
     ("check_file_stat", file::stat),
     ("check_cmd_status", cmd::status),
     ("check_cmd_output", cmd::status),
+    ("check_cmd_dmesg", cmd::dmesg),
+    ("check_net_socket", net::socket),
+    ("check_net_ping", net::ping),
+    ("check_nv_healthmon", nv::healthmon),
+    ("check_nvsmi_healthmon", nv::healthmon),
     ("check_dmi_data_match", dmi::data_match),
+    ("check_dmi_raw_data_match", dmi::raw_data_match),
+];
+
+/// NHC settings the translations read (besides `TIMEOUT` and `PATH`): assigning them is
+/// not "ignored".
+const READ_SETTINGS: &[&str] = &[
+    "MCELOG",
+    "MCELOG_ARGS",
+    "MCELOG_MAX_CORRECTED_RATE",
+    "MCELOG_MAX_UNCORRECTED_RATE",
+    "MAX_SYS_UID",
+    "LOGIN_DEFS_SRC",
+    "NHC_RM",
+    "NHC_AUTH_USERS",
+    "RM_DAEMON_MATCH",
+    "SQUEUE_CMD",
+    "SQUEUE_NODE",
+    "SQUEUE_FMT_ARGS",
+    "MOUNT_CMD",
+    "NVIDIA_HEALTHMON",
+    "NVIDIA_HEALTHMON_ARGS",
+    "NVIDIA_SMI_HEALTHMON",
+    "NVIDIA_SMI_HEALTHMON_ARGS",
 ];
 
 /// The NHC checks this reader understands, in table order.
@@ -228,7 +294,7 @@ pub fn parse(
         };
         if !applies {
             if let Line::Check(first, args) = &parsed {
-                if let Err(m) = build(first, args, default_timeout) {
+                if let Err(m) = build(first, args, default_timeout, &vars) {
                     set.notes.push(format!(
                         "{here}: not for this node, and cannot run: {first}: {m}"
                     ));
@@ -247,7 +313,7 @@ pub fn parse(
                                 continue;
                             }
                         }
-                    } else if k != "PATH" {
+                    } else if k != "PATH" && !READ_SETTINGS.contains(&k.as_str()) {
                         set.notes.push(format!(
                             "{here}: NHC setting {k} ignored (not used by slurm-node-agent)"
                         ));
@@ -256,7 +322,7 @@ pub fn parse(
                     vars.push((k, v));
                 }
             }
-            Line::Check(first, args) => match build(&first, &args, default_timeout) {
+            Line::Check(first, args) => match build(&first, &args, default_timeout, &vars) {
                 Ok(built) => {
                     let multiple = built.len() > 1;
                     for (suffix, kind, fatal, timeout) in built {
@@ -588,9 +654,14 @@ fn too_many(args: &[String], max: usize) -> Result<(), String> {
 }
 
 /// Builds the check(s) of one NHC line through [`TABLE`].
-fn build(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+fn build(
+    name: &str,
+    args: &[String],
+    timeout: Duration,
+    vars: &[(String, String)],
+) -> Result<Built, String> {
     match TABLE.iter().find(|(n, _)| *n == name) {
-        Some((_, translate)) => translate(name, args, timeout),
+        Some((_, translate)) => translate(name, args, &Cx { timeout, vars }),
         None => Err(format!(
             "unsupported NHC check (supported: {})",
             supported().collect::<Vec<_>>().join(", ")
@@ -720,6 +791,7 @@ n* || check_hw_eth eth0
 * || check_file_test -r \\
       /etc/passwd
 * || check_file_contents /etc/hostname \"$HOSTNAME\"
+* || MCELOG=/opt/bin/mcelog
 ";
         let set = p(text, Some("n1")).unwrap();
         assert_eq!(set.checks.len(), 2);
@@ -730,6 +802,12 @@ n* || check_hw_eth eth0
         );
         assert!(
             set.notes.iter().any(|n| n.contains("MARK_OFFLINE")),
+            "{:?}",
+            set.notes
+        );
+        // A setting a check reads is not "ignored".
+        assert!(
+            !set.notes.iter().any(|n| n.contains("MCELOG")),
             "{:?}",
             set.notes
         );
@@ -784,6 +862,43 @@ n* || check_hw_eth eth0
             ("* || export TIMEOUT=soon\n", 1, "TIMEOUT"),
             ("* || check_hw_eth $((1/0))\n", 1, "division by 0"),
             ("* || check_hw_eth ${X:?}\n", 1, "parameter expansion"),
+            ("* || check_ps_cpu -m x\n", 1, "missing limit"),
+            ("* || check_ps_cpu 5x\n", 1, "CPU utilization limit"),
+            ("* || check_ps_mem 10%\n", 1, "percentage not supported"),
+            ("* || check_ps_time 5h\n", 1, "invalid characters"),
+            ("* || check_ps_kswapd 10\n", 1, "missing discrepancy"),
+            ("* || check_ps_kswapd 10 2 kill\n", 1, "unknown action"),
+            ("* || check_ps_unauth_users explode\n", 1, "unknown action"),
+            (
+                "* || NHC_RM=none\n* || check_ps_userproc_lineage\n",
+                2,
+                "resource manager",
+            ),
+            ("* || check_net_socket -0\n", 1, "no match criteria"),
+            (
+                "* || check_net_socket -p tcp extra\n",
+                1,
+                "additional arguments",
+            ),
+            ("* || check_net_ping\n", 1, "no target"),
+            (
+                "* || check_net_ping -I a/b 127.0.0.1\n",
+                1,
+                "interface name",
+            ),
+            (
+                "* || check_net_ping -c many 127.0.0.1\n",
+                1,
+                "not a whole number",
+            ),
+            ("* || check_hw_mcelog now\n", 1, "unexpected argument"),
+            (
+                "* || MCELOG_MAX_CORRECTED_RATE=lots\n* || check_hw_mcelog\n",
+                2,
+                "MCELOG_MAX",
+            ),
+            ("* || check_cmd_dmesg extra\n", 1, "unexpected argument"),
+            ("* || check_fs_mount -e 'a|b' -f /x\n", 1, "operator"),
         ] {
             let set = p(text, Some("n1")).unwrap();
             let bad = invalid(&set);
@@ -841,6 +956,36 @@ other || check_nope -x
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert_eq!(bad[0].0, 5);
         assert!(bad[0].1.contains("$UNSET_VAR"), "{bad:?}");
+    }
+
+    #[test]
+    fn gpu_healthmon_through_nvml_or_the_named_program() {
+        let set = p(
+            "* || check_nvsmi_healthmon\n* || check_nv_healthmon\n\
+             * || NVIDIA_SMI_HEALTHMON=/usr/bin/dcgmi\n\
+             * || NVIDIA_SMI_HEALTHMON_ARGS=\"diag -r 1\"\n* || check_nvsmi_healthmon\n\
+             * || NVIDIA_HEALTHMON=/opt/nvidia-healthmon\n* || check_nv_healthmon\n",
+            Some("n1"),
+        )
+        .unwrap();
+        assert!(set.notes.is_empty(), "{:?}", set.notes);
+        let CheckKind::Gpu(smi) = &set.checks[0].kind else {
+            panic!("{:?}", set.checks[0])
+        };
+        assert!(smi.require && !smi.xid && smi.max_uncorrected_ecc.is_none());
+        let CheckKind::Gpu(mon) = &set.checks[1].kind else {
+            panic!("{:?}", set.checks[1])
+        };
+        assert!(mon.require && mon.xid && mon.max_uncorrected_ecc == Some(0));
+        let CheckKind::Command(c) = &set.checks[2].kind else {
+            panic!("{:?}", set.checks[2])
+        };
+        assert_eq!(c.argv, ["/usr/bin/dcgmi", "diag", "-r", "1"]);
+        assert_eq!(c.check_name.as_deref(), Some("check_nvsmi_healthmon"));
+        let CheckKind::Command(c) = &set.checks[3].kind else {
+            panic!("{:?}", set.checks[3])
+        };
+        assert_eq!(c.argv, ["/opt/nvidia-healthmon", "-e", "-v"]);
     }
 
     #[test]

@@ -1,14 +1,16 @@
-//! NHC's `lbnl_ps.nhc` functions translated to the engine's checks: check_ps_service, check_ps_daemon, check_ps_blacklist, check_ps_loadavg.
+//! NHC's `lbnl_ps.nhc` functions translated to the engine's checks: check_ps_service, check_ps_daemon, check_ps_blacklist, check_ps_loadavg, check_ps_cpu/mem/physmem/time, check_ps_unauth_users, check_ps_userproc_lineage, check_ps_kswapd.
 
 use super::*;
 
 /// `check_ps_service`.
-pub(super) fn service(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn service(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     ps_service(args, timeout)
 }
 
 /// `check_ps_daemon` / `check_ps_blacklist`.
-pub(super) fn daemon(name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn daemon(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let daemon = need(args, 0, "process name")?;
     let full = match arg(args, 2) {
@@ -42,7 +44,8 @@ pub(super) fn daemon(name: &str, args: &[String], timeout: Duration) -> Result<B
 }
 
 /// `check_ps_loadavg`.
-pub(super) fn loadavg(_name: &str, args: &[String], timeout: Duration) -> Result<Built, String> {
+pub(super) fn loadavg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let timeout = cx.timeout;
     too_many(args, 3)?;
     let mut limits = [None; 3];
     for (i, l) in limits.iter_mut().enumerate() {
@@ -131,4 +134,206 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
         fatal,
         timeout,
     )])
+}
+
+/// NHC's `MAX_SYS_UID` / `LOGIN_DEFS_SRC` settings.
+fn sys_uids(cx: &Cx) -> Result<SysUids, String> {
+    let fixed = match cx.var("MAX_SYS_UID").filter(|v| !v.is_empty()) {
+        Some(v) => Some(
+            v.parse::<u32>()
+                .map_err(|_| format!("MAX_SYS_UID={v:?} is not a uid"))?,
+        ),
+        None => None,
+    };
+    Ok(SysUids {
+        fixed,
+        login_defs: cx.var("LOGIN_DEFS_SRC").unwrap_or("/etc/login.defs").into(),
+    })
+}
+
+/// `check_ps_cpu` / `check_ps_mem` / `check_ps_physmem` / `check_ps_time [-0] [-A] [-a]
+/// [-f] [-K] [-k] [-l] [-s] [-e action] [-m match] [-r renice] [-u user] limit`.
+pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let (opts, rest) = getopts(args, "0AKae:fklm:r:su:")?;
+    too_many(&rest, 1)?;
+    let t = need(&rest, 0, "limit")?;
+    let resource = match name {
+        "check_ps_cpu" => {
+            let n = t.strip_suffix('%').unwrap_or(t);
+            if n.is_empty() || !n.chars().all(|c| c.is_ascii_digit()) {
+                return Err(format!("{t:?}: CPU utilization limit (percent) required"));
+            }
+            Resource::CpuPercent(n.parse().map_err(|_| format!("{t:?}: too large"))?)
+        }
+        "check_ps_mem" if t.ends_with('%') => {
+            return Err("percentage not supported by this check".into())
+        }
+        "check_ps_mem" => Resource::VszKib(parse_size_kib(t)?),
+        "check_ps_physmem" => match t.strip_suffix('%') {
+            Some(n) => Resource::MemPercent(
+                n.parse()
+                    .map_err(|_| format!("{t:?}: invalid percentage"))?,
+            ),
+            None => Resource::RssKib(parse_size_kib(t)?),
+        },
+        _ => {
+            // [0-9MmSs] only: `90`, `30s`, `5m`, `1m30s`.
+            if !t.chars().all(|c| c.is_ascii_digit() || "MmSs".contains(c)) {
+                return Err(format!("invalid characters in CPU time limit {t:?}"));
+            }
+            let t = t.replace('s', "");
+            let secs = match t.split_once(['m', 'M']) {
+                Some((m, s)) => {
+                    let num = |x: &str| -> Result<u64, String> {
+                        if x.is_empty() {
+                            Ok(0)
+                        } else {
+                            x.parse().map_err(|_| format!("{x:?}: invalid CPU time"))
+                        }
+                    };
+                    num(m)? * 60 + num(s)?
+                }
+                None => t.parse().map_err(|_| format!("{t:?}: invalid CPU time"))?,
+            };
+            Resource::CpuSecs(secs)
+        }
+    };
+    let mut spec = ResourceSpec {
+        check: name.to_string(),
+        resource,
+        pattern: matcher("*")?,
+        full: false,
+        owner: None,
+        owner_by_uid: false,
+        all_users: false,
+        all: false,
+        sys_uids: sys_uids(cx)?,
+        kill: false,
+        kill_parent: false,
+        renice: None,
+        command: Vec::new(),
+    };
+    let mut fatal = true;
+    for (c, v) in opts {
+        match c {
+            '0' => fatal = false,
+            'A' => spec.all_users = true,
+            'a' => spec.all = true,
+            'f' => spec.full = true,
+            'K' => spec.kill_parent = true,
+            'k' => spec.kill = true,
+            'm' => spec.pattern = matcher(&v)?,
+            'r' => {
+                spec.renice = Some(
+                    v.parse()
+                        .map_err(|_| format!("-r {v:?}: not a nice value"))?,
+                )
+            }
+            'u' => {
+                spec.owner_by_uid = !v.is_empty() && v.chars().all(|c| c.is_ascii_digit());
+                spec.owner = Some(matcher(&v)?);
+            }
+            // NHC runs it with `bash -c` in the background; the agent splits it into
+            // words once (no variables, substitutions or operators) and runs the program.
+            'e' => {
+                spec.command = shell_words(&v, &[]).map_err(|e| format!("-e {v:?}: {e}"))?;
+                if spec.command.is_empty() {
+                    return Err("-e: empty action".into());
+                }
+            }
+            // -l / -s: log / syslog; the check's message is logged anyway.
+            _ => {}
+        }
+    }
+    Ok(vec![(
+        String::new(),
+        CheckKind::PsResource(spec),
+        fatal,
+        cx.timeout,
+    )])
+}
+
+/// `check_ps_unauth_users` / `check_ps_userproc_lineage [-c cmd] [-u uid] [-n user] [-p
+/// pid] [actions...]`, with NHC's `NHC_AUTH_USERS`, `MAX_SYS_UID`, `RM_DAEMON_MATCH`,
+/// `SQUEUE_CMD`, `SQUEUE_NODE`, `SQUEUE_FMT_ARGS` and `NHC_RM` settings.
+pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let (opts, rest) = getopts(args, "c:u:n:p:")?;
+    let mut ignore = [String::new(), String::new(), String::new(), String::new()];
+    for (c, v) in opts {
+        let i = "cunp".find(c).unwrap_or(0);
+        ignore[i].push(' ');
+        ignore[i].push_str(&v);
+    }
+    let rm = cx.var("NHC_RM").unwrap_or("slurm");
+    let rule = if name == "check_ps_unauth_users" {
+        UsersRule::Unauthorized
+    } else {
+        let default = match rm {
+            "slurm" => "/\\bslurmstepd\\b/",
+            "pbs" => "/\\bpbs_mom\\b/",
+            "sge" => "/\\bsge_(execd|shepherd)\\b/",
+            "lsf" => "/\\bres\\b/",
+            _ => {
+                return Err(
+                    "this check requires a supported resource manager (NHC_RM=slurm)".into(),
+                )
+            }
+        };
+        UsersRule::Lineage {
+            daemon: matcher(cx.var("RM_DAEMON_MATCH").unwrap_or(default))?,
+        }
+    };
+    // Users with jobs here: only Slurm's squeue is asked (NHC's other resource managers
+    // read their spool files).
+    let jobs_command = if matches!(rule, UsersRule::Unauthorized) && rm == "slurm" {
+        let words = |var: &str, default: String| -> Vec<String> {
+            cx.var(var)
+                .map(str::to_string)
+                .unwrap_or(default)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        };
+        let host = cx.var("HOSTNAME_S").unwrap_or("").to_string();
+        let mut argv = words("SQUEUE_CMD", "/usr/bin/squeue".into());
+        argv.extend(words("SQUEUE_NODE", format!("-w {host}")));
+        argv.extend(words("SQUEUE_FMT_ARGS", "--noheader -o %u".into()));
+        argv
+    } else {
+        Vec::new()
+    };
+    let [ignore_cmd, ignore_uid, ignore_user, ignore_pid] = ignore;
+    Ok(one(
+        CheckKind::PsUsers(Box::new(UsersSpec {
+            rule,
+            ignore_cmd,
+            ignore_uid,
+            ignore_user,
+            ignore_pid,
+            auth_users: cx
+                .var("NHC_AUTH_USERS")
+                .unwrap_or("root nobody")
+                .to_string(),
+            jobs_command,
+            sys_uids: sys_uids(cx)?,
+            actions: parse_user_actions(&rest, true)?,
+        })),
+        cx.timeout,
+    ))
+}
+
+/// `check_ps_kswapd THRESHOLD DISCREPANCY [actions...]`.
+pub(super) fn kswapd(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    let num = |i: usize, what: &str| -> Result<i64, String> {
+        let v = need(args, i, what)?;
+        crate::health::arith::parse_int(v).map_err(|e| format!("{what} {v:?}: {e}"))
+    };
+    Ok(one(
+        CheckKind::Kswapd(KswapdSpec {
+            threshold: num(0, "CPU time threshold")?,
+            discrepancy: num(1, "discrepancy")?,
+            actions: parse_user_actions(args.get(2..).unwrap_or(&[]), false)?,
+        }),
+        cx.timeout,
+    ))
 }
