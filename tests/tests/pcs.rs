@@ -167,6 +167,34 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
     assert_eq!(reqs[1].bootstrap_id.as_deref(), Some(bootstrap_id.as_str()));
 }
 
+/// The image's settings enable the managed mode, so bootstrap's first attempt goes out
+/// beside the metadata read with the cluster of the tag; user data then names the cluster
+/// by its name: that answer is not used, bootstrap registers again as the final settings
+/// say (same bootstrapId, same node).
+#[test]
+fn an_early_answer_for_another_cluster_identifier_is_not_used() {
+    let (env, pcs, _) = managed_env("60s");
+    env.imds.set_user_data(
+        "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[pcs]\ncluster_id = \"e2e\"\n--XX--\n",
+    );
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    assert_eq!(report(&out).unwrap()["node_name"], "compute-1");
+    let reqs = pcs.requests();
+    let asked: Vec<Option<&str>> = reqs
+        .iter()
+        .map(|r| r.cluster_identifier.as_deref())
+        .collect();
+    assert_eq!(asked, [Some(CLUSTER), Some("e2e")], "{reqs:?}");
+    assert_eq!(reqs[0].bootstrap_id, reqs[1].bootstrap_id);
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(env.state_dir().join("pcs-registration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["clusterIdentifier"], "e2e", "{record}");
+}
+
 #[test]
 fn access_denied_is_retried_until_granted_with_the_same_bootstrap_id() {
     let (env, pcs, _) = managed_env("10m");
