@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-cargo build --release --locked -p slurm-node-agent -p slurm-e2e --bins
+cargo build --release --locked --workspace --bins
 SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" exec target/release/bench-pcs "$@"

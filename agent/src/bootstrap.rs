@@ -282,6 +282,13 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             }
             rx
         });
+    // The managed join's first attempt, beside the metadata read when the image's settings
+    // already enable it (its own IMDS session); `register` uses it only if it asked what the
+    // final settings ask.
+    let early_registration = early.settings.pcs.enabled.then(|| {
+        let settings = early.settings.clone();
+        tokio::spawn(async move { crate::pcs::register_early(&settings).await })
+    });
     let id = imds.identity().await?;
     tracing::info!(
         instance_id = %id.instance_id,
@@ -297,10 +304,19 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
 
     // Managed join (issue 13): PCS's registration answer names the node, the controller
     // and the key; the rest of bootstrap runs with settings that say so.
+    let early_answer = match early_registration {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
     let managed = match s.pcs.enabled {
-        true => Some(crate::pcs::register(s, &id).await?),
+        true => Some(crate::pcs::register(s, &id, early_answer).await?),
         false => None,
     };
+    // The registration's key and record are written on a blocking thread beside the next
+    // steps (awaited as the key step).
+    let persist = managed
+        .as_ref()
+        .map(|m| tokio::task::spawn_blocking(m.persist(s)));
     let managed_settings = managed.as_ref().map(|m| m.join_settings(s));
     let s = managed_settings.as_ref().unwrap_or(s);
     if managed.is_some() {
@@ -335,6 +351,12 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             Some(rx) => rx.await.ok().flatten(),
             None => None,
         };
+        if let Some(task) = persist {
+            let written = task
+                .await
+                .map_err(|e| BootstrapError::Io(format!("writing the registration's key: {e}")))?;
+            return Ok::<_, BootstrapError>(written?);
+        }
         Ok::<_, BootstrapError>(install_key(s, &id, prefetched).await?)
     });
     let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
@@ -343,7 +365,6 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
     t.record("node_definition", def_time);
     t.record("auth_key", key_time);
-    let key_changed = key_changed || managed.as_ref().is_some_and(|m| m.key_changed);
     // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
     // run together; slurmd starts when all three are done (it needs munge, and must not
     // run without its required mounts).

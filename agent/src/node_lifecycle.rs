@@ -12,8 +12,10 @@
 //! Each script is
 //! - fetched from `scriptLocation`: `s3://bucket/key` (with `s3VersionId` when given; as the
 //!   service sends), or this agent's `ssm:<parameter name>` and `file:<absolute path>`;
-//!   `aws-sdk-ssm` with the SDK's default credentials chain (the instance profile) in the
-//!   instance's region (`s3://` is accepted but not downloaded yet: see [`fetch`]). A download is tried [`FETCH_ATTEMPTS`] times with
+//!   through S3 `GetObject` (`aws-sdk-s3`) or SSM `GetParameter` (`aws-sdk-ssm`) with the
+//!   SDK's default credentials chain (the instance profile) in the instance's region (a
+//!   failed download names the location and S3's error code, e.g. `NoSuchKey`,
+//!   `NoSuchVersion`, `AccessDenied`). A download is tried [`FETCH_ATTEMPTS`] times with
 //!   backoff; at most [`MAX_SCRIPT_BYTES`];
 //! - compared with its SHA-256 `checksum` (64 hex digits) before anything runs: a mismatch
 //!   never runs it, and counts as the script failing;
@@ -209,10 +211,8 @@ impl NodeLifecycleSettings {
 }
 
 fn location_ok(loc: &str) -> bool {
-    if let Some(rest) = loc.strip_prefix("s3://") {
-        return rest
-            .split_once('/')
-            .is_some_and(|(b, k)| !b.is_empty() && !k.is_empty());
+    if loc.starts_with("s3://") {
+        return s3_location(loc).is_some();
     }
     if let Some(name) = loc.strip_prefix("ssm:") {
         return !name.is_empty();
@@ -528,17 +528,82 @@ async fn sdk(region: &str) -> aws_config::SdkConfig {
         .await
 }
 
+/// `s3://bucket/key` as `(bucket, key)` (the key as written: S3 URIs are not
+/// percent-encoded); `None` for anything else.
+fn s3_location(loc: &str) -> Option<(&str, &str)> {
+    loc.strip_prefix("s3://")?
+        .split_once('/')
+        .filter(|(b, k)| !b.is_empty() && !k.is_empty())
+}
+
+/// S3 `GetObject` of `bucket`/`key` (version `version` when given) with the SDK's default
+/// credentials chain in `region`; at most [`MAX_SCRIPT_BYTES`] are read.
+///
+/// # Errors
+/// A message naming `loc` (and the version) with S3's error code when S3 answered one
+/// (`NoSuchKey`, `NoSuchBucket`, `NoSuchVersion`, `AccessDenied`, ...), else the HTTP
+/// status or the transport error.
+async fn s3_get(
+    loc: &str,
+    bucket: &str,
+    key: &str,
+    version: Option<&str>,
+    region: &str,
+) -> Result<Vec<u8>, String> {
+    use aws_sdk_s3::error::ProvideErrorMetadata as _;
+    let at = match version {
+        Some(v) => format!("{loc} (version {v})"),
+        None => loc.to_string(),
+    };
+    let client = aws_sdk_s3::Client::new(&sdk(region).await);
+    let out = client
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .set_version_id(version.map(str::to_string))
+        .send()
+        .await
+        .map_err(|e| {
+            let status = e.raw_response().map(|r| r.status().as_u16());
+            match (e.code(), status) {
+                (Some(code), _) => format!(
+                    "{at}: S3 GetObject failed: {code}{}",
+                    e.message().map(|m| format!(": {m}")).unwrap_or_default()
+                ),
+                (None, Some(status)) => format!("{at}: S3 GetObject failed: HTTP {status}"),
+                (None, None) => format!(
+                    "{at}: S3 GetObject failed: {}",
+                    aws_smithy_types::error::display::DisplayErrorContext(&e)
+                ),
+            }
+        })?;
+    let too_big = |n: u64| format!("{at}: {n} bytes, larger than {MAX_SCRIPT_BYTES}");
+    if let Some(n) = out.content_length().and_then(|n| u64::try_from(n).ok()) {
+        if n > MAX_SCRIPT_BYTES {
+            return Err(too_big(n));
+        }
+    }
+    let mut body = out.body;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = body
+        .try_next()
+        .await
+        .map_err(|e| format!("{at}: reading the object: {}", crate::imds::error_chain(&e)))?
+    {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+            return Err(too_big(bytes.len() as u64));
+        }
+    }
+    Ok(bytes)
+}
+
 /// Fetches a script's bytes once.
 async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, String> {
     let loc = &source.script_location;
     let too_big = || format!("{loc}: larger than {MAX_SCRIPT_BYTES} bytes");
-    if loc.starts_with("s3://") {
-        // aws-sdk-s3 is left out for now: it turns on aws-runtime's event-stream features,
-        // which rebuilds every aws-sdk crate of the agent (aws-sdk-ec2 alone takes most of an
-        // hour on the project's build machine). To come: a SigV4-signed GetObject.
-        Err(format!(
-            "{loc}: s3:// downloads are not built into this agent yet; use ssm: or file:"
-        ))
+    if let Some((bucket, key)) = s3_location(loc) {
+        s3_get(loc, bucket, key, source.s3_version_id.as_deref(), region).await
     } else if let Some(name) = loc.strip_prefix("ssm:") {
         let client = aws_sdk_ssm::Client::new(&sdk(region).await);
         let out = client

@@ -208,7 +208,17 @@ impl PcsEmulator {
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
     pub fn start() -> io::Result<PcsEmulator> {
-        let std_listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+    }
+
+    /// Like [`PcsEmulator::start`], bound to `addr` (port 0: a free one), e.g. an address
+    /// of a network namespace the caller runs in: the socket stays in the namespace it was
+    /// created in.
+    ///
+    /// # Errors
+    /// When the socket, runtime or thread cannot be created.
+    pub fn start_on(addr: SocketAddr) -> io::Result<PcsEmulator> {
+        let std_listener = std::net::TcpListener::bind(addr)?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_current_thread()

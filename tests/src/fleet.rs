@@ -626,6 +626,16 @@ pub struct Launch {
     /// Whether the node has instance metadata at all (`false`: nothing listens on
     /// 169.254.169.254 and there is no route to it, as on a machine outside EC2).
     pub metadata: bool,
+    /// Instance tags served in metadata (`tags/instance/<key>`), e.g.
+    /// `aws:pcs:cluster-id`. Default none.
+    pub tags: Vec<(String, String)>,
+    /// The instance profile served in metadata (`iam/security-credentials/<role>`):
+    /// `[role, access key id, secret access key, session token]`, valid until 2099.
+    /// Default none.
+    pub role_credentials: Option<[String; 4]>,
+    /// Settings the image carries (a root-owned drop-in `conf.d/60-launch.toml` on the
+    /// node's disk), for image-class keys such as `pcs.endpoint`. Default empty: none.
+    pub image_toml: String,
 }
 
 /// One node: its network namespace, metadata, disk and container.
@@ -1093,6 +1103,9 @@ impl Fleet {
             agent_toml: self.default_agent_toml(),
             static_slurmd: false,
             metadata: true,
+            tags: Vec::new(),
+            role_credentials: None,
+            image_toml: String::new(),
         }
     }
 
@@ -1188,6 +1201,9 @@ impl Fleet {
             dropins.join("50-fleet-key.toml"),
             format!("[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n"),
         )?;
+        if !node.launch.image_toml.is_empty() {
+            fs::write(dropins.join("60-launch.toml"), &node.launch.image_toml)?;
+        }
         if self.moto.is_some() {
             // AWS for the daemon: moto through the relay, test credentials (on EC2 an
             // instance profile; the region comes from IMDS).
@@ -1283,6 +1299,12 @@ impl Fleet {
         e.set("hostname", format!("{}.{DOMAIN}", l.name));
         e.set("local-ipv4", node.addr.to_string());
         e.clear_tags();
+        for (k, v) in &l.tags {
+            e.set_tag(k, v);
+        }
+        if let Some([role, key, secret, token]) = &l.role_credentials {
+            e.set_role_credentials(role, key, secret, token, "2099-01-01T00:00:00Z");
+        }
         e.set_user_data(self.user_data(&l.agent_toml));
     }
 

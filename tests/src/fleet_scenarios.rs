@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::fleet::{image_builder_binary, Fleet};
+use crate::fleet::{image_builder_binary, Fleet, FLEET_GATEWAY};
+use crate::imds_emulator::pcs::{PcsCluster, PcsEmulator, PcsEndpoint, PcsGroup, PcsInstance};
 use crate::moto::REGION;
-use crate::process::run_ok;
+use crate::process::{run_ok, wait_until};
 use crate::slurm::{field, is_idle};
 
 /// What a rolling upgrade did, sampled every half second from slurmctld.
@@ -261,5 +262,166 @@ pub fn rolling_upgrade(
         replace_times,
         timeline,
         jobs: fleet.job_records().len(),
+    })
+}
+
+/// What [`pcs_join`] saw.
+#[derive(Debug, Clone)]
+pub struct PcsJoinOutcome {
+    /// Per launched node (its host name): the instance id and the `nodeID` the emulator
+    /// assigned to that instance.
+    pub assigned: BTreeMap<String, (String, String)>,
+    /// Per `nodeID`: `NodeHostName` in slurmctld (the host whose slurmd registered it).
+    pub hostnames: BTreeMap<String, String>,
+    /// Registration requests answered 200, per instance id.
+    pub registered: BTreeMap<String, usize>,
+    /// The host names printed by one `srun -N<nodes> --ntasks-per-node=1 hostname`,
+    /// sorted.
+    pub job_hosts: Vec<String>,
+    /// From the launch to every assigned node IDLE.
+    pub total: Duration,
+}
+
+/// The PCS cluster of [`pcs_join`].
+pub const PCS_CLUSTER: &str = "pcs_fleet0cluster";
+/// Its compute node group.
+pub const PCS_GROUP: &str = "pcs_fleet0group";
+
+/// The managed join of `nodes` nodes of one compute node group (issue 13): slurmctld
+/// declares the group's nodes `compute-[1-<nodes>] State=CLOUD` (with
+/// `enable_configless,cloud_reg_addrs`, as the service configures a group); the PCS
+/// registration emulator listens in the fleet network at [`FLEET_GATEWAY`] and knows each
+/// instance by the access key of the instance profile its metadata serves; each node
+/// (host name `pcs<NNN>`) has the `aws:pcs:*` tags and `pcs.enabled` in its user data, the
+/// emulator's endpoint as an image setting. Boot registers, installs the cluster secret as
+/// the munge key and starts slurmd as the `nodeID` the answer names. Once every node the
+/// emulator assigned is IDLE, one job step runs a task on each.
+///
+/// # Errors
+/// Any step, or `timeout`, with the nodes' diagnostics.
+pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
+    let ids: Vec<String> = (1..=nodes).map(|i| format!("compute-{i}")).collect();
+    let mut fleet = Fleet::builder()
+        .ctld_line("SlurmctldParameters=enable_configless,cloud_reg_addrs")
+        .ctld_line("PrivateData=cloud")
+        .ctld_line(format!("NodeName=compute-[1-{nodes}] State=CLOUD CPUs=1"))
+        .start()?;
+    let pcs = fleet.netns().run_in(|| {
+        PcsEmulator::start_on(std::net::SocketAddr::from((FLEET_GATEWAY, 0)))
+            .context("starting the PCS registration emulator in the fleet network")
+    })?;
+    use base64::Engine as _;
+    pcs.add_cluster(PcsCluster {
+        id: PCS_CLUSTER.into(),
+        name: "fleet".into(),
+        region: REGION.into(),
+        shared_secret: base64::engine::general_purpose::STANDARD
+            .encode(crate::Munge::shared()?.key()?),
+        endpoints: vec![PcsEndpoint {
+            endpoint_type: "SLURMCTLD".into(),
+            private_ip_address: FLEET_GATEWAY.to_string(),
+            port: fleet.ctld.port().to_string(),
+        }],
+        groups: vec![PcsGroup {
+            id: PCS_GROUP.into(),
+            name: "compute".into(),
+            nodes: ids.clone(),
+            lifecycle_actions: None,
+        }],
+    });
+    let hosts: Vec<String> = (1..=nodes).map(|i| format!("pcs{i:03}")).collect();
+    let mut instances = BTreeMap::new();
+    let started = Instant::now();
+    for (i, host) in hosts.iter().enumerate() {
+        let mut l = fleet.new_launch(host);
+        let key = format!("ASIAFLEETNODE{i:04}");
+        let secret = format!("fleet-secret-{i}");
+        let token = format!("fleet-token-{i}");
+        pcs.add_instance(PcsInstance {
+            instance_id: l.instance_id.clone(),
+            role: "AWSPCS-fleet".into(),
+            access_key_id: key.clone(),
+            secret_access_key: secret.clone(),
+            session_token: Some(token.clone()),
+            cluster_id: PCS_CLUSTER.into(),
+            group_id: PCS_GROUP.into(),
+        });
+        l.role_credentials = Some(["AWSPCS-fleet".into(), key, secret, token]);
+        l.tags = vec![
+            ("aws:pcs:cluster-id".into(), PCS_CLUSTER.into()),
+            ("aws:pcs:compute-node-group-id".into(), PCS_GROUP.into()),
+        ];
+        // No controller address in user data: the registration answer names it.
+        l.agent_toml = "[pcs]\nenabled = true\nregister_window = \"5m\"\n".into();
+        l.image_toml = format!("[pcs]\nendpoint = \"{}\"\n", pcs.endpoint());
+        instances.insert(host.clone(), l.instance_id.clone());
+        fleet.launch(l)?;
+    }
+    let waited = wait_until(
+        "every node of the group to register and be IDLE",
+        timeout,
+        Duration::from_millis(500),
+        || {
+            let assigned = pcs.assignments();
+            if assigned.len() < nodes {
+                bail!("{} of {nodes} instances registered", assigned.len());
+            }
+            for id in assigned.values() {
+                match fleet.ctld.node_state(id)? {
+                    Some(st) if is_idle(&st) => {}
+                    other => bail!("{id} is {other:?}"),
+                }
+            }
+            Ok(Some(()))
+        },
+    );
+    if let Err(e) = waited {
+        bail!(
+            "{e:#}\nregistrations: {:?}\n{}",
+            pcs.requests(),
+            fleet.diagnostics(&hosts)
+        );
+    }
+    let total = started.elapsed();
+    let by_instance = pcs.assignments();
+    let mut assigned = BTreeMap::new();
+    for (host, instance) in &instances {
+        let id = by_instance
+            .get(instance)
+            .with_context(|| format!("{host} ({instance}) has no nodeID"))?;
+        assigned.insert(host.clone(), (instance.clone(), id.clone()));
+    }
+    let mut hostnames = BTreeMap::new();
+    for id in by_instance.values() {
+        let line = fleet.ctld.scontrol_ok(&["show", "node", "-o", id])?;
+        hostnames.insert(
+            id.clone(),
+            field(&line, "NodeHostName").unwrap_or_default().to_string(),
+        );
+    }
+    let mut registered = BTreeMap::new();
+    for r in pcs.requests().iter().filter(|r| r.status == 200) {
+        if let Some(i) = &r.instance_id {
+            *registered.entry(i.clone()).or_default() += 1;
+        }
+    }
+    let n = format!("-N{nodes}");
+    let out = fleet
+        .ctld
+        .run_job("srun", &[&n, "--ntasks-per-node=1", "hostname"])?;
+    if !out.status.success() {
+        bail!("srun: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut job_hosts: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    job_hosts.sort();
+    Ok(PcsJoinOutcome {
+        assigned,
+        hostnames,
+        registered,
+        job_hosts,
+        total,
     })
 }

@@ -1,5 +1,5 @@
-//! moto's server (PyPI `moto[server]` 5.2) on 127.0.0.1 as the SSM Parameter Store and
-//! Secrets Manager of the tests, with helpers that seed it through raw HTTP.
+//! moto's server (PyPI `moto[server]` 5.2) on 127.0.0.1 as the SSM Parameter Store, Secrets
+//! Manager, EC2 and S3 of the tests, with helpers that seed it through raw HTTP.
 //!
 //! The helpers speak the AWS JSON 1.1 protocol (`POST /`, `X-Amz-Target`,
 //! `Content-Type: application/x-amz-json-1.1`) over a plain `TcpStream`. moto checks no
@@ -318,6 +318,51 @@ impl Moto {
         Ok(Some(r.body))
     }
 
+    /// `s3:CreateBucket` (path style, `PUT /<bucket>`, in [`REGION`]); with `versioned`,
+    /// then `s3:PutBucketVersioning` `Enabled`.
+    pub fn create_bucket(&self, bucket: &str, versioned: bool) -> Result<()> {
+        self.s3("PUT", &format!("/{bucket}"), b"")?;
+        if versioned {
+            self.s3(
+                "PUT",
+                &format!("/{bucket}?versioning"),
+                b"<VersioningConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">\
+                  <Status>Enabled</Status></VersioningConfiguration>",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `s3:PutObject` of `body` at `bucket`/`key` (`key` without characters that need
+    /// percent-encoding): the new version's id (`x-amz-version-id`) in a versioned bucket.
+    pub fn put_object(&self, bucket: &str, key: &str, body: &[u8]) -> Result<Option<String>> {
+        let headers = self.s3("PUT", &format!("/{bucket}/{key}"), body)?;
+        Ok(headers
+            .into_iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-amz-version-id"))
+            .map(|(_, v)| v)
+            .filter(|v| v != "null"))
+    }
+
+    /// One S3 REST call (path style) with a fake SigV4 header for `s3` (moto treats an
+    /// unsigned request as anonymous and refuses to overwrite an object for it); a status
+    /// other than 200 is an error with the body. Returns the response headers.
+    fn s3(&self, method: &str, path: &str, body: &[u8]) -> Result<Vec<(String, String)>> {
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/s3/aws4_request, \
+             SignedHeaders=host, Signature=0"
+        );
+        let (status, headers, out) =
+            request(self.port, method, path, &[("Authorization", &auth)], body)?;
+        if status != 200 {
+            bail!(
+                "S3 {method} {path}: HTTP {status}: {}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        Ok(headers)
+    }
+
     /// Clears every stored resource (`POST /moto-api/reset`).
     pub fn reset(&self) -> Result<()> {
         let (status, body) = http(self.port, "POST", "/moto-api/reset", &[], b"")?;
@@ -345,6 +390,21 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<(u16, Vec<u8>)> {
+    let (status, _, body) = request(port, method, path, headers, body)?;
+    Ok((status, body))
+}
+
+/// `(status, headers, body)` of an HTTP/1.1 response; headers as `(name, value)` as sent.
+pub type Parsed = (u16, Vec<(String, String)>, Vec<u8>);
+
+/// Like [`http`], also returning the response headers.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Parsed> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
     stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
@@ -370,7 +430,7 @@ pub fn http(
     parse_response(&raw).with_context(|| format!("parsing the answer to {method} {path}"))
 }
 
-fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
+fn parse_response(raw: &[u8]) -> Result<Parsed> {
     let end = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -383,13 +443,16 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .with_context(|| format!("bad status line {status_line:?}"))?;
-    let chunked = lines.any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.to_ascii_lowercase().contains("chunked")
     });
     let body = &raw[end + 4..];
     if !chunked {
-        return Ok((status, body.to_vec()));
+        return Ok((status, headers, body.to_vec()));
     }
     let mut out = Vec::new();
     let mut rest = body;
@@ -403,7 +466,7 @@ fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>)> {
             .with_context(|| format!("bad chunk size {size_text:?}"))?;
         rest = &rest[nl + 2..];
         if size == 0 {
-            return Ok((status, out));
+            return Ok((status, headers, out));
         }
         if rest.len() < size + 2 {
             bail!("truncated chunk");
@@ -434,11 +497,14 @@ mod tests {
 
     #[test]
     fn parses_plain_and_chunked_bodies() {
-        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(parse_response(plain).unwrap(), (200, b"{}".to_vec()));
+        let plain = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nx-amz-version-id: v1\r\n\r\n{}";
+        let (status, headers, body) = parse_response(plain).unwrap();
+        assert_eq!((status, body), (200, b"{}".to_vec()));
+        assert!(headers.contains(&("x-amz-version-id".into(), "v1".into())));
         let chunked =
             b"HTTP/1.1 400 Bad\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), (400, b"abcde".to_vec()));
+        let (status, _, body) = parse_response(chunked).unwrap();
+        assert_eq!((status, body), (400, b"abcde".to_vec()));
         assert!(parse_response(b"garbage").is_err());
     }
 }

@@ -395,6 +395,39 @@ fn spot_storm_drains_every_notified_node_and_replacements_join() {
 
 /// Size of the rolling upgrade scenario: `SLURM_E2E_FLEET_UPGRADE_NODES` (default 4 to
 /// keep CI short; the issue's 8 runs in `scripts/bench-fleet.sh`).
+/// Issue 13's fleet variant: four nodes of one PCS compute node group boot, register
+/// through the registration emulator with their own instance profiles, and each joins as
+/// the `nodeID` the emulator assigned to its instance (slurmctld records the node's own
+/// host name for it); a job step then runs on all four.
+#[test]
+fn a_pcs_node_group_joins_each_node_as_its_assigned_node_id() {
+    let n = 4;
+    let o = slurm_e2e::fleet_scenarios::pcs_join(n, BOOT_TIMEOUT).unwrap();
+    eprintln!("pcs fleet: {n} nodes registered and IDLE in {:?}", o.total);
+    let mut ids: Vec<&str> = o.assigned.values().map(|(_, id)| id.as_str()).collect();
+    ids.sort_unstable();
+    let want: Vec<String> = (1..=n).map(|i| format!("compute-{i}")).collect();
+    assert_eq!(
+        ids, want,
+        "each node got its own nodeID of the group: {o:?}"
+    );
+    for (host, (instance, id)) in &o.assigned {
+        assert_eq!(
+            o.hostnames.get(id).map(String::as_str),
+            Some(host.as_str()),
+            "{id} (assigned to {instance}) was registered by another host: {o:?}"
+        );
+        assert!(o.registered.get(instance).is_some_and(|c| *c >= 1), "{o:?}");
+    }
+    let mut hosts: Vec<&String> = o.assigned.keys().collect();
+    hosts.sort();
+    assert_eq!(
+        o.job_hosts.iter().collect::<Vec<_>>(),
+        hosts,
+        "one task on each node"
+    );
+}
+
 fn upgrade_size() -> usize {
     std::env::var("SLURM_E2E_FLEET_UPGRADE_NODES")
         .ok()

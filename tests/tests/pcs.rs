@@ -167,6 +167,34 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
     assert_eq!(reqs[1].bootstrap_id.as_deref(), Some(bootstrap_id.as_str()));
 }
 
+/// The image's settings enable the managed mode, so bootstrap's first attempt goes out
+/// beside the metadata read with the cluster of the tag; user data then names the cluster
+/// by its name: that answer is not used, bootstrap registers again as the final settings
+/// say (same bootstrapId, same node).
+#[test]
+fn an_early_answer_for_another_cluster_identifier_is_not_used() {
+    let (env, pcs, _) = managed_env("60s");
+    env.imds.set_user_data(
+        "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
+         Content-Type: application/x-slurm-node-agent\n\n[pcs]\ncluster_id = \"e2e\"\n--XX--\n",
+    );
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    assert_eq!(report(&out).unwrap()["node_name"], "compute-1");
+    let reqs = pcs.requests();
+    let asked: Vec<Option<&str>> = reqs
+        .iter()
+        .map(|r| r.cluster_identifier.as_deref())
+        .collect();
+    assert_eq!(asked, [Some(CLUSTER), Some("e2e")], "{reqs:?}");
+    assert_eq!(reqs[0].bootstrap_id, reqs[1].bootstrap_id);
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(env.state_dir().join("pcs-registration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["clusterIdentifier"], "e2e", "{record}");
+}
+
 #[test]
 fn access_denied_is_retried_until_granted_with_the_same_bootstrap_id() {
     let (env, pcs, _) = managed_env("10m");
@@ -608,4 +636,123 @@ fn settings_scripts_run_in_the_configless_mode_with_the_agents_variables() {
     let err = stderr(&boot);
     assert_eq!(boot.status.code(), Some(78), "{err}");
     assert!(err.contains("node_lifecycle.node_ready"), "{err}");
+}
+
+/// A lifecycle script entry (the service's JSON shape) for an object in moto's S3.
+fn s3_script(name: &str, key: &str, checksum: &str, version: Option<&str>) -> serde_json::Value {
+    let mut source = serde_json::json!({
+        "scriptLocation": format!("s3://pcs-scripts/{key}"),
+        "checksum": checksum,
+    });
+    if let Some(v) = version {
+        source["s3VersionId"] = v.into();
+    }
+    serde_json::json!({
+        "name": name,
+        "scriptSource": source,
+        "arguments": [],
+        "executionPolicy": "EVERY_BOOT",
+        "onError": "CONTINUE",
+    })
+}
+
+#[test]
+fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly() {
+    let (env, pcs, _) = managed_env("60s");
+    let out = env.root.path().join("script-out");
+    let body = |tag: &str| format!("#!/bin/sh\necho {tag} $PCS_NODE_ID >> {}\n", out.display());
+    env.moto.create_bucket("pcs-scripts", true).unwrap();
+    env.moto
+        .put_object("pcs-scripts", "boot.sh", body("boot").as_bytes())
+        .unwrap();
+    let v1 = env
+        .moto
+        .put_object("pcs-scripts", "ready.sh", body("ready-v1").as_bytes())
+        .unwrap()
+        .expect("a versioned bucket gives a version id");
+    let v2 = env
+        .moto
+        .put_object("pcs-scripts", "ready.sh", body("ready-v2").as_bytes())
+        .unwrap()
+        .unwrap();
+    assert_ne!(v1, v2);
+    pcs.set_lifecycle_actions(
+        GROUP,
+        Some(serde_json::json!({
+            "scriptCachingPolicy": "REFRESH_ON_REBOOT",
+            "stages": {
+                "nodeBootstrapped": [
+                    s3_script("boot", "boot.sh", &sha256(&body("boot")), None),
+                ],
+                "nodeReady": [
+                    // The older version, by its id: not the latest object.
+                    s3_script("pinned", "ready.sh", &sha256(&body("ready-v1")), Some(&v1)),
+                    s3_script("latest", "ready.sh", &sha256(&body("ready-v2")), None),
+                    s3_script("missing", "nope.sh", &sha256("x"), None),
+                    // The object is there; its checksum is another script's.
+                    s3_script("wrong-sum", "boot.sh", &sha256(&body("ready-v1")), None),
+                    s3_script("no-version", "ready.sh", &sha256(&body("ready-v1")),
+                        Some("3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY")),
+                ],
+            }
+        })),
+    );
+    let boot = env.bootstrap(&[]).unwrap();
+    assert!(
+        boot.status.success(),
+        "bootstrap failed:\n{}",
+        stderr(&boot)
+    );
+    assert_eq!(
+        lifecycle(&boot),
+        pairs(&[
+            ("boot", "ok"),
+            ("pinned", "ok"),
+            ("latest", "ok"),
+            ("missing", "failed"),
+            ("wrong-sum", "failed"),
+            ("no-version", "failed"),
+        ])
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "boot compute-1\nready-v1 compute-1\nready-v2 compute-1\n"
+    );
+    let r = report(&boot).unwrap();
+    let detail = |name: &str| -> String {
+        r["lifecycle"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["detail"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let missing = detail("missing");
+    assert!(
+        missing.contains("s3://pcs-scripts/nope.sh") && missing.contains("NoSuchKey"),
+        "{missing}"
+    );
+    let wrong = detail("wrong-sum");
+    assert!(
+        wrong.contains("s3://pcs-scripts/boot.sh") && wrong.contains("checksum mismatch"),
+        "{wrong}"
+    );
+    let version = detail("no-version");
+    assert!(
+        version.contains("s3://pcs-scripts/ready.sh (version 3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY)")
+            && version.contains("NoSuchVersion"),
+        "{version}"
+    );
+    // What failed never ran: no log file for them.
+    let logs = env.state_dir().join("lifecycle/logs");
+    for n in [
+        "nodeReady-3-missing.log",
+        "nodeReady-4-wrong-sum.log",
+        "nodeReady-5-no-version.log",
+    ] {
+        assert!(!logs.join(n).exists(), "{n}");
+    }
 }

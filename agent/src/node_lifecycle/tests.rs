@@ -277,3 +277,22 @@ fn settings_scripts_are_checked_with_their_dotted_keys() {
     s.poweroff_unit = "../x".into();
     assert_eq!(s.validate().unwrap_err().0, "node_lifecycle.poweroff_unit");
 }
+
+#[test]
+fn s3_locations_split_into_bucket_and_key_as_written() {
+    assert_eq!(
+        s3_location("s3://site-scripts/boot/ready.sh"),
+        Some(("site-scripts", "boot/ready.sh"))
+    );
+    assert_eq!(s3_location("s3://b-1/a%20b+c"), Some(("b-1", "a%20b+c")));
+    for bad in [
+        "s3://bucket",
+        "s3://bucket/",
+        "s3:///key",
+        "ssm:/x",
+        "S3://b/k",
+    ] {
+        assert_eq!(s3_location(bad), None, "{bad}");
+        assert!(!location_ok(bad) || bad.starts_with("ssm:"), "{bad}");
+    }
+}

@@ -11,12 +11,22 @@
 //! 3. calls the service with `aws-sdk-pcs`, signed with the instance profile's credentials
 //!    from IMDS (aws-config's IMDS credentials provider), retrying AccessDenied, throttling,
 //!    5xx and connection errors with capped, jittered backoff for `pcs.register_window`;
-//! 4. installs `sharedSecret` through the same key writer as every other key source
-//!    (`auth.type` decides the path and owner) and keeps the answer, without the secret, in
-//!    `<agent.state_dir>/pcs-registration.json` (mode 0600);
-//! 5. returns a [`Managed`] whose [`Managed::join_settings`] make the rest of bootstrap start
-//!    slurmd configless against the `SLURMCTLD` endpoints as the pre-declared node `nodeID`
-//!    (`-N <nodeID>`, not `-Z`), then wait for the node to be available as usual.
+//! 4. decodes and checks `sharedSecret` as every key source's key (`auth.type` decides the
+//!    path and owner) and returns a [`Managed`]: [`Managed::persist`] installs the key
+//!    through the same key writer and keeps the answer, without the secret, in
+//!    `<agent.state_dir>/pcs-registration.json` (mode 0600), and bootstrap runs it beside
+//!    the node definition and the connection to systemd (before anything starts);
+//! 5. [`Managed::join_settings`] make the rest of bootstrap start slurmd configless against
+//!    the `SLURMCTLD` endpoints as the pre-declared node `nodeID` (`-N <nodeID>`, not
+//!    `-Z`), then wait for the node to be available as usual.
+//!
+//! When the image's settings (files and flags) already enable the managed mode, bootstrap
+//! makes the first attempt early, beside the instance metadata read: [`register_early`]
+//! (the cluster id from `pcs.cluster_id` or the one tag, region and credentials from IMDS).
+//! [`register`] uses its answer only when the final settings and tags ask the same
+//! (cluster, `bootstrapId`, region, endpoint); otherwise, or when the early attempt failed,
+//! it registers itself as above. The call is idempotent per `bootstrapId`, so an early
+//! answer that goes unused costs nothing.
 //!
 //! Facts about the API and their sources: `docs/pcs-registration.md`. The service documents
 //! this call as the one its own agent makes, not as a public contract (see README).
@@ -264,13 +274,36 @@ impl Registration {
 pub struct Managed {
     /// The answer (without the secret).
     pub registration: Registration,
-    /// Whether the key file was (re)written.
-    pub key_changed: bool,
     /// Configless servers from the `SLURMCTLD` endpoints.
     pub conf_servers: Vec<String>,
+    /// The checked key from `sharedSecret`, its owner and file, for [`Managed::persist`].
+    key: authkey::Key,
+    owner: crate::fsutil::Owner,
+    path: PathBuf,
 }
 
 impl Managed {
+    /// What installs the key from the answer (through the key writer, like every key
+    /// source: `auth.type`'s path and owner) and writes the record, as a blocking job for
+    /// a blocking thread: `Ok(true)` when the key file was (re)written.
+    ///
+    /// # Errors
+    /// [`PcsError::Key`] (the key write failed), [`PcsError::Io`] (the record).
+    pub fn persist(
+        &self,
+        s: &Settings,
+    ) -> impl FnOnce() -> Result<bool, PcsError> + Send + 'static {
+        let (key, owner, path) = (self.key.clone(), self.owner, self.path.clone());
+        let state_dir = s.agent.state_dir.clone();
+        let registration = self.registration.clone();
+        move || {
+            let changed = authkey::install(&key, &path, owner)?;
+            tracing::info!(path = %path.display(), changed, "auth key installed from the registration");
+            write_record(&state_dir, &registration)?;
+            Ok(changed)
+        }
+    }
+
     /// The settings the rest of bootstrap runs with: NodeName `nodeID`, a pre-declared
     /// (not dynamic) node, the `SLURMCTLD` endpoints as configless servers, and no key
     /// source (the key is already installed from the answer).
@@ -394,78 +427,115 @@ fn retryable(code: Option<&str>) -> bool {
     )
 }
 
-/// Registers with PCS, installs the key and keeps the record; see the module docs.
-///
-/// # Errors
-/// [`PcsError`].
-pub async fn register(s: &Settings, id: &InstanceIdentity) -> Result<Managed, PcsError> {
-    use aws_sdk_pcs::error::ProvideErrorMetadata;
-    let (cluster, group) = cluster_and_group(&s.pcs, &id.tags)?;
-    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file)?;
+/// The service's answer.
+type Answer = aws_sdk_pcs::operation::register_compute_node_group_instance::RegisterComputeNodeGroupInstanceOutput;
+
+/// The PCS client: `region`, the instance profile's credentials from IMDS (aws-config's
+/// IMDS credentials provider, through the agent's IMDS settings), `pcs.endpoint` when set,
+/// and no SDK retries (the callers retry).
+async fn client(s: &Settings, region: &str) -> aws_sdk_pcs::Client {
     let creds = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
         .imds_client(crate::imds::build_client(&s.imds))
         .build();
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(id.region.clone()))
+        .region(aws_config::Region::new(region.to_string()))
         .credentials_provider(creds)
         .retry_config(aws_config::retry::RetryConfig::disabled());
     if !s.pcs.endpoint.is_empty() {
         loader = loader.endpoint_url(&s.pcs.endpoint);
     }
-    let client = aws_sdk_pcs::Client::new(&loader.load().await);
-    tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
+    aws_sdk_pcs::Client::new(&loader.load().await)
+}
 
-    let start = Instant::now();
-    let window = s.pcs.register_window.0;
-    let mut attempts = 0u32;
-    let out = loop {
-        attempts += 1;
-        let result = client
-            .register_compute_node_group_instance()
-            .cluster_identifier(&cluster)
-            .bootstrap_id(&bootstrap_id)
-            .send()
-            .await;
-        let (code, message) = match result {
-            Ok(out) => break out,
-            Err(e) => {
-                let code = e.code().map(str::to_string);
-                let message = match e.message() {
-                    Some(m) => m.to_string(),
-                    None => crate::imds::error_chain(&e),
-                };
-                (code, message)
-            }
-        };
-        if !retryable(code.as_deref()) {
-            return Err(PcsError::Rejected {
-                cluster,
-                code: code.unwrap_or_default(),
-                message,
-            });
-        }
-        let last = match &code {
-            Some(c) => format!("{c}: {message}"),
-            None => message,
-        };
-        let left = window.saturating_sub(start.elapsed());
-        if left.is_zero() {
-            return Err(PcsError::Unavailable {
-                cluster,
-                attempts,
-                waited: start.elapsed(),
-                last,
-            });
-        }
-        let wait = REGISTER_BACKOFF.delay(attempts - 1).min(left);
-        tracing::warn!(
-            attempt = attempts,
-            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            "PCS registration failed: {last}"
-        );
-        tokio::time::sleep(wait).await;
+/// One answer from an attempt made before the instance's metadata was fully read, with
+/// what it asked; see the module docs.
+#[derive(Debug)]
+pub struct EarlyRegistration {
+    cluster: String,
+    bootstrap_id: String,
+    region: String,
+    endpoint: String,
+    answer: Answer,
+}
+
+/// One registration attempt with the image's settings (files and flags) `s`, for bootstrap
+/// to start beside the instance metadata read: only when `pcs.enabled` is set there; the
+/// cluster id from `pcs.cluster_id`, else the tag `aws:pcs:cluster-id` read on its own;
+/// region and credentials from IMDS. `None` when it cannot be made or fails (logged at
+/// debug level): [`register`] then registers (and retries) itself.
+pub async fn register_early(s: &Settings) -> Option<EarlyRegistration> {
+    if !s.pcs.enabled {
+        return None;
+    }
+    let imds = crate::imds::Imds::new(&s.imds);
+    let region = imds
+        .get("/latest/meta-data/placement/region")
+        .await
+        .ok()?
+        .trim()
+        .to_string();
+    let cluster = if s.pcs.cluster_id.is_empty() {
+        imds.get(&format!("/latest/meta-data/tags/instance/{CLUSTER_ID_TAG}"))
+            .await
+            .ok()?
+    } else {
+        s.pcs.cluster_id.clone()
     };
+    if !valid_cluster_identifier(&cluster) {
+        return None;
+    }
+    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file).ok()?;
+    let sent = client(s, &region)
+        .await
+        .register_compute_node_group_instance()
+        .cluster_identifier(&cluster)
+        .bootstrap_id(&bootstrap_id)
+        .send()
+        .await;
+    match sent {
+        Ok(answer) => Some(EarlyRegistration {
+            cluster,
+            bootstrap_id,
+            region,
+            endpoint: s.pcs.endpoint.clone(),
+            answer,
+        }),
+        Err(e) => {
+            tracing::debug!(
+                "the early PCS registration attempt failed (bootstrap registers itself): {}",
+                crate::imds::error_chain(&e)
+            );
+            None
+        }
+    }
+}
 
+/// Registers with PCS (or takes `early`'s answer when it asked the same) and checks the
+/// answer and the key; see the module docs. Nothing is written but the `bootstrapId` file:
+/// [`Managed::persist`] writes the key and the record.
+///
+/// # Errors
+/// [`PcsError`].
+pub async fn register(
+    s: &Settings,
+    id: &InstanceIdentity,
+    early: Option<EarlyRegistration>,
+) -> Result<Managed, PcsError> {
+    let (cluster, group) = cluster_and_group(&s.pcs, &id.tags)?;
+    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file)?;
+    let early = early.filter(|e| {
+        e.cluster == cluster
+            && e.bootstrap_id == bootstrap_id
+            && e.region == id.region
+            && e.endpoint == s.pcs.endpoint
+    });
+    let (out, attempts) = match early {
+        Some(e) => {
+            tracing::info!(%cluster, %bootstrap_id, group = ?group, "registered with PCS beside the instance metadata read");
+            (e.answer, 1)
+        }
+        None => register_with_retries(s, id, &cluster, &bootstrap_id, group.as_deref()).await?,
+    };
     let registration = Registration {
         cluster_identifier: cluster.clone(),
         bootstrap_id,
@@ -509,15 +579,78 @@ pub async fn register(s: &Settings, id: &InstanceIdentity) -> Result<Managed, Pc
         KeyEncoding::Base64,
         &target,
     )?;
-    let key_changed = authkey::install(&key, &target.path, owner)?;
-    tracing::info!(path = %target.path.display(), changed = key_changed, "auth key installed from the registration");
-
-    write_record(&s.agent.state_dir, &registration)?;
     Ok(Managed {
         registration,
-        key_changed,
         conf_servers,
+        key,
+        owner,
+        path: target.path,
     })
+}
+
+/// The service's call with retries: transient failures (see [`retryable`]) are tried again
+/// with [`REGISTER_BACKOFF`] until `pcs.register_window` has passed. Returns the answer and
+/// the number of attempts.
+async fn register_with_retries(
+    s: &Settings,
+    id: &InstanceIdentity,
+    cluster: &str,
+    bootstrap_id: &str,
+    group: Option<&str>,
+) -> Result<(Answer, u32), PcsError> {
+    use aws_sdk_pcs::error::ProvideErrorMetadata;
+    let client = client(s, &id.region).await;
+    tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
+    let start = Instant::now();
+    let window = s.pcs.register_window.0;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let result = client
+            .register_compute_node_group_instance()
+            .cluster_identifier(cluster)
+            .bootstrap_id(bootstrap_id)
+            .send()
+            .await;
+        let (code, message) = match result {
+            Ok(out) => return Ok((out, attempts)),
+            Err(e) => {
+                let code = e.code().map(str::to_string);
+                let message = match e.message() {
+                    Some(m) => m.to_string(),
+                    None => crate::imds::error_chain(&e),
+                };
+                (code, message)
+            }
+        };
+        if !retryable(code.as_deref()) {
+            return Err(PcsError::Rejected {
+                cluster: cluster.to_string(),
+                code: code.unwrap_or_default(),
+                message,
+            });
+        }
+        let last = match &code {
+            Some(c) => format!("{c}: {message}"),
+            None => message,
+        };
+        let left = window.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(PcsError::Unavailable {
+                cluster: cluster.to_string(),
+                attempts,
+                waited: start.elapsed(),
+                last,
+            });
+        }
+        let wait = REGISTER_BACKOFF.delay(attempts - 1).min(left);
+        tracing::warn!(
+            attempt = attempts,
+            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            "PCS registration failed: {last}"
+        );
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// Adds `terminatedBy` to the record of this registration.
