@@ -5,11 +5,11 @@
 //! boot is what EC2 does (the image's units run bootstrap, munge, slurmd and the daemon).
 //!
 //! Layout (all of it removed on drop, also when the test fails):
-//! - a fleet network namespace (`ip netns add`) with a bridge `br0` at [`FLEET_GATEWAY`]
-//!   (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`, `jobcomp/filetxt`), and
-//!   dnsmasq answering the nodes' names (`<name>.fleet.internal`), `ctld.fleet.internal`
-//!   and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for everything else. No route
-//!   leads out of it: nothing is ever sent outside it or loopback.
+//! - a fleet network namespace (`ip netns add`) with a bridge `br0` (fixed MAC address)
+//!   at [`FLEET_GATEWAY`] (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`,
+//!   `jobcomp/filetxt`), and dnsmasq answering the nodes' names (`<name>.fleet.internal`),
+//!   `ctld.fleet.internal` and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for
+//!   everything else. No route leads out of it: nothing is ever sent outside it or loopback.
 //! - per node *incarnation* a network namespace of its own (so its address is ready before
 //!   its systemd starts), joined to the bridge by a veth (`host0` inside), no default
 //!   route, and the node's own IMDS emulator listening on 169.254.169.254:80 inside it (on
@@ -72,6 +72,9 @@ pub const DEFAULT_CACHE: &str = "/var/tmp/slurm-e2e-fleet";
 
 /// The bridge's address in the fleet namespace: slurmctld, dnsmasq.
 pub const FLEET_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+
+/// The bridge's MAC address (locally administered, fixed: see [`FleetBuilder::start`]).
+const BRIDGE_MAC: &str = "02:77:00:00:00:01";
 
 /// The fleet's DNS domain (the nodes' resolv.conf search domain).
 pub const DOMAIN: &str = "fleet.internal";
@@ -705,7 +708,13 @@ impl FleetBuilder {
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
-        netns.ip(&["link", "add", "br0", "type", "bridge"])?;
+        // A fixed address: a bridge without one takes the lowest address of its ports,
+        // so it changed whenever a node's veth with a lower (random) address joined, and
+        // nodes whose neighbour entry still held the old one lost the gateway (DNS,
+        // slurmctld) until it was probed again: 10-50 s stalls at random in a fleet boot.
+        netns.ip(&[
+            "link", "add", "br0", "address", BRIDGE_MAC, "type", "bridge",
+        ])?;
         netns.ip(&["addr", "add", &format!("{FLEET_GATEWAY}/16"), "dev", "br0"])?;
         netns.ip(&["link", "set", "br0", "up"])?;
 
