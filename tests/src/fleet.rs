@@ -5,11 +5,11 @@
 //! boot is what EC2 does (the image's units run bootstrap, munge, slurmd and the daemon).
 //!
 //! Layout (all of it removed on drop, also when the test fails):
-//! - a fleet network namespace (`ip netns add`) with a bridge `br0` at [`FLEET_GATEWAY`]
-//!   (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`, `jobcomp/filetxt`), and
-//!   dnsmasq answering the nodes' names (`<name>.fleet.internal`), `ctld.fleet.internal`
-//!   and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for everything else. No route
-//!   leads out of it: nothing is ever sent outside it or loopback.
+//! - a fleet network namespace (`ip netns add`) with a bridge `br0` (fixed MAC address)
+//!   at [`FLEET_GATEWAY`] (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`,
+//!   `jobcomp/filetxt`), and dnsmasq answering the nodes' names (`<name>.fleet.internal`),
+//!   `ctld.fleet.internal` and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for
+//!   everything else. No route leads out of it: nothing is ever sent outside it or loopback.
 //! - per node *incarnation* a network namespace of its own (so its address is ready before
 //!   its systemd starts), joined to the bridge by a veth (`host0` inside), no default
 //!   route, and the node's own IMDS emulator listening on 169.254.169.254:80 inside it (on
@@ -73,6 +73,9 @@ pub const DEFAULT_CACHE: &str = "/var/tmp/slurm-e2e-fleet";
 /// The bridge's address in the fleet namespace: slurmctld, dnsmasq.
 pub const FLEET_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 
+/// The bridge's MAC address (locally administered, fixed: see [`FleetBuilder::start`]).
+const BRIDGE_MAC: &str = "02:77:00:00:00:01";
+
 /// The fleet's DNS domain (the nodes' resolv.conf search domain).
 pub const DOMAIN: &str = "fleet.internal";
 
@@ -81,6 +84,22 @@ pub const IMDS_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 
 /// Where the cluster key is bound inside each node.
 pub const NODE_KEY_PATH: &str = "/etc/cluster.key";
+
+/// Where a node of a fleet with [`FleetBuilder::shared_storage`] mounts the shared folder.
+pub const SHARED_MOUNT_POINT: &str = "/mnt/shared";
+
+/// The client key for the shared folder's sshd, on each node's disk (root-owned, 0600).
+pub const NODE_SSHFS_KEY: &str = "/etc/slurm-node-agent/fleet-sshfs.key";
+
+/// Debian packages whose installed files make the nodes' client layer for the shared
+/// folder (see [`FleetBuilder::shared_storage`]).
+const SSHFS_CLIENT_PACKAGES: &[&str] = &[
+    "sshfs",
+    "fuse3",
+    "libfuse3-3",
+    "libglib2.0-0",
+    "openssh-client",
+];
 
 /// nspawn's exit status when the container rebooted.
 const REBOOT_EXIT: i32 = 133;
@@ -726,6 +745,135 @@ fn find_pid1(root: u32) -> Option<u32> {
     None
 }
 
+/// The shared folder of [`FleetBuilder::shared_storage`] (files under the fleet's scratch
+/// folder).
+#[derive(Debug)]
+struct SharedStorage {
+    /// The nodes' client layer: sshfs, fuse3 and ssh as the host's packages installed them.
+    layer: PathBuf,
+    /// Served as `/export` (sshd's `ChrootDirectory` is this folder's parent, bound at
+    /// `/mnt` in the sshd's own mount namespace: every component of a chroot must be
+    /// root-owned and not writable by others).
+    export: PathBuf,
+    /// The client's private key (copied onto each node's disk).
+    client_key: PathBuf,
+    /// sshd's configuration.
+    config: PathBuf,
+}
+
+impl SharedStorage {
+    fn prepare(dir: &Path) -> Result<SharedStorage> {
+        let srv = dir.join("srv");
+        let export = srv.join("export");
+        fs::create_dir_all(&export)?;
+        use std::os::unix::fs::PermissionsExt as _;
+        for (d, mode) in [(dir, 0o755), (&srv, 0o755), (&export, 0o777)] {
+            fs::set_permissions(d, fs::Permissions::from_mode(mode))?;
+        }
+        let layer = dir.join("layer");
+        build_client_layer(&layer)?;
+        let host_key = dir.join("host_key");
+        let client_key = dir.join("client_key");
+        for k in [&host_key, &client_key] {
+            let mut c = Command::new("ssh-keygen");
+            c.args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "slurm-e2e-fleet",
+                "-f",
+            ])
+            .arg(k);
+            run_ok(c, CMD_TIMEOUT).context("ssh-keygen (Debian package openssh-client)")?;
+        }
+        let authorized = dir.join("authorized_keys");
+        fs::copy(client_key.with_extension("pub"), &authorized)?;
+        let config = dir.join("sshd_config");
+        fs::write(
+            &config,
+            format!(
+                "ListenAddress {FLEET_GATEWAY}:22\nHostKey {}\nPidFile {}\n\
+                 AuthorizedKeysFile {}\nStrictModes no\nPermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                 Subsystem sftp internal-sftp\n\
+                 Match User root\n  ChrootDirectory /mnt\n  ForceCommand internal-sftp\n",
+                host_key.display(),
+                dir.join("sshd.pid").display(),
+                authorized.display()
+            ),
+        )?;
+        Ok(SharedStorage {
+            layer,
+            export,
+            client_key,
+            config,
+        })
+    }
+}
+
+/// Copies the files of [`SSHFS_CLIENT_PACKAGES`] as the host's dpkg lists them (no
+/// documentation) into `layer`, with `/bin`, `/sbin` and `/lib` under `/usr` as in the
+/// image (merged /usr: a real `/lib` folder in a layer would hide the image's link).
+fn build_client_layer(layer: &Path) -> Result<()> {
+    let mut c = Command::new("dpkg");
+    c.arg("-L").args(SSHFS_CLIENT_PACKAGES);
+    let list = run_ok(c, CMD_TIMEOUT).with_context(|| {
+        format!(
+            "listing the files of {} (scripts/test-deps.sh installs them)",
+            SSHFS_CLIENT_PACKAGES.join(", ")
+        )
+    })?;
+    for line in list.lines() {
+        let Some(rel) = line.strip_prefix('/') else {
+            continue; // "diverted by" notes
+        };
+        if rel.starts_with("usr/share/") || rel.starts_with("usr/lib/systemd/") {
+            continue;
+        }
+        let src = Path::new(line);
+        let Ok(meta) = fs::symlink_metadata(src) else {
+            continue;
+        };
+        if meta.is_dir() {
+            continue;
+        }
+        let rel = match rel.split_once('/') {
+            Some(("bin" | "sbin" | "lib" | "lib64", _)) => format!("usr/{rel}"),
+            _ => rel.to_string(),
+        };
+        let dest = layer.join(rel);
+        if let Some(d) = dest.parent() {
+            fs::create_dir_all(d)?;
+        }
+        if meta.file_type().is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(src)?, &dest)
+                .with_context(|| format!("linking {}", dest.display()))?;
+        } else {
+            fs::copy(src, &dest).with_context(|| format!("copying {line}"))?;
+        }
+    }
+    if !layer.join("usr/bin/sshfs").is_file() {
+        bail!("no sshfs among the files of the host's package sshfs");
+    }
+    Ok(())
+}
+
+/// The `[[mounts]]` entry of [`FleetBuilder::shared_storage`] (user data TOML): sshfs from
+/// the fleet's sshd at [`SHARED_MOUNT_POINT`], required (slurmd waits for it), retried
+/// for 10 minutes.
+pub fn shared_storage_toml() -> String {
+    format!(
+        "[[mounts]]\ntype = \"fuse.sshfs\"\nmount_point = \"{SHARED_MOUNT_POINT}\"\n\
+         source = \"root@{FLEET_GATEWAY}:/export\"\n\
+         options = \"_netdev,reconnect,IdentityFile={NODE_SSHFS_KEY},\
+         StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,allow_other\"\n\
+         retry_for = \"10m\"\n"
+    )
+}
+
 /// Builds a [`Fleet`]; see [`Fleet::builder`].
 #[derive(Debug, Clone)]
 pub struct FleetBuilder {
@@ -734,6 +882,7 @@ pub struct FleetBuilder {
     extra_toml: String,
     moto: bool,
     recipe: ImageRecipe,
+    shared: bool,
 }
 
 impl FleetBuilder {
@@ -762,6 +911,20 @@ impl FleetBuilder {
         self
     }
 
+    /// A shared folder for every node, the fleet's stand-in for FSx or EFS (this kernel has
+    /// no NFS or Lustre client): sshfs (FUSE over SFTP) served by an sshd in the fleet
+    /// namespace at `root@10.77.0.1:/export` ([`Fleet::shared_export`] on the host), and
+    /// mounted by each node's agent at [`SHARED_MOUNT_POINT`] from a `[[mounts]]` entry
+    /// added to the user data ([`shared_storage_toml`]). The sshd is not started:
+    /// [`Fleet::start_file_server`]. The image carries no sshfs, so the nodes' disks get
+    /// one more read-only lower layer with the host's installed sshfs, fuse3 and ssh client
+    /// (the same Debian 12 packages), as an image for such a cluster would carry its file
+    /// system's client; and the client key at [`NODE_SSHFS_KEY`]. Default: none.
+    pub fn shared_storage(mut self, yes: bool) -> Self {
+        self.shared = yes;
+        self
+    }
+
     /// TOML appended to every node's agent settings (user data part).
     pub fn agent_toml(mut self, toml: impl Into<String>) -> Self {
         self.extra_toml = toml.into();
@@ -784,7 +947,13 @@ impl FleetBuilder {
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
-        netns.ip(&["link", "add", "br0", "type", "bridge"])?;
+        // A fixed address: a bridge without one takes the lowest address of its ports,
+        // so it changed whenever a node's veth with a lower (random) address joined, and
+        // nodes whose neighbour entry still held the old one lost the gateway (DNS,
+        // slurmctld) until it was probed again: 10-50 s stalls at random in a fleet boot.
+        netns.ip(&[
+            "link", "add", "br0", "address", BRIDGE_MAC, "type", "bridge",
+        ])?;
         netns.ip(&["addr", "add", &format!("{FLEET_GATEWAY}/16"), "dev", "br0"])?;
         netns.ip(&["link", "set", "br0", "up"])?;
 
@@ -820,9 +989,23 @@ impl FleetBuilder {
             (None, None)
         };
 
+        let shared = if self.shared {
+            Some(SharedStorage::prepare(&root.path().join("sshfs"))?)
+        } else {
+            None
+        };
+        // The nodes' lower layers, topmost first (overlayfs' lowerdir= list).
+        let lower = match &shared {
+            Some(sh) => PathBuf::from(format!("{}:{}", sh.layer.display(), image.root.display())),
+            None => image.root.clone(),
+        };
+
         let hosts = root.path().join("hosts");
         let mut fleet = Fleet {
             _relay: relay,
+            shared,
+            file_server: None,
+            lower,
             moto,
             nodes: Arc::new(Mutex::new(BTreeMap::new())),
             supervisor: None,
@@ -845,16 +1028,17 @@ impl FleetBuilder {
         fleet.start_dns()?;
         let nodes = fleet.nodes.clone();
         let stop = fleet.stop.clone();
-        let image_root = fleet.image.root.clone();
+        let lower = fleet.lower.clone();
         let key = fleet.key.clone();
         fleet.supervisor = Some(thread::spawn(move || {
-            supervise(&nodes, &stop, &image_root, &key)
+            supervise(&nodes, &stop, &lower, &key)
         }));
         Ok(fleet)
     }
 }
 
-/// Restarts containers that exited 133 (a reboot inside) while they should run.
+/// Restarts containers that exited 133 (a reboot inside) while they should run. `image`:
+/// the nodes' lower layers.
 fn supervise(nodes: &Mutex<BTreeMap<String, Node>>, stop: &AtomicBool, image: &Path, key: &Path) {
     while !stop.load(Ordering::Relaxed) {
         {
@@ -880,7 +1064,8 @@ fn supervise(nodes: &Mutex<BTreeMap<String, Node>>, stop: &AtomicBool, image: &P
     }
 }
 
-/// Mounts the node's disk if needed and starts its container.
+/// Mounts the node's disk if needed and starts its container. `image`: the lower layers
+/// (colon-separated, topmost first).
 fn start_container(n: &mut Node, image: &Path, key: &Path) -> Result<()> {
     if n.overlay.is_none() {
         n.overlay = Some(Overlay::mount(
@@ -949,6 +1134,12 @@ pub struct Fleet {
     nodes: Arc<Mutex<BTreeMap<String, Node>>>,
     /// Kept for its lifetime: moto as the nodes reach it.
     _relay: Option<Relay>,
+    /// [`FleetBuilder::shared_storage`]: keys, sshd configuration, export, client layer.
+    shared: Option<SharedStorage>,
+    /// The shared folder's sshd, while started ([`Fleet::start_file_server`]).
+    file_server: Option<Daemon>,
+    /// The nodes' lower layers: the image root, below the client layer if any.
+    lower: PathBuf,
     moto: Option<Moto>,
     supervisor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
@@ -977,6 +1168,7 @@ impl Fleet {
             extra_toml: String::new(),
             moto: false,
             recipe: ImageRecipe::Default,
+            shared: false,
         }
     }
 
@@ -1012,6 +1204,79 @@ impl Fleet {
     /// The scratch folder (hosts, key, job records, nodes' folders and logs).
     pub fn root(&self) -> &Path {
         self.root.path()
+    }
+
+    /// The shared folder as the host sees it ([`FleetBuilder::shared_storage`]).
+    ///
+    /// # Errors
+    /// When the fleet was built without it.
+    pub fn shared_export(&self) -> Result<&Path> {
+        Ok(&self
+            .shared
+            .as_ref()
+            .context("the fleet was built without shared storage")?
+            .export)
+    }
+
+    /// Starts the shared folder's sshd in the fleet namespace (in a mount namespace of its
+    /// own: a private `/run` for its privilege separation folder, the export's parent at
+    /// `/mnt` for its chroot) and waits until it accepts connections. A no-op when running.
+    ///
+    /// # Errors
+    /// No shared storage; sshd not starting.
+    pub fn start_file_server(&mut self) -> Result<()> {
+        if self.file_server.as_mut().is_some_and(Daemon::is_running) {
+            return Ok(());
+        }
+        let sh = self
+            .shared
+            .as_ref()
+            .context("the fleet was built without shared storage")?;
+        let srv = sh.export.parent().context("export folder without parent")?;
+        let mut c = self.netns.command("unshare");
+        c.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount -t tmpfs tmpfs /run && mkdir -m 755 /run/sshd && \
+                 mount --bind \"$1\" /mnt && exec /usr/sbin/sshd -D -e -f \"$2\"",
+            )
+            .arg("sh")
+            .arg(srv)
+            .arg(&sh.config);
+        let d = Daemon::spawn("sshd", c, self.root.path())?;
+        self.file_server = Some(d);
+        let addr = SocketAddr::from((FLEET_GATEWAY, 22));
+        wait_until(
+            "the fleet's sshd to accept connections",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || {
+                if let Some(d) = self.file_server.as_mut() {
+                    d.check_running()?;
+                }
+                Ok(self
+                    .netns
+                    .run_in(|| Ok(TcpStream::connect_timeout(&addr, Duration::from_secs(1))))?
+                    .ok()
+                    .map(|_| ()))
+            },
+        )
+    }
+
+    /// Stops the shared folder's sshd and its sessions (by PID), if it runs.
+    pub fn stop_file_server(&mut self) {
+        if let Some(mut d) = self.file_server.take() {
+            let main = d.pid();
+            let sessions: Vec<u32> = descendants(main)
+                .into_iter()
+                .filter(|p| *p != main)
+                .collect();
+            let _ = d.stop();
+            for p in sessions {
+                if let Ok(pid) = pid_of(p) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                }
+            }
+        }
     }
 
     fn lock_nodes(&self) -> MutexGuard<'_, BTreeMap<String, Node>> {
@@ -1089,6 +1354,10 @@ impl Fleet {
         // The key's source is a file on the node: an image setting (user data may only name
         // a secret), so it goes in a drop-in of the node's disk (see `launch`), not here.
         s.push_str(&self.builder.extra_toml);
+        if self.shared.is_some() {
+            s.push('\n');
+            s.push_str(&shared_storage_toml());
+        }
         s
     }
 
@@ -1219,6 +1488,20 @@ impl Fleet {
                 ),
             )?;
         }
+        if let Some(sh) = &self.shared {
+            let dest = etc.join(
+                NODE_SSHFS_KEY
+                    .strip_prefix("/etc/")
+                    .unwrap_or(NODE_SSHFS_KEY),
+            );
+            if let Some(d) = dest.parent() {
+                fs::create_dir_all(d)?;
+            }
+            fs::copy(&sh.client_key, &dest)
+                .with_context(|| format!("copying the sshfs key to {}", dest.display()))?;
+            use std::os::unix::fs::PermissionsExt as _;
+            fs::set_permissions(&dest, fs::Permissions::from_mode(0o600))?;
+        }
         if node.launch.static_slurmd {
             self.write_static_slurmd(&etc, &node.launch.name)?;
         }
@@ -1231,7 +1514,7 @@ impl Fleet {
         let name = node.launch.name.clone();
         {
             let mut nodes = self.lock_nodes();
-            start_container(&mut node, &self.image.root, &self.key)?;
+            start_container(&mut node, &self.lower, &self.key)?;
             nodes.insert(name, node);
         }
         self.reload_dns()?;
@@ -1624,7 +1907,7 @@ impl Fleet {
             return Ok(());
         }
         n.container = None;
-        start_container(n, &self.image.root, &self.key)
+        start_container(n, &self.lower, &self.key)
     }
 
     /// Terminates a node: container stopped, disk, metadata and network removed.
@@ -1731,5 +2014,6 @@ impl Drop for Fleet {
         if let Some(mut d) = self.dns.take() {
             let _ = d.stop();
         }
+        self.stop_file_server();
     }
 }

@@ -624,3 +624,79 @@ fn a_node_of_the_source_built_image_runs_pmix_steps_and_slurmrestd() {
     assert!(t.contains("\"ping\""), "{t}");
     fleet.check_no_job_killed(1).unwrap();
 }
+
+#[test]
+fn shared_storage_is_mounted_before_slurmd_and_jobs_on_different_nodes_share_files() {
+    use slurm_e2e::fleet::SHARED_MOUNT_POINT;
+    let mut fleet = Fleet::builder().shared_storage(true).start().unwrap();
+    let names: Vec<String> = (1..=2).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    // The file server is not up yet: each node tries its mount and stays out of service.
+    fleet.launch_all(&refs).unwrap();
+    let unit = "mnt-shared.mount";
+    for n in &names {
+        slurm_e2e::wait_until(
+            &format!("{n} to try its mount"),
+            BOOT_TIMEOUT,
+            Duration::from_millis(500),
+            || {
+                let t = fleet
+                    .unit_property(n, unit, "InactiveExitTimestampMonotonic")
+                    .unwrap_or_default();
+                Ok(t.parse::<u64>().is_ok_and(|t| t > 0).then_some(()))
+            },
+        )
+        .unwrap();
+    }
+    for n in &names {
+        assert_ne!(
+            fleet.unit_property(n, unit, "ActiveState").unwrap(),
+            "active",
+            "{n}: mounted without a file server"
+        );
+        assert_ne!(
+            fleet
+                .unit_property(n, "slurmd.service", "ActiveState")
+                .unwrap(),
+            "active",
+            "{n}: slurmd runs without its required mount"
+        );
+        let st = fleet.ctld.node_state(n).unwrap();
+        assert!(
+            st.as_deref().is_none_or(|s| !slurm_e2e::slurm::is_idle(s)),
+            "{n} is in service without its mount: {st:?}"
+        );
+    }
+
+    // The server comes up: bootstrap's retries mount it, slurmd starts, the nodes join.
+    fleet.start_file_server().unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let job = |node: &str, script: &str| {
+        let out = fleet
+            .ctld
+            .run_job("srun", &["-N1", "-w", node, "sh", "-c", script])
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{node}: {script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let d = SHARED_MOUNT_POINT;
+    job("node001", &format!("hostname > {d}/from-node001"));
+    let seen = job(
+        "node002",
+        &format!("cat {d}/from-node001 && hostname > {d}/from-node002"),
+    );
+    assert_eq!(seen.trim(), "node001", "node002 read node001's file");
+    let seen = job("node001", &format!("cat {d}/from-node002"));
+    assert_eq!(seen.trim(), "node002", "node001 read node002's file");
+    // Both files are on the server.
+    let export = fleet.shared_export().unwrap().to_path_buf();
+    for n in &names {
+        let f = std::fs::read_to_string(export.join(format!("from-{n}"))).unwrap();
+        assert_eq!(f.trim(), n.as_str());
+    }
+    fleet.check_no_job_killed(3).unwrap();
+}
