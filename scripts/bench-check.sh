@@ -30,7 +30,7 @@ cd "$ROOT"
 if [[ -n ${SLURM_NODE_AGENT_BIN:-} ]]; then
     BIN=$SLURM_NODE_AGENT_BIN    # a binary built elsewhere (numbers are only meaningful for release)
 else
-    cargo build --release -p slurm-node-agent >&2
+    cargo build --release --locked --workspace --bins >&2
     TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
     BIN=$TARGET/release/slurm-node-agent
 fi
