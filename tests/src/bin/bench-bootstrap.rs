@@ -95,7 +95,11 @@ fn agent_trial(env: &NodeEnv) -> Result<(f64, u64, f64)> {
                     .collect()
             })
             .unwrap_or_default();
-        println!("          steps: {}", steps.join(" "));
+        println!(
+            "          steps: {} (agent's total {} ms)",
+            steps.join(" "),
+            r["total_ms"]
+        );
     }
     if std::env::var_os("BENCH_AGENT_LOG").is_some() {
         print!("{}", String::from_utf8_lossy(&out.stderr));
