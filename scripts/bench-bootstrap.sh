@@ -16,7 +16,7 @@ if [ "${BENCH_PROFILE:-release}" = debug ]; then
     cargo build --workspace --locked --bins
     dir=target/debug
 else
-    cargo build --release --locked -p slurm-node-agent -p slurm-e2e --bins
+    cargo build --release --locked --workspace --bins
     dir=target/release
 fi
 SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" exec "$dir/bench-bootstrap" "$@"
