@@ -570,6 +570,10 @@ async fn s3_get(
                     "{at}: S3 GetObject failed: {code}{}",
                     e.message().map(|m| format!(": {m}")).unwrap_or_default()
                 ),
+                // S3 sends a code with every GET error; a bare 403 is still a refusal.
+                (None, Some(403)) => format!(
+                    "{at}: S3 GetObject failed: HTTP 403 Forbidden (access denied; no error code in the answer)"
+                ),
                 (None, Some(status)) => format!("{at}: S3 GetObject failed: HTTP {status}"),
                 (None, None) => format!(
                     "{at}: S3 GetObject failed: {}",

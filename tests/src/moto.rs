@@ -333,6 +333,27 @@ impl Moto {
         Ok(())
     }
 
+    /// `s3:PutBucketPolicy`: `policy` (a JSON policy document) on `bucket`. moto enforces a
+    /// `Deny` on `s3:GetObject` with an HTTP 403 without a body.
+    pub fn put_bucket_policy(&self, bucket: &str, policy: &Value) -> Result<()> {
+        let body = serde_json::to_vec(policy).context("encoding a bucket policy")?;
+        let (status, _, out) = request(
+            self.port,
+            "PUT",
+            &format!("/{bucket}?policy"),
+            &[("Authorization", &self.s3_auth())],
+            &body,
+        )?;
+        // S3 answers 204 No Content.
+        if !matches!(status, 200 | 204) {
+            bail!(
+                "S3 PutBucketPolicy {bucket}: HTTP {status}: {}",
+                String::from_utf8_lossy(&out)
+            );
+        }
+        Ok(())
+    }
+
     /// `s3:PutObject` of `body` at `bucket`/`key` (`key` without characters that need
     /// percent-encoding): the new version's id (`x-amz-version-id`) in a versioned bucket.
     pub fn put_object(&self, bucket: &str, key: &str, body: &[u8]) -> Result<Option<String>> {
@@ -348,12 +369,13 @@ impl Moto {
     /// unsigned request as anonymous and refuses to overwrite an object for it); a status
     /// other than 200 is an error with the body. Returns the response headers.
     fn s3(&self, method: &str, path: &str, body: &[u8]) -> Result<Vec<(String, String)>> {
-        let auth = format!(
-            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/s3/aws4_request, \
-             SignedHeaders=host, Signature=0"
-        );
-        let (status, headers, out) =
-            request(self.port, method, path, &[("Authorization", &auth)], body)?;
+        let (status, headers, out) = request(
+            self.port,
+            method,
+            path,
+            &[("Authorization", &self.s3_auth())],
+            body,
+        )?;
         if status != 200 {
             bail!(
                 "S3 {method} {path}: HTTP {status}: {}",
@@ -361,6 +383,14 @@ impl Moto {
             );
         }
         Ok(headers)
+    }
+
+    /// A fake SigV4 `Authorization` header for `s3` (moto checks no signature).
+    fn s3_auth(&self) -> String {
+        format!(
+            "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/s3/aws4_request, \
+             SignedHeaders=host, Signature=0"
+        )
     }
 
     /// Clears every stored resource (`POST /moto-api/reset`).

@@ -676,6 +676,23 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
         .unwrap()
         .unwrap();
     assert_ne!(v1, v2);
+    env.moto
+        .put_object("pcs-scripts", "locked/x.sh", body("locked").as_bytes())
+        .unwrap();
+    env.moto
+        .put_bucket_policy(
+            "pcs-scripts",
+            &serde_json::json!({
+                "Version": "2012-10-17",
+                "Statement": [{
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": "s3:GetObject",
+                    "Resource": "arn:aws:s3:::pcs-scripts/locked/*",
+                }],
+            }),
+        )
+        .unwrap();
     pcs.set_lifecycle_actions(
         GROUP,
         Some(serde_json::json!({
@@ -693,6 +710,7 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
                     s3_script("wrong-sum", "boot.sh", &sha256(&body("ready-v1")), None),
                     s3_script("no-version", "ready.sh", &sha256(&body("ready-v1")),
                         Some("3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY")),
+                    s3_script("denied", "locked/x.sh", &sha256(&body("locked")), None),
                 ],
             }
         })),
@@ -712,6 +730,7 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
             ("missing", "failed"),
             ("wrong-sum", "failed"),
             ("no-version", "failed"),
+            ("denied", "failed"),
         ])
     );
     assert_eq!(
@@ -745,6 +764,12 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
         version.contains("s3://pcs-scripts/ready.sh (version 3HL4kqtJlcpXroDTDmJ-rmSpXd3dIbrHY)")
             && version.contains("NoSuchVersion"),
         "{version}"
+    );
+    // moto refuses a policy-denied GET with a bare 403 (S3 itself sends AccessDenied).
+    let denied = detail("denied");
+    assert!(
+        denied.contains("s3://pcs-scripts/locked/x.sh") && denied.contains("access denied"),
+        "{denied}"
     );
     // What failed never ran: no log file for them.
     let logs = env.state_dir().join("lifecycle/logs");
