@@ -14,5 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
+# --workspace, not -p: per-package builds resolve dependency features differently and
+# rebuild the AWS SDK crates.
 cargo build --locked --workspace --bins
 SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"

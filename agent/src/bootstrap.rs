@@ -366,8 +366,8 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     t.record("node_definition", def_time);
     t.record("auth_key", key_time);
     // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
-    // run together; slurmd starts when all three are done (it needs munge, and must not
-    // run without its required mounts).
+    // run together; then slurmctld's record is checked (through munge), and slurmd starts
+    // (it needs munge, and must not run without its required mounts).
     let munge = timed(async {
         if s.auth.auth_type == AuthType::Munge {
             if key_changed {
@@ -404,21 +404,6 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         let restart = options_changed || key_changed;
         if restart {
             stop_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
-            let old_start = prepare_record(s, &def.node_name, def.dynamic_conf.as_deref()).await;
-            // The proof of registration has one-second resolution: a slurmd started in the
-            // same second as the one that made the record could not be told from it.
-            if let Some(old) = old_start {
-                let now = crate::events::time::now();
-                if old >= now {
-                    let ms = u64::try_from((old + 1 - now).max(0)).unwrap_or(1) * 1000
-                        - u64::from(
-                            std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.subsec_millis()),
-                        );
-                    tokio::time::sleep(Duration::from_millis(ms + 1)).await;
-                }
-            }
         }
         Ok::<_, BootstrapError>(restart)
     });
@@ -431,12 +416,20 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             .await
             .map_err(BootstrapError::CloudInit)
     };
-    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, prep_time), _) =
+    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, mut prep_time), _) =
         tokio::try_join!(munge, mounts, slurmd_prep, cloud_init)?;
     if s.auth.auth_type == AuthType::Munge {
         t.record("munge", munge_time);
     }
     t.record("mounts", mounts_time);
+    if slurmd_restarted {
+        // Only once munge runs: scontrol authenticates through it, and a call made while
+        // munged was still starting waited in Slurm's authentication retries.
+        let record_start = Instant::now();
+        let old_start = prepare_record(s, &def.node_name, def.dynamic_conf.as_deref()).await;
+        wait_for_next_second(old_start).await;
+        prep_time += record_start.elapsed();
+    }
 
     // Lifecycle scripts (issue 13): the service's, then the image's settings'.
     let facts = crate::node_lifecycle::Facts {
@@ -618,6 +611,24 @@ pub fn definition_differences(node: &NodeInfo, conf: &str) -> Vec<(String, Strin
         }
     }
     out
+}
+
+/// The proof of registration ([`registered_by`]) has one-second resolution: a slurmd
+/// started in the same second as the one that made the record (`old_start`, its
+/// `SlurmdStartTime` in Unix seconds) could not be told from it, so this waits into the
+/// next second when needed.
+async fn wait_for_next_second(old_start: Option<i64>) {
+    let Some(old) = old_start else { return };
+    let now = crate::events::time::now();
+    if old >= now {
+        let ms = u64::try_from((old + 1 - now).max(0)).unwrap_or(1) * 1000
+            - u64::from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_millis()),
+            );
+        tokio::time::sleep(Duration::from_millis(ms + 1)).await;
+    }
 }
 
 /// Before slurmd (re)starts: for a dynamic node, deletes its stale record

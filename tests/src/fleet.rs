@@ -1262,6 +1262,32 @@ impl Fleet {
         )
     }
 
+    /// Sends `sig` to the shared folder's SFTP sessions (the sshd's descendants, by PID;
+    /// not the listener): `STOP` hangs the file system for the nodes as a stuck server
+    /// would, `CONT` brings it back. Returns how many processes got it.
+    ///
+    /// # Errors
+    /// No file server running.
+    pub fn signal_file_sessions(&mut self, sig: rustix::process::Signal) -> Result<usize> {
+        let d = self
+            .file_server
+            .as_mut()
+            .context("the fleet's sshd is not running")?;
+        if !d.is_running() {
+            bail!("the fleet's sshd has exited");
+        }
+        let main = d.pid();
+        let mut n = 0;
+        for p in descendants(main).into_iter().filter(|p| *p != main) {
+            if let Ok(pid) = pid_of(p) {
+                if rustix::process::kill_process(pid, sig).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Stops the shared folder's sshd and its sessions (by PID), if it runs.
     pub fn stop_file_server(&mut self) {
         if let Some(mut d) = self.file_server.take() {
@@ -1998,6 +2024,9 @@ fn drop_node(mut node: Node) {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        // A stopped file server first resumes: processes blocked on its mount would hold up
+        // each node's shutdown for minutes.
+        let _ = self.signal_file_sessions(rustix::process::Signal::CONT);
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.supervisor.take() {
             let _ = h.join();

@@ -626,7 +626,7 @@ fn a_node_of_the_source_built_image_runs_pmix_steps_and_slurmrestd() {
 }
 
 #[test]
-fn shared_storage_is_mounted_before_slurmd_and_jobs_on_different_nodes_share_files() {
+fn shared_storage_is_mounted_before_slurmd_shared_by_jobs_and_a_hung_server_drains_until_back() {
     use slurm_e2e::fleet::SHARED_MOUNT_POINT;
     let mut fleet = Fleet::builder().shared_storage(true).start().unwrap();
     let names: Vec<String> = (1..=2).map(|i| format!("node{i:03}")).collect();
@@ -698,5 +698,20 @@ fn shared_storage_is_mounted_before_slurmd_and_jobs_on_different_nodes_share_fil
         let f = std::fs::read_to_string(export.join(format!("from-{n}"))).unwrap();
         assert_eq!(f.trim(), n.as_str());
     }
+
+    // The server hangs (its SFTP sessions stopped): each node's liveness check drains it
+    // with the agent's mount reason; the server's return lifts those drains.
+    use rustix::process::Signal;
+    assert!(fleet.signal_file_sessions(Signal::STOP).unwrap() > 0);
+    for n in &names {
+        fleet
+            .ctld
+            .wait_node_state(n, |s| s.contains("DRAIN"), BOOT_TIMEOUT)
+            .unwrap();
+        let r = reason(&fleet, n);
+        assert!(r.starts_with("slurm-node-agent/mount@"), "{n}: {r}");
+    }
+    fleet.signal_file_sessions(Signal::CONT).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
     fleet.check_no_job_killed(3).unwrap();
 }
