@@ -319,6 +319,7 @@ impl Recorded {
 pub fn metadata_layers(
     user_data_settings: &[SettingsPart],
     tags: &BTreeMap<String, String>,
+    enforce: settings::Enforce,
 ) -> Result<Vec<Layer>, SettingsError> {
     // Each part its own layer: later parts override earlier ones, and an error names its
     // part and a line of that part.
@@ -326,9 +327,16 @@ pub fn metadata_layers(
     for part in user_data_settings {
         layers.push(Layer::from_toml(Source::UserData(part.index), &part.text)?);
     }
-    layers.extend(Layer::from_tags(
-        tags.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-    )?);
+    for (k, v) in tags {
+        match Layer::from_tags([(k.as_str(), v.as_str())]) {
+            Ok(l) => layers.extend(l),
+            // A tag anyone with ec2:CreateTags can write must not lock operators out.
+            Err(e) if enforce == settings::Enforce::WarnAndIgnore => {
+                tracing::warn!("{e}; ignored");
+            }
+            Err(e) => return Err(e),
+        }
+    }
     Ok(layers)
 }
 
@@ -369,7 +377,7 @@ pub fn resolve_settings(
     let mut layers: Vec<Layer> = file_layers.to_vec();
     if let Some(id) = id {
         let ud = user_data_settings(id)?;
-        layers.extend(metadata_layers(&ud, &setting_tags(id))?);
+        layers.extend(metadata_layers(&ud, &setting_tags(id), enforce)?);
     }
     layers.extend(flag_layers.iter().cloned());
     Resolved::merge_with(&layers, enforce)
@@ -563,7 +571,11 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         )?,
         (None, Some(r)) => {
             let mut layers = files.clone();
-            layers.extend(metadata_layers(&r.user_data_settings, &r.setting_tags)?);
+            layers.extend(metadata_layers(
+                &r.user_data_settings,
+                &r.setting_tags,
+                settings::Enforce::WarnAndIgnore,
+            )?);
             layers.extend(req.flag_layers.iter().cloned());
             Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)?
         }
@@ -709,6 +721,32 @@ mod tests {
     }
 
     #[test]
+    fn a_tag_that_is_not_a_setting_value_is_left_out_for_operators_only() {
+        let tags: BTreeMap<String, String> = [
+            (
+                "slurm-node-agent:node.weight".to_string(),
+                "heavy".to_string(),
+            ),
+            (
+                "slurm-node-agent:node.features".to_string(),
+                "gpu".to_string(),
+            ),
+        ]
+        .into();
+        let e = metadata_layers(&[], &tags, settings::Enforce::Refuse).unwrap_err();
+        assert!(
+            e.to_string().contains("slurm-node-agent:node.weight"),
+            "{e}"
+        );
+        let layers = metadata_layers(&[], &tags, settings::Enforce::WarnAndIgnore).unwrap();
+        assert_eq!(layers.len(), 1);
+        assert_eq!(
+            layers[0].source,
+            Source::Tag("slurm-node-agent:node.features".into())
+        );
+    }
+
+    #[test]
     fn record_keeps_metadata_layers() {
         let dir = std::env::temp_dir().join(format!("sna-identity-{}", std::process::id()));
         let mut tags = BTreeMap::new();
@@ -727,7 +765,12 @@ mod tests {
         rec.write(&dir).unwrap();
         let back = Recorded::read(&dir).unwrap();
         assert_eq!(back, rec);
-        let layers = metadata_layers(&back.user_data_settings, &back.setting_tags).unwrap();
+        let layers = metadata_layers(
+            &back.user_data_settings,
+            &back.setting_tags,
+            settings::Enforce::Refuse,
+        )
+        .unwrap();
         let r = Resolved::merge(&layers).unwrap();
         assert_eq!(r.settings.node.weight, 7);
         assert_eq!(r.settings.node.features, vec!["ud".to_string()]);

@@ -225,16 +225,22 @@ async fn command_printing_megabytes_is_bounded() {
     assert_eq!(res.status, Status::Pass, "{res:?}");
     assert!(
         res.message
-            .contains("output 8388609 bytes, kept the first 65536"),
+            .contains("output 8388609 bytes, kept its first and last lines"),
         "{}",
         res.message
     );
-    // A match expected after the bound fails and says the output was truncated.
+    // The newest lines are seen past the bound (dmesg's last messages); a line in the
+    // middle is not, and the failure says the output was cut.
     let text = "* || check_cmd_output -t 20 -m '/^end$/' /bin/sh -c 'head -c 1048576 /dev/zero; echo; echo end'\n";
+    let r = health::run_checks(&nhc_checks(text), &env).await;
+    assert_eq!(r.results[0].status, Status::Pass, "{:?}", r.results[0]);
+    let text = "* || check_cmd_output -t 20 -m '/^middle$/' /bin/sh -c 'head -c 1048576 /dev/zero; echo; echo middle; head -c 1048576 /dev/zero; echo'\n";
     let r = health::run_checks(&nhc_checks(text), &env).await;
     assert_eq!(r.results[0].status, Status::Fail);
     assert!(
-        r.results[0].message.contains("truncated"),
+        r.results[0]
+            .message
+            .contains("cut to its first and last lines"),
         "{}",
         r.results[0].message
     );
@@ -461,4 +467,29 @@ fn explicit_checks_dir_and_nhc_conf_that_do_not_exist_are_errors() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn a_latin1_byte_in_nhc_conf_does_not_switch_checking_off() {
+    let f = Files::new();
+    let conf = f.dir.path().join("latin1.conf");
+    // "# caf\xe9" in Latin-1, then a check that fails.
+    let mut text = b"# caf\xe9 machines\n".to_vec();
+    text.extend_from_slice(b"* || check_file_test -e /no/such/file\n");
+    std::fs::write(&conf, text).unwrap();
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .arg("--no-act")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The checks ran (and the failing one failed), not exit 78 for the whole file.
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("/no/such/file"), "{stdout}");
+    assert!(
+        stderr.contains("latin1.conf:1: not valid UTF-8"),
+        "{stderr}"
+    );
 }

@@ -783,6 +783,11 @@ async fn ps_resources_and_owners_as_nhc() {
     let d = tempfile::tempdir().unwrap();
     let nojobs = script(d.path(), "squeue-none", "exit 0\n");
     let jobs = script(d.path(), "squeue-4242000", "echo 4242000\n");
+    let broken = script(
+        d.path(),
+        "squeue-broken",
+        "echo 'slurm_load_jobs error' >&2; exit 1\n",
+    );
     // Test uids above 4000000 and that as the system range: processes of real users that
     // other tests on this machine may run count as system users' and stay out of the way.
     let pre = format!(
@@ -888,6 +893,17 @@ async fn ps_resources_and_owners_as_nhc() {
                 "n1",
                 true,
             ),
+            // squeue fails (controller away): NHC then takes every user for one without a
+            // job and fails (or, with `kill`, kills them all); the agent judges no process.
+            Case {
+                conf: format!(
+                    "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n* || check_ps_unauth_users\n",
+                    broken.display()
+                ),
+                host: "n1",
+                nhc: false,
+                agent: true,
+            },
             same(line("check_ps_userproc_lineage"), "n1", false),
             same(line("check_ps_userproc_lineage -u 4242000"), "n1", true),
             same(line("check_ps_userproc_lineage ignore die"), "n1", true),
@@ -895,6 +911,23 @@ async fn ps_resources_and_owners_as_nhc() {
         &RunEnv::default(),
     )
     .await;
+    let (ok, m) = agent_passes(
+        &format!(
+            "* || MAX_SYS_UID=4000000\n* || SQUEUE_CMD={}\n* || check_ps_unauth_users log kill\n",
+            broken.display()
+        ),
+        "n1",
+        &RunEnv::default(),
+    )
+    .await;
+    assert!(ok, "{m}");
+    assert!(
+        m.contains("not judged: the users with jobs on this node are unknown")
+            && m.contains("exited with status 1")
+            && m.contains("no process was acted on")
+            && !m.contains("killed"),
+        "{m}"
+    );
     let (_, m) = agent_passes(
         &line(&format!("check_ps_time -m {busy_t} 1s")),
         "n1",

@@ -971,6 +971,26 @@ fn aws_agent_packages_are_installed_only_with_a_good_signature_by_the_pinned_key
     );
     assert!(!s.lines("log").iter().any(|l| l.starts_with("dpkg -i")));
 
+    // The package is there but its signature is not: a missing signature stops the step
+    // (not "unreachable", which a build may be allowed to skip).
+    let s = StandIn::new();
+    let keys = signer.keys_dir(&s, &ids);
+    signer.serve_signed(&s, "amazon-ssm-agent.deb", "a package\n", None);
+    std::fs::create_dir_all(s.path().join("missing")).unwrap();
+    std::fs::write(s.path().join("missing/amazon-ssm-agent.deb.sig"), "").unwrap();
+    let mut env = env_for(&keys, "debian-12");
+    env.push(("ALLOW_SKIPS", "true".to_string()));
+    let (out, _) = run(&s, &env);
+    assert!(!out.status.success());
+    let t = text(&out);
+    assert!(
+        t.contains("no detached signature at https://")
+            && t.contains("amazon-ssm-agent.deb.sig (the package itself downloaded)")
+            && !t.contains("unreachable"),
+        "{t}"
+    );
+    assert!(!s.lines("log").iter().any(|l| l.starts_with("dpkg -i")));
+
     // No pin at all: refused, naming the file to write.
     let s = StandIn::new();
     let empty = s.path().join("no-keys");
@@ -1016,6 +1036,86 @@ fn a_signature_by_the_pinned_key_past_its_expiry_date_is_accepted_and_said_so() 
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("past its expiry date; the fingerprint is what is pinned"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn an_expired_signature_or_a_key_other_than_the_pinned_one_is_refused_and_named() {
+    if !has_gpg() {
+        eprintln!("skipped: needs gpg");
+        return;
+    }
+    // A key made in 2019 (its copy here expires a day later: accepted, as for AWS's).
+    let signer = Signer::new(Some("20190101T000000!"));
+    let s = StandIn::new();
+    let keys = signer.keys_dir(&s, &["amazon-ssm-agent"]);
+    let served = s.path().join("served");
+    let verify = |s: &StandIn, keys: &Path| {
+        s.bash(
+            "debian-12",
+            &format!(
+                "export SIGNING_KEYS_DIR={}; . {}; verify_signature amazon-ssm-agent {}/amazon-ssm-agent.deb {}/amazon-ssm-agent.deb.sig amazon-ssm-agent",
+                keys.display(),
+                lib().display(),
+                served.display(),
+                served.display()
+            ),
+        )
+    };
+    // A signature that expired an hour after it was made.
+    signer.serve_signed(
+        &s,
+        "amazon-ssm-agent.deb",
+        "a package\n",
+        Some("20190101T010000!"),
+    );
+    let sig = served.join("amazon-ssm-agent.deb.sig");
+    let out = signer.gpg(
+        &[
+            "--batch",
+            "--yes",
+            "--faked-system-time",
+            "20190101T010000!",
+        ],
+        &[
+            "--default-sig-expire",
+            "seconds=3600",
+            "--detach-sign",
+            "-o",
+            sig.to_str().unwrap(),
+            served.join("amazon-ssm-agent.deb").to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = verify(&s, &keys);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("the signature itself has expired"),
+        "{}",
+        text(&out)
+    );
+
+    // The key shipped beside the pin is another key than the one pinned: named.
+    signer.serve_signed(
+        &s,
+        "amazon-ssm-agent.deb",
+        "a package\n",
+        Some("20190101T010000!"),
+    );
+    std::fs::write(
+        keys.join("amazon-ssm-agent.fpr"),
+        "0000000000000000000000000000000000000000\n",
+    )
+    .unwrap();
+    let out = verify(&s, &keys);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains(&format!(
+            "signed by the key {}, not the pinned one",
+            signer.fpr
+        )),
         "{}",
         text(&out)
     );

@@ -328,7 +328,16 @@ verify_signature() {
 	why=$(tr '\n' ' ' <"$keyring.err")
 	rm -f "$keyring" "$keyring.err"
 	primary=$(printf '%s\n' "$status" | awk '$2 == "VALIDSIG" { print (NF >= 12 ? $12 : $3); exit }')
-	if [ "$primary" != "$fpr" ] || printf '%s\n' "$status" | grep -q '^\[GNUPG:\] REVKEYSIG'; then
+	if printf '%s\n' "$status" | grep -q '^\[GNUPG:\] REVKEYSIG'; then
+		why="the signing key is revoked. $why"
+		primary=
+	elif printf '%s\n' "$status" | grep -q '^\[GNUPG:\] EXPSIG'; then
+		why="the signature itself has expired. $why"
+		primary=
+	elif [ -n "$primary" ] && [ "$primary" != "$fpr" ]; then
+		why="signed by the key $primary, not the pinned one. $why"
+	fi
+	if [ "$primary" != "$fpr" ]; then
 		printf '[%s] %s: %s is not a good signature by the pinned key %s (%s): %s\n' \
 			"$STEP" "$name" "$(basename "$sig")" "$fpr" "$SIGNING_KEYS_DIR/$id.fpr" "${why:-no signature found}" >&2
 		return 1
@@ -349,10 +358,15 @@ fetch_signed() {
 	probe "$url" || return 2
 	log "$name: downloading $url and its signature"
 	rm -f "$dest" "$dest.sig"
-	if ! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.part" "$url" ||
-		! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.sig" "$url.sig"; then
-		rm -f "$dest.part" "$dest.sig"
+	if ! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.part" "$url"; then
+		rm -f "$dest.part"
 		return 2
+	fi
+	# The package came: a signature that does not is a missing signature, not a network
+	# problem (and never a reason to skip the component).
+	if ! curl -fsSL --retry 2 --connect-timeout 10 -o "$dest.sig" "$url.sig"; then
+		rm -f "$dest.part" "$dest.sig"
+		die "$name: no detached signature at $url.sig (the package itself downloaded); it was not installed."
 	fi
 	if ! verify_signature "$name" "$dest.part" "$dest.sig" "$id"; then
 		rm -f "$dest.part" "$dest.sig"

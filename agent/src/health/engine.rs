@@ -627,27 +627,24 @@ async fn run_async(
 }
 
 /// The users running jobs on this node: the lines of `argv`'s output (NHC's `squeue -w
-/// $HOSTNAME_S --noheader -o %u`); none when it cannot run or fails, as in NHC.
-async fn job_users(argv: &[String], timeout: Duration, limit: usize) -> (Vec<String>, String) {
+/// $HOSTNAME_S --noheader -o %u`); `None` when it cannot run or fails, with why.
+async fn job_users(
+    argv: &[String],
+    timeout: Duration,
+    limit: usize,
+) -> Result<Vec<String>, String> {
     match cmd::run_command(argv, timeout, limit).await {
-        Ok(o) if o.code == Some(0) => {
-            let users: Vec<String> = String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_string)
-                .collect();
-            (users, String::new())
-        }
-        Ok(o) => (
-            Vec::new(),
-            format!(
-                "; no job users: {:?} exited with {:?}",
-                argv.join(" "),
-                o.code
-            ),
-        ),
-        Err(e) => (Vec::new(), format!("; no job users: {e}")),
+        Ok(o) if o.code == Some(0) => Ok(String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect()),
+        Ok(o) => Err(match o.code {
+            Some(c) => format!("\"{}\" exited with status {c}", argv.join(" ")),
+            None => format!("\"{}\" was killed by a signal", argv.join(" ")),
+        }),
+        Err(e) => Err(e),
     }
 }
 
@@ -656,11 +653,22 @@ async fn job_users(argv: &[String], timeout: Duration, limit: usize) -> (Vec<Str
 /// a blocking thread, then takes the actions the verdict asks for (SIGKILL,
 /// renice, a program run without a shell), or only reports them under `--no-act`.
 async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<String, String> {
-    let (users, note) = match &check.kind {
+    let users = match &check.kind {
         CheckKind::PsUsers(u) if !u.jobs_command.is_empty() => {
-            job_users(&u.jobs_command, timeout, ctx.output_limit).await
+            match job_users(&u.jobs_command, timeout, ctx.output_limit).await {
+                Ok(users) => users,
+                // Unlike NHC (which then treats every user as one without a job), no
+                // process is judged: a controller that does not answer must not get every
+                // job on the node killed or the node drained.
+                Err(why) => {
+                    return Ok(format!(
+                        "not judged: the users with jobs on this node are unknown ({why}); \
+                         no process was acted on"
+                    ))
+                }
+            }
         }
-        _ => (Vec::new(), String::new()),
+        _ => Vec::new(),
     };
     let facts = ctx.facts.clone();
     let c = check.clone();
@@ -697,9 +705,9 @@ async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<Strin
         }
     }
     let tail = if done.is_empty() {
-        note
+        String::new()
     } else {
-        format!("{note}; {}", done.join("; "))
+        format!("; {}", done.join("; "))
     };
     match verdict.result {
         Ok(m) => Ok(format!("{m}{tail}")),

@@ -468,6 +468,33 @@ impl Resolved {
     /// # Errors
     /// As [`Resolved::merge`].
     pub fn merge_with(layers: &[Layer], enforce: Enforce) -> Result<Resolved, SettingsError> {
+        match Resolved::merge_layers(layers, enforce) {
+            Err(err)
+                if enforce == Enforce::WarnAndIgnore
+                    && layers.iter().any(|l| matches!(l.source, Source::Tag(_))) =>
+            {
+                // A tag whose value is bad (wrong type, fails validation) must not lock
+                // operators out either: merge again without the instance tags.
+                let kept: Vec<Layer> = layers
+                    .iter()
+                    .filter(|l| !matches!(l.source, Source::Tag(_)))
+                    .cloned()
+                    .collect();
+                match Resolved::merge_layers(&kept, enforce) {
+                    Ok(mut r) => {
+                        let m = format!("{err}; every setting from instance tags ignored");
+                        tracing::warn!("{m}");
+                        r.refused.push(m);
+                        Ok(r)
+                    }
+                    Err(_) => Err(err),
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn merge_layers(layers: &[Layer], enforce: Enforce) -> Result<Resolved, SettingsError> {
         let mut merged = toml::Table::new();
         let mut sources = BTreeMap::new();
         let mut lines = BTreeMap::new();

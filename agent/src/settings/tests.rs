@@ -277,6 +277,28 @@ fn the_tag_escalation_chain_is_refused_naming_the_tag_and_key() {
 }
 
 #[test]
+fn a_tag_with_a_bad_value_fails_bootstrap_but_not_the_operator_commands() {
+    let base = file("[node]\nname = \"n1\"\n");
+    for (key, value) in [
+        ("node.name", "x;rm"),
+        ("node.real_memory_reserve_percent", "900"),
+    ] {
+        let layers = [base.clone(), tag(key, value)];
+        let e = Resolved::merge(&layers).unwrap_err().to_string();
+        assert!(!e.is_empty());
+        // status, drain, resume, config show: warned, and every tag setting left out.
+        let r = Resolved::merge_with(&layers, Enforce::WarnAndIgnore).unwrap();
+        assert_eq!(r.settings.node.name, "n1", "{key}={value}");
+        assert_eq!(r.refused.len(), 1, "{:?}", r.refused);
+        assert!(
+            r.refused[0].ends_with("every setting from instance tags ignored"),
+            "{:?}",
+            r.refused
+        );
+    }
+}
+
+#[test]
 fn user_data_may_pick_a_secret_but_not_a_file_or_a_destination() {
     let ok = Layer::from_toml(
         Source::UserData(1),

@@ -50,9 +50,14 @@ pub fn resolve_program(name: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Reads `r` to the end, keeping the first `limit` bytes. Returns (kept, total read).
+/// Reads `r` to the end within `limit` bytes: all of it when it fits; otherwise its first
+/// half (cut after the last whole line) and its last half (from its first whole line),
+/// joined by a newline, so that the newest lines of a long output (`dmesg`) are seen as
+/// well as its head. Returns (kept, total read).
 async fn read_bounded<R: AsyncRead + Unpin>(mut r: R, limit: usize) -> (Vec<u8>, u64) {
-    let mut kept = Vec::new();
+    let mut head = Vec::new();
+    let mut tail = std::collections::VecDeque::new();
+    let half = limit / 2;
     let mut total = 0u64;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -60,12 +65,31 @@ async fn read_bounded<R: AsyncRead + Unpin>(mut r: R, limit: usize) -> (Vec<u8>,
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 total += n as u64;
-                let room = limit.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                let room = limit.saturating_sub(head.len());
+                head.extend_from_slice(&buf[..n.min(room)]);
+                tail.extend(&buf[..n]);
+                let excess = tail.len().saturating_sub(half);
+                tail.drain(..excess);
             }
         }
     }
-    (kept, total)
+    if total <= limit as u64 {
+        return (head, total);
+    }
+    head.truncate(half);
+    if let Some(nl) = head.iter().rposition(|b| *b == b'\n') {
+        head.truncate(nl + 1);
+    }
+    let tail: Vec<u8> = tail.into_iter().collect();
+    let from = tail
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(tail.len(), |i| i + 1);
+    if !head.is_empty() && !head.ends_with(b"\n") {
+        head.push(b'\n');
+    }
+    head.extend_from_slice(&tail[from..]);
+    (head, total)
 }
 
 /// What a command did.
@@ -75,7 +99,7 @@ pub struct CommandOutcome {
     pub code: Option<i32>,
     /// Killed at the timeout.
     pub timed_out: bool,
-    /// First bytes of stdout.
+    /// Stdout, or its first and last lines when longer than the output limit.
     pub stdout: Vec<u8>,
     /// Bytes of stdout in all.
     pub stdout_total: u64,
@@ -299,7 +323,11 @@ async fn run_and_judge(
                 return Err(custom);
             }
             let note = if truncated {
-                format!(" (output truncated to its first {} bytes)", o.stdout.len())
+                format!(
+                    " (output of {} bytes cut to its first and last lines, {} bytes)",
+                    o.stdout_total,
+                    o.stdout.len()
+                )
             } else {
                 String::new()
             };
@@ -316,10 +344,40 @@ async fn run_and_judge(
     );
     if truncated {
         msg.push_str(&format!(
-            "; output {} bytes, kept the first {}",
+            "; output {} bytes, kept its first and last lines ({} bytes)",
             o.stdout_total,
             o.stdout.len()
         ));
     }
     Ok(msg)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::read_bounded;
+
+    #[tokio::test]
+    async fn long_output_keeps_its_first_and_last_whole_lines() {
+        let text: String = (0..10_000).map(|i| format!("line {i}\n")).collect();
+        let (kept, total) = read_bounded(text.as_bytes(), 1000).await;
+        assert_eq!(total, text.len() as u64);
+        assert!(kept.len() <= 1001, "{}", kept.len());
+        let kept = String::from_utf8(kept).unwrap();
+        let lines: Vec<&str> = kept.lines().collect();
+        assert_eq!(lines.first(), Some(&"line 0"));
+        // The newest line is kept (dmesg's last messages), and every kept line is whole.
+        assert_eq!(lines.last(), Some(&"line 9999"));
+        assert!(
+            lines.iter().all(|l| l
+                .strip_prefix("line ")
+                .is_some_and(|n| n.parse::<u32>().is_ok())),
+            "{kept}"
+        );
+        assert!(!kept.contains("line 5000\n"), "the middle is left out");
+
+        // Within the limit: all of it, as it was.
+        let (kept, total) = read_bounded(&b"a\nb"[..], 1000).await;
+        assert_eq!((kept.as_slice(), total), (&b"a\nb"[..], 3));
+    }
 }

@@ -163,11 +163,26 @@ pub fn load_file(
     node: Option<&str>,
     defaults: &Defaults,
 ) -> Result<CheckSet, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let bytes = std::fs::read(path).map_err(|e| ConfigError {
         file: path.to_path_buf(),
         line: 0,
         message: format!("cannot read: {e}"),
     })?;
+    // NHC is bash and reads bytes: a Latin-1 comment or a stray byte must not switch every
+    // check off. Invalid UTF-8 becomes U+FFFD (it can then only fail to match, or be a
+    // line's error naming that line).
+    let text = String::from_utf8_lossy(&bytes);
+    if let Err(e) = std::str::from_utf8(&bytes) {
+        let line = bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count()
+            + 1;
+        tracing::warn!(
+            "{}:{line}: not valid UTF-8; read with U+FFFD in place of the bad bytes",
+            path.display()
+        );
+    }
     parse(&text, path, node, defaults)
 }
 
