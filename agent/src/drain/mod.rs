@@ -441,8 +441,50 @@ impl Engine {
         }
     }
 
+    /// An upgrade drain in `phase`, once every drain that started together with it is
+    /// visible (`UPGRADE_BUDGET_SETTLE_SECS` after it began): ranked beyond the budget
+    /// (Slurm's reason time, then name: the same order on every node), it withdraws.
+    /// Checked while the node still runs jobs too, not only before the action: a draining
+    /// node is unavailable for new work, so drains beyond the budget must end early.
+    /// Returns the phase after a withdrawal.
+    async fn withdraw_if_over_budget(
+        &self,
+        n: &NodeInfo,
+        phase: Phase,
+    ) -> Result<Option<Phase>, DrainError> {
+        let st = self.store.load()?;
+        if st.phase != phase {
+            return Ok(None);
+        }
+        let Some(cause @ Cause::Upgrade { .. }) = &st.cause else {
+            return Ok(None);
+        };
+        if time::now() < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
+            return Ok(None);
+        }
+        let (_, count, limit) = self.upgrade_budget(n).await?;
+        let rank = count.upgrading.iter().position(|x| *x == self.node);
+        if rank.is_some_and(|r| r >= limit) {
+            tracing::warn!(
+                node = %self.node,
+                ?rank,
+                limit,
+                phase = phase.as_str(),
+                "over the upgrade budget (drains that started together); withdrawing"
+            );
+            self.withdraw(&cause.key()).await?;
+            return Ok(Some(self.store.load()?.phase));
+        }
+        Ok(None)
+    }
+
     async fn progress_draining(&self) -> Result<Phase, DrainError> {
         let node = self.node_info().await?;
+        if is_drained_flag(&node) {
+            if let Some(p) = self.withdraw_if_over_budget(&node, Phase::Draining).await? {
+                return Ok(p);
+            }
+        }
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
         if st.phase != Phase::Draining {
@@ -549,24 +591,12 @@ impl Engine {
         // off or rebooted.
         if let Some(n) = &node {
             let st = self.store.load()?;
-            if st.phase == Phase::Drained {
-                if let Some(cause @ Cause::Upgrade { .. }) = &st.cause {
-                    let now = time::now();
-                    if now < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
-                        return Ok(st.phase);
-                    }
-                    let (_, count, limit) = self.upgrade_budget(n).await?;
-                    let rank = count.upgrading.iter().position(|x| *x == self.node);
-                    if rank.is_some_and(|r| r >= limit) {
-                        tracing::warn!(
-                            node = %self.node,
-                            ?rank,
-                            limit,
-                            "over the upgrade budget before the action (drains that started together); withdrawing"
-                        );
-                        self.withdraw(&cause.key()).await?;
-                        return Ok(self.store.load()?.phase);
-                    }
+            if st.phase == Phase::Drained && matches!(st.cause, Some(Cause::Upgrade { .. })) {
+                if time::now() < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
+                    return Ok(st.phase);
+                }
+                if let Some(p) = self.withdraw_if_over_budget(n, Phase::Drained).await? {
+                    return Ok(p);
                 }
             }
         }
