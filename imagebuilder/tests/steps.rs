@@ -1006,6 +1006,22 @@ fn aws_agent_packages_are_installed_only_with_a_good_signature_by_the_pinned_key
     );
 }
 
+/// `verify_signature` from lib.sh on the served `amazon-ssm-agent.deb` and its `.sig`,
+/// with the keys folder `keys`.
+fn verify_served(s: &StandIn, keys: &Path) -> Output {
+    let served = s.path().join("served");
+    s.bash(
+        "debian-12",
+        &format!(
+            "export SIGNING_KEYS_DIR={}; . {}; verify_signature amazon-ssm-agent {}/amazon-ssm-agent.deb {}/amazon-ssm-agent.deb.sig amazon-ssm-agent",
+            keys.display(),
+            lib().display(),
+            served.display(),
+            served.display()
+        ),
+    )
+}
+
 #[test]
 fn a_signature_by_the_pinned_key_past_its_expiry_date_is_accepted_and_said_so() {
     if !has_gpg() {
@@ -1022,17 +1038,7 @@ fn a_signature_by_the_pinned_key_past_its_expiry_date_is_accepted_and_said_so() 
         "a package\n",
         Some("20200101T010000!"),
     );
-    let served = s.path().join("served");
-    let out = s.bash(
-        "debian-12",
-        &format!(
-            "export SIGNING_KEYS_DIR={}; . {}; verify_signature amazon-ssm-agent {}/amazon-ssm-agent.deb {}/amazon-ssm-agent.deb.sig amazon-ssm-agent",
-            keys.display(),
-            lib().display(),
-            served.display(),
-            served.display()
-        ),
-    );
+    let out = verify_served(&s, &keys);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("past its expiry date; the fingerprint is what is pinned"),
@@ -1052,18 +1058,6 @@ fn an_expired_signature_or_a_key_other_than_the_pinned_one_is_refused_and_named(
     let s = StandIn::new();
     let keys = signer.keys_dir(&s, &["amazon-ssm-agent"]);
     let served = s.path().join("served");
-    let verify = |s: &StandIn, keys: &Path| {
-        s.bash(
-            "debian-12",
-            &format!(
-                "export SIGNING_KEYS_DIR={}; . {}; verify_signature amazon-ssm-agent {}/amazon-ssm-agent.deb {}/amazon-ssm-agent.deb.sig amazon-ssm-agent",
-                keys.display(),
-                lib().display(),
-                served.display(),
-                served.display()
-            ),
-        )
-    };
     // A signature that expired an hour after it was made.
     signer.serve_signed(
         &s,
@@ -1089,7 +1083,7 @@ fn an_expired_signature_or_a_key_other_than_the_pinned_one_is_refused_and_named(
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
-    let out = verify(&s, &keys);
+    let out = verify_served(&s, &keys);
     assert!(!out.status.success());
     assert!(
         text(&out).contains("the signature itself has expired"),
@@ -1109,7 +1103,7 @@ fn an_expired_signature_or_a_key_other_than_the_pinned_one_is_refused_and_named(
         "0000000000000000000000000000000000000000\n",
     )
     .unwrap();
-    let out = verify(&s, &keys);
+    let out = verify_served(&s, &keys);
     assert!(!out.status.success());
     assert!(
         text(&out).contains(&format!(

@@ -562,31 +562,16 @@ async fn run_async(
             // The command kills itself at the timeout; the outer limit only guards the
             // engine against a spawn that never returns.
             let limit = timeout + Duration::from_secs(2);
-            match tokio::time::timeout(limit, cmd::check_command(spec, timeout, ctx.output_limit))
-                .await
-            {
-                Ok(Ok(m)) => Outcome::Pass(m),
-                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(
-                    deadline_message(run_deadline, &format!("{}; {m}", what_hangs(&check.kind))),
-                ),
-                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
-                Ok(Err(m)) => Outcome::Fail(m),
-                Err(_) => Outcome::Timeout(format!("command did not finish within {limit:?}")),
-            }
+            let r =
+                tokio::time::timeout(limit, cmd::check_command(spec, timeout, ctx.output_limit))
+                    .await;
+            program_outcome(r, "command", limit, cut, run_deadline, &check.kind)
         }
         CheckKind::Mcelog(spec) => {
             let limit = timeout + Duration::from_secs(2);
-            match tokio::time::timeout(limit, hw::check_mcelog(spec, timeout, ctx.output_limit))
-                .await
-            {
-                Ok(Ok(m)) => Outcome::Pass(m),
-                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(
-                    deadline_message(run_deadline, &format!("{}; {m}", what_hangs(&check.kind))),
-                ),
-                Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
-                Ok(Err(m)) => Outcome::Fail(m),
-                Err(_) => Outcome::Timeout(format!("mcelog did not finish within {limit:?}")),
-            }
+            let r = tokio::time::timeout(limit, hw::check_mcelog(spec, timeout, ctx.output_limit))
+                .await;
+            program_outcome(r, "mcelog", limit, cut, run_deadline, &check.kind)
         }
         CheckKind::PsResource(_)
         | CheckKind::PsUsers(_)
@@ -624,6 +609,29 @@ async fn run_async(
         )),
     };
     (outcome, start.elapsed())
+}
+
+/// The outcome of a check that ran a program which kills itself at its timeout (a
+/// message starting with [`TIMEOUT_PREFIX`]), under an outer `limit` that only guards
+/// against a spawn that never returns. `cut`: the run deadline shortened its timeout.
+fn program_outcome(
+    r: Result<Result<String, String>, tokio::time::error::Elapsed>,
+    what: &str,
+    limit: Duration,
+    cut: bool,
+    run_deadline: Duration,
+    kind: &CheckKind,
+) -> Outcome {
+    match r {
+        Ok(Ok(m)) => Outcome::Pass(m),
+        Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(deadline_message(
+            run_deadline,
+            &format!("{}; {m}", what_hangs(kind)),
+        )),
+        Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
+        Ok(Err(m)) => Outcome::Fail(m),
+        Err(_) => Outcome::Timeout(format!("{what} did not finish within {limit:?}")),
+    }
 }
 
 /// The users running jobs on this node: the lines of `argv`'s output (NHC's `squeue -w
