@@ -10,11 +10,15 @@
 #   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3).
 #
 #   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
+#   FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh   # only the lone node's boots and bootstrap's steps
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
 # --workspace, not -p: per-package builds resolve dependency features differently and
 # rebuild the AWS SDK crates.
+# The image carries the release agent, as shipped images do (the debug build's CPU cost
+# would be measured instead of the agent's); the harness itself runs from the debug build.
 cargo build --locked --workspace --bins
-SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"
+cargo build --locked --workspace --bins --release
+SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"

@@ -63,6 +63,34 @@ fn split(fleet: &Fleet, node: &str) -> Result<(f64, f64)> {
     ))
 }
 
+/// Bootstrap's own report of its steps (its text output, in the node's journal): where the
+/// agent's part of a boot goes.
+fn print_bootstrap_steps(fleet: &Fleet, node: &str) {
+    let args = [
+        "-b",
+        "-o",
+        "cat",
+        "-u",
+        "slurm-node-agent-bootstrap.service",
+    ];
+    match fleet.exec(node, "journalctl", &args) {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let report: Vec<&str> = text
+                .lines()
+                .skip_while(|l| !l.starts_with("node "))
+                .collect();
+            if report.is_empty() {
+                println!("  ({node}: no bootstrap report in the journal)");
+            }
+            for l in report {
+                println!("  {node} bootstrap: {l}");
+            }
+        }
+        Err(e) => println!("  ({node}: journal unreadable: {e:#})"),
+    }
+}
+
 /// How many times one node alone is booted (fresh fleets); the figures are medians.
 const SOLO_RUNS: usize = 5;
 
@@ -152,6 +180,9 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         let wall = boot(&mut fleet, &one)?;
         let (sd, agent) = split(&fleet, &one[0])?;
         solo.push((wall, sd, agent));
+        if solo.len() == SOLO_RUNS {
+            print_bootstrap_steps(&fleet, &one[0]);
+        }
     }
     let median = |f: fn(&(f64, f64, f64)) -> f64| {
         let mut v: Vec<f64> = solo.iter().map(f).collect();
@@ -164,6 +195,9 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         100.0 * alone_agent / alone_wall
     );
 
+    if std::env::var_os("FLEET_BENCH_SOLO_ONLY").is_some() {
+        return Ok(());
+    }
     let mut fleet = Fleet::builder().start()?;
     let all = names("node", n);
     let wall = boot(&mut fleet, &all)?;
