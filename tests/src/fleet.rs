@@ -67,6 +67,9 @@ pub const CACHE_ENV: &str = "SLURM_E2E_FLEET_CACHE";
 /// by hand with `slurm-image-builder build --target local`.
 pub const IMAGE_ENV: &str = "SLURM_E2E_FLEET_IMAGE";
 
+/// Cached roots of a recipe kept besides the one in use (most recently used first).
+const KEEP_RECENT_ROOTS: usize = 2;
+
 /// Default image cache folder.
 pub const DEFAULT_CACHE: &str = "/var/tmp/slurm-e2e-fleet";
 
@@ -274,7 +277,7 @@ impl Image {
     /// The image root for the current `packer/`, `units/` and agent binary: from the cache,
     /// or built with `slurm-image-builder build --target local` (about a minute with a
     /// warm apt cache; its log is `<cache>/build-<key>.log`). Older cached roots are
-    /// removed after a build.
+    /// removed after a build, except the [`KEEP_RECENT_ROOTS`] most recently used.
     ///
     /// # Errors
     /// Hashing the inputs, or the build failing (with the tail of its log).
@@ -329,6 +332,11 @@ impl Image {
                 .and_then(|b| serde_json::from_slice(&b).ok())
         };
         if done.join("complete").exists() {
+            // Marks the root as used now: pruning keeps the most recently used roots.
+            let _ = fs::File::options()
+                .write(true)
+                .open(done.join("complete"))
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
             return Ok(Image {
                 report: read_report(&done),
                 root,
@@ -398,13 +406,34 @@ impl Image {
                 work.join("root").display()
             );
         }
-        // Remove older roots first: each is a few hundred MB.
+        // Remove older roots first (each is a few hundred MB), keeping the
+        // KEEP_RECENT_ROOTS most recently used ones besides this: worktrees with other
+        // agent binaries take turns at the fleet lock and would otherwise rebuild each
+        // other's root every time.
         if let Ok(rd) = fs::read_dir(&cache) {
-            for e in rd.flatten() {
-                let n = e.file_name().to_string_lossy().into_owned();
-                // The prefixes are disjoint: "srcimage-" does not start with "image-".
-                if n.starts_with(prefix) && e.path() != done {
-                    let _ = Command::new("rm").arg("-rf").arg(e.path()).status();
+            let mut others: Vec<(std::time::SystemTime, PathBuf)> = rd
+                .flatten()
+                .filter(|e| {
+                    // The prefixes are disjoint: "srcimage-" does not start with "image-".
+                    e.file_name().to_string_lossy().starts_with(prefix) && e.path() != done
+                })
+                .map(|e| {
+                    let used = fs::metadata(e.path().join("complete"))
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    (used, e.path())
+                })
+                .collect();
+            others.sort_by_key(|o| std::cmp::Reverse(o.0));
+            let keep: Vec<&PathBuf> = others
+                .iter()
+                .filter(|(u, _)| *u != std::time::UNIX_EPOCH)
+                .take(KEEP_RECENT_ROOTS)
+                .map(|(_, p)| p)
+                .collect();
+            for (_, path) in &others {
+                if !keep.contains(&path) {
+                    let _ = Command::new("rm").arg("-rf").arg(path).status();
                 }
             }
         }

@@ -140,10 +140,11 @@ fn boot(fleet: &mut Fleet, names: &[String]) -> Result<f64> {
     Ok(wall)
 }
 
-fn sdiag_total(fleet: &Fleet) -> Result<u64> {
+/// slurmctld's RPC counts by message type, from `sdiag`.
+fn sdiag_by_type(fleet: &Fleet) -> Result<std::collections::BTreeMap<String, u64>> {
     let out = fleet.ctld.command("sdiag").output()?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut total = 0;
+    let mut counts = std::collections::BTreeMap::new();
     let mut in_rpc = false;
     for l in text.lines() {
         if l.starts_with("Remote Procedure Call statistics by message type") {
@@ -154,16 +155,50 @@ fn sdiag_total(fleet: &Fleet) -> Result<u64> {
             break;
         }
         if in_rpc {
-            if let Some(c) = l.split("count:").nth(1) {
-                total += c
+            // `	REQUEST_NODE_INFO ( 2007) count:12 ave_time:...`
+            let Some((name, rest)) = l.trim().split_once(' ') else {
+                continue;
+            };
+            if let Some(c) = rest.split("count:").nth(1) {
+                let c = c
                     .split_whitespace()
                     .next()
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0);
+                counts.insert(name.to_string(), c);
             }
         }
     }
-    Ok(total)
+    Ok(counts)
+}
+
+fn sdiag_total(fleet: &Fleet) -> Result<u64> {
+    Ok(sdiag_by_type(fleet)?.values().sum())
+}
+
+/// The RPC types that grew most between two `sdiag` readings, per node.
+fn rpc_growth(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+    nodes: usize,
+) -> String {
+    let mut grown: Vec<(u64, &str)> = after
+        .iter()
+        .map(|(k, v)| {
+            (
+                v.saturating_sub(before.get(k).copied().unwrap_or(0)),
+                k.as_str(),
+            )
+        })
+        .filter(|(d, _)| *d > 0)
+        .collect();
+    grown.sort_by(|a, b| b.cmp(a));
+    grown
+        .iter()
+        .take(5)
+        .map(|(d, k)| format!("{k} {:.1}", *d as f64 / nodes as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn bench(n: usize, idle_secs: u64) -> Result<()> {
@@ -200,7 +235,9 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
     }
     let mut fleet = Fleet::builder().start()?;
     let all = names("node", n);
+    let rpc_before = sdiag_by_type(&fleet)?;
     let wall = boot(&mut fleet, &all)?;
+    let rpc_after = sdiag_by_type(&fleet)?;
     let mut agent = Vec::new();
     let mut sd = Vec::new();
     for x in &all {
@@ -215,6 +252,11 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         mean(&agent),
         agent.iter().cloned().fold(0.0, f64::max),
         mean(&agent) / alone_agent
+    );
+    println!(
+        "  slurmctld RPCs during that boot, per node (the bench's own IDLE polls, one \
+         REQUEST_NODE_INFO per 20 ms for all nodes, included): {}",
+        rpc_growth(&rpc_before, &rpc_after, n)
     );
 
     let before = sdiag_total(&fleet)?;
