@@ -167,21 +167,22 @@ echo "  median wall time: $MEDIAN_MS ms (mean $MEAN_MS ms)"
 echo "  peak RSS:         ${RSS_MED} KiB median, ${RSS_MAX} KiB max (of 20 runs)"
 echo "  RSS split:        $SPLIT (largest sample of one run)"
 # The layout of the binary's code (agent/build.rs): how many of the functions in
-# agent/link-order.txt the binary has, and how far apart they lie (close together when the
+# agent/link-order.txt the binary has, and how many 64 KiB windows they touch (few when the
 # ordering applied; regenerate it with scripts/link-order.sh when few match).
 if [[ -r $ROOT/agent/link-order.txt ]] && command -v nm >/dev/null; then
     python3 - "$BIN" "$ROOT/agent/link-order.txt" <<'PY'
 import subprocess, sys
 want = set(open(sys.argv[2]).read().split())
-lo, hi, found = None, 0, set()
+found, windows, size = set(), set(), 0
 for line in subprocess.run(["nm", "-S", sys.argv[1]], capture_output=True, text=True).stdout.splitlines():
     p = line.split()
     if len(p) == 4 and p[3] in want:
-        a, size = int(p[0], 16), int(p[1], 16)
-        lo, hi = a if lo is None else min(lo, a), max(hi, a + size)
+        a, n = int(p[0], 16), int(p[1], 16)
         found.add(p[3])
-span = (hi - lo) // 1024 if found else 0
-print(f"  link order:       {len(found)} of {len(want)} functions of agent/link-order.txt in the binary, within {span} KiB")
+        size += n
+        windows.update(range(a >> 16, ((a + max(n, 1) - 1) >> 16) + 1))
+print(f"  link order:       {len(found)} of {len(want)} functions of agent/link-order.txt in the binary,"
+      f" {size // 1024} KiB in {len(windows)} windows of 64 KiB (~{size // 65536 + 1} when ordered)")
 PY
 fi
 
