@@ -111,11 +111,80 @@ peak_rss() { # command...: prints the median and max peak RSS (KiB) of 20 runs
     done
     printf '%s\n' "${rss[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)], a[NR]}'
 }
+# The binary's pages in the page cache as on a node that read it from disk, not as the
+# linker or `cp` left them: on kernels with large page-cache folios (ext4 since 6.16) a
+# freshly written file is cached in other folio sizes than one read back, and a fault maps
+# the whole folio around it, which moved the file-backed RSS of the same binary by up to
+# 1.5 MiB between runs. Its clean pages are written out and dropped (this file only), then
+# one run reads them back before the measured runs.
+python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$BIN"
+"${ENV[@]}" "$BIN" "${ARGS[@]}" >/dev/null || true
 read -r RSS_MED RSS_MAX < <(peak_rss "$BIN" "${ARGS[@]}")
+
+# Where the agent's resident memory is: its largest /proc/PID/status sample of one run
+# (sampled every 5 ms; one more check, a 0.5 s sleep, keeps the process alive after the
+# others ended): anonymous (heap, stacks, relocated data: the agent's own) and file-backed
+# (its binary's and the libraries' pages, shared with the page cache).
+cp "$CONF" "$WORK/split.conf"
+echo "* || check_cmd_status -t 5 -r 0 /bin/sleep 0.5" >> "$WORK/split.conf"
+"${ENV[@]}" "$BIN" "${ARGS[@]/#--nhc-conf=*/--nhc-conf=$WORK/split.conf}" >/dev/null &
+SPLIT_PID=$!
+SPLIT=$(python3 - "$SPLIT_PID" "$BIN" <<'PY'
+import os, sys, time
+pid, binary = sys.argv[1], os.path.realpath(sys.argv[2])
+best = None
+while True:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            st = dict(l.split(":", 1) for l in f if ":" in l)
+        if st.get("State", "").split()[0] in "ZX":
+            break
+        with open(f"/proc/{pid}/smaps") as f:
+            code = 0; cur = None
+            for l in f:
+                p = l.split()
+                if "-" in p[0] and len(p) >= 5:
+                    cur = (p[1], p[5] if len(p) > 5 else "")
+                elif p[0] == "Rss:" and cur and cur[1] == binary:
+                    code += int(p[1])
+        kib = {k: int(st[k].split()[0]) for k in ("VmRSS", "RssAnon", "RssFile")}
+        kib["binary"] = code
+        if best is None or kib["VmRSS"] > best["VmRSS"]:
+            best = kib
+    except (OSError, KeyError, IndexError, ValueError):
+        break
+    time.sleep(0.005)
+if best:
+    print(f"{best['VmRSS']} KiB: anon {best['RssAnon']} KiB, file {best['RssFile']} KiB (of it the agent's binary {best['binary']} KiB)")
+else:
+    print("not sampled")
+PY
+)
+wait "$SPLIT_PID" || true
 
 echo "slurm-node-agent check, $CHECKS checks of $(basename "$CONF"), $RUNS runs:"
 echo "  median wall time: $MEDIAN_MS ms (mean $MEAN_MS ms)"
 echo "  peak RSS:         ${RSS_MED} KiB median, ${RSS_MAX} KiB max (of 20 runs)"
+echo "  RSS split:        $SPLIT (largest sample of one run)"
+# The layout of the binary's code (agent/build.rs): how many of the functions in
+# agent/link-order.txt the binary has, and how many 64 KiB windows they touch (few when the
+# ordering applied; regenerate it with scripts/link-order.sh when few match).
+if [[ -r $ROOT/agent/link-order.txt ]] && command -v nm >/dev/null; then
+    python3 - "$BIN" "$ROOT/agent/link-order.txt" <<'PY'
+import subprocess, sys
+want = set(open(sys.argv[2]).read().split())
+found, windows, size = set(), set(), 0
+for line in subprocess.run(["nm", "-S", sys.argv[1]], capture_output=True, text=True).stdout.splitlines():
+    p = line.split()
+    if len(p) == 4 and p[3] in want:
+        a, n = int(p[0], 16), int(p[1], 16)
+        found.add(p[3])
+        size += n
+        windows.update(range(a >> 16, ((a + max(n, 1) - 1) >> 16) + 1))
+print(f"  link order:       {len(found)} of {len(want)} functions of agent/link-order.txt in the binary,"
+      f" {size // 1024} KiB in {len(windows)} windows of 64 KiB (~{size // 65536 + 1} when ordered)")
+PY
+fi
 
 if [[ -n $NHC_CMD ]]; then
     # NHC must pass the same file too, or the comparison means nothing.

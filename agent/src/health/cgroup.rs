@@ -3,27 +3,36 @@
 //! process group), is killed at once through `cgroup.kill`.
 //!
 //! The cgroup is `<the agent's own cgroup>/slurm-node-agent-cmd-<agent pid>-<n>` in the
-//! unified (v2) hierarchy, found from `/proc/self/cgroup` (`0::<path>`) and the `cgroup2`
-//! mount in `/proc/self/mountinfo` (`/sys/fs/cgroup` on a pure v2 host,
+//! unified (v2) hierarchy, found once per process from `/proc/self/cgroup` (`0::<path>`)
+//! and the `cgroup2` mount in `/proc/self/mountinfo` (`/sys/fs/cgroup` on a pure v2 host,
 //! `/sys/fs/cgroup/unified` on a hybrid one). No controller is enabled in it, so it is
-//! allowed below a cgroup that holds processes. The child is moved into it right after
-//! `spawn` returns (std returns only once the `exec` succeeded, before a dynamically
-//! linked program has run any of its own code), and any process it forked before the move
-//! is moved after it. Where no cgroup can be made (no cgroup v2, no permission) commands
-//! fall back to their process group alone, and the result says so.
+//! allowed below a cgroup that holds processes. The child joins it itself, between `fork`
+//! and `exec` ([`CmdCgroup::join_before_exec`]: it writes `0` to the cgroup's
+//! `cgroup.procs`, opened by the parent), so the program and every process it starts
+//! are in it from their first instruction: there is no window in which a child could fork
+//! outside it. Where no cgroup can be made or joined (no cgroup v2, no permission)
+//! commands fall back to their process group alone, and the result says so.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Folder name prefix of the command cgroups.
 pub const PREFIX: &str = "slurm-node-agent-cmd-";
 
-/// The cgroup v2 folder the agent runs in.
+/// The cgroup v2 folder the agent runs in, read once per process (a service's cgroup does
+/// not change while it runs).
 ///
 /// # Errors
 /// No cgroup v2 hierarchy, or `/proc` unreadable.
 pub fn own_cgroup() -> Result<PathBuf, String> {
+    static OWN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    OWN.get_or_init(read_own_cgroup).clone()
+}
+
+fn read_own_cgroup() -> Result<PathBuf, String> {
     let cg = std::fs::read_to_string("/proc/self/cgroup")
         .map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
     let rel = cg
@@ -48,7 +57,6 @@ pub fn own_cgroup() -> Result<PathBuf, String> {
 #[derive(Debug)]
 pub struct CmdCgroup {
     dir: PathBuf,
-    parent: PathBuf,
 }
 
 impl CmdCgroup {
@@ -65,7 +73,7 @@ impl CmdCgroup {
         }
         let dir = parent.join(format!("{PREFIX}{}-{n}", std::process::id()));
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        Ok(CmdCgroup { dir, parent })
+        Ok(CmdCgroup { dir })
     }
 
     /// The cgroup's folder.
@@ -73,32 +81,41 @@ impl CmdCgroup {
         &self.dir
     }
 
-    /// Moves `pid` into the cgroup, and then any process still in the parent cgroup whose
-    /// parent is `pid` or one already moved (forked before the move).
+    /// Opens the cgroup's `cgroup.procs` for writing (close-on-exec), for
+    /// [`CmdCgroup::join_before_exec`].
     ///
     /// # Errors
-    /// `pid` could not be moved.
-    pub fn adopt(&self, pid: u32) -> Result<(), String> {
-        let procs = self.dir.join("cgroup.procs");
-        std::fs::write(&procs, pid.to_string())
-            .map_err(|e| format!("moving {pid} into {}: {e}", self.dir.display()))?;
-        let mut moved = vec![pid];
-        loop {
-            let mut more = false;
-            for p in read_procs(&self.parent) {
-                if moved.contains(&p) {
-                    continue;
+    /// A message saying why not (the caller falls back to the process group).
+    pub fn open_procs(&self) -> Result<std::fs::File, String> {
+        let path = self.dir.join("cgroup.procs");
+        // std opens with O_CLOEXEC: the program run never inherits it.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("opening {}: {e}", path.display()))
+    }
+
+    /// Makes the child of `cmd` join the cgroup before it runs its program: between `fork`
+    /// and `exec` it writes `0` ("the writing process", cgroup v2) to `procs`, the
+    /// cgroup's `cgroup.procs` from [`CmdCgroup::open_procs`]. `procs` must stay open
+    /// until `spawn` returns. When the write fails, `spawn` fails with its error before
+    /// the program ran (the caller may spawn again without the cgroup).
+    #[allow(unsafe_code)]
+    pub fn join_before_exec(cmd: &mut tokio::process::Command, procs: &std::fs::File) {
+        let fd = procs.as_raw_fd();
+        // SAFETY: the closure runs in the forked child, where only async-signal-safe
+        // calls are allowed: it makes one write(2) system call (rustix, no libc buffering)
+        // and allocates nothing (an OS error is stored inline in io::Error).
+        unsafe {
+            cmd.pre_exec(move || {
+                // SAFETY: `fd` is open in the parent until spawn returns (the caller keeps
+                // `procs`), so the child's copy is open here; it is closed at exec.
+                let fd = BorrowedFd::borrow_raw(fd);
+                match rustix::io::write(fd, b"0") {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(std::io::Error::from_raw_os_error(e.raw_os_error())),
                 }
-                if ppid(p).is_some_and(|pp| moved.contains(&pp))
-                    && std::fs::write(&procs, p.to_string()).is_ok()
-                {
-                    moved.push(p);
-                    more = true;
-                }
-            }
-            if !more {
-                return Ok(());
-            }
+            });
         }
     }
 
@@ -181,11 +198,4 @@ fn read_procs(dir: &Path) -> Vec<u32> {
         .lines()
         .filter_map(|l| l.trim().parse().ok())
         .collect()
-}
-
-fn ppid(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid ...: comm may hold spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(1)?.parse().ok()
 }

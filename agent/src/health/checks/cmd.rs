@@ -134,30 +134,47 @@ pub async fn run_command(
             program.display()
         );
     }
-    let cgroup = crate::health::cgroup::CmdCgroup::create();
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args(args)
-        .env("PATH", SAFE_PATH)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", program.display()))?;
-    let pid = child.id().unwrap_or(0);
-    // Into its cgroup at once (spawn returned after the exec).
-    let (cgroup, confinement) = match cgroup {
-        Ok(cg) => match cg.adopt(pid) {
-            Ok(()) => {
-                let c = format!("cgroup {}", cg.dir().display());
-                (Some(cg), c)
-            }
-            Err(e) => (None, format!("process group only ({e})")),
-        },
-        Err(e) => (None, format!("process group only ({e})")),
+    let build = || {
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(args)
+            .env("PATH", SAFE_PATH)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        cmd
     };
+    let starting = |e: std::io::Error| format!("starting {}: {e}", program.display());
+    // The child joins its cgroup before exec (CmdCgroup::join_before_exec); where no
+    // cgroup can be made or joined, the command runs in its process group only.
+    let confined = crate::health::cgroup::CmdCgroup::create()
+        .and_then(|cg| cg.open_procs().map(|procs| (cg, procs)));
+    let (mut child, cgroup, confinement) = match confined {
+        Ok((cg, procs)) => {
+            let mut cmd = build();
+            crate::health::cgroup::CmdCgroup::join_before_exec(&mut cmd, &procs);
+            match cmd.spawn() {
+                Ok(child) => {
+                    let c = format!("cgroup {}", cg.dir().display());
+                    (child, Some(cg), c)
+                }
+                // Joining failed (the program never ran), or the program cannot start:
+                // once more without the cgroup, which tells them apart.
+                Err(e) => {
+                    let child = build().spawn().map_err(starting)?;
+                    let c = format!("process group only (joining {}: {e})", cg.dir().display());
+                    (child, None, c)
+                }
+            }
+        }
+        Err(e) => (
+            build().spawn().map_err(starting)?,
+            None,
+            format!("process group only ({e})"),
+        ),
+    };
+    let pid = child.id().unwrap_or(0);
     if cgroup.is_none() {
         tracing::debug!("command {}: {confinement}", program.display());
     }

@@ -1,0 +1,60 @@
+//! Release builds place the functions that `slurm-node-agent check` runs next to each other
+//! in the binary (`link-order.txt`, a symbol ordering file for LLD): the kernel maps the
+//! binary's code 64 KiB at a time around each page fault, so `check`'s roughly 1 MB of code
+//! spread over 16 MB of text made it map about 6 MiB of it on every run (Slurm runs `check`
+//! every `HealthCheckInterval`). Layout only: no code, relocation or ASLR change; a name
+//! that is not in the binary (code changed since the file was made) is skipped, so a stale
+//! file only places fewer functions. Regenerate it with `scripts/link-order.sh`.
+//!
+//! Only where the linker is LLD: Rust's default for x86_64-unknown-linux-gnu since 1.90
+//! (its bundled rust-lld), unless a linker or linker features are chosen in RUSTFLAGS or
+//! `CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER`. `SLURM_NODE_AGENT_LINK_ORDER=0` turns it
+//! off.
+
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=link-order.txt");
+    println!("cargo:rerun-if-env-changed=SLURM_NODE_AGENT_LINK_ORDER");
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER");
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    if env("SLURM_NODE_AGENT_LINK_ORDER") == "0"
+        || env("PROFILE") != "release"
+        || env("TARGET") != "x86_64-unknown-linux-gnu"
+        || !env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_empty()
+    {
+        return;
+    }
+    let flags = env("CARGO_ENCODED_RUSTFLAGS");
+    if ["linker", "fuse-ld", "link-self-contained"]
+        .iter()
+        .any(|f| flags.contains(f))
+    {
+        return;
+    }
+    // "rustc 1.95.0 (59807616e 2026-04-14)": LLD is the default linker from 1.90 on.
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let minor = Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            let ver = v.split_whitespace().nth(1)?.to_string();
+            let mut it = ver.split('.');
+            (it.next()? == "1").then_some(())?;
+            it.next()?.parse::<u32>().ok()
+        });
+    if minor.is_none_or(|m| m < 90) {
+        return;
+    }
+    let Ok(dir) = std::env::var("CARGO_MANIFEST_DIR") else {
+        return;
+    };
+    let file = std::path::Path::new(&dir).join("link-order.txt");
+    println!(
+        "cargo:rustc-link-arg-bin=slurm-node-agent=-Wl,--symbol-ordering-file={}",
+        file.display()
+    );
+    println!("cargo:rustc-link-arg-bin=slurm-node-agent=-Wl,--no-warn-symbol-ordering");
+}
