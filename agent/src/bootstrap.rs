@@ -368,16 +368,21 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
     // run together; then slurmctld's record is checked (through munge), and slurmd starts
     // (it needs munge, and must not run without its required mounts).
-    let munge = timed(async {
-        if s.auth.auth_type == AuthType::Munge {
-            if key_changed {
-                systemd.restart(&s.slurm.munge_unit).await?;
-            } else {
-                systemd.start(&s.slurm.munge_unit).await?;
-            }
+    // munge's job is queued before anything else here: munged's own start is the longest
+    // step, and the work below (files written and fsynced, programs spawned) runs on this
+    // thread, which would otherwise hold back the request that starts it.
+    let munge_start = Instant::now();
+    let munge_job = match s.auth.auth_type {
+        AuthType::Munge if key_changed => Some(systemd.queue_restart(&s.slurm.munge_unit).await?),
+        AuthType::Munge => Some(systemd.queue_start(&s.slurm.munge_unit).await?),
+        _ => None,
+    };
+    let munge = async {
+        if let Some(job) = munge_job {
+            job.wait().await?;
         }
-        Ok::<_, BootstrapError>(())
-    });
+        Ok::<_, BootstrapError>(((), munge_start.elapsed()))
+    };
     // Shared file systems (issue 4): a required mount that fails stops bootstrap here, so
     // slurmd is not started (its drop-in also waits for the marker this writes).
     let mounts = timed(async {
