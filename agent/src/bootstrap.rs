@@ -17,7 +17,7 @@ use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
 use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
-use crate::slurm::{self, ConfServer, NodeInfo, Scontrol};
+use crate::slurm::{self, ConfServer, NodeInfo, ReadyScontrol, Scontrol};
 use crate::systemd::{ServiceInfo, Systemd, SystemdError};
 
 /// Name of the state file written under `agent.state_dir` when bootstrap succeeds.
@@ -368,16 +368,24 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // munge, the mounts and slurmd's preparation (options file; stopping an old slurmd)
     // run together; then slurmctld's record is checked (through munge), and slurmd starts
     // (it needs munge, and must not run without its required mounts).
-    let munge = timed(async {
-        if s.auth.auth_type == AuthType::Munge {
-            if key_changed {
-                systemd.restart(&s.slurm.munge_unit).await?;
-            } else {
-                systemd.start(&s.slurm.munge_unit).await?;
-            }
+    // munge's job is queued before anything else here: munged's own start is the longest
+    // step, and the work below (files written and fsynced, programs spawned) runs on this
+    // thread, which would otherwise hold back the request that starts it.
+    let munge_start = Instant::now();
+    let munge_job = match s.auth.auth_type {
+        AuthType::Munge if key_changed => Some(systemd.queue_restart(&s.slurm.munge_unit).await?),
+        AuthType::Munge => Some(systemd.queue_start(&s.slurm.munge_unit).await?),
+        _ => None,
+    };
+    // The look at slurmctld's record that follows munge's start, started now: it loads
+    // while munged starts, and asks once munged answers.
+    let record_look = slurm::Scontrol::new(&s.slurm.bin_dir).spawn_ready().ok();
+    let munge = async {
+        if let Some(job) = munge_job {
+            job.wait().await?;
         }
-        Ok::<_, BootstrapError>(())
-    });
+        Ok::<_, BootstrapError>(((), munge_start.elapsed()))
+    };
     // Shared file systems (issue 4): a required mount that fails stops bootstrap here, so
     // slurmd is not started (its drop-in also waits for the marker this writes).
     let mounts = timed(async {
@@ -426,7 +434,8 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         // Only once munge runs: scontrol authenticates through it, and a call made while
         // munged was still starting waited in Slurm's authentication retries.
         let record_start = Instant::now();
-        let old_start = prepare_record(s, &def.node_name, def.dynamic_conf.as_deref()).await;
+        let old_start =
+            prepare_record(s, &def.node_name, def.dynamic_conf.as_deref(), record_look).await;
         wait_for_next_second(old_start).await;
         prep_time += record_start.elapsed();
     }
@@ -640,9 +649,16 @@ async fn prepare_record(
     s: &settings::Settings,
     node_name: &str,
     conf: Option<&str>,
+    ready: Option<ReadyScontrol>,
 ) -> Option<i64> {
     let scontrol = Scontrol::new(&s.slurm.bin_dir);
-    let Ok(Some(node)) = scontrol.show_node(node_name).await else {
+    // Through the scontrol started while munged started (it first needs munge for this
+    // command, so it answers as one started now would).
+    let looked = match ready {
+        Some(r) => r.show_node(node_name).await,
+        None => scontrol.show_node(node_name).await,
+    };
+    let Ok(Some(node)) = looked else {
         return None;
     };
     let started = node.slurmd_start_time();
@@ -857,13 +873,18 @@ async fn join(
     let mut restarts = 0u32;
     let mut polls = 0u32;
     let mut lifted: Option<String> = None;
+    // The scontrol for the next look, started during the pause before it
+    // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
+    let mut ready: Option<ReadyScontrol> = None;
     loop {
+        let look = async {
+            match ready.take() {
+                Some(r) => r.show_node(&def.node_name).await,
+                None => scontrol.show_node(&def.node_name).await,
+            }
+        };
         // slurmctld's record and the unit's state, read together: one wait per poll.
-        let (node, svc) = futures_lite::future::zip(
-            scontrol.show_node(&def.node_name),
-            systemd.service_info(unit),
-        )
-        .await;
+        let (node, svc) = futures_lite::future::zip(look, systemd.service_info(unit)).await;
         let svc = match svc {
             Ok(v) => Some(v),
             Err(e) => {
@@ -966,6 +987,7 @@ async fn join(
             polls = 0;
             continue;
         }
+        ready = scontrol.spawn_ready().ok();
         tokio::time::sleep(poll_pause(polls).min(deadline.saturating_sub(start.elapsed()))).await;
     }
 }

@@ -312,41 +312,106 @@ impl Systemd {
         })
     }
 
-    async fn job(&self, call: &'static str, unit: &str) -> Result<(), SystemdError> {
+    /// Queues `RestartUnit(name, "replace")` and returns once systemd has accepted the
+    /// job, without waiting for it: the caller does other work while the unit (re)starts,
+    /// then waits with [`QueuedJob::wait`]. A job queued after it for a unit ordered
+    /// `After=` this one waits for it in systemd.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn queue_restart(&self, unit: &str) -> Result<QueuedJob<'_>, SystemdError> {
+        self.queue("RestartUnit", unit).await
+    }
+
+    /// Queues `StartUnit(name, "replace")` without waiting for it, as
+    /// [`Systemd::queue_restart`].
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn queue_start(&self, unit: &str) -> Result<QueuedJob<'_>, SystemdError> {
+        self.queue("StartUnit", unit).await
+    }
+
+    async fn queue(&self, call: &'static str, unit: &str) -> Result<QueuedJob<'_>, SystemdError> {
         let err = |source| SystemdError::Call {
             call,
             unit: unit.to_string(),
             source,
         };
         // Listen before queuing the job so that its JobRemoved cannot be missed.
-        let mut removed = self.manager.receive_job_removed().await.map_err(err)?;
+        let removed = self.manager.receive_job_removed().await.map_err(err)?;
         let job = match call {
             "StartUnit" => self.manager.start_unit(unit, "replace").await,
             "RestartUnit" => self.manager.restart_unit(unit, "replace").await,
             _ => self.manager.stop_unit(unit, "replace").await,
         }
         .map_err(err)?;
+        Ok(QueuedJob {
+            systemd: self,
+            call,
+            unit: unit.to_string(),
+            job,
+            removed,
+        })
+    }
+
+    async fn job(&self, call: &'static str, unit: &str) -> Result<(), SystemdError> {
+        self.queue(call, unit).await?.wait().await
+    }
+}
+
+/// A job systemd accepted ([`Systemd::queue_restart`]), not yet waited for.
+pub struct QueuedJob<'a> {
+    systemd: &'a Systemd,
+    call: &'static str,
+    unit: String,
+    job: OwnedObjectPath,
+    removed: JobRemovedStream,
+}
+
+impl std::fmt::Debug for QueuedJob<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuedJob")
+            .field("call", &self.call)
+            .field("unit", &self.unit)
+            .field("job", &self.job.as_str())
+            .finish()
+    }
+}
+
+impl QueuedJob<'_> {
+    /// Waits for the job to finish (its `JobRemoved` signal), up to the connection's
+    /// `job_timeout`.
+    ///
+    /// # Errors
+    /// [`SystemdError::Job`] for a result other than `done` (naming the unit's
+    /// `ActiveState` then), [`SystemdError::Timeout`].
+    pub async fn wait(mut self) -> Result<(), SystemdError> {
+        let (call, unit, job) = (self.call, self.unit.as_str(), self.job.as_str());
+        let removed = &mut self.removed;
         let wait = async {
             while let Some(sig) = removed.next().await {
                 let Ok(args) = sig.args() else { continue };
-                if args.job().as_str() == job.as_str() {
+                if args.job().as_str() == job {
                     return Some(args.result().to_string());
                 }
             }
             None
         };
-        let result = tokio::time::timeout(self.job_timeout, wait)
+        let timeout = self.systemd.job_timeout;
+        let result = tokio::time::timeout(timeout, wait)
             .await
             .map_err(|_| SystemdError::Timeout {
                 call,
                 unit: unit.to_string(),
-                timeout: self.job_timeout,
+                timeout,
             })?
             .unwrap_or_else(|| "unknown".into());
         if result == "done" {
             return Ok(());
         }
         let active_state = self
+            .systemd
             .active_state(unit)
             .await
             .unwrap_or_else(|e| format!("unknown ({e})"));

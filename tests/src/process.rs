@@ -10,6 +10,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -408,46 +409,56 @@ pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Output> {
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-    let mut stdout = child.stdout.take().context("stdout is piped")?;
-    let mut stderr = child.stderr.take().context("stderr is piped")?;
-    let out_reader = thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.read_to_end(&mut buf);
-        buf
+    let stdout = child.stdout.take().context("stdout is piped")?;
+    let stderr = child.stderr.take().context("stderr is piped")?;
+    // Each wait is a blocking call on a thread of its own, reported over a channel: the
+    // caller learns of the exit when it happens, not at its next look (the bootstrap
+    // benchmark times commands with this).
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = pipe.read_to_end(&mut buf);
+            let _ = tx.send(buf);
+        });
+        rx
+    };
+    let out_reader = reader(Box::new(stdout));
+    let err_reader = reader(Box::new(stderr));
+    let pid = child.id();
+    let (status_tx, status_rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = status_tx.send(child.wait());
     });
-    let err_reader = thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stderr.read_to_end(&mut buf);
-        buf
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(st) = child.try_wait().context("waiting for a command")? {
-            break st;
+    let kill_group = || {
+        if let Ok(pgid) = pid_of(pid) {
+            let _ = kill_process_group(pgid, Signal::KILL);
         }
-        if Instant::now() >= deadline {
-            if let Ok(pgid) = pid_of(child.id()) {
-                let _ = kill_process_group(pgid, Signal::KILL);
+    };
+    let deadline = Instant::now() + timeout;
+    let status = match status_rx.recv_timeout(timeout) {
+        Ok(status) => status.context("waiting for a command")?,
+        Err(_) => {
+            kill_group();
+            // Not reaped yet (the waiter still waits for it), so the id is still its own.
+            if let Ok(pid) = pid_of(pid) {
+                let _ = kill_process(pid, Signal::KILL);
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            // The waiter reaps it.
+            let _ = status_rx.recv_timeout(Duration::from_secs(10));
             bail!("{cmd:?} did not finish within {timeout:?}; killed");
         }
-        thread::sleep(Duration::from_millis(5));
     };
     // A grandchild that inherited the pipes can keep them open after the command exited:
     // wait for the readers until the same deadline, then give up on the output.
-    while !(out_reader.is_finished() && err_reader.is_finished()) {
-        if Instant::now() >= deadline {
-            if let Ok(pgid) = pid_of(child.id()) {
-                let _ = kill_process_group(pgid, Signal::KILL);
-            }
-            bail!("{cmd:?} exited with {status} but something it started kept its output open past {timeout:?}");
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    let stdout = out_reader.join().unwrap_or_default();
-    let stderr = err_reader.join().unwrap_or_default();
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let (Ok(stdout), Ok(stderr)) = (
+        out_reader.recv_timeout(left()),
+        err_reader.recv_timeout(left()),
+    ) else {
+        kill_group();
+        bail!("{cmd:?} exited with {status} but something it started kept its output open past {timeout:?}");
+    };
     Ok(Output {
         status,
         stdout,

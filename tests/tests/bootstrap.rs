@@ -180,6 +180,52 @@ fn key_problems_fail_before_anything_is_written() {
     assert!(!stderr(&out).contains(&b64[..24]));
 }
 
+/// munge's job is queued before the other preparations run and waited for after them: a
+/// munged that does not start still stops bootstrap with the unit named (exit 71), and
+/// slurmd is not started without it.
+#[test]
+fn a_munge_that_does_not_start_stops_bootstrap_before_slurmd() {
+    let env = NodeEnv::start("").unwrap();
+    let dropin = env.systemd.unit_dir().join("munge.service.d");
+    std::fs::create_dir_all(&dropin).unwrap();
+    std::fs::write(
+        dropin.join("fail.conf"),
+        "[Service]\nExecStartPre=/bin/false\n",
+    )
+    .unwrap();
+    env.systemd.daemon_reload().unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(71), "stderr:\n{err}");
+    assert!(err.contains("RestartUnit munge.service"), "{err}");
+    assert!(err.contains("\"failed\""), "{err}");
+    let slurmd = env
+        .systemd
+        .unit_property("slurmd.service", "ActiveState")
+        .unwrap();
+    assert_eq!(
+        slurmd.trim(),
+        "inactive",
+        "slurmd was started without munge"
+    );
+    assert!(out.stdout.is_empty());
+
+    // The key on disk is the cluster's now: a second run starts (not restarts) munge, and
+    // its failure is named the same way.
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(71), "stderr:\n{err}");
+    assert!(err.contains("StartUnit munge.service"), "{err}");
+
+    // Repaired: bootstrap converges.
+    std::fs::remove_dir_all(&dropin).unwrap();
+    env.systemd.daemon_reload().unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
+}
+
 #[test]
 fn hostile_tags_and_bad_settings_are_refused_with_the_source_named() {
     let env = NodeEnv::start("").unwrap();

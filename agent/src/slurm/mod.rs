@@ -7,7 +7,7 @@
 pub mod node;
 pub mod options;
 
-pub use node::{NodeInfo, Scontrol, ScontrolError};
+pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};
 pub use options::{slurmd_args, write_slurmd_options, OptionsFileError};
 
 use std::fmt;

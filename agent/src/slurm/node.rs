@@ -536,6 +536,123 @@ impl Scontrol {
     }
 }
 
+impl Scontrol {
+    /// Starts `scontrol -o` in its interactive mode, waiting on its standard input for the
+    /// one command [`ReadyScontrol::show_node`] gives it: the program's own start (loading
+    /// libslurm, reading the configuration; most of a `scontrol show node` call) is done
+    /// ahead of the look, which is then one RPC. It needs neither munge nor slurmctld until
+    /// that command. Killed when dropped unused.
+    ///
+    /// # Errors
+    /// [`ScontrolError::Spawn`].
+    pub fn spawn_ready(&self) -> Result<ReadyScontrol, ScontrolError> {
+        let child = tokio::process::Command::new(&self.program)
+            .arg("-o")
+            // Times (SlurmdStartTime) in UTC, as in [`Scontrol::run`].
+            .env("TZ", "UTC")
+            .kill_on_drop(true)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|source| ScontrolError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?;
+        Ok(ReadyScontrol {
+            program: self.program.clone(),
+            timeout: self.timeout,
+            child,
+        })
+    }
+}
+
+/// A `scontrol -o` already started, waiting for one command ([`Scontrol::spawn_ready`]).
+#[derive(Debug)]
+pub struct ReadyScontrol {
+    program: PathBuf,
+    timeout: Duration,
+    child: tokio::process::Child,
+}
+
+impl ReadyScontrol {
+    /// `show node <name>` given on its standard input, which is then closed, so that it
+    /// exits: the same answer as [`Scontrol::show_node`] (one line per node, the same
+    /// `Key=Value` pairs; "not found" is `None`). Its prompt, which it echoes with the
+    /// command, is not a node line.
+    ///
+    /// # Errors
+    /// [`ScontrolError`]; `Spawn` (kind `InvalidInput`) for a name that is not a Slurm
+    /// NodeName (letters, digits, `-`, `_`, `.`), which is never written to it.
+    pub async fn show_node(mut self, name: &str) -> Result<Option<NodeInfo>, ScontrolError> {
+        let args = format!("-o show node {name}");
+        let plain = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !plain {
+            return Err(ScontrolError::Spawn {
+                program: self.program,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("NodeName {name:?} is not given to scontrol's standard input"),
+                ),
+            });
+        }
+        let mut stdin = self.child.stdin.take();
+        let command = format!("show node {name}\n");
+        let run = async move {
+            if let Some(pipe) = stdin.as_mut() {
+                use tokio::io::AsyncWriteExt;
+                // A scontrol that already exited (no configuration) says why on stderr.
+                let _ = pipe.write_all(command.as_bytes()).await;
+            }
+            drop(stdin);
+            self.child.wait_with_output().await
+        };
+        let out = match tokio::time::timeout(self.timeout, run).await {
+            Err(_) => {
+                return Err(ScontrolError::Timeout {
+                    program: self.program,
+                    args,
+                    timeout: self.timeout,
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(ScontrolError::Spawn {
+                    program: self.program,
+                    source,
+                })
+            }
+            Ok(Ok(o)) => o,
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let node = stdout
+            .lines()
+            .filter(|l| l.starts_with("NodeName="))
+            .map(NodeInfo::parse)
+            .find(|n| n.name() == name);
+        if node.is_some() {
+            return Ok(node);
+        }
+        // 22.05 prints "Node x not found" on stdout; later versions on stderr.
+        if stdout.contains("not found") || stderr.contains("not found") {
+            return Ok(None);
+        }
+        if !out.status.success() {
+            return Err(ScontrolError::Failed {
+                program: self.program,
+                args,
+                code: out.status.code().unwrap_or(-1),
+                stderr: stderr.trim().to_string(),
+                stdout: stdout.trim().to_string(),
+            });
+        }
+        Ok(None)
+    }
+}
+
 /// Checks a drain reason: printable, no newline or control character, at most 256
 /// characters (it is shown in `sinfo -R` and stored in slurmctld's state).
 ///
@@ -864,6 +981,34 @@ mod tests {
         assert_eq!(
             NodeInfo::parse("NodeName=n1 SlurmdStartTime=None").slurmd_start_time(),
             None
+        );
+    }
+
+    /// The one command goes to the standard input of the scontrol started ahead; a name
+    /// that is not a NodeName never does (a newline there would start a second command).
+    #[tokio::test]
+    async fn a_ready_scontrol_is_given_only_a_node_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Stands in for scontrol: keeps what it is given on its standard input.
+        let program = dir.path().join("scontrol");
+        std::fs::write(&program, "#!/bin/sh\nexec cat >> \"$0.stdin\"\n").unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let given = dir.path().join("scontrol.stdin");
+        let sc = Scontrol {
+            program,
+            timeout: Duration::from_secs(10),
+        };
+        for bad in ["n1\ndelete NodeName=n2", "n1 n2", "", "n1;x"] {
+            let err = sc.spawn_ready().unwrap().show_node(bad).await.unwrap_err();
+            assert!(err.to_string().contains("not given"), "{bad:?}: {err}");
+        }
+        assert_eq!(std::fs::read_to_string(&given).unwrap_or_default(), "");
+        let answer = sc.spawn_ready().unwrap().show_node("ip-10-0-0-1").await;
+        assert!(matches!(answer, Ok(None)), "{answer:?}");
+        assert_eq!(
+            std::fs::read_to_string(&given).unwrap(),
+            "show node ip-10-0-0-1\n"
         );
     }
 
