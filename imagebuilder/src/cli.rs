@@ -422,6 +422,8 @@ impl Cli {
     }
 
     async fn build(&self, args: &BuildArgs) -> Result<Report> {
+        // A broken pin would stop the build only when a step fetches a signed package.
+        crate::keys::check(&self.packer_dir())?;
         match args.recipe.target {
             Target::Amazon => self.build_amazon(args).await,
             Target::Local => self.build_local(args).await,

@@ -1055,6 +1055,14 @@ fn validate_reads_the_signing_key_pins_as_the_build_does() {
         "{}",
         text(&out)
     );
+    // build stops on it too, before Packer is even looked for (here it would be exit 4).
+    let out = run(sib()
+        .arg("--packer-dir")
+        .arg(dir.path())
+        .arg("build")
+        .args(OFFLINE));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("has 39 hex digits"), "{}", text(&out));
     std::fs::write(&fpr, "DE92C7DA3E56E92331D62A36BC1F495C97DD04ED; see AWS\n").unwrap();
     let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
