@@ -210,15 +210,132 @@ impl NodeLifecycleSettings {
     }
 }
 
-fn location_ok(loc: &str) -> bool {
+/// What is wrong with a script location, if anything: `s3://<bucket>/<key>` with a bucket
+/// name as S3's general purpose bucket naming rules allow (3 to 63 lowercase letters,
+/// digits, `.` and `-`, beginning and ending with a letter or digit, no `..`, not an IPv4
+/// address; an access point alias such as `name-...-s3alias` passes, as `GetObject` takes
+/// one), `ssm:<parameter name>` ([`ssm_name_problem`]) or `file:<absolute path>` without
+/// NUL.
+pub fn location_problem(loc: &str) -> Option<String> {
+    const EXPECTED: &str = "expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>";
     if loc.starts_with("s3://") {
-        return s3_location(loc).is_some();
+        let Some((bucket, _)) = s3_location(loc) else {
+            return Some(format!(
+                "{EXPECTED} (s3://bucket/key with a bucket and a key)"
+            ));
+        };
+        return bucket_problem(bucket).map(|m| format!("bucket {bucket:?}: {m}"));
     }
     if let Some(name) = loc.strip_prefix("ssm:") {
-        return !name.is_empty();
+        return ssm_name_problem(name);
     }
-    loc.strip_prefix("file:")
-        .is_some_and(|p| p.starts_with('/') && p.len() > 1)
+    if let Some(path) = loc.strip_prefix("file:") {
+        if path.contains('\0') {
+            return Some("the path contains a NUL character".into());
+        }
+        if !path.starts_with('/') || path.len() < 2 {
+            return Some("the path must be absolute (file:/path/to/script)".into());
+        }
+        return None;
+    }
+    Some(EXPECTED.into())
+}
+
+/// S3's general purpose bucket naming rules (see [`location_problem`]).
+fn bucket_problem(b: &str) -> Option<String> {
+    const RULE: &str = "S3 bucket names are 3 to 63 characters: lowercase letters, digits, \
+                        '.' and '-'";
+    if !(3..=63).contains(&b.chars().count()) {
+        return Some(format!("{} characters; {RULE}", b.chars().count()));
+    }
+    if let Some(c) = b
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '.' || *c == '-'))
+    {
+        return Some(format!("character {c:?} is not allowed; {RULE}"));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(b.chars().next()) || !alnum(b.chars().last()) {
+        return Some("S3 bucket names begin and end with a letter or digit".into());
+    }
+    if b.contains("..") {
+        return Some("S3 bucket names have no two adjacent periods".into());
+    }
+    if b.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Some("S3 bucket names are not formatted as an IP address".into());
+    }
+    None
+}
+
+/// What is wrong with an SSM parameter reference for `GetParameter`, if anything: a name of
+/// 1 to 1011 characters `a-z A-Z 0-9 _ . -`, where a name with `/` is a hierarchy that
+/// begins with `/`, has no empty level and at most 15 levels; or the parameter's ARN
+/// (`arn:<partition>:ssm:<region>:<account>:parameter/<name>`); either with an optional
+/// `:<version>` or `:<label>` selector (1 to 100 of `a-z A-Z 0-9 _ . -`). Names are as
+/// Parameter Store's naming constraints (PutParameter's `Name`) specify.
+pub fn ssm_name_problem(reference: &str) -> Option<String> {
+    const CHARS: &str = "SSM parameter names are made of a-z A-Z 0-9 _ . - and / between levels";
+    let word = |c: char| c.is_ascii_alphanumeric() || "_.-".contains(c);
+    if reference.is_empty() {
+        return Some("empty SSM parameter name".into());
+    }
+    let (name, hierarchy_rule) = match reference.strip_prefix("arn:") {
+        Some(arn) => {
+            let parts: Vec<&str> = arn.splitn(5, ':').collect();
+            match parts.as_slice() {
+                [_, "ssm", _, _, rest] if rest.starts_with("parameter/") => {
+                    (&rest["parameter".len()..], false)
+                }
+                _ => {
+                    return Some(
+                        "not an SSM parameter ARN \
+                         (arn:<partition>:ssm:<region>:<account>:parameter/<name>)"
+                            .into(),
+                    )
+                }
+            }
+        }
+        None => (reference, true),
+    };
+    let (name, selector) = match name.split_once(':') {
+        Some((n, s)) => (n, Some(s)),
+        None => (name, None),
+    };
+    if let Some(s) = selector {
+        if s.is_empty() || s.len() > 100 || !s.chars().all(word) {
+            return Some(format!(
+                "{s:?} after ':' is not a version or label (1 to 100 of a-z A-Z 0-9 _ . -)"
+            ));
+        }
+    }
+    if let Some(c) = name.chars().find(|c| !(word(*c) || *c == '/')) {
+        return Some(format!("character {c:?} is not allowed; {CHARS}"));
+    }
+    if name.is_empty() {
+        return Some("empty SSM parameter name".into());
+    }
+    if name.len() > 1011 {
+        return Some(format!(
+            "{} characters; SSM parameter names have at most 1011",
+            name.len()
+        ));
+    }
+    if name.contains('/') {
+        if hierarchy_rule && !name.starts_with('/') {
+            return Some("a name with levels must begin with / (e.g. ssm:/site/script)".into());
+        }
+        let levels: Vec<&str> = name.trim_start_matches('/').split('/').collect();
+        if levels.iter().any(|l| l.is_empty()) || name.starts_with("//") {
+            return Some("an empty level (\"//\" or a trailing /)".into());
+        }
+        if levels.len() > 15 {
+            return Some(format!(
+                "{} levels; SSM parameter hierarchies have at most 15 levels",
+                levels.len()
+            ));
+        }
+    }
+    None
 }
 
 /// Checks what the API allows: a known caching policy; per stage at most 20 scripts; each
@@ -263,14 +380,9 @@ pub fn validate(a: &NodeLifecycleActions) -> Result<(), (String, String)> {
             if s.name.is_empty() || s.name.chars().count() > 256 {
                 return e("name", "must be 1 to 256 characters".into());
             }
-            if !location_ok(&s.script_source.script_location) {
-                return e(
-                    "script_location",
-                    format!(
-                        "{:?} is not s3://bucket/key, ssm:<parameter name> or file:<absolute path>",
-                        s.script_source.script_location
-                    ),
-                );
+            let loc = &s.script_source.script_location;
+            if let Some(m) = location_problem(loc) {
+                return e("script_location", format!("{loc:?}: {m}"));
             }
             if let Some(c) = &s.script_source.checksum {
                 if c.len() != 64 || !c.chars().all(|c| c.is_ascii_hexdigit()) {

@@ -58,8 +58,9 @@ pub enum Output {
 pub enum Command {
     /// Print the resolved recipe: OS, versions, checksums, Packer variables.
     Plan(RecipeArgs),
-    /// Check the template: variables passed exist with the right type, packer fmt -check,
-    /// packer validate where the installed Packer is new enough.
+    /// Check the template: variables passed exist with the right type, the signing-key
+    /// pins in files/keys/, packer fmt -check, packer validate where the installed Packer is
+    /// new enough.
     Validate(ValidateArgs),
     /// Build the image: an AMI with Packer, or a local Debian 12 root, tarball and qcow2.
     Build(BuildArgs),
@@ -345,6 +346,7 @@ impl Cli {
     async fn validate(&self, args: &ValidateArgs) -> Result<Report> {
         let (recipe, template, vars) = self.resolve(&args.recipe)?;
         check_variables(&template, &vars)?;
+        let pins = crate::keys::check(&self.packer_dir())?;
         let schema = schema_check(&template)?;
         let required = template.required_version.clone().unwrap_or_default();
         let packer = packer::locate(&self.packer, &required).await?;
@@ -383,6 +385,14 @@ impl Cli {
         for w in &schema.warnings {
             text.push_str(&format!("  {w}\n"));
         }
+        for p in &pins {
+            text.push_str(&format!(
+                "signing key pin ok: {} {} ({})\n",
+                p.id,
+                p.fingerprint,
+                p.key.display()
+            ));
+        }
         text.push_str(&format!(
             "packer fmt -check: ok (Packer {})\npacker validate: {validate}\n",
             packer.version
@@ -404,6 +414,7 @@ impl Cli {
                 "fmt": "ok",
                 "schema": {"result": "ok", "schemas": schema.schemas, "warnings": schema.warnings},
                 "validate": validate,
+                "signing_keys": pins,
                 "sources": fetched,
             }),
             text,
@@ -411,6 +422,8 @@ impl Cli {
     }
 
     async fn build(&self, args: &BuildArgs) -> Result<Report> {
+        // A broken pin would stop the build only when a step fetches a signed package.
+        crate::keys::check(&self.packer_dir())?;
         match args.recipe.target {
             Target::Amazon => self.build_amazon(args).await,
             Target::Local => self.build_local(args).await,

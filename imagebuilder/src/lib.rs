@@ -7,12 +7,14 @@
 //! - [`packer`]: running Packer (version, fmt, validate, build with cancellation);
 //! - [`machine_readable`]: parsing `-machine-readable` output and the manifest;
 //! - [`sources`]: sha256-verified downloads;
+//! - [`keys`]: the signing-key pins of `packer/files/keys/`;
 //! - [`publish`]: the SSM parameter nodes watch;
 //! - [`local`]: the Debian 12 chroot target;
 //! - [`cli`]: the command line; [`error`]: errors and exit codes.
 
 pub mod cli;
 pub mod error;
+pub mod keys;
 pub mod local;
 pub mod machine_readable;
 pub mod packer;

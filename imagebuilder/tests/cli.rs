@@ -991,3 +991,100 @@ fn publish_rolls_the_named_launch_templates_to_the_new_image() {
         text(&out)
     );
 }
+
+/// A packer folder with the real templates, sources, provisioning steps and key pins.
+fn packer_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
+        std::fs::copy(repo().join("packer").join(f), dir.path().join(f)).unwrap();
+    }
+    for sub in ["scripts", "files/keys"] {
+        let to = dir.path().join(sub);
+        std::fs::create_dir_all(&to).unwrap();
+        for e in std::fs::read_dir(repo().join("packer").join(sub)).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    dir
+}
+
+#[test]
+fn validate_reads_the_signing_key_pins_as_the_build_does() {
+    let out = run(sib().args(["--output", "json", "validate"]));
+    assert!(out.status.success(), "{}", text(&out));
+    let pins = json(&out)["signing_keys"].clone();
+    assert_eq!(pins.as_array().unwrap().len(), 2, "{pins}");
+    assert_eq!(pins[1]["id"], "amazon-ssm-agent");
+    assert_eq!(
+        pins[1]["fingerprint"],
+        "DE92C7DA3E56E92331D62A36BC1F495C97DD04ED"
+    );
+
+    // Harmless forms pass: a BOM, a 0x prefix, groups, a trailing comment, CRLF.
+    let dir = packer_copy();
+    let fpr = dir.path().join("files/keys/amazon-ssm-agent.fpr");
+    std::fs::write(
+        &fpr,
+        "\u{feff}# SSM Agent\r\n0xDE92 C7DA 3E56 E923 31D6  2A36 BC1F 495C 97DD 04ed  # from AWS\r\n",
+    )
+    .unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "signing key pin ok: amazon-ssm-agent DE92C7DA3E56E92331D62A36BC1F495C97DD04ED"
+        ),
+        "{}",
+        text(&out)
+    );
+
+    // A broken pin is refused before any build, naming the file, the line and what is wrong.
+    std::fs::write(
+        &fpr,
+        "# SSM Agent\nDE92C7DA3E56E92331D62A36BC1F495C97DD04E\n",
+    )
+    .unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "{}, line 2: \"DE92C7DA3E56E92331D62A36BC1F495C97DD04E\" has 39 hex digits; a fingerprint has 40",
+            fpr.display()
+        )),
+        "{}",
+        text(&out)
+    );
+    // build stops on it too, before Packer is even looked for (here it would be exit 4).
+    let out = run(sib()
+        .arg("--packer-dir")
+        .arg(dir.path())
+        .arg("build")
+        .args(OFFLINE));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("has 39 hex digits"), "{}", text(&out));
+    std::fs::write(&fpr, "DE92C7DA3E56E92331D62A36BC1F495C97DD04ED; see AWS\n").unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("amazon-ssm-agent.fpr, line 1: \"DE92C7DA3E56E92331D62A36BC1F495C97DD04ED; see AWS\" is not a fingerprint"),
+        "{}",
+        text(&out)
+    );
+
+    // A key a step checks against with no pin, and a pin with no key beside it.
+    std::fs::remove_file(&fpr).unwrap();
+    std::fs::remove_file(
+        dir.path()
+            .join("files/keys/amazon-cloudwatch-agent.key-url"),
+    )
+    .unwrap();
+    let out = run(sib().arg("--packer-dir").arg(dir.path()).arg("validate"));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("amazon-ssm-agent.fpr: no pinned signing key fingerprint: the file does not exist, and a provisioning step checks packages against key \"amazon-ssm-agent\"")
+            && t.contains("amazon-cloudwatch-agent.fpr: no public key beside the pin: neither amazon-cloudwatch-agent.asc nor amazon-cloudwatch-agent.key-url"),
+        "{t}"
+    );
+}

@@ -999,8 +999,9 @@ fn aws_agent_packages_are_installed_only_with_a_good_signature_by_the_pinned_key
     let (out, _) = run(&s, &env_for(&empty, "debian-12"));
     assert!(!out.status.success());
     assert!(
-        text(&out).contains("no pinned signing key fingerprint (40 hex digits) in")
-            && text(&out).contains("amazon-ssm-agent.fpr"),
+        text(&out).contains(
+            "amazon-ssm-agent.fpr: no pinned signing key fingerprint: the file does not exist"
+        ),
         "{}",
         text(&out)
     );
@@ -1166,4 +1167,63 @@ fn the_shipped_signing_keys_match_their_pinned_fingerprints() {
         }
     }
     assert!(checked >= 1, "no shipped key checked in {}", dir.display());
+}
+
+/// `lib.sh` reads a pin as `slurm-image-builder validate` does (imagebuilder/src/keys.rs):
+/// the same answers, word for word, for the harmless forms and the broken ones.
+#[test]
+fn lib_sh_reads_the_pins_as_validate_does() {
+    let s = StandIn::new();
+    let fpr = "DE92C7DA3E56E92331D62A36BC1F495C97DD04ED";
+    let cases = [
+        format!("# from AWS\n{fpr}\n"),
+        format!("{fpr}  # trailing comment\n"),
+        format!("0x{fpr}\n"),
+        format!("\u{feff}{}\r\n", fpr.to_lowercase()),
+        "DE92 C7DA 3E56 E923 31D6  2A36 BC1F 495C 97DD 04ED\n".to_string(),
+        format!("# c\n{fpr};\n"),
+        format!("{}\n", &fpr[1..]),
+        format!("{fpr}\n\n{fpr}\n"),
+        "# only a comment\n".to_string(),
+        "0x\n".to_string(),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let file = s.path().join(format!("k{i}.fpr"));
+        std::fs::write(&file, case).unwrap();
+        let out = s.bash(
+            "debian-12",
+            &format!(
+                ". {}; if pinned_fingerprint {}; then echo ok; fi",
+                lib().display(),
+                file.display()
+            ),
+        );
+        let ours = slurm_image_builder::keys::parse_pin(&file, case);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        match ours {
+            Ok(f) => {
+                assert_eq!(f, fpr, "{case:?}");
+                assert_eq!(stdout, format!("{fpr}\nok\n"), "{case:?}: {stderr}");
+            }
+            Err(m) => {
+                assert_eq!(stdout, "", "{case:?}");
+                assert_eq!(stderr.trim_end(), m, "{case:?}");
+            }
+        }
+    }
+    // verify_signature names the step, the package and the pin's own message.
+    let keys = s.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::write(keys.join("amazon-ssm-agent.fpr"), format!("{fpr}!\n")).unwrap();
+    let out = verify_served(&s, &keys);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains(&format!(
+            "[test] amazon-ssm-agent: {}, line 1: \"{fpr}!\" is not a fingerprint",
+            keys.join("amazon-ssm-agent.fpr").display()
+        )),
+        "{}",
+        text(&out)
+    );
 }

@@ -267,11 +267,63 @@ fetch_verified() {
 }
 
 # Signing keys of packages that come with a detached signature and no checksum list (AWS's
-# "latest" agent packages): packer/files/keys/<id>.fpr holds the pinned fingerprint (40
-# hex digits; '#' comments name where it is published), <id>.asc the public key where it
-# ships with the recipe, or <id>.key-url where the publisher serves it (its fingerprint is
-# checked before use).
+# "latest" agent packages): packer/files/keys/<id>.fpr holds the pinned fingerprint (see
+# pinned_fingerprint), <id>.asc the public key where it ships with the recipe, or
+# <id>.key-url where the publisher serves it (its fingerprint is checked before use).
 : "${SIGNING_KEYS_DIR:=$IMAGE_STAGING/files/keys}"
+
+# pinned_fingerprint FILE: print the fingerprint pinned in FILE, in capitals. The format
+# (`slurm-image-builder validate` reads it the same way, imagebuilder/src/keys.rs): one
+# line of 40 hex digits, in any case, spaces between groups allowed, an optional 0x prefix;
+# '#' starts a comment (a whole line or the rest of one); blank lines, a UTF-8 byte order
+# mark and CRLF line ends are ignored. Otherwise returns 1 with FILE, the line and what is
+# wrong on stderr.
+pinned_fingerprint() {
+	local file=$1
+	if [ ! -r "$file" ]; then
+		printf '%s: no pinned signing key fingerprint: the file does not exist or cannot be read (write the key'"'"'s 40-hex-digit fingerprint there)\n' "$file" >&2
+		return 1
+	fi
+	LC_ALL=C awk -v file="$file" '
+		NR == 1 && substr($0, 1, 3) == "\357\273\277" { $0 = substr($0, 4) }
+		{
+			sub(/\r$/, "")
+			text = $0
+			sub(/#.*/, "", text)
+			sub(/^[ \t]+/, "", text)
+			sub(/[ \t]+$/, "", text)
+			if (text == "") next
+			if (fpr != "") {
+				printf "%s, line %d: a second fingerprint (the first is on line %d); pin one key per file\n", file, NR, at > "/dev/stderr"
+				bad = 1
+				exit
+			}
+			hex = text
+			gsub(/[ \t]/, "", hex)
+			if (hex ~ /^0[xX]/) hex = substr(hex, 3)
+			if (hex ~ /[^0-9A-Fa-f]/) {
+				printf "%s, line %d: \"%s\" is not a fingerprint: only hex digits may come before a # comment (spaces and a 0x prefix are ignored)\n", file, NR, text > "/dev/stderr"
+				bad = 1
+				exit
+			}
+			if (length(hex) != 40) {
+				printf "%s, line %d: \"%s\" has %d hex digits; a fingerprint has 40\n", file, NR, text, length(hex) > "/dev/stderr"
+				bad = 1
+				exit
+			}
+			fpr = toupper(hex)
+			at = NR
+		}
+		END {
+			if (bad) exit 1
+			if (fpr == "") {
+				printf "%s: no pinned signing key fingerprint: no line of 40 hex digits (lines starting with # are comments)\n", file > "/dev/stderr"
+				exit 1
+			}
+			print fpr
+		}
+	' "$file"
+}
 
 # dearmor: an ASCII-armored OpenPGP block on stdin as binary on stdout (gpgv reads binary
 # keyrings; gpg itself is not on every minimal root, gpgv is: apt and dnf use it).
@@ -287,10 +339,8 @@ dearmor() {
 # (same fingerprint) and republishes it.
 verify_signature() {
 	local name=$1 file=$2 sig=$3 id=$4 fpr keyring key url status primary why
-	fpr=$(grep -v '^[[:space:]]*#' "$SIGNING_KEYS_DIR/$id.fpr" 2>/dev/null | tr -d ' \t\n' | tr 'a-f' 'A-F') ||
-		true
-	if [ ${#fpr} -ne 40 ] || [ -n "${fpr//[0-9A-F]/}" ]; then
-		printf '[%s] %s: no pinned signing key fingerprint (40 hex digits) in %s\n' "$STEP" "$name" "$SIGNING_KEYS_DIR/$id.fpr" >&2
+	if ! fpr=$(pinned_fingerprint "$SIGNING_KEYS_DIR/$id.fpr" 2>&1); then
+		printf '[%s] %s: %s\n' "$STEP" "$name" "$fpr" >&2
 		return 1
 	fi
 	if ! command -v gpgv >/dev/null 2>&1; then

@@ -544,6 +544,33 @@ fn gzip_compressed_user_data_shapes_the_node() {
     );
 }
 
+/// A tag with a bad value stops bootstrap (exit 78) naming the tag and the key, before
+/// anything is written; with the tags gone the same node bootstraps. (`status` and `drain`
+/// leave such a tag out with a warning instead:
+/// `a_tag_with_a_bad_value_is_left_out_by_status_and_drain_with_a_warning` in drain.rs.)
+#[test]
+fn a_tag_with_a_bad_value_stops_bootstrap_naming_the_tag_and_key() {
+    let env = NodeEnv::start("").unwrap();
+    for (key, value, why) in [
+        ("node.name", "x;rm", "x;rm"),
+        ("node.weight", "heavy", "expected an integer, got \"heavy\""),
+    ] {
+        env.imds.clear_tags();
+        env.imds.set_tag(&format!("slurm-node-agent:{key}"), value);
+        let out = env.bootstrap(&[]).unwrap();
+        assert_failed_cleanly(
+            &env,
+            &out,
+            78,
+            &format!("instance tag \"slurm-node-agent:{key}\": key `{key}`"),
+        );
+        assert!(stderr(&out).contains(why), "{}", stderr(&out));
+    }
+    env.imds.clear_tags();
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// The escalation chain of issue 10, with tags only: a key source naming an SSM String
 /// parameter that holds a cron line, raw encoding, a key path in a cron folder and owner
 /// root. Refused (exit 78, the tag and key named) and nothing written.

@@ -956,6 +956,59 @@ fn drain_resume_commands_are_idempotent_and_respect_foreign_drains() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("node name is unknown"));
 }
 
+/// A tag anyone with `ec2:CreateTags` can write must not lock operators out: a tag whose
+/// value is bad (`node.name=x;rm` fails validation, `node.weight=heavy` is not a number) is
+/// left out by `status`, `drain` and `resume` with a warning naming the tag and the key,
+/// and they do their work on the settings from the files. (Bootstrap refuses the same tags:
+/// `a_tag_with_a_bad_value_stops_bootstrap_naming_the_tag_and_key` in bootstrap.rs.)
+#[test]
+fn a_tag_with_a_bad_value_is_left_out_by_status_and_drain_with_a_warning() {
+    let w = World::start("badtag1", &[], "");
+    w.imds.set_tag("slurm-node-agent:node.name", "x;rm");
+    w.imds.set_tag("slurm-node-agent:node.weight", "heavy");
+    let warned = |out: &Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            err.contains(
+                "instance tag \"slurm-node-agent:node.weight\": key `node.weight`: expected an integer, got \"heavy\"; ignored"
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains("instance tag \"slurm-node-agent:node.name\": key `node.name`")
+                && err.contains("every setting from instance tags ignored"),
+            "{err}"
+        );
+    };
+
+    let out = w.run_agent(&["status", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    warned(&out);
+    let st = json(&out);
+    assert_eq!(st["node"], "badtag1", "{st}");
+    assert!(
+        st["slurm"]["state"].as_str().unwrap().starts_with("IDLE"),
+        "{st}"
+    );
+
+    let out = w.run_agent(&["drain", "--reason", "bad tag test", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    warned(&out);
+    assert_eq!(json(&out)["result"], "started");
+    assert!(
+        w.reason().starts_with("slurm-node-agent/operator@")
+            && w.reason().ends_with(": bad tag test"),
+        "{}",
+        w.reason()
+    );
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+
+    let out = w.run_agent(&["resume", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    warned(&out);
+    w.ctld.wait_node_idle("badtag1", WAIT).unwrap();
+}
+
 /// `status` in text: one readable line per field; when Slurm's view cannot be had (here
 /// scontrol has no configuration), what is known locally is still printed and the exit
 /// code is 69. With `--log-format json` every stderr line is a JSON object, the final

@@ -635,7 +635,31 @@ fn settings_scripts_run_in_the_configless_mode_with_the_agents_variables() {
     let boot = env.bootstrap(&[]).unwrap();
     let err = stderr(&boot);
     assert_eq!(boot.status.code(), Some(78), "{err}");
-    assert!(err.contains("node_lifecycle.node_ready"), "{err}");
+    let bad = env.config_dir().join("50-bad.toml");
+    assert!(
+        err.contains(&format!(
+            "{}, line 5: key `node_lifecycle.node_ready[0].on_error`: script \"x\"",
+            bad.display()
+        )),
+        "{err}"
+    );
+    // A malformed location is refused at once too, not when the script is due.
+    std::fs::write(
+        &bad,
+        "[[node_lifecycle.node_ready]]\nname = \"x\"\nscript_location = \"ssm:name with space\"\n\
+         execution_policy = \"EVERY_BOOT\"\non_error = \"CONTINUE\"\n",
+    )
+    .unwrap();
+    let boot = env.bootstrap(&[]).unwrap();
+    let err = stderr(&boot);
+    assert_eq!(boot.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}, line 3: key `node_lifecycle.node_ready[0].script_location`: script \"x\": \"ssm:name with space\": character ' ' is not allowed",
+            bad.display()
+        )),
+        "{err}"
+    );
 }
 
 /// A lifecycle script entry (the service's JSON shape) for an object in moto's S3.

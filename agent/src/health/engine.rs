@@ -463,7 +463,12 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (boo
     }
     let sd = match ctx.systemd().await {
         Ok(s) => s,
-        Err(e) => return (false, format!("{action:?} of {unit} not possible: {e}")),
+        Err(e) => {
+            return (
+                false,
+                format!("{} of {unit} not possible: {e}", action.verb()),
+            )
+        }
     };
     let r = match action {
         ServiceAction::Start => sd.start(&unit).await,
@@ -479,17 +484,8 @@ async fn service_action(service: &str, action: ServiceAction, ctx: &Ctx) -> (boo
         | ServiceAction::CommandWhenFound => return (false, String::new()),
     };
     match r {
-        Ok(()) => (
-            true,
-            format!("{} {unit}: done", format!("{action:?}").to_lowercase()),
-        ),
-        Err(e) => (
-            false,
-            format!(
-                "{} {unit} failed: {e}",
-                format!("{action:?}").to_lowercase()
-            ),
-        ),
+        Ok(()) => (true, format!("{} {unit}: done", action.verb())),
+        Err(e) => (false, format!("{} {unit} failed: {e}", action.verb())),
     }
 }
 
@@ -723,6 +719,14 @@ async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<Strin
     }
 }
 
+/// A command's end for messages: `exit code N`, or `killed by a signal`.
+fn exit_text(code: Option<i32>) -> String {
+    match code {
+        Some(c) => format!("exit code {c}"),
+        None => "killed by a signal".to_string(),
+    }
+}
+
 fn show_action(a: &psres::Action) -> String {
     match a {
         psres::Action::Kill(p) => format!("kill -9 {p}"),
@@ -757,7 +761,7 @@ async fn take_action(a: &psres::Action, ctx: &Ctx, timeout: Duration) -> String 
             match cmd::run_command(argv, timeout, ctx.output_limit).await {
                 Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
                 Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
-                Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                Ok(o) => format!("{shown:?} failed ({})", exit_text(o.code)),
                 Err(e) => format!("{shown:?} not run: {e}"),
             }
         }
@@ -772,11 +776,14 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
         (Outcome::Fail(m), CheckKind::Process(p))
             if p.action != ServiceAction::None && !ctx.service_actions =>
         {
-            Outcome::Fail(format!(
-                "{m}; {} of {} not attempted (report only)",
-                format!("{:?}", p.action).to_lowercase(),
-                p.service
-            ))
+            let planned = match p.action {
+                ServiceAction::Command | ServiceAction::CommandWhenFound => {
+                    format!("running {:?}", p.command.join(" "))
+                }
+                ServiceAction::Kill => "SIGKILL of the matching processes".to_string(),
+                a => format!("{} of {}", a.verb(), p.service),
+            };
+            Outcome::Fail(format!("{m}; {planned} not attempted (report only)"))
         }
         (Outcome::Fail(m), CheckKind::Process(p))
             if matches!(
@@ -791,7 +798,7 @@ async fn after(check: &Check, outcome: Outcome, ctx: &Ctx, deadline: Instant) ->
             let (ok, note) = match cmd::run_command(&p.command, limit, ctx.output_limit).await {
                 Ok(o) if o.timed_out => (false, format!("{shown:?} did not finish; killed")),
                 Ok(o) if o.code == Some(0) => (true, format!("{shown:?} succeeded")),
-                Ok(o) => (false, format!("{shown:?} failed (exit code {:?})", o.code)),
+                Ok(o) => (false, format!("{shown:?} failed ({})", exit_text(o.code))),
                 Err(e) => (false, format!("{shown:?} not run: {e}")),
             };
             if ok && p.verify != Verify::None {
@@ -918,7 +925,7 @@ async fn mount_after(
                     match cmd::run_command(argv, limit, ctx.output_limit).await {
                         Ok(o) if o.timed_out => format!("{shown:?} did not finish; killed"),
                         Ok(o) if o.code == Some(0) => format!("{shown:?} succeeded"),
-                        Ok(o) => format!("{shown:?} failed (exit code {:?})", o.code),
+                        Ok(o) => format!("{shown:?} failed ({})", exit_text(o.code)),
                         Err(e) => format!("{shown:?} not run: {e}"),
                     }
                 }

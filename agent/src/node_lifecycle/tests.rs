@@ -293,6 +293,66 @@ fn s3_locations_split_into_bucket_and_key_as_written() {
         "S3://b/k",
     ] {
         assert_eq!(s3_location(bad), None, "{bad}");
-        assert!(!location_ok(bad) || bad.starts_with("ssm:"), "{bad}");
+        assert!(
+            location_problem(bad).is_some() || bad.starts_with("ssm:"),
+            "{bad}"
+        );
     }
+}
+
+#[test]
+fn malformed_locations_are_refused_saying_what_is_wrong() {
+    for good in [
+        "s3://site-scripts/boot/ready.sh",
+        "s3://a.b-c.9/x",
+        "s3://my-ap-abcdefghij1234567890-s3alias/x.sh",
+        "ssm:/site/ready-script",
+        "ssm:plain_name.v2-x",
+        "ssm:/site/ready:3",
+        "ssm:/site/ready:prod_label",
+        "ssm:/aws/service/public/param",
+        "ssm:arn:aws:ssm:eu-west-1:123456789012:parameter/site/ready",
+        "file:/opt/site/ready.sh",
+        "file:/opt/site dir/ready.sh",
+    ] {
+        assert_eq!(location_problem(good), None, "{good}");
+    }
+    for (bad, what) in [
+        ("ssm:name with space", "' '"),
+        ("ssm:", "empty"),
+        ("ssm:/a//b", "empty level"),
+        ("ssm:/a/b/", "empty level"),
+        ("ssm:a/b", "begin with /"),
+        ("ssm:/x;rm", "';'"),
+        ("ssm:/x:", "version or label"),
+        ("ssm:/x:a b", "version or label"),
+        ("ssm:arn:aws:s3:::bucket/x", "ARN"),
+        ("file:/opt/a\0b", "NUL"),
+        ("file:relative/x", "absolute"),
+        ("file:/", "absolute"),
+        ("s3://My_Bucket/x.sh", "'M'"),
+        ("s3://ab/x.sh", "3 to 63"),
+        ("s3://-bucket/x", "begin and end"),
+        ("s3://bucket-/x", "begin and end"),
+        ("s3://a..b/x", "two adjacent periods"),
+        ("s3://192.168.5.4/x", "IP address"),
+        ("s3://bucket", "s3://bucket/key"),
+        ("http://example.com/x", "s3://bucket/key"),
+    ] {
+        let m = location_problem(bad).unwrap_or_else(|| panic!("{bad:?} accepted"));
+        assert!(m.contains(what), "{bad:?}: {m}");
+    }
+    let long = format!("s3://{}/x", "a".repeat(64));
+    assert!(location_problem(&long).unwrap().contains("3 to 63"));
+    let deep = format!("ssm:{}", "/l".repeat(16));
+    assert!(location_problem(&deep).unwrap().contains("15 levels"));
+    let d = tempfile::tempdir().unwrap();
+    let mut s = script(d.path(), "n", "x", "CONTINUE", "EVERY_BOOT");
+    s.script_source.script_location = "ssm:name with space".into();
+    let (key, m) = validate(&actions("CACHE_ONCE", vec![s])).unwrap_err();
+    assert_eq!(key, "node_bootstrapped[0].script_location");
+    assert!(
+        m.starts_with("script \"n\": \"ssm:name with space\": ") && m.contains("' '"),
+        "{m}"
+    );
 }

@@ -443,11 +443,11 @@ pub enum Enforce {
     WarnAndIgnore,
 }
 
-/// `mounts[1].source` → `mounts`: the key a layer sets (arrays are set whole).
+/// `mounts[1].source` → `mounts`, `node_lifecycle.node_ready[0].name` →
+/// `node_lifecycle.node_ready`: the key a layer sets (arrays are set whole).
 fn set_key(key: &str) -> &str {
-    let head = key.split('.').next().unwrap_or(key);
-    match head.find('[') {
-        Some(i) => &head[..i],
+    match key.find('[') {
+        Some(i) => &key[..i],
         None => key,
     }
 }

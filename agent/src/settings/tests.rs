@@ -516,3 +516,45 @@ fn oversized_files_and_tag_values_are_refused() {
         "{e}"
     );
 }
+
+#[test]
+fn node_lifecycle_errors_name_their_file_script_and_line() {
+    let text = "[node_lifecycle]\npoweroff_unit = \"poweroff.target\"\n\n\
+                [[node_lifecycle.node_ready]]\nname = \"ok\"\nscript_location = \"file:/opt/ok.sh\"\n\
+                execution_policy = \"EVERY_BOOT\"\non_error = \"CONTINUE\"\n\n\
+                [[node_lifecycle.node_ready]]\nname = \"bad\"\n\
+                script_location = \"ssm:name with space\"\n\
+                execution_policy = \"EVERY_BOOT\"\non_error = \"CONTINUE\"\n";
+    let layer = Layer::from_toml(
+        Source::File("/etc/slurm-node-agent/conf.d/30-scripts.toml".into()),
+        text,
+    )
+    .unwrap();
+    let e = Resolved::merge(&[layer]).unwrap_err().to_string();
+    assert!(
+        e.starts_with(
+            "/etc/slurm-node-agent/conf.d/30-scripts.toml, line 12: \
+             key `node_lifecycle.node_ready[1].script_location`: script \"bad\": "
+        ),
+        "{e}"
+    );
+    assert!(e.contains("' '"), "{e}");
+    // A plain key of the section names its file and line too.
+    let layer = Layer::from_toml(
+        Source::File("/etc/x.toml".into()),
+        "[node_lifecycle]\n\npoweroff_unit = \"../x\"\n",
+    )
+    .unwrap();
+    let e = Resolved::merge(&[layer]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("/etc/x.toml, line 3: key `node_lifecycle.poweroff_unit`"),
+        "{e}"
+    );
+    // From the command line.
+    let flag = Layer::from_key_value(Source::Flag, "node_lifecycle.poweroff_unit", "a b").unwrap();
+    let e = Resolved::merge(&[flag]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("command line: key `node_lifecycle.poweroff_unit`"),
+        "{e}"
+    );
+}

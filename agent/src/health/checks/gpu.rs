@@ -233,7 +233,7 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
                         | ThrottleReasons::HW_THERMAL_SLOWDOWN
                         | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN);
                 if !bad.is_empty() {
-                    problems.push(format!("GPU {i}: hardware slowdown {bad:?}"));
+                    problems.push(format!("GPU {i}: {}", slowdown_text(bad)));
                 }
             }
         }
@@ -267,11 +267,43 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
     }
 }
 
+/// The hardware slowdown reasons in NVIDIA's words (`nvidia-smi -q`'s "Clocks Event
+/// Reasons"): `HW Slowdown`, `HW Thermal Slowdown`, `HW Power Brake Slowdown`.
+fn slowdown_text(bad: ThrottleReasons) -> String {
+    let names: Vec<&str> = [
+        (ThrottleReasons::HW_SLOWDOWN, "HW Slowdown"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "HW Thermal Slowdown"),
+        (
+            ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            "HW Power Brake Slowdown",
+        ),
+    ]
+    .into_iter()
+    .filter(|(f, _)| bad.contains(*f))
+    .map(|(_, n)| n)
+    .collect();
+    format!("hardware slowdown active ({})", names.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::health::facts::Host;
+
+    #[test]
+    fn slowdown_reasons_read_as_nvidia_smi_names_them() {
+        assert_eq!(
+            slowdown_text(
+                ThrottleReasons::HW_THERMAL_SLOWDOWN | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN
+            ),
+            "hardware slowdown active (HW Thermal Slowdown, HW Power Brake Slowdown)"
+        );
+        assert_eq!(
+            slowdown_text(ThrottleReasons::HW_SLOWDOWN),
+            "hardware slowdown active (HW Slowdown)"
+        );
+    }
 
     #[test]
     fn parses_xid_lines() {

@@ -36,6 +36,22 @@ pub enum ServiceAction {
     CommandWhenFound,
 }
 
+impl ServiceAction {
+    /// The action in words, for messages: `start`, `restart`, `stop then start`, `stop`,
+    /// `SIGKILL`, `run` (`none` for [`ServiceAction::None`]).
+    pub fn verb(self) -> &'static str {
+        match self {
+            ServiceAction::None => "none",
+            ServiceAction::Start => "start",
+            ServiceAction::Restart => "restart",
+            ServiceAction::Cycle => "stop then start",
+            ServiceAction::Stop => "stop",
+            ServiceAction::Kill => "SIGKILL",
+            ServiceAction::Command | ServiceAction::CommandWhenFound => "run",
+        }
+    }
+}
+
 /// NHC's `-v` / `-V` on `check_ps_service`: whether a recovery action that worked makes
 /// the check pass for this run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

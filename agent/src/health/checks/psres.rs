@@ -143,6 +143,20 @@ pub enum Resource {
     CpuSecs(u64),
 }
 
+impl std::fmt::Display for Resource {
+    /// The limit in words: `50% CPU`, `1 GB memory (RAM+swap)`, `10% RAM`, `512 MB RAM`,
+    /// `1m30s of CPU time`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Resource::CpuPercent(l) => write!(f, "{l}% CPU"),
+            Resource::VszKib(l) => write!(f, "{} memory (RAM+swap)", unparse_kib(*l)),
+            Resource::MemPercent(l) => write!(f, "{l}% RAM"),
+            Resource::RssKib(l) => write!(f, "{} RAM", unparse_kib(*l)),
+            Resource::CpuSecs(l) => write!(f, "{}m{}s of CPU time", l / 60, l % 60),
+        }
+    }
+}
+
 /// NHC's `check_ps_cpu/mem/physmem/time`: no process (of a non-system user unless
 /// `all_users`) matching `pattern` and `owner` may reach the limit.
 #[derive(Debug, Clone)]
@@ -271,15 +285,15 @@ pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, Stri
             ),
             _ => continue,
         };
+        // The actions are only asked for here: the engine says what it did with each
+        // (or that a report-only run did not attempt it).
         if !spec.command.is_empty() {
             actions.push(Action::Run(spec.command.clone()));
         }
         if spec.kill {
             actions.push(Action::Kill(p.pid));
-            msg.push_str("; killed");
         } else if let Some(n) = spec.renice {
             actions.push(Action::Renice(p.pid, n));
-            msg.push_str(&format!("; reniced {n:+}"));
         }
         if spec.kill_parent {
             let parent_uid = proc_stat(&facts.host.proc_dir, st.ppid, mem_total, up).map(|s| s.uid);
@@ -289,7 +303,6 @@ pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, Stri
                 msg.push_str(&format!("; parent {} not killed (owner mismatch)", st.ppid));
             } else {
                 actions.push(Action::Kill(st.ppid));
-                msg.push_str(&format!("; killed parent {}", st.ppid));
             }
         }
         msgs.push(msg);
@@ -299,7 +312,7 @@ pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, Stri
     }
     let result = match msgs.len() {
         0 => Ok(format!(
-            "no matching process over the limit ({:?})",
+            "no matching process over the limit ({})",
             spec.resource
         )),
         1 if !spec.all => Err(msgs.remove(0)),
@@ -441,9 +454,15 @@ pub fn eval_users(
             "{fn_name}: {user}'s \"{cmd}\" process is {what}. (PID {})",
             p.pid
         );
+        let mut noted = false;
         for a in &spec.actions {
             match a {
-                UserAction::Log => notes.push(msg.clone()),
+                // `log` and `syslog` both mean "note it": once per process.
+                UserAction::Log if noted => {}
+                UserAction::Log => {
+                    notes.push(msg.clone());
+                    noted = true;
+                }
                 UserAction::Die => {
                     return Ok(Verdict {
                         result: Err(msg),

@@ -1051,6 +1051,87 @@ other || check_nope -x
         assert!(m.contains("not possible"), "{m}");
     }
 
+    /// A /proc with one process: PID 4194301 (above any pid_max: nothing real is ever
+    /// signalled), `hog`, uid 5000, parent 1, 99.0% of a CPU over 1000 s.
+    fn fake_proc() -> (tempfile::TempDir, crate::health::facts::Host) {
+        let d = tempfile::tempdir().unwrap();
+        let proc = d.path().join("proc");
+        let pid = proc.join("4194301");
+        std::fs::create_dir_all(&pid).unwrap();
+        std::fs::write(proc.join("uptime"), "1000.00 900.00\n").unwrap();
+        std::fs::write(
+            proc.join("meminfo"),
+            "MemTotal: 1000000 kB\nMemFree: 500000 kB\n",
+        )
+        .unwrap();
+        std::fs::write(pid.join("cmdline"), "hog\0--spin\0").unwrap();
+        std::fs::write(
+            pid.join("status"),
+            "Name:\thog\nUid:\t5000\t5000\t5000\t5000\nPPid:\t1\nVmSize:\t2000 kB\nVmRSS:\t1000 kB\n",
+        )
+        .unwrap();
+        std::fs::write(
+            pid.join("stat"),
+            "4194301 (hog) R 1 1 1 0 -1 0 0 0 0 0 99000 0 0 0 20 0 1 0 0 0 0\n",
+        )
+        .unwrap();
+        let host = crate::health::facts::Host {
+            proc_dir: proc,
+            passwd: d.path().join("passwd"),
+            ..Default::default()
+        };
+        (d, host)
+    }
+
+    #[tokio::test]
+    async fn process_check_messages_are_plain_words_and_say_what_was_done() {
+        let (_d, host) = fake_proc();
+        let set = p(
+            "MAX_SYS_UID=999\n\
+             * || check_ps_cpu -m hog 100%\n\
+             * || check_ps_cpu -m hog -k 50%\n\
+             * || check_ps_cpu -m hog -e /bin/false 50%\n\
+             * || check_ps_userproc_lineage log syslog\n\
+             * || check_ps_service -e /bin/true no-such-daemon-xyz\n",
+            Some("n1"),
+        )
+        .unwrap();
+        let env = |service_actions| crate::health::engine::RunEnv {
+            host: host.clone(),
+            systemd_bus: "unix:path=/nonexistent/bus".into(),
+            service_actions,
+            ..Default::default()
+        };
+        let r = crate::health::engine::run_checks(&set, &env(false)).await;
+        let m = |i: usize| r.results[i].message.clone();
+        // A limit in words, not a Rust name (was "CpuPercent(100)").
+        assert_eq!(m(0), "no matching process over the limit (100% CPU)");
+        // --no-act: the kill is not claimed, only reported as not attempted.
+        assert_eq!(
+            m(1),
+            "check_ps_cpu: Process \"hog\" (4194301) of 5000 using 99.0% CPU (limit 50%); \
+             not attempted (report only): kill -9 4194301"
+        );
+        // log and syslog both note it: once.
+        assert_eq!(
+            m(3),
+            "check_ps_userproc_lineage: 5000's \"hog\" process is rogue. (PID 4194301) (logged only)"
+        );
+        // The action a process check would take, in words (was "command of ...").
+        assert!(
+            m(4).ends_with("; running \"/bin/true\" not attempted (report only)"),
+            "{}",
+            m(4)
+        );
+        // Acting: an exit code as a number (was "exit code Some(1)").
+        let r = crate::health::engine::run_checks(&set, &env(true)).await;
+        let m2 = &r.results[2].message;
+        assert!(
+            m2.ends_with("(limit 50%); \"/bin/false\" failed (exit code 1)"),
+            "{m2}"
+        );
+    }
+
     /// Lines an NHC file may hold: real check names, shell-ish punctuation, arbitrary text.
     fn nhc_line() -> impl proptest::strategy::Strategy<Value = String> {
         use proptest::prelude::*;
