@@ -241,10 +241,26 @@ pub fn location_problem(loc: &str) -> Option<String> {
     Some(EXPECTED.into())
 }
 
-/// S3's general purpose bucket naming rules (see [`location_problem`]).
+/// S3's general purpose bucket naming rules (see [`location_problem`]), or a legacy
+/// name: buckets created in us-east-1 before March 2018 may have 3 to 255 characters of
+/// letters of either case, digits, `.`, `-` and `_`, and S3 still serves them (a name the
+/// service sends must not be refused).
 fn bucket_problem(b: &str) -> Option<String> {
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let legacy = (3..=255).contains(&b.len())
+        && b.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        && alnum(b.chars().next())
+        && alnum(b.chars().last())
+        && !b.contains("..")
+        && b.parse::<std::net::Ipv4Addr>().is_err();
+    strict_bucket_problem(b).filter(|_| !legacy)
+}
+
+/// S3's current general purpose bucket naming rules.
+fn strict_bucket_problem(b: &str) -> Option<String> {
     const RULE: &str = "S3 bucket names are 3 to 63 characters: lowercase letters, digits, \
-                        '.' and '-'";
+                        '.' and '-' (legacy us-east-1 names: up to 255, also capitals and '_')";
     if !(3..=63).contains(&b.chars().count()) {
         return Some(format!("{} characters; {RULE}", b.chars().count()));
     }

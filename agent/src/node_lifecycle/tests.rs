@@ -305,6 +305,8 @@ fn malformed_locations_are_refused_saying_what_is_wrong() {
     for good in [
         "s3://site-scripts/boot/ready.sh",
         "s3://a.b-c.9/x",
+        // A legacy us-east-1 name (before March 2018): capitals and underscores.
+        "s3://My_Legacy_Bucket/x.sh",
         "s3://my-ap-abcdefghij1234567890-s3alias/x.sh",
         "ssm:/site/ready-script",
         "ssm:plain_name.v2-x",
@@ -330,7 +332,7 @@ fn malformed_locations_are_refused_saying_what_is_wrong() {
         ("file:/opt/a\0b", "NUL"),
         ("file:relative/x", "absolute"),
         ("file:/", "absolute"),
-        ("s3://My_Bucket/x.sh", "'M'"),
+        ("s3://my*bucket/x.sh", "'*'"),
         ("s3://ab/x.sh", "3 to 63"),
         ("s3://-bucket/x", "begin and end"),
         ("s3://bucket-/x", "begin and end"),
@@ -342,7 +344,12 @@ fn malformed_locations_are_refused_saying_what_is_wrong() {
         let m = location_problem(bad).unwrap_or_else(|| panic!("{bad:?} accepted"));
         assert!(m.contains(what), "{bad:?}: {m}");
     }
-    let long = format!("s3://{}/x", "a".repeat(64));
+    // 64 to 255 characters: only a legacy us-east-1 name can be that long.
+    assert_eq!(
+        location_problem(&format!("s3://{}/x", "a".repeat(255))),
+        None
+    );
+    let long = format!("s3://{}/x", "a".repeat(256));
     assert!(location_problem(&long).unwrap().contains("3 to 63"));
     let deep = format!("ssm:{}", "/l".repeat(16));
     assert!(location_problem(&deep).unwrap().contains("15 levels"));
