@@ -1,4 +1,5 @@
-//! Release builds place the functions that `slurm-node-agent check` runs next to each other
+//! Release builds place the functions that `slurm-node-agent-healthcheck` (Slurm's
+//! `HealthCheckProgram`) and `slurm-node-agent check` run next to each other
 //! in the binary (`link-order.txt`, a symbol ordering file for LLD): the kernel maps the
 //! binary's code 64 KiB at a time around each page fault, so `check`'s roughly 1 MB of code
 //! spread over 16 MB of text made it map about 6 MiB of it on every run (Slurm runs `check`
@@ -52,9 +53,11 @@ fn main() {
         return;
     };
     let file = std::path::Path::new(&dir).join("link-order.txt");
-    println!(
-        "cargo:rustc-link-arg-bin=slurm-node-agent=-Wl,--symbol-ordering-file={}",
-        file.display()
-    );
-    println!("cargo:rustc-link-arg-bin=slurm-node-agent=-Wl,--no-warn-symbol-ordering");
+    for bin in ["slurm-node-agent", "slurm-node-agent-healthcheck"] {
+        println!(
+            "cargo:rustc-link-arg-bin={bin}=-Wl,--symbol-ordering-file={}",
+            file.display()
+        );
+        println!("cargo:rustc-link-arg-bin={bin}=-Wl,--no-warn-symbol-ordering");
+    }
 }

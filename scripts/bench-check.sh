@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Benchmark of `slurm-node-agent check` on the 21 NHC checks of shared/bench/nhc-21.conf
+# Benchmark of Slurm's HealthCheckProgram `slurm-node-agent-healthcheck` (the agent's
+# `check` as a program of its own) on the 21 NHC checks of shared/bench/nhc-21.conf
 # (issues 6 and 11), side by side with LBNL NHC 1.4.3 in the same run:
 # - median wall time of each (hyperfine) and the ratio (goal: the agent >= 20x faster);
-# - peak RSS of each (GNU time; goal: the agent's no higher than NHC's);
+# - peak RSS of each (GNU time; goal: the agent's no higher than NHC's), and for scale the
+#   same checks through the full agent's `slurm-node-agent check`;
 # - a run with six hung checks (three reads of FIFOs nobody writes, three commands that
 #   sleep) under a 5 s run deadline: total wall within the deadline, all six named.
 # LBNL NHC runs in place from ../shared/peers/lbnl-nhc-1.4.3-notests.tar.gz (see the README
@@ -28,12 +30,15 @@ done
 
 cd "$ROOT"
 if [[ -n ${SLURM_NODE_AGENT_BIN:-} ]]; then
-    BIN=$SLURM_NODE_AGENT_BIN    # a binary built elsewhere (numbers are only meaningful for release)
+    FULL_BIN=$SLURM_NODE_AGENT_BIN    # binaries built elsewhere (numbers are only meaningful for release)
 else
     cargo build --release --locked --workspace --bins >&2
     TARGET=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-    BIN=$TARGET/release/slurm-node-agent
+    FULL_BIN=$TARGET/release/slurm-node-agent
 fi
+# What slurmd runs: the HealthCheckProgram next to the full agent.
+BIN=$(dirname "$FULL_BIN")/slurm-node-agent-healthcheck
+[[ -x $BIN ]] || { echo "bench-check: $BIN is missing (built with the agent)" >&2; exit 2; }
 
 WORK=$(mktemp -d /tmp/bench-check.XXXXXX)
 MUNGED_PID=
@@ -63,7 +68,7 @@ mkdir -p "$WORK/bin"
 sed 's/^NodeName=[^ ]*/NodeName=bench-node/' "$ROOT/agent/tests/fixtures/slurm-22.05/scontrol-show-node-idle.txt" > "$WORK/node.txt"
 printf '#!/bin/sh\ncat %s\n' "$WORK/node.txt" > "$WORK/bin/scontrol"
 chmod 755 "$WORK/bin/scontrol"
-ARGS=(check "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" "--checks-dir=$WORK/checks.d"
+ARGS=("--config=$WORK/none.toml" "--config-dir=$WORK/none.d" "--checks-dir=$WORK/checks.d"
       "--set=agent.state_dir=$WORK/state" "--set=slurm.bin_dir=$WORK/bin" "--nhc-conf=$CONF")
 mkdir -p "$WORK/state" "$WORK/none.d" "$WORK/checks.d"
 # Settings files given explicitly must exist: empty ones (the defaults).
@@ -120,6 +125,11 @@ peak_rss() { # command...: prints the median and max peak RSS (KiB) of 20 runs
 python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$BIN"
 "${ENV[@]}" "$BIN" "${ARGS[@]}" >/dev/null || true
 read -r RSS_MED RSS_MAX < <(peak_rss "$BIN" "${ARGS[@]}")
+# For scale: the same run through the full agent (`slurm-node-agent check`), which links
+# the AWS SDKs, the daemon and bootstrap too.
+python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$FULL_BIN"
+"${ENV[@]}" "$FULL_BIN" check "${ARGS[@]}" >/dev/null || true
+read -r FULL_RSS_MED FULL_RSS_MAX < <(peak_rss "$FULL_BIN" check "${ARGS[@]}")
 
 # Where the agent's resident memory is: its largest /proc/PID/status sample of one run
 # (sampled every 5 ms; one more check, a 0.5 s sleep, keeps the process alive after the
@@ -162,10 +172,11 @@ PY
 )
 wait "$SPLIT_PID" || true
 
-echo "slurm-node-agent check, $CHECKS checks of $(basename "$CONF"), $RUNS runs:"
+echo "slurm-node-agent-healthcheck (HealthCheckProgram), $CHECKS checks of $(basename "$CONF"), $RUNS runs:"
 echo "  median wall time: $MEDIAN_MS ms (mean $MEAN_MS ms)"
 echo "  peak RSS:         ${RSS_MED} KiB median, ${RSS_MAX} KiB max (of 20 runs)"
 echo "  RSS split:        $SPLIT (largest sample of one run)"
+echo "  full agent:       slurm-node-agent check, same checks: peak RSS ${FULL_RSS_MED} KiB median, ${FULL_RSS_MAX} KiB max"
 # The layout of the binary's code (agent/build.rs): how many of the functions in
 # agent/link-order.txt the binary has, and how many 64 KiB windows they touch (few when the
 # ordering applied; regenerate it with scripts/link-order.sh when few match).
@@ -221,7 +232,7 @@ for n in 1 2 3; do
     echo "* || check_cmd_status -t 60 /bin/sleep 100$n" >> "$HUNG"
 done
 START=$(date +%s.%N)
-"${ENV[@]}" "$BIN" check "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" \
+"${ENV[@]}" "$BIN" "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" \
     "--checks-dir=$WORK/checks.d" "--set=agent.state_dir=$WORK/state" \
     "--set=slurm.bin_dir=$WORK/bin" "--nhc-conf=$HUNG" \
     --set=health.run_deadline=5s --set=health.timeout=60s --no-act > "$WORK/hung.txt" || true

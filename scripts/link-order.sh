@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates agent/link-order.txt, the symbol ordering file that release builds give LLD
-# (agent/build.rs): the functions `slurm-node-agent check` runs on the benchmark set, so
+# (agent/build.rs): the functions `slurm-node-agent-healthcheck` (HealthCheckProgram) and
+# `slurm-node-agent check` run on the benchmark set (the former's first), so
 # that the linker places them next to each other and a run maps about 1.7 MiB of the
 # binary's code instead of about 6 MiB (the kernel maps code 64 KiB around each fault).
 #
@@ -11,12 +12,13 @@
 #
 # Usage: scripts/link-order.sh [NHC_CONF]   (default ../shared/bench/nhc-21.conf)
 # Needs: valgrind (callgrind), python3, nm (binutils), a release build (SLURM_NODE_AGENT_BIN, default
-# target/release/slurm-node-agent).
+# target/release/slurm-node-agent, and slurm-node-agent-healthcheck next to it).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CONF=${1:-$ROOT/../shared/bench/nhc-21.conf}
-BIN=$(realpath "${SLURM_NODE_AGENT_BIN:-$ROOT/target/release/slurm-node-agent}")
+FULL=$(realpath "${SLURM_NODE_AGENT_BIN:-$ROOT/target/release/slurm-node-agent}")
+HC=$(dirname "$FULL")/slurm-node-agent-healthcheck
 OUT=$ROOT/agent/link-order.txt
 for tool in valgrind python3 nm; do
     command -v "$tool" >/dev/null || { echo "link-order: $tool is missing" >&2; exit 2; }
@@ -31,22 +33,29 @@ mkdir -p "$WORK/state" "$WORK/none.d" "$WORK/checks.d" "$WORK/bin"
 sed 's/^NodeName=[^ ]*/NodeName=bench-node/' "$ROOT/agent/tests/fixtures/slurm-22.05/scontrol-show-node-idle.txt" > "$WORK/node.txt"
 printf '#!/bin/sh\ncat %s\n' "$WORK/node.txt" > "$WORK/bin/scontrol"
 chmod 755 "$WORK/bin/scontrol"
-ARGS=(check "--config=$WORK/none.toml" "--config-dir=$WORK/none.d" "--checks-dir=$WORK/checks.d"
+ARGS=("--config=$WORK/none.toml" "--config-dir=$WORK/none.d" "--checks-dir=$WORK/checks.d"
       "--set=agent.state_dir=$WORK/state" "--set=slurm.bin_dir=$WORK/bin" "--nhc-conf=$CONF")
-# Twice: the first run asks (the stand-in) scontrol, the second finds the boot's marker.
-for n in 1 2; do
-    env -i SLURMD_NODENAME=bench-node valgrind --tool=callgrind --demangle=no \
-        --callgrind-out-file="$WORK/run$n.out" "$BIN" "${ARGS[@]}" >/dev/null 2>"$WORK/valgrind$n.txt" || true
+# Each program twice: the first run asks (the stand-in) scontrol, the second finds the
+# boot's marker.
+for prog in hc full; do
+    if [[ $prog == hc ]]; then CMD=("$HC" "${ARGS[@]}"); else CMD=("$FULL" check "${ARGS[@]}"); fi
+    rm -rf "$WORK/state" && mkdir "$WORK/state"
+    for n in 1 2; do
+        env -i SLURMD_NODENAME=bench-node valgrind --tool=callgrind --demangle=no \
+            --callgrind-out-file="$WORK/$prog$n.out" "${CMD[@]}" >/dev/null 2>"$WORK/valgrind-$prog$n.txt" || true
+    done
 done
 # The process's own entry point first (crt1's _start is in .text too).
 # Code that runs natively but not under callgrind is added by name: a forked child's until
 # its exec, where callgrind writes no profile (std's do_exec, the cgroup join); tokio's
 # pidfd child reaper (valgrind has no pidfd_open, so tokio takes its SIGCHLD path there);
 # float formatting's slow path (only some values take it).
-nm "$BIN" | awk '$3 ~ /do_exec|join_before_exec|pidfd|poll_evented|deregister_source|12registration12Registration|flt2dec/ {print $3}' > "$WORK/child.txt"
-python3 - "$BIN" "$OUT" "$WORK/child.txt" "$WORK/run1.out" "$WORK/run2.out" <<'PY'
+for b in "$HC" "$FULL"; do
+    nm "$b" | awk '$3 ~ /do_exec|join_before_exec|pidfd|poll_evented|deregister_source|12registration12Registration|flt2dec/ {print $3}'
+done > "$WORK/child.txt"
+python3 - "$HC" "$FULL" "$OUT" "$WORK/child.txt" "$WORK/hc1.out" "$WORK/hc2.out" "$WORK/full1.out" "$WORK/full2.out" <<'PY'
 import re, sys
-binary, out, child, runs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+binaries, out, child, runs = sys.argv[1:3], sys.argv[3], sys.argv[4], sys.argv[5:]
 name = re.compile(r"\((\d+)\)(?: (.*))?")
 seen = {"_start": None}
 for run in runs:
@@ -64,12 +73,12 @@ for run in runs:
             val = tables[kind].get(m.group(1), "")
         if key == "ob":
             ob = val
-        elif key == "fn" and ob == binary and re.fullmatch(r"[A-Za-z_$.][\w$.]*", val):
+        elif key == "fn" and ob in binaries and re.fullmatch(r"[A-Za-z_$.][\w$.]*", val):
             seen.setdefault(val, None)
 for n in open(child).read().split():
     seen.setdefault(n, None)
 if len(seen) < 100:
-    sys.exit(f"link-order: only {len(seen)} functions found in {binary}: is it a release build with symbols?")
+    sys.exit(f"link-order: only {len(seen)} functions found in {binaries}: release builds with symbols?")
 with open(out, "w") as f:
     f.write("".join(n + "\n" for n in seen))
 print(f"link-order: {len(seen)} functions written to {out}")

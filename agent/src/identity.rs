@@ -507,6 +507,77 @@ pub struct Request<'a> {
 /// # Errors
 /// [`IdentityError`].
 pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), IdentityError> {
+    let prep = prepare(req)?;
+    let facts_owned;
+    let facts: Option<&InstanceIdentity> = match (req.facts, &prep.record, req.lookup) {
+        (Some(f), _, _) => Some(f),
+        (None, None, Lookup::RecordThenImds) => {
+            let imds = Imds::new(&prep.early.settings.imds);
+            let named = prep.flag_name.is_some() || !prep.early.settings.node.name.is_empty();
+            match tokio::time::timeout(req.imds_timeout, imds.identity()).await {
+                Ok(Ok(f)) => {
+                    facts_owned = f;
+                    Some(&facts_owned)
+                }
+                Ok(Err(e)) if !named => {
+                    return Err(IdentityError::Imds {
+                        record: prep.record_path,
+                        source: e,
+                    })
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!("instance metadata: {e}; using the files and flags only");
+                    None
+                }
+                Err(_) if !named => {
+                    return Err(IdentityError::Imds {
+                        record: prep.record_path,
+                        source: ImdsError::Unreachable {
+                            path: "/latest/meta-data/".into(),
+                            message: format!("no answer within {:?}", req.imds_timeout),
+                        },
+                    })
+                }
+                Err(_) => None,
+            }
+        }
+        _ => None,
+    };
+    finish(req, prep, facts)
+}
+
+/// [`resolve`] for [`Lookup::Local`] without instance metadata already read: the same
+/// result, without an await and without referring to the IMDS client at all, so that a
+/// program that only runs `check` (`slurm-node-agent-healthcheck`) does not link it.
+///
+/// # Errors
+/// [`IdentityError`] (never [`IdentityError::Imds`]).
+pub fn resolve_local(
+    paths: &settings::Paths,
+    flag_layers: &[Layer],
+) -> Result<(Resolved, NodeIdentity), IdentityError> {
+    let req = Request {
+        paths,
+        flag_layers,
+        lookup: Lookup::Local,
+        facts: None,
+        imds_timeout: Duration::ZERO,
+    };
+    let prep = prepare(&req)?;
+    finish(&req, prep, None)
+}
+
+/// What [`resolve`] reads before it knows whether to ask IMDS.
+struct Prepared {
+    files: Vec<Layer>,
+    early: Resolved,
+    flag_name: Option<String>,
+    env_name: Option<String>,
+    record: Option<Recorded>,
+    record_path: String,
+}
+
+fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
     let files = settings::file_layers(req.paths)?;
     let early = resolve_settings(
         &files,
@@ -523,40 +594,29 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         .filter(|n| !n.is_empty());
     let record = Recorded::read(&state_dir);
     let record_path = state_dir.join(STATE_FILE).display().to_string();
-    let facts_owned;
-    let facts: Option<&InstanceIdentity> = match (req.facts, &record, req.lookup) {
-        (Some(f), _, _) => Some(f),
-        (None, None, Lookup::RecordThenImds) => {
-            let imds = Imds::new(&early.settings.imds);
-            match tokio::time::timeout(req.imds_timeout, imds.identity()).await {
-                Ok(Ok(f)) => {
-                    facts_owned = f;
-                    Some(&facts_owned)
-                }
-                Ok(Err(e)) if flag_name.is_none() && early.settings.node.name.is_empty() => {
-                    return Err(IdentityError::Imds {
-                        record: record_path,
-                        source: e,
-                    })
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!("instance metadata: {e}; using the files and flags only");
-                    None
-                }
-                Err(_) if flag_name.is_none() && early.settings.node.name.is_empty() => {
-                    return Err(IdentityError::Imds {
-                        record: record_path,
-                        source: ImdsError::Unreachable {
-                            path: "/latest/meta-data/".into(),
-                            message: format!("no answer within {:?}", req.imds_timeout),
-                        },
-                    })
-                }
-                Err(_) => None,
-            }
-        }
-        _ => None,
-    };
+    Ok(Prepared {
+        files,
+        early,
+        flag_name,
+        env_name,
+        record,
+        record_path,
+    })
+}
+
+fn finish(
+    req: &Request<'_>,
+    prep: Prepared,
+    facts: Option<&InstanceIdentity>,
+) -> Result<(Resolved, NodeIdentity), IdentityError> {
+    let Prepared {
+        files,
+        early,
+        flag_name,
+        env_name,
+        record,
+        record_path,
+    } = prep;
     // The record's metadata layers stand for IMDS when the record is this incarnation's
     // (or when IMDS is not asked).
     let record_current = record.as_ref().is_some_and(|r| {

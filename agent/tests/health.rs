@@ -493,3 +493,92 @@ fn a_latin1_byte_in_nhc_conf_does_not_switch_checking_off() {
         "{stderr}"
     );
 }
+
+/// Slurm's HealthCheckProgram, `slurm-node-agent-healthcheck`: the same options, output and
+/// exit codes as `slurm-node-agent check` (it is the same code in a smaller program).
+#[test]
+fn healthcheck_program_answers_as_check_does() {
+    fn healthcheck() -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_slurm-node-agent-healthcheck"));
+        c.env_clear().env("SLURMD_NODENAME", "node1");
+        c
+    }
+    // Times differ from run to run: "0.03 ms" becomes "_ ms", JSON's numbers "_".
+    fn text(out: &[u8]) -> String {
+        let re = regex::Regex::new(r#"\d+\.\d+ ms|"(duration_ms|started_unix)":[\d.]+"#).unwrap();
+        re.replace_all(&String::from_utf8_lossy(out), "_")
+            .into_owned()
+    }
+    let f = Files::new();
+    let pass = f.write("pass.conf", "* || check_file_test -r /etc/passwd\n");
+    let fail = f.write(
+        "fail.conf",
+        "* || check_file_test -r /etc/passwd\n* || check_file_test -f /no/such/flag\n",
+    );
+    let bad_line = f.write("bad.conf", "* || check_no_such_function\n");
+    f.write("bad.d/10-bad.toml", "[[check]]\nkind = \"mount\"\n");
+    let d = f.dir.path().display().to_string();
+    let cases: Vec<(Vec<String>, i32)> = vec![
+        (vec![format!("--nhc-conf={}", pass.display())], 0),
+        (
+            vec![format!("--nhc-conf={}", fail.display()), "--no-act".into()],
+            1,
+        ),
+        (
+            vec![
+                format!("--nhc-conf={}", bad_line.display()),
+                "--no-act".into(),
+                "--output=json".into(),
+            ],
+            1,
+        ),
+        // A malformed check file (a mount without its path): invalid check files, 78.
+        (
+            vec![
+                format!("--nhc-conf={}", pass.display()),
+                format!("--checks-dir={d}/bad.d"),
+            ],
+            78,
+        ),
+        (vec![format!("--nhc-conf={d}/no-such.conf")], 78),
+        (vec!["--no-such-option".into()], 2),
+    ];
+    for (extra, code) in cases {
+        // The common arguments without the leading "check".
+        let mut args: Vec<String> = f.args()[1..].to_vec();
+        if extra.iter().any(|a| a.starts_with("--checks-dir")) {
+            args.retain(|a| !a.starts_with("--checks-dir"));
+        }
+        args.extend(extra.iter().cloned());
+        let by_check = agent().arg("check").args(&args).output().unwrap();
+        let by_program = healthcheck().args(&args).output().unwrap();
+        assert_eq!(
+            by_program.status.code(),
+            Some(code),
+            "{extra:?}: {by_program:?}"
+        );
+        assert_eq!(
+            by_check.status.code(),
+            Some(code),
+            "{extra:?}: {by_check:?}"
+        );
+        if code == 2 {
+            // clap's usage error names the program it came from.
+            assert!(
+                text(&by_program.stderr).contains("slurm-node-agent-healthcheck"),
+                "{by_program:?}"
+            );
+            continue;
+        }
+        assert_eq!(
+            text(&by_program.stdout),
+            text(&by_check.stdout),
+            "{extra:?}: stdout differs"
+        );
+        assert_eq!(
+            text(&by_program.stderr),
+            text(&by_check.stderr),
+            "{extra:?}: stderr differs"
+        );
+    }
+}

@@ -770,6 +770,9 @@ fn check_variables(template: &Template, vars: &BTreeMap<String, Json>) -> Result
     Ok(())
 }
 
+/// The agent's HealthCheckProgram, a second binary of the agent's package.
+const HEALTHCHECK_BIN: &str = "slurm-node-agent-healthcheck";
+
 /// Put the agent build where the steps expect it (see packer/scripts/70-agent.sh).
 /// Returns notes about missing parts (the steps say so again, plainly).
 fn assemble_agent(
@@ -807,6 +810,17 @@ fn assemble_agent(
         Some(b) => {
             std::fs::copy(&b, dest.join("slurm-node-agent"))
                 .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;
+            // Slurm's HealthCheckProgram, built next to the agent (same package).
+            let hc = b.with_file_name(HEALTHCHECK_BIN);
+            if hc.is_file() {
+                std::fs::copy(&hc, dest.join(HEALTHCHECK_BIN))
+                    .map_err(|e| Error::io(format!("copying {}", hc.display()), e))?;
+            } else {
+                notes.push(format!(
+                    "no {HEALTHCHECK_BIN} next to {} (cargo build --release -p slurm-node-agent builds both)",
+                    b.display()
+                ));
+            }
         }
         None if without_agent => notes.push("built --without-agent".into()),
         None => notes.push("no slurm-node-agent binary (pass --agent-bin or build it)".into()),

@@ -81,6 +81,11 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
             has("ok: slurm-node-agent check --no-act"),
             "{acceptance:#?}"
         );
+        // Slurm's HealthCheckProgram, run as slurmd runs it.
+        assert!(
+            has("ok: slurm-node-agent-healthcheck --no-act (as slurmd runs it)"),
+            "{acceptance:#?}"
+        );
     } else {
         assert!(
             has("not checked: slurm-node-agent (agent: slurm-node-agent binary: absent"),

@@ -3,6 +3,7 @@
 # settings, from $IMAGE_STAGING/agent (the agent build) and $IMAGE_STAGING/files.
 # Expected layout of $IMAGE_STAGING/agent:
 #   slurm-node-agent                                 the binary
+#   slurm-node-agent-healthcheck                     HealthCheckProgram (same build)
 #   units/slurm-node-agent-bootstrap.service         units/slurm-node-agent.service
 #   units/slurmd.service.d/slurm-node-agent.conf     units/tmpfiles.d/slurm-node-agent.conf
 #   units/munge.service.d/slurm-node-agent.conf
@@ -39,6 +40,13 @@ if [ -f "$AGENT_SRC/slurm-node-agent" ]; then
 	clear_skip "agent: slurm-node-agent binary"
 else
 	absent "slurm-node-agent binary" "$AGENT_SRC/slurm-node-agent"
+fi
+# Slurm's HealthCheckProgram: `check` as a program of its own (no arguments needed).
+if [ -f "$AGENT_SRC/slurm-node-agent-healthcheck" ]; then
+	place "$AGENT_SRC/slurm-node-agent-healthcheck" /usr/local/bin/slurm-node-agent-healthcheck 0755
+	clear_skip "agent: slurm-node-agent-healthcheck binary"
+else
+	absent "slurm-node-agent-healthcheck binary" "$AGENT_SRC/slurm-node-agent-healthcheck"
 fi
 
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service)

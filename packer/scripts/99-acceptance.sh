@@ -153,6 +153,16 @@ else
 		fail "slurm-node-agent check --no-act: $(printf '%s' "$out" | tail -n 5)"
 	fi
 fi
+# Slurm's HealthCheckProgram: run as slurmd runs it (no arguments, an empty environment).
+if reason=$(skipped_reason "agent: slurm-node-agent-healthcheck binary"); then
+	not_checked "slurm-node-agent-healthcheck ($reason)"
+elif [ ! -x /usr/local/bin/slurm-node-agent-healthcheck ]; then
+	fail "slurm-node-agent-healthcheck not installed at /usr/local/bin"
+elif out=$(env -i SLURMD_NODENAME=acceptance /usr/local/bin/slurm-node-agent-healthcheck --no-act 2>&1); then
+	pass "slurm-node-agent-healthcheck --no-act (as slurmd runs it)"
+else
+	fail "slurm-node-agent-healthcheck --no-act: $(printf '%s' "$out" | tail -n 5)"
+fi
 
 # Operator services (65-services.sh).
 if reason=$(skipped_reason "amazon-ssm-agent"); then

@@ -51,6 +51,22 @@ pub fn agent_binary() -> Result<PathBuf> {
     )
 }
 
+/// Where the built `slurm-node-agent-healthcheck` (Slurm's HealthCheckProgram) is: next to
+/// [`agent_binary`], which builds it too.
+///
+/// # Errors
+/// When it has not been built (`cargo build -p slurm-node-agent`).
+pub fn healthcheck_binary() -> Result<PathBuf> {
+    let p = agent_binary()?.with_file_name("slurm-node-agent-healthcheck");
+    if !p.is_file() {
+        bail!(
+            "{} not found: run `cargo build -p slurm-node-agent` (scripts/test.sh does)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
 /// One node's world. Fields drop in order: systemd (and the node's munged and slurmd)
 /// first, then the controller, moto and the emulator.
 #[derive(Debug)]

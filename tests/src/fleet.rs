@@ -319,6 +319,8 @@ impl Image {
         }
         h.update(b"agent");
         h.file(&agent)?;
+        // Slurm's HealthCheckProgram, built with the agent (70-agent.sh installs both).
+        h.file(&agent.with_file_name("slurm-node-agent-healthcheck"))?;
         let key = format!("{:016x}", h.0);
         let cache = cache_dir();
         fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;

@@ -1,11 +1,14 @@
 //! Health checks against a real slurmctld and slurmd (Slurm 22.05 from Debian):
-//! `slurm-node-agent check` as slurmd's `HealthCheckProgram`, with a small
+//! `slurm-node-agent-healthcheck` (the agent's `check` as a program of its own) as slurmd's
+//! `HealthCheckProgram`, with a small
 //! `HealthCheckInterval`. A failing check drains the node, recovery resumes it, and an
 //! admin drain ("ADMIN SHUTDOWN") is never resumed nor overwritten. Also: `check` for a
 //! node slurmctld does not know (slurmd not registered) returns at once.
 //!
 //! Slurm runs `HealthCheckProgram` without arguments and with only `SLURMD_NODENAME` in
-//! its environment, so the test writes a one-line wrapper script, as a site would.
+//! its environment. A node with the default paths names the program itself; the test's
+//! paths (settings, state, SLURM_CONF) are its own, so it writes a one-line wrapper that
+//! execs the program with them.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
@@ -14,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use slurm_e2e::agent::agent_binary;
+use slurm_e2e::agent::{agent_binary, healthcheck_binary};
 use slurm_e2e::{is_idle, run_with_timeout, Slurmctld, Slurmd, TempRoot};
 
 const INTERVAL_S: u64 = 2;
@@ -39,13 +42,13 @@ fn setup(root: &Path, ctld_conf: &Path) -> std::path::PathBuf {
     )
     .unwrap();
     let wrapper = root.join("health-check");
-    let agent = agent_binary().unwrap();
+    let agent = healthcheck_binary().unwrap();
     let r = root.display();
     fs::write(
         &wrapper,
         format!(
             "#!/bin/sh\n\
-             SLURM_CONF={conf} exec {agent} check --config={r}/none.toml --config-dir={r}/none.d \
+             SLURM_CONF={conf} exec {agent} --config={r}/none.toml --config-dir={r}/none.d \
              --checks-dir={r}/checks.d --set=agent.state_dir={r}/state --nhc-conf={r}/nhc.conf \
              >> {r}/check.log 2>&1\n",
             conf = ctld_conf.display(),

@@ -1,9 +1,10 @@
 //! `slurm-node-agent check`: run the node's health checks once and act on the result.
 //!
-//! Usable as Slurm's `HealthCheckProgram` (through a one-line wrapper script, since Slurm
-//! passes no arguments): it needs no PATH (every program is run by absolute path), takes
-//! the node name from `SLURMD_NODENAME`, and never waits on an unreachable controller for
-//! longer than `health.scontrol_timeout`. A healthy run on a node the agent has not
+//! Slurm's `HealthCheckProgram` is the same command as a program of its own,
+//! `slurm-node-agent-healthcheck` (src/healthcheck_main.rs), which slurmd runs without
+//! arguments and which links only this path. Either way it needs no PATH (every program
+//! is run by absolute path), takes the node name from `SLURMD_NODENAME`, and never waits
+//! on an unreachable controller for longer than `health.scontrol_timeout`. A healthy run on a node the agent has not
 //! drained makes no `scontrol` call at all.
 //!
 //! Exit status: 0 healthy; 1 a fatal check failed (or timed out); 78 invalid settings or
@@ -56,14 +57,7 @@ impl CheckArgs {
         let paths = self.settings.paths();
         // The one identity rule (crate::identity), without IMDS: SLURMD_NODENAME, flags,
         // bootstrap's record (with the tags and user data it read), node.name.
-        let req = identity::Request {
-            paths: &paths,
-            flag_layers: &flags,
-            lookup: identity::Lookup::Local,
-            facts: None,
-            imds_timeout: std::time::Duration::ZERO,
-        };
-        let (mut s, ident) = match identity::resolve(&req).await {
+        let (mut s, ident) = match identity::resolve_local(&paths, &flags) {
             Ok((r, id)) => (r.settings, Some(id)),
             Err(identity::IdentityError::NoName(_)) => {
                 match settings::file_layers(&paths).and_then(|mut layers| {
