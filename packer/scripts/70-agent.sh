@@ -104,6 +104,8 @@ type = "${SLURM_AUTH:-munge}"
 bin_dir = "$bin_dir"
 TOML
 install -d -m 0755 /var/lib/slurm-node-agent
+# The health checks' folder (health.checks_dir): empty, where a site drops its *.toml.
+install -d -m 0755 /etc/slurm-node-agent/checks.d
 
 # Enable the units (works offline: systemctl only writes the links in a chroot).
 to_enable=()

@@ -350,7 +350,7 @@ impl Image {
         let _ = writeln!(
             std::io::stderr(),
             "slurm-e2e fleet: building the node image root ({recipe:?}; no cached root for \
-             packer/, units/ and the agent binary as they are now: key {key}) in {}",
+             packer/, units/ and the agent binaries as they are now: key {key}) in {}",
             done.display()
         );
         let work = cache.join(format!("build-{prefix}{key}"));

@@ -495,6 +495,66 @@ fn the_same_image_with_a_static_slurmd_and_no_agent_joins() {
     fleet.check_no_job_killed(1).unwrap();
 }
 
+/// Issue 11: the image's `slurm-node-agent-healthcheck` named as slurm.conf's
+/// `HealthCheckProgram`, as an admin would (no wrapper, no arguments), run by the node's own
+/// slurmd: a failing check drains the node with the agent's health reason and its
+/// instance id, and the node returns to service once the check passes again. The daemon's
+/// own health pass is set an hour apart (it ran once at start, before the check file
+/// existed), so the drain and the resume can only come from the program slurmd runs.
+#[test]
+fn the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node() {
+    let mut fleet = Fleet::builder()
+        .ctld_line("HealthCheckProgram=/usr/local/bin/slurm-node-agent-healthcheck")
+        .ctld_line("HealthCheckInterval=2")
+        .ctld_line("HealthCheckNodeState=ANY")
+        .agent_toml("[health]\ninterval = \"1h\"\n")
+        .start()
+        .unwrap();
+    let name = "hc001";
+    fleet.launch(fleet.new_launch(name)).unwrap();
+    let names = vec![name.to_string()];
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let instance = fleet.instance_id(name).unwrap();
+    let check_file = "/etc/slurm-node-agent/checks.d/50-flag.toml";
+    let write = |text: &str| {
+        let out = fleet
+            .exec(
+                name,
+                "/bin/sh",
+                &[
+                    "-c",
+                    &format!("printf '%s' \"$1\" > {check_file}"),
+                    "sh",
+                    text,
+                ],
+            )
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    // The check fails: the flag file is absent.
+    write("[[check]]\nkind = \"file\"\nname = \"healthy flag\"\npath = \"/run/healthy-flag\"\n");
+    fleet
+        .ctld
+        .wait_node_state(name, |s| s.contains("DRAIN"), BOOT_TIMEOUT)
+        .unwrap();
+    let r = reason(&fleet, name);
+    assert!(
+        r.starts_with(&format!("slurm-node-agent/health@{instance}: "))
+            && r.contains("healthy flag"),
+        "{r}"
+    );
+    // The flag appears: the next run resumes the node (its own drain).
+    let out = fleet
+        .exec(name, "/bin/touch", &["/run/healthy-flag"])
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    fleet
+        .ctld
+        .wait_node_state(name, slurm_e2e::slurm::is_idle, BOOT_TIMEOUT)
+        .unwrap();
+    assert_eq!(reason(&fleet, name), "", "the agent's reason is cleared");
+}
+
 /// Issue 14, section 1: the source-build path, proven offline. The image's Slurm is built
 /// from Debian's own Slurm source package through the same `build_slurm` and flags as an
 /// upstream tarball (PMIx, hwloc, JWT, slurmrestd; NVML skipped without NVIDIA's
