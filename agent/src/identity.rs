@@ -458,13 +458,18 @@ pub enum IdentityError {
     /// No way to know the node name (exit 78).
     #[error("the node name is unknown: pass --node-name, set node.name, or run bootstrap first (it writes {0})")]
     NoName(String),
+    /// `SLURMD_NODENAME` is not a node name (exit 78).
+    #[error("environment variable SLURMD_NODENAME={0:?} is not a Slurm NodeName (letters, digits, '-', '_' and '.' only)")]
+    BadEnvName(String),
 }
 
 impl IdentityError {
     /// sysexits(3) code.
     pub fn exit_code(&self) -> u8 {
         match self {
-            IdentityError::Settings(_) | IdentityError::NoName(_) => 78,
+            IdentityError::Settings(_)
+            | IdentityError::NoName(_)
+            | IdentityError::BadEnvName(_) => 78,
             IdentityError::Imds { .. } => 69,
         }
     }
@@ -592,6 +597,17 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
         .then(|| std::env::var("SLURMD_NODENAME").ok())
         .flatten()
         .filter(|n| !n.is_empty());
+    // slurmd sets it to the node's NodeName; anything else (spaces, control characters,
+    // shell or scontrol syntax) is refused rather than passed on to scontrol and reports.
+    if let Some(n) = &env_name {
+        if flag_name.is_none()
+            && !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(IdentityError::BadEnvName(n.clone()));
+        }
+    }
     let record = Recorded::read(&state_dir);
     let record_path = state_dir.join(STATE_FILE).display().to_string();
     Ok(Prepared {

@@ -17,6 +17,7 @@ fn nhc_checks(text: &str) -> CheckSet {
         Some("node1"),
         &nhc::Defaults {
             timeout: Duration::from_secs(10),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap()
@@ -412,7 +413,7 @@ fn bad_nhc_lines_fail_on_their_own_and_every_other_line_runs() {
 }
 
 #[test]
-fn malformed_checks_file_names_file_and_line() {
+fn malformed_checks_file_is_a_failing_check_naming_file_and_line() {
     let f = Files::new();
     let bad = f.write(
         "checks.d/20-bad.toml",
@@ -422,14 +423,27 @@ fn malformed_checks_file_names_file_and_line() {
         "checks.d/10-ok.toml",
         "[[check]]\nkind = \"efa\"\ncount = 0\n",
     );
-    let out = agent().args(f.args()).output().unwrap();
-    assert_eq!(out.status.code(), Some(78));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Fail closed, file by file: the bad file is a failing check naming its file and line,
+    // and the good file's check still runs.
+    let out = agent().args(f.args()).arg("--no-act").output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let fail = stdout
+        .lines()
+        .find(|l| l.starts_with("FAIL"))
+        .unwrap_or_default();
+    assert!(fail.contains("20-bad.toml"), "{stdout}");
     assert!(
-        stderr.contains(&format!("{}:5:", bad.display())),
-        "{stderr}"
+        stdout.contains(&format!("{}:5:", bad.display())),
+        "{stdout}"
     );
-    assert!(stderr.contains("invalid size \"ten percent\""), "{stderr}");
+    assert!(stdout.contains("invalid size \"ten percent\""), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("PASS") && l.contains("10-ok.toml")),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -532,13 +546,21 @@ fn healthcheck_program_answers_as_check_does() {
             ],
             1,
         ),
-        // A malformed check file (a mount without its path): invalid check files, 78.
+        // A malformed check file (a mount without its path): a failing check of its own.
         (
             vec![
                 format!("--nhc-conf={}", pass.display()),
                 format!("--checks-dir={d}/bad.d"),
+                "--no-act".into(),
             ],
-            78,
+            1,
+        ),
+        // Invalid settings: 78.
+        (vec!["--set=health.timeout=soon".into()], 78),
+        // A usage error as a JSON line when JSON logs are asked for.
+        (
+            vec!["--log-format=json".into(), "--no-such-option".into()],
+            2,
         ),
         (vec![format!("--nhc-conf={d}/no-such.conf")], 78),
         (vec!["--no-such-option".into()], 2),
@@ -568,6 +590,13 @@ fn healthcheck_program_answers_as_check_does() {
                 text(&by_program.stderr).contains("slurm-node-agent-healthcheck"),
                 "{by_program:?}"
             );
+            if extra.iter().any(|a| a == "--log-format=json") {
+                for out in [&by_program, &by_check] {
+                    let line = String::from_utf8_lossy(&out.stderr);
+                    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+                    assert_eq!(v["level"], "ERROR", "{line}");
+                }
+            }
             continue;
         }
         assert_eq!(
@@ -581,4 +610,57 @@ fn healthcheck_program_answers_as_check_does() {
             "{extra:?}: stderr differs"
         );
     }
+    // SLURMD_NODENAME that is not a NodeName: refused by both (78), naming the variable.
+    for mut cmd in [agent(), healthcheck()] {
+        if cmd
+            .get_program()
+            .to_string_lossy()
+            .ends_with("slurm-node-agent")
+        {
+            cmd.arg("check");
+        }
+        let out = cmd
+            .args(&f.args()[1..])
+            .arg(format!("--nhc-conf={}", pass.display()))
+            .env("SLURMD_NODENAME", "node1 State=RESUME")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(78), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("SLURMD_NODENAME"),
+            "{out:?}"
+        );
+    }
+}
+
+/// `export PATH="/opt/bin:$PATH"` in nhc.conf: later commands given by bare name are found
+/// there, as bash finds them for NHC; without it the same line fails naming the safe PATH.
+#[test]
+fn an_exported_path_finds_commands_named_by_bare_name() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Files::new();
+    let tool = f.write("opt-bin/site-tool", "#!/bin/sh\nexit 0\n");
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tool.parent().unwrap().display().to_string();
+    let with = f.write(
+        "with.conf",
+        &format!("* || export PATH=\"{bin}:$PATH\"\n* || check_cmd_status -r 0 site-tool\n"),
+    );
+    let without = f.write("without.conf", "* || check_cmd_status -r 0 site-tool\n");
+    let run = |conf: &Path| {
+        agent()
+            .args(f.args())
+            .arg(format!("--nhc-conf={}", conf.display()))
+            .arg("--no-act")
+            .output()
+            .unwrap()
+    };
+    let out = run(&with);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = run(&without);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("site-tool"),
+        "{out:?}"
+    );
 }

@@ -155,6 +155,7 @@ async fn gpu(lib: &Path, extra: &str, env: &RunEnv) -> (Status, String) {
         Some("node1"),
         &nhc::Defaults {
             timeout: Duration::from_secs(20),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap();

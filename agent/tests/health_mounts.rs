@@ -53,6 +53,7 @@ async fn run_nhc(text: &str) -> health::Report {
         Some("node1"),
         &nhc::Defaults {
             timeout: Duration::from_secs(1),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap();
@@ -279,6 +280,7 @@ async fn inner_mount_checks() {
         Some("node1"),
         &nhc::Defaults {
             timeout: Duration::from_secs(2),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap();
@@ -337,6 +339,7 @@ async fn inner_mount_checks() {
         Some("node1"),
         &nhc::Defaults {
             timeout: Duration::from_secs(100),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap();

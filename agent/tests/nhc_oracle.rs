@@ -82,6 +82,7 @@ async fn agent_passes(conf: &str, host: &str, env: &RunEnv) -> (bool, String) {
         Some(host),
         &nhc::Defaults {
             timeout: Duration::from_secs(10),
+            slurm_bin_dir: std::path::PathBuf::new(),
         },
     )
     .unwrap();

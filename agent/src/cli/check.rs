@@ -4,12 +4,16 @@
 //! `slurm-node-agent-healthcheck` (src/healthcheck_main.rs), which slurmd runs without
 //! arguments and which links only this path. Either way it needs no PATH (every program
 //! is run by absolute path), takes the node name from `SLURMD_NODENAME`, and never waits
-//! on an unreachable controller for longer than `health.scontrol_timeout`. A healthy run on a node the agent has not
-//! drained makes no `scontrol` call at all.
+//! on an unreachable controller for longer than `health.scontrol_timeout`. A healthy run
+//! makes no `scontrol` call once a run of the same boot found no health drain of the
+//! agent's in Slurm (a cache in the state folder; see `health::act`): the first run of
+//! each boot, and every run without a state folder, asks Slurm.
 //!
-//! Exit status: 0 healthy; 1 a fatal check failed (or timed out); 78 invalid settings or
-//! check files (the error names the file and line).
+//! Exit status: 0 healthy; 1 a fatal check failed (or timed out); 74 the report could not
+//! be written to stdout; 78 invalid settings or check files (the error names the file and
+//! line).
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -19,6 +23,10 @@ use crate::health::{self, ActOptions, ActOutcome, RunEnv};
 use crate::identity;
 use crate::settings;
 use crate::slurm::Scontrol;
+
+/// How long slurmd lets its `HealthCheckProgram` run before it kills it (Slurm 22.05's
+/// slurmd: 60 s, not configurable).
+const SLURMD_HEALTH_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Arguments of `check`.
 #[derive(Debug, Args)]
@@ -90,6 +98,20 @@ impl CheckArgs {
             ));
             return 78;
         }
+        // slurmd kills its HealthCheckProgram after 60 s (slurmd's run_script limit): a
+        // run that may take longer is killed before it drains anything for hung checks.
+        let longest = s.health.run_deadline.0 + s.health.scontrol_timeout.0;
+        if longest >= SLURMD_HEALTH_CHECK_LIMIT {
+            super::print_warning_message(&format!(
+                "health.run_deadline ({}) + health.scontrol_timeout ({}) is {} s or more: \
+                 slurmd kills its HealthCheckProgram after {} s, before a hung check could \
+                 drain the node",
+                humantime::format_duration(s.health.run_deadline.0),
+                humantime::format_duration(s.health.scontrol_timeout.0),
+                SLURMD_HEALTH_CHECK_LIMIT.as_secs(),
+                SLURMD_HEALTH_CHECK_LIMIT.as_secs(),
+            ));
+        }
         if let Some(d) = self.checks_dir {
             s.health.checks_dir = d;
         }
@@ -98,7 +120,7 @@ impl CheckArgs {
             s.health.prometheus_textfile = p;
         }
         let node = ident.as_ref().map(|i| i.node_name.clone());
-        let checks = match health::load(&s.health, node.as_deref()) {
+        let checks = match health::load(&s.health, &s.slurm.bin_dir, node.as_deref()) {
             Ok(c) => c,
             Err(e) => {
                 print_error(&e);
@@ -129,14 +151,23 @@ impl CheckArgs {
             }
         };
         if !s.health.prometheus_textfile.as_os_str().is_empty() {
+            // The checks' verdict stands (the exit code is theirs); the textfile is a report.
             if let Err(e) = health::output::write_prometheus(&report, &s.health.prometheus_textfile)
             {
-                print_error(&e);
+                super::print_warning_message(&format!(
+                    "Prometheus textfile not written (the checks' result stands): {e}"
+                ));
             }
         }
-        match self.output {
-            Output::Text => print!("{}", health::output::text(&report, action.as_ref())),
-            Output::Json => println!("{}", health::output::json(&report, action.as_ref())),
+        let text = match self.output {
+            Output::Text => health::output::text(&report, action.as_ref()),
+            Output::Json => format!("{}\n", health::output::json(&report, action.as_ref())),
+        };
+        // Not print!: a closed or full stdout is an I/O error (74), not a panic.
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            super::print_error_message(&format!("writing the report to stdout: {e}"));
+            return 74;
         }
         if let Some(e) = action.as_ref().and_then(|a| a.error.as_ref()) {
             super::print_warning_message(e);

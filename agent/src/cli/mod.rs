@@ -260,31 +260,41 @@ impl Cli {
     /// # Errors
     /// The exit code to end with.
     pub fn parse_or_exit_code() -> Result<Cli, ExitCode> {
-        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-        match <Cli as Parser>::try_parse_from(&args) {
-            Ok(cli) => Ok(cli),
-            Err(e) if !e.use_stderr() => {
-                let _ = e.print();
-                Err(ExitCode::from(0))
-            }
-            Err(e) if json_logs_requested(&args) => {
-                let text = e.render().to_string();
-                let msg = text
-                    .trim()
-                    .strip_prefix("error: ")
-                    .unwrap_or(text.trim())
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                eprintln!("{}", final_line("ERROR", &msg, LogFormat::Json));
-                Err(ExitCode::from(2))
-            }
-            Err(e) => {
-                let _ = e.print();
-                Err(ExitCode::from(2))
-            }
+        parse_or_exit_code()
+    }
+}
+
+/// Parses the command line into `P` (the agent's [`Cli`], or another program's parser such
+/// as `slurm-node-agent-healthcheck`'s); on a usage error prints it (as a JSON line when
+/// JSON logs were asked for) and returns the exit code (2; 0 for `--help` and `--version`).
+///
+/// # Errors
+/// The exit code to end with.
+pub fn parse_or_exit_code<P: Parser>() -> Result<P, ExitCode> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match P::try_parse_from(&args) {
+        Ok(cli) => Ok(cli),
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            Err(ExitCode::from(0))
+        }
+        Err(e) if json_logs_requested(&args) => {
+            let text = e.render().to_string();
+            let msg = text
+                .trim()
+                .strip_prefix("error: ")
+                .unwrap_or(text.trim())
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            eprintln!("{}", final_line("ERROR", &msg, LogFormat::Json));
+            Err(ExitCode::from(2))
+        }
+        Err(e) => {
+            let _ = e.print();
+            Err(ExitCode::from(2))
         }
     }
 }

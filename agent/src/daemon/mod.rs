@@ -304,7 +304,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     // Health checks on the daemon's own schedule (`health.interval`), the same checks and
     // drain/resume rules as `slurm-node-agent check`. Loaded once; a bad checks file is
     // logged and the checks are off until the daemon is restarted.
-    let health_checks = match crate::health::load(&s.health, Some(&node)) {
+    let health_checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(&node)) {
         Ok(set) => Some(set),
         Err(e) => {
             tracing::error!("health checks disabled: {e}");

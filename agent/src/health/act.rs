@@ -5,12 +5,13 @@
 //! - slurmctld does not know the node yet (slurmd not registered: nothing to drain);
 //! - it is already drained or draining (by the agent: kept; by anyone else: their reason
 //!   is never overwritten);
-//! - it is DOWN, FAIL/FAILING, in a MAINT reservation, FUTURE, or rebooting (`^`); or
+//! - it is DOWN, FAIL/FAILING, in a MAINT reservation, FUTURE, or rebooting (`^`), or a
+//!   reboot was requested with a reason (`@`, `scontrol reboot reason=...`); or
 //!   Slurm's power saving owns it (`~` powered down, `%` powering down, `!` power down
 //!   pending).
 //!
 //! Other states act normally: RESERVED (`resv`), not responding (`*`), powering up (`#`),
-//! reboot requested (`@`), PLANNED, COMPLETING.
+//! reboot requested (`@`) without a reason, PLANNED, COMPLETING.
 //!
 //! A failing check other than the one named in the agent's health reason rewrites the
 //! reason. On success the node is resumed only when its reason is the agent's health
@@ -101,6 +102,13 @@ pub fn decide(state: Option<&NodeState>, failure: Option<&str>) -> Action {
             }
             if st.has("REBOOT_ISSUED") {
                 return none("node is rebooting (REBOOT_ISSUED)");
+            }
+            // `scontrol reboot reason=...`: the reason is the admin's; a drain would
+            // replace it. The node is checked again once it has rebooted.
+            if let (true, Some(r)) = (st.has("REBOOT_REQUESTED"), st.reason.as_deref()) {
+                return none(format!(
+                    "reboot requested by someone else ({r}): their reason is kept, left alone"
+                ));
             }
             for (cond, what) in [
                 (st.base == "DOWN", "DOWN"),
@@ -340,6 +348,10 @@ mod tests {
         assert!(drains("NodeName=n State=IDLE+RESERVED"));
         assert!(drains("NodeName=n State=IDLE+POWERING_UP"));
         assert!(drains("NodeName=n State=MIXED+REBOOT_REQUESTED"));
+        // An admin's `scontrol reboot reason=...`: the reason is never overwritten.
+        assert!(!drains(
+            "NodeName=n State=IDLE+REBOOT_REQUESTED Reason=kernel_update [root@2026-01-01T00:00:00]"
+        ));
         assert!(!drains(
             "NodeName=n State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]"
         ));

@@ -135,10 +135,12 @@ struct Def {
     line: Option<String>,
 }
 
-/// Reads every `*.toml` file of `dir` in name order. A missing folder has no checks.
+/// Reads every `*.toml` file of `dir` in name order. A missing folder has no checks; a
+/// file that cannot be read or parsed becomes one failing check naming the file and line
+/// (the other files still give theirs).
 ///
 /// # Errors
-/// [`ConfigError`] with file and line.
+/// [`ConfigError`] when the folder cannot be listed.
 pub fn load_dir(
     dir: &Path,
     node: Option<&str>,
@@ -162,14 +164,35 @@ pub fn load_dir(
     files.sort();
     let mut set = CheckSet::default();
     for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|e| ConfigError {
-            file: f.clone(),
-            line: 0,
-            message: format!("cannot read: {e}"),
-        })?;
-        let mut s = parse(&text, &f, node, defaults)?;
-        set.checks.append(&mut s.checks);
-        set.notes.append(&mut s.notes);
+        let parsed = std::fs::read_to_string(&f)
+            .map_err(|e| ConfigError {
+                file: f.clone(),
+                line: 0,
+                message: format!("cannot read: {e}"),
+            })
+            .and_then(|text| parse(&text, &f, node, defaults));
+        match parsed {
+            Ok(mut s) => {
+                set.checks.append(&mut s.checks);
+                set.notes.append(&mut s.notes);
+            }
+            // Fail closed, file by file: a file the agent cannot use is a failing check of
+            // its own (file and line in the drain reason), and every other file still runs,
+            // as a bad line of an nhc.conf is.
+            Err(e) => set.checks.push(Check {
+                name: f.file_name().map_or_else(
+                    || f.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                ),
+                origin: Origin {
+                    file: f.clone(),
+                    line: e.line,
+                },
+                timeout: Duration::from_secs(1),
+                fatal: true,
+                kind: CheckKind::Invalid(e.to_string()),
+            }),
+        }
     }
     Ok(set)
 }
@@ -630,9 +653,16 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
         "nhc" => {
             let line = req(&d.line, "line")?;
             let text = format!("* || {line}\n");
-            let set =
-                super::nhc::parse(&text, Path::new("inline"), Some("*"), &Defaults { timeout })
-                    .map_err(|e| e.message)?;
+            let set = super::nhc::parse(
+                &text,
+                Path::new("inline"),
+                Some("*"),
+                &Defaults {
+                    timeout,
+                    slurm_bin_dir: PathBuf::new(),
+                },
+            )
+            .map_err(|e| e.message)?;
             // In a TOML file a bad NHC line is an error of the file, as every TOML error.
             if let Some(m) = set.checks.iter().find_map(|c| match &c.kind {
                 CheckKind::Invalid(m) => Some(m.trim_start_matches("inline:1: ").to_string()),
@@ -669,6 +699,7 @@ mod tests {
 
     const D: Defaults = Defaults {
         timeout: Duration::from_secs(10),
+        slurm_bin_dir: PathBuf::new(),
     };
 
     fn p(text: &str) -> Result<CheckSet, ConfigError> {

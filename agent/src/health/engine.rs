@@ -184,7 +184,7 @@ fn spawn_worker(
 fn deadline_message(run_deadline: Duration, what: &str) -> String {
     format!(
         "hung: no answer by the run deadline ({}; {what})",
-        humantime::format_duration(run_deadline)
+        cmd::shown_duration(run_deadline)
     )
 }
 
@@ -354,7 +354,7 @@ async fn run_lane(
                         i,
                         Outcome::Timeout(format!(
                             "no answer within {}; left running (hung {})",
-                            humantime::format_duration(c.timeout),
+                            cmd::shown_duration(c.timeout),
                             what_hangs(&c.kind)
                         )),
                         started.elapsed(),
@@ -583,7 +583,7 @@ async fn run_async(
                 Err(_) => Outcome::Timeout(format!(
                     "{} did not finish within {}",
                     what_hangs(&check.kind),
-                    humantime::format_duration(timeout)
+                    cmd::shown_duration(timeout)
                 )),
             }
         }
@@ -596,7 +596,7 @@ async fn run_async(
             )),
             Err(_) => Outcome::Timeout(format!(
                 "no answer from systemd within {}",
-                humantime::format_duration(timeout)
+                cmd::shown_duration(timeout)
             )),
         },
         k => Outcome::Fail(format!(

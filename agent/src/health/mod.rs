@@ -17,7 +17,7 @@
 //! use slurm_node_agent::{health, slurm::Scontrol};
 //! // The NodeName comes from slurm_node_agent::identity::resolve in the agent's commands.
 //! let node = Some("n1".to_string());
-//! let checks = health::load(&settings.health, node.as_deref())?;
+//! let checks = health::load(&settings.health, &settings.slurm.bin_dir, node.as_deref())?;
 //! let report = health::run_checks(&checks, &health::RunEnv::from_settings(settings)).await;
 //! if let Some(node) = &node {
 //!     let scontrol = Scontrol::new(&settings.slurm.bin_dir);
@@ -210,9 +210,14 @@ pub struct ConfigError {
 ///
 /// # Errors
 /// [`ConfigError`] naming the file and line of the first bad definition.
-pub fn load(settings: &HealthSettings, node: Option<&str>) -> Result<CheckSet, ConfigError> {
+pub fn load(
+    settings: &HealthSettings,
+    slurm_bin_dir: &Path,
+    node: Option<&str>,
+) -> Result<CheckSet, ConfigError> {
     let defaults = nhc::Defaults {
         timeout: settings.timeout.0,
+        slurm_bin_dir: slurm_bin_dir.to_path_buf(),
     };
     let mut set = CheckSet::default();
     if !settings.checks_dir.as_os_str().is_empty() {

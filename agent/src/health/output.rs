@@ -101,8 +101,9 @@ pub fn prometheus(report: &Report) -> String {
     for r in &report.results {
         let _ = writeln!(
             s,
-            "slurm_node_agent_health_check_timed_out{{node=\"{node}\",check=\"{}\"}} {}",
+            "slurm_node_agent_health_check_timed_out{{node=\"{node}\",check=\"{}\",origin=\"{}\"}} {}",
             escape_label(&r.name),
+            escape_label(&r.origin),
             u8::from(r.status == Status::Timeout)
         );
     }
@@ -115,8 +116,9 @@ pub fn prometheus(report: &Report) -> String {
     for r in &report.results {
         let _ = writeln!(
             s,
-            "slurm_node_agent_health_check_duration_seconds{{node=\"{node}\",check=\"{}\"}} {:.6}",
+            "slurm_node_agent_health_check_duration_seconds{{node=\"{node}\",check=\"{}\",origin=\"{}\"}} {:.6}",
             escape_label(&r.name),
+            escape_label(&r.origin),
             r.duration_ms / 1000.0
         );
     }
@@ -208,8 +210,22 @@ mod tests {
             "{p}"
         );
         assert!(p.contains(
-            "slurm_node_agent_health_check_timed_out{node=\"n1\",check=\"mount /fsx\"} 1"
+            "slurm_node_agent_health_check_timed_out{node=\"n1\",check=\"mount /fsx\",origin=\"/etc/slurm-node-agent/checks.d/a.toml:1\"} 1"
         ));
+        // Every series is unique (node_exporter refuses a textfile with duplicates), also
+        // for two checks of the same name on different lines.
+        let mut twice = report();
+        let mut again = twice.results[0].clone();
+        again.origin = "/etc/nhc/nhc.conf:4".into();
+        twice.results.push(again);
+        let p2 = prometheus(&twice);
+        let series: Vec<&str> = p2
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.rsplit_once(' ').unwrap().0)
+            .collect();
+        let unique: std::collections::BTreeSet<&&str> = series.iter().collect();
+        assert_eq!(unique.len(), series.len(), "{p2}");
         assert!(p.contains("slurm_node_agent_health_healthy{node=\"n1\"} 0"));
         for line in p.lines().filter(|l| !l.starts_with('#')) {
             let (_, value) = line.rsplit_once(' ').unwrap();

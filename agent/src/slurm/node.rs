@@ -11,6 +11,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Slurm's suffix of a reason in `scontrol show node`: `[user@time]`, e.g.
+/// `[root@2026-11-29T20:34:10]` (22.05's `node_info.c`).
+fn is_reason_suffix(word: &str) -> bool {
+    word.strip_prefix('[')
+        .and_then(|w| w.strip_suffix(']'))
+        .and_then(|w| w.split_once('@'))
+        .is_some_and(|(user, time)| {
+            !user.is_empty()
+                && !user.contains(['[', ']'])
+                && time.len() >= 10
+                && time.starts_with(|c: char| c.is_ascii_digit())
+        })
+}
+
 /// Every spelling of a node state or flag the agent reads, and the one name it uses for it
 /// (its canonical name). Slurm spells some differently by place and version; see the table
 /// with its sources in this module's tests ([`SLURM_STATE_NAMES`]).
@@ -324,7 +338,26 @@ impl NodeInfo {
     pub fn parse(line: &str) -> NodeInfo {
         let mut fields: BTreeMap<String, String> = BTreeMap::new();
         let mut last: Option<String> = None;
-        for word in line.trim().split(' ').filter(|w| !w.is_empty()) {
+        let words: Vec<&str> = line.trim().split(' ').filter(|w| !w.is_empty()).collect();
+        let mut i = 0;
+        while i < words.len() {
+            let word = words[i];
+            i += 1;
+            // A reason is free text and may hold `Word=` itself (a check named
+            // `Lustre=/fsx`): it runs to Slurm's ` [user@time]` suffix when there is one.
+            if let Some(first) = word.strip_prefix("Reason=") {
+                if let Some(end) = words[i..].iter().position(|w| is_reason_suffix(w)) {
+                    let mut v = first.to_string();
+                    for w in &words[i..=i + end] {
+                        v.push(' ');
+                        v.push_str(w);
+                    }
+                    fields.insert("Reason".into(), v);
+                    last = Some("Reason".into());
+                    i += end + 1;
+                    continue;
+                }
+            }
             let key = word.split_once('=').map(|(k, _)| k).filter(|k| {
                 !k.is_empty()
                     && k.starts_with(|c: char| c.is_ascii_uppercase())
@@ -976,6 +1009,21 @@ mod tests {
         assert_eq!(n.reason(), Some("Kill task failed"));
         assert!(!n.is_available());
         assert_eq!(n.slurmd_start_time(), None);
+        // A reason holding `Word=` (a check's name) runs to Slurm's [user@time] suffix.
+        let n = NodeInfo::parse(
+            "NodeName=n1 State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0123456789abcdef0: \
+             Lustre=/fsx present: not mounted [root@2026-11-29T10:00:00] Comment=(null) Extra=x",
+        );
+        assert_eq!(
+            n.reason(),
+            Some("slurm-node-agent/health@i-0123456789abcdef0: Lustre=/fsx present: not mounted")
+        );
+        assert_eq!(n.fields["Comment"], "(null)");
+        assert_eq!(n.fields["Extra"], "x");
+        // Without the suffix (a reason set with no user), words are read as before.
+        let n = NodeInfo::parse("NodeName=n1 Reason=disk swap Comment=(null)");
+        assert_eq!(n.reason(), Some("disk swap"));
+        assert_eq!(n.fields["Comment"], "(null)");
         let r = NodeInfo::parse("NodeName=n1 SlurmdStartTime=2017-09-18T08:22:00 State=IDLE");
         assert_eq!(r.slurmd_start_time(), Some(1_505_722_920));
         assert_eq!(

@@ -21,6 +21,15 @@ pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 /// Start of the failure message of a command killed at its timeout.
 pub const TIMEOUT_PREFIX: &str = "timeout after ";
 
+/// A limit as shown in reports and drain reasons: rounded to the millisecond (a limit cut
+/// to the run deadline's remainder would otherwise print as `2s 999ms 878us 359ns`).
+pub fn shown_duration(d: std::time::Duration) -> humantime::FormattedDuration {
+    let ms = d.as_micros().div_ceil(1000);
+    humantime::format_duration(std::time::Duration::from_millis(
+        u64::try_from(ms).unwrap_or(u64::MAX),
+    ))
+}
+
 /// A command and what its result must be.
 #[derive(Debug, Clone)]
 pub struct CommandSpec {
@@ -282,7 +291,7 @@ async fn run_and_judge(
     if o.timed_out {
         return Err(format!(
             "{TIMEOUT_PREFIX}{} for {shown:?} ({}); killed with its {}",
-            humantime::format_duration(timeout),
+            shown_duration(timeout),
             o.program.display(),
             if o.confinement.starts_with("cgroup") {
                 o.confinement.clone()

@@ -373,7 +373,7 @@ pub async fn check_mcelog(
             return Err(format!(
                 "{}{} for {:?}",
                 super::cmd::TIMEOUT_PREFIX,
-                humantime::format_duration(timeout),
+                super::cmd::shown_duration(timeout),
                 spec.argv.join(" ")
             ))
         }

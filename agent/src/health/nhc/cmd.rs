@@ -6,13 +6,13 @@ use super::*;
 const NHC_CMD_TIMEOUT: u64 = 5;
 
 /// `check_cmd_status` / `check_cmd_output`.
-pub(super) fn status(name: &str, args: &[String], _cx: &Cx) -> Result<Built, String> {
-    cmd(name, args)
+pub(super) fn status(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+    cmd(name, args, cx)
 }
 
 /// `check_cmd_dmesg [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs]`: NHC's
 /// wrapper of `check_cmd_output -C check_cmd_dmesg` over `dmesg` (or the `-e` command).
-pub(super) fn dmesg(_name: &str, args: &[String], _cx: &Cx) -> Result<Built, String> {
+pub(super) fn dmesg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
     let (opts, rest) = getopts(args, "M:e:m:r:t:")?;
     too_many(&rest, 0)?;
     let mut out: Vec<String> = vec!["-C".into(), "check_cmd_dmesg".into()];
@@ -29,7 +29,7 @@ pub(super) fn dmesg(_name: &str, args: &[String], _cx: &Cx) -> Result<Built, Str
     out.extend(["-e".to_string(), cmdline]);
     out.extend(msgs);
     out.extend(matches);
-    cmd("check_cmd_output", &out)
+    cmd("check_cmd_output", &out, cx)
 }
 
 fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
@@ -38,7 +38,7 @@ fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
 
 /// `check_cmd_status [-C name] [-r status] [-t secs] cmd...` and `check_cmd_output [-C
 /// name] [-O var] [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs] [cmd...]`.
-fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
+fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
     let spec = if name == "check_cmd_status" {
         "C:r:t:"
     } else {
@@ -66,9 +66,23 @@ fn cmd(name: &str, args: &[String]) -> Result<Built, String> {
             _ => {}
         }
     }
-    let argv = cmdline.unwrap_or(rest);
+    let mut argv = cmdline.unwrap_or(rest);
     if argv.is_empty() {
         return Err("no command specified".into());
+    }
+    // A bare name is looked up in the PATH the file set (`export PATH="/opt/bin:$PATH"`),
+    // as bash does for NHC; not found there, the engine looks in its own safe PATH. Only
+    // absolute folders count (the file is the image's, never the working directory's).
+    if !argv[0].contains('/') {
+        let found = cx.var("PATH").and_then(|path| {
+            path.split(':')
+                .filter(|d| d.starts_with('/'))
+                .map(|d| std::path::Path::new(d).join(&argv[0]))
+                .find(|p| p.is_file())
+        });
+        if let Some(p) = found {
+            argv[0] = p.display().to_string();
+        }
     }
     if secs == 0 {
         return Err("-t must be at least 1 second".into());

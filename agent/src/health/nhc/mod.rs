@@ -19,7 +19,7 @@
 //! Every line is parsed whatever its target, so a bad line is reported on every node.
 //! Supported checks: the translation table `TABLE` (see [`supported`]), one file per NHC family. Anything else is an error naming file and line.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::checks::cmd::CommandSpec;
@@ -148,10 +148,13 @@ pub fn supported() -> impl Iterator<Item = &'static str> {
 }
 
 /// Defaults applied to checks that set none.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Defaults {
     /// Per-check timeout.
     pub timeout: Duration,
+    /// Folder of Slurm's commands (`slurm.bin_dir`; empty: `/usr/bin`): NHC's default
+    /// `SQUEUE_CMD` is its `squeue`.
+    pub slurm_bin_dir: PathBuf,
 }
 
 /// Reads an nhc.conf file.
@@ -246,6 +249,17 @@ pub fn parse(
 ) -> Result<CheckSet, ConfigError> {
     let mut set = CheckSet::default();
     let mut vars: Vec<(String, String)> = vec![("PATH".into(), cmd_path().to_string())];
+    // NHC's default SQUEUE_CMD is `squeue` on its PATH: here the agent's Slurm
+    // (`slurm.bin_dir`), which a file's own SQUEUE_CMD overrides.
+    let bin_dir = if defaults.slurm_bin_dir.as_os_str().is_empty() {
+        Path::new("/usr/bin")
+    } else {
+        defaults.slurm_bin_dir.as_path()
+    };
+    vars.push((
+        "SQUEUE_CMD".into(),
+        bin_dir.join("squeue").display().to_string(),
+    ));
     if let Some(n) = node {
         vars.push(("HOSTNAME".into(), n.to_string()));
         vars.push((
@@ -330,7 +344,7 @@ pub fn parse(
                         }
                     } else if k != "PATH" && !READ_SETTINGS.contains(&k.as_str()) {
                         set.notes.push(format!(
-                            "{here}: NHC setting {k} ignored (not used by slurm-node-agent)"
+                            "{here}: {k} is not an NHC setting slurm-node-agent reads; kept for $-substitutions in later lines"
                         ));
                     }
                     vars.retain(|(n, _)| *n != k);
@@ -691,10 +705,36 @@ mod tests {
 
     const D: Defaults = Defaults {
         timeout: Duration::from_secs(10),
+        slurm_bin_dir: PathBuf::new(),
     };
 
     fn p(text: &str, node: Option<&str>) -> Result<CheckSet, ConfigError> {
         parse(text, Path::new("/etc/nhc/nhc.conf"), node, &D)
+    }
+
+    /// NHC's default SQUEUE_CMD is the agent's Slurm (`slurm.bin_dir`), unless the file
+    /// sets its own.
+    #[test]
+    fn squeue_comes_from_the_agents_slurm_bin_dir() {
+        let jobs_command = |text: &str| {
+            let d = Defaults {
+                timeout: Duration::from_secs(10),
+                slurm_bin_dir: PathBuf::from("/opt/slurm/bin"),
+            };
+            let set = parse(text, Path::new("/etc/nhc/nhc.conf"), Some("n1"), &d).unwrap();
+            match &set.checks[0].kind {
+                CheckKind::PsUsers(u) => u.jobs_command.clone(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            jobs_command("* || check_ps_unauth_users log\n")[0],
+            "/opt/slurm/bin/squeue"
+        );
+        assert_eq!(
+            jobs_command("* || SQUEUE_CMD=/site/squeue\n* || check_ps_unauth_users log\n")[0],
+            "/site/squeue"
+        );
     }
 
     #[test]

@@ -295,6 +295,7 @@ pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
                 .collect()
         };
         let host = cx.var("HOSTNAME_S").unwrap_or("").to_string();
+        // Set by the reader from slurm.bin_dir unless the file sets it.
         let mut argv = words("SQUEUE_CMD", "/usr/bin/squeue".into());
         argv.extend(words("SQUEUE_NODE", format!("-w {host}")));
         argv.extend(words("SQUEUE_FMT_ARGS", "--noheader -o %u".into()));
