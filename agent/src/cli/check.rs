@@ -99,13 +99,14 @@ impl CheckArgs {
             return 78;
         }
         // slurmd kills its HealthCheckProgram after 60 s (slurmd's run_script limit): a
-        // run that may take longer is killed before it drains anything for hung checks.
-        let longest = s.health.run_deadline.0 + s.health.scontrol_timeout.0;
+        // run that may take longer (the checks, then scontrol's `show node` and `update`,
+        // each under health.scontrol_timeout) is killed before it drains anything.
+        let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
         if longest >= SLURMD_HEALTH_CHECK_LIMIT {
             super::print_warning_message(&format!(
-                "health.run_deadline ({}) + health.scontrol_timeout ({}) is {} s or more: \
-                 slurmd kills its HealthCheckProgram after {} s, before a hung check could \
-                 drain the node",
+                "health.run_deadline ({}) + 2 x health.scontrol_timeout ({}: show, then \
+                 update) is {} s or more: slurmd kills its HealthCheckProgram after {} s, \
+                 before a hung check could drain the node",
                 humantime::format_duration(s.health.run_deadline.0),
                 humantime::format_duration(s.health.scontrol_timeout.0),
                 SLURMD_HEALTH_CHECK_LIMIT.as_secs(),

@@ -58,9 +58,19 @@ fn none(why: impl Into<String>) -> Action {
     Action::None { why: why.into() }
 }
 
+/// A failing run, as [`decide`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Failing<'a> {
+    /// The drain reason (`Report::drain_reason`).
+    pub reason: &'a str,
+    /// The name of the check the reason names (the first fatal failure), as written: a
+    /// name may hold `: ` itself, so it is not read back from the reason.
+    pub check: &'a str,
+}
+
 /// Decides what to do given the node's state (`None`: not known to slurmctld) and the
-/// drain reason of the report (`None`: healthy).
-pub fn decide(state: Option<&NodeState>, failure: Option<&str>) -> Action {
+/// failing run (`None`: healthy).
+pub fn decide(state: Option<&NodeState>, failure: Option<Failing<'_>>) -> Action {
     let Some(st) = state else {
         return none("node not known to slurmctld (slurmd not registered yet)");
     };
@@ -75,13 +85,18 @@ pub fn decide(state: Option<&NodeState>, failure: Option<&str>) -> Action {
         .find(|f| st.has(f));
     let drained = st.has("DRAIN");
     match failure {
-        Some(reason) => {
+        Some(Failing { reason, check }) => {
             if drained {
-                let check_of = |detail: &str| detail.split(": ").next().unwrap_or("").to_string();
-                let now_failing =
-                    crate::identity::parse_reason(reason).map(|r| check_of(&r.detail));
-                if let (Some(cur), Some(new)) = (&ours_parsed, now_failing) {
-                    if check_of(&cur.detail) != new && !st.has("REBOOT_ISSUED") {
+                if let Some(cur) = &ours_parsed {
+                    // The reason in Slurm names this check when its detail starts with the
+                    // check's name as reasons write it (or with the start of it, when the
+                    // reason was cut to Slurm's length).
+                    let name = super::reason_text(check);
+                    let detail = cur.detail.as_str();
+                    let cut = detail.strip_suffix("...").filter(|d| !d.contains(": "));
+                    let same = detail.starts_with(&format!("{name}: "))
+                        || cut.is_some_and(|d| name.starts_with(d));
+                    if !same && !st.has("REBOOT_ISSUED") {
                         // Another check is the one failing now: say so.
                         return Action::Drain {
                             reason: reason.to_string(),
@@ -265,7 +280,11 @@ pub async fn act_on(
             }
         }
     };
-    let action = decide(state.as_ref(), failure.as_deref());
+    let failing = failure.as_deref().map(|reason| Failing {
+        reason,
+        check: report.failures().next().map_or("", |r| r.name.as_str()),
+    });
+    let action = decide(state.as_ref(), failing);
     let ours_now = state.as_ref().is_some_and(|st| {
         st.has("DRAIN")
             && st
@@ -327,7 +346,10 @@ mod tests {
         matches!(
             decide(
                 Some(&st(line)),
-                Some("slurm-node-agent/health@i-0123456789abcdef0: x: y"),
+                Some(Failing {
+                    reason: "slurm-node-agent/health@i-0123456789abcdef0: x: y",
+                    check: "x",
+                }),
             ),
             Action::Drain { .. }
         )
@@ -374,7 +396,13 @@ mod tests {
         assert!(!drains("NodeName=n State=IDLE+POWER_DOWN"));
         assert!(!drains("NodeName=n State=DOWN+REBOOT_ISSUED"));
         assert_eq!(
-            decide(None, Some("x")),
+            decide(
+                None,
+                Some(Failing {
+                    reason: "x",
+                    check: "x"
+                })
+            ),
             none("node not known to slurmctld (slurmd not registered yet)")
         );
     }
@@ -417,13 +445,34 @@ mod tests {
     fn another_failing_check_rewrites_the_reason_admin_look_alikes_stay() {
         let line = "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: check_a: bad [root@2026-01-01T00:00:00]";
         let now = "slurm-node-agent/health@i-0123456789abcdef0: check_b: worse";
+        let failing = |reason, check| Some(Failing { reason, check });
         assert_eq!(
-            decide(Some(&st(line)), Some(now)),
+            decide(Some(&st(line)), failing(now, "check_b")),
             Action::Drain { reason: now.into() }
         );
         let same = "slurm-node-agent/health@i-0123456789abcdef0: check_a: still bad";
         assert!(matches!(
-            decide(Some(&st(line)), Some(same)),
+            decide(Some(&st(line)), failing(same, "check_a")),
+            Action::None { .. }
+        ));
+        // Names holding ": " are compared whole: "fs: /scratch" is not "fs: /fsx".
+        let fsx = "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: fs: /fsx: gone [root@2026-01-01T00:00:00]";
+        let scratch = "slurm-node-agent/health@i-0123456789abcdef0: fs: /scratch: gone";
+        assert_eq!(
+            decide(Some(&st(fsx)), failing(scratch, "fs: /scratch")),
+            Action::Drain {
+                reason: scratch.into()
+            }
+        );
+        assert!(matches!(
+            decide(Some(&st(fsx)), failing("r", "fs: /fsx")),
+            Action::None { .. }
+        ));
+        // A name with repeated spaces (an aligned nhc.conf line) is the same check as the
+        // reason that wrote it, whose spaces Slurm's output and the reason collapse.
+        let aligned = "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/health@i-0fedcba9876543210: check_file_test -e /x: missing [root@2026-01-01T00:00:00]";
+        assert!(matches!(
+            decide(Some(&st(aligned)), failing("r", "check_file_test -e   /x")),
             Action::None { .. }
         ));
         assert!(!resumes(

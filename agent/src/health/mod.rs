@@ -334,20 +334,25 @@ pub fn clean_marker(state_dir: &Path) -> PathBuf {
     state_dir.join("health-clean")
 }
 
+/// Text as drain reasons hold it: control characters become spaces and runs of
+/// whitespace one space (`scontrol show node` prints reasons that way too).
+pub fn reason_text(text: &str) -> String {
+    text.split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The one place a health drain reason is built: `<prefix><check>: <detail>` and
-/// ` (+N more)` when `more` other checks failed; control characters become spaces and the
-/// detail is cut (ending in `...`) so the whole fits Slurm's 256 characters.
+/// ` (+N more)` when `more` other checks failed; as [`reason_text`] (control characters
+/// become spaces, whitespace runs one space), and the detail is cut (ending in `...`) so the whole fits Slurm's 256 characters.
 pub fn health_reason(prefix: &str, check: &str, detail: &str, more: usize) -> String {
     let more = if more > 0 {
         format!(" (+{more} more)")
     } else {
         String::new()
     };
-    let body = format!("{check}: {detail}");
-    let body: String = body
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let body = reason_text(&format!("{check}: {detail}"));
     let room = 256usize
         .saturating_sub(prefix.chars().count())
         .saturating_sub(more.chars().count());
