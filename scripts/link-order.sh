@@ -2,8 +2,8 @@
 # Regenerates agent/link-order.txt, the symbol ordering file that release builds give LLD
 # (agent/build.rs): the functions `slurm-node-agent-healthcheck` (HealthCheckProgram) and
 # `slurm-node-agent check` run on the benchmark set (the former's first), so
-# that the linker places them next to each other and a run maps about 1.7 MiB of the
-# binary's code instead of about 6 MiB (the kernel maps code 64 KiB around each fault).
+# that the linker places them next to each other and a run maps about 1 MiB of the
+# binary's code instead of several MiB (the kernel maps code 64 KiB around each fault).
 #
 # The names carry hashes of the crates' build metadata: after a change of Cargo.lock, of
 # the Rust toolchain or of the release profile most of them no longer match, and the

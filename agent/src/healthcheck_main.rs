@@ -3,7 +3,8 @@
 //! `/usr/local/bin/slurm-node-agent-healthcheck`.
 //!
 //! Same options, same checks, same exit codes as `slurm-node-agent check` (0 healthy, 1 a
-//! fatal check failed or hung, 78 invalid settings or check files). slurmd runs it without
+//! fatal check failed or hung or a check file could not be used, 2 a usage error, 71 no
+//! runtime, 74 the report could not be written, 78 invalid settings). slurmd runs it without
 //! arguments and with only `SLURMD_NODENAME` in its environment, so no wrapper script is
 //! needed. It is a program of its own because slurmd starts it every
 //! `HealthCheckInterval`: it links only the health checks (with D-Bus, for the `unit`
@@ -37,15 +38,8 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     cli::init_tracing(args.log_format, args.verbose);
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            cli::print_error(&e);
-            return ExitCode::from(71);
-        }
-    };
-    ExitCode::from(rt.block_on(args.check.run()))
+    cli::block_on(
+        &mut tokio::runtime::Builder::new_current_thread(),
+        args.check.run(),
+    )
 }

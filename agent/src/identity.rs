@@ -600,11 +600,7 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
     // slurmd sets it to the node's NodeName; anything else (spaces, control characters,
     // shell or scontrol syntax) is refused rather than passed on to scontrol and reports.
     if let Some(n) = &env_name {
-        if flag_name.is_none()
-            && !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
+        if flag_name.is_none() && !crate::slurm::node::is_plain_node_name(n) {
             return Err(IdentityError::BadEnvName(n.clone()));
         }
     }

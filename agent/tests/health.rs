@@ -444,6 +444,22 @@ fn malformed_checks_file_is_a_failing_check_naming_file_and_line() {
             .any(|l| l.starts_with("PASS") && l.contains("10-ok.toml")),
         "{stdout}"
     );
+    // An nhc.conf named by the settings that cannot be read fails closed the same way.
+    let missing = f.dir.path().join("missing-nhc.conf");
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--set=health.nhc_conf={}", missing.display()))
+        .arg("--no-act")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("missing-nhc.conf")),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -9,9 +9,9 @@
 //! agent's in Slurm (a cache in the state folder; see `health::act`): the first run of
 //! each boot, and every run without a state folder, asks Slurm.
 //!
-//! Exit status: 0 healthy; 1 a fatal check failed (or timed out); 74 the report could not
-//! be written to stdout; 78 invalid settings or check files (the error names the file and
-//! line).
+//! Exit status: 0 healthy; 1 a fatal check failed or hung, or a check file could not be
+//! used (a failing check naming the file and line); 74 the report could not be written to
+//! stdout; 78 invalid settings, or a `--checks-dir`/`--nhc-conf` given that does not exist.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -102,7 +102,7 @@ impl CheckArgs {
         // run that may take longer (the checks, then scontrol's `show node` and `update`,
         // each under health.scontrol_timeout) is killed before it drains anything.
         let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
-        if longest >= SLURMD_HEALTH_CHECK_LIMIT {
+        if s.health.act && !self.no_act && longest >= SLURMD_HEALTH_CHECK_LIMIT {
             super::print_warning_message(&format!(
                 "health.run_deadline ({}) + 2 x health.scontrol_timeout ({}: show, then \
                  update) is {} s or more: slurmd kills its HealthCheckProgram after {} s, \

@@ -316,14 +316,7 @@ impl Cli {
         } else {
             tokio::runtime::Builder::new_current_thread()
         };
-        let rt = match builder.enable_all().build() {
-            Ok(rt) => rt,
-            Err(e) => {
-                print_error(&e);
-                return ExitCode::from(71);
-            }
-        };
-        let code = rt.block_on(async {
+        block_on(&mut builder, async {
             match self.command {
                 Command::Bootstrap(a) => a.run().await,
                 Command::Config(c) => c.run().await,
@@ -333,8 +326,22 @@ impl Cli {
                 Command::Resume(a) => a.run().await,
                 Command::Status(a) => a.run().await,
             }
-        });
-        ExitCode::from(code)
+        })
+    }
+}
+
+/// Runs a command's future on a runtime from `builder` (I/O and timers enabled) and returns
+/// its exit code; 71 when the runtime cannot be built.
+pub fn block_on(
+    builder: &mut tokio::runtime::Builder,
+    command: impl std::future::Future<Output = u8>,
+) -> ExitCode {
+    match builder.enable_all().build() {
+        Ok(rt) => ExitCode::from(rt.block_on(command)),
+        Err(e) => {
+            print_error(&e);
+            ExitCode::from(71)
+        }
     }
 }
 

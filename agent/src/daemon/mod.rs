@@ -158,7 +158,6 @@ struct Ctx {
     mounts_systemd: Option<crate::systemd::Systemd>,
     mount_env: crate::mounts::MountEnv,
     scontrol: crate::slurm::Scontrol,
-    health_checks: Option<crate::health::CheckSet>,
     health_env: crate::health::RunEnv,
     health_act: crate::health::act::ActOptions,
     outage: std::sync::Mutex<Outage>,
@@ -302,15 +301,9 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         }
     };
     // Health checks on the daemon's own schedule (`health.interval`), the same checks and
-    // drain/resume rules as `slurm-node-agent check`. Loaded once; a bad checks file is
-    // logged and the checks are off until the daemon is restarted.
-    let health_checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(&node)) {
-        Ok(set) => Some(set),
-        Err(e) => {
-            tracing::error!("health checks disabled: {e}");
-            None
-        }
-    };
+    // drain/resume rules as `slurm-node-agent check`. The files are read again at each
+    // pass, as Slurm's HealthCheckProgram reads them at each run: an edited or fixed check
+    // file counts from the next pass for both, so they never judge by different checks.
     let mut health_env = crate::health::RunEnv::from_settings(&s);
     health_env.node = Some(node.clone());
     let upgrade_sleep = tokio::time::sleep_until(start);
@@ -321,7 +314,6 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         health_act: crate::health::act::ActOptions::from_settings(&s)
             .with_instance(&ident.instance_id),
         health_env,
-        health_checks,
         mounts_systemd,
         aws,
         imds,
@@ -393,7 +385,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             _ = &mut upgrade_sleep, if ctx.aws.is_some() && !busy(&running, Work::Upgrade) => Work::Upgrade,
             _ = progress_tick.tick(), if !busy(&running, Work::Progress) => Work::Progress,
             _ = mounts_tick.tick(), if ctx.mounts_systemd.is_some() && !busy(&running, Work::Mounts) => Work::Mounts,
-            _ = health_tick.tick(), if ctx.health_checks.is_some() && !busy(&running, Work::Health) => Work::Health,
+            _ = health_tick.tick(), if !busy(&running, Work::Health) => Work::Health,
         };
         if work == Work::Upgrade {
             // Re-armed when the check ends; until then this branch is off (busy).
@@ -472,7 +464,14 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
             },
         },
         Work::Health => {
-            if let Some(checks) = &ctx.health_checks {
+            let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(&ctx.node)) {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    tracing::error!("health checks not run this pass: {e}");
+                    None
+                }
+            };
+            if let Some(checks) = &checks {
                 let report = crate::health::run_checks(checks, &ctx.health_env).await;
                 if !s.health.prometheus_textfile.as_os_str().is_empty() {
                     if let Err(e) = crate::health::output::write_prometheus(

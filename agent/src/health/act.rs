@@ -92,10 +92,20 @@ pub fn decide(state: Option<&NodeState>, failure: Option<Failing<'_>>) -> Action
                     // check's name as reasons write it (or with the start of it, when the
                     // reason was cut to Slurm's length).
                     let name = super::reason_text(check);
-                    let detail = cur.detail.as_str();
-                    let cut = detail.strip_suffix("...").filter(|d| !d.contains(": "));
+                    // Without the " (+N more)" that other failing checks add.
+                    let detail = match cur.detail.rsplit_once(" (+") {
+                        Some((d, n))
+                            if n.strip_suffix(" more)").is_some_and(|n| {
+                                !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                            }) =>
+                        {
+                            d
+                        }
+                        _ => cur.detail.as_str(),
+                    };
+                    let cut = detail.strip_suffix("...");
                     let same = detail.starts_with(&format!("{name}: "))
-                        || cut.is_some_and(|d| name.starts_with(d));
+                        || cut.is_some_and(|d| format!("{name}: ").starts_with(d));
                     if !same && !st.has("REBOOT_ISSUED") {
                         // Another check is the one failing now: say so.
                         return Action::Drain {
@@ -467,6 +477,25 @@ mod tests {
         assert!(matches!(
             decide(Some(&st(fsx)), failing("r", "fs: /fsx")),
             Action::None { .. }
+        ));
+        // A long name cut to Slurm's 256 characters, with other checks failing too.
+        let long = "check_cmd_output -m /ok/ ".repeat(12);
+        let stored = crate::health::health_reason(
+            "slurm-node-agent/health@i-0fedcba9876543210: ",
+            &long,
+            "bad",
+            2,
+        );
+        assert!(stored.ends_with("... (+2 more)"), "{stored}");
+        let line =
+            format!("NodeName=n State=IDLE+DRAIN Reason={stored} [root@2026-01-01T00:00:00]");
+        assert!(matches!(
+            decide(Some(&st(&line)), failing("r", &long)),
+            Action::None { .. }
+        ));
+        assert!(matches!(
+            decide(Some(&st(&line)), failing("r", "check_other")),
+            Action::Drain { .. }
         ));
         // A name with repeated spaces (an aligned nhc.conf line) is the same check as the
         // reason that wrote it, whose spaces Slurm's output and the reason collapse.

@@ -135,6 +135,24 @@ struct Def {
     line: Option<String>,
 }
 
+/// A check file the agent cannot use (read or parse), as one failing check named after the
+/// file, with the error (file and line) as its message: fail closed, file by file.
+pub fn unusable_file(e: ConfigError) -> Check {
+    Check {
+        name: e.file.file_name().map_or_else(
+            || e.file.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ),
+        origin: Origin {
+            file: e.file.clone(),
+            line: e.line,
+        },
+        timeout: Duration::from_secs(1),
+        fatal: true,
+        kind: CheckKind::Invalid(e.to_string()),
+    }
+}
+
 /// Reads every `*.toml` file of `dir` in name order. A missing folder has no checks; a
 /// file that cannot be read or parsed becomes one failing check naming the file and line
 /// (the other files still give theirs).
@@ -179,19 +197,7 @@ pub fn load_dir(
             // Fail closed, file by file: a file the agent cannot use is a failing check of
             // its own (file and line in the drain reason), and every other file still runs,
             // as a bad line of an nhc.conf is.
-            Err(e) => set.checks.push(Check {
-                name: f.file_name().map_or_else(
-                    || f.display().to_string(),
-                    |n| n.to_string_lossy().into_owned(),
-                ),
-                origin: Origin {
-                    file: f.clone(),
-                    line: e.line,
-                },
-                timeout: Duration::from_secs(1),
-                fatal: true,
-                kind: CheckKind::Invalid(e.to_string()),
-            }),
+            Err(e) => set.checks.push(unusable_file(e)),
         }
     }
     Ok(set)
@@ -234,7 +240,7 @@ pub fn parse(
         if timeout.is_zero() {
             return Err(err("timeout must be above zero".into()));
         }
-        let built = build(&def, timeout).map_err(err)?;
+        let built = build(&def, timeout, defaults).map_err(err)?;
         let applies = match node {
             Some(n) => target.matches(n),
             None => nodes == "*",
@@ -364,7 +370,7 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
 
 type Built = Vec<(String, CheckKind, Duration)>;
 
-fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
+fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, String> {
     const KINDS: &str = "mount, hardware, gpu, efa, process, unit, file, command, nhc";
     let ok_keys = allowed(&d.kind);
     if ok_keys.is_empty() {
@@ -659,7 +665,7 @@ fn build(d: &Def, timeout: Duration) -> Result<Built, String> {
                 Some("*"),
                 &Defaults {
                     timeout,
-                    slurm_bin_dir: PathBuf::new(),
+                    slurm_bin_dir: defaults.slurm_bin_dir.clone(),
                 },
             )
             .map_err(|e| e.message)?;

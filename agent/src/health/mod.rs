@@ -226,9 +226,14 @@ pub fn load(
         set.notes.append(&mut s.notes);
     }
     for p in &settings.nhc_conf {
-        let mut s = nhc::load_file(p, node, &defaults)?;
-        set.checks.append(&mut s.checks);
-        set.notes.append(&mut s.notes);
+        // An nhc.conf that cannot be read fails closed as a checks.d file does.
+        match nhc::load_file(p, node, &defaults) {
+            Ok(mut s) => {
+                set.checks.append(&mut s.checks);
+                set.notes.append(&mut s.notes);
+            }
+            Err(e) => set.checks.push(checksd::unusable_file(e)),
+        }
     }
     if node.is_none() {
         set.notes

@@ -11,6 +11,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Whether `name` is a plain Slurm NodeName as the agent passes names on: not empty, ASCII
+/// letters, digits, `-`, `_` and `.` (no spaces, no hostlist or scontrol syntax). Names the
+/// agent makes itself are stricter (`nodedef::validate_node_name` also refuses `.`).
+pub fn is_plain_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// Slurm's suffix of a reason in `scontrol show node`: `[user@time]`, e.g.
 /// `[root@2026-11-29T20:34:10]` (22.05's `node_info.c`).
 fn is_reason_suffix(word: &str) -> bool {
@@ -619,11 +629,7 @@ impl ReadyScontrol {
     /// NodeName (letters, digits, `-`, `_`, `.`), which is never written to it.
     pub async fn show_node(mut self, name: &str) -> Result<Option<NodeInfo>, ScontrolError> {
         let args = format!("-o show node {name}");
-        let plain = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !plain {
+        if !is_plain_node_name(name) {
             return Err(ScontrolError::Spawn {
                 program: self.program,
                 source: std::io::Error::new(

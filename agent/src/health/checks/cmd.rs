@@ -50,11 +50,17 @@ pub struct CommandSpec {
 
 /// Resolves a program name against [`SAFE_PATH`].
 pub fn resolve_program(name: &str) -> Option<std::path::PathBuf> {
+    resolve_program_in(name, SAFE_PATH)
+}
+
+/// Resolves a program name against `path` (`:`-separated; only absolute folders count, never
+/// the working directory's); a name with a `/` is taken as it is.
+pub fn resolve_program_in(name: &str, path: &str) -> Option<std::path::PathBuf> {
     if name.contains('/') {
         return Some(std::path::PathBuf::from(name));
     }
-    SAFE_PATH
-        .split(':')
+    path.split(':')
+        .filter(|d| d.starts_with('/'))
         .map(|d| std::path::Path::new(d).join(name))
         .find(|p| p.is_file())
 }

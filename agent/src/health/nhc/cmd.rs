@@ -1,6 +1,7 @@
 //! NHC's `lbnl_cmd.nhc` functions translated to the engine's checks: check_cmd_status, check_cmd_output.
 
 use super::*;
+use crate::health::checks::cmd::{resolve_program_in, SAFE_PATH};
 
 /// NHC's default command timeout (`check_cmd_*` without `-t`), seconds.
 const NHC_CMD_TIMEOUT: u64 = 5;
@@ -73,16 +74,10 @@ fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
     // A bare name is looked up in the PATH the file set (`export PATH="/opt/bin:$PATH"`),
     // as bash does for NHC; not found there, the engine looks in its own safe PATH. Only
     // absolute folders count (the file is the image's, never the working directory's).
-    if !argv[0].contains('/') {
-        let found = cx.var("PATH").and_then(|path| {
-            path.split(':')
-                .filter(|d| d.starts_with('/'))
-                .map(|d| std::path::Path::new(d).join(&argv[0]))
-                .find(|p| p.is_file())
-        });
-        if let Some(p) = found {
-            argv[0] = p.display().to_string();
-        }
+    // Looked up here only when the file changed PATH (the engine resolves the rest).
+    let path = cx.var("PATH").filter(|p| *p != SAFE_PATH);
+    if let Some(p) = path.and_then(|path| resolve_program_in(&argv[0], path)) {
+        argv[0] = p.display().to_string();
     }
     if secs == 0 {
         return Err("-t must be at least 1 second".into());
