@@ -459,7 +459,8 @@ impl Slurmctld {
 }
 
 /// Whether a Slurm node state string means usable and idle: `IDLE`, `IDLE+DYNAMIC_NORM`,
-/// ... but not `IDLE+DRAIN`, `IDLE*` (not responding) or `IDLE+NOT_RESPONDING`.
+/// ... but not `IDLE+DRAIN`, `IDLE+COMPLETING` (a job's epilog not yet reported), `IDLE*`
+/// (not responding) or `IDLE+NOT_RESPONDING`.
 pub fn is_idle(state: &str) -> bool {
     let mut parts = state.split('+');
     parts.next() == Some("IDLE")
@@ -467,7 +468,7 @@ pub fn is_idle(state: &str) -> bool {
         && parts.all(|f| {
             !matches!(
                 f,
-                "DRAIN" | "NOT_RESPONDING" | "POWERED_DOWN" | "POWERING_DOWN"
+                "DRAIN" | "COMPLETING" | "NOT_RESPONDING" | "POWERED_DOWN" | "POWERING_DOWN"
             )
         })
 }
@@ -578,5 +579,27 @@ impl Slurmd {
     /// The daemon guard (pid, log, stop).
     pub fn daemon(&mut self) -> &mut Daemon {
         &mut self.daemon
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_idle;
+
+    #[test]
+    fn idle_means_schedulable_now() {
+        for s in ["IDLE", "IDLE+DYNAMIC_NORM", "IDLE+CLOUD"] {
+            assert!(is_idle(s), "{s}");
+        }
+        for s in [
+            "IDLE+COMPLETING",
+            "IDLE+DRAIN",
+            "IDLE*",
+            "IDLE+NOT_RESPONDING",
+            "ALLOCATED",
+            "MIXED+COMPLETING",
+        ] {
+            assert!(!is_idle(s), "{s}");
+        }
     }
 }

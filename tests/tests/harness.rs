@@ -151,6 +151,9 @@ fn slurmctld_up_and_a_bare_dynamic_slurmd_runs_a_job() {
     assert!(out.status.success(), "srun: {out:?}");
     assert_eq!(stdout(&out).trim(), short_hostname().unwrap());
 
+    // srun returns when the step ends; slurmctld keeps the node COMPLETING until slurmd
+    // reports the job's epilog done, which may come after.
+    ctld.wait_node_idle(node.name(), NODE_TIMEOUT).unwrap();
     let sinfo = ctld.sinfo(&["-h", "-N", "-o", "%N %t %f"]).unwrap();
     assert_eq!(sinfo.trim(), "node1 idle bare");
 }
