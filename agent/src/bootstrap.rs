@@ -378,8 +378,12 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         _ => None,
     };
     // The look at slurmctld's record that follows munge's start, started now: it loads
-    // while munged starts, and asks once munged answers.
-    let record_look = slurm::Scontrol::new(&s.slurm.bin_dir).spawn_ready().ok();
+    // while munged starts, and asks once munged answers. Not on a configless node that has
+    // no configuration yet: that scontrol would fetch it from slurmctld as it starts,
+    // through a munged that is not up yet, and wait in munge's connection retries.
+    let record_look = client_has_config(s)
+        .then(|| slurm::Scontrol::new(&s.slurm.bin_dir).spawn_ready().ok())
+        .flatten();
     let munge = async {
         if let Some(job) = munge_job {
             job.wait().await?;
@@ -876,6 +880,7 @@ async fn join(
     // The scontrol for the next look, started during the pause before it
     // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
     let mut ready: Option<ReadyScontrol> = None;
+    wait_for_config_cache(s, systemd).await;
     loop {
         let look = async {
             match ready.take() {
@@ -984,6 +989,7 @@ async fn join(
             if let Err(e) = restart_slurmd(systemd, unit).await {
                 tracing::warn!("{e}");
             }
+            wait_for_config_cache(s, systemd).await;
             polls = 0;
             continue;
         }
@@ -991,6 +997,56 @@ async fn join(
         tokio::time::sleep(poll_pause(polls).min(deadline.saturating_sub(start.elapsed()))).await;
     }
 }
+
+/// On a configless node whose client commands have no configuration yet
+/// ([`slurm::client_config`]), waits until slurmd has fetched it and written its cache, at
+/// most [`CONFIG_CACHE_WAIT`] (and half the join's deadline), or until slurmd's unit is no longer active. slurmd registers
+/// only after that, and each `scontrol` run before it would fetch the whole configuration
+/// from slurmctld (`REQUEST_CONFIG`, its heaviest RPC, once per look and per node: with a
+/// fleet booting at once, most of the controller's work during the boot).
+async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd) {
+    let missing = || !client_has_config(s);
+    if !missing() {
+        return;
+    }
+    let start = Instant::now();
+    // Half the join's deadline at most, so that slurmctld is asked (and its answer named in
+    // the error) before the deadline.
+    let limit = CONFIG_CACHE_WAIT.min(s.slurm.join_deadline.0 / 2);
+    let mut looks = 0u32;
+    while start.elapsed() < limit {
+        if !missing() {
+            tracing::debug!(waited = ?start.elapsed(), "slurmd's configuration cache is there");
+            return;
+        }
+        // The unit's state every 10 looks (20 ms): a slurmd that failed is [`join`]'s to
+        // handle, with slurmctld's answer in its message.
+        if looks % 10 == 0 {
+            if let Ok(state) = systemd.active_state(&s.slurm.slurmd_unit).await {
+                if matches!(state.as_str(), "failed" | "inactive") {
+                    return;
+                }
+            }
+        }
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tracing::debug!(
+        cache = slurm::CONFIG_CACHE,
+        "no configuration cache from slurmd after {limit:?}: asking slurmctld anyway"
+    );
+}
+
+/// Whether the agent's `scontrol` finds a configuration on this node
+/// ([`slurm::client_config`]) rather than fetching one from slurmctld.
+fn client_has_config(s: &settings::Settings) -> bool {
+    let env_conf = std::env::var_os("SLURM_CONF");
+    slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).is_some()
+}
+
+/// How long [`join`] waits for slurmd's configuration cache before it asks slurmctld with a
+/// configuration fetched for each look.
+const CONFIG_CACHE_WAIT: Duration = Duration::from_secs(5);
 
 /// The pause after the `polls`-th look at slurmctld in [`join`]: a registration normally
 /// shows within tens of milliseconds of slurmd's start, so the first

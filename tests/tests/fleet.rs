@@ -123,6 +123,17 @@ fn gmt_in(secs: u64) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// The node's `SlurmdStartTime` as slurmctld shows it (`None` before any registration).
+fn slurmd_start_time(fleet: &Fleet, node: &str) -> Option<String> {
+    let line = fleet
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", node])
+        .unwrap();
+    slurm_e2e::slurm::field(&line, "SlurmdStartTime")
+        .filter(|t| *t != "None")
+        .map(str::to_string)
+}
+
 fn reason(fleet: &Fleet, node: &str) -> String {
     let line = fleet
         .ctld
@@ -498,7 +509,8 @@ fn the_same_image_with_a_static_slurmd_and_no_agent_joins() {
 /// Issue 11: the image's `slurm-node-agent-healthcheck` named as slurm.conf's
 /// `HealthCheckProgram`, as an admin would (no wrapper, no arguments), run by the node's own
 /// slurmd: a failing check drains the node with the agent's health reason and its
-/// instance id, and the node returns to service once the check passes again. The daemon's
+/// instance id; a reboot while drained keeps that drain (the check still fails); and the
+/// node returns to service once the check passes again. The daemon's
 /// own health pass is set an hour apart (it ran once at start, before the check file
 /// existed), so the drain and the resume can only come from the program slurmd runs.
 #[test]
@@ -542,6 +554,37 @@ fn the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node() {
         r.starts_with(&format!("slurm-node-agent/health@{instance}: "))
             && r.contains("healthy flag"),
         "{r}"
+    );
+    // A reboot while drained (the flag lives in /run, so it is still absent afterwards):
+    // the new boot's slurmd registers, bootstrap keeps the health drain, which is the
+    // checks' to lift, and the node stays drained with the same owner.
+    let started_before = slurmd_start_time(&fleet, name);
+    fleet.reboot(name).unwrap();
+    slurm_e2e::wait_until(
+        "the node to boot again and its new slurmd to register",
+        BOOT_TIMEOUT,
+        Duration::from_millis(200),
+        || {
+            Ok(
+                (fleet.boots(name)? == 2 && slurmd_start_time(&fleet, name) > started_before)
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    let after = fleet
+        .ctld
+        .wait_node_state(
+            name,
+            |s| s.contains("DRAIN") && !s.contains('*') && !s.contains("NOT_RESPONDING"),
+            BOOT_TIMEOUT,
+        )
+        .unwrap();
+    let r = reason(&fleet, name);
+    assert!(
+        r.starts_with(&format!("slurm-node-agent/health@{instance}: "))
+            && r.contains("healthy flag"),
+        "after the reboot: {after} {r}"
     );
     // The flag appears: the next run resumes the node (its own drain).
     let out = fleet

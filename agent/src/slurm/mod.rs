@@ -11,6 +11,37 @@ pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};
 pub use options::{slurmd_args, write_slurmd_options, OptionsFileError};
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Where Slurm's client commands (`scontrol`, `sinfo`) look for the configuration on a
+/// configless node once slurmd has fetched it: slurmd keeps the files in
+/// `SlurmdSpoolDir/conf-cache` and links this folder to them
+/// (<https://slurm.schedmd.com/configless_slurm.html>).
+pub const CONFIG_CACHE: &str = "/run/slurm/conf/slurm.conf";
+
+/// Where a client command finds `slurm.conf` on this node without asking slurmctld, in the
+/// order Slurm's client library tries them: `SLURM_CONF` (`env_conf`), the compiled-in
+/// default (`/etc/slurm/slurm.conf` in Debian's and the RHEL family's packages;
+/// `<prefix>/etc/slurm.conf` for a build from source whose programs are in `bin_dir`, that is
+/// `<prefix>/bin`), then slurmd's cache [`CONFIG_CACHE`]. `None` when there is none yet:
+/// each client command run now fetches the whole configuration from slurmctld
+/// (`REQUEST_CONFIG`) before doing what it was asked.
+pub fn client_config(
+    bin_dir: &Path,
+    env_conf: Option<&std::ffi::OsStr>,
+    exists: impl Fn(&Path) -> bool,
+) -> Option<PathBuf> {
+    if let Some(c) = env_conf.filter(|c| !c.is_empty()) {
+        return Some(PathBuf::from(c));
+    }
+    let mut candidates = vec![PathBuf::from("/etc/slurm/slurm.conf")];
+    if let Some(prefix) = bin_dir.parent() {
+        candidates.push(prefix.join("etc/slurm.conf"));
+        candidates.push(prefix.join("etc/slurm/slurm.conf"));
+    }
+    candidates.push(PathBuf::from(CONFIG_CACHE));
+    candidates.into_iter().find(|c| exists(c))
+}
 
 /// Default slurmctld port (slurm.conf `SlurmctldPort`).
 pub const DEFAULT_SLURMCTLD_PORT: u16 = 6817;
@@ -97,6 +128,43 @@ impl fmt::Display for ConfServer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn client_config_follows_slurms_order() {
+        let bin = Path::new("/usr/bin");
+        let has = |files: &'static [&'static str]| {
+            move |p: &Path| files.iter().any(|f| Path::new(f) == p)
+        };
+        // Nothing on the node: a client command would fetch it.
+        assert_eq!(client_config(bin, None, has(&[])), None);
+        // SLURM_CONF first, even when it does not exist (Slurm then fails, it does not fetch).
+        let env = std::ffi::OsStr::new("/x/slurm.conf");
+        assert_eq!(
+            client_config(bin, Some(env), has(&[CONFIG_CACHE])),
+            Some(PathBuf::from("/x/slurm.conf"))
+        );
+        assert_eq!(
+            client_config(bin, Some(std::ffi::OsStr::new("")), has(&[CONFIG_CACHE])),
+            Some(PathBuf::from(CONFIG_CACHE))
+        );
+        // A package's file before the cache; a source build's under its prefix.
+        assert_eq!(
+            client_config(bin, None, has(&["/etc/slurm/slurm.conf", CONFIG_CACHE])),
+            Some(PathBuf::from("/etc/slurm/slurm.conf"))
+        );
+        assert_eq!(
+            client_config(
+                Path::new("/opt/slurm/bin"),
+                None,
+                has(&["/opt/slurm/etc/slurm.conf"])
+            ),
+            Some(PathBuf::from("/opt/slurm/etc/slurm.conf"))
+        );
+        assert_eq!(
+            client_config(bin, None, has(&["/opt/slurm/etc/slurm.conf"])),
+            None
+        );
+    }
 
     #[test]
     fn parses_servers() {
