@@ -382,7 +382,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // no configuration yet: that scontrol would fetch it from slurmctld as it starts,
     // through a munged that is not up yet, and wait in munge's connection retries.
     let record_look = client_has_config(s)
-        .then(|| slurm::Scontrol::new(&s.slurm.bin_dir).spawn_ready().ok())
+        .then(|| slurm::Scontrol::configured(&s.slurm).spawn_ready().ok())
         .flatten();
     let munge = async {
         if let Some(job) = munge_job {
@@ -655,7 +655,7 @@ async fn prepare_record(
     conf: Option<&str>,
     ready: Option<ReadyScontrol>,
 ) -> Option<i64> {
-    let scontrol = Scontrol::new(&s.slurm.bin_dir);
+    let scontrol = Scontrol::configured(&s.slurm);
     // Through the scontrol started while munged started (it first needs munge for this
     // command, so it answers as one started now would).
     let looked = match ready {
@@ -871,7 +871,7 @@ async fn join(
     running_ami: &str,
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let unit = &s.slurm.slurmd_unit;
-    let scontrol = Scontrol::new(&s.slurm.bin_dir);
+    let scontrol = Scontrol::configured(&s.slurm);
     let deadline = s.slurm.join_deadline.0;
     let start = Instant::now();
     let mut restarts = 0u32;
@@ -880,7 +880,7 @@ async fn join(
     // The scontrol for the next look, started during the pause before it
     // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
     let mut ready: Option<ReadyScontrol> = None;
-    wait_for_config_cache(s, systemd).await;
+    wait_for_config_cache(s, systemd, deadline).await;
     loop {
         let look = async {
             match ready.take() {
@@ -989,7 +989,7 @@ async fn join(
             if let Err(e) = restart_slurmd(systemd, unit).await {
                 tracing::warn!("{e}");
             }
-            wait_for_config_cache(s, systemd).await;
+            wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
             polls = 0;
             continue;
         }
@@ -1000,28 +1000,28 @@ async fn join(
 
 /// On a configless node whose client commands have no configuration yet
 /// ([`slurm::client_config`]), waits until slurmd has fetched it and written its cache, at
-/// most [`CONFIG_CACHE_WAIT`] (and half the join's deadline), or until slurmd's unit is no longer active. slurmd registers
-/// only after that, and each `scontrol` run before it would fetch the whole configuration
-/// from slurmctld (`REQUEST_CONFIG`, its heaviest RPC, once per look and per node: with a
-/// fleet booting at once, most of the controller's work during the boot).
-async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd) {
+/// most [`CONFIG_CACHE_WAIT`] and half of `time_left` (the join's), or until slurmd's unit
+/// is no longer active. slurmd registers only after that, and each `scontrol` run before it
+/// would fetch the whole configuration from slurmctld (`REQUEST_CONFIG`, the largest answer
+/// it sends), once per look and per node.
+async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd, time_left: Duration) {
     let missing = || !client_has_config(s);
     if !missing() {
         return;
     }
     let start = Instant::now();
-    // Half the join's deadline at most, so that slurmctld is asked (and its answer named in
-    // the error) before the deadline.
-    let limit = CONFIG_CACHE_WAIT.min(s.slurm.join_deadline.0 / 2);
+    // Half the join's time left at most, so that slurmctld is asked (and its answer named
+    // in the error) before the deadline.
+    let limit = CONFIG_CACHE_WAIT.min(time_left / 2);
     let mut looks = 0u32;
     while start.elapsed() < limit {
         if !missing() {
             tracing::debug!(waited = ?start.elapsed(), "slurmd's configuration cache is there");
             return;
         }
-        // The unit's state every 10 looks (20 ms): a slurmd that failed is [`join`]'s to
+        // The unit's state every 4 looks (20 ms): a slurmd that failed is [`join`]'s to
         // handle, with slurmctld's answer in its message.
-        if looks % 10 == 0 {
+        if looks % 4 == 0 {
             if let Ok(state) = systemd.active_state(&s.slurm.slurmd_unit).await {
                 if matches!(state.as_str(), "failed" | "inactive") {
                     return;
@@ -1029,7 +1029,7 @@ async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd) {
             }
         }
         looks += 1;
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tracing::debug!(
         cache = slurm::CONFIG_CACHE,

@@ -1121,7 +1121,7 @@ pub async fn run(
         tracing::error!("{e}");
     }
     if stage == Stage::NodeReady {
-        let scontrol = crate::slurm::Scontrol::new(&s.slurm.bin_dir);
+        let scontrol = crate::slurm::Scontrol::configured(&s.slurm);
         match scontrol.drain(&facts.node_name, &reason).await {
             Ok(()) => {
                 tracing::error!(node = %facts.node_name, %reason, "drained before powering off")

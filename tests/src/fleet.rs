@@ -910,6 +910,7 @@ pub fn shared_storage_toml() -> String {
 pub struct FleetBuilder {
     ctld_lines: Vec<String>,
     srv: bool,
+    srv_record: bool,
     extra_toml: String,
     moto: bool,
     recipe: ImageRecipe,
@@ -927,6 +928,14 @@ impl FleetBuilder {
     /// their settings) instead of its address. Default: address.
     pub fn srv_discovery(mut self, yes: bool) -> Self {
         self.srv = yes;
+        self
+    }
+
+    /// Whether the fleet's DNS server holds the SRV record `_slurmctld._tcp` at all.
+    /// `false`: the nodes' Slurm clients can find the controller only through what they
+    /// are given (`conf_servers`), as at a site without that record. Default: `true`.
+    pub fn srv_record(mut self, yes: bool) -> Self {
+        self.srv_record = yes;
         self
     }
 
@@ -1196,6 +1205,7 @@ impl Fleet {
         FleetBuilder {
             ctld_lines: Vec::new(),
             srv: false,
+            srv_record: true,
             extra_toml: String::new(),
             moto: false,
             recipe: ImageRecipe::Default,
@@ -1369,11 +1379,13 @@ impl Fleet {
         ))
         .arg(format!("--domain={DOMAIN}"))
         // Everything not in the hosts file is NXDOMAIN (no upstream at all).
-        .arg("--address=/#/")
-        .arg(format!(
-            "--srv-host=_slurmctld._tcp.{DOMAIN},ctld.{DOMAIN},{}",
-            self.ctld.port()
-        ));
+        .arg("--address=/#/");
+        if self.builder.srv_record {
+            c.arg(format!(
+                "--srv-host=_slurmctld._tcp.{DOMAIN},ctld.{DOMAIN},{}",
+                self.ctld.port()
+            ));
+        }
         let mut d = Daemon::spawn("dnsmasq", c, self.root.path())?;
         thread::sleep(Duration::from_millis(200));
         d.check_running()?;

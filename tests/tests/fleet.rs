@@ -124,14 +124,52 @@ fn gmt_in(secs: u64) -> String {
 }
 
 /// The node's `SlurmdStartTime` as slurmctld shows it (`None` before any registration).
-fn slurmd_start_time(fleet: &Fleet, node: &str) -> Option<String> {
+fn slurmd_start_time(fleet: &Fleet, node: &str) -> anyhow::Result<Option<String>> {
+    let line = fleet.ctld.scontrol_ok(&["show", "node", "-o", node])?;
+    Ok(slurm_e2e::slurm::field(&line, "SlurmdStartTime")
+        .filter(|t| *t != "None")
+        .map(str::to_string))
+}
+
+/// The node's whole `Reason=`, with Slurm's ` [user@time]` suffix: it changes whenever
+/// anyone sets the reason again.
+fn full_reason(fleet: &Fleet, node: &str) -> String {
     let line = fleet
         .ctld
         .scontrol_ok(&["show", "node", "-o", node])
         .unwrap();
-    slurm_e2e::slurm::field(&line, "SlurmdStartTime")
-        .filter(|t| *t != "None")
-        .map(str::to_string)
+    line.split(" Reason=")
+        .nth(1)
+        .map(|r| match r.find("] ") {
+            Some(end) => r[..=end].to_string(),
+            None => r.trim().to_string(),
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until the current boot of `node` has run its bootstrap to the end.
+fn wait_bootstrap_exit(fleet: &Fleet, node: &str) {
+    slurm_e2e::wait_until(
+        "bootstrap to exit",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let out = fleet.exec(
+                node,
+                "systemctl",
+                &[
+                    "show",
+                    "-p",
+                    "ExecMainExitTimestampMonotonic",
+                    "--value",
+                    "slurm-node-agent-bootstrap.service",
+                ],
+            )?;
+            let v = String::from_utf8_lossy(&out.stdout).trim().parse::<u64>();
+            Ok(v.ok().filter(|t| *t > 0))
+        },
+    )
+    .unwrap();
 }
 
 fn reason(fleet: &Fleet, node: &str) -> String {
@@ -506,6 +544,59 @@ fn the_same_image_with_a_static_slurmd_and_no_agent_joins() {
     fleet.check_no_job_killed(1).unwrap();
 }
 
+/// Issue 9, section 2, at a site without the `_slurmctld._tcp` SRV record, where nodes are
+/// given `conf_servers`: a replacement instance with the same NodeName and a new definition
+/// (features `first` → `second`) finds the stale dynamic record before its slurmd starts,
+/// deletes it, and slurmctld shows the new definition. The new node has no Slurm
+/// configuration yet, so the agent's scontrol can reach slurmctld only through the servers
+/// it is given (`SLURM_CONF_SERVER`), as slurmd does through `--conf-server`.
+#[test]
+fn a_replacement_with_a_new_definition_replaces_the_stale_record_without_an_srv_record() {
+    let mut fleet = Fleet::builder().srv_record(false).start().unwrap();
+    let name = "node001";
+    let names = vec![name.to_string()];
+    let with_feature = |fleet: &Fleet, feature: &str| {
+        let mut l = fleet.new_launch(name);
+        l.agent_toml = format!("{}\n[node]\nfeatures = [\"{feature}\"]\n", l.agent_toml);
+        l
+    };
+    let features = |fleet: &Fleet| {
+        let line = fleet
+            .ctld
+            .scontrol_ok(&["show", "node", "-o", name])
+            .unwrap();
+        slurm_e2e::slurm::field(&line, "AvailableFeatures")
+            .unwrap_or_default()
+            .to_string()
+    };
+    fleet.launch(with_feature(&fleet, "first")).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let first = features(&fleet);
+    assert!(first.split(',').any(|f| f == "first"), "{first}");
+    let first_id = fleet.instance_id(name).unwrap();
+
+    // The instance goes; slurmctld keeps its (dynamic) record. Its replacement comes.
+    fleet.terminate(name).unwrap();
+    fleet.launch(with_feature(&fleet, "second")).unwrap();
+    assert_ne!(fleet.instance_id(name).unwrap(), first_id);
+    wait_bootstrap_exit(&fleet, name);
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let second = features(&fleet);
+    assert!(
+        second.split(',').any(|f| f == "second") && !second.split(',').any(|f| f == "first"),
+        "slurmctld still shows the stale definition: {second}"
+    );
+    let out = fleet
+        .ctld
+        .run_job("srun", &["-N1", "--constraint=second", "true"])
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Issue 11: the image's `slurm-node-agent-healthcheck` named as slurm.conf's
 /// `HealthCheckProgram`, as an admin would (no wrapper, no arguments), run by the node's own
 /// slurmd: a failing check drains the node with the agent's health reason and its
@@ -557,34 +648,32 @@ fn the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node() {
     );
     // A reboot while drained (the flag lives in /run, so it is still absent afterwards):
     // the new boot's slurmd registers, bootstrap keeps the health drain, which is the
-    // checks' to lift, and the node stays drained with the same owner.
-    let started_before = slurmd_start_time(&fleet, name);
+    // checks' to lift, and nobody sets the reason again: the same words, the same
+    // ` [user@time]` (a lift by bootstrap, then a new drain by the program, would change it).
+    let drained_as = full_reason(&fleet, name);
+    let started_before = slurmd_start_time(&fleet, name).unwrap();
     fleet.reboot(name).unwrap();
     slurm_e2e::wait_until(
         "the node to boot again and its new slurmd to register",
         BOOT_TIMEOUT,
         Duration::from_millis(200),
         || {
-            Ok(
-                (fleet.boots(name)? == 2 && slurmd_start_time(&fleet, name) > started_before)
-                    .then_some(()),
-            )
+            Ok((fleet.boots(name)? >= 2
+                && slurmd_start_time(&fleet, name)?
+                    .is_some_and(|t| Some(&t) != started_before.as_ref()))
+            .then_some(()))
         },
     )
     .unwrap();
-    let after = fleet
-        .ctld
-        .wait_node_state(
-            name,
-            |s| s.contains("DRAIN") && !s.contains('*') && !s.contains("NOT_RESPONDING"),
-            BOOT_TIMEOUT,
-        )
-        .unwrap();
-    let r = reason(&fleet, name);
-    assert!(
-        r.starts_with(&format!("slurm-node-agent/health@{instance}: "))
-            && r.contains("healthy flag"),
-        "after the reboot: {after} {r}"
+    wait_bootstrap_exit(&fleet, name);
+    // Two runs of the program after bootstrap (HealthCheckInterval=2).
+    std::thread::sleep(Duration::from_secs(5));
+    let after = fleet.ctld.node_state(name).unwrap().unwrap_or_default();
+    assert!(after.contains("DRAIN"), "after the reboot: {after}");
+    assert_eq!(
+        full_reason(&fleet, name),
+        drained_as,
+        "after the reboot: {after}"
     );
     // The flag appears: the next run resumes the node (its own drain).
     let out = fleet

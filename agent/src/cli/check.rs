@@ -143,7 +143,7 @@ impl CheckArgs {
                 error: None,
             }),
             (Some(n), true) => {
-                let scontrol = Scontrol::new(&s.slurm.bin_dir);
+                let scontrol = Scontrol::configured(&s.slurm);
                 let mut opts = ActOptions::from_settings(&s);
                 if let Some(i) = &ident {
                     opts = opts.with_instance(&i.instance_id);

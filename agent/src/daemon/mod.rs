@@ -310,7 +310,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     tokio::pin!(upgrade_sleep);
     let ctx = Arc::new(Ctx {
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
-        scontrol: crate::slurm::Scontrol::new(&s.slurm.bin_dir),
+        scontrol: crate::slurm::Scontrol::configured(&s.slurm),
         health_act: crate::health::act::ActOptions::from_settings(&s)
             .with_instance(&ident.instance_id),
         health_env,

@@ -20,18 +20,25 @@ use std::path::{Path, PathBuf};
 pub const CONFIG_CACHE: &str = "/run/slurm/conf/slurm.conf";
 
 /// Where a client command finds `slurm.conf` on this node without asking slurmctld, in the
-/// order Slurm's client library tries them: `SLURM_CONF` (`env_conf`), the compiled-in
+/// order Slurm's client library tries them: `SLURM_CONF` (`env_conf`; set counts, even
+/// empty), the compiled-in
 /// default (`/etc/slurm/slurm.conf` in Debian's and the RHEL family's packages;
 /// `<prefix>/etc/slurm.conf` for a build from source whose programs are in `bin_dir`, that is
 /// `<prefix>/bin`), then slurmd's cache [`CONFIG_CACHE`]. `None` when there is none yet:
 /// each client command run now fetches the whole configuration from slurmctld
-/// (`REQUEST_CONFIG`) before doing what it was asked.
+/// (`REQUEST_CONFIG`, from the servers of `SLURM_CONF_SERVER` or of the DNS SRV record
+/// `_slurmctld._tcp`) before doing what it was asked.
+///
+/// The compiled-in default is one path that only the build knows; these are the usual
+/// ones. A local file elsewhere is not seen, which costs nothing here: the agent always
+/// runs slurmd configless, and slurmd writes its cache before it registers.
 pub fn client_config(
     bin_dir: &Path,
     env_conf: Option<&std::ffi::OsStr>,
     exists: impl Fn(&Path) -> bool,
 ) -> Option<PathBuf> {
-    if let Some(c) = env_conf.filter(|c| !c.is_empty()) {
+    // Set is set, even empty: Slurm then fails to read "" rather than look further.
+    if let Some(c) = env_conf {
         return Some(PathBuf::from(c));
     }
     let mut candidates = vec![PathBuf::from("/etc/slurm/slurm.conf")];
@@ -145,7 +152,7 @@ mod tests {
         );
         assert_eq!(
             client_config(bin, Some(std::ffi::OsStr::new("")), has(&[CONFIG_CACHE])),
-            Some(PathBuf::from(CONFIG_CACHE))
+            Some(PathBuf::from(""))
         );
         // A package's file before the cache; a source build's under its prefix.
         assert_eq!(

@@ -511,6 +511,11 @@ pub struct Scontrol {
     pub program: PathBuf,
     /// Per-call limit: a controller that does not answer must not hang the agent.
     pub timeout: Duration,
+    /// The controllers, `host[:port],...` as for slurmd's `--conf-server`, given to scontrol
+    /// as `SLURM_CONF_SERVER`: Slurm's client library asks them, in place of a DNS SRV
+    /// lookup of `_slurmctld._tcp`, when it finds no configuration on the node and must
+    /// fetch it (configless; see [`crate::slurm::client_config`]). Empty: not given.
+    pub conf_server: String,
 }
 
 impl Scontrol {
@@ -519,6 +524,25 @@ impl Scontrol {
         Scontrol {
             program: bin_dir.join("scontrol"),
             timeout: Duration::from_secs(10),
+            conf_server: String::new(),
+        }
+    }
+
+    /// The `scontrol` that the settings name (`slurm.bin_dir`), given the configless
+    /// servers of `slurm.conf_servers`, so that it reaches slurmctld on a node where slurmd
+    /// has not yet fetched the configuration, as slurmd itself does.
+    pub fn configured(slurm: &crate::settings::Slurm) -> Scontrol {
+        Scontrol {
+            conf_server: slurm.conf_servers.join(","),
+            ..Scontrol::new(&slurm.bin_dir)
+        }
+    }
+
+    fn env(&self, cmd: &mut tokio::process::Command) {
+        // Times (SlurmdStartTime, the reason's time) in UTC whatever the host's zone.
+        cmd.env("TZ", "UTC");
+        if !self.conf_server.is_empty() {
+            cmd.env("SLURM_CONF_SERVER", &self.conf_server);
         }
     }
 
@@ -528,9 +552,8 @@ impl Scontrol {
     /// [`ScontrolError`].
     pub async fn run(&self, args: &[&str]) -> Result<String, ScontrolError> {
         let mut cmd = tokio::process::Command::new(&self.program);
-        // Times (SlurmdStartTime, the reason's time) in UTC whatever the host's zone.
+        self.env(&mut cmd);
         cmd.args(args)
-            .env("TZ", "UTC")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::null());
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
@@ -589,10 +612,10 @@ impl Scontrol {
     /// # Errors
     /// [`ScontrolError::Spawn`].
     pub fn spawn_ready(&self) -> Result<ReadyScontrol, ScontrolError> {
-        let child = tokio::process::Command::new(&self.program)
+        let mut cmd = tokio::process::Command::new(&self.program);
+        self.env(&mut cmd);
+        let child = cmd
             .arg("-o")
-            // Times (SlurmdStartTime) in UTC, as in [`Scontrol::run`].
-            .env("TZ", "UTC")
             .kill_on_drop(true)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
@@ -983,7 +1006,7 @@ impl Scontrol {
     pub async fn sinfo_node_state(&self, name: &str) -> Result<Option<NodeState>, ScontrolError> {
         let sinfo = Scontrol {
             program: self.program.with_file_name("sinfo"),
-            timeout: self.timeout,
+            ..self.clone()
         };
         let out = sinfo.run(&["--json", "-N", "-n", name]).await?;
         let nodes = parse_nodes_json(&out).map_err(|m| ScontrolError::Failed {
@@ -1052,6 +1075,7 @@ mod tests {
         let sc = Scontrol {
             program,
             timeout: Duration::from_secs(10),
+            conf_server: String::new(),
         };
         for bad in ["n1\ndelete NodeName=n2", "n1 n2", "", "n1;x"] {
             let err = sc.spawn_ready().unwrap().show_node(bad).await.unwrap_err();

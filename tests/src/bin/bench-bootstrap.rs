@@ -141,7 +141,7 @@ fn bare_trial(env: &NodeEnv, conf: &str) -> Result<f64> {
     let mut d = Daemon::spawn("bare-slurmd", cmd, env.root.path())?;
     loop {
         if let Some(s) = env.ctld.node_state(DEFAULT_NODE_NAME)? {
-            if s.starts_with("IDLE") && !s.contains("DRAIN") && !s.contains('*') {
+            if slurm_e2e::is_idle(&s) {
                 break;
             }
         }
@@ -197,7 +197,7 @@ fn systemd_trial(env: &NodeEnv, files: &NodeFiles) -> Result<f64> {
     }
     loop {
         if let Some(s) = env.ctld.node_state(DEFAULT_NODE_NAME)? {
-            if s.starts_with("IDLE") && !s.contains("DRAIN") && !s.contains('*') {
+            if slurm_e2e::is_idle(&s) {
                 break;
             }
         }

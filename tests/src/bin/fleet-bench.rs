@@ -105,6 +105,9 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 fn until_all_idle(fleet: &Fleet, names: &[String], t: Instant) -> Result<f64> {
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
+        // The time of the look that sees them all IDLE is when it was asked, not when its
+        // answer was read.
+        let asked = t.elapsed().as_secs_f64();
         let out = fleet.ctld.scontrol(&["show", "nodes", "-o"])?;
         let text = String::from_utf8_lossy(&out.stdout);
         let idle: Vec<&str> = text
@@ -113,7 +116,7 @@ fn until_all_idle(fleet: &Fleet, names: &[String], t: Instant) -> Result<f64> {
             .filter_map(|l| slurm_e2e::slurm::field(l, "NodeName"))
             .collect();
         if names.iter().all(|n| idle.contains(&n.as_str())) {
-            return Ok(t.elapsed().as_secs_f64());
+            return Ok(asked);
         }
         if Instant::now() > deadline {
             // Fails, naming the nodes that are not IDLE (or returns once they are).
@@ -137,12 +140,12 @@ fn monotonic_us() -> u64 {
 fn static_solo(name: &str) -> Result<(f64, f64)> {
     let mut fleet = Fleet::builder().start()?;
     let one = vec![name.to_string()];
-    let t = Instant::now();
+    let (t, t_us) = (Instant::now(), monotonic_us());
     let mut l = fleet.new_launch(name);
     l.static_slurmd = true;
     fleet.launch(l)?;
     let wall = until_all_idle(&fleet, &one, t)?;
-    let idle_at = monotonic_us();
+    let idle_at = t_us + (wall * 1e6) as u64;
     let started = prop_us(
         &fleet,
         name,
@@ -267,7 +270,7 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
     floor.sort_by(|a, b| a.1.total_cmp(&b.1));
     let static_part = floor[floor.len() / 2].1;
     println!(
-        "one node alone, no agent (median of {SOLO_RUNS}): container start -> IDLE {static_wall:.2} s; slurmd.service start -> IDLE {static_part:.2} s = {:.1} % of the whole (the floor of the agent's share above); the agent's boot / this one = {:.2}",
+        "one node alone, no agent (medians of {SOLO_RUNS}, each figure its own): container start -> IDLE {static_wall:.2} s; slurmd.service start -> IDLE {static_part:.2} s = {:.1} % of the whole (the floor of the agent's share above); the agent's boot / this one = {:.2}",
         100.0 * static_part / static_wall,
         alone_wall / static_wall
     );
