@@ -103,7 +103,17 @@ fn names(prefix: &str, n: usize) -> Vec<String> {
 /// coarse for a boot of about half a second, and runs one scontrol per node, which would
 /// load the 2 cores the nodes boot on).
 fn until_all_idle(fleet: &Fleet, names: &[String], t: Instant) -> Result<f64> {
+    Ok(until_each_idle(fleet, names, t)?.0)
+}
+
+/// [`until_all_idle`], with the seconds from `t` at which each node was first seen IDLE.
+fn until_each_idle(
+    fleet: &Fleet,
+    names: &[String],
+    t: Instant,
+) -> Result<(f64, std::collections::BTreeMap<String, f64>)> {
     let deadline = Instant::now() + Duration::from_secs(1800);
+    let mut first = std::collections::BTreeMap::new();
     loop {
         // The time of the look that sees them all IDLE is when it was asked, not when its
         // answer was read.
@@ -115,8 +125,11 @@ fn until_all_idle(fleet: &Fleet, names: &[String], t: Instant) -> Result<f64> {
             .filter(|l| slurm_e2e::slurm::field(l, "State").is_some_and(slurm_e2e::slurm::is_idle))
             .filter_map(|l| slurm_e2e::slurm::field(l, "NodeName"))
             .collect();
+        for n in &idle {
+            first.entry(n.to_string()).or_insert(asked);
+        }
         if names.iter().all(|n| idle.contains(&n.as_str())) {
-            return Ok(asked);
+            return Ok((asked, first));
         }
         if Instant::now() > deadline {
             // Fails, naming the nodes that are not IDLE (or returns once they are).
@@ -354,20 +367,42 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
 
     // The same fleet booting the same image without the agent: a plain slurmd started by
     // systemd from a static configuration (see `Launch::static_slurmd`).
-    let static_wall = {
+    let (static_wall, static_parts, static_rpcs) = {
         let mut fleet = Fleet::builder().start()?;
-        let t = Instant::now();
+        let rpc_before = sdiag_by_type(&fleet)?;
+        let (t, t_us) = (Instant::now(), monotonic_us());
         for x in &all {
             let mut l = fleet.new_launch(x);
             l.static_slurmd = true;
             fleet.launch(l)?;
         }
-        until_all_idle(&fleet, &all, t)?
+        let (wall, first) = until_each_idle(&fleet, &all, t)?;
+        let rpcs = rpc_growth(&rpc_before, &sdiag_by_type(&fleet)?, n);
+        // Each node's slurmd.service start -> first seen IDLE: the part of each boot that
+        // the agent's part includes, with no agent at all.
+        let mut parts = Vec::new();
+        for x in &all {
+            let started = prop_us(
+                &fleet,
+                x,
+                Some("slurmd.service"),
+                "ExecMainStartTimestampMonotonic",
+            )?;
+            let idle_at = t_us + (first.get(x).copied().unwrap_or(wall) * 1e6) as u64;
+            parts.push(idle_at.saturating_sub(started) as f64 / 1e6);
+        }
+        (wall, parts, rpcs)
     };
     println!(
         "{n} nodes at once, agent vs a static slurmd on the same image: all IDLE after {wall:.2} s vs {static_wall:.2} s; ratio {:.2} (goal <= 1.2)",
         wall / static_wall
     );
+    println!(
+        "  with no agent, {n} at once: mean slurmd.service start -> IDLE {:.2} s vs {static_part:.2} s alone = {:.2} (the same ratio as the agent part's above, for slurmd's own part of it)",
+        mean(&static_parts),
+        mean(&static_parts) / static_part
+    );
+    println!("  slurmctld RPCs during the boot with no agent, per node (as above): {static_rpcs}");
 
     let (up_nodes, budget, job) = (8, 2, 30);
     let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
