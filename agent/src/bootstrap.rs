@@ -1040,8 +1040,7 @@ async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd, time_l
 /// Whether the agent's `scontrol` finds a configuration on this node
 /// ([`slurm::client_config`]) rather than fetching one from slurmctld.
 fn client_has_config(s: &settings::Settings) -> bool {
-    let env_conf = std::env::var_os("SLURM_CONF");
-    slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).is_some()
+    slurm::has_client_config(&s.slurm)
 }
 
 /// How long [`join`] waits for slurmd's configuration cache before it asks slurmctld with a

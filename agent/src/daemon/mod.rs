@@ -481,7 +481,19 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                         tracing::warn!("{e}");
                     }
                 }
-                if s.health.act {
+                if s.health.act && !crate::slurm::has_client_config(&s.slurm) {
+                    // The daemon starts beside bootstrap: until slurmd has fetched the
+                    // configuration, this boot's slurmd has not registered, and a look at
+                    // slurmctld would first fetch the whole configuration (per node, on a
+                    // fleet booting at once). The next pass asks.
+                    tracing::info!(
+                        healthy = report.healthy(),
+                        action = "none",
+                        detail =
+                            "slurmd has no configuration yet (not registered): slurmctld not asked",
+                        "health checks"
+                    );
+                } else if s.health.act {
                     let outcome =
                         crate::health::act_on(&report, &ctx.scontrol, &ctx.node, &ctx.health_act)
                             .await;

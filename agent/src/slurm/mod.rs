@@ -50,6 +50,15 @@ pub fn client_config(
     candidates.into_iter().find(|c| exists(c))
 }
 
+/// Whether the agent's Slurm client commands find a configuration on this node now
+/// ([`client_config`] with this process's `SLURM_CONF` and the settings' `slurm.bin_dir`).
+/// `false` on a configless node before slurmd has fetched it: slurmctld cannot have a
+/// registration by this boot's slurmd yet, and each command would fetch the configuration.
+pub fn has_client_config(slurm: &crate::settings::Slurm) -> bool {
+    let env_conf = std::env::var_os("SLURM_CONF");
+    client_config(&slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).is_some()
+}
+
 /// Default slurmctld port (slurm.conf `SlurmctldPort`).
 pub const DEFAULT_SLURMCTLD_PORT: u16 = 6817;
 
