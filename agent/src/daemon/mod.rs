@@ -405,6 +405,22 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     Ok(())
 }
 
+/// Waits until the agent's Slurm commands find a configuration on the node
+/// ([`crate::slurm::has_client_config`]), looking every 200 ms, at most `limit`. Returns
+/// whether they do.
+async fn wait_for_slurm_config(slurm: &crate::settings::Slurm, limit: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if crate::slurm::has_client_config(slurm) {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// One piece of work, run as a child task of the main loop.
 async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
     let s = &ctx.s;
@@ -481,11 +497,13 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                         tracing::warn!("{e}");
                     }
                 }
-                if s.health.act && !crate::slurm::has_client_config(&s.slurm) {
-                    // The daemon starts beside bootstrap: until slurmd has fetched the
-                    // configuration, this boot's slurmd has not registered, and a look at
-                    // slurmctld would first fetch the whole configuration (per node, on a
-                    // fleet booting at once). The next pass asks.
+                // The daemon starts beside bootstrap: until slurmd has fetched the
+                // configuration, this boot's slurmd has not registered, and a look at
+                // slurmctld would first fetch the whole configuration (per node, on a fleet
+                // booting at once). So the look waits for it, one interval at most.
+                let configured =
+                    s.health.act && wait_for_slurm_config(&s.slurm, s.health.interval.0).await;
+                if s.health.act && !configured {
                     tracing::info!(
                         healthy = report.healthy(),
                         action = "none",
