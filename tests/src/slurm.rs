@@ -375,6 +375,39 @@ impl Slurmctld {
         c
     }
 
+    /// slurmctld's RPC counts by message type since it started (`sdiag`'s "Remote
+    /// Procedure Call statistics by message type"), e.g. `REQUEST_CONFIG` → 3.
+    ///
+    /// # Errors
+    /// `sdiag` cannot run or fails.
+    pub fn rpc_counts(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        let text = run_ok(self.command("sdiag"), CLIENT_TIMEOUT)?;
+        let mut counts = std::collections::BTreeMap::new();
+        let mut in_rpc = false;
+        for l in text.lines() {
+            if l.starts_with("Remote Procedure Call statistics by message type") {
+                in_rpc = true;
+                continue;
+            }
+            if l.starts_with("Remote Procedure Call statistics by user") {
+                break;
+            }
+            // `	REQUEST_NODE_INFO ( 2007) count:12 ave_time:...`
+            let Some((name, rest)) = l.trim().split_once(' ').filter(|_| in_rpc) else {
+                continue;
+            };
+            if let Some(c) = rest.split("count:").nth(1) {
+                let c = c
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                counts.insert(name.to_string(), c);
+            }
+        }
+        Ok(counts)
+    }
+
     /// Runs `scontrol args...` (deadline [`CLIENT_TIMEOUT`]); a non-zero exit is returned,
     /// not an error.
     pub fn scontrol(&self, args: &[&str]) -> Result<Output> {

@@ -569,8 +569,39 @@ fn a_replacement_with_a_new_definition_replaces_the_stale_record_without_an_srv_
             .unwrap_or_default()
             .to_string()
     };
+    let config_fetches = |fleet: &Fleet| {
+        let counts = fleet.ctld.rpc_counts().unwrap();
+        counts.get("REQUEST_CONFIG").copied().unwrap_or(0)
+    };
+    let fetched_before = config_fetches(&fleet);
     fleet.launch(with_feature(&fleet, "first")).unwrap();
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    wait_bootstrap_exit(&fleet, name);
+    // The daemon's first health pass, which starts beside bootstrap, has looked at Slurm.
+    slurm_e2e::wait_until(
+        "the daemon's first health pass",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let out = fleet.exec(
+                name,
+                "journalctl",
+                &["-b", "-o", "cat", "-u", "slurm-node-agent.service"],
+            )?;
+            Ok(String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|l| {
+                    l.contains("health checks") && l.contains("action=") && !l.contains("not asked")
+                })
+                .then_some(()))
+        },
+    )
+    .unwrap();
+    // A node with no configuration yet fetches it twice: slurmd, and bootstrap's look at a
+    // stale record before slurmd starts. No `scontrol` of the agent's fetches it while
+    // slurmd does (the join's looks, the daemon's first health look).
+    let fetched = config_fetches(&fleet) - fetched_before;
+    assert!(fetched <= 2, "{fetched} REQUEST_CONFIG for one node's boot");
     let first = features(&fleet);
     assert!(first.split(',').any(|f| f == "first"), "{first}");
     let first_id = fleet.instance_id(name).unwrap();

@@ -187,34 +187,7 @@ fn boot(fleet: &mut Fleet, names: &[String]) -> Result<f64> {
 
 /// slurmctld's RPC counts by message type, from `sdiag`.
 fn sdiag_by_type(fleet: &Fleet) -> Result<std::collections::BTreeMap<String, u64>> {
-    let out = fleet.ctld.command("sdiag").output()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut counts = std::collections::BTreeMap::new();
-    let mut in_rpc = false;
-    for l in text.lines() {
-        if l.starts_with("Remote Procedure Call statistics by message type") {
-            in_rpc = true;
-            continue;
-        }
-        if l.starts_with("Remote Procedure Call statistics by user") {
-            break;
-        }
-        if in_rpc {
-            // `	REQUEST_NODE_INFO ( 2007) count:12 ave_time:...`
-            let Some((name, rest)) = l.trim().split_once(' ') else {
-                continue;
-            };
-            if let Some(c) = rest.split("count:").nth(1) {
-                let c = c
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                counts.insert(name.to_string(), c);
-            }
-        }
-    }
-    Ok(counts)
+    fleet.ctld.rpc_counts()
 }
 
 fn sdiag_total(fleet: &Fleet) -> Result<u64> {
