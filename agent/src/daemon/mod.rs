@@ -161,6 +161,9 @@ struct Ctx {
     health_env: crate::health::RunEnv,
     health_act: crate::health::act::ActOptions,
     outage: std::sync::Mutex<Outage>,
+    /// Whether a health pass has looked at slurmctld since the daemon started (see
+    /// [`wait_for_slurm_config`]: only the first pass waits).
+    health_looked: std::sync::atomic::AtomicBool,
 }
 
 /// What a child task did.
@@ -322,6 +325,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         node,
         s,
         outage: std::sync::Mutex::new(Outage::default()),
+        health_looked: std::sync::atomic::AtomicBool::new(false),
     });
     let s = &ctx.s;
     let mut tasks: JoinSet<Outcome> = JoinSet::new();
@@ -407,7 +411,8 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
 
 /// Waits until the agent's Slurm commands find a configuration on the node
 /// ([`crate::slurm::has_client_config`]), looking every 200 ms, at most `limit`. Returns
-/// whether they do.
+/// whether they do. For the daemon's first health pass only: the candidate paths of
+/// [`crate::slurm::client_config`] are the usual ones, not necessarily this build's.
 async fn wait_for_slurm_config(slurm: &crate::settings::Slurm, limit: Duration) -> bool {
     let start = std::time::Instant::now();
     loop {
@@ -500,9 +505,16 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                 // The daemon starts beside bootstrap: until slurmd has fetched the
                 // configuration, this boot's slurmd has not registered, and a look at
                 // slurmctld would first fetch the whole configuration (per node, on a fleet
-                // booting at once). So the look waits for it, one interval at most.
-                let configured =
-                    s.health.act && wait_for_slurm_config(&s.slurm, s.health.interval.0).await;
+                // booting at once). So the first look waits for it, one interval at most;
+                // later passes look whatever the files say (a local slurm.conf at a path
+                // the agent does not know of must not switch the health actions off).
+                let first = !ctx.health_looked.load(std::sync::atomic::Ordering::Relaxed);
+                let configured = s.health.act
+                    && (!first || wait_for_slurm_config(&s.slurm, s.health.interval.0).await);
+                if s.health.act {
+                    ctx.health_looked
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 if s.health.act && !configured {
                     tracing::info!(
                         healthy = report.healthy(),
