@@ -14,7 +14,8 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  # Slurm 22.05 and munge: the tests start munged, slurmctld and slurmd themselves.
+  # Slurm 22.05 (Debian 12's; SLURM_E2E_VERSION=22.05) and munge: the tests start munged,
+  # slurmctld and slurmd themselves.
   slurmctld slurmd slurm-client munge
   # systemd 252 (`systemd --user` as a confined Manager), its user bus, D-Bus tools.
   systemd dbus dbus-user-session
@@ -35,6 +36,10 @@ APT_PACKAGES=(
   python3 python3-venv
   # Building the workspace (C code in aws-lc-sys, linking).
   build-essential pkg-config ca-certificates curl
+  # Building Slurm from SchedMD's tarballs (scripts/slurm-build.sh; the same libraries as
+  # the image's build, packer/scripts/lib-slurm.sh install_build_deps).
+  dpkg-dev libmunge-dev libssl-dev libpam0g-dev libhwloc-dev libpmix-dev libjson-c-dev
+  libjwt-dev libhttp-parser-dev liblz4-dev libyaml-dev libdbus-1-dev libreadline-dev bzip2
 )
 MOTO_SPEC='moto[server]~=5.2.0'
 MOTO_VENV=${MOTO_VENV:-/opt/slurm-e2e/moto-venv}

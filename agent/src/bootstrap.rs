@@ -410,7 +410,24 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         } else {
             s.slurm.slurmd_options_file.clone()
         };
-        let args = slurm::slurmd_args(&def, &servers);
+        // The record names its instance where slurmd can say it (23.11+).
+        let slurmd = slurm::version::slurmd_path(&s.slurm.bin_dir);
+        let version = slurm::version::slurmd_version(&slurmd).await;
+        let instance = version
+            .filter(|v| v.has_instance_fields())
+            .map(|_| slurm::InstanceArgs {
+                instance_id: id.instance_id.clone(),
+                instance_type: id.instance_type.clone(),
+            });
+        match version {
+            Some(v) => {
+                tracing::debug!(slurmd = %slurmd.display(), version = %v, instance_fields = instance.is_some(), "slurmd version")
+            }
+            None => {
+                tracing::info!(slurmd = %slurmd.display(), "slurmd -V gave no version: slurmd is started without --instance-id")
+            }
+        }
+        let args = slurm::slurmd_args(&def, &servers, instance.as_ref());
         let options_changed = slurm::write_slurmd_options(&options_file, &args)
             .map_err(|e| BootstrapError::Io(e.to_string()))?;
         let restart = options_changed || key_changed;
@@ -673,7 +690,9 @@ async fn prepare_record(
     if diff.is_empty() {
         return started;
     }
-    let admin = node.reason().is_some_and(|r| !identity::is_agent_reason(r));
+    let admin = node
+        .held_reason()
+        .is_some_and(|r| !identity::is_agent_reason(r));
     if admin || !crate::drain::slurm::node_is_empty(&node) {
         tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
         return started;

@@ -165,10 +165,14 @@ impl AgentReason {
         } else {
             UNKNOWN_INSTANCE.to_string()
         };
-        let detail: String = detail
+        let mut detail: String = detail
             .chars()
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
+        // ` : ` is where slurmctld appends its own reasons (below): never in ours.
+        while detail.contains(" : ") {
+            detail = detail.replace(" : ", ": ");
+        }
         AgentReason {
             cause,
             instance_id,
@@ -194,9 +198,15 @@ impl AgentReason {
     /// Parses a reason as Slurm shows it (with or without its ` [user@time]` suffix already
     /// removed). `None` unless it is exactly the agent's form with a known cause and a valid
     /// instance id: such a reason is an admin's.
+    ///
+    /// slurmctld 23.02 and later append their own reasons to the one a node has, each after
+    /// ` : ` (`set_node_reason`: `<reason> : reboot issued`, ` : reboot complete`,
+    /// ` : Not responding`); the detail ends before the first of them
+    /// ([`slurm_appended`] gives them), as the agent never writes ` : ` itself.
     pub fn parse(reason: &str) -> Option<AgentReason> {
         let rest = reason.strip_prefix(REASON_PREFIX)?;
         let (head, detail) = rest.split_once(": ")?;
+        let detail = detail.split_once(" : ").map_or(detail, |(d, _)| d);
         let (cause, id) = head.split_once('@')?;
         let cause = ReasonCause::from_word(cause)?;
         if !is_valid_instance_id(id) {
@@ -230,6 +240,15 @@ pub fn reason_head(cause: ReasonCause, instance_id: &str) -> String {
         UNKNOWN_INSTANCE
     };
     format!("{REASON_PREFIX}{cause}@{id}: ")
+}
+
+/// The reasons slurmctld appended to an agent's reason (23.02+: each after ` : `, e.g.
+/// `["reboot issued"]`); empty for a reason that is not the agent's or has none.
+pub fn slurm_appended(reason: &str) -> Vec<&str> {
+    if AgentReason::parse(reason).is_none() {
+        return Vec::new();
+    }
+    reason.split(" : ").skip(1).collect()
 }
 
 /// `slurm-node-agent/<cause>@<instance-id>: <detail>` (see [`AgentReason`]).
@@ -698,8 +717,24 @@ pub fn record_path(state_dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+
     #![allow(clippy::unwrap_used)]
     use super::*;
+    #[test]
+    fn slurm_appended_reasons_are_not_part_of_ours() {
+        // slurmctld 23.02+ appends " : <its words>"; ours never holds " : " itself.
+        let r = super::reason(ReasonCause::Upgrade, "i-0123456789abcdef0", "a : b  :  c");
+        assert!(!r.contains(" : "), "{r}");
+        let seen = format!("{r} : reboot issued : reboot complete");
+        let p = AgentReason::parse(&seen).unwrap();
+        assert_eq!(p.cause, ReasonCause::Upgrade);
+        assert_eq!(p.to_reason(), r);
+        assert_eq!(
+            super::slurm_appended(&seen),
+            ["reboot issued", "reboot complete"]
+        );
+        assert!(super::slurm_appended("kernel_update : reboot issued").is_empty());
+    }
 
     const ID: &str = "i-0123456789abcdef0";
 

@@ -405,8 +405,9 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nSLURM_CONF={} exec /usr/bin/scontrol \"$@\"\n",
-            ctld.conf_path().display()
+            "#!/bin/sh\nSLURM_CONF={} exec {} \"$@\"\n",
+            ctld.conf_path().display(),
+            slurm_e2e::install::program("scontrol").display()
         ),
     )
     .unwrap();

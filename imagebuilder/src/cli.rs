@@ -179,6 +179,16 @@ pub struct BuildArgs {
     /// Local target: persistent apt archive cache (warm cache between builds).
     #[arg(long)]
     pub apt_cache: Option<PathBuf>,
+    /// Local target: a folder of pre-fetched source tarballs, named as their pinned URLs
+    /// name them (e.g. SchedMD's `slurm-25-11-6-1.tar.gz`). The steps still check each
+    /// file against its pinned sha256 and refuse one that differs.
+    #[arg(long)]
+    pub sources_dir: Option<PathBuf>,
+    /// Local target: a folder of finished Slurm builds, kept between image builds and
+    /// shared with `scripts/slurm-build.sh` (keyed by the source's sha256, the configure
+    /// flags, the OS and the architecture; see packer/scripts/lib-slurm.sh).
+    #[arg(long)]
+    pub slurm_build_cache: Option<PathBuf>,
     /// Local target: Debian mirror for mmdebstrap.
     #[arg(long)]
     pub mirror: Option<String>,
@@ -569,6 +579,12 @@ impl Cli {
             packer_dir: absolute(&self.packer_dir())?,
             agent_dir,
             apt_cache: args.apt_cache.as_deref().map(absolute).transpose()?,
+            sources_dir: args.sources_dir.as_deref().map(absolute).transpose()?,
+            slurm_build_cache: args
+                .slurm_build_cache
+                .as_deref()
+                .map(absolute)
+                .transpose()?,
             mirror: args.mirror.clone(),
             env: recipe.step_env(local::STAGING, true),
             steps_only: args.steps_only,

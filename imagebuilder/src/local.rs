@@ -18,15 +18,20 @@ use tokio::process::Command;
 pub const STAGING: &str = "/tmp/slurm-image";
 
 /// The shell text run in the private mount namespace for one step. Arguments:
-/// `$1` root, `$2` apt cache folder ('' for none), `$3` command to run inside the root.
+/// `$1` root, `$2` apt cache folder ('' for none), `$3` Slurm build cache folder ('' for
+/// none), then the command to run inside the root.
 const STEP_SH: &str = r#"set -eu
-root=$1 cache=$2; shift 2
+root=$1 cache=$2 builds=$3; shift 3
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --make-rslave "$root/dev"
 if [ -n "$cache" ]; then
   mkdir -p "$root/var/cache/apt/archives"
   mount --bind "$cache" "$root/var/cache/apt/archives"
+fi
+if [ -n "$builds" ]; then
+  mkdir -p "$root/var/cache/slurm-image/builds"
+  mount --bind "$builds" "$root/var/cache/slurm-image/builds"
 fi
 exec chroot "$root" "$@"
 "#;
@@ -42,6 +47,12 @@ pub struct LocalBuild {
     pub agent_dir: PathBuf,
     /// Persistent apt archive cache (kept warm between builds), if any.
     pub apt_cache: Option<PathBuf>,
+    /// Pre-fetched source tarballs, copied into the staging `sources/` (the steps check
+    /// each against its pin), if any.
+    pub sources_dir: Option<PathBuf>,
+    /// Finished Slurm builds, mounted at `/var/cache/slurm-image/builds` for 30-slurm.sh,
+    /// if any.
+    pub slurm_build_cache: Option<PathBuf>,
     /// Debian mirror for mmdebstrap (None: its default).
     pub mirror: Option<String>,
     /// Environment of the steps (from the recipe).
@@ -172,14 +183,21 @@ impl LocalBuild {
         let mut result = Ok(());
         for step in steps(&self.packer_dir.join("scripts"))? {
             let started = Instant::now();
-            let cache = if step.starts_with("90-") {
-                None
+            let (cache, builds) = if step.starts_with("90-") {
+                (None, None)
             } else {
-                self.apt_cache.as_deref()
+                (self.apt_cache.as_deref(), self.slurm_build_cache.as_deref())
             };
             let script = format!("{STAGING}/scripts/{step}");
             let r = self
-                .in_root(&root, cache, &["/bin/bash", &script], &mut log, &step)
+                .in_root(
+                    &root,
+                    cache,
+                    builds,
+                    &["/bin/bash", &script],
+                    &mut log,
+                    &step,
+                )
                 .await;
             timings.push(Timing {
                 phase: step.trim_end_matches(".sh").to_string(),
@@ -291,6 +309,28 @@ impl LocalBuild {
         }
         std::fs::create_dir_all(staging.join("sources"))
             .map_err(|e| Error::io(format!("creating {}", staging.display()), e))?;
+        if let Some(dir) = &self.sources_dir {
+            let rd = std::fs::read_dir(dir).map_err(|e| {
+                Error::io(format!("reading the sources folder {}", dir.display()), e)
+            })?;
+            for entry in rd.flatten() {
+                let name = entry.file_name();
+                let is_tarball = name.to_str().is_some_and(|n| n.contains(".tar."));
+                if is_tarball && entry.path().is_file() {
+                    let to = staging.join("sources").join(&name);
+                    std::fs::copy(entry.path(), &to).map_err(|e| {
+                        Error::io(
+                            format!("copying {} to {}", entry.path().display(), to.display()),
+                            e,
+                        )
+                    })?;
+                }
+            }
+        }
+        if let Some(builds) = &self.slurm_build_cache {
+            std::fs::create_dir_all(builds)
+                .map_err(|e| Error::io(format!("creating {}", builds.display()), e))?;
+        }
         Ok(())
     }
 
@@ -298,6 +338,7 @@ impl LocalBuild {
         &self,
         root: &Path,
         cache: Option<&Path>,
+        builds: Option<&Path>,
         command: &[&str],
         log: &mut tokio::fs::File,
         label: &str,
@@ -306,6 +347,7 @@ impl LocalBuild {
         cmd.args(["-m", "--propagation", "private", "sh", "-c", STEP_SH, "sh"])
             .arg(root)
             .arg(cache.map(|c| c.as_os_str()).unwrap_or_default())
+            .arg(builds.map(|c| c.as_os_str()).unwrap_or_default())
             .args(command)
             .env_clear()
             .env(
@@ -322,6 +364,7 @@ impl LocalBuild {
         let mut cmd = Command::new("unshare");
         cmd.args(["-m", "--propagation", "private", "sh", "-c", STEP_SH, "sh"])
             .arg(root)
+            .arg("")
             .arg("")
             .arg("/usr/local/sbin/slurm-image-acceptance")
             .env_clear()

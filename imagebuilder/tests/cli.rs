@@ -51,7 +51,7 @@ fn provisioning_scripts_are_shellcheck_clean() {
             cmd.arg(format!("packer/scripts/{name}"));
         }
     }
-    for script in ["scripts/bench-imagebuilder.sh"] {
+    for script in ["scripts/bench-imagebuilder.sh", "scripts/slurm-build.sh"] {
         if repo().join(script).exists() {
             cmd.arg(script);
         }

@@ -17,95 +17,26 @@ for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-
 done
 # shellcheck source=lib.sh
 . "$lib"
+# shellcheck source=lib-slurm.sh
+. "$(dirname "$lib")/lib-slurm.sh"
 require_root
 
 : "${SLURM_VERSION:?SLURM_VERSION is not set: pass the slurm_version variable}"
 SLURM_SOURCE=${SLURM_SOURCE:-tarball}
 SLURM_AUTH=${SLURM_AUTH:-munge}
 PREFIX=/opt/slurm
+# Finished builds, kept between image builds (a folder the builder mounts here).
+SLURM_BUILD_CACHE=${SLURM_BUILD_CACHE:-/var/cache/slurm-image/builds}
 
+# installed_version: the version of the slurmd in place; a source build counts only once
+# its prefix carries the marker install_slurm_tree writes last.
 installed_version() {
 	local bin
 	bin=$(command -v slurmd 2>/dev/null || true)
-	[ -n "$bin" ] || { [ -x $PREFIX/sbin/slurmd ] && bin=$PREFIX/sbin/slurmd; }
+	case $bin in "$PREFIX"/* | /usr/local/bin/*) [ -f "$PREFIX/.slurm-build" ] || bin= ;; esac
+	[ -n "$bin" ] || { [ -x $PREFIX/sbin/slurmd ] && [ -f "$PREFIX/.slurm-build" ] && bin=$PREFIX/sbin/slurmd; }
 	[ -n "$bin" ] || return 0
 	"$bin" -V 2>/dev/null | awk '{print $2}'
-}
-
-# install_build_deps: compilers and the libraries behind the configure flags of
-# build_slurm, as packages of the OS family.
-install_build_deps() {
-	local munge_dev=
-	if [ "$SLURM_AUTH" = munge ]; then
-		if [ "$(os_family)" = deb ]; then munge_dev=libmunge-dev; else munge_dev=munge-devel; fi
-	fi
-	if [ "$(os_family)" = deb ]; then
-		# shellcheck disable=SC2086 # empty when auth/slurm
-		pkg_install build-essential dpkg-dev $munge_dev libssl-dev libpam0g-dev \
-			libhwloc-dev libpmix-dev libjson-c-dev libjwt-dev libhttp-parser-dev liblz4-dev libyaml-dev \
-			libdbus-1-dev libreadline-dev python3 bzip2
-	else
-		# shellcheck disable=SC2086
-		pkg_install gcc gcc-c++ make $munge_dev openssl-devel pam-devel hwloc-devel pmix-devel \
-			json-c-devel libjwt-devel http-parser-devel lz4-devel libyaml-devel dbus-devel \
-			readline-devel python3 bzip2 perl
-	fi
-}
-
-# pmix_prefix: the PMIx installation configure needs (Debian keeps it under the
-# multiarch pmix2 folder, the RPM families under /usr).
-pmix_prefix() {
-	local d
-	for d in /usr/lib/*-linux-gnu/pmix2 /usr/lib/*-linux-gnu/pmix /usr/local /usr; do
-		[ -r "$d/include/pmix.h" ] && { echo "$d"; return 0; }
-	done
-	return 1
-}
-
-# nvml_prefix: where NVIDIA's development files (nvml.h) are, if anywhere: the CUDA
-# toolkit or the driver's development package; neither is in Debian's main archive.
-nvml_prefix() {
-	local d
-	for d in /usr/local/cuda /usr/local/cuda-* /usr; do
-		[ -r "$d/include/nvml.h" ] && { echo "$d"; return 0; }
-	done
-	return 1
-}
-
-# build_slurm DIR: configure, build and install the Slurm source tree DIR into $PREFIX,
-# with the same flags whatever the tree came from. The flags are recorded in
-# /etc/slurm-image/slurm-configure for the acceptance checks.
-build_slurm() {
-	local dir=$1 pmix nvml flags
-	pmix=$(pmix_prefix) || die "PMIx development files not found (pmix.h): install libpmix-dev / pmix-devel"
-	flags=(--prefix="$PREFIX" --sysconfdir=/etc/slurm --with-systemdsystemunitdir=/usr/lib/systemd/system
-		--enable-pam --without-rpath --with-pmix="$pmix" --with-hwloc --with-jwt --with-json
-		--with-yaml --enable-slurmrestd)
-	# The managed service's join mode: auth/slurm (Slurm >= 23.11) and no MUNGE at all.
-	if [ "$SLURM_AUTH" = slurm ]; then
-		flags+=(--without-munge)
-	fi
-	if nvml=$(nvml_prefix); then
-		flags+=(--with-nvml="$nvml")
-	else
-		log "skipping --with-nvml: NVIDIA's development files (nvml.h) are not installed (they come with the CUDA toolkit, outside Debian's main archive); AutoDetect=nvml will not be available"
-		flags+=(--without-nvml)
-	fi
-	log "configure ${flags[*]}"
-	# The compiler's output goes to a log; its tail is shown when a stage fails.
-	local blog=/var/log/slurm-image-build.log
-	(
-		cd "$dir"
-		./configure -q "${flags[@]}" >"$blog" 2>&1 || { tail -n 40 "$blog"; die "Slurm's configure failed (full log: $blog)"; }
-		log "building Slurm (make -j$(nproc); log: $blog)"
-		make -s -j"$(nproc)" >>"$blog" 2>&1 || { tail -n 40 "$blog"; die "building Slurm failed (full log: $blog)"; }
-		make -s install >>"$blog" 2>&1 || { tail -n 40 "$blog"; die "installing Slurm failed (full log: $blog)"; }
-	)
-	rm -f "$blog"
-	install -m 0644 "$dir/etc/slurmd.service" /usr/lib/systemd/system/slurmd.service 2>/dev/null || true
-	install -d -m 0755 /etc/slurm-image
-	printf '%s\n' "${flags[@]}" >/etc/slurm-image/slurm-configure.tmp
-	mv -f /etc/slurm-image/slurm-configure.tmp /etc/slurm-image/slurm-configure
 }
 
 # fetch_debian_source DIR: Debian's Slurm source package for SLURM_VERSION, unpacked
@@ -146,6 +77,7 @@ SRC
 	dsc=$(find "$work" -maxdepth 1 -name '*.dsc' -printf '%f\n' | head -n1)
 	log "Debian source package ${dsc%.dsc}: building its upstream tarball $(basename "$orig")"
 	tar -xaf "$orig" -C "$dir" --strip-components=1
+	src_sha=$(sha256_of "$orig")
 	rm -rf "$work"
 	rm -f "$list"
 	apt_get update >/dev/null 2>&1 || true
@@ -176,13 +108,12 @@ elif [ "$SLURM_SOURCE" = tarball ] || [ "$SLURM_SOURCE" = debian-source ]; then
 		fetch_verified "Slurm $SLURM_VERSION source" "${SLURM_URL:-}" "${SLURM_SHA256:-}" "$tarball" || rc=$?
 		[ "$rc" -eq 0 ] || die "Slurm $SLURM_VERSION source unreachable: ${SLURM_URL:-}. Pre-fetch it into sources_dir or fix the network path."
 		tar -xaf "$tarball" -C "$build" --strip-components=1
+		src_sha=$SLURM_SHA256
 	else
 		fetch_debian_source "$build"
 	fi
-	build_slurm "$build"
+	build_slurm "$build" "${src_sha:?}"
 	rm -rf "$build"
-	echo "$PREFIX/lib" >/etc/ld.so.conf.d/slurm.conf
-	ldconfig
 	write_if_changed /etc/profile.d/slurm.sh 0644 <<'PROFILE'
 # Slurm built by packer/scripts/30-slurm.sh
 case ":$PATH:" in *:/opt/slurm/bin:*) ;; *) PATH=/opt/slurm/bin:/opt/slurm/sbin:$PATH ;; esac

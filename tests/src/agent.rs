@@ -171,6 +171,7 @@ impl NodeEnv {
             "# Written by slurm-e2e for one test.\n\
              [slurm]\n\
              conf_servers = [\"{server}\"]\n\
+             {bin_dir}\
              slurmd_options_file = \"{options}\"\n\
              join_deadline = \"60s\"\n\
              [auth]\n\
@@ -184,6 +185,12 @@ impl NodeEnv {
              state_dir = \"{state}\"\n\
              {extra}\n",
             server = self.ctld.conf_server(),
+            // The Slurm under test (a test that sets its own bin_dir keeps it).
+            bin_dir = if extra.contains("bin_dir") {
+                String::new()
+            } else {
+                format!("bin_dir = \"{}\"\n", crate::install::bin_dir().display())
+            },
             options = self.options_file().display(),
             key = self.key_path().display(),
             imds = self.imds.endpoint(),
@@ -221,8 +228,13 @@ impl NodeEnv {
         );
         fs::write(dir.join("munge.service"), munge)?;
 
-        let slurmd = fs::read_to_string("/lib/systemd/system/slurmd.service")
-            .context("reading Debian's slurmd.service (apt-get install slurmd)")?;
+        let unit = crate::install::unit_file("slurmd.service");
+        let slurmd = fs::read_to_string(&unit).with_context(|| {
+            format!(
+                "reading {} (the slurmd unit of the Slurm under test)",
+                unit.display()
+            )
+        })?;
         let slurmd = rewrite_unit(
             &slurmd,
             &[(
@@ -252,7 +264,7 @@ impl NodeEnv {
             .arg("--config-dir")
             .arg(self.config_dir())
             .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("PATH", agent_path())
             .env(
                 "RUST_LOG",
                 std::env::var("SLURM_E2E_AGENT_LOG").unwrap_or_else(|_| "info".into()),
@@ -294,6 +306,16 @@ impl NodeEnv {
         c.args(["-N1", "-w", node, "--time=1", "hostname"]);
         run_ok(c, Duration::from_secs(60))
     }
+}
+
+/// The agent's PATH: the Slurm under test first, then the system's.
+fn agent_path() -> String {
+    let p = crate::install::prefix();
+    format!(
+        "{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+        p.join("sbin").display(),
+        p.join("bin").display()
+    )
 }
 
 /// Replaces lines starting with a key, and drops lines whose key is in `drop`.

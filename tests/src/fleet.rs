@@ -136,12 +136,49 @@ impl ImageRecipe {
         }
     }
 
-    fn build_args(self) -> &'static [&'static str] {
-        match self {
-            ImageRecipe::Default => &[],
-            ImageRecipe::DebianSourceSlurm => &["--slurm-source", "debian-source"],
-        }
+    /// The builder's arguments for this recipe. The default image carries the Slurm under
+    /// test ([`crate::install`]): Debian's packages for `/usr`, else the same pinned
+    /// tarball through the production path (`--slurm-source tarball`, its checksum
+    /// verified, offline from the sources folder), whose build the host's
+    /// `scripts/slurm-build.sh` left in the shared build cache.
+    ///
+    /// # Errors
+    /// When the version under test cannot be read.
+    fn build_args(self) -> Result<Vec<String>> {
+        Ok(match self {
+            ImageRecipe::Default if crate::install::prefix() != Path::new("/usr") => {
+                let v = crate::install::version()?;
+                vec![
+                    "--slurm-source".into(),
+                    "tarball".into(),
+                    "--slurm-version".into(),
+                    v.to_string(),
+                    "--sources-dir".into(),
+                    sources_dir().display().to_string(),
+                    "--slurm-build-cache".into(),
+                    slurm_build_cache().display().to_string(),
+                ]
+            }
+            ImageRecipe::Default => Vec::new(),
+            ImageRecipe::DebianSourceSlurm => vec!["--slurm-source".into(), "debian-source".into()],
+        })
     }
+}
+
+/// SchedMD's tarballs: `SLURM_SOURCES_DIR`, or `../shared/sources` beside the repository
+/// (as `scripts/slurm-build.sh` reads them).
+pub fn sources_dir() -> PathBuf {
+    std::env::var_os("SLURM_SOURCES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/sources"))
+}
+
+/// The finished Slurm builds shared by the host and the images: `SLURM_BUILD_CACHE`, or
+/// `/var/cache/slurm-e2e/slurm-builds` (as `scripts/slurm-build.sh` keeps them).
+pub fn slurm_build_cache() -> PathBuf {
+    std::env::var_os("SLURM_BUILD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/slurm-e2e/slurm-builds"))
 }
 
 /// A built image root, shared read-only (the lower layer) by every node of a fleet.
@@ -317,6 +354,10 @@ impl Image {
             h.update(part.as_bytes());
             h.tree(&repo.join(part))?;
         }
+        // The Slurm the image carries (the one under test for the default recipe).
+        for a in recipe.build_args()? {
+            h.update(a.as_bytes());
+        }
         h.update(b"agent");
         h.file(&agent)?;
         // Slurm's HealthCheckProgram, built with the agent (70-agent.sh installs both).
@@ -384,7 +425,7 @@ impl Image {
             .arg(cache.join("apt"))
             .arg("--log-file")
             .arg(&log)
-            .args(recipe.build_args());
+            .args(recipe.build_args()?);
         let started = Instant::now();
         // A source build compiles Slurm: 4 minutes on a quiet 2-core machine, much longer
         // beside a loaded test run.

@@ -62,7 +62,11 @@ pub struct SlurmctldBuilder {
 
 /// `program` run in the network namespace `netns` (`nsenter --net=<netns>`, which execs
 /// it: the child's pid is the program's), or directly when `None`.
+///
+/// A Slurm program's name resolves to the installation under test
+/// ([`crate::install::program`]).
 fn ns_command(netns: Option<&Path>, program: impl AsRef<OsStr>) -> Command {
+    let program = crate::install::program(program);
     match netns {
         Some(ns) => {
             let mut c = Command::new("nsenter");
@@ -368,6 +372,18 @@ impl Slurmctld {
         vec![("SLURM_CONF".into(), self.conf.display().to_string())]
     }
 
+    /// The reason `sinfo -R` lists for `node` (slurmctld's own list of nodes down,
+    /// drained, failing or failed), as Slurm holds it; empty when it lists none. A record
+    /// that is IDLE again is not listed even where it keeps its last reason (23.02+ without
+    /// accounting storage, see [`crate::install::Version::clears_reason_on_resume`]).
+    ///
+    /// # Errors
+    /// When sinfo fails.
+    pub fn held_reason(&self, node: &str) -> Result<String> {
+        let out = self.sinfo(&["-R", "-h", "-n", node, "-o", "%E"])?;
+        Ok(out.trim().to_string())
+    }
+
     /// `program` with `SLURM_CONF` set (run in the controller's network namespace, if any).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = ns_command(self.netns_path(), program);
@@ -578,7 +594,7 @@ impl Slurmd {
     pub fn spawn(ctld: &Slurmctld, name: &str, kind: &NodeKind, extra: &[&str]) -> Result<Slurmd> {
         fs::create_dir_all(ctld.spool_dir(name))
             .with_context(|| format!("creating {}", ctld.spool_dir(name).display()))?;
-        let mut cmd = Command::new("slurmd");
+        let mut cmd = Command::new(crate::install::program("slurmd"));
         cmd.arg("-D")
             .arg("-N")
             .arg(name)

@@ -77,10 +77,11 @@ impl World {
 
     fn write_settings(&self, extra: &str) {
         let text = format!(
-            "[node]\nname = \"{node}\"\n\n[slurm]\nbin_dir = \"/usr/bin\"\n\n\
+            "[node]\nname = \"{node}\"\n\n[slurm]\nbin_dir = \"{bin_dir}\"\n\n\
              [imds]\nendpoint = \"{imds}\"\n\n[agent]\nstate_dir = \"{state}\"\n\n\
              [drain]\ncheck_interval = \"200ms\"\nlock_timeout = \"10s\"\n\n{extra}\n",
             node = self.node,
+            bin_dir = slurm_e2e::install::bin_dir().display(),
             imds = self.imds.endpoint(),
             state = self.path("state").display(),
         );
@@ -95,7 +96,14 @@ impl World {
             .arg("--config-dir")
             .arg(self.path("conf.d"))
             .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                    slurm_e2e::install::prefix().join("sbin").display(),
+                    slurm_e2e::install::bin_dir().display()
+                ),
+            )
             .env("RUST_LOG", "info")
             .envs(self.ctld.env());
         if let Some(m) = &self.moto {
@@ -151,6 +159,21 @@ impl World {
         let start = line.find("Reason=").map_or(line.len(), |i| i + 7);
         let r = &line[start..];
         r.rfind(" [").map_or(r, |i| &r[..i]).trim().to_string()
+    }
+
+    /// The agent's drain is lifted: `sinfo -R` lists no reason for the node, the record is
+    /// not drained, and where Slurm clears a reason on RESUME (22.05) none is left at all.
+    fn assert_lifted(&self, what: &str) {
+        let held = self.ctld.held_reason(&self.node).unwrap();
+        assert_eq!(held, "", "{what}: sinfo -R still lists the node");
+        let st = self.state();
+        assert!(!st.contains("DRAIN"), "{what}: {st}");
+        if slurm_e2e::install::version()
+            .unwrap()
+            .clears_reason_on_resume()
+        {
+            assert_eq!(self.reason(), "", "{what}: reason left behind");
+        }
     }
 
     fn state(&self) -> String {
@@ -677,7 +700,7 @@ fn a_completed_reboot_event_in_history_is_lifted_once_slurmd_registered_again() 
     w.slurmd = Some(Slurmd::dynamic(&w.ctld, "mnt2", NODE_CONF).unwrap());
     let state = w.ctld.wait_node_idle("mnt2", WAIT).unwrap();
     assert!(!state.contains("DRAIN"), "{state}");
-    assert_eq!(w.reason(), "", "reason left behind");
+    w.assert_lifted("completed reboot event");
     w.wait_phase("active");
 
     // An admin's drain under a second reboot event that completes stays, reason untouched.
@@ -756,7 +779,7 @@ fn rebalance_drains_only_when_asked_and_is_lifted_after_the_window() {
             Duration::from_secs(180),
         )
         .unwrap_or_else(|e| panic!("{e:#}\n{}", d.log_tail(40)));
-    assert_eq!(w.reason(), "");
+    w.assert_lifted("rebalance window over");
     w.wait_phase("active");
     let seen = polls(&w.imds, rebalance);
     wait_polls(&w.imds, rebalance, seen, 3);
@@ -834,7 +857,7 @@ fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
         )
         .unwrap_or_else(|e| panic!("{e:#}\n{}", d.log_tail(40)));
     assert!(!st.contains("REBOOT"), "{st}");
-    assert_eq!(w.reason(), "");
+    w.assert_lifted("health drain after scontrol reboot");
     d.stop().unwrap();
 }
 
@@ -1149,8 +1172,9 @@ fn bench_drain() {
     fs::write(
         w.path("agent.toml"),
         format!(
-            "[node]\nname = \"bench1\"\n[slurm]\nbin_dir = \"/usr/bin\"\n[imds]\nendpoint = \"{}\"\n\
+            "[node]\nname = \"bench1\"\n[slurm]\nbin_dir = \"{}\"\n[imds]\nendpoint = \"{}\"\n\
              [agent]\nstate_dir = \"{}\"\n",
+            slurm_e2e::install::bin_dir().display(),
             w.imds.endpoint(),
             w.path("state").display()
         ),

@@ -86,7 +86,10 @@ pub fn count_upgrading(show_nodes: &str, partition: &str) -> BudgetCount {
             continue;
         }
         total += 1;
-        let Some(r) = n.reason().and_then(crate::upgrade::parse_upgrade_reason) else {
+        let Some(r) = n
+            .held_reason()
+            .and_then(crate::upgrade::parse_upgrade_reason)
+        else {
             continue;
         };
         if upgrade_record_gone(&n, &r) {

@@ -6,9 +6,11 @@
 
 pub mod node;
 pub mod options;
+pub mod version;
 
 pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};
-pub use options::{slurmd_args, write_slurmd_options, OptionsFileError};
+pub use options::{slurmd_args, write_slurmd_options, InstanceArgs, OptionsFileError};
+pub use version::SlurmVersion;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -344,26 +344,42 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
-    /// Parses one line of `scontrol show node -o`.
+    /// Parses one line of `scontrol show node -o` (or the multi-line form with its line
+    /// breaks turned into spaces). A value runs to the next word that starts a `Key=`, and
+    /// keeps the spaces it has inside as Slurm printed them (an admin's
+    /// `Reason=ADMIN  SHUTDOWN` stays with two); a reason runs to Slurm's ` [user@time]`
+    /// suffix even when it holds `Word=` itself. Keys the agent does not know (later
+    /// releases add `InstanceId`, `Topology`, `TLS...` fields) are kept as they are.
     pub fn parse(line: &str) -> NodeInfo {
+        let line = line.trim();
+        // Each word with its byte offset; runs of spaces give no word.
+        let mut words: Vec<(usize, &str)> = Vec::new();
+        let mut at = 0;
+        for w in line.split(' ') {
+            if !w.is_empty() {
+                words.push((at, w));
+            }
+            at += w.len() + 1;
+        }
         let mut fields: BTreeMap<String, String> = BTreeMap::new();
-        let mut last: Option<String> = None;
-        let words: Vec<&str> = line.trim().split(' ').filter(|w| !w.is_empty()).collect();
+        // The field being read: key, start and end of its value in `line`.
+        let mut cur: Option<(String, usize, usize)> = None;
+        let flush = |cur: &mut Option<(String, usize, usize)>, fields: &mut BTreeMap<_, _>| {
+            if let Some((k, start, end)) = cur.take() {
+                fields.insert(k, line[start..end.max(start)].to_string());
+            }
+        };
         let mut i = 0;
         while i < words.len() {
-            let word = words[i];
+            let (start, word) = words[i];
             i += 1;
             // A reason is free text and may hold `Word=` itself (a check named
             // `Lustre=/fsx`): it runs to Slurm's ` [user@time]` suffix when there is one.
-            if let Some(first) = word.strip_prefix("Reason=") {
-                if let Some(end) = words[i..].iter().position(|w| is_reason_suffix(w)) {
-                    let mut v = first.to_string();
-                    for w in &words[i..=i + end] {
-                        v.push(' ');
-                        v.push_str(w);
-                    }
-                    fields.insert("Reason".into(), v);
-                    last = Some("Reason".into());
+            if word.starts_with("Reason=") {
+                if let Some(end) = words[i..].iter().position(|(_, w)| is_reason_suffix(w)) {
+                    let (s, w) = words[i + end];
+                    flush(&mut cur, &mut fields);
+                    cur = Some(("Reason".into(), start + "Reason=".len(), s + w.len()));
                     i += end + 1;
                     continue;
                 }
@@ -374,21 +390,16 @@ impl NodeInfo {
                     && k.chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '/')
             });
-            match (key, &last) {
+            match (key, cur.as_mut()) {
                 (Some(k), _) => {
-                    let v = &word[k.len() + 1..];
-                    fields.insert(k.to_string(), v.to_string());
-                    last = Some(k.to_string());
+                    flush(&mut cur, &mut fields);
+                    cur = Some((k.to_string(), start + k.len() + 1, start + word.len()));
                 }
-                (None, Some(prev)) => {
-                    if let Some(v) = fields.get_mut(prev) {
-                        v.push(' ');
-                        v.push_str(word);
-                    }
-                }
+                (None, Some(c)) => c.2 = start + word.len(),
                 (None, None) => {}
             }
         }
+        flush(&mut cur, &mut fields);
         NodeInfo { fields }
     }
 
@@ -432,6 +443,56 @@ impl NodeInfo {
             _ => r.as_str(),
         };
         (!r.is_empty() && r != "(null)").then_some(r)
+    }
+
+    /// Whether the record is drained or draining (`DRAIN` flag; `DRAIN`/`DRAINED`/
+    /// `DRAINING` as a base state where a source prints it so).
+    pub fn is_drained(&self) -> bool {
+        self.has_flag("DRAIN") || matches!(self.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
+    }
+
+    /// The reason the record holds *now*: [`NodeInfo::reason`] while the node is drained,
+    /// down, failing or rebooting, `None` otherwise. Slurm 23.02 and later (without
+    /// accounting storage: `clusteracct_storage_g_node_up` clears it only with a storage
+    /// plugin) keep a node's last reason after `State=RESUME`, so an IDLE record may still
+    /// show a reason that no longer holds the node; `sinfo -R` hides those as well. Every
+    /// decision about who owns a drain reads this, never the bare reason.
+    pub fn held_reason(&self) -> Option<&str> {
+        let holds = self.is_drained()
+            || matches!(self.base_state(), "DOWN" | "FAIL" | "FAILING")
+            || ["FAIL", "REBOOT_REQUESTED", "REBOOT_ISSUED", "MAINT"]
+                .iter()
+                .any(|f| self.has_flag(f));
+        if holds {
+            self.reason()
+        } else {
+            None
+        }
+    }
+
+    /// `InstanceId` (Slurm 23.11+: set by `slurmd --instance-id`, or by an admin with
+    /// `scontrol update`), `None` when absent or empty.
+    pub fn instance_id(&self) -> Option<&str> {
+        self.fields
+            .get("InstanceId")
+            .map(String::as_str)
+            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
+    }
+
+    /// `InstanceType` (Slurm 23.11+), `None` when absent or empty.
+    pub fn instance_type(&self) -> Option<&str> {
+        self.fields
+            .get("InstanceType")
+            .map(String::as_str)
+            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
+    }
+
+    /// `Version` of the slurmd that registered (e.g. `25.11.6`), `None` before one did.
+    pub fn slurmd_version(&self) -> Option<&str> {
+        self.fields
+            .get("Version")
+            .map(String::as_str)
+            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
     }
 
     /// `SlurmdStartTime` as Unix seconds: when the slurmd that last registered started
@@ -1160,6 +1221,138 @@ mod tests {
             .find(|n| n.name == "s1")
             .unwrap()
             .has("REBOOT_REQUESTED"));
+    }
+
+    /// The captures of every version in `tests/fixtures/slurm-<version>/` that
+    /// `scripts/slurm-fixtures.sh` made (22.05 was captured by hand the same way).
+    fn captured(version: &str, state: &str) -> NodeInfo {
+        NodeInfo::parse(&fixture(&format!(
+            "slurm-{version}/scontrol-show-node-{state}.txt"
+        )))
+    }
+
+    #[test]
+    fn captured_25_11_records_keep_every_field_and_name_their_instance() {
+        let idle = captured("25.11", "idle");
+        assert_eq!(idle.name(), "d1");
+        assert!(idle.is_available() && !idle.is_drained());
+        // The InstanceId/InstanceType pair (a line of its own without -o) is read.
+        assert_eq!(idle.instance_id(), Some("i-0123456789abcdef0"));
+        assert_eq!(idle.instance_type(), Some("m5.large"));
+        assert_eq!(idle.slurmd_version(), Some("25.11.6"));
+        // Fields the agent does not know are kept, not dropped or merged into others.
+        assert_eq!(
+            idle.fields.get("ResumeAfterTime").map(String::as_str),
+            Some("None")
+        );
+        assert_eq!(idle.fields.get("CPUEfctv").map(String::as_str), Some("1"));
+        assert!(idle.fields["OS"].starts_with("Linux ") && idle.fields["OS"].contains("SMP"));
+        // The multi-line form reads the same as -o, field by field.
+        let multi = NodeInfo::parse(
+            &fixture("slurm-25.11/scontrol-show-node-idle-multiline.txt").replace('\n', " "),
+        );
+        for k in [
+            "NodeName",
+            "State",
+            "InstanceId",
+            "InstanceType",
+            "Version",
+            "OS",
+        ] {
+            assert_eq!(multi.fields.get(k), idle.fields.get(k), "{k}");
+        }
+
+        let drained = captured("25.11", "drained");
+        assert!(drained.is_drained() && !drained.is_available());
+        let r = crate::identity::parse_reason(drained.held_reason().unwrap()).unwrap();
+        assert_eq!(r.cause, crate::identity::ReasonCause::Spot);
+        assert!(r.written_by("i-0123456789abcdef0"));
+
+        // After State=RESUME, 25.11 (no accounting storage) keeps the reason on an IDLE
+        // record: it is history, not a drain.
+        let resumed = captured("25.11", "resumed");
+        assert!(resumed.is_available() && !resumed.is_drained());
+        assert!(resumed
+            .reason()
+            .is_some_and(crate::identity::is_agent_reason));
+        assert_eq!(resumed.held_reason(), None);
+        assert_eq!(
+            crate::drain::slurm::count_upgrading(
+                &fixture("slurm-25.11/scontrol-show-node-resumed.txt").replace(
+                    "spot@i-0123456789abcdef0: spot interruption notice",
+                    "upgrade@i-0123456789abcdef0: image ami-11111111 -> ami-22222222"
+                ),
+                ""
+            )
+            .upgrading,
+            Vec::<String>::new(),
+            "a leftover upgrade reason holds no budget slot"
+        );
+
+        // Two spaces in an admin's reason stay two.
+        let admin = captured("25.11", "admin-drain");
+        assert_eq!(admin.held_reason(), Some("ADMIN  SHUTDOWN"));
+        assert!(!crate::identity::is_agent_reason(
+            admin.held_reason().unwrap()
+        ));
+
+        let fail = captured("25.11", "fail");
+        assert!(fail.has_flag("FAIL") && fail.held_reason() == Some("bad_dimm"));
+
+        // slurmctld appends its own words with " : ".
+        let reboot = captured("25.11", "reboot-issued");
+        assert!(reboot.base_state() == "DOWN" && reboot.has_flag("REBOOT_ISSUED"));
+        assert_eq!(reboot.held_reason(), Some("kernel_update : reboot issued"));
+        assert_eq!(captured("25.11", "down").held_reason(), Some("admin_down"));
+
+        // Its JSON (data_parser v0.0.44): state words as an array, the same reason.
+        let j =
+            parse_nodes_json(&fixture("slurm-25.11/scontrol-show-node-json-down.json")).unwrap();
+        assert_eq!(j.len(), 1);
+        assert!(j[0].base == "DOWN" && j[0].has("REBOOT_ISSUED") && j[0].has("DYNAMIC_NORM"));
+        assert_eq!(j[0].reason.as_deref(), Some("admin_down"));
+    }
+
+    #[test]
+    fn captured_22_05_resume_clears_the_reason() {
+        let resumed = captured("22.05", "resumed");
+        assert!(resumed.is_available());
+        assert_eq!(resumed.reason(), None);
+        assert_eq!(resumed.instance_id(), None, "22.05 has no InstanceId field");
+    }
+
+    #[test]
+    fn unknown_fields_and_flags_are_kept() {
+        // Flags and fields of later releases (BLOCKED, PLANNED, POWER_DOWN_ASAP, EXTERNAL,
+        // TLS and Topology fields): read as words, nothing lost, nothing misread.
+        let line = "NodeName=n7 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 \
+                    State=IDLE+BLOCKED+PLANNED+POWER_DOWN_ASAP+EXTERNAL+DYNAMIC_NORM \
+                    Topology=default:s1 TLSCertLastRenewal=None CertFlags=(null) \
+                    Reason=slurm-node-agent/health@i-0123456789abcdef0: check_fs_mount: /fsx : Not responding [slurm@2026-12-01T10:00:00] \
+                    InstanceId=i-0123456789abcdef0 InstanceType=p5.48xlarge NewField=a=b";
+        let n = NodeInfo::parse(line);
+        for f in [
+            "BLOCKED",
+            "PLANNED",
+            "POWER_DOWN_ASAP",
+            "EXTERNAL",
+            "DYNAMIC_NORM",
+        ] {
+            assert!(n.has_flag(f), "{f}");
+        }
+        assert_eq!(n.base_state(), "IDLE");
+        assert_eq!(n.fields["Topology"], "default:s1");
+        assert_eq!(n.fields["TLSCertLastRenewal"], "None");
+        assert_eq!(n.fields["NewField"], "a=b");
+        assert_eq!(n.instance_type(), Some("p5.48xlarge"));
+        // Not drained: the reason is not a drain, whoever wrote it.
+        assert_eq!(n.held_reason(), None);
+        let r = crate::identity::parse_reason(n.reason().unwrap()).unwrap();
+        assert_eq!(r.detail, "check_fs_mount: /fsx");
+        assert_eq!(
+            crate::identity::slurm_appended(n.reason().unwrap()),
+            ["Not responding"]
+        );
     }
 
     #[test]

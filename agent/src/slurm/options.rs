@@ -13,10 +13,28 @@ use super::ConfServer;
 use crate::fsutil;
 use crate::nodedef::NodeDefinition;
 
-/// The arguments bootstrap gives slurmd (after the unit's own `-D -s`):
+/// The EC2 instance a slurmd registers for: `--instance-id` and `--instance-type`
+/// (slurmd(8), Slurm 23.11+; `scontrol show node` then shows `InstanceId=` and
+/// `InstanceType=`, the record's own word on which instance holds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceArgs {
+    /// `i-0123456789abcdef0`.
+    pub instance_id: String,
+    /// `c5.xlarge`.
+    pub instance_type: String,
+}
+
+/// The arguments bootstrap gives slurmd (after the unit's own `-D -s` or `--systemd`):
 /// `-N <NodeName>`, `--conf-server a,b` when servers are given (else slurmd looks up DNS SRV
-/// `_slurmctld._tcp`), and `-Z --conf "<line>"` for dynamic nodes.
-pub fn slurmd_args(def: &NodeDefinition, servers: &[ConfServer]) -> Vec<String> {
+/// `_slurmctld._tcp`), `--instance-id <id> --instance-type <type>` when given (only for a
+/// slurmd of 23.11 or later: [`super::SlurmVersion::has_instance_fields`]; an empty value
+/// is left out, never passed: slurmd would take the next word for it), and
+/// `-Z --conf "<line>"` for dynamic nodes.
+pub fn slurmd_args(
+    def: &NodeDefinition,
+    servers: &[ConfServer],
+    instance: Option<&InstanceArgs>,
+) -> Vec<String> {
     let mut args = vec!["-N".to_string(), def.node_name.clone()];
     if !servers.is_empty() {
         args.push("--conf-server".into());
@@ -27,6 +45,17 @@ pub fn slurmd_args(def: &NodeDefinition, servers: &[ConfServer]) -> Vec<String> 
                 .collect::<Vec<_>>()
                 .join(","),
         );
+    }
+    if let Some(i) = instance {
+        for (flag, value) in [
+            ("--instance-id", &i.instance_id),
+            ("--instance-type", &i.instance_type),
+        ] {
+            if !value.trim().is_empty() {
+                args.push(flag.into());
+                args.push(value.clone());
+            }
+        }
     }
     if let Some(conf) = &def.dynamic_conf {
         args.push("-Z".into());
@@ -156,7 +185,7 @@ mod tests {
             ConfServer::parse("10.0.0.2").unwrap(),
         ];
         assert_eq!(
-            slurmd_args(&def(), &servers),
+            slurmd_args(&def(), &servers, None),
             [
                 "-N",
                 "n1",
@@ -171,7 +200,39 @@ mod tests {
             dynamic_conf: None,
             ..def()
         };
-        assert_eq!(slurmd_args(&static_def, &[]), ["-N", "n1"]);
+        assert_eq!(slurmd_args(&static_def, &[], None), ["-N", "n1"]);
+        let instance = InstanceArgs {
+            instance_id: "i-0abc1234".into(),
+            instance_type: "m5.large".into(),
+        };
+        assert_eq!(
+            slurmd_args(&static_def, &[], Some(&instance)),
+            [
+                "-N",
+                "n1",
+                "--instance-id",
+                "i-0abc1234",
+                "--instance-type",
+                "m5.large"
+            ]
+        );
+        // An empty value never reaches slurmd (it would read the next word as the value).
+        let no_type = InstanceArgs {
+            instance_type: " ".into(),
+            ..instance
+        };
+        assert_eq!(
+            slurmd_args(&def(), &[], Some(&no_type)),
+            [
+                "-N",
+                "n1",
+                "--instance-id",
+                "i-0abc1234",
+                "-Z",
+                "--conf",
+                "CPUs=2 RealMemory=1000"
+            ]
+        );
     }
 
     #[test]
@@ -183,7 +244,7 @@ mod tests {
             "# Debian default\nSLURMD_OPTIONS=\"\"\nOTHER=1\nSLURMD_OPTIONS=x\n",
         )
         .unwrap();
-        let args = slurmd_args(&def(), &[]);
+        let args = slurmd_args(&def(), &[], None);
         assert!(write_slurmd_options(&p, &args).unwrap());
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(

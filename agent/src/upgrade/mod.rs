@@ -267,6 +267,8 @@ pub fn parse_upgrade_reason(reason: &str) -> Option<UpgradeReason<'_>> {
     }
     let rest = reason.strip_prefix("slurm-node-agent/upgrade@")?;
     let (id, detail) = rest.split_once(": ")?;
+    // Without what slurmctld appended (` : reboot issued`; see AgentReason::parse).
+    let detail = detail.split_once(" : ").map_or(detail, |(d, _)| d);
     Some(UpgradeReason {
         instance_id: Some(id),
         detail,

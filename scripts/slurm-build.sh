@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Puts one Slurm version in place on this host for the test suite: SchedMD's release
+# tarball from a sources folder, checked against the sha256 pinned in packer/sources.toml,
+# built by the image's own build function (packer/scripts/lib-slurm.sh: the same configure
+# flags, prefix /opt/slurm, sysconfdir /etc/slurm) and kept in a build cache keyed by that
+# checksum and the flags, which the fleet's image build reuses. A second run with the same
+# version only swaps the prefix back in (seconds).
+#
+#   sudo scripts/slurm-build.sh VERSION     # 25.11, 25.11.6, 24.11 ... or 22.05 (Debian's)
+#
+# Prints the prefix (its sbin/, bin/, lib/systemd/system/) as its last line of stdout:
+#   export SLURM_E2E_PREFIX=$(scripts/slurm-build.sh 25.11 | tail -n1)
+#
+# Environment:
+#   SLURM_SOURCES_DIR  where the tarballs are (default: ../shared/sources beside the repo);
+#                      file names as SchedMD serves them: slurm-<25-11-6>-1.tar.gz
+#   SLURM_BUILD_CACHE  finished builds (default /var/cache/slurm-e2e/slurm-builds)
+#   SLURM_AUTH         munge (default) or slurm
+#
+# Exit codes (sysexits): 64 the version is not pinned in packer/sources.toml, 65 the
+# tarball's checksum differs from the pin, 66 the sources folder has no tarball for it,
+# 1 the build failed. Nothing is installed in any of these cases.
+set -Eeuo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+STEP=slurm-build
+# shellcheck source=packer/scripts/lib.sh
+. "$repo/packer/scripts/lib.sh"
+# shellcheck source=packer/scripts/lib-slurm.sh
+. "$repo/packer/scripts/lib-slurm.sh"
+
+# Progress on stderr: stdout carries only the prefix.
+log() { printf '[%s] %s\n' "$STEP" "$*" >&2; }
+
+fail() {
+	printf 'slurm-build: %s\n' "$2" >&2
+	exit "$1"
+}
+
+[ $# -eq 1 ] || fail 64 "usage: scripts/slurm-build.sh VERSION (e.g. 25.11 or 25.11.6; 22.05 for Debian 12's packages)"
+want=$1
+sources_toml=$repo/packer/sources.toml
+
+# Debian 12's own packages (installed by scripts/test-deps.sh): nothing to build.
+case $want in
+22.05 | 22.05.8 | debian)
+	command -v /usr/sbin/slurmd >/dev/null || fail 66 "Debian's slurmd is not installed: run scripts/test-deps.sh"
+	echo /usr
+	exit 0
+	;;
+esac
+case $want in
+*[!0-9.]* | '') fail 64 "'$want' is not a Slurm version (MAJOR.MINOR or MAJOR.MINOR.MICRO)" ;;
+esac
+
+# pins: "version sha256" for every [slurm."X"] section of sources.toml.
+pins() {
+	awk '
+		/^\[slurm\."[0-9.]+"\]/ { v = $0; sub(/^\[slurm\."/, "", v); sub(/"\].*/, "", v); next }
+		/^\[/ { v = "" }
+		v != "" && /^sha256[ \t]*=/ { s = $0; sub(/^[^"]*"/, "", s); sub(/".*/, "", s); print v, s; v = "" }
+	' "$sources_toml"
+}
+
+version=
+sha=
+while read -r v s; do
+	case $v in
+	"$want" | "$want".*)
+		# The newest pinned release of a MAJOR.MINOR.
+		if [ -z "$version" ] || [ "$(printf '%s\n%s\n' "$version" "$v" | sort -V | tail -n1)" = "$v" ]; then
+			version=$v sha=$s
+		fi
+		;;
+	esac
+done < <(pins)
+[ -n "$version" ] || fail 64 "Slurm $want is not pinned in $sources_toml (pinned: $(pins | awk '{printf "%s ", $1}')): add [slurm.\"$want\"] with its publisher's sha256"
+
+sources_dir=${SLURM_SOURCES_DIR:-$repo/../shared/sources}
+tarball=$sources_dir/slurm-${version//./-}-1.tar.gz
+[ -f "$tarball" ] || fail 66 "Slurm $version: no $tarball (set SLURM_SOURCES_DIR to the folder holding SchedMD's slurm-${version//./-}-1.tar.gz)"
+
+require_root
+export SLURM_VERSION=$version
+SLURM_BUILD_CACHE=${SLURM_BUILD_CACHE:-/var/cache/slurm-e2e/slurm-builds}
+# The host's /usr/lib/systemd belongs to Debian's packages; the units stay under the prefix.
+export SLURM_INSTALL_UNITS=false
+export SLURM_RECORD_FLAGS=false
+
+if [ -f "$PREFIX/.slurm-build" ] && grep -qx "version=$version" "$PREFIX/.slurm-build"; then
+	mapfile -t flags < <(slurm_configure_flags)
+	if grep -qx "key=$(slurm_build_key "$sha" "${flags[@]}")" "$PREFIX/.slurm-build"; then
+		log "Slurm $version already in place in $PREFIX"
+		echo "$PREFIX"
+		exit 0
+	fi
+fi
+
+got=$(sha256_of "$tarball")
+[ "$got" = "$sha" ] || fail 65 "checksum mismatch for $tarball: $sources_toml pins $sha for Slurm $version, the file has $got; nothing was installed"
+
+if ! command -v gcc >/dev/null || [ -z "$(pmix_prefix || true)" ] || ! dpkg-query -W libjwt-dev >/dev/null 2>&1; then
+	install_build_deps >&2
+fi
+build=$(mktemp -d /var/tmp/slurm-src.XXXXXX)
+trap 'rm -rf "$build"' EXIT
+tar -xaf "$tarball" -C "$build" --strip-components=1
+build_slurm "$build" "$sha" >&2
+getent group slurm >/dev/null || groupadd -r slurm
+getent passwd slurm >/dev/null || useradd -r -g slurm -d /var/lib/slurm -s /sbin/nologin slurm
+have=$("$PREFIX/sbin/slurmd" -V | awk '{print $2}')
+[ "$have" = "$version" ] || fail 1 "the build reports Slurm '$have', not $version"
+log "Slurm $version in place in $PREFIX" >&2
+echo "$PREFIX"
