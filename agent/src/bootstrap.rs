@@ -486,7 +486,9 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     scripts.extend(outcome.scripts);
 
     let slurmd_start = Instant::now();
-    systemd.start(&s.slurm.slurmd_unit).await?;
+    // Not waited for: a Type=notify slurmd (23.11+) finishes its start job only once it
+    // has its configuration; the join below watches the unit and slurmctld instead.
+    systemd.start_no_wait(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
     let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id).await?;
@@ -733,10 +735,11 @@ async fn stop_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> 
     Ok(())
 }
 
-/// Restarts slurmd so that exactly one runs afterwards (see [`stop_slurmd`]).
+/// Restarts slurmd so that exactly one runs afterwards (see [`stop_slurmd`]); the start
+/// job is not waited for ([`Systemd::start_no_wait`]).
 async fn restart_slurmd(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
     stop_slurmd(systemd, unit).await?;
-    systemd.start(unit).await
+    systemd.start_no_wait(unit).await
 }
 
 /// Whether the node record shows a registration by the slurmd now running: its

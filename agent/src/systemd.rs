@@ -332,6 +332,37 @@ impl Systemd {
         self.queue("StartUnit", unit).await
     }
 
+    /// Queues `StartUnit(name, "replace")` and returns once systemd has accepted the job,
+    /// never waiting for it to finish. For a `Type=notify` unit (Slurm 23.11+'s reference
+    /// `slurmd.service`, `slurmd --systemd`) the job ends only at `READY=1`, which a
+    /// configless slurmd that cannot reach its controller never sends (it retries the
+    /// fetch every 10 s, in the unit's `activating` state): the caller watches the unit's
+    /// state and slurmctld's record instead ([`Systemd::service_info`]).
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`] (no such unit, the bus refused).
+    ///
+    /// It does wait (up to 5 s) until systemd has dispatched the job, that is until the
+    /// unit has left `inactive` or the job has ended, so that a caller reading the unit's
+    /// state next never takes the moment before for a slurmd that is not running. A job
+    /// that ended in failure is that error, as with a waited start.
+    pub async fn start_no_wait(&self, unit: &str) -> Result<(), SystemdError> {
+        let job = self.queue("StartUnit", unit).await?;
+        let dispatched = async {
+            loop {
+                if self.active_state(unit).await.is_ok_and(|s| s != "inactive") {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            r = job.wait() => r,
+            () = dispatched => Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(5)) => Ok(()),
+        }
+    }
+
     async fn queue(&self, call: &'static str, unit: &str) -> Result<QueuedJob<'_>, SystemdError> {
         let err = |source| SystemdError::Call {
             call,

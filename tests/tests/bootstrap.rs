@@ -465,7 +465,11 @@ fn killed_midway_then_run_again_converges() {
     assert_eq!(options.matches("SLURMD_OPTIONS=").count(), 1, "{options}");
     assert!(!options.contains("127.0.0.1:1 "), "{options}");
     let slurmds = std::process::Command::new("pgrep")
-        .args(["-f", &format!("slurmd -D -s -N {DEFAULT_NODE_NAME} ")])
+        // `slurmd -D -s` (22.05's unit) or `slurmd --systemd` (the 23.11+ unit).
+        .args([
+            "-f",
+            &format!("slurmd (-D -s|--systemd) -N {DEFAULT_NODE_NAME} "),
+        ])
         .output()
         .unwrap();
     let pids: Vec<&str> = std::str::from_utf8(&slurmds.stdout)
