@@ -53,6 +53,24 @@ fn bootstrap_brings_a_dynamic_node_to_idle_and_runs_a_job_then_converges() {
         show.contains("AvailableFeatures=m4.xlarge,us-east-1a,ondemand"),
         "{show}"
     );
+    // From 23.11 the record names the instance that holds it (slurmd --instance-id).
+    if slurm_e2e::install::version().unwrap().has_instance_fields() {
+        assert_eq!(
+            slurm_e2e::slurm::field(&show, "InstanceId"),
+            Some("i-1234567890abcdef0"),
+            "{show}"
+        );
+        assert_eq!(
+            slurm_e2e::slurm::field(&show, "InstanceType"),
+            Some("m4.xlarge"),
+            "{show}"
+        );
+        let options = std::fs::read_to_string(env.options_file()).unwrap();
+        assert!(
+            options.contains("--instance-id i-1234567890abcdef0 --instance-type m4.xlarge"),
+            "{options}"
+        );
+    }
 
     // The key: the cluster's, mode 0400, owned by munge.
     let key = std::fs::read(env.key_path()).unwrap();

@@ -367,3 +367,51 @@ fn daemon_dies_with_its_thread_when_no_drop_runs() {
     )
     .unwrap();
 }
+
+/// `scripts/slurm-build.sh` refuses what it cannot vouch for, names it, and installs
+/// nothing: a version without a pin (64), a tarball whose checksum differs from the pin
+/// (65), a sources folder without the version's tarball (66).
+#[test]
+fn slurm_build_refuses_unpinned_versions_bad_checksums_and_missing_tarballs() {
+    let repo = slurm_e2e::fleet::repo_root();
+    let marker = std::fs::read_to_string("/opt/slurm/.slurm-build").ok();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |version: &str| {
+        let out = std::process::Command::new(repo.join("scripts/slurm-build.sh"))
+            .arg(version)
+            .env("SLURM_SOURCES_DIR", dir.path())
+            .env("SLURM_BUILD_CACHE", dir.path().join("cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = run("25.05");
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("Slurm 25.05 is not pinned") && err.contains("sources.toml"),
+        "{err}"
+    );
+    let (code, err) = run("24.11");
+    assert_eq!(code, Some(66), "{err}");
+    assert!(err.contains("slurm-24-11-7-1.tar.gz"), "{err}");
+    let tarball = dir.path().join("slurm-24-11-7-1.tar.gz");
+    std::fs::write(&tarball, b"not SchedMD's tarball").unwrap();
+    let (code, err) = run("24.11");
+    assert_eq!(code, Some(65), "{err}");
+    assert!(
+        err.contains("checksum mismatch") && err.contains(&tarball.display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("nothing was installed"), "{err}");
+    let (code, err) = run("not-a-version");
+    assert_eq!(code, Some(64), "{err}");
+    // Nothing changed where the suite's Slurm lives, and nothing was cached.
+    assert_eq!(
+        std::fs::read_to_string("/opt/slurm/.slurm-build").ok(),
+        marker
+    );
+    assert!(!dir.path().join("cache").exists());
+}
