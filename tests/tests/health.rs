@@ -30,7 +30,15 @@ fn setup(root: &Path, ctld_conf: &Path) -> std::path::PathBuf {
     fs::write(&flag, "ok").unwrap();
     fs::create_dir_all(root.join("state")).unwrap();
     // Paths given on the command line must exist (only the built-in defaults are optional).
-    fs::write(root.join("none.toml"), "").unwrap();
+    // Only the Slurm under test (its scontrol) is set.
+    fs::write(
+        root.join("none.toml"),
+        format!(
+            "[slurm]\nbin_dir = \"{}\"\n",
+            slurm_e2e::install::bin_dir().display()
+        ),
+    )
+    .unwrap();
     fs::create_dir_all(root.join("none.d")).unwrap();
     fs::create_dir_all(root.join("checks.d")).unwrap();
     fs::write(

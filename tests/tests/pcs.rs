@@ -281,8 +281,9 @@ fn ssm_script(
 fn node_reason(env: &NodeEnv, node: &str) -> String {
     let out = env.ctld.scontrol_ok(&["show", "node", "-o", node]).unwrap();
     let reason = out.split(" Reason=").nth(1).unwrap_or("").trim();
+    // Up to Slurm's ` [user@time]`; 23.11+ prints InstanceId= and InstanceType= after it.
     match reason.rsplit_once(" [") {
-        Some((r, by)) if by.ends_with(']') => r.to_string(),
+        Some((r, by)) if by.split(' ').next().is_some_and(|b| b.ends_with(']')) => r.to_string(),
         _ => reason.to_string(),
     }
 }
