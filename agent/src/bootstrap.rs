@@ -419,6 +419,19 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
                 instance_id: id.instance_id.clone(),
                 instance_type: id.instance_type.clone(),
             });
+        // Topology= in --conf arrived in 25.05: an older slurmd would refuse the line.
+        if def.dynamic_conf.is_some() && !s.node.topology.trim().is_empty() {
+            if let Some(v) = version.filter(|v| !v.has_dynamic_topology()) {
+                return Err(BootstrapError::Settings(SettingsError::Key {
+                    origin: resolved.source_of("node.topology"),
+                    key: "node.topology".into(),
+                    message: format!(
+                        "slurmd {v} ({}) takes no Topology= for a dynamic node (Slurm 25.05 and later do)",
+                        slurmd.display()
+                    ),
+                }));
+            }
+        }
         match version {
             Some(v) => {
                 tracing::debug!(slurmd = %slurmd.display(), version = %v, instance_fields = instance.is_some(), "slurmd version")

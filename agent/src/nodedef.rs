@@ -66,6 +66,34 @@ pub fn validate_feature(f: &str) -> Result<(), String> {
     }
 }
 
+/// Checks `node.topology`: empty, or `<topology>:<unit>` items separated by commas, each
+/// name of ASCII letters, digits, `.`, `-` and `_` (at most 256 characters in all).
+///
+/// # Errors
+/// A message saying what is wrong.
+pub fn validate_topology(t: &str) -> Result<(), String> {
+    if t.is_empty() {
+        return Ok(());
+    }
+    let name = |n: &str| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
+    let ok = t.len() <= 256
+        && t.split(',').all(|item| {
+            item.split_once(':')
+                .is_some_and(|(topo, unit)| name(topo) && name(unit))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{t:?} is not a topology: <topology>:<unit>[,...] of ASCII letters, digits, '.', '-' and '_' (e.g. default:s1)"
+        ))
+    }
+}
+
 /// Expands the NodeName template over instance facts and checks the result.
 ///
 /// # Errors
@@ -186,6 +214,12 @@ pub fn node_definition(
         conf.push_str(&format!(" Features={}", features.join(",")));
     }
     conf.push_str(&format!(" Weight={}", s.weight));
+    // Never an empty `Topology=` (slurmd would take the next word for it).
+    let topology = s.topology.trim();
+    if !topology.is_empty() {
+        validate_topology(topology).map_err(|m| ("node.topology", m))?;
+        conf.push_str(&format!(" Topology={topology}"));
+    }
     Ok(NodeDefinition {
         node_name,
         dynamic_conf: Some(conf),
@@ -196,6 +230,40 @@ pub fn node_definition(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn topology_is_added_only_when_given_and_valid() {
+        assert!(validate_topology("").is_ok());
+        assert!(validate_topology("default:s1").is_ok());
+        assert!(validate_topology("t1:s1,t2:blk-2").is_ok());
+        for bad in ["default", ":s1", "t:", "a:b c", "a:b;x", "a:b,", "a:b:c"] {
+            assert!(validate_topology(bad).is_err(), "{bad:?}");
+        }
+        let mut s = settings::Node::default();
+        let conf = |s: &settings::Node| {
+            node_definition(s, &id(), &HOST, 0)
+                .unwrap()
+                .dynamic_conf
+                .unwrap()
+        };
+        assert!(!conf(&s).contains("Topology"), "{}", conf(&s));
+        s.topology = "  ".into();
+        assert!(
+            !conf(&s).contains("Topology"),
+            "an empty topology never reaches slurmd"
+        );
+        s.topology = "default:s1".into();
+        assert!(
+            conf(&s).ends_with(" Weight=1 Topology=default:s1"),
+            "{}",
+            conf(&s)
+        );
+        s.topology = "bad value".into();
+        assert_eq!(
+            node_definition(&s, &id(), &HOST, 0).unwrap_err().0,
+            "node.topology"
+        );
+    }
 
     fn id() -> InstanceIdentity {
         InstanceIdentity {

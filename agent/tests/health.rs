@@ -680,3 +680,34 @@ fn an_exported_path_finds_commands_named_by_bare_name() {
         "{out:?}"
     );
 }
+
+/// The warning about slurmd killing its HealthCheckProgram reads slurm.conf's
+/// `HealthCheckTimeout` (Slurm 26.05+) where the node's slurm.conf sets one, else 60 s.
+#[test]
+fn the_slurmd_limit_warning_reads_health_check_timeout() {
+    let f = Files::new();
+    let conf = f.write("nhc.conf", "* || check_file_test -r /etc/passwd\n");
+    let run = |slurm_conf: &Path| {
+        let out = agent()
+            .args(f.args())
+            .arg(format!("--nhc-conf={}", conf.display()))
+            // Acting (not --no-act) is what the warning is about; the node is unknown to
+            // any slurmctld here, so nothing is changed.
+            .env("SLURM_CONF", slurm_conf)
+            .env("SLURMD_NODENAME", "node1")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    // run_deadline 30 s + 2 x scontrol_timeout 5 s = 40 s: under 60 s, over 20 s.
+    let with = f.write("slurm.conf", "ClusterName=c\nHealthCheckTimeout=20\n");
+    let err = run(&with);
+    assert!(
+        err.contains("kills its HealthCheckProgram after 20 s")
+            && err.contains("HealthCheckTimeout=20"),
+        "{err}"
+    );
+    let without = f.write("slurm-old.conf", "ClusterName=c\n");
+    let err = run(&without);
+    assert!(!err.contains("kills its HealthCheckProgram"), "{err}");
+}

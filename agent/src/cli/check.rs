@@ -24,10 +24,6 @@ use crate::identity;
 use crate::settings;
 use crate::slurm::Scontrol;
 
-/// How long slurmd lets its `HealthCheckProgram` run before it kills it (Slurm 22.05's
-/// slurmd: 60 s, not configurable).
-const SLURMD_HEALTH_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// Arguments of `check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -98,20 +94,29 @@ impl CheckArgs {
             ));
             return 78;
         }
-        // slurmd kills its HealthCheckProgram after 60 s (slurmd's run_script limit): a
-        // run that may take longer (the checks, then scontrol's `show node` and `update`,
-        // each under health.scontrol_timeout) is killed before it drains anything.
+        // slurmd kills its HealthCheckProgram after HealthCheckTimeout (26.05+), else 60 s
+        // (slurmd's run_script limit): a run that may take longer (the checks, then
+        // scontrol's `show node` and `update`, each under health.scontrol_timeout) is
+        // killed before it drains anything.
         let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
-        if s.health.act && !self.no_act && longest >= SLURMD_HEALTH_CHECK_LIMIT {
-            super::print_warning_message(&format!(
-                "health.run_deadline ({}) + 2 x health.scontrol_timeout ({}: show, then \
-                 update) is {} s or more: slurmd kills its HealthCheckProgram after {} s, \
-                 before a hung check could drain the node",
-                humantime::format_duration(s.health.run_deadline.0),
-                humantime::format_duration(s.health.scontrol_timeout.0),
-                SLURMD_HEALTH_CHECK_LIMIT.as_secs(),
-                SLURMD_HEALTH_CHECK_LIMIT.as_secs(),
-            ));
+        if s.health.act && !self.no_act {
+            let conf = crate::slurm::client_config(
+                &s.slurm.bin_dir,
+                std::env::var_os("SLURM_CONF").as_deref(),
+                |p| p.exists(),
+            );
+            let (limit, from) = crate::slurm::health_check_timeout(conf.as_deref());
+            if longest >= limit {
+                super::print_warning_message(&format!(
+                    "health.run_deadline ({}) + 2 x health.scontrol_timeout ({}: show, then \
+                     update) is {} s or more: slurmd kills its HealthCheckProgram after {} s \
+                     ({from}), before a hung check could drain the node",
+                    humantime::format_duration(s.health.run_deadline.0),
+                    humantime::format_duration(s.health.scontrol_timeout.0),
+                    limit.as_secs(),
+                    limit.as_secs(),
+                ));
+            }
         }
         if let Some(d) = self.checks_dir {
             s.health.checks_dir = d;

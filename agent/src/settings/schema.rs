@@ -90,6 +90,11 @@ pub struct Node {
     pub gpus: String,
     /// How long to wait for GPU device files to appear at boot.
     pub gpu_wait: HumanDuration,
+    /// The topology a dynamic node joins: `Topology=` in its `--conf` (Slurm 25.05+,
+    /// slurm.conf(5) and topology.yaml(5)), `<topology>:<unit>` items separated by commas,
+    /// e.g. `default:s1`. Empty (the default): none is given; an empty value never reaches
+    /// slurmd, which would read the next word as the topology.
+    pub topology: String,
 }
 
 impl Default for Node {
@@ -105,6 +110,7 @@ impl Default for Node {
             real_memory_reserve_mib: 256,
             gpus: "auto".into(),
             gpu_wait: HumanDuration(Duration::from_secs(60)),
+            topology: String::new(),
         }
     }
 }
@@ -123,6 +129,7 @@ impl Classified for Node {
         KeyTrust::tag("real_memory_reserve_mib"),
         KeyTrust::tag("gpus"),
         KeyTrust::tag("gpu_wait"),
+        KeyTrust::tag("topology"),
     ];
 }
 
@@ -360,6 +367,9 @@ impl Settings {
             if let Err(m) = crate::nodedef::validate_feature(f) {
                 return e("node.features", m);
             }
+        }
+        if let Err(m) = crate::nodedef::validate_topology(&self.node.topology) {
+            return e("node.topology", m);
         }
         if !(0..=100).contains(&self.node.real_memory_reserve_percent) {
             return e(

@@ -52,6 +52,51 @@ pub fn client_config(
     candidates.into_iter().find(|c| exists(c))
 }
 
+/// The value of `key` in slurm.conf text (`Key=Value` lines; keys are case-insensitive,
+/// `#` starts a comment, the last line that sets it wins, as in Slurm's parser). Only
+/// whole-line parameters such as `HealthCheckTimeout=90` are read: a `NodeName=` or
+/// `PartitionName=` line is not looked into, and `Include` files are not followed.
+pub fn conf_value(text: &str, key: &str) -> Option<String> {
+    let mut found = None;
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        if k.trim().eq_ignore_ascii_case(key) {
+            let v = v.split_whitespace().next().unwrap_or_default();
+            found = Some(v.trim_matches('"').to_string());
+        }
+    }
+    found
+}
+
+/// How long slurmd lets its `HealthCheckProgram` run before it kills it: slurm.conf's
+/// `HealthCheckTimeout` (seconds; Slurm 26.05+, slurm.conf(5)), else 60 s (slurmd's fixed
+/// limit before 26.05). `conf` is the slurm.conf the node reads ([`client_config`]);
+/// `None` or an unreadable file gives the default. Returns the limit and where it came
+/// from, for messages.
+pub fn health_check_timeout(conf: Option<&Path>) -> (std::time::Duration, String) {
+    const DEFAULT: u64 = 60;
+    let text = conf.and_then(|c| std::fs::read_to_string(c).ok().map(|t| (c, t)));
+    if let Some((path, text)) = text {
+        if let Some(v) = conf_value(&text, "HealthCheckTimeout") {
+            if let Ok(secs) = v.parse::<u64>() {
+                if secs > 0 {
+                    return (
+                        std::time::Duration::from_secs(secs),
+                        format!("HealthCheckTimeout={secs} in {}", path.display()),
+                    );
+                }
+            }
+        }
+    }
+    (
+        std::time::Duration::from_secs(DEFAULT),
+        format!("{DEFAULT} s, slurmd's limit without HealthCheckTimeout"),
+    )
+}
+
 /// Whether the agent's Slurm client commands find a configuration on this node now
 /// ([`client_config`] with this process's `SLURM_CONF` and the settings' `slurm.bin_dir`).
 /// `false` on a configless node before slurmd has fetched it: slurmctld cannot have a
@@ -146,6 +191,33 @@ impl fmt::Display for ConfServer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn health_check_timeout_is_read_from_slurm_conf_else_60_s() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("slurm.conf");
+        std::fs::write(
+            &conf,
+            "ClusterName=c\n# HealthCheckTimeout=5\nhealthchecktimeout=20\nHealthCheckTimeout=90 # site\nNodeName=n1 CPUs=1\n",
+        )
+        .unwrap();
+        let (limit, from) = health_check_timeout(Some(&conf));
+        assert_eq!(limit, std::time::Duration::from_secs(90));
+        assert!(
+            from.contains("HealthCheckTimeout=90") && from.contains("slurm.conf"),
+            "{from}"
+        );
+        std::fs::write(&conf, "ClusterName=c\nHealthCheckTimeout=soon\n").unwrap();
+        assert_eq!(health_check_timeout(Some(&conf)).0.as_secs(), 60);
+        assert_eq!(
+            health_check_timeout(Some(&dir.path().join("none")))
+                .0
+                .as_secs(),
+            60
+        );
+        assert_eq!(health_check_timeout(None).0.as_secs(), 60);
+        assert_eq!(conf_value("A=1\nB = 2\n", "b").as_deref(), Some("2"));
+    }
 
     #[test]
     fn client_config_follows_slurms_order() {
