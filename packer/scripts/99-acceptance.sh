@@ -100,7 +100,10 @@ case ${SLURM_SOURCE:-tarball} in tarball | debian-source) feature_missing=fail ;
 have_plugin() { [ -n "$slurm_plugin_dir" ] && compgen -G "$slurm_plugin_dir/$1" >/dev/null; }
 if have_plugin 'mpi_pmix*.so'; then pass "slurm feature: pmix ($(basename "$(compgen -G "$slurm_plugin_dir/mpi_pmix*.so" | head -n1)"))"; else "$feature_missing" "slurm feature: pmix (no mpi_pmix plugin in ${slurm_plugin_dir:-any plugin folder})"; fi
 if have_plugin 'auth_jwt.so'; then pass "slurm feature: jwt (auth_jwt.so)"; else "$feature_missing" "slurm feature: jwt (no auth_jwt plugin)"; fi
-if ldd "$(command -v slurmd 2>/dev/null || echo /nonexistent)" 2>/dev/null | grep -q 'libhwloc'; then pass "slurm feature: hwloc (slurmd links libhwloc)"; else "$feature_missing" "slurm feature: hwloc (slurmd does not link libhwloc)"; fi
+# ldd's whole output first: `ldd | grep -q` under pipefail fails when grep exits at the
+# first match and ldd, still writing, gets SIGPIPE (seen with 25.11's slurmd).
+slurmd_libs=$(ldd "$(command -v slurmd 2>/dev/null || echo /nonexistent)" 2>/dev/null || true)
+if [[ $slurmd_libs == *libhwloc* ]]; then pass "slurm feature: hwloc (slurmd links libhwloc)"; else "$feature_missing" "slurm feature: hwloc (slurmd does not link libhwloc)"; fi
 if restd=$(command -v slurmrestd 2>/dev/null) && "$restd" -V >/dev/null 2>&1; then pass "slurm feature: slurmrestd ($("$restd" -V 2>&1 | head -n1))"; else "$feature_missing" "slurm feature: slurmrestd (missing or does not run)"; fi
 if have_plugin 'gpu_nvml.so'; then
 	pass "slurm feature: nvml (gpu_nvml.so)"
@@ -121,7 +124,9 @@ if [ "${SLURM_AUTH:-munge}" = munge ]; then
 		dd if=/dev/urandom of="$d/k/key" bs=1024 count=1 status=none
 		chmod 0400 "$d/k/key"
 		if munged --key-file="$d/k/key" --socket="$d/sock" --pid-file="$d/pid" --seed-file="$d/k/seed" --log-file="$d/k/log" 2>"$d/k/err"; then
-			if munge -S "$d/sock" -s acceptance 2>/dev/null | unmunge -S "$d/sock" 2>/dev/null | grep -q '^STATUS: *Success'; then
+			# unmunge's whole output first (grep -q under pipefail: see slurmd_libs above).
+			decoded=$(munge -S "$d/sock" -s acceptance 2>/dev/null | unmunge -S "$d/sock" 2>/dev/null || true)
+			if printf '%s\n' "$decoded" | grep -q '^STATUS: *Success'; then
 				pass "munge: round trip"
 			else
 				fail "munge: round trip failed"
@@ -137,7 +142,7 @@ if [ "${SLURM_AUTH:-munge}" = munge ]; then
 		rm -rf "$d"
 	fi
 else
-	if find /usr/lib* /opt/slurm/lib -name auth_slurm.so 2>/dev/null | grep -q .; then pass "auth/slurm plugin present"; else fail "auth/slurm plugin missing"; fi
+	if [ -n "$(find /usr/lib* /opt/slurm/lib -name auth_slurm.so 2>/dev/null || true)" ]; then pass "auth/slurm plugin present"; else fail "auth/slurm plugin missing"; fi
 fi
 
 # The agent.
