@@ -15,6 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
+# The Slurm to measure against (scripts/test.sh's variable; default 25.11): the figures
+# are printed for that version.
+SLURM_E2E_VERSION=${SLURM_E2E_VERSION:-25.11}
+SLURM_E2E_PREFIX=$(scripts/slurm-build.sh "$SLURM_E2E_VERSION" | tail -n1)
+export SLURM_E2E_VERSION SLURM_E2E_PREFIX
+echo "Slurm $("$SLURM_E2E_PREFIX/sbin/slurmd" -V | awk '{print $2}') ($SLURM_E2E_PREFIX)"
 # --workspace, not -p: per-package builds resolve dependency features differently and
 # rebuild the AWS SDK crates.
 # The image carries the release agent, as shipped images do (the debug build's CPU cost
