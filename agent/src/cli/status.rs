@@ -55,7 +55,15 @@ impl StatusArgs {
             report.slurm = Some(match engine.ops.scontrol.show_node(&node).await {
                 Ok(Some(n)) => serde_json::json!({
                     "state": n.state(),
+                    // As Slurm holds it; `reason_held` is false for a reason that no
+                    // longer holds the node (23.02+ keep the last one after RESUME).
                     "reason": n.reason(),
+                    "reason_held": n.held_reason().is_some(),
+                    // Slurm 23.11+: the instance the record names, and whether it is this one.
+                    "instance_id": n.instance_id(),
+                    "instance_type": n.instance_type(),
+                    "record_is_this_instance": n.instance_id().map(|i| i == id.instance_id),
+                    "slurmd_version": n.slurmd_version(),
                 }),
                 Ok(None) => {
                     let e = "node not known to slurmctld".to_string();
@@ -115,10 +123,23 @@ pub fn render_text(r: &Report) -> String {
             } else {
                 let field = |k: &str| v.get(k).and_then(|s| s.as_str()).map(str::to_string);
                 lines.push(("Slurm State", field("state").unwrap_or_default()));
+                let held = v.get("reason_held").and_then(serde_json::Value::as_bool);
                 lines.push((
                     "Slurm Reason",
-                    field("reason").unwrap_or_else(|| "(none)".to_string()),
+                    match (field("reason"), held) {
+                        (Some(r), Some(false)) => {
+                            format!("{r} (left from before: the node is not drained)")
+                        }
+                        (Some(r), _) => r,
+                        (None, _) => "(none)".to_string(),
+                    },
                 ));
+                if let Some(i) = field("instance_id") {
+                    lines.push(("Slurm InstanceId", i));
+                }
+                if let Some(ver) = field("slurmd_version") {
+                    lines.push(("Slurm Version", ver));
+                }
             }
         }
     }
@@ -133,6 +154,28 @@ pub fn render_text(r: &Report) -> String {
 mod tests {
     use super::*;
     use crate::drain::DrainState;
+
+    #[test]
+    fn text_says_when_a_reason_no_longer_holds_the_node() {
+        let mut r = Report::new("gpu-1", "status", DrainState::default());
+        r.slurm = Some(serde_json::json!({
+            "state": "IDLE+DYNAMIC_NORM",
+            "reason": "slurm-node-agent/spot@i-0abc1234: notice",
+            "reason_held": false,
+            "instance_id": "i-0abc1234",
+            "slurmd_version": "25.11.6",
+        }));
+        let t = render_text(&r);
+        assert!(
+            t.contains("(left from before: the node is not drained)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("Slurm InstanceId:") && t.contains("i-0abc1234"),
+            "{t}"
+        );
+        assert!(t.contains("Slurm Version:") && t.contains("25.11.6"), "{t}");
+    }
 
     #[test]
     fn text_names_each_field_and_never_prints_json() {
