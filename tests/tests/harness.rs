@@ -388,18 +388,20 @@ fn slurm_build_refuses_unpinned_versions_bad_checksums_and_missing_tarballs() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
+    // 23.11 (pinned, end of life) is never the version in /opt/slurm, which would count as
+    // already in place.
     let (code, err) = run("25.05");
     assert_eq!(code, Some(64), "{err}");
     assert!(
         err.contains("Slurm 25.05 is not pinned") && err.contains("sources.toml"),
         "{err}"
     );
-    let (code, err) = run("24.11");
+    let (code, err) = run("23.11");
     assert_eq!(code, Some(66), "{err}");
-    assert!(err.contains("slurm-24-11-7-1.tar.gz"), "{err}");
-    let tarball = dir.path().join("slurm-24-11-7-1.tar.gz");
+    assert!(err.contains("slurm-23-11-4-1.tar.gz"), "{err}");
+    let tarball = dir.path().join("slurm-23-11-4-1.tar.gz");
     std::fs::write(&tarball, b"not SchedMD's tarball").unwrap();
-    let (code, err) = run("24.11");
+    let (code, err) = run("23.11");
     assert_eq!(code, Some(65), "{err}");
     assert!(
         err.contains("checksum mismatch") && err.contains(&tarball.display().to_string()),

@@ -1314,6 +1314,26 @@ mod tests {
     }
 
     #[test]
+    fn captured_24_11_records_read_as_25_11_does() {
+        let idle = captured("24.11", "idle");
+        assert_eq!(idle.instance_id(), Some("i-0123456789abcdef0"));
+        assert_eq!(idle.instance_type(), Some("m5.large"));
+        assert_eq!(idle.slurmd_version(), Some("24.11.7"));
+        let resumed = captured("24.11", "resumed");
+        assert!(resumed.is_available() && resumed.reason().is_some());
+        assert_eq!(resumed.held_reason(), None, "24.11 keeps the reason too");
+        assert_eq!(
+            captured("24.11", "admin-drain").held_reason(),
+            Some("ADMIN  SHUTDOWN")
+        );
+        let reboot = captured("24.11", "reboot-issued");
+        assert_eq!(reboot.held_reason(), Some("kernel_update : reboot issued"));
+        let j =
+            parse_nodes_json(&fixture("slurm-24.11/scontrol-show-node-json-down.json")).unwrap();
+        assert_eq!(j[0].reason.as_deref(), Some("admin_down"));
+    }
+
+    #[test]
     fn captured_22_05_resume_clears_the_reason() {
         let resumed = captured("22.05", "resumed");
         assert!(resumed.is_available());

@@ -6,7 +6,7 @@
 //! `scontrol show node -o <node>` (`scontrol-show-node-<state>.txt`), and for some the
 //! multi-line form and `scontrol show node --json` / `sinfo --json` where the version has
 //! them, into `agent/tests/fixtures/slurm-<MAJOR.MINOR>/` (or the folder given as the first
-//! argument). Run as root: `scripts/slurm-fixtures.sh [VERSION]`.
+//! argument), with `CAPTURED.md` saying how. Run as root: `scripts/slurm-fixtures.sh [VERSION]`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -123,7 +123,7 @@ fn capture() -> Result<PathBuf> {
         bail!("scontrol show node of an unknown node succeeded");
     }
     std::fs::write(
-        dir.join("README.md"),
+        dir.join("CAPTURED.md"),
         format!(
             "Captured from the real daemons of Slurm {v} (built from SchedMD's pinned tarball by\n\
              scripts/slurm-build.sh) by `scripts/slurm-fixtures.sh`: a slurmctld, a dynamic slurmd\n\
