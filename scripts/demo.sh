@@ -21,6 +21,10 @@ case "${1:-}" in
 esac
 
 scripts/test-deps.sh
+# The Slurm of the test suite (SLURM_E2E_VERSION, default 25.11; 22.05: Debian's).
+SLURM_E2E_PREFIX=$(scripts/slurm-build.sh "${SLURM_E2E_VERSION:-25.11}" | tail -n1)
+export SLURM_E2E_PREFIX
+echo "Slurm $("$SLURM_E2E_PREFIX/sbin/slurmd" -V | awk '{print $2}') ($SLURM_E2E_PREFIX)"
 if [[ -n $nodes ]]; then
   cargo build --locked --workspace --bins
   SLURM_NODE_AGENT_BIN="$PWD/target/debug/slurm-node-agent" exec target/debug/fleet-demo "$nodes"
