@@ -384,6 +384,24 @@ impl Slurmctld {
         Ok(out.trim().to_string())
     }
 
+    /// Fails unless a lifted drain left nothing that holds `node`: `sinfo -R` lists no
+    /// reason for it, and, where RESUME clears a reason (22.05), `reason` (the record's, as
+    /// the caller read it) is empty too; later releases keep the last one on the IDLE record
+    /// ([`crate::install::Version::clears_reason_on_resume`]).
+    ///
+    /// # Errors
+    /// What is left, or sinfo failing.
+    pub fn check_reason_lifted(&self, node: &str, reason: &str) -> Result<()> {
+        let held = self.held_reason(node)?;
+        if !held.is_empty() {
+            bail!("sinfo -R still lists {node}: {held}");
+        }
+        if crate::install::version()?.clears_reason_on_resume() && !reason.is_empty() {
+            bail!("reason left behind on {node}: {reason}");
+        }
+        Ok(())
+    }
+
     /// `program` with `SLURM_CONF` set (run in the controller's network namespace, if any).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = ns_command(self.netns_path(), program);

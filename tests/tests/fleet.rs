@@ -715,19 +715,11 @@ fn the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node() {
         .ctld
         .wait_node_state(name, slurm_e2e::slurm::is_idle, BOOT_TIMEOUT)
         .unwrap();
-    // Slurm holds no reason for it any more (sinfo -R); where RESUME clears a reason
-    // (22.05) none is left at all, later releases keep the last one on the IDLE record.
-    assert_eq!(
-        fleet.ctld.held_reason(name).unwrap(),
-        "",
-        "sinfo -R lists {name}"
-    );
-    if slurm_e2e::install::version()
-        .unwrap()
-        .clears_reason_on_resume()
-    {
-        assert_eq!(reason(&fleet, name), "", "the agent's reason is cleared");
-    }
+    // Slurm holds no reason for it, and none is left where RESUME clears one.
+    fleet
+        .ctld
+        .check_reason_lifted(name, &reason(&fleet, name))
+        .unwrap();
 }
 
 /// Issue 14, section 1: the source-build path, proven offline. The image's Slurm is built

@@ -103,19 +103,10 @@ fn instance_goes_away(env: &NodeEnv) {
 fn assert_in_service(env: &NodeEnv) {
     let st = state(env);
     assert!(is_idle(&st) && !st.contains("DRAIN"), "{st}");
-    // slurmctld holds no reason for it (sinfo -R); where RESUME clears a reason (22.05)
-    // none is left at all, later releases keep the last one on the IDLE record.
-    assert_eq!(
-        env.ctld.held_reason(DEFAULT_NODE_NAME).unwrap(),
-        "",
-        "sinfo -R lists the node"
-    );
-    if slurm_e2e::install::version()
-        .unwrap()
-        .clears_reason_on_resume()
-    {
-        assert_eq!(reason(env), "", "a reason was left on the node");
-    }
+    // Slurm holds no reason for it, and none is left where RESUME clears one.
+    env.ctld
+        .check_reason_lifted(DEFAULT_NODE_NAME, &reason(env))
+        .unwrap();
 }
 
 #[test]
