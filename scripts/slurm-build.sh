@@ -7,6 +7,8 @@
 # version only swaps the prefix back in (seconds).
 #
 #   sudo scripts/slurm-build.sh VERSION     # 25.11, 25.11.6, 24.11 ... or 22.05 (Debian's)
+#   sudo scripts/slurm-build.sh --cache-only VERSION   # build into the cache only: what is
+#                                           # in /opt/slurm stays (prints the cached tar)
 #
 # Prints the prefix (its sbin/, bin/, lib/systemd/system/) as its last line of stdout:
 #   export SLURM_E2E_PREFIX=$(scripts/slurm-build.sh 25.11 | tail -n1)
@@ -36,13 +38,19 @@ fail() {
 	exit "$1"
 }
 
-[ $# -eq 1 ] || fail 64 "usage: scripts/slurm-build.sh VERSION (e.g. 25.11 or 25.11.6; 22.05 for Debian 12's packages)"
+cache_only=false
+if [ "${1:-}" = --cache-only ]; then
+	cache_only=true
+	shift
+fi
+[ $# -eq 1 ] || fail 64 "usage: scripts/slurm-build.sh [--cache-only] VERSION (e.g. 25.11 or 25.11.6; 22.05 for Debian 12's packages)"
 want=$1
 sources_toml=$repo/packer/sources.toml
 
 # Debian 12's own packages (installed by scripts/test-deps.sh): nothing to build.
 case $want in
 22.05 | 22.05.8 | debian)
+	[ "$cache_only" = false ] || fail 64 "Slurm $want is Debian's package: nothing to build"
 	command -v /usr/sbin/slurmd >/dev/null || fail 66 "Debian's slurmd is not installed: run scripts/test-deps.sh"
 	echo /usr
 	exit 0
@@ -86,8 +94,14 @@ SLURM_BUILD_CACHE=${SLURM_BUILD_CACHE:-/var/cache/slurm-e2e/slurm-builds}
 export SLURM_INSTALL_UNITS=false
 export SLURM_RECORD_FLAGS=false
 
-if [ -f "$PREFIX/.slurm-build" ] && grep -qx "version=$version" "$PREFIX/.slurm-build"; then
-	mapfile -t flags < <(slurm_configure_flags)
+mapfile -t flags < <(slurm_configure_flags)
+cached_tar=$SLURM_BUILD_CACHE/slurm-$version-$(slurm_build_key "$sha" "${flags[@]}").tar
+if [ "$cache_only" = true ] && [ -f "$cached_tar" ]; then
+	log "Slurm $version already built: $cached_tar"
+	echo "$cached_tar"
+	exit 0
+fi
+if [ "$cache_only" = false ] && [ -f "$PREFIX/.slurm-build" ] && grep -qx "version=$version" "$PREFIX/.slurm-build"; then
 	if grep -qx "key=$(slurm_build_key "$sha" "${flags[@]}")" "$PREFIX/.slurm-build"; then
 		log "Slurm $version already in place in $PREFIX"
 		echo "$PREFIX"
@@ -104,6 +118,13 @@ fi
 build=$(mktemp -d /var/tmp/slurm-src.XXXXXX)
 trap 'rm -rf "$build"' EXIT
 tar -xaf "$tarball" -C "$build" --strip-components=1
+if [ "$cache_only" = true ]; then
+	SLURM_BUILD_ONLY=true build_slurm "$build" "$sha" >&2
+	[ -f "$cached_tar" ] || fail 1 "the build left no $cached_tar"
+	log "Slurm $version built into $cached_tar; nothing installed" >&2
+	echo "$cached_tar"
+	exit 0
+fi
 build_slurm "$build" "$sha" >&2
 getent group slurm >/dev/null || groupadd -r slurm
 getent passwd slurm >/dev/null || useradd -r -g slurm -d /var/lib/slurm -s /sbin/nologin slurm

@@ -210,7 +210,7 @@ fn version_without_checksum_is_refused() {
 fn the_managed_services_slurm_versions_are_pinned_with_their_source_and_25_05_is_refused() {
     // Each pinned version resolves to its own tarball and a 64-hex sha256.
     let mut seen = std::collections::BTreeSet::new();
-    for v in ["24.05.8", "24.11.7", "25.11.6"] {
+    for v in ["24.05.8", "24.11.7", "25.11.6", "26.05.3"] {
         let out = run(sib().args(["--output", "json", "plan", "--slurm-version", v]));
         assert!(out.status.success(), "{v}: {}", text(&out));
         let j = json(&out);

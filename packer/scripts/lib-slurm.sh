@@ -142,7 +142,8 @@ strip_slurm_tree() {
 
 # build_slurm DIR SOURCE_SHA256: configure, build and install the Slurm source tree DIR
 # into $PREFIX, with the same flags whatever the tree came from; reuses a finished build
-# of the same key from SLURM_BUILD_CACHE. The flags are recorded in
+# of the same key from SLURM_BUILD_CACHE. With SLURM_BUILD_ONLY=true (and a cache) it only
+# leaves the build in the cache and installs nothing. The flags are recorded in
 # /etc/slurm-image/slurm-configure for the acceptance checks.
 build_slurm() {
 	local dir=$1 sha=$2 key stage cached flags=()
@@ -181,6 +182,11 @@ build_slurm() {
 			tar -cf "$cached.tmp.$$" -C "$stage" . && mv -f "$cached.tmp.$$" "$cached"
 			log "Slurm ${SLURM_VERSION:-} build $key kept as $cached"
 		fi
+	fi
+	if [ "${SLURM_BUILD_ONLY:-false}" = true ]; then
+		# Only fill the cache (scripts/slurm-build.sh --cache-only): nothing is installed.
+		rm -rf "$stage"
+		return 0
 	fi
 	install_slurm_tree "$stage" "$key"
 	rm -rf "$stage"
