@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Bootstrap benchmark: agent bootstrap to IDLE vs a bare `slurmd -Z` to IDLE, measured
-# alternately on one local controller, and the agent's peak RSS. Prints the ratio.
+# Bootstrap benchmark: agent bootstrap to IDLE vs a bare `slurmd -Z` to IDLE and vs munge
+# and slurmd started through their units with the agent's files (the systemd route: the
+# floor of any agent that starts them through systemd), measured alternately on one local
+# controller, and the agent's peak RSS. Prints the ratios, per Slurm version.
 #
 #   sudo scripts/bench-bootstrap.sh [TRIALS]
-#   sudo SLURM_E2E_VERSION=24.11 scripts/bench-bootstrap.sh   # per Slurm version
+#   sudo SLURM_E2E_VERSION=24.11 scripts/bench-bootstrap.sh       # one Slurm version
+#   sudo BENCH_SLURM_VERSIONS="24.11 25.11 26.05" scripts/bench-bootstrap.sh
+#                                  # each version in turn, then their ratios side by side
 #
 # BENCH_PROFILE=debug measures the debug build instead (no release build of the AWS SDK
 # crates; the agent's own CPU time then weighs several times more). BENCH_STEPS=1 prints
@@ -13,12 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-# The Slurm to measure against (scripts/test.sh's variable; default 25.11): the figures
-# are printed for that version.
+# The Slurm versions to measure against (default: scripts/test.sh's SLURM_E2E_VERSION,
+# 25.11): the figures are printed per version, the suite's version put back at the end.
 SLURM_E2E_VERSION=${SLURM_E2E_VERSION:-25.11}
-SLURM_E2E_PREFIX=$(scripts/slurm-build.sh "$SLURM_E2E_VERSION" | tail -n1)
-export SLURM_E2E_VERSION SLURM_E2E_PREFIX
-echo "Slurm $("$SLURM_E2E_PREFIX/sbin/slurmd" -V | awk '{print $2}') ($SLURM_E2E_PREFIX)"
+read -r -a versions <<<"${BENCH_SLURM_VERSIONS:-$SLURM_E2E_VERSION}"
 if [ "${BENCH_PROFILE:-release}" = debug ]; then
     cargo build --workspace --locked --bins
     dir=target/debug
@@ -26,4 +28,24 @@ else
     cargo build --release --locked --workspace --bins
     dir=target/release
 fi
-SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" exec "$dir/bench-bootstrap" "$@"
+summary=()
+for v in "${versions[@]}"; do
+    prefix=$(scripts/slurm-build.sh "$v" | tail -n1)
+    full=$("$prefix/sbin/slurmd" -V | awk '{print $2}')
+    echo "Slurm $full ($prefix)"
+    out=$(mktemp)
+    SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" \
+        "$dir/bench-bootstrap" "$@" | tee "$out"
+    ratio() { awk -v k="$1" 'index($0, k) == 1 { sub(/^[^:]*: /, ""); print $1 }' "$out"; }
+    summary+=("$(printf '%-9s %10s %10s %12s %10s' "$full" "$(ratio 'ratio agent/systemd route')" \
+        "$(ratio 'ratio agent/bare')" "$(ratio 'ratio systemd route/bare')" \
+        "$(awk '/^agent peak RSS/ { print $(NF-5) }' "$out")")")
+    rm -f "$out"
+    echo
+done
+if [ ${#versions[@]} -gt 1 ]; then
+    scripts/slurm-build.sh "$SLURM_E2E_VERSION" >/dev/null
+    echo "per Slurm version (medians; agent/systemd route: what the agent adds to the floor)"
+    printf '%-9s %10s %10s %12s %10s\n' Slurm agent/sysd agent/bare sysd/bare "RSS MiB"
+    printf '%s\n' "${summary[@]}"
+fi

@@ -11,20 +11,44 @@
 #
 #   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
 #   FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh   # only the lone node's boots and bootstrap's steps
+#   BENCH_SLURM_VERSIONS="24.11 25.11 26.05" FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh
+#                                                    # per Slurm version, side by side
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-# The Slurm to measure against (scripts/test.sh's variable; default 25.11): the figures
-# are printed for that version.
+# The Slurm versions to measure against (default: scripts/test.sh's SLURM_E2E_VERSION,
+# 25.11; BENCH_SLURM_VERSIONS="24.11 25.11 26.05" runs each in turn and prints their
+# ratios side by side at the end, the suite's version put back): the figures are printed
+# per version.
 SLURM_E2E_VERSION=${SLURM_E2E_VERSION:-25.11}
-SLURM_E2E_PREFIX=$(scripts/slurm-build.sh "$SLURM_E2E_VERSION" | tail -n1)
-export SLURM_E2E_VERSION SLURM_E2E_PREFIX
-echo "Slurm $("$SLURM_E2E_PREFIX/sbin/slurmd" -V | awk '{print $2}') ($SLURM_E2E_PREFIX)"
+read -r -a versions <<<"${BENCH_SLURM_VERSIONS:-$SLURM_E2E_VERSION}"
 # --workspace, not -p: per-package builds resolve dependency features differently and
 # rebuild the AWS SDK crates.
 # The image carries the release agent, as shipped images do (the debug build's CPU cost
 # would be measured instead of the agent's); the harness itself runs from the debug build.
 cargo build --locked --workspace --bins
 cargo build --locked --workspace --bins --release
-SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" exec target/debug/fleet-bench "${1:-16}" "${2:-60}"
+summary=()
+for v in "${versions[@]}"; do
+	prefix=$(scripts/slurm-build.sh "$v" | tail -n1)
+	full=$("$prefix/sbin/slurmd" -V | awk '{print $2}')
+	echo "Slurm $full ($prefix)"
+	out=$(mktemp)
+	SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
+		SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" \
+		target/debug/fleet-bench "${1:-16}" "${2:-60}" | tee "$out"
+	# "the agent's boot / this one = R" (one node alone, agent vs the same image's static
+	# slurmd: the systemd route) and "ratio R (goal <= 1.2)" (N at once, the same).
+	solo=$(sed -n "s/.*the agent's boot \/ this one = \([0-9.]*\).*/\1/p" "$out")
+	many=$(sed -n 's/.*agent vs a static slurmd.*; ratio \([0-9.]*\) (goal.*/\1/p' "$out")
+	summary+=("$(printf '%-9s %12s %14s' "$full" "${solo:--}" "${many:--}")")
+	rm -f "$out"
+	echo
+done
+if [ ${#versions[@]} -gt 1 ]; then
+	scripts/slurm-build.sh "$SLURM_E2E_VERSION" >/dev/null
+	echo "per Slurm version: container start -> IDLE, agent / the same image with a static slurmd (the systemd route)"
+	printf '%-9s %12s %14s\n' Slurm "one alone" "${1:-16} at once"
+	printf '%s\n' "${summary[@]}"
+fi

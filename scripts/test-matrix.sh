@@ -5,7 +5,7 @@
 #   sudo scripts/test-matrix.sh [VERSION ...] [-- extra cargo test arguments]
 #   sudo scripts/test-matrix.sh 24.11 25.11 -- --test fleet     # every fleet scenario
 #
-# Default versions: 24.11 and 25.11 (each must be pinned in packer/sources.toml and its
+# Default versions: 24.11, 25.11 and 26.05 (each must be pinned in packer/sources.toml and its
 # tarball be in SLURM_SOURCES_DIR); 22.05 is Debian 12's own packages. Each version's
 # output is kept in target/test-matrix/<version>.log. Exits non-zero when any failed.
 set -uo pipefail
@@ -16,7 +16,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do
 	shift
 done
 [ "${1:-}" = -- ] && shift
-[ ${#versions[@]} -gt 0 ] || versions=(24.11 25.11)
+[ ${#versions[@]} -gt 0 ] || versions=(24.11 25.11 26.05)
 mkdir -p target/test-matrix
 summary=()
 rc=0

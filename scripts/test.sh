@@ -12,6 +12,13 @@
 #                      ParallelCluster 3.15+ ship); 24.11, 25.11 or 22.05 (Debian 12's
 #                      own packages). scripts/test-matrix.sh runs several.
 #   SLURM_SOURCES_DIR  SchedMD's release tarballs (default ../shared/sources)
+#   SLURM_E2E_FLEET_MATRIX
+#                      after the whole suite, the fleet matrix: the core fleet scenarios
+#                      (boot and join, a job across nodes, a drain and its lift, the
+#                      HealthCheckProgram) once per version listed (default "24.11 26.05";
+#                      empty: none). Runs only when no cargo test arguments are given.
+#                      scripts/test-matrix.sh runs every scenario on every version.
+#   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario (default 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,3 +31,23 @@ export PATH="$SLURM_E2E_PREFIX/sbin:$SLURM_E2E_PREFIX/bin:$PATH"
 echo "test.sh: Slurm $("$SLURM_E2E_PREFIX/sbin/slurmd" -V | awk '{print $2}') from $SLURM_E2E_PREFIX" >&2
 cargo build --workspace --bins --locked
 cargo test --workspace --locked "$@"
+
+# The fleet matrix: the same core scenarios against each other release users run, each
+# on its own pinned build (host, controller and node image), then the suite's version back.
+SLURM_E2E_FLEET_MATRIX=${SLURM_E2E_FLEET_MATRIX-24.11 26.05}
+if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
+	suite_version=$SLURM_E2E_VERSION
+	for v in $SLURM_E2E_FLEET_MATRIX; do
+		start=$(date +%s)
+		prefix=$(scripts/slurm-build.sh "$v" | tail -n1)
+		echo "test.sh: fleet matrix on Slurm $("$prefix/sbin/slurmd" -V | awk '{print $2}') from $prefix" >&2
+		SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
+			SLURM_E2E_FLEET_NODES=${SLURM_E2E_MATRIX_NODES:-4} \
+			cargo test -p slurm-e2e --test fleet --locked -- --exact \
+			nodes_booted_at_once_all_join_idle_and_run_a_job_across_all \
+			maintenance_reboot_drains_early_reboots_and_returns_to_service \
+			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node
+		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
+	done
+	scripts/slurm-build.sh "$suite_version" >/dev/null
+fi
