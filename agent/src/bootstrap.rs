@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
-use crate::identity::{self, AgentReason, ReasonCause};
+use crate::identity::{self, AgentReason, Incarnation, ReasonCause, RecordHolder};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
@@ -149,6 +149,11 @@ pub struct Report {
     /// When the registered node stays drained: by whom and what lifts it, e.g.
     /// `drained by an admin (bad DIMM); left drained`. `None` when it is available.
     pub drain: Option<String>,
+    /// The instance this one replaces: the `InstanceId` of slurmctld's record of the
+    /// NodeName, read before this instance's slurmd registered, when it names another
+    /// instance ([`RecordHolder`], Slurm 23.11+). `None` when the record names this
+    /// instance or no instance, or was not looked at (slurmd was not restarted).
+    pub replaced_instance_id: Option<String>,
     /// Step durations in order.
     pub steps: Vec<Step>,
     /// Total milliseconds.
@@ -464,14 +469,24 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         t.record("munge", munge_time);
     }
     t.record("mounts", mounts_time);
+    // Whose record slurmctld holds for the NodeName, from the one look before slurmd
+    // (re)starts; a slurmd that keeps running registered it already.
+    let mut holder = RecordHolder::Unknown;
     if slurmd_restarted {
         // Only once munge runs: scontrol authenticates through it, and a call made while
         // munged was still starting waited in Slurm's authentication retries.
         let record_start = Instant::now();
-        let old_start =
-            prepare_record(s, &def.node_name, def.dynamic_conf.as_deref(), record_look).await;
-        wait_for_next_second(old_start).await;
+        let found = prepare_record(
+            s,
+            &def.node_name,
+            def.dynamic_conf.as_deref(),
+            record_look,
+            &id.instance_id,
+        )
+        .await;
+        wait_for_next_second(found.slurmd_start_time).await;
         prep_time += record_start.elapsed();
+        holder = found.holder;
     }
 
     // Lifecycle scripts (issue 13): the service's, then the image's settings'.
@@ -504,7 +519,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     systemd.start_no_wait(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
-    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id).await?;
+    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id, &holder).await?;
     t.done("join");
     let stage = crate::node_lifecycle::Stage::NodeReady;
     let outcome = run_lifecycle(lifecycle, stage, &systemd, managed.as_ref()).await?;
@@ -522,6 +537,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         key_changed,
         slurmd_restarted,
         drain: kept_drain,
+        replaced_instance_id: holder.replaced().map(str::to_string),
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
         steps: t.steps,
         lifecycle: scripts,
@@ -676,17 +692,46 @@ async fn wait_for_next_second(old_start: Option<i64>) {
     }
 }
 
-/// Before slurmd (re)starts: for a dynamic node, deletes its stale record
-/// (`scontrol delete NodeName=`) when the definition differs from `conf`, so that the
-/// registration that follows creates it anew. Never a record with a job on it, nor one
-/// whose reason is not the agent's (an admin's drain survives); a failure is logged and
-/// bootstrap carries on. Returns the record's `SlurmdStartTime`, if any.
+/// What [`prepare_record`] found in slurmctld's record before slurmd (re)started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRecord {
+    /// The record's `SlurmdStartTime` (Unix seconds), if any.
+    pub slurmd_start_time: Option<i64>,
+    /// Whose record it was: this instance's, a predecessor's, or Slurm does not say.
+    pub holder: RecordHolder,
+}
+
+impl FoundRecord {
+    /// From the record as read (`None`: no record, or the look failed), seen by instance
+    /// `instance_id`. Logs the replacement when the record names another instance.
+    pub fn new(node_name: &str, record: Option<&NodeInfo>, instance_id: &str) -> FoundRecord {
+        let holder = RecordHolder::of(record, instance_id);
+        if let Some(previous) = holder.replaced() {
+            tracing::info!(
+                node = node_name,
+                previous_instance = previous,
+                "replacing instance {previous} (InstanceId from slurmctld's record)"
+            );
+        }
+        FoundRecord {
+            slurmd_start_time: record.and_then(NodeInfo::slurmd_start_time),
+            holder,
+        }
+    }
+}
+
+/// Before slurmd (re)starts: reads slurmctld's record of the NodeName once (whose it is,
+/// [`FoundRecord`]), and, for a dynamic node, deletes it (`scontrol delete NodeName=`) when
+/// its definition differs from `conf`, so that the registration that follows creates it
+/// anew. Never a record with a job on it, nor one whose reason is not the agent's (an
+/// admin's drain survives); a failure is logged and bootstrap carries on.
 async fn prepare_record(
     s: &settings::Settings,
     node_name: &str,
     conf: Option<&str>,
     ready: Option<ReadyScontrol>,
-) -> Option<i64> {
+    instance_id: &str,
+) -> FoundRecord {
     let scontrol = Scontrol::configured(&s.slurm);
     // Through the scontrol started while munged started (it first needs munge for this
     // command, so it answers as one started now would).
@@ -694,23 +739,27 @@ async fn prepare_record(
         Some(r) => r.show_node(node_name).await,
         None => scontrol.show_node(node_name).await,
     };
-    let Ok(Some(node)) = looked else {
-        return None;
+    let node = match looked {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!("slurmctld's record before slurmd starts: {e}");
+            None
+        }
     };
-    let started = node.slurmd_start_time();
-    let Some(conf) = conf else {
-        return started;
+    let found = FoundRecord::new(node_name, node.as_ref(), instance_id);
+    let (Some(node), Some(conf)) = (node, conf) else {
+        return found;
     };
     let diff = definition_differences(&node, conf);
     if diff.is_empty() {
-        return started;
+        return found;
     }
     let admin = node
         .held_reason()
         .is_some_and(|r| !identity::is_agent_reason(r));
     if admin || !crate::drain::slurm::node_is_empty(&node) {
         tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
-        return started;
+        return found;
     }
     tracing::info!(
         node = node_name,
@@ -723,7 +772,7 @@ async fn prepare_record(
     {
         tracing::warn!("{e}");
     }
-    started
+    found
 }
 
 /// Stops slurmd so that none is left: the distribution's units have `KillMode=process`
@@ -778,14 +827,28 @@ pub enum FoundDrain {
 }
 
 /// Decides on a drain with `reason` found by incarnation `instance_id`, which runs image
-/// `running_ami`, at bootstrap.
-pub fn found_drain(reason: Option<&str>, instance_id: &str, running_ami: &str) -> FoundDrain {
+/// `running_ami`, at bootstrap, on a record whose holder before this instance's slurmd
+/// registered was `holder` ([`RecordHolder`]).
+///
+/// Whose an upgrade drain is comes from [`RecordHolder::incarnation_of`]: on a record
+/// Slurm says a predecessor held, a reason with the writer `unknown`, or one naming this
+/// instance, is the predecessor's; on a record that names this instance, a reason with the
+/// writer `unknown` is this instance's; where Slurm does not say, the reason's instance id
+/// decides. Every other cause is decided by the cause alone; a reason not in the agent's
+/// scheme is an admin's and stays.
+pub fn found_drain(
+    reason: Option<&str>,
+    instance_id: &str,
+    running_ami: &str,
+    holder: &RecordHolder,
+) -> FoundDrain {
     let Some(r) = reason.and_then(identity::parse_reason) else {
         return FoundDrain::Keep(format!(
             "drained by an admin ({}); left drained",
             reason.unwrap_or("no reason")
         ));
     };
+    let incarnation = holder.incarnation_of(&r.instance_id, instance_id);
     let lift = match r.cause {
         // The instance booted again (or is another one): the notice or event is over; the
         // daemon drains again within one interval if it still stands.
@@ -799,7 +862,7 @@ pub fn found_drain(reason: Option<&str>, instance_id: &str, running_ami: &str) -
         // over unless this replacement still runs an image other than the desired one (then
         // the daemon's loop check owns it: lifting it would drain and power off again).
         ReasonCause::Upgrade => {
-            !r.written_by(instance_id)
+            incarnation != Incarnation::This
                 && !reason.is_some_and(|x| crate::upgrade::leftover_still_applies(x, running_ami))
         }
         ReasonCause::Health | ReasonCause::Mount | ReasonCause::Operator | ReasonCause::Script => {
@@ -812,10 +875,22 @@ pub fn found_drain(reason: Option<&str>, instance_id: &str, running_ami: &str) -
         let owner = match r.cause {
             ReasonCause::Health => "the health checks lift it when they pass",
             ReasonCause::Mount => "the daemon lifts it when the mount is back",
-            ReasonCause::Upgrade => "the upgrade in progress owns it",
+            ReasonCause::Upgrade if incarnation == Incarnation::This => {
+                "the upgrade in progress owns it"
+            }
+            ReasonCause::Upgrade => {
+                "this instance still runs another image than the one it was drained for: the upgrade check owns it"
+            }
             _ => "`slurm-node-agent resume` lifts it",
         };
-        FoundDrain::Keep(format!("drained by the agent ({}): {owner}", r.to_reason()))
+        let whose = match &incarnation {
+            Incarnation::Other(previous) => format!(", left by instance {previous}"),
+            Incarnation::This | Incarnation::Unknown => String::new(),
+        };
+        FoundDrain::Keep(format!(
+            "drained by the agent ({}){whose}: {owner}",
+            r.to_reason()
+        ))
     }
 }
 
@@ -904,6 +979,7 @@ async fn join(
     systemd: &Systemd,
     instance_id: &str,
     running_ami: &str,
+    holder: &RecordHolder,
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let unit = &s.slurm.slurmd_unit;
     let scontrol = Scontrol::configured(&s.slurm);
@@ -942,19 +1018,34 @@ async fn join(
                         reason: node.reason().unwrap_or("no reason given").to_string(),
                     });
                 }
+                // A failing HealthCheckProgram run from before this registration (slurmd
+                // runs it at its start; health::act::PendingDrain): drained now.
+                let started = svc.as_ref().map_or(0, |v| {
+                    i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
+                });
+                let state_dir = &s.agent.state_dir;
+                let pending =
+                    crate::health::act::apply_pending(state_dir, &scontrol, &node, started, instance_id);
+                if let Some(o) = pending.await {
+                    tracing::warn!(node = %def.node_name, action = %o.action, detail = %o.detail, error = ?o.error, "health checks failed before the registration");
+                    if o.action == "drain" && o.error.is_none() {
+                        polls = 0;
+                        continue;
+                    }
+                }
                 if node.is_available() {
                     return Ok((node, None));
                 }
                 let drained = node.has_flag("DRAIN")
                     || matches!(node.base_state(), "DRAIN" | "DRAINED" | "DRAINING");
                 if drained && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
-                    match found_drain(node.reason(), instance_id, running_ami) {
+                    match found_drain(node.reason(), instance_id, running_ami, holder) {
                         FoundDrain::Keep(why) => {
                             tracing::warn!(node = %def.node_name, "{why}");
                             return Ok((node, Some(why)));
                         }
                         FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
-                            tracing::info!(node = %def.node_name, reason = %r, "lifting the agent's drain of an earlier run: its cause is over");
+                            tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
                             if let Err(e) = scontrol.resume(&def.node_name).await {
                                 tracing::warn!("{e}");
                             }
@@ -1029,7 +1120,12 @@ async fn join(
             continue;
         }
         ready = scontrol.spawn_ready().ok();
-        tokio::time::sleep(poll_pause(polls).min(deadline.saturating_sub(start.elapsed()))).await;
+        // A failing health check run waits for the registration: look as often as at first.
+        let pause = match crate::health::act::PendingDrain::read_this_boot(&s.agent.state_dir) {
+            Some(_) => JOIN_FAST_PAUSE,
+            None => poll_pause(polls),
+        };
+        tokio::time::sleep(pause.min(deadline.saturating_sub(start.elapsed()))).await;
     }
 }
 
@@ -1128,15 +1224,19 @@ pub fn read_state(state_dir: &std::path::Path) -> Option<State> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     const ME: &str = "i-0123456789abcdef0";
     const OTHER: &str = "i-0fedcba9876543210";
+    const UNKNOWN: &str = crate::identity::UNKNOWN_INSTANCE;
     const AMI: &str = "ami-0123456789abcdef0";
 
     #[test]
     fn drains_found_at_bootstrap() {
-        let lifts = |r: &str| matches!(found_drain(Some(r), ME, AMI), FoundDrain::Lift(_));
+        let unknown = RecordHolder::Unknown;
+        let lifts =
+            |r: &str| matches!(found_drain(Some(r), ME, AMI, &unknown), FoundDrain::Lift(_));
         for cause in [
             "spot",
             "stop",
@@ -1170,14 +1270,88 @@ mod tests {
                 "{kept}"
             );
         }
-        let FoundDrain::Keep(why) = found_drain(Some("slurm-node-agent: spot"), ME, AMI) else {
+        let FoundDrain::Keep(why) = found_drain(Some("slurm-node-agent: spot"), ME, AMI, &unknown)
+        else {
             panic!("an admin look-alike was lifted")
         };
         assert!(why.starts_with("drained by an admin"), "{why}");
-        let FoundDrain::Keep(why) = found_drain(None, ME, AMI) else {
+        let FoundDrain::Keep(why) = found_drain(None, ME, AMI, &unknown) else {
             panic!()
         };
         assert!(why.contains("no reason"), "{why}");
+    }
+
+    /// The 25.11 capture of a record `slurmd --instance-id i-0123456789abcdef0` registered,
+    /// drained with `reason` (the captured drain's reason replaced).
+    fn captured_drained(reason: &str) -> NodeInfo {
+        let text = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/slurm-25.11/scontrol-show-node-drained.txt",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let captured = "slurm-node-agent/spot@i-0123456789abcdef0: spot interruption notice: terminate at 2026-12-01T20:00:00Z";
+        assert!(text.contains(captured));
+        NodeInfo::parse(&text.replace(captured, reason))
+    }
+
+    #[test]
+    fn slurms_record_says_whose_upgrade_drain_it_is() {
+        // The captured record names ME; OTHER boots onto it: a replacement.
+        let upgrade = |writer: &str| {
+            format!("slurm-node-agent/upgrade@{writer}: image upgrade ami-11111111 -> {AMI}")
+        };
+        let decide = |reason: &str, me: &str| {
+            let node = captured_drained(reason);
+            let found = FoundRecord::new("d1", Some(&node), me);
+            (found_drain(node.reason(), me, AMI, &found.holder), found)
+        };
+        // A replacement: the record names the predecessor, whatever the reason's writer.
+        for writer in [UNKNOWN, ME, OTHER] {
+            let (d, found) = decide(&upgrade(writer), OTHER);
+            assert_eq!(found.holder.replaced(), Some(ME), "{writer}");
+            assert!(found.slurmd_start_time.is_some());
+            assert!(matches!(d, FoundDrain::Lift(_)), "{writer}: {d:?}");
+        }
+        // Before, a reason naming this instance was taken for this instance's upgrade.
+        let old = found_drain(Some(&upgrade(OTHER)), OTHER, AMI, &RecordHolder::Unknown);
+        assert!(matches!(old, FoundDrain::Keep(_)), "{old:?}");
+        // The record names this instance (an earlier run registered it): an upgrade drain
+        // whose writer is `unknown` is this instance's upgrade in progress, kept.
+        let (d, found) = decide(&upgrade(UNKNOWN), ME);
+        assert_eq!(found.holder, RecordHolder::This);
+        let FoundDrain::Keep(why) = d else {
+            panic!("{d:?}")
+        };
+        assert!(why.ends_with("the upgrade in progress owns it"), "{why}");
+        // Another instance's, written before this one registered: lifted.
+        let (d, _) = decide(&upgrade(OTHER), ME);
+        assert!(matches!(d, FoundDrain::Lift(_)), "{d:?}");
+        // Where Slurm keeps no instance id, the writer `unknown` is not this instance.
+        let d = found_drain(Some(&upgrade(UNKNOWN)), ME, AMI, &RecordHolder::Unknown);
+        assert!(matches!(d, FoundDrain::Lift(_)), "{d:?}");
+        // A predecessor's drain for an image this replacement does not run stays for the
+        // upgrade check, and says whose it is.
+        let stale =
+            format!("slurm-node-agent/upgrade@{UNKNOWN}: image upgrade {AMI} -> ami-22222222");
+        let (d, _) = decide(&stale, OTHER);
+        let FoundDrain::Keep(why) = d else {
+            panic!("{d:?}")
+        };
+        assert!(why.contains(&format!("left by instance {ME}")), "{why}");
+        // Admin drains are never the agent's, whoever holds the record.
+        for holder in [RecordHolder::This, RecordHolder::Predecessor(ME.into())] {
+            let d = found_drain(Some("ADMIN  SHUTDOWN"), OTHER, AMI, &holder);
+            assert!(matches!(d, FoundDrain::Keep(ref w) if w.starts_with("drained by an admin")));
+        }
+        // The agent's health drain of a predecessor stays for the checks to lift.
+        let (d, _) = decide(&format!("slurm-node-agent/health@{ME}: disk"), OTHER);
+        let FoundDrain::Keep(why) = d else {
+            panic!("{d:?}")
+        };
+        assert!(
+            why.contains(&format!(", left by instance {ME}: the health checks")),
+            "{why}"
+        );
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //!   bootstrap resolves them (files, user data, tags, flags) over IMDS's facts.
 //!   `check` (Slurm's `HealthCheckProgram`) first takes `SLURMD_NODENAME`.
 //! - **Incarnation**: the EC2 instance id. Bootstrap records it with the NodeName; a
-//!   replacement instance (same NodeName, new instance id) is a new incarnation.
+//!   replacement instance (same NodeName, new instance id) is a new incarnation. Whose
+//!   Slurm's record is, this instance's or a predecessor's, is [`RecordHolder`]: the
+//!   record's own `InstanceId` where Slurm keeps one (23.11+), else the instance id in the
+//!   agent's reasons and the local files.
 //! - **Reasons**: the node's reason in Slurm is the record of who owns a drain. Every
 //!   reason the agent writes is `slurm-node-agent/<cause>@<instance-id>: <detail>`
 //!   ([`AgentReason`]), where `<cause>` is one of [`ReasonCause::ALL`] and `<instance-id>`
@@ -24,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::settings::{self, Layer, Resolved, SettingsError, Source};
+use crate::slurm::NodeInfo;
 use crate::userdata::SettingsPart;
 
 /// Start of every reason the agent writes.
@@ -229,6 +233,95 @@ impl fmt::Display for AgentReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_reason())
     }
+}
+
+/// Which instance slurmctld's record of this NodeName names, against this instance: the one
+/// home for "is this record mine or my predecessor's".
+///
+/// Where Slurm keeps it (23.11+: `InstanceId`, [`NodeInfo::instance`]), the record names the
+/// instance whose slurmd registered it last. Read before this instance's slurmd registers
+/// (bootstrap's look at the record, made anyway before slurmd starts), it tells a
+/// replacement (same NodeName, new instance id) from Slurm's own record, which a new root
+/// volume does not lose; once this instance's slurmd has registered it names this instance.
+/// Where Slurm keeps none (older releases, a slurmd started without `--instance-id`, a
+/// powered-down node, no record, a look that failed) it is [`RecordHolder::Unknown`], and
+/// the decisions fall back to the instance id in the agent's reasons and the local files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordHolder {
+    /// The record names this instance: it registered the NodeName before (an earlier run
+    /// of bootstrap, an earlier boot of the same instance).
+    This,
+    /// The record names another instance: a predecessor with the same NodeName, which
+    /// this instance replaces.
+    Predecessor(String),
+    /// Slurm does not say.
+    Unknown,
+}
+
+impl RecordHolder {
+    /// The holder of `record` (`None`: slurmctld has no record, or the look failed) seen by
+    /// instance `instance_id` (`unknown` when not known: then nothing can be told).
+    pub fn of(record: Option<&NodeInfo>, instance_id: &str) -> RecordHolder {
+        if instance_id == UNKNOWN_INSTANCE || !is_valid_instance_id(instance_id) {
+            return RecordHolder::Unknown;
+        }
+        match record.and_then(|n| n.instance().id) {
+            Some(id) if id == instance_id => RecordHolder::This,
+            Some(id) => RecordHolder::Predecessor(id.to_string()),
+            None => RecordHolder::Unknown,
+        }
+    }
+
+    /// The instance this one replaces, when the record names another.
+    pub fn replaced(&self) -> Option<&str> {
+        match self {
+            RecordHolder::Predecessor(id) => Some(id),
+            RecordHolder::This | RecordHolder::Unknown => None,
+        }
+    }
+
+    /// Whether the record names this instance: `None` when Slurm does not say.
+    pub fn is_this(&self) -> Option<bool> {
+        match self {
+            RecordHolder::This => Some(true),
+            RecordHolder::Predecessor(_) => Some(false),
+            RecordHolder::Unknown => None,
+        }
+    }
+
+    /// Whose is something of the agent's found with this record, written by `writer` (the
+    /// instance id in the agent's reason, or in a state file; `unknown` when not known), as
+    /// seen by instance `instance_id`:
+    ///
+    /// - a writer known to be another instance: that instance's, whatever the record says
+    ///   (a predecessor's reason may stay on the record after this instance registered);
+    /// - otherwise, on a record that names a predecessor, the predecessor's: the record
+    ///   wins over a writer `unknown`, and over a reason or file that names this instance
+    ///   while Slurm says another instance registered the NodeName since;
+    /// - on a record that names this instance, this instance's;
+    /// - where Slurm does not say, this instance's when the writer is this instance, else
+    ///   [`Incarnation::Unknown`].
+    pub fn incarnation_of(&self, writer: &str, instance_id: &str) -> Incarnation {
+        let writer = (writer != UNKNOWN_INSTANCE && is_valid_instance_id(writer)).then_some(writer);
+        match (self, writer) {
+            (_, Some(w)) if w != instance_id => Incarnation::Other(w.to_string()),
+            (RecordHolder::Predecessor(p), _) => Incarnation::Other(p.clone()),
+            (RecordHolder::This, _) | (RecordHolder::Unknown, Some(_)) => Incarnation::This,
+            (RecordHolder::Unknown, None) => Incarnation::Unknown,
+        }
+    }
+}
+
+/// Which incarnation a drain, or a state file, of the agent's belongs to
+/// ([`RecordHolder::incarnation_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incarnation {
+    /// This instance.
+    This,
+    /// Another instance (a predecessor with the same NodeName), named.
+    Other(String),
+    /// Neither the writer nor Slurm's record says.
+    Unknown,
 }
 
 /// `slurm-node-agent/<cause>@<instance-id>: `: what precedes the detail (an invalid
@@ -737,6 +830,82 @@ mod tests {
     }
 
     const ID: &str = "i-0123456789abcdef0";
+
+    /// The 25.11 capture (`slurmd --instance-id i-0123456789abcdef0`) and its state.
+    fn captured(state: &str) -> NodeInfo {
+        let path = format!(
+            "{}/tests/fixtures/slurm-25.11/scontrol-show-node-{state}.txt",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        NodeInfo::parse(&std::fs::read_to_string(&path).unwrap())
+    }
+
+    #[test]
+    fn the_record_says_whose_it_is_where_slurm_keeps_an_instance_id() {
+        const OTHER: &str = "i-0fedcba9876543210";
+        const THIRD: &str = "i-0aaaaaaaaaaaaaaaa";
+        let drained = captured("drained");
+        // Seen by the instance it names, by a replacement, by an instance that does not
+        // know its id; no record; a 22.05-style record without the field.
+        assert_eq!(RecordHolder::of(Some(&drained), ID), RecordHolder::This);
+        let replaced = RecordHolder::of(Some(&drained), OTHER);
+        assert_eq!(replaced, RecordHolder::Predecessor(ID.into()));
+        assert_eq!(replaced.replaced(), Some(ID));
+        assert_eq!(replaced.is_this(), Some(false));
+        assert_eq!(
+            RecordHolder::of(Some(&drained), UNKNOWN_INSTANCE),
+            RecordHolder::Unknown
+        );
+        assert_eq!(RecordHolder::of(None, ID), RecordHolder::Unknown);
+        let without = NodeInfo::parse(
+            &std::fs::read_to_string(format!(
+                "{}/tests/fixtures/slurm-22.05/scontrol-show-node-drained.txt",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap(),
+        );
+        assert_eq!(RecordHolder::of(Some(&without), ID), RecordHolder::Unknown);
+        assert_eq!(RecordHolder::Unknown.is_this(), None);
+
+        // The captured reason was written by the instance the record names.
+        let r = parse_reason(drained.held_reason().unwrap()).unwrap();
+        let this = RecordHolder::This;
+        assert_eq!(this.incarnation_of(&r.instance_id, ID), Incarnation::This);
+        assert_eq!(
+            replaced.incarnation_of(&r.instance_id, OTHER),
+            Incarnation::Other(ID.into())
+        );
+        // A writer `unknown`: the record says whose it is; without it nobody can.
+        for (holder, want) in [
+            (&this, Incarnation::This),
+            (&replaced, Incarnation::Other(ID.into())),
+            (&RecordHolder::Unknown, Incarnation::Unknown),
+        ] {
+            assert_eq!(
+                holder.incarnation_of(UNKNOWN_INSTANCE, OTHER),
+                want,
+                "{holder:?}"
+            );
+        }
+        // A reason naming this instance on a record Slurm says another instance registered
+        // since: the record wins. Where Slurm does not say, the reason's id decides.
+        assert_eq!(
+            replaced.incarnation_of(OTHER, OTHER),
+            Incarnation::Other(ID.into())
+        );
+        assert_eq!(
+            RecordHolder::Unknown.incarnation_of(OTHER, OTHER),
+            Incarnation::This
+        );
+        // A third instance's reason stays that instance's, whoever holds the record.
+        for holder in [&this, &replaced, &RecordHolder::Unknown] {
+            assert_eq!(
+                holder.incarnation_of(THIRD, OTHER),
+                Incarnation::Other(THIRD.into()),
+                "{holder:?}"
+            );
+        }
+    }
 
     #[test]
     fn build_and_parse_round_trip() {

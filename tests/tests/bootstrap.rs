@@ -659,3 +659,160 @@ fn an_ipv6_only_instance_bootstraps_unless_a_setting_needs_its_ipv4_address() {
     assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
     assert_eq!(report(&out).unwrap()["node_name"], DEFAULT_NODE_NAME);
 }
+
+/// The emulator's default `ami-id` (AEMM's): the image every instance here runs.
+const RUNNING_AMI: &str = "ami-0a887e401f7654935";
+
+/// Stops the node's slurmd (its instance goes away, or is about to restart it) and drains
+/// the record it leaves with `reason`, as the agent of an earlier incarnation would have.
+fn leave_drained(env: &NodeEnv, reason: &str) {
+    env.systemd
+        .systemctl_ok(&["stop", "slurmd.service"])
+        .unwrap();
+    env.ctld
+        .scontrol_ok(&[
+            "update",
+            &format!("NodeName={DEFAULT_NODE_NAME}"),
+            "State=DRAIN",
+            &format!("Reason={reason}"),
+        ])
+        .unwrap();
+}
+
+/// A new instance under the same NodeName with a new root volume: another instance id in
+/// instance metadata, and none of the predecessor's files (state folder, options file, key).
+fn replace_instance(env: &NodeEnv, instance_id: &str) {
+    env.imds.set("instance-id", instance_id);
+    if env.state_dir().exists() {
+        std::fs::remove_dir_all(env.state_dir()).unwrap();
+    }
+    for file in [env.options_file(), env.key_path()] {
+        if file.exists() {
+            std::fs::remove_file(&file).unwrap();
+        }
+    }
+}
+
+/// The record's `InstanceId=` (`None` where Slurm prints none).
+fn record_instance(env: &NodeEnv) -> Option<String> {
+    let show = env
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", DEFAULT_NODE_NAME])
+        .unwrap();
+    slurm_e2e::slurm::field(&show, "InstanceId").map(str::to_string)
+}
+
+#[test]
+fn a_replacement_is_recognised_from_slurms_record_not_from_its_disk() {
+    const FIRST: &str = "i-1234567890abcdef0"; // the emulator's default
+    const SECOND: &str = "i-0bbbbbbbbbbbbbbbb";
+    const THIRD: &str = "i-0cccccccccccccccc";
+    // 23.11+ keep the instance id on the record; older releases fall back to the reason's.
+    let named = slurm_e2e::install::version().unwrap().has_instance_fields();
+    let env = NodeEnv::start("").unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "first bootstrap:\n{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert_eq!(r["instance_id"], FIRST);
+    assert_eq!(r["replaced_instance_id"], serde_json::Value::Null, "{r}");
+    if named {
+        assert_eq!(record_instance(&env).as_deref(), Some(FIRST));
+    }
+
+    // The first instance goes away, its upgrade drain left on the record by an agent that
+    // did not know its instance id: nothing in the reason, and nothing on the new disk,
+    // names it.
+    leave_drained(
+        &env,
+        &format!("slurm-node-agent/upgrade@unknown: image upgrade ami-11111111 -> {RUNNING_AMI}"),
+    );
+    replace_instance(&env, SECOND);
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "second instance:\n{err}");
+    let r = report(&out).unwrap();
+    assert_eq!(r["instance_id"], SECOND, "{r}");
+    if named {
+        assert_eq!(r["replaced_instance_id"], FIRST, "{r}\n{err}");
+        assert!(
+            err.contains(&format!(
+                "replacing instance {FIRST} (InstanceId from slurmctld's record)"
+            )),
+            "{err}"
+        );
+        assert_eq!(record_instance(&env).as_deref(), Some(SECOND));
+    } else {
+        assert_eq!(r["replaced_instance_id"], serde_json::Value::Null, "{r}");
+        assert!(!err.contains("replacing instance"), "{err}");
+    }
+    // The upgrade happened (the replacement runs the image it was drained for): lifted.
+    assert_eq!(r["drain"], serde_json::Value::Null, "{r}\n{err}");
+    env.ctld
+        .wait_node_idle(DEFAULT_NODE_NAME, std::time::Duration::from_secs(60))
+        .unwrap();
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(env.state_dir().join("bootstrap.json")).unwrap())
+            .unwrap();
+    assert_eq!(recorded["instance_id"], SECOND);
+
+    // The second instance goes away; its drain's reason names the third instance. Slurm's
+    // record says the second one held the NodeName: the record wins, and the drain is the
+    // predecessor's (lifted). Without an instance id on the record, the reason decides: the
+    // third instance's own upgrade, kept.
+    leave_drained(
+        &env,
+        &format!("slurm-node-agent/upgrade@{THIRD}: image upgrade ami-11111111 -> {RUNNING_AMI}"),
+    );
+    replace_instance(&env, THIRD);
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "third instance:\n{err}");
+    let r = report(&out).unwrap();
+    if named {
+        assert_eq!(r["replaced_instance_id"], SECOND, "{r}\n{err}");
+        assert_eq!(r["drain"], serde_json::Value::Null, "{r}\n{err}");
+        assert!(
+            slurm_e2e::slurm::is_idle(r["state"].as_str().unwrap()),
+            "{r}"
+        );
+        assert_eq!(record_instance(&env).as_deref(), Some(THIRD));
+    } else {
+        let drain = r["drain"].as_str().unwrap_or_default();
+        assert!(drain.contains("the upgrade in progress owns it"), "{r}");
+    }
+
+    // The third instance's bootstrap runs again and restarts slurmd (a new key); the
+    // record now names this instance, so an upgrade drain whose writer is `unknown` is this
+    // instance's upgrade in progress: kept, and no replacement reported.
+    if named {
+        env.ctld
+            .scontrol_ok(&[
+                "update",
+                &format!("NodeName={DEFAULT_NODE_NAME}"),
+                "State=DRAIN",
+                &format!(
+                    "Reason=slurm-node-agent/upgrade@unknown: image upgrade ami-11111111 -> {RUNNING_AMI}"
+                ),
+            ])
+            .unwrap();
+        std::fs::remove_file(env.key_path()).unwrap();
+        let out = env.bootstrap(&[]).unwrap();
+        let err = stderr(&out);
+        assert!(out.status.success(), "third instance again:\n{err}");
+        let r = report(&out).unwrap();
+        assert_eq!(r["slurmd_restarted"], true, "{r}");
+        assert_eq!(r["replaced_instance_id"], serde_json::Value::Null, "{r}");
+        let drain = r["drain"].as_str().unwrap_or_default();
+        assert!(
+            drain.contains("the upgrade in progress owns it"),
+            "{r}\n{err}"
+        );
+        assert!(
+            env.ctld
+                .held_reason(DEFAULT_NODE_NAME)
+                .unwrap()
+                .starts_with("slurm-node-agent/upgrade@unknown: "),
+            "the drain was lifted"
+        );
+    }
+}

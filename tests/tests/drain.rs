@@ -1717,3 +1717,89 @@ fn a_truncated_or_empty_state_file_is_set_aside_and_the_commands_carry_on() {
     assert_eq!(aside(&w).len(), 4);
     d.stop().unwrap();
 }
+
+#[test]
+fn a_drain_in_the_state_folder_is_continued_only_while_slurms_record_names_this_instance() {
+    const THIS: &str = "i-1234567890abcdef0"; // the emulator's default
+    const OTHER: &str = "i-0bbbbbbbbbbbbbbbb";
+    // Before 23.11 the record names no instance: the state file alone decides.
+    let named = slurm_e2e::install::version().unwrap().has_instance_fields();
+    let w = World::start("own1", &[], "");
+    let out = w.run_agent(&["drain", "--reason", "kernel update", "--output", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reason = format!("slurm-node-agent/operator@{THIS}: kernel update");
+    assert_eq!(w.reason(), reason);
+    let set_record_instance = |id: &str| {
+        w.ctld
+            .scontrol_ok(&[
+                "update",
+                &format!("NodeName={}", w.node),
+                &format!("InstanceId={id}"),
+            ])
+            .unwrap();
+        assert_eq!(field(&w.node_line(), "InstanceId"), Some(id));
+    };
+    let started = |d: &Daemon| {
+        wait_until("agent running", WAIT, Duration::from_millis(100), || {
+            Ok(d.log_tail(400).contains("agent running").then_some(()))
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    };
+    let set_aside = || -> Vec<PathBuf> {
+        fs::read_dir(w.path("state"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("drain.json.predecessor-"))
+            })
+            .collect()
+    };
+
+    // The record names this instance: its drain is continued.
+    if named {
+        set_record_instance(THIS);
+    }
+    let mut d = w.daemon("agent-1", None);
+    started(&d);
+    w.wait_phase("drained");
+    assert!(
+        d.log_tail(400).contains("continuing the drain in progress"),
+        "{}",
+        d.log_tail(40)
+    );
+    assert!(!d.log_tail(400).contains("not continued"));
+    d.stop().unwrap();
+    assert!(set_aside().is_empty());
+    if !named {
+        return;
+    }
+
+    // Another instance has registered the NodeName since (the record says so): the drain
+    // in this instance's state folder is not this instance's to continue. It is moved
+    // aside, the daemon starts with no drain, and nothing changes in Slurm.
+    set_record_instance(OTHER);
+    let kept = fs::read(w.path("state/drain.json")).unwrap();
+    let mut d = w.daemon("agent-2", None);
+    started(&d);
+    let log = d.log_tail(400);
+    assert!(
+        log.contains(&format!(
+            "the drain in progress in the state folder is instance {OTHER}'s, not this instance's: not continued"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("continuing the drain in progress"), "{log}");
+    let st = w.status();
+    assert_eq!(st["phase"], "active", "{st}");
+    let aside = set_aside();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read(&aside[0]).unwrap(), kept);
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert_eq!(w.reason(), reason);
+    d.stop().unwrap();
+}

@@ -14,6 +14,7 @@ use clap::Args;
 use super::drain::{local_settings, Report};
 use super::{print_error_message, Output, SettingsArgs};
 use crate::drain::Engine;
+use crate::identity::RecordHolder;
 
 /// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
 const SLURM_UNAVAILABLE: u8 = 69;
@@ -59,10 +60,12 @@ impl StatusArgs {
                     // longer holds the node (23.02+ keep the last one after RESUME).
                     "reason": n.reason(),
                     "reason_held": n.held_reason().is_some(),
-                    // Slurm 23.11+: the instance the record names, and whether it is this one.
-                    "instance_id": n.instance_id(),
-                    "instance_type": n.instance_type(),
-                    "record_is_this_instance": n.instance_id().map(|i| i == id.instance_id),
+                    // Slurm 23.11+: the instance the record names, and whether it is this
+                    // one (null where Slurm keeps none: identity::RecordHolder).
+                    "instance_id": n.instance().id,
+                    "instance_type": n.instance().instance_type,
+                    "record_is_this_instance":
+                        RecordHolder::of(Some(&n), &id.instance_id).is_this(),
                     "slurmd_version": n.slurmd_version(),
                 }),
                 Ok(None) => {

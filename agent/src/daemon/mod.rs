@@ -251,7 +251,9 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         ))
     };
 
-    let st = engine.load().map_err(DrainError::from)?;
+    // A drain in progress is continued only when it is this instance's (drain.json's
+    // writer against slurmctld's record: a state folder from a predecessor is set aside).
+    let st = engine.load_at_start().await?;
     engine.write_metrics();
     if st.phase != Phase::Active {
         tracing::info!(

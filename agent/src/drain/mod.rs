@@ -24,6 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::events::{time, SpotJobAction};
+use crate::identity::{Incarnation, RecordHolder};
 use crate::settings::{HumanDuration, Settings};
 use crate::slurm::{NodeInfo, ScontrolError};
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
@@ -181,6 +182,46 @@ pub fn registered_since(n: &NodeInfo, since: i64) -> bool {
         && !n.has_flag("NOT_RESPONDING")
 }
 
+/// What the daemon does at its start with the drain in progress it finds in `drain.json`
+/// ([`found_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FoundState {
+    /// No drain in progress, or one of this instance's (or nothing says whose): continued.
+    Continue,
+    /// Another instance's drain (a state folder carried over from a predecessor, or a
+    /// record another instance has registered since): not continued, no action run for it.
+    SetAside {
+        /// The instance whose drain it is.
+        owner: String,
+    },
+}
+
+/// Whose is the drain in progress in `st`, found at the daemon's start by instance
+/// `instance_id` on a record held by `holder`: the writer named in the state's own reason
+/// (`slurm-node-agent/<cause>@<instance-id>: ...`; `unknown` without one), against the
+/// record's `InstanceId` where Slurm keeps it ([`RecordHolder::incarnation_of`]). A state
+/// written by another instance, or a state of this instance's on a record Slurm says
+/// another instance has registered since, is set aside: continuing it would run a job
+/// action or an upgrade action (a `scontrol reboot` of the NodeName) for a drain that is
+/// not this instance's. Where neither says, the state is continued as before.
+pub fn found_state(st: &DrainState, instance_id: &str, holder: &RecordHolder) -> FoundState {
+    if st.phase == Phase::Active {
+        return FoundState::Continue;
+    }
+    let writer = st
+        .reason
+        .as_deref()
+        .and_then(crate::identity::parse_reason)
+        .map_or_else(
+            || crate::identity::UNKNOWN_INSTANCE.to_string(),
+            |r| r.instance_id,
+        );
+    match holder.incarnation_of(&writer, instance_id) {
+        Incarnation::Other(owner) => FoundState::SetAside { owner },
+        Incarnation::This | Incarnation::Unknown => FoundState::Continue,
+    }
+}
+
 fn is_drained_flag(n: &NodeInfo) -> bool {
     n.has_flag("DRAIN") || matches!(n.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
 }
@@ -232,6 +273,47 @@ impl Engine {
     /// [`StoreError`].
     pub fn load(&self) -> Result<DrainState, StoreError> {
         self.store.load()
+    }
+
+    /// The daemon's start: reads the state and, when it holds a drain in progress, looks
+    /// once at slurmctld's record (as the first progress step would) to tell whose it is
+    /// ([`found_state`]). Another instance's drain is set aside (`drain.json.predecessor-
+    /// <unix seconds>`, logged) and the state starts active; nothing is changed in Slurm (a
+    /// drain there is bootstrap's and its owners' to lift). A look that fails leaves the
+    /// state file to decide.
+    ///
+    /// # Errors
+    /// [`DrainError::Store`].
+    pub async fn load_at_start(&self) -> Result<DrainState, DrainError> {
+        let st = self.store.load()?;
+        if st.phase == Phase::Active {
+            return Ok(st);
+        }
+        let record = match self.ops.scontrol.show_node(&self.node).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(node = %self.node, "slurmctld's record, to tell whose the drain in progress is: {e}");
+                None
+            }
+        };
+        let holder = RecordHolder::of(record.as_ref(), &self.instance_id);
+        let FoundState::SetAside { owner } = found_state(&st, &self.instance_id, &holder) else {
+            return Ok(st);
+        };
+        let _lock = self.lock()?;
+        let aside = self.store.set_aside("predecessor")?;
+        tracing::warn!(
+            node = %self.node,
+            phase = st.phase.as_str(),
+            reason = st.reason.as_deref(),
+            owner = %owner,
+            record_instance = ?record.as_ref().and_then(|n| n.instance().id),
+            kept_as = ?aside,
+            "the drain in progress in the state folder is instance {owner}'s, not this instance's: not continued"
+        );
+        let fresh = DrainState::default();
+        metrics::write(&self.metrics_file, &fresh);
+        Ok(fresh)
     }
 
     async fn node_info(&self) -> Result<NodeInfo, DrainError> {
@@ -801,6 +883,77 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drain_found_at_start_is_continued_only_when_it_is_this_instances() {
+        const ME: &str = "i-0123456789abcdef0";
+        const PREV: &str = "i-0fedcba9876543210";
+        let unknown = crate::identity::UNKNOWN_INSTANCE;
+        let drain_by = |writer: &str| {
+            let mut st = DrainState::default();
+            let cause = Cause::Upgrade {
+                current: "ami-11111111".into(),
+                desired: "ami-22222222".into(),
+            };
+            st.begin(cause.clone(), None, 1);
+            st.reason = Some(cause.reason_for(writer));
+            st
+        };
+        let this = RecordHolder::This;
+        let prev = RecordHolder::Predecessor(PREV.into());
+        let none = RecordHolder::Unknown;
+        let aside = |owner: &str| FoundState::SetAside {
+            owner: owner.into(),
+        };
+        // Nothing in progress: nothing to decide.
+        assert_eq!(
+            found_state(&DrainState::default(), ME, &prev),
+            FoundState::Continue
+        );
+        // This instance's state: continued, unless Slurm says another instance has
+        // registered the NodeName since.
+        assert_eq!(found_state(&drain_by(ME), ME, &this), FoundState::Continue);
+        assert_eq!(found_state(&drain_by(ME), ME, &none), FoundState::Continue);
+        assert_eq!(found_state(&drain_by(ME), ME, &prev), aside(PREV));
+        // A predecessor's state folder: set aside, whatever the record says.
+        for holder in [&this, &prev, &none] {
+            assert_eq!(
+                found_state(&drain_by(PREV), ME, holder),
+                aside(PREV),
+                "{holder:?}"
+            );
+        }
+        // A writer `unknown`: the record decides; without it, continued as before.
+        assert_eq!(
+            found_state(&drain_by(unknown), ME, &this),
+            FoundState::Continue
+        );
+        assert_eq!(found_state(&drain_by(unknown), ME, &prev), aside(PREV));
+        assert_eq!(
+            found_state(&drain_by(unknown), ME, &none),
+            FoundState::Continue
+        );
+    }
+
+    #[test]
+    fn a_state_set_aside_keeps_its_content_and_the_next_load_is_active() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let store = Store::new(dir.path());
+        assert_eq!(store.set_aside("predecessor").ok(), Some(None));
+        let mut st = DrainState::default();
+        st.begin(Cause::Manual { reason: "x".into() }, None, 1);
+        store.save(&st).unwrap_or_else(|e| panic!("{e}"));
+        let kept = std::fs::read(store.path()).unwrap_or_else(|e| panic!("{e}"));
+        let aside = store
+            .set_aside("predecessor")
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("nothing set aside"));
+        assert!(aside
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("drain.json.predecessor-")));
+        assert_eq!(std::fs::read(&aside).ok(), Some(kept));
+        assert_eq!(store.load().ok(), Some(DrainState::default()));
+    }
 
     #[test]
     fn registered_since_needs_a_later_responding_slurmd() {

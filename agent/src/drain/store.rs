@@ -161,6 +161,31 @@ impl Store {
         write_atomic(&self.path(), &json, 0o644, None)?;
         Ok(())
     }
+
+    /// Moves the state file aside as `drain.json.<label>-<unix seconds>` (a number added
+    /// when that name is taken), keeping its content for people; the next [`Store::load`]
+    /// finds the default (active) state. `None` when there was no file.
+    ///
+    /// # Errors
+    /// [`StoreError::Io`] when the file cannot be renamed.
+    pub fn set_aside(&self, label: &str) -> Result<Option<PathBuf>, StoreError> {
+        let path = self.path();
+        if !path.exists() {
+            return Ok(None);
+        }
+        let secs = crate::events::time::now();
+        let mut aside = self.dir.join(format!("{STATE_FILE}.{label}-{secs}"));
+        let mut n = 1;
+        while aside.exists() {
+            aside = self.dir.join(format!("{STATE_FILE}.{label}-{secs}-{n}"));
+            n += 1;
+        }
+        std::fs::rename(&path, &aside).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Some(aside))
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::SlurmVersion;
+
 /// Whether `name` is a plain Slurm NodeName as the agent passes names on: not empty, ASCII
 /// letters, digits, `-`, `_` and `.` (no spaces, no hostlist or scontrol syntax). Names the
 /// agent makes itself are stricter (`nodedef::validate_node_name` also refuses `.`).
@@ -470,21 +472,35 @@ impl NodeInfo {
         }
     }
 
-    /// `InstanceId` (Slurm 23.11+: set by `slurmd --instance-id`, or by an admin with
-    /// `scontrol update`), `None` when absent or empty.
-    pub fn instance_id(&self) -> Option<&str> {
-        self.fields
-            .get("InstanceId")
-            .map(String::as_str)
-            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
-    }
-
-    /// `InstanceType` (Slurm 23.11+), `None` when absent or empty.
-    pub fn instance_type(&self) -> Option<&str> {
-        self.fields
-            .get("InstanceType")
-            .map(String::as_str)
-            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
+    /// The instance the record names: `InstanceId=` and `InstanceType=` (Slurm 23.11+), as
+    /// `scontrol show node` prints them: a line of their own in the multi-line form, two
+    /// fields among the others with `-o` (`src/api/node_info.c`, printed only when set).
+    ///
+    /// slurmctld sets both from each registration (`slurmd --instance-id --instance-type`;
+    /// a 23.11+ slurmd started without them sends empty values, which clear them), an admin
+    /// may set them with `scontrol update`, and power saving clears them when it powers a
+    /// node down. A slurmd older than 23.11 sends neither, so a registration by one leaves
+    /// whatever an earlier slurmd set: the record's `Version=` (the slurmd that registered
+    /// last) decides through [`SlurmVersion::has_instance_fields`] whether the values can
+    /// be taken as the registered instance's. An empty, `(null)` or `N/A` value is none.
+    pub fn instance(&self) -> RecordInstance<'_> {
+        let value = |k: &str| {
+            self.fields
+                .get(k)
+                .map(String::as_str)
+                .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
+        };
+        let registered_by_older = self
+            .slurmd_version()
+            .and_then(SlurmVersion::parse)
+            .is_some_and(|v| !v.has_instance_fields());
+        if registered_by_older {
+            return RecordInstance::default();
+        }
+        RecordInstance {
+            id: value("InstanceId"),
+            instance_type: value("InstanceType"),
+        }
     }
 
     /// `Version` of the slurmd that registered (e.g. `25.11.6`), `None` before one did.
@@ -525,6 +541,16 @@ impl NodeInfo {
                 )
             })
     }
+}
+
+/// The instance a node record names ([`NodeInfo::instance`]); both `None` where Slurm keeps
+/// none (before 23.11, a slurmd started without `--instance-id`, a powered-down node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecordInstance<'a> {
+    /// `InstanceId`, e.g. `i-0123456789abcdef0`.
+    pub id: Option<&'a str>,
+    /// `InstanceType`, e.g. `m5.large`.
+    pub instance_type: Option<&'a str>,
 }
 
 /// `scontrol` failed.
@@ -1237,8 +1263,13 @@ mod tests {
         assert_eq!(idle.name(), "d1");
         assert!(idle.is_available() && !idle.is_drained());
         // The InstanceId/InstanceType pair (a line of its own without -o) is read.
-        assert_eq!(idle.instance_id(), Some("i-0123456789abcdef0"));
-        assert_eq!(idle.instance_type(), Some("m5.large"));
+        assert_eq!(
+            idle.instance(),
+            RecordInstance {
+                id: Some("i-0123456789abcdef0"),
+                instance_type: Some("m5.large")
+            }
+        );
         assert_eq!(idle.slurmd_version(), Some("25.11.6"));
         // Fields the agent does not know are kept, not dropped or merged into others.
         assert_eq!(
@@ -1316,8 +1347,8 @@ mod tests {
     #[test]
     fn captured_24_11_records_read_as_25_11_does() {
         let idle = captured("24.11", "idle");
-        assert_eq!(idle.instance_id(), Some("i-0123456789abcdef0"));
-        assert_eq!(idle.instance_type(), Some("m5.large"));
+        assert_eq!(idle.instance().id, Some("i-0123456789abcdef0"));
+        assert_eq!(idle.instance().instance_type, Some("m5.large"));
         assert_eq!(idle.slurmd_version(), Some("24.11.7"));
         let resumed = captured("24.11", "resumed");
         assert!(resumed.is_available() && resumed.reason().is_some());
@@ -1338,7 +1369,79 @@ mod tests {
         let resumed = captured("22.05", "resumed");
         assert!(resumed.is_available());
         assert_eq!(resumed.reason(), None);
-        assert_eq!(resumed.instance_id(), None, "22.05 has no InstanceId field");
+        assert_eq!(
+            resumed.instance(),
+            RecordInstance::default(),
+            "22.05 has no InstanceId field"
+        );
+    }
+
+    #[test]
+    fn the_record_names_its_instance_in_both_forms_from_23_11() {
+        let named = RecordInstance {
+            id: Some("i-0123456789abcdef0"),
+            instance_type: Some("m5.large"),
+        };
+        // Every capture of 24.11 and 25.11 (slurmd --instance-id), whatever the state, and
+        // the multi-line form, where the pair is a line of its own.
+        for version in ["24.11", "25.11"] {
+            for state in [
+                "idle",
+                "drained",
+                "resumed",
+                "admin-drain",
+                "down",
+                "fail",
+                "reboot-issued",
+            ] {
+                assert_eq!(
+                    captured(version, state).instance(),
+                    named,
+                    "{version} {state}"
+                );
+            }
+            let text = fixture(&format!(
+                "slurm-{version}/scontrol-show-node-idle-multiline.txt"
+            ));
+            assert!(
+                text.lines()
+                    .any(|l| l.trim() == "InstanceId=i-0123456789abcdef0 InstanceType=m5.large"),
+                "{text}"
+            );
+            assert_eq!(
+                NodeInfo::parse(&text.replace('\n', " ")).instance(),
+                named,
+                "{version} multi-line"
+            );
+        }
+        // 22.05 prints no such field.
+        for state in ["idle", "drained", "admin-drain", "down"] {
+            assert_eq!(
+                captured("22.05", state).instance(),
+                RecordInstance::default(),
+                "{state}"
+            );
+        }
+        // Hand-made from the 25.11 capture: an empty or (null) value is none; a record a
+        // slurmd older than 23.11 registered last (it sends no instance id, so an earlier
+        // slurmd's stays on the record) names no instance either.
+        let idle = fixture("slurm-25.11/scontrol-show-node-idle.txt");
+        for (from, to) in [
+            ("InstanceId=i-0123456789abcdef0", "InstanceId="),
+            ("InstanceId=i-0123456789abcdef0", "InstanceId=(null)"),
+        ] {
+            let n = NodeInfo::parse(&idle.replace(from, to));
+            assert_eq!(n.instance().id, None, "{to}");
+            assert_eq!(n.instance().instance_type, Some("m5.large"), "{to}");
+        }
+        let older = NodeInfo::parse(&idle.replace("Version=25.11.6", "Version=23.02.7"));
+        assert_eq!(older.instance(), RecordInstance::default());
+        let never = NodeInfo::parse(&idle.replace("Version=25.11.6", "Version=(null)"));
+        assert_eq!(
+            never.instance(),
+            named,
+            "set by an admin before any registration"
+        );
     }
 
     #[test]
@@ -1364,7 +1467,7 @@ mod tests {
         assert_eq!(n.fields["Topology"], "default:s1");
         assert_eq!(n.fields["TLSCertLastRenewal"], "None");
         assert_eq!(n.fields["NewField"], "a=b");
-        assert_eq!(n.instance_type(), Some("p5.48xlarge"));
+        assert_eq!(n.instance().instance_type, Some("p5.48xlarge"));
         // Not drained: the reason is not a drain, whoever wrote it.
         assert_eq!(n.held_reason(), None);
         let r = crate::identity::parse_reason(n.reason().unwrap()).unwrap();
