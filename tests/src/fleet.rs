@@ -1,15 +1,29 @@
 //! The fleet proving ground: the project's own image (`slurm-image-builder build --target
 //! local`) booted as many nodes, each a `systemd-nspawn --boot` container with systemd
-//! 252 as PID 1, on a private network that the test creates, with a real slurmctld, a DNS
-//! server and instance metadata per node. The test sets the world and watches slurmctld;
-//! boot is what EC2 does (the image's units run bootstrap, munge, slurmd and the daemon).
+//! 252 as PID 1, on a private network that the test creates, with a real slurmctld on a
+//! machine of its own, a DNS server and instance metadata per node. The test sets the
+//! world and watches slurmctld; boot is what EC2 does (the image's units run bootstrap,
+//! munge, slurmd and the daemon).
 //!
 //! Layout (all of it removed on drop, also when the test fails):
 //! - a fleet network namespace (`ip netns add`) with a bridge `br0` (fixed MAC address)
-//!   at [`FLEET_GATEWAY`] (10.77.0.1/16), slurmctld bound to it (`MaxNodeCount=64`,
-//!   `jobcomp/filetxt`), and dnsmasq answering the nodes' names (`<name>.fleet.internal`),
-//!   `ctld.fleet.internal` and `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for
-//!   everything else. No route leads out of it: nothing is ever sent outside it or loopback.
+//!   at [`FLEET_GATEWAY`] (10.77.0.1/16), and dnsmasq there answering the nodes' names
+//!   (`<name>.fleet.internal`), `ctld.fleet.internal` ([`CTLD_ADDR`]) and
+//!   `_slurmctld._tcp.fleet.internal` (SRV), NXDOMAIN for everything else. The test's
+//!   Slurm client commands (`scontrol`, `sinfo`, `sbatch`, `srun`) run there too, as on an
+//!   admin's workstation on the cluster network: the nodes reach srun back at 10.77.0.1.
+//!   No route leads out of the fleet network: nothing is ever sent outside it or loopback.
+//! - the controller, "another machine" to the nodes ([`ControllerMachine`]): a network
+//!   namespace of its own joined to the bridge by a veth, at [`CTLD_ADDR`] (10.77.0.2),
+//!   host name `ctld` (a UTS namespace), a private mount namespace (its own `/run`,
+//!   `/etc/hosts` and `/etc/resolv.conf`), its own munged with the cluster key, and
+//!   slurmctld (`SlurmctldHost=ctld(10.77.0.2)`, `MaxNodeCount=64`, `jobcomp/filetxt`) of
+//!   the Slurm under test, the build the image carries. The nodes find it by address
+//!   (`conf_servers`) or SRV and reach it through the bridge as they reach each other:
+//!   its own link, address and name, nothing of the gateway's. Started through `nsenter`
+//!   and `unshare` (not `ip netns exec`, which remounts `/sys`); no PID namespace (see
+//!   [`ControllerMachine`]). Its processes are stopped by PID and its namespace deleted on
+//!   drop.
 //! - per node *incarnation* a network namespace of its own (so its address is ready before
 //!   its systemd starts), joined to the bridge by a veth (`host0` inside), no default
 //!   route, and the node's own IMDS emulator listening on 169.254.169.254:80 inside it (on
@@ -56,7 +70,7 @@ use imds_emulator::{Config as ImdsConfig, Emulator};
 use crate::agent::agent_binary;
 use crate::munge::Munge;
 use crate::process::{pid_of, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot};
-use crate::slurm::Slurmctld;
+use crate::slurm::{CtldMachine, Slurmctld};
 use crate::systemd::{cgroup_roots, remove_cgroup_tree};
 use crate::Moto;
 
@@ -73,8 +87,20 @@ const KEEP_RECENT_ROOTS: usize = 2;
 /// Default image cache folder.
 pub const DEFAULT_CACHE: &str = "/var/tmp/slurm-e2e-fleet";
 
-/// The bridge's address in the fleet namespace: slurmctld, dnsmasq.
+/// The bridge's address in the fleet namespace: dnsmasq, the moto relay, the shared
+/// folder's sshd, the test's Slurm client commands.
 pub const FLEET_GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+
+/// The controller's address on the fleet network: a machine of its own
+/// ([`ControllerMachine`]), `ctld.fleet.internal`.
+pub const CTLD_ADDR: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
+
+/// The controller machine's host name (`SlurmctldHost=ctld(10.77.0.2)`).
+pub const CTLD_HOSTNAME: &str = "ctld";
+
+/// The controller's interface in the fleet namespace (its peer is `eth0` on the
+/// controller).
+const CTLD_VETH: &str = "vctld";
 
 /// The bridge's MAC address (locally administered, fixed: see [`FleetBuilder::start`]).
 const BRIDGE_MAC: &str = "02:77:00:00:00:01";
@@ -588,6 +614,198 @@ impl Drop for NetNs {
     }
 }
 
+/// Sets up the controller machine's UTS and mount namespaces (run by `unshare --uts
+/// --mount --propagation private` in its network namespace), then holds them while
+/// sleeping. `$1`: the host name; `$2`: the machine's folder (`hosts`, `resolv.conf`); the
+/// rest: paths it must still see.
+///
+/// The copies of the host's mounts that a new mount namespace starts with would keep
+/// each of them alive after the host unmounts it: the handles of other network namespaces
+/// under `/run/netns` (a namespace deleted meanwhile would live on), other tests' scratch
+/// mounts. Those are dropped first (lazily, in this namespace only), except a mount one of
+/// the needed paths lies on.
+const CTLD_MACHINE_SCRIPT: &str = r#"set -eu
+name=$1; dir=$2; shift 2
+hostname "$name"
+for m in $(awk '{print $5}' /proc/self/mountinfo | sort -r); do
+  case $m in
+    /run/netns|/run/netns/*|/tmp/*|/var/tmp/*) ;;
+    *) continue ;;
+  esac
+  keep=
+  for p in "$dir" "$@"; do
+    case $p/ in "$m"/*) keep=1 ;; esac
+  done
+  [ -n "$keep" ] || umount -l "$m" 2>/dev/null || true
+done
+mount -t tmpfs -o mode=755 tmpfs /run
+mkdir -m 755 /run/munge
+mount --bind "$dir/hosts" /etc/hosts
+mount --bind "$dir/resolv.conf" /etc/resolv.conf
+exec sleep infinity
+"#;
+
+/// The fleet's controller: another machine on the fleet network, which runs slurmctld
+/// (started by [`Slurmctld`] through [`ControllerMachine::enter_args`]) and a munged of
+/// its own. Made of namespaces the test creates:
+/// - **network**: a namespace of its own ([`NetNs`]), joined to the fleet's bridge by a
+///   veth (`eth0` inside), with its own address [`CTLD_ADDR`] and no route beyond the
+///   fleet network (none is needed: the nodes, the gateway and the test's clients are all
+///   on it). The nodes reach it as they reach each other, through the bridge; stopping
+///   its slurmctld (or taking its link down) cuts them off from it alone.
+/// - **UTS**: host name [`CTLD_HOSTNAME`] (slurmctld checks `SlurmctldHost` against it).
+/// - **mount**: private, with its own `/run` (a tmpfs: its munged's socket
+///   `/run/munge/munge.socket.2`, pid and seed; nothing it writes there reaches the host or
+///   another machine) and its own `/etc/hosts` (its name at its address) and
+///   `/etc/resolv.conf` (the fleet's dnsmasq), bound over the host's. The rest of the file
+///   system is the host's: the controller's configuration, state and job records stay
+///   where the test reads them, and it runs the host's Slurm build, the one the image
+///   carries.
+///
+/// No PID namespace: the test stops every process of it by PID from the host, and the
+/// nodes (each in a PID namespace of its own) cannot see its processes either way.
+///
+/// The namespaces are held by a process that sleeps in them (like a pod's pause
+/// container): slurmctld can be stopped and started again on the same machine, and a
+/// process enters it with `nsenter -t <pid> -n -u -m`. Dropped: munged and the holder are
+/// stopped by PID (slurmctld first, by its own guard), then the network namespace is
+/// deleted (its veth with it).
+#[derive(Debug)]
+pub struct ControllerMachine {
+    // Drop order: munged, the holder of the namespaces, then the network.
+    _munged: Daemon,
+    holder: Daemon,
+    netns: NetNs,
+}
+
+impl ControllerMachine {
+    /// Creates the machine on the fleet's bridge (in `fleet`) and starts its munged with
+    /// the cluster key `key`; `dir` is its folder (created).
+    ///
+    /// # Errors
+    /// Any step; what was started is stopped again.
+    fn start(fleet: &NetNs, dir: &Path, key: &Path) -> Result<ControllerMachine> {
+        fs::create_dir_all(dir)?;
+        let netns = NetNs::create(&format!("{}-ctld", fleet.name()))?;
+        let mut c = Command::new("ip");
+        c.args([
+            "-n",
+            fleet.name(),
+            "link",
+            "add",
+            CTLD_VETH,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            netns.name(),
+        ]);
+        run_ok(c, CMD_TIMEOUT)?;
+        fleet.ip(&["link", "set", CTLD_VETH, "master", "br0", "up"])?;
+        netns.ip(&["addr", "add", &format!("{CTLD_ADDR}/16"), "dev", "eth0"])?;
+        netns.ip(&["link", "set", "eth0", "up"])?;
+
+        fs::write(
+            dir.join("hosts"),
+            format!("127.0.0.1 localhost\n{CTLD_ADDR} {CTLD_HOSTNAME}.{DOMAIN} {CTLD_HOSTNAME}\n"),
+        )?;
+        fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {FLEET_GATEWAY}\nsearch {DOMAIN}\n"),
+        )?;
+        // munged wants its key owned by its user and readable by no one else.
+        let munge_key = dir.join("munge.key");
+        fs::copy(key, &munge_key).context("copying the cluster key for the controller")?;
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&munge_key, fs::Permissions::from_mode(0o400))?;
+
+        let mut c = netns.command("unshare");
+        c.args(["--uts", "--mount", "--propagation", "private", "sh", "-c"])
+            .arg(CTLD_MACHINE_SCRIPT)
+            .arg("sh")
+            .arg(CTLD_HOSTNAME)
+            .arg(dir)
+            .arg(std::env::temp_dir())
+            .arg(crate::install::prefix());
+        let mut holder = Daemon::spawn("ctld-machine", c, dir)?;
+        let comm = format!("/proc/{}/comm", holder.pid());
+        wait_until(
+            "the controller machine's namespaces to be set up",
+            CMD_TIMEOUT,
+            Duration::from_millis(10),
+            || {
+                holder.check_running()?;
+                Ok((fs::read_to_string(&comm)?.trim() == "sleep").then_some(()))
+            },
+        )?;
+        let enter = Self::enter_for(holder.pid());
+
+        let mut c = Command::new("nsenter");
+        c.args(&enter)
+            .arg("--")
+            .arg("munged")
+            .arg("-F")
+            .arg(format!("--key-file={}", munge_key.display()))
+            .arg(format!("--log-file={}", dir.join("munged.log").display()))
+            .args([
+                "--seed-file=/run/munge/munged.seed",
+                "--pid-file=/run/munge/munged.pid",
+                "--socket=/run/munge/munge.socket.2",
+            ]);
+        let mut munged = Daemon::spawn("ctld-munged", c, dir)?;
+        wait_until(
+            "the controller's munged to answer",
+            CMD_TIMEOUT,
+            Duration::from_millis(20),
+            || {
+                munged.check_running()?;
+                let mut c = Command::new("nsenter");
+                c.args(&enter).args(["--", "munge", "-n"]);
+                Ok(run_with_timeout(c, CMD_TIMEOUT)?
+                    .status
+                    .success()
+                    .then_some(()))
+            },
+        )?;
+        Ok(ControllerMachine {
+            _munged: munged,
+            holder,
+            netns,
+        })
+    }
+
+    fn enter_for(pid: u32) -> Vec<String> {
+        ["-t", &pid.to_string(), "-n", "-u", "-m"]
+            .map(str::to_string)
+            .to_vec()
+    }
+
+    /// `nsenter` options that put a process on this machine (its network, UTS and mount
+    /// namespaces): `-t <holder's pid> -n -u -m`.
+    pub fn enter_args(&self) -> Vec<String> {
+        Self::enter_for(self.holder.pid())
+    }
+
+    /// `program` run on this machine (`nsenter <enter_args> -- program`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.args(self.enter_args()).arg("--").arg(program);
+        c
+    }
+
+    /// Its address, [`CTLD_ADDR`].
+    pub fn address(&self) -> Ipv4Addr {
+        CTLD_ADDR
+    }
+
+    /// Its network namespace.
+    pub fn netns(&self) -> &NetNs {
+        &self.netns
+    }
+}
+
 /// A TCP relay: listens on an address inside a network namespace and relays each
 /// connection to `target` in the host's namespace (here: moto on 127.0.0.1), so that the
 /// nodes reach a host service at an address of their own network. Stops accepting on drop;
@@ -1012,7 +1230,8 @@ impl FleetBuilder {
         self
     }
 
-    /// Builds or reuses the image, creates the network, starts dnsmasq and slurmctld.
+    /// Builds or reuses the image, creates the network and the controller machine, starts
+    /// slurmctld there and dnsmasq.
     /// Nodes are added with [`Fleet::launch`].
     ///
     /// # Errors
@@ -1030,8 +1249,8 @@ impl FleetBuilder {
         let netns = NetNs::create(&name)?;
         // A fixed address: a bridge without one takes the lowest address of its ports,
         // so it changed whenever a node's veth with a lower (random) address joined, and
-        // nodes whose neighbour entry still held the old one lost the gateway (DNS,
-        // slurmctld) until it was probed again: 10-50 s stalls at random in a fleet boot.
+        // nodes whose neighbour entry still held the old one lost the gateway (DNS, the
+        // relays, srun) until it was probed again: 10-50 s stalls at random in a fleet boot.
         netns.ip(&[
             "link", "add", "br0", "address", BRIDGE_MAC, "type", "bridge",
         ])?;
@@ -1042,9 +1261,17 @@ impl FleetBuilder {
         let key = root.path().join("cluster.key");
         fs::write(&key, munge.key()?).context("writing the cluster key")?;
 
+        // The controller: a machine of its own on the fleet network. The test's client
+        // commands run on the gateway side (an admin's workstation on that network).
+        let controller = ControllerMachine::start(&netns, &root.path().join("ctld"), &key)?;
         let jobcomp = root.path().join("jobcomp.txt");
         let mut b = Slurmctld::builder("fleet")
-            .netns(netns.path(), FLEET_GATEWAY)
+            .machine(CtldMachine {
+                enter: controller.enter_args(),
+                hostname: CTLD_HOSTNAME.into(),
+                addr: controller.address(),
+                clients_netns: netns.path(),
+            })
             .max_node_count(64)
             .line("JobCompType=jobcomp/filetxt")
             .line(format!("JobCompLoc={}", jobcomp.display()))
@@ -1093,6 +1320,7 @@ impl FleetBuilder {
             stop: Arc::new(AtomicBool::new(false)),
             dns: None,
             ctld,
+            controller,
             key,
             jobcomp,
             hosts,
@@ -1208,8 +1436,8 @@ fn start_container(n: &mut Node, image: &Path, key: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A fleet; everything is stopped by PID and removed on drop (nodes first, then
-/// slurmctld, dnsmasq and the namespace).
+/// A fleet; everything is stopped by PID and removed on drop (nodes first, then dnsmasq,
+/// slurmctld, the controller machine and the namespaces).
 #[derive(Debug)]
 pub struct Fleet {
     nodes: Arc<Mutex<BTreeMap<String, Node>>>,
@@ -1225,8 +1453,11 @@ pub struct Fleet {
     supervisor: Option<JoinHandle<()>>,
     stop: Arc<AtomicBool>,
     dns: Option<Daemon>,
-    /// The controller (in the fleet namespace; its client commands run there).
+    /// slurmctld, on [`Fleet::controller`]; its client commands run in the fleet namespace
+    /// (at [`FLEET_GATEWAY`]).
     pub ctld: Slurmctld,
+    /// The machine slurmctld runs on (dropped after it).
+    controller: ControllerMachine,
     key: PathBuf,
     jobcomp: PathBuf,
     hosts: PathBuf,
@@ -1278,9 +1509,15 @@ impl Fleet {
         &self.image
     }
 
-    /// The fleet's network namespace.
+    /// The fleet's network namespace: the bridge at [`FLEET_GATEWAY`], dnsmasq, the
+    /// relays, the test's Slurm client commands.
     pub fn netns(&self) -> &NetNs {
         &self.netns
+    }
+
+    /// The controller's machine (slurmctld's host on the fleet network, [`CTLD_ADDR`]).
+    pub fn controller(&self) -> &ControllerMachine {
+        &self.controller
     }
 
     /// The scratch folder (hosts, key, job records, nodes' folders and logs).
@@ -1392,7 +1629,7 @@ impl Fleet {
     }
 
     fn write_hosts(&self) -> Result<()> {
-        let mut s = format!("{FLEET_GATEWAY} ctld.{DOMAIN} ctld\n");
+        let mut s = format!("{CTLD_ADDR} {CTLD_HOSTNAME}.{DOMAIN} {CTLD_HOSTNAME}\n");
         for n in self.lock_nodes().values() {
             let _ = writeln!(s, "{} {}.{DOMAIN} {}", n.addr, n.launch.name, n.launch.name);
         }
@@ -1423,7 +1660,7 @@ impl Fleet {
         .arg("--address=/#/");
         if self.builder.srv_record {
             c.arg(format!(
-                "--srv-host=_slurmctld._tcp.{DOMAIN},ctld.{DOMAIN},{}",
+                "--srv-host=_slurmctld._tcp.{DOMAIN},{CTLD_HOSTNAME}.{DOMAIN},{}",
                 self.ctld.port()
             ));
         }

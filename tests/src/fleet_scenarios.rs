@@ -290,12 +290,14 @@ pub const PCS_GROUP: &str = "pcs_fleet0group";
 /// The managed join of `nodes` nodes of one compute node group (issue 13): slurmctld
 /// declares the group's nodes `compute-[1-<nodes>] State=CLOUD` (with
 /// `enable_configless,cloud_reg_addrs`, as the service configures a group); the PCS
-/// registration emulator listens in the fleet network at [`FLEET_GATEWAY`] and knows each
-/// instance by the access key of the instance profile its metadata serves; each node
-/// (host name `pcs<NNN>`) has the `aws:pcs:*` tags and `pcs.enabled` in its user data, the
-/// emulator's endpoint as an image setting. Boot registers, installs the cluster secret as
-/// the munge key and starts slurmd as the `nodeID` the answer names. Once every node the
-/// emulator assigned is IDLE, one job step runs a task on each.
+/// registration emulator listens in the fleet network at [`FLEET_GATEWAY`], names the
+/// controller's machine ([`crate::fleet::CTLD_ADDR`]) as the cluster's `SLURMCTLD`
+/// endpoint, and knows each instance by the access key of the instance profile its
+/// metadata serves; each node (host name `pcs<NNN>`) has the `aws:pcs:*` tags and
+/// `pcs.enabled` in its user data, the emulator's endpoint as an image setting. Boot
+/// registers, installs the cluster secret as the munge key and starts slurmd as the
+/// `nodeID` the answer names. Once every node the emulator assigned is IDLE, one job step
+/// runs a task on each.
 ///
 /// # Errors
 /// Any step, or `timeout`, with the nodes' diagnostics.
@@ -319,7 +321,7 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
             .encode(crate::Munge::shared()?.key()?),
         endpoints: vec![PcsEndpoint {
             endpoint_type: "SLURMCTLD".into(),
-            private_ip_address: FLEET_GATEWAY.to_string(),
+            private_ip_address: fleet.ctld.address().to_string(),
             port: fleet.ctld.port().to_string(),
         }],
         groups: vec![PcsGroup {

@@ -1,5 +1,6 @@
-//! A real slurmctld (Slurm 22.05 from Debian) per test on 127.0.0.1, and bare slurmds to
-//! join it, following `shared/PROVING-GROUND.md`.
+//! A real slurmctld (Slurm 22.05 from Debian) per test on 127.0.0.1 (or on another machine
+//! made of namespaces, [`SlurmctldBuilder::machine`]: the fleet's controller), and bare
+//! slurmds to join it, following `shared/PROVING-GROUND.md`.
 //!
 //! Each [`Slurmctld`] has its own scratch folder, cluster name, `SlurmctldPort` and
 //! `SlurmdPort` (both picked free), so tests run in parallel. Client commands get
@@ -57,35 +58,61 @@ pub struct SlurmctldBuilder {
     max_node_count: u32,
     lines: Vec<String>,
     partitions: Vec<String>,
-    netns: Option<(PathBuf, Ipv4Addr)>,
+    machine: Option<CtldMachine>,
 }
 
-/// `program` run in the network namespace `netns` (`nsenter --net=<netns>`, which execs
-/// it: the child's pid is the program's), or directly when `None`.
+/// Another machine for slurmctld, made of namespaces the test created (see
+/// [`SlurmctldBuilder::machine`]; the fleet's controller is one, `crate::fleet`).
+#[derive(Debug, Clone)]
+pub struct CtldMachine {
+    /// `nsenter` options that put a process on that machine, e.g. `["-t", "<pid>", "-n",
+    /// "-u", "-m"]` (the namespaces of a process that holds them): slurmctld is started
+    /// (and started again) through `nsenter <enter> -- slurmctld ...`, which execs it, so
+    /// the daemon's pid is slurmctld's.
+    pub enter: Vec<String>,
+    /// The machine's host name, as slurmctld reads it there (`SlurmctldHost=<hostname>(...)`:
+    /// slurmctld refuses to run under a name that is not its own).
+    pub hostname: String,
+    /// Its address, where slurmctld listens and every node and client reaches it.
+    pub addr: Ipv4Addr,
+    /// The network namespace (a `/run/netns/<name>` path) where the test's client commands
+    /// (`scontrol`, `sinfo`, `srun`, ...) run: a workstation on the controller's network,
+    /// which the nodes reach back (srun's I/O).
+    pub clients_netns: PathBuf,
+}
+
+/// `program` run through `nsenter <enter> --` (which execs it: the child's pid is the
+/// program's), or directly when `None`.
 ///
 /// A Slurm program's name resolves to the installation under test
 /// ([`crate::install::program`]).
-fn ns_command(netns: Option<&Path>, program: impl AsRef<OsStr>) -> Command {
+fn ns_command(enter: Option<&[String]>, program: impl AsRef<OsStr>) -> Command {
     let program = crate::install::program(program);
-    match netns {
-        Some(ns) => {
+    match enter {
+        Some(args) => {
             let mut c = Command::new("nsenter");
-            c.arg(format!("--net={}", ns.display()))
-                .arg("--")
-                .arg(program);
+            c.args(args).arg("--").arg(program);
             c
         }
         None => Command::new(program),
     }
 }
 
+impl CtldMachine {
+    /// `nsenter` options for the client commands: the clients' network namespace.
+    fn client_enter(&self) -> Vec<String> {
+        vec![format!("--net={}", self.clients_netns.display())]
+    }
+}
+
 impl SlurmctldBuilder {
-    /// Runs slurmctld, and every client command of the [`Slurmctld`], in the network
-    /// namespace `netns` (a `/run/netns/<name>` path of a namespace the test created),
-    /// listening on `addr` there (`SlurmctldHost=<host>(<addr>)`, without
-    /// `NoCtldInAddrAny`, which would bind the host name's loopback address instead).
-    pub fn netns(mut self, netns: impl Into<PathBuf>, addr: Ipv4Addr) -> Self {
-        self.netns = Some((netns.into(), addr));
+    /// Runs slurmctld on another machine (`machine`): entered through `nsenter`, named
+    /// `SlurmctldHost=<hostname>(<addr>)` and listening on every address of that machine
+    /// (without `NoCtldInAddrAny`, which would bind the host name's loopback address
+    /// instead); the client commands of the [`Slurmctld`] run in
+    /// [`CtldMachine::clients_netns`].
+    pub fn machine(mut self, machine: CtldMachine) -> Self {
+        self.machine = Some(machine);
         self
     }
 
@@ -127,7 +154,7 @@ impl SlurmctldBuilder {
                 Ok((daemon, ctld_port, slurmd_port, conf)) => {
                     return Ok(Slurmctld {
                         daemon,
-                        netns: self.netns.clone(),
+                        machine: self.machine.clone(),
                         cluster_name: self.cluster_name,
                         ctld_port,
                         slurmd_port,
@@ -152,8 +179,9 @@ impl SlurmctldBuilder {
         write_atomic(&conf, text.as_bytes())?;
         root.subdir("state")?;
         root.subdir("spool")?;
-        let ns = self.netns.as_ref().map(|(p, _)| p.as_path());
-        let mut cmd = ns_command(ns, "slurmctld");
+        let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
+        let clients = self.machine.as_ref().map(CtldMachine::client_enter);
+        let mut cmd = ns_command(enter, "slurmctld");
         cmd.arg("-D")
             .arg("-c")
             .arg("-f")
@@ -162,7 +190,7 @@ impl SlurmctldBuilder {
         let mut daemon = Daemon::spawn(&format!("slurmctld-{attempt}"), cmd, root.path())?;
         let ping = |daemon: &mut Daemon| -> Result<Option<()>> {
             daemon.check_running()?;
-            let mut c = ns_command(ns, "scontrol");
+            let mut c = ns_command(clients.as_deref(), "scontrol");
             c.arg("ping").env("SLURM_CONF", &conf);
             let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
             Ok(String::from_utf8_lossy(&out.stdout)
@@ -180,11 +208,11 @@ impl SlurmctldBuilder {
     }
 
     fn render(&self, root: &Path, ctld_port: u16, slurmd_port: u16) -> Result<String> {
-        let host = short_hostname()?;
         let r = root.display();
-        let (addr, comm) = match &self.netns {
-            Some((_, a)) => (a.to_string(), ""),
+        let (host, addr, comm) = match &self.machine {
+            Some(m) => (m.hostname.clone(), m.addr.to_string(), ""),
             None => (
+                short_hostname()?,
                 "127.0.0.1".to_string(),
                 "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n",
             ),
@@ -248,7 +276,7 @@ impl SlurmctldBuilder {
 pub struct Slurmctld {
     // Dropped first: the daemon stops before its folder goes.
     daemon: Daemon,
-    netns: Option<(PathBuf, Ipv4Addr)>,
+    machine: Option<CtldMachine>,
     cluster_name: String,
     ctld_port: u16,
     slurmd_port: u16,
@@ -265,7 +293,7 @@ impl Slurmctld {
             max_node_count: 16,
             lines: Vec::new(),
             partitions: Vec::new(),
-            netns: None,
+            machine: None,
         }
     }
 
@@ -279,20 +307,27 @@ impl Slurmctld {
         &self.cluster_name
     }
 
-    /// `<address>:<SlurmctldPort>` (127.0.0.1, or the address given with
-    /// [`SlurmctldBuilder::netns`]), for `slurmd --conf-server`.
+    /// `<address>:<SlurmctldPort>` (127.0.0.1, or the machine's address given with
+    /// [`SlurmctldBuilder::machine`]), for `slurmd --conf-server`.
     pub fn conf_server(&self) -> String {
         format!("{}:{}", self.address(), self.ctld_port)
     }
 
-    /// The address slurmctld listens on (127.0.0.1 unless in a network namespace).
+    /// The address slurmctld listens on (127.0.0.1 unless on another machine).
     pub fn address(&self) -> Ipv4Addr {
-        self.netns.as_ref().map_or(Ipv4Addr::LOCALHOST, |(_, a)| *a)
+        self.machine
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, |m| m.addr)
     }
 
-    /// The network namespace it runs in (its `/run/netns/<name>` path), if any.
-    pub fn netns_path(&self) -> Option<&Path> {
-        self.netns.as_ref().map(|(p, _)| p.as_path())
+    /// The machine it runs on ([`SlurmctldBuilder::machine`]), if not this host.
+    pub fn machine(&self) -> Option<&CtldMachine> {
+        self.machine.as_ref()
+    }
+
+    /// `nsenter` options of the client commands (`None`: run directly).
+    fn client_enter(&self) -> Option<Vec<String>> {
+        self.machine.as_ref().map(CtldMachine::client_enter)
     }
 
     /// `SlurmctldPort`.
@@ -342,14 +377,15 @@ impl Slurmctld {
     /// It did not start or answer within the deadline.
     pub fn restart(&mut self) -> Result<()> {
         self.daemon.stop()?;
-        let mut cmd = ns_command(self.netns_path(), "slurmctld");
+        let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
+        let mut cmd = ns_command(enter, "slurmctld");
         cmd.arg("-D")
             .arg("-f")
             .arg(&self.conf)
             .env("SLURM_CONF", &self.conf);
         self.daemon = Daemon::spawn("slurmctld-restarted", cmd, self.root.path())?;
         let conf = self.conf.clone();
-        let ns = self.netns_path().map(Path::to_path_buf);
+        let clients = self.client_enter();
         let daemon = &mut self.daemon;
         wait_until(
             "the restarted slurmctld to answer scontrol ping with UP",
@@ -357,7 +393,7 @@ impl Slurmctld {
             Duration::from_millis(100),
             || {
                 daemon.check_running()?;
-                let mut c = ns_command(ns.as_deref(), "scontrol");
+                let mut c = ns_command(clients.as_deref(), "scontrol");
                 c.arg("ping").env("SLURM_CONF", &conf);
                 let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
                 Ok(String::from_utf8_lossy(&out.stdout)
@@ -402,9 +438,10 @@ impl Slurmctld {
         Ok(())
     }
 
-    /// `program` with `SLURM_CONF` set (run in the controller's network namespace, if any).
+    /// `program` with `SLURM_CONF` set (run in [`CtldMachine::clients_netns`] when the
+    /// controller is on another machine).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let mut c = ns_command(self.netns_path(), program);
+        let mut c = ns_command(self.client_enter().as_deref(), program);
         c.env("SLURM_CONF", &self.conf);
         c
     }

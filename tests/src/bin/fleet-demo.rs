@@ -43,7 +43,11 @@ fn demo(n: usize) -> anyhow::Result<()> {
         }
     );
     println!("    netns      {}", fleet.netns().path().display());
-    println!("    slurmctld  {}", fleet.ctld.conf_server());
+    println!(
+        "    slurmctld  {} (host ctld, netns {})",
+        fleet.ctld.conf_server(),
+        fleet.controller().netns().path().display()
+    );
     let names: Vec<String> = (1..=n).map(|i| format!("node{i:03}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
 
