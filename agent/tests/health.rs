@@ -711,3 +711,59 @@ fn the_slurmd_limit_warning_reads_health_check_timeout() {
     let err = run(&without);
     assert!(!err.contains("kills its HealthCheckProgram"), "{err}");
 }
+
+/// The report says how slurmd runs the HealthCheckProgram, from the node's slurm.conf and,
+/// where the release changes it, slurmd's version (`<bin_dir>/../sbin/slurmd -V`): 24.11
+/// ignores START_ONLY, 25.11 has it, 26.05 has REBOOT_ONLY and refuses combinations.
+#[test]
+fn the_report_says_how_slurmd_runs_the_program() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Files::new();
+    let conf = f.write("nhc.conf", "* || check_file_test -r /etc/passwd\n");
+    let slurmd = f.write("slurm/sbin/slurmd", "");
+    std::fs::set_permissions(&slurmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    f.write("slurm/bin/.keep", "");
+    let bin_dir = f.dir.path().join("slurm/bin");
+    let run = |version: &str, lines: &str| {
+        std::fs::write(&slurmd, format!("#!/bin/sh\necho 'slurm {version}'\n")).unwrap();
+        let slurm_conf = f.write(
+            "slurm.conf",
+            &format!("ClusterName=c\nHealthCheckProgram=/usr/local/bin/slurm-node-agent-healthcheck\n{lines}"),
+        );
+        let out = agent()
+            .args(f.args())
+            .arg(format!("--nhc-conf={}", conf.display()))
+            .arg(format!("--set=slurm.bin_dir={}", bin_dir.display()))
+            .args(["--no-act", "--output", "json"])
+            .env("SLURM_CONF", &slurm_conf)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["slurmd"].clone()
+    };
+    let s = run("25.11.6", "HealthCheckNodeState=START_ONLY\n");
+    assert_eq!(s["runs"], "start_only", "{s}");
+    assert_eq!(s["slurmd_version"], "25.11.6", "{s}");
+    assert!(
+        s["summary"]
+            .as_str()
+            .unwrap()
+            .contains("only at its start, before it registers"),
+        "{s}"
+    );
+    let s = run(
+        "24.11.7",
+        "HealthCheckInterval=60\nHealthCheckNodeState=START_ONLY\n",
+    );
+    assert_eq!(s["runs"], "at_start_and_interval", "{s}");
+    assert_eq!(s["ignored"], serde_json::json!(["START_ONLY"]), "{s}");
+    let s = run("26.05.3", "HealthCheckNodeState=REBOOT_ONLY\n");
+    assert_eq!(s["runs"], "reboot_only", "{s}");
+    let s = run("26.05.3", "HealthCheckNodeState=START_ONLY,CYCLE\n");
+    assert_eq!(s["runs"], "refused", "{s}");
+    // No *_ONLY word: slurmd's version is not asked for.
+    let s = run("26.05.3", "HealthCheckInterval=300\n");
+    assert_eq!(s["runs"], "at_start_and_interval", "{s}");
+    assert!(s["slurmd_version"].is_null(), "{s}");
+}

@@ -7,7 +7,17 @@
 //! on an unreachable controller for longer than `health.scontrol_timeout`. A healthy run
 //! makes no `scontrol` call once a run of the same boot found no health drain of the
 //! agent's in Slurm (a cache in the state folder; see `health::act`): the first run of
-//! each boot, and every run without a state folder, asks Slurm.
+//! each boot, and every run without a state folder, asks Slurm; nor does a passing run that
+//! Slurm 26.05 tells `SLURM_NODE_IS_HEALTHY=yes`.
+//!
+//! slurmd runs its HealthCheckProgram at its start, before it registers: a failing run
+//! that cannot drain the node then (no record yet, or one its registration may return to
+//! service) keeps the drain in the state folder for bootstrap, which makes it once slurmd
+//! has registered (`health::act::PendingDrain`). The report says how slurmd runs the
+//! program on this node, read from the node's slurm.conf (`slurmd:` in text, `"slurmd"` in
+//! JSON; `crate::slurm::healthcheck`): at its start and every `HealthCheckInterval`, only
+//! at its start (`START_ONLY`, 25.11+), only after `scontrol reboot` (`REBOOT_ONLY`,
+//! 26.05+), or never.
 //!
 //! Exit status: 0 healthy; 1 a fatal check failed or hung, or a check file could not be
 //! used (a failing check naming the file and line); 74 the report could not be written to
@@ -99,12 +109,12 @@ impl CheckArgs {
         // scontrol's `show node` and `update`, each under health.scontrol_timeout) is
         // killed before it drains anything.
         let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
+        let conf = crate::slurm::client_config(
+            &s.slurm.bin_dir,
+            std::env::var_os("SLURM_CONF").as_deref(),
+            |p| p.exists(),
+        );
         if s.health.act && !self.no_act {
-            let conf = crate::slurm::client_config(
-                &s.slurm.bin_dir,
-                std::env::var_os("SLURM_CONF").as_deref(),
-                |p| p.exists(),
-            );
             let (limit, from) = crate::slurm::health_check_timeout(conf.as_deref());
             if longest >= limit {
                 super::print_warning_message(&format!(
@@ -137,7 +147,24 @@ impl CheckArgs {
         env.node = node.clone();
         // Report only: no NHC -S/-r/-c service starts either.
         env.service_actions = !self.no_act;
-        let report = health::run_checks(&checks, &env).await;
+        // How slurmd runs its HealthCheckProgram here, read beside the checks (slurmd -V
+        // only where the release changes the answer: START_ONLY, REBOOT_ONLY,
+        // health_check_report).
+        let slurmd_runs = async {
+            let hc = crate::slurm::healthcheck::HealthCheckConf::read(conf.as_deref()?)
+                .map_err(|e| tracing::debug!("{e}"))
+                .ok()?;
+            let version = match hc.depends_on_version() {
+                true => {
+                    let slurmd = crate::slurm::version::slurmd_path(&s.slurm.bin_dir);
+                    crate::slurm::version::slurmd_version(&slurmd).await
+                }
+                false => None,
+            };
+            Some(hc.runs(version))
+        };
+        let (report, slurmd_runs) =
+            futures_lite::future::zip(health::run_checks(&checks, &env), slurmd_runs).await;
         let action: Option<ActOutcome> = match (&node, s.health.act && !self.no_act) {
             (_, false) => None,
             (None, true) => Some(ActOutcome {
@@ -153,6 +180,10 @@ impl CheckArgs {
                 if let Some(i) = &ident {
                     opts = opts.with_instance(&i.instance_id);
                 }
+                // Slurm 26.05 with health_check_report, on the runs slurmctld asks for.
+                opts.node_health = health::act::node_health_hint(
+                    std::env::var_os("SLURM_NODE_IS_HEALTHY").as_deref(),
+                );
                 Some(health::act_on(&report, &scontrol, n, &opts).await)
             }
         };
@@ -166,8 +197,11 @@ impl CheckArgs {
             }
         }
         let text = match self.output {
-            Output::Text => health::output::text(&report, action.as_ref()),
-            Output::Json => format!("{}\n", health::output::json(&report, action.as_ref())),
+            Output::Text => health::output::text(&report, action.as_ref(), slurmd_runs.as_ref()),
+            Output::Json => format!(
+                "{}\n",
+                health::output::json(&report, action.as_ref(), slurmd_runs.as_ref())
+            ),
         };
         // Not print!: a closed or full stdout is an I/O error (74), not a panic.
         let mut out = std::io::stdout().lock();

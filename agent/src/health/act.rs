@@ -28,13 +28,35 @@
 //! folder the node is always queried.
 //! Race: an admin drain landing between our query and our drain is overwritten; the
 //! window is one scontrol round trip.
+//!
+//! Before the registration: slurmd runs its HealthCheckProgram at its start, before it
+//! registers (with `HealthCheckNodeState=START_ONLY`, 25.11+, that is the only run;
+//! [`crate::slurm::healthcheck`]). A dynamic node's first boot has no record in slurmctld
+//! then, and a record that is DOWN, not responding, rebooting (`^`), FUTURE or powered
+//! down is left alone by [`decide`] although the registration may return it to service.
+//! A failing run in that case records its drain in the state folder ([`PendingDrain`],
+//! `health-pending.json`) and exits 1 as any failing run; bootstrap's join applies it
+//! once slurmd has registered ([`apply_pending`], deciding again on the state then, so an
+//! admin's DOWN or drain still wins). A later run that passes, or that finds the node
+//! registered, removes it: the newest verdict counts. A drain on a record that exists
+//! (a pre-declared node's `UNKNOWN`, a stale `IDLE`) is made at once: slurmctld keeps the
+//! DRAIN flag through the registration.
+//!
+//! Slurm 26.05 with `SlurmctldParameters=health_check_report` passes
+//! `SLURM_NODE_IS_HEALTHY=yes|no` on the runs slurmctld asks for
+//! ([`crate::slurm::SlurmVersion::has_node_health_hint`]): `yes` means slurmctld held the
+//! node neither DOWN, DRAIN, FAIL nor in MAINT when it asked, so a passing run has no drain
+//! to lift and makes no `scontrol` call ([`ActOptions::node_health`]); `no` makes a passing
+//! run ask slurmctld even where the cache file says this boot saw no health drain.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{clean_marker, Report};
+use serde::{Deserialize, Serialize};
+
+use super::{clean_marker, pending_drain_path, Report};
 use crate::identity::ReasonCause;
-use crate::slurm::node::NodeState;
+use crate::slurm::node::{NodeInfo, NodeState};
 use crate::slurm::Scontrol;
 
 /// What to do.
@@ -191,6 +213,11 @@ pub struct ActOptions {
     pub state_dir: Option<PathBuf>,
     /// Limit of each scontrol call.
     pub scontrol_timeout: Duration,
+    /// slurmctld's view of the node when it asked for this run (Slurm 26.05's
+    /// `SLURM_NODE_IS_HEALTHY`, [`node_health_hint`]): `Some(true)` not DOWN, DRAIN, FAIL
+    /// or MAINT, so a passing run makes no `scontrol` call; `Some(false)` one of those, so a
+    /// passing run asks slurmctld whatever the cache file says; `None` not told.
+    pub node_health: Option<bool>,
 }
 
 impl ActOptions {
@@ -204,8 +231,179 @@ impl ActOptions {
             ),
             state_dir: Some(s.agent.state_dir.clone()),
             scontrol_timeout: s.health.scontrol_timeout.0,
+            node_health: None,
         }
     }
+}
+
+/// Reads Slurm 26.05's `SLURM_NODE_IS_HEALTHY` (`slurmd.c` `run_script_health_check`,
+/// set only on runs slurmctld asks for with `SlurmctldParameters=health_check_report`):
+/// `yes` → `Some(true)`, `no` → `Some(false)`, anything else or unset → `None`.
+pub fn node_health_hint(value: Option<&std::ffi::OsStr>) -> Option<bool> {
+    match value.and_then(|v| v.to_str()) {
+        Some("yes") => Some(true),
+        Some("no") => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether slurmd's registration may put the node in service while [`decide`] leaves it
+/// alone now: no record yet (a dynamic node's first start), or one that is not responding
+/// (`*`), DOWN (`ReturnToService` returns it), FUTURE, rebooting (`^`), or powered down or
+/// powering down by power saving. A failing run records its drain then ([`PendingDrain`]).
+pub fn awaits_registration(state: Option<&NodeState>) -> bool {
+    let Some(st) = state else {
+        return true;
+    };
+    st.has("NOT_RESPONDING")
+        || matches!(st.base.as_str(), "DOWN" | "FUTURE" | "UNKNOWN")
+        || [
+            "REBOOT_ISSUED",
+            "POWERED_DOWN",
+            "POWERING_DOWN",
+            "POWER_DOWN",
+        ]
+        .into_iter()
+        .any(|f| st.has(f))
+}
+
+/// A failing run's drain that could not be made when the run ended because slurmctld had
+/// no record of the node or held it in a state its registration may change
+/// ([`awaits_registration`]): typically slurmd's run at its start, before it registers.
+/// Stored as JSON in the state folder ([`crate::health::pending_drain_path`]); bootstrap
+/// applies it after the registration ([`apply_pending`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDrain {
+    /// `/proc/sys/kernel/random/boot_id` when it was written: another boot's is ignored.
+    pub boot_id: String,
+    /// When it was written, Unix seconds: one from before slurmd's start is ignored.
+    pub written_unix: i64,
+    /// The first fatal failing check (file order), as the reason names it.
+    pub check: String,
+    /// Its message.
+    pub message: String,
+    /// How many other fatal checks failed (the reason's ` (+N more)`).
+    pub more: usize,
+    /// The node's state the run saw (`None`: slurmctld had no record).
+    pub state: Option<String>,
+}
+
+impl PendingDrain {
+    /// The failing part of `report` (`None` when it is healthy), written now.
+    pub fn from_report(report: &Report, state: Option<&NodeState>) -> Option<PendingDrain> {
+        let failed: Vec<_> = report.failures().collect();
+        let first = failed.first()?;
+        Some(PendingDrain {
+            boot_id: crate::drain::boot_id().unwrap_or_default(),
+            written_unix: crate::events::time::now(),
+            check: first.name.clone(),
+            message: first.message.clone(),
+            more: failed.len() - 1,
+            state: state.map(NodeState::describe),
+        })
+    }
+
+    /// The drain reason, written by incarnation `instance_id` (as
+    /// [`Report::drain_reason`] writes it).
+    pub fn reason(&self, instance_id: &str) -> String {
+        let head = crate::identity::reason_head(ReasonCause::Health, instance_id);
+        super::health_reason(&head, &self.check, &self.message, self.more)
+    }
+
+    /// The one in `state_dir`, if there is one that parses (one that does not is removed).
+    pub fn read(state_dir: &Path) -> Option<PendingDrain> {
+        let path = pending_drain_path(state_dir);
+        let text = std::fs::read(&path).ok()?;
+        match serde_json::from_slice(&text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "unreadable pending health drain removed: {e}");
+                PendingDrain::remove(state_dir);
+                None
+            }
+        }
+    }
+
+    /// The one in `state_dir` when it was written in this boot.
+    pub fn read_this_boot(state_dir: &Path) -> Option<PendingDrain> {
+        let boot = crate::drain::boot_id()?;
+        PendingDrain::read(state_dir).filter(|p| p.boot_id == boot)
+    }
+
+    /// Writes it to `state_dir` (atomically, mode 0644).
+    ///
+    /// # Errors
+    /// [`crate::fsutil::WriteError`] naming the step and the path.
+    pub fn write(&self, state_dir: &Path) -> Result<(), crate::fsutil::WriteError> {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        crate::fsutil::write_atomic(&pending_drain_path(state_dir), &json, 0o644, None)
+    }
+
+    /// Removes the one in `state_dir`, if any.
+    pub fn remove(state_dir: &Path) {
+        let path = pending_drain_path(state_dir);
+        if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %path.display(), "{e}");
+            }
+        }
+    }
+}
+
+/// Bootstrap's half of [`PendingDrain`]: once the slurmd that started at
+/// `slurmd_started_unix` (Unix seconds) has registered `node` (as slurmctld shows it now),
+/// drains it with the recorded failure, written by incarnation `instance_id`, when
+/// [`decide`] says so on the state now (an admin's drain or DOWN is kept). A pending drain
+/// of another boot, or written before that slurmd started, is stale and removed.
+///
+/// Returns `None` when there was nothing to apply; otherwise what was done. The file is
+/// removed once decided; it stays when the drain itself failed, for the next look.
+pub async fn apply_pending(
+    state_dir: &Path,
+    scontrol: &Scontrol,
+    node: &NodeInfo,
+    slurmd_started_unix: i64,
+    instance_id: &str,
+) -> Option<ActOutcome> {
+    let pending = PendingDrain::read(state_dir)?;
+    let boot = crate::drain::boot_id().unwrap_or_default();
+    if pending.boot_id != boot || pending.written_unix < slurmd_started_unix {
+        tracing::debug!(?pending, "stale pending health drain removed");
+        PendingDrain::remove(state_dir);
+        return None;
+    }
+    let reason = pending.reason(instance_id);
+    let st = NodeState::from_node_info(node);
+    let mut out = ActOutcome {
+        action: "none".into(),
+        detail: String::new(),
+        state: Some(st.describe()),
+        error: None,
+    };
+    match decide(
+        Some(&st),
+        Some(Failing {
+            reason: &reason,
+            check: &pending.check,
+        }),
+    ) {
+        Action::Drain { reason } => {
+            // A healthy run of this boot must ask Slurm again to lift it.
+            let _ = std::fs::remove_file(clean_marker(state_dir));
+            out.action = "drain".into();
+            if let Err(e) = scontrol.drain(node.name(), &reason).await {
+                out.error = Some(e.to_string());
+                out.detail = reason;
+                return Some(out);
+            }
+            out.detail = reason;
+        }
+        Action::None { why } => out.detail = why,
+        // Never for a failing run.
+        Action::Resume => out.detail = "nothing to do".into(),
+    }
+    PendingDrain::remove(state_dir);
+    Some(out)
 }
 
 impl ActOptions {
@@ -251,13 +449,24 @@ pub async fn act_on(
     opts: &ActOptions,
 ) -> ActOutcome {
     let failure = report.drain_reason(&opts.instance_id);
-    let marker = opts
-        .state_dir
-        .as_ref()
-        .filter(|d| d.is_dir())
-        .map(|d| clean_marker(d));
+    let state_dir = opts.state_dir.as_deref().filter(|d| d.is_dir());
+    let marker = state_dir.map(clean_marker);
     let boot = crate::drain::boot_id().unwrap_or_default();
-    if failure.is_none() && !boot.is_empty() {
+    if failure.is_none() {
+        // The newest verdict counts: a failure recorded before the registration is over.
+        if let Some(d) = state_dir {
+            PendingDrain::remove(d);
+        }
+        if opts.node_health == Some(true) {
+            return ActOutcome {
+                action: "none".into(),
+                detail: "healthy, and slurmctld holds the node in service (SLURM_NODE_IS_HEALTHY=yes): no drain to lift".into(),
+                state: None,
+                error: None,
+            };
+        }
+    }
+    if failure.is_none() && !boot.is_empty() && opts.node_health != Some(false) {
         if let Some(m) = &marker {
             if std::fs::read_to_string(m).is_ok_and(|b| b.trim() == boot) {
                 return ActOutcome {
@@ -282,12 +491,20 @@ pub async fn act_on(
     let state = match sc.show_node(node).await {
         Ok(info) => info.map(|i| NodeState::from_node_info(&i)),
         Err(e) => {
+            // slurmctld did not answer: a failure is kept for bootstrap as well.
+            let kept = state_dir
+                .zip(PendingDrain::from_report(report, None))
+                .is_some_and(|(d, p)| p.write(d).is_ok());
             return ActOutcome {
                 action: "none".into(),
-                detail: "node state unknown".into(),
+                detail: if kept {
+                    "node state unknown; the drain is kept for bootstrap, which makes it once slurmd has registered".into()
+                } else {
+                    "node state unknown".into()
+                },
                 state: None,
                 error: Some(e.to_string()),
-            }
+            };
         }
     };
     let failing = failure.as_deref().map(|reason| Failing {
@@ -295,6 +512,30 @@ pub async fn act_on(
         check: report.failures().next().map_or("", |r| r.name.as_str()),
     });
     let action = decide(state.as_ref(), failing);
+    // A failure the node cannot be drained for now, although its registration may put it
+    // in service: kept for bootstrap's join. Any other outcome replaces an older one.
+    let pending = state_dir.and_then(|d| {
+        let record = failure.is_some()
+            && !matches!(action, Action::Drain { .. })
+            && awaits_registration(state.as_ref())
+            && !state.as_ref().is_some_and(|st| st.has("DRAIN"));
+        match record
+            .then(|| PendingDrain::from_report(report, state.as_ref()))
+            .flatten()
+        {
+            Some(p) => match p.write(d) {
+                Ok(()) => Some(pending_drain_path(d)),
+                Err(e) => {
+                    tracing::warn!("the failure is not kept for after the registration: {e}");
+                    None
+                }
+            },
+            None => {
+                PendingDrain::remove(d);
+                None
+            }
+        }
+    });
     let ours_now = state.as_ref().is_some_and(|st| {
         st.has("DRAIN")
             && st
@@ -334,7 +575,13 @@ pub async fn act_on(
             if failure.is_none() && !ours_now {
                 mark_clean(&marker);
             }
-            out.detail = why;
+            out.detail = match &pending {
+                Some(p) => format!(
+                    "{why}; the drain is kept in {} for bootstrap, which makes it once slurmd has registered",
+                    p.display()
+                ),
+                None => why,
+            };
         }
     }
     out
@@ -344,7 +591,6 @@ pub async fn act_on(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::slurm::node::NodeInfo;
 
     const ID: &str = "i-0123456789abcdef0";
 
@@ -510,6 +756,243 @@ mod tests {
         assert!(!resumes(
             "NodeName=n State=IDLE+DRAIN Reason=slurm-node-agent/operator@unknown: x"
         ));
+    }
+
+    #[test]
+    fn what_the_registration_may_put_in_service() {
+        let waits = |line: &str| awaits_registration(Some(&st(line)));
+        assert!(awaits_registration(None));
+        for line in [
+            "NodeName=n State=DOWN+DYNAMIC_NORM+NOT_RESPONDING Reason=Not responding",
+            "NodeName=n State=DOWN Reason=broken board",
+            "NodeName=n State=IDLE*",
+            "NodeName=n State=IDLE+NOT_RESPONDING",
+            "NodeName=n State=DOWN+REBOOT_ISSUED",
+            "NodeName=n State=FUTURE",
+            "NodeName=n State=IDLE+CLOUD+POWERED_DOWN",
+            "NodeName=n State=UNKNOWN",
+        ] {
+            assert!(waits(line), "{line}");
+        }
+        for line in [
+            "NodeName=n State=IDLE+DYNAMIC_NORM",
+            "NodeName=n State=MIXED+MAINTENANCE",
+            "NodeName=n State=IDLE+FAIL Reason=failing disk",
+            "NodeName=n State=IDLE+REBOOT_REQUESTED Reason=kernel_update",
+        ] {
+            assert!(!waits(line), "{line}");
+        }
+        assert_eq!(node_health_hint(Some("yes".as_ref())), Some(true));
+        assert_eq!(node_health_hint(Some("no".as_ref())), Some(false));
+        assert_eq!(node_health_hint(Some("YES".as_ref())), None);
+        assert_eq!(node_health_hint(None), None);
+    }
+
+    /// A stand-in for scontrol in `dir`: `show node` prints `dir/record` (or "not found"
+    /// when there is none); every call is appended to `dir/calls`.
+    fn fake_scontrol(dir: &Path) -> Scontrol {
+        use std::os::unix::fs::PermissionsExt;
+        let program = dir.join("scontrol");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh
+d={d}
+echo \"$*\" >> $d/calls
+                 if [ \"$1\" = show ]; then
+  [ -f $d/record ] && exec cat $d/record
+                   echo \"Node $4 not found\" >&2; exit 1
+fi
+",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Scontrol::new(dir)
+    }
+
+    fn check_result(name: &str, ok: bool) -> super::super::CheckResult {
+        super::super::CheckResult {
+            name: name.into(),
+            family: "file".into(),
+            origin: "nhc.conf:1".into(),
+            status: if ok {
+                super::super::Status::Pass
+            } else {
+                super::super::Status::Fail
+            },
+            fatal: true,
+            message: if ok { "ok".into() } else { "missing".into() },
+            duration_ms: 1.0,
+        }
+    }
+
+    fn report(ok: bool) -> Report {
+        Report {
+            node: Some("n1".into()),
+            results: vec![check_result("check_file_test -e /flag", ok)],
+            notes: vec![],
+            started_unix: 0.0,
+            duration_ms: 1.0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failure_before_the_registration_is_drained_by_bootstrap_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let state = d.join("state");
+        std::fs::create_dir(&state).unwrap();
+        let sc = fake_scontrol(d);
+        let calls = || std::fs::read_to_string(d.join("calls")).unwrap_or_default();
+        let opts = ActOptions {
+            instance_id: crate::identity::UNKNOWN_INSTANCE.into(),
+            state_dir: Some(state.clone()),
+            scontrol_timeout: Duration::from_secs(10),
+            node_health: None,
+        };
+        // slurmd's run at its start, on a dynamic node's first boot: no record.
+        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "none");
+        assert!(
+            out.detail.starts_with("node not known to slurmctld")
+                && out.detail.contains("kept in")
+                && out.detail.contains("for bootstrap"),
+            "{}",
+            out.detail
+        );
+        let p = PendingDrain::read_this_boot(&state).unwrap();
+        assert_eq!(
+            (p.check.as_str(), p.more, p.state.clone()),
+            ("check_file_test -e /flag", 0, None)
+        );
+        assert!(!calls().contains("update"), "{}", calls());
+
+        // Bootstrap, once the slurmd started before it registered: drained with the
+        // failure, written by bootstrap's instance.
+        let registered = NodeInfo::parse("NodeName=n1 State=IDLE+DYNAMIC_NORM");
+        let o = apply_pending(&state, &sc, &registered, p.written_unix, ID)
+            .await
+            .unwrap();
+        assert_eq!(o.action, "drain", "{o:?}");
+        assert_eq!(
+            o.detail,
+            "slurm-node-agent/health@i-0123456789abcdef0: check_file_test -e /flag: missing"
+        );
+        assert!(
+            calls().contains("update NodeName=n1 State=DRAIN Reason=slurm-node-agent/health@i-0123456789abcdef0: check_file_test -e /flag: missing"),
+            "{}",
+            calls()
+        );
+        assert!(PendingDrain::read(&state).is_none());
+        // Nothing left to apply.
+        assert!(apply_pending(&state, &sc, &registered, 0, ID)
+            .await
+            .is_none());
+
+        // An admin's drain (or DOWN) at the registration stays as it is.
+        opts_fail_then(&opts, &sc, &state).await;
+        let admin = NodeInfo::parse(
+            "NodeName=n1 State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]",
+        );
+        let before = calls();
+        let o = apply_pending(&state, &sc, &admin, 0, ID).await.unwrap();
+        assert_eq!(o.action, "none");
+        assert!(o.detail.contains("ADMIN SHUTDOWN"), "{}", o.detail);
+        assert_eq!(calls(), before);
+        assert!(PendingDrain::read(&state).is_none());
+
+        // One written before this slurmd started (an earlier start of this boot) is stale.
+        opts_fail_then(&opts, &sc, &state).await;
+        let written = PendingDrain::read(&state).unwrap().written_unix;
+        assert!(apply_pending(&state, &sc, &registered, written + 1, ID)
+            .await
+            .is_none());
+        assert!(PendingDrain::read(&state).is_none());
+
+        // A later passing run takes it back: the newest verdict counts.
+        opts_fail_then(&opts, &sc, &state).await;
+        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "none");
+        assert!(PendingDrain::read(&state).is_none());
+
+        // A record its registration may return to service (DOWN, not responding): kept;
+        // one that can be drained now is drained at once, nothing kept.
+        std::fs::write(
+            d.join("record"),
+            "NodeName=n1 State=DOWN+DYNAMIC_NORM+NOT_RESPONDING Reason=Not responding\n",
+        )
+        .unwrap();
+        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "none", "{out:?}");
+        assert_eq!(
+            PendingDrain::read(&state).unwrap().state.as_deref(),
+            Some("DOWN+DYNAMIC_NORM+NOT_RESPONDING")
+        );
+        std::fs::write(d.join("record"), "NodeName=n1 State=UNKNOWN\n").unwrap();
+        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "drain", "{out:?}");
+        assert!(PendingDrain::read(&state).is_none());
+        // A registered node in maintenance: nothing kept for later.
+        std::fs::write(d.join("record"), "NodeName=n1 State=IDLE+MAINTENANCE\n").unwrap();
+        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "none", "{out:?}");
+        assert!(PendingDrain::read(&state).is_none());
+        // Another boot's is ignored and removed.
+        let mut other = PendingDrain::from_report(&report(false), None).unwrap();
+        other.boot_id = "another-boot".into();
+        other.write(&state).unwrap();
+        assert!(PendingDrain::read_this_boot(&state).is_none());
+        assert!(apply_pending(&state, &sc, &registered, 0, ID)
+            .await
+            .is_none());
+        assert!(PendingDrain::read(&state).is_none());
+    }
+
+    /// A failing run against a node slurmctld does not know: leaves a pending drain.
+    async fn opts_fail_then(opts: &ActOptions, sc: &Scontrol, state: &Path) {
+        let _ = std::fs::remove_file(state.parent().unwrap().join("record"));
+        act_on(&report(false), sc, "n1", opts).await;
+        assert!(PendingDrain::read(state).is_some());
+    }
+
+    #[tokio::test]
+    async fn slurm_node_is_healthy_spares_or_forces_the_look() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let state = d.join("state");
+        std::fs::create_dir(&state).unwrap();
+        let sc = fake_scontrol(d);
+        let calls = || std::fs::read_to_string(d.join("calls")).unwrap_or_default();
+        std::fs::write(d.join("record"), "NodeName=n1 State=IDLE\n").unwrap();
+        let mut opts = ActOptions {
+            instance_id: ID.into(),
+            state_dir: Some(state.clone()),
+            scontrol_timeout: Duration::from_secs(10),
+            node_health: Some(true),
+        };
+        // yes: a passing run asks slurmctld nothing.
+        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        assert!(out.detail.contains("SLURM_NODE_IS_HEALTHY=yes"), "{out:?}");
+        assert_eq!(calls(), "");
+        // A failing run asks (the state decides: reboot requested, power saving...).
+        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "drain");
+        assert!(calls().contains("show node"), "{}", calls());
+        // no: a passing run asks even where this boot's cache says "no health drain".
+        std::fs::write(
+            d.join("record"),
+            format!("NodeName=n1 State=IDLE+DRAIN Reason=slurm-node-agent/health@{ID}: x: y\n"),
+        )
+        .unwrap();
+        std::fs::write(clean_marker(&state), crate::drain::boot_id().unwrap()).unwrap();
+        opts.node_health = None;
+        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        assert!(out.detail.contains("this boot"), "{out:?}");
+        opts.node_health = Some(false);
+        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        assert_eq!(out.action, "resume", "{out:?}");
     }
 
     #[test]

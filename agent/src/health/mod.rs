@@ -339,6 +339,13 @@ pub fn clean_marker(state_dir: &Path) -> PathBuf {
     state_dir.join("health-clean")
 }
 
+/// Path of the file in the state folder that holds a failing run's drain the agent could not
+/// make yet ([`act::PendingDrain`]): slurmctld had no record of the node, or held it in a
+/// state its registration may change. Bootstrap applies it once slurmd has registered.
+pub fn pending_drain_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("health-pending.json")
+}
+
 /// Text as drain reasons hold it: control characters become spaces and runs of
 /// whitespace one space (`scontrol show node` prints reasons that way too).
 pub fn reason_text(text: &str) -> String {

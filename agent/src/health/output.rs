@@ -7,7 +7,11 @@ use std::path::Path;
 use super::{ActOutcome, Report, Status};
 
 /// Human text: one line per check, then notes and the action.
-pub fn text(report: &Report, action: Option<&ActOutcome>) -> String {
+pub fn text(
+    report: &Report,
+    action: Option<&ActOutcome>,
+    slurmd: Option<&crate::slurm::healthcheck::SlurmdRuns>,
+) -> String {
     let mut s = String::new();
     for r in &report.results {
         let tag = match (r.status, r.fatal) {
@@ -34,6 +38,9 @@ pub fn text(report: &Report, action: Option<&ActOutcome>) -> String {
         failed,
         report.duration_ms
     );
+    if let Some(r) = slurmd {
+        let _ = writeln!(s, "slurmd: {} ({})", r.summary, r.conf.display());
+    }
     if let Some(a) = action {
         let _ = writeln!(s, "action: {}", a.summary());
     }
@@ -41,8 +48,15 @@ pub fn text(report: &Report, action: Option<&ActOutcome>) -> String {
 }
 
 /// JSON: `{"node", "healthy", "duration_ms", "checks": [one object per check], "notes",
-/// "action"}`; `duration_ms` (run and checks) are whole milliseconds.
-pub fn json(report: &Report, action: Option<&ActOutcome>) -> String {
+/// "slurmd", "action"}`; `duration_ms` (run and checks) are whole milliseconds; `slurmd`
+/// says how slurmd runs the HealthCheckProgram on this node
+/// ([`crate::slurm::healthcheck::SlurmdRuns`]: `runs` is `never`, `at_start_and_interval`,
+/// `start_only`, `reboot_only` or `refused`), `null` when no slurm.conf was found.
+pub fn json(
+    report: &Report,
+    action: Option<&ActOutcome>,
+    slurmd: Option<&crate::slurm::healthcheck::SlurmdRuns>,
+) -> String {
     serde_json::json!({
         "node": report.node,
         "healthy": report.healthy(),
@@ -50,6 +64,7 @@ pub fn json(report: &Report, action: Option<&ActOutcome>) -> String {
         "duration_ms": report.duration_ms.max(0.0).round() as u64,
         "checks": report.results,
         "notes": report.notes,
+        "slurmd": slurmd,
         "action": action,
     })
     .to_string()
@@ -235,10 +250,32 @@ mod tests {
 
     #[test]
     fn json_has_one_object_per_check() {
-        let v: serde_json::Value = serde_json::from_str(&json(&report(), None)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json(&report(), None, None)).unwrap();
         assert_eq!(v["checks"].as_array().unwrap().len(), 2);
         assert_eq!(v["checks"][1]["status"], "timeout");
         assert_eq!(v["healthy"], false);
+        assert!(v["slurmd"].is_null());
+    }
+
+    #[test]
+    fn how_slurmd_runs_it_is_in_text_and_json() {
+        let runs = crate::slurm::healthcheck::HealthCheckConf::parse(
+            Path::new("/run/slurm/conf/slurm.conf"),
+            "HealthCheckProgram=/usr/local/bin/slurm-node-agent-healthcheck
+HealthCheckNodeState=START_ONLY
+",
+        )
+        .runs(crate::slurm::SlurmVersion::parse("25.11.6"));
+        let t = text(&report(), None, Some(&runs));
+        assert!(
+            t.contains("\nslurmd: slurmd runs /usr/local/bin/slurm-node-agent-healthcheck only at its start")
+                && t.contains("(/run/slurm/conf/slurm.conf)\n"),
+            "{t}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&json(&report(), None, Some(&runs))).unwrap();
+        assert_eq!(v["slurmd"]["runs"], "start_only");
+        assert_eq!(v["slurmd"]["node_state"], "START_ONLY");
     }
 
     #[test]

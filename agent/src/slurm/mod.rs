@@ -4,6 +4,7 @@
 //! Formats are those of Slurm 22.05 to 25.x; parsers are tested against captured output in
 //! `agent/tests/fixtures/slurm/`.
 
+pub mod healthcheck;
 pub mod node;
 pub mod options;
 pub mod version;

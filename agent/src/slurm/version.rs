@@ -89,13 +89,38 @@ impl SlurmVersion {
         self.at_least(26, 5)
     }
 
-    /// `HealthCheckNodeState=START_ONLY` exists (25.11).
+    /// `HealthCheckNodeState=START_ONLY` exists (25.11): slurmd runs the
+    /// HealthCheckProgram only at its start, before it registers (`slurmd.c`:
+    /// `run_script_health_check` before `_registration_engine`), and slurmctld never asks
+    /// for periodic runs (`controller.c`). Older releases log "Invalid HealthCheckNodeState
+    /// value START_ONLY ignored" and read the rest of the list (`ANY` when nothing is left).
     pub fn has_health_check_start_only(self) -> bool {
         self.at_least(25, 11)
     }
 
-    /// `HealthCheckNodeState=REBOOT_ONLY` exists (26.05).
+    /// `HealthCheckNodeState=REBOOT_ONLY` exists (26.05): slurmd skips its start run, and
+    /// slurmctld asks for one run when a node it rebooted (`scontrol reboot`,
+    /// `REBOOT_ISSUED`) registers again (`node_mgr.c`: `run_health_check_individual`), never
+    /// periodically. Older releases ignore the word as for START_ONLY.
     pub fn has_health_check_reboot_only(self) -> bool {
+        self.at_least(26, 5)
+    }
+
+    /// slurmctld and slurmd refuse to start when `START_ONLY` or `REBOOT_ONLY` is combined
+    /// with any other HealthCheckNodeState word, `CYCLE` included (26.05, `read_config.c`:
+    /// "cannot be combined with other options"). 25.11 takes `START_ONLY,IDLE`: the start
+    /// run happens and slurmctld never asks for more, as with `START_ONLY` alone.
+    pub fn refuses_combined_health_check_only(self) -> bool {
+        self.at_least(26, 5)
+    }
+
+    /// The HealthCheckProgram may get `SLURM_NODE_IS_HEALTHY=yes|no` (26.05, `slurmd.c`
+    /// `run_script_health_check`): on runs slurmctld asks for when slurm.conf has
+    /// `SlurmctldParameters=health_check_report` (`REQUEST_NODE_HEALTH_CHECK`, sent to
+    /// 26.05+ slurmds only); `no` when slurmctld holds the node DOWN, DRAIN(ED/ING), FAIL or
+    /// in MAINT (`ping_nodes.c`: `_node_unhealthy_for_hc`), `yes` otherwise. Never at
+    /// slurmd's start, nor without the parameter.
+    pub fn has_node_health_hint(self) -> bool {
         self.at_least(26, 5)
     }
 
@@ -179,6 +204,13 @@ mod tests {
             v("25.11.6").has_health_check_start_only()
                 && !v("25.11.6").has_health_check_reboot_only()
         );
+        assert!(!v("25.05.5").has_health_check_start_only());
+        assert!(
+            v("26.05.3").has_health_check_reboot_only()
+                && v("26.05.3").refuses_combined_health_check_only()
+                && !v("25.11.6").refuses_combined_health_check_only()
+        );
+        assert!(!v("25.11.6").has_node_health_hint() && v("26.05.0").has_node_health_hint());
         assert!(v("22.05.8") < v("23.02.0") && v("25.11.6") < v("26.05.0"));
     }
 
