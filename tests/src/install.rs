@@ -95,12 +95,13 @@ impl Version {
         self.at_least(23, 11)
     }
 
-    /// `State=RESUME` clears a node's reason (22.05). From 23.02 slurmctld clears it only
-    /// through accounting storage (`clusteracct_storage_g_node_up`, a no-op without a
-    /// storage plugin, as in the suite's controllers): the reason stays on the IDLE record,
-    /// and `sinfo -R` no longer lists it.
+    /// `State=RESUME` clears a node's reason (22.05, and again from 26.05). From 23.02 to
+    /// 25.11 slurmctld clears it only through accounting storage
+    /// (`clusteracct_storage_g_node_up`, which returned first without a storage plugin, as
+    /// in the suite's controllers): the reason stays on the IDLE record, and `sinfo -R` no
+    /// longer lists it. 26.05 clears it before that return.
     pub fn clears_reason_on_resume(self) -> bool {
-        !self.at_least(23, 2)
+        !self.at_least(23, 2) || self.at_least(26, 5)
     }
 
     /// slurmctld appends its own system reasons to a node's reason with ` : ` (23.02+),
@@ -176,6 +177,8 @@ mod tests {
             .unwrap()
             .has_instance_fields());
         assert!(Version::parse("24.11.7").unwrap().has_instance_fields());
+        let clears = |s: &str| Version::parse(s).unwrap().clears_reason_on_resume();
+        assert!(clears("22.05.8") && !clears("24.11.7") && !clears("25.11.6") && clears("26.05.3"));
         assert_eq!(
             Version::parse("slurm 22.05.8").unwrap().to_string(),
             "22.05.8"

@@ -1365,6 +1365,36 @@ mod tests {
     }
 
     #[test]
+    fn captured_26_05_records_read_as_25_11_does() {
+        let idle = captured("26.05", "idle");
+        assert_eq!(idle.instance().id, Some("i-0123456789abcdef0"));
+        assert_eq!(idle.instance().instance_type, Some("m5.large"));
+        assert_eq!(idle.slurmd_version(), Some("26.05.3"));
+        assert!(idle.is_available() && idle.has_flag("DYNAMIC_NORM"));
+        // A field 26.05 added to the record is kept like any other.
+        assert_eq!(
+            idle.fields.get("SuspendTime").map(String::as_str),
+            Some("INFINITE")
+        );
+        // 26.05 clears the reason at RESUME again, as 22.05 did.
+        let resumed = captured("26.05", "resumed");
+        assert!(resumed.is_available());
+        assert_eq!(resumed.reason(), None);
+        assert!(!crate::slurm::SlurmVersion::new(26, 5, 3).may_keep_reason_after_resume());
+        assert_eq!(
+            captured("26.05", "admin-drain").held_reason(),
+            Some("ADMIN  SHUTDOWN")
+        );
+        let reboot = captured("26.05", "reboot-issued");
+        assert_eq!(reboot.held_reason(), Some("kernel_update : reboot issued"));
+        assert_eq!(captured("26.05", "fail").held_reason(), Some("bad_dimm"));
+        let j =
+            parse_nodes_json(&fixture("slurm-26.05/scontrol-show-node-json-down.json")).unwrap();
+        assert!(j[0].base == "DOWN" && j[0].has("REBOOT_ISSUED") && j[0].has("DYNAMIC_NORM"));
+        assert_eq!(j[0].reason.as_deref(), Some("admin_down"));
+    }
+
+    #[test]
     fn captured_22_05_resume_clears_the_reason() {
         let resumed = captured("22.05", "resumed");
         assert!(resumed.is_available());

@@ -65,12 +65,15 @@ impl SlurmVersion {
     }
 
     /// `State=RESUME` leaves the node's reason in place unless accounting storage is
-    /// configured (23.02 and later: the reason is cleared only by
-    /// `clusteracct_storage_g_node_up`, a no-op without a storage plugin). Readers use
-    /// [`crate::slurm::NodeInfo::held_reason`], which ignores a reason on a record that is
-    /// not drained, down or failing.
+    /// configured (23.02 to 25.11: the reason is cleared only by
+    /// `clusteracct_storage_g_node_up`, which returned before clearing it without a storage
+    /// plugin; seen on 24.11.7 and 25.11.6). 26.05 clears it first, with or without a
+    /// plugin (26.05.3, `src/interfaces/accounting_storage.c`; captured in
+    /// `tests/fixtures/slurm-26.05/scontrol-show-node-resumed.txt`). Readers use
+    /// [`crate::slurm::NodeInfo::held_reason`] on every version, which ignores a reason on
+    /// a record that is not drained, down or failing.
     pub fn may_keep_reason_after_resume(self) -> bool {
-        self.at_least(23, 2)
+        self.at_least(23, 2) && !self.at_least(26, 5)
     }
 
     /// A dynamic node may name its topology in `--conf` (`Topology=`, 25.05).
@@ -195,6 +198,12 @@ mod tests {
         let v = |s: &str| SlurmVersion::parse(s).unwrap();
         assert!(!v("22.05.8").has_instance_fields() && v("23.11.0").has_instance_fields());
         assert!(!v("22.05.8").appends_system_reasons() && v("23.02.0").appends_system_reasons());
+        assert!(
+            !v("22.05.8").may_keep_reason_after_resume()
+                && v("24.11.7").may_keep_reason_after_resume()
+                && v("25.11.6").may_keep_reason_after_resume()
+                && !v("26.05.3").may_keep_reason_after_resume()
+        );
         assert!(!v("24.11.7").has_dynamic_topology() && v("25.05.0").has_dynamic_topology());
         assert!(!v("25.05.5").has_slurmd_http_probes() && v("25.11.6").has_slurmd_http_probes());
         assert!(
