@@ -17,7 +17,7 @@ use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::retry::Backoff;
 use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
-use crate::slurm::{self, ConfServer, NodeInfo, ReadyScontrol, Scontrol};
+use crate::slurm::{self, ConfServer, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
 use crate::systemd::{ServiceInfo, Systemd, SystemdError};
 
 /// Name of the state file written under `agent.state_dir` when bootstrap succeeds.
@@ -452,7 +452,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         if restart {
             stop_slurmd(&systemd, &s.slurm.slurmd_unit).await?;
         }
-        Ok::<_, BootstrapError>(restart)
+        Ok::<_, BootstrapError>((restart, version))
     });
     // A site's user-data scripts (cloud-init) prepare the node before it takes jobs:
     // waited for here, not by unit ordering (cloud-final is after multi-user.target on
@@ -463,7 +463,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             .await
             .map_err(BootstrapError::CloudInit)
     };
-    let ((_, munge_time), (_, mounts_time), (slurmd_restarted, mut prep_time), _) =
+    let ((_, munge_time), (_, mounts_time), ((slurmd_restarted, slurmd_version), mut prep_time), _) =
         tokio::try_join!(munge, mounts, slurmd_prep, cloud_init)?;
     if s.auth.auth_type == AuthType::Munge {
         t.record("munge", munge_time);
@@ -519,7 +519,16 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     systemd.start_no_wait(&s.slurm.slurmd_unit).await?;
     t.record("slurmd", prep_time + slurmd_start.elapsed());
 
-    let (node, kept_drain) = join(s, &def, &systemd, &id.instance_id, &id.ami_id, &holder).await?;
+    let (node, kept_drain) = join(
+        s,
+        &def,
+        &systemd,
+        &id.instance_id,
+        &id.ami_id,
+        &holder,
+        slurmd_version,
+    )
+    .await?;
     t.done("join");
     let stage = crate::node_lifecycle::Stage::NodeReady;
     let outcome = run_lifecycle(lifecycle, stage, &systemd, managed.as_ref()).await?;
@@ -980,6 +989,7 @@ async fn join(
     instance_id: &str,
     running_ami: &str,
     holder: &RecordHolder,
+    version: Option<SlurmVersion>,
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let unit = &s.slurm.slurmd_unit;
     let scontrol = Scontrol::configured(&s.slurm);
@@ -992,6 +1002,7 @@ async fn join(
     // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
     let mut ready: Option<ReadyScontrol> = None;
     wait_for_config_cache(s, systemd, deadline).await;
+    wait_for_slurmd_ready(s, systemd, version, deadline).await;
     loop {
         let look = async {
             match ready.take() {
@@ -1116,6 +1127,8 @@ async fn join(
                 tracing::warn!("{e}");
             }
             wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
+            let left = deadline.saturating_sub(start.elapsed());
+            wait_for_slurmd_ready(s, systemd, version, left).await;
             polls = 0;
             continue;
         }
@@ -1167,6 +1180,100 @@ async fn wait_for_config_cache(s: &settings::Settings, systemd: &Systemd, time_l
         "no configuration cache from slurmd after {limit:?}: asking slurmctld anyway"
     );
 }
+
+/// On Slurm 25.11+ ([`SlurmVersion::has_slurmd_http_probes`]), waits until slurmd on this
+/// node answers `GET /readyz` on its own port ([`slurm::readyz`]): it then has its
+/// configuration, has run its start-up `HealthCheckProgram` and has sent its registration,
+/// so the looks at slurmctld that follow can find the node registered. Each look before
+/// that is an RPC slurmctld answers in vain, one every 5 ms at first ([`poll_pause`]),
+/// for as long as slurmd's start-up health check runs. The wait costs slurmctld nothing.
+///
+/// At most half of `time_left` (the join's). It ends early, and the join looks at
+/// slurmctld as before, when slurmd's unit is no longer active, when slurmd gives no HTTP
+/// answer (HTTP off: `CommunicationParameters=disable_http`, TLS, or no HTTP parser
+/// plugin), or when the address slurmd listens on `SlurmdPort` at
+/// ([`slurm::readyz::listening_address`]) refuses connections for [`READYZ_REFUSED_LIMIT`].
+async fn wait_for_slurmd_ready(
+    s: &settings::Settings,
+    systemd: &Systemd,
+    version: Option<SlurmVersion>,
+    time_left: Duration,
+) {
+    if !version.is_some_and(SlurmVersion::has_slurmd_http_probes) {
+        return;
+    }
+    // The configuration the agent's scontrol reads: on a configless node, slurmd's cache
+    // (where slurmd's own port comes from).
+    let env_conf = std::env::var_os("SLURM_CONF");
+    let conf = slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists())
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    let port = conf.as_deref().map_or(
+        slurm::readyz::DEFAULT_SLURMD_PORT,
+        slurm::readyz::slurmd_port,
+    );
+    let start = Instant::now();
+    let limit = time_left / 2;
+    let mut refused_since: Option<Instant> = None;
+    let mut tries = 0u32;
+    while start.elapsed() < limit {
+        // Nothing listens on slurmd's port yet: it is still fetching its configuration.
+        let Some(addr) = slurm::readyz::listening_address(port) else {
+            if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+                return;
+            }
+            tries += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        match slurm::readyz::probe(addr, READYZ_PROBE_TIMEOUT).await {
+            Ok(true) => {
+                tracing::debug!(%addr, waited = ?start.elapsed(), "slurmd answers /readyz");
+                return;
+            }
+            // Not servicing RPCs yet, or (a timeout) its listener still holds connections
+            // back: slurmd is working, its start-up health check perhaps.
+            Ok(false) | Err(slurm::readyz::ReadyzError::Timeout { .. }) => refused_since = None,
+            Err(e @ slurm::readyz::ReadyzError::Connect { .. }) => {
+                let since = *refused_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= READYZ_REFUSED_LIMIT {
+                    tracing::debug!("{e} for {READYZ_REFUSED_LIMIT:?}: looking at slurmctld without waiting for /readyz");
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!("{e}: looking at slurmctld without waiting for /readyz");
+                return;
+            }
+        }
+        // The unit's state every 4 tries: a slurmd that failed is [`join`]'s to handle.
+        if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+            return;
+        }
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::debug!(
+        port,
+        "slurmd gave no 2xx to /readyz in {limit:?}: looking at slurmctld anyway"
+    );
+}
+
+/// Whether slurmd's unit is `failed` or `inactive` (a state read that fails counts as not).
+async fn slurmd_stopped(s: &settings::Settings, systemd: &Systemd) -> bool {
+    systemd
+        .active_state(&s.slurm.slurmd_unit)
+        .await
+        .is_ok_and(|state| matches!(state.as_str(), "failed" | "inactive"))
+}
+
+/// How long one `GET /readyz` waits for slurmd's answer: a listener still quiesced holds
+/// the connection unanswered, and the unit's state is read between tries.
+const READYZ_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long `connect` to slurmd's listening address may be refused before
+/// [`wait_for_slurmd_ready`] stops waiting (a listener that is there refuses only while it
+/// is being replaced).
+const READYZ_REFUSED_LIMIT: Duration = Duration::from_secs(10);
 
 /// Whether the agent's `scontrol` finds a configuration on this node
 /// ([`slurm::client_config`]) rather than fetching one from slurmctld.

@@ -4,7 +4,7 @@
 //! and a real job runs on it.
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use slurm_e2e::agent::{munge_ids, report, NodeEnv, DEFAULT_NODE_NAME};
 
@@ -815,4 +815,64 @@ fn a_replacement_is_recognised_from_slurms_record_not_from_its_disk() {
             "the drain was lifted"
         );
     }
+}
+
+/// slurmctld's answers to node looks so far (`scontrol show node`: REQUEST_NODE_INFO and
+/// REQUEST_NODE_INFO_SINGLE).
+fn node_looks(env: &NodeEnv) -> u64 {
+    let counts = env.ctld.rpc_counts().unwrap();
+    ["REQUEST_NODE_INFO", "REQUEST_NODE_INFO_SINGLE"]
+        .iter()
+        .map(|k| counts.get(*k).copied().unwrap_or(0))
+        .sum()
+}
+
+/// From 25.11 slurmd answers `/readyz` on its port once it has run its start-up
+/// HealthCheckProgram and sent its registration: bootstrap waits for that, at no cost to
+/// slurmctld, instead of asking slurmctld every few milliseconds meanwhile (about thirty
+/// looks while a 3 s start-up check runs; a handful with the wait).
+#[test]
+fn bootstrap_waits_for_slurmds_readyz_instead_of_asking_slurmctld_during_its_start_up_check() {
+    let version = slurm_e2e::install::version().unwrap();
+    if !version.at_least(25, 11) {
+        eprintln!("skipped: slurmd {version} has no /readyz (25.11 and later)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("slow-start-check");
+    std::fs::write(&program, "#!/bin/sh\n/bin/sleep 3\nexit 0\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let env = NodeEnv::start_with(
+        &[
+            format!("HealthCheckProgram={}", program.display()),
+            "HealthCheckInterval=3600".into(),
+        ],
+        "",
+    )
+    .unwrap();
+    let before = node_looks(&env);
+    let mut bootstrap = env
+        .agent_command(&["bootstrap", "--output", "json"])
+        .unwrap();
+    bootstrap.env("RUST_LOG", "info,slurm_node_agent=debug");
+    let out = slurm_e2e::process::run_with_timeout(bootstrap, std::time::Duration::from_secs(120))
+        .unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    let looks = node_looks(&env) - before;
+    eprintln!("{looks} looks at slurmctld during the boot");
+    let err = stderr(&out);
+    assert!(err.contains("slurmd answers /readyz"), "{err}");
+    assert!(
+        report(&out).unwrap()["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("IDLE"),
+        "{err}"
+    );
+    // The record look before slurmd starts, then the join's looks after /readyz.
+    assert!(
+        looks <= 8,
+        "{looks} looks at slurmctld while slurmd ran a 3 s start-up health check:\n{err}"
+    );
 }

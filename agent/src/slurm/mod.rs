@@ -7,6 +7,7 @@
 pub mod healthcheck;
 pub mod node;
 pub mod options;
+pub mod readyz;
 pub mod version;
 
 pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};
