@@ -689,7 +689,7 @@ pub fn definition_differences(node: &NodeInfo, conf: &str) -> Vec<(String, Strin
 /// next second when needed.
 async fn wait_for_next_second(old_start: Option<i64>) {
     let Some(old) = old_start else { return };
-    let now = crate::events::time::now();
+    let now = crate::time::now();
     if old >= now {
         let ms = u64::try_from((old + 1 - now).max(0)).unwrap_or(1) * 1000
             - u64::from(
@@ -1077,7 +1077,7 @@ async fn join(
                 "slurmctld shows no registration by the slurmd now running (SlurmdStartTime={}, {unit} started at {})",
                 node.fields.get("SlurmdStartTime").map_or("none", String::as_str),
                 svc.as_ref()
-                    .map(|v| crate::events::time::format(
+                    .map(|v| crate::time::format(
                         i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
                     ))
                     .unwrap_or_else(|| "an unknown time".into())

@@ -14,6 +14,7 @@
 //! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
 //! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
 //! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
+//! - [`time`]: Unix seconds and the time formats IMDS and Slurm write.
 //! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
 //!   upgrades; [`drain`]: the one drain state machine; [`daemon`]: the `run` loop.
 //!
@@ -40,5 +41,6 @@ pub mod retry;
 pub mod settings;
 pub mod slurm;
 pub mod systemd;
+pub mod time;
 pub mod upgrade;
 pub mod userdata;

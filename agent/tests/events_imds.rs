@@ -44,7 +44,12 @@ fn spot_notice_absent_present_unknown_action_and_past_time() {
             spot: Some(Observed::Present(n)),
             ..Default::default()
         };
-        let d = events::decide(&EventsSettings::default(), &obs, None, events::time::now());
+        let d = events::decide(
+            &EventsSettings::default(),
+            &obs,
+            None,
+            slurm_node_agent::time::now(),
+        );
         assert_eq!(
             d,
             [Decision::Drain(Cause::Spot {
@@ -96,8 +101,8 @@ fn malformed_and_truncated_bodies_are_unreadable_and_name_the_path() {
 fn maintenance_both_formats_empty_not_after_unknown_code_and_cancel() {
     let emu = Emulator::start(Config::default()).unwrap();
     let imds = client(&emu);
-    let now = events::time::now();
-    let soon = events::time::format(now + 3600);
+    let now = slurm_node_agent::time::now();
+    let soon = slurm_node_agent::time::format(now + 3600);
     rt().block_on(async {
         assert_eq!(
             events::poll_maintenance(&imds).await.unwrap(),

@@ -229,7 +229,7 @@ fn final_line(level: &str, msg: &str, format: LogFormat) -> String {
             format!("slurm-node-agent: {word}: {msg}")
         }
         LogFormat::Json => serde_json::json!({
-            "timestamp": crate::events::time::format(crate::events::time::now()),
+            "timestamp": crate::time::format(crate::time::now()),
             "level": level,
             "fields": { "message": msg },
             "target": "slurm_node_agent",

@@ -101,7 +101,7 @@ pub fn render_text(r: &Report) -> String {
         lines.push(("Instance", i.clone()));
     }
     let since = if r.state.since > 0 {
-        format!(" since {}", crate::events::time::format(r.state.since))
+        format!(" since {}", crate::time::format(r.state.since))
     } else {
         String::new()
     };

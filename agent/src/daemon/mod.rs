@@ -443,7 +443,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                     ..Default::default()
                 };
                 let cur = current.as_ref().and_then(|c| c.cause.as_ref());
-                let d = events::decide(&s.events, &obs, cur, events::time::now());
+                let d = events::decide(&s.events, &obs, cur, crate::time::now());
                 apply(engine, d).await
             }
             Err(e) => {
@@ -473,7 +473,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                 }
             };
             let cur = current.as_ref().and_then(|c| c.cause.as_ref());
-            let d = events::decide(&s.events, &obs, cur, events::time::now());
+            let d = events::decide(&s.events, &obs, cur, crate::time::now());
             apply(engine, d).await
         }
         Work::Upgrade => match &ctx.aws {

@@ -23,10 +23,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::{time, SpotJobAction};
+use crate::events::SpotJobAction;
 use crate::identity::{Incarnation, RecordHolder};
 use crate::settings::{HumanDuration, Settings};
 use crate::slurm::{NodeInfo, ScontrolError};
+use crate::time;
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
 pub use slurm::SlurmOps;
 pub use state::{Begin, Cause, DrainState, Phase};

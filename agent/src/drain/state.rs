@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::time;
+use crate::time;
 
 /// Start of every reason this agent sets on a node: the scheme of [`crate::identity`],
 /// `slurm-node-agent/<cause>@<instance-id>: <detail>`. A node whose reason does not parse

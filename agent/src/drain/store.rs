@@ -173,7 +173,7 @@ impl Store {
         if !path.exists() {
             return Ok(None);
         }
-        let secs = crate::events::time::now();
+        let secs = crate::time::now();
         let mut aside = self.dir.join(format!("{STATE_FILE}.{label}-{secs}"));
         let mut n = 1;
         while aside.exists() {

@@ -19,7 +19,6 @@
 //! read as "the notice is gone": the last good observation stands and nothing is undone.
 
 pub mod notice;
-pub mod time;
 
 use serde::{Deserialize, Serialize};
 

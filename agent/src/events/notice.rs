@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::time;
+use crate::time;
 
 /// IMDS path of the spot interruption notice (under `/latest/meta-data/`).
 pub const SPOT_PATH: &str = "/latest/meta-data/spot/instance-action";

@@ -295,7 +295,7 @@ impl PendingDrain {
         let first = failed.first()?;
         Some(PendingDrain {
             boot_id: crate::drain::boot_id().unwrap_or_default(),
-            written_unix: crate::events::time::now(),
+            written_unix: crate::time::now(),
             check: first.name.clone(),
             message: first.message.clone(),
             more: failed.len() - 1,

@@ -516,7 +516,7 @@ impl NodeInfo {
     /// UTC. `None` when absent or `None` (never registered).
     pub fn slurmd_start_time(&self) -> Option<i64> {
         let v = self.fields.get("SlurmdStartTime")?;
-        crate::events::time::parse(&format!("{v}Z")).ok()
+        crate::time::parse(&format!("{v}Z")).ok()
     }
 
     /// The node can take jobs: IDLE, MIXED or ALLOCATED, responding, not drained, not
