@@ -11,10 +11,29 @@
 //! (its bundled rust-lld), unless a linker or linker features are chosen in RUSTFLAGS or
 //! `CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER`. `SLURM_NODE_AGENT_LINK_ORDER=0` turns it
 //! off.
+//!
+//! It also writes `$OUT_DIR/settings_docs.rs`, the doc comments of the settings' types
+//! for the settings reference (see `build/settings_docs.rs`).
 
 use std::process::Command;
 
+#[path = "build/settings_docs.rs"]
+mod settings_docs;
+
 fn main() {
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let out = std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into());
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=build/settings_docs.rs");
+    settings_docs::generate(
+        &std::path::Path::new(&manifest).join("src"),
+        &std::path::Path::new(&out).join("settings_docs.rs"),
+    );
+    link_order();
+}
+
+/// The symbol ordering file for LLD, where the linker is LLD (see the crate docs).
+fn link_order() {
     println!("cargo:rerun-if-changed=link-order.txt");
     println!("cargo:rerun-if-env-changed=SLURM_NODE_AGENT_LINK_ORDER");
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER");

@@ -1,5 +1,5 @@
 //! `slurm-node-agent config show`: the merged settings with the source and the trust class
-//! of each value.
+//! of each value; `config reference`: every key's documentation (`docs/settings.md`).
 
 use clap::{Args, Subcommand};
 
@@ -15,6 +15,9 @@ pub enum ConfigCommand {
     /// root-owned settings files and the command line only; `user-data`: also user data;
     /// `tag`: also instance tags). Keys a source may not set are warned about and left out.
     Show(ShowArgs),
+    /// Print the settings reference (Markdown): every key with its type, default, trust
+    /// class, meaning and an example, from this build's own schema (`docs/settings.md`).
+    Reference,
 }
 
 /// Arguments of `config show`.
@@ -36,6 +39,10 @@ impl ConfigCommand {
     pub async fn run(self) -> u8 {
         match self {
             ConfigCommand::Show(a) => a.run().await,
+            ConfigCommand::Reference => {
+                print!("{}", crate::settings::reference::markdown());
+                0
+            }
         }
     }
 }

@@ -22,6 +22,7 @@
 //! at most [`trust::MAX_FILE_BYTES`]; explicit paths that do not exist are errors (only the
 //! built-in default paths are optional).
 
+pub mod reference;
 mod schema;
 pub mod trust;
 

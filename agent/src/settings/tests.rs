@@ -366,13 +366,13 @@ fn config_entries_carry_the_trust_class() {
 }
 
 #[test]
-fn the_readme_table_matches_the_code() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+fn the_settings_reference_table_matches_the_code() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/settings.md"))
+        .unwrap();
     let table = trust::markdown_table();
     assert!(
-        readme.contains(&table),
-        "README.md's table of keys and sources is out of date; replace it with:\n{table}"
+        page.contains(&table),
+        "docs/settings.md's table of keys and sources is out of date; replace it with:\n{table}"
     );
 }
 

@@ -179,7 +179,7 @@ pub fn admit(key: &str, value: &toml::Value, source: &Source) -> Result<(), Stri
     let from = source.trust();
     if from > class.trust {
         return Err(format!(
-            "may not be set from {}: trust class `{}` (only {}; see \"Who may set what\" in the README)",
+            "may not be set from {}: trust class `{}` (only {}; see \"Who may set what\" in docs/operator-guide.md)",
             match from {
                 Trust::Tag => "an instance tag",
                 _ => "user data",
@@ -199,7 +199,8 @@ pub fn admit(key: &str, value: &toml::Value, source: &Source) -> Result<(), Stri
     Ok(())
 }
 
-/// The README table of keys × sources (GitHub markdown), generated from the classes.
+/// The table of keys × sources in `docs/settings.md` (GitHub markdown), generated from the
+/// classes.
 pub fn markdown_table() -> String {
     let mut s = String::from(
         "| key | class | image files, command line | user data | tags |\n|---|---|---|---|---|\n",
