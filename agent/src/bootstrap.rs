@@ -12,9 +12,9 @@ use serde::Serialize;
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
-use crate::identity::{self, AgentReason, Incarnation, ReasonCause, RecordHolder};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
+use crate::reason::{self, AgentReason, Incarnation, ReasonCause, RecordHolder};
 use crate::retry::Backoff;
 use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
 use crate::slurm::{self, ConfServer, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
@@ -714,7 +714,7 @@ impl FoundRecord {
     /// From the record as read (`None`: no record, or the look failed), seen by instance
     /// `instance_id`. Logs the replacement when the record names another instance.
     pub fn new(node_name: &str, record: Option<&NodeInfo>, instance_id: &str) -> FoundRecord {
-        let holder = RecordHolder::of(record, instance_id);
+        let holder = RecordHolder::of(record.and_then(|n| n.instance().id), instance_id);
         if let Some(previous) = holder.replaced() {
             tracing::info!(
                 node = node_name,
@@ -765,7 +765,7 @@ async fn prepare_record(
     }
     let admin = node
         .held_reason()
-        .is_some_and(|r| !identity::is_agent_reason(r));
+        .is_some_and(|r| !reason::is_agent_reason(r));
     if admin || !crate::drain::slurm::node_is_empty(&node) {
         tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
         return found;
@@ -851,7 +851,7 @@ pub fn found_drain(
     running_ami: &str,
     holder: &RecordHolder,
 ) -> FoundDrain {
-    let Some(r) = reason.and_then(identity::parse_reason) else {
+    let Some(r) = reason.and_then(reason::parse_reason) else {
         return FoundDrain::Keep(format!(
             "drained by an admin ({}); left drained",
             reason.unwrap_or("no reason")
@@ -1336,7 +1336,7 @@ mod tests {
 
     const ME: &str = "i-0123456789abcdef0";
     const OTHER: &str = "i-0fedcba9876543210";
-    const UNKNOWN: &str = crate::identity::UNKNOWN_INSTANCE;
+    const UNKNOWN: &str = crate::reason::UNKNOWN_INSTANCE;
     const AMI: &str = "ami-0123456789abcdef0";
 
     #[test]

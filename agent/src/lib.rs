@@ -7,8 +7,8 @@
 //! - [`nodedef`]: the Slurm node definition (NodeName, dynamic `--conf` line) from host facts.
 //! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
-//! - [`identity`]: who the node is (NodeName, instance incarnation) and the agent's drain
-//!   reasons in Slurm.
+//! - [`identity`]: who the node is (NodeName, instance incarnation).
+//! - [`reason`]: the agent's drain reasons in Slurm, and whose a record or a drain is.
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
 //! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
@@ -37,6 +37,7 @@ pub mod mounts;
 pub mod node_lifecycle;
 pub mod nodedef;
 pub mod pcs;
+pub mod reason;
 pub mod retry;
 pub mod settings;
 pub mod slurm;

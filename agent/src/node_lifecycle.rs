@@ -638,8 +638,8 @@ pub fn log_path(state_dir: &Path, stage: Stage, n: usize, name: &str) -> PathBuf
 /// `script`): `slurm-node-agent/script@<instance-id>: <script> failed in <stage> (onError
 /// TERMINATE), powering off: <why>` (cut to Slurm's 256 characters).
 pub fn terminate_reason(instance_id: &str, t: &Terminate) -> String {
-    crate::identity::reason(
-        crate::identity::ReasonCause::Script,
+    crate::reason::reason(
+        crate::reason::ReasonCause::Script,
         instance_id,
         &format!(
             "{} failed in {} (onError TERMINATE), powering off: {}",

@@ -14,7 +14,7 @@ use clap::Args;
 use super::drain::{local_settings, Report};
 use super::{print_error_message, Output, SettingsArgs};
 use crate::drain::Engine;
-use crate::identity::RecordHolder;
+use crate::reason::RecordHolder;
 
 /// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
 const SLURM_UNAVAILABLE: u8 = 69;
@@ -61,11 +61,11 @@ impl StatusArgs {
                     "reason": n.reason(),
                     "reason_held": n.held_reason().is_some(),
                     // Slurm 23.11+: the instance the record names, and whether it is this
-                    // one (null where Slurm keeps none: identity::RecordHolder).
+                    // one (null where Slurm keeps none: reason::RecordHolder).
                     "instance_id": n.instance().id,
                     "instance_type": n.instance().instance_type,
                     "record_is_this_instance":
-                        RecordHolder::of(Some(&n), &id.instance_id).is_this(),
+                        RecordHolder::of(n.instance().id, &id.instance_id).is_this(),
                     "slurmd_version": n.slurmd_version(),
                 }),
                 Ok(None) => {

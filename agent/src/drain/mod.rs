@@ -10,7 +10,7 @@
 //! - [`Engine`]: applies requests and moves the machine forward against Slurm.
 //!
 //! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
-//! the reason is the agent's ([`crate::identity`]: `slurm-node-agent/<cause>@<instance-id>:
+//! the reason is the agent's ([`crate::reason`]: `slurm-node-agent/<cause>@<instance-id>:
 //! ...`) and that no foreign reason was on the node when the drain began.
 
 pub mod metrics;
@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::events::SpotJobAction;
-use crate::identity::{Incarnation, RecordHolder};
+use crate::reason::{Incarnation, RecordHolder};
 use crate::settings::{HumanDuration, Settings};
 use crate::slurm::{NodeInfo, ScontrolError};
 use crate::time;
@@ -212,9 +212,9 @@ pub fn found_state(st: &DrainState, instance_id: &str, holder: &RecordHolder) ->
     let writer = st
         .reason
         .as_deref()
-        .and_then(crate::identity::parse_reason)
+        .and_then(crate::reason::parse_reason)
         .map_or_else(
-            || crate::identity::UNKNOWN_INSTANCE.to_string(),
+            || crate::reason::UNKNOWN_INSTANCE.to_string(),
             |r| r.instance_id,
         );
     match holder.incarnation_of(&writer, instance_id) {
@@ -246,7 +246,7 @@ impl Engine {
             events: settings.events.clone(),
             upgrade: settings.upgrade.clone(),
             drain: settings.drain.clone(),
-            instance_id: crate::identity::UNKNOWN_INSTANCE.to_string(),
+            instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
             systemd_bus: settings.systemd.bus.clone(),
             metrics_file,
         }
@@ -297,7 +297,10 @@ impl Engine {
                 None
             }
         };
-        let holder = RecordHolder::of(record.as_ref(), &self.instance_id);
+        let holder = RecordHolder::of(
+            record.as_ref().and_then(|n| n.instance().id),
+            &self.instance_id,
+        );
         let FoundState::SetAside { owner } = found_state(&st, &self.instance_id, &holder) else {
             return Ok(st);
         };
@@ -501,7 +504,7 @@ impl Engine {
             .node_info()
             .await?
             .reason()
-            .is_some_and(crate::identity::is_agent_reason);
+            .is_some_and(crate::reason::is_agent_reason);
         self.resume_in_slurm(&st, force || agents).await?;
         st.resume(time::now())?;
         self.save(&st)?;
@@ -889,7 +892,7 @@ mod tests {
     fn a_drain_found_at_start_is_continued_only_when_it_is_this_instances() {
         const ME: &str = "i-0123456789abcdef0";
         const PREV: &str = "i-0fedcba9876543210";
-        let unknown = crate::identity::UNKNOWN_INSTANCE;
+        let unknown = crate::reason::UNKNOWN_INSTANCE;
         let drain_by = |writer: &str| {
             let mut st = DrainState::default();
             let cause = Cause::Upgrade {

@@ -21,11 +21,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::time;
 
-/// Start of every reason this agent sets on a node: the scheme of [`crate::identity`],
+/// Start of every reason this agent sets on a node: the scheme of [`crate::reason`],
 /// `slurm-node-agent/<cause>@<instance-id>: <detail>`. A node whose reason does not parse
 /// so was drained by someone else and is never resumed by the agent.
-pub use crate::identity::REASON_PREFIX;
-use crate::identity::{self, ReasonCause};
+pub use crate::reason::REASON_PREFIX;
+use crate::reason::{self, ReasonCause};
 
 /// How many transitions the state keeps in its history.
 const HISTORY_LEN: usize = 32;
@@ -150,7 +150,7 @@ impl Cause {
         }
     }
 
-    /// The cause word of its Slurm reason ([`crate::identity::ReasonCause`]): a spot
+    /// The cause word of its Slurm reason ([`crate::reason::ReasonCause`]): a spot
     /// notice's `stop` and `hibernate` are their own causes, an operator's drain is
     /// `operator`.
     pub fn reason_cause(&self) -> ReasonCause {
@@ -166,7 +166,7 @@ impl Cause {
 
     /// The Slurm reason with an unknown writer (see [`Cause::reason_for`]).
     pub fn reason(&self) -> String {
-        self.reason_for(identity::UNKNOWN_INSTANCE)
+        self.reason_for(reason::UNKNOWN_INSTANCE)
     }
 
     /// The Slurm reason written by incarnation `instance_id`:
@@ -196,7 +196,7 @@ impl Cause {
                 format!("rebalance recommendation at {}", time::format(*notice_time))
             }
         };
-        identity::reason(self.reason_cause(), instance_id, &detail)
+        reason::reason(self.reason_cause(), instance_id, &detail)
     }
 
     /// Whether the agent undoes the drain by itself when the cause goes away (a
@@ -218,9 +218,9 @@ impl Cause {
 
 /// Whether a Slurm reason is one this agent set for a drain cause of `kind` (a
 /// [`Cause::kind`]; `None`: any cause of the drain machine). Health and mount drains are
-/// the agent's too, but not this machine's: see [`crate::identity::is_agent_reason`].
+/// the agent's too, but not this machine's: see [`crate::reason::is_agent_reason`].
 pub fn is_our_reason(reason: &str, kind: Option<&str>) -> bool {
-    let Some(r) = identity::parse_reason(reason) else {
+    let Some(r) = reason::parse_reason(reason) else {
         return false;
     };
     let kind_of = |c: ReasonCause| match c {

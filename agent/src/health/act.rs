@@ -1,7 +1,7 @@
 //! Acting on a report the way NHC users expect, without fighting Slurm or an admin.
 //!
 //! On failure the node is drained with `slurm-node-agent/health@<instance-id>: <check>:
-//! <message>` ([`crate::identity`]) unless:
+//! <message>` ([`crate::reason`]) unless:
 //! - slurmctld does not know the node yet (slurmd not registered: nothing to drain);
 //! - it is already drained or draining (by the agent: kept; by anyone else: their reason
 //!   is never overwritten);
@@ -55,7 +55,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{clean_marker, pending_drain_path, Report};
-use crate::identity::ReasonCause;
+use crate::reason::ReasonCause;
 use crate::slurm::node::{NodeInfo, NodeState};
 use crate::slurm::Scontrol;
 
@@ -99,7 +99,7 @@ pub fn decide(state: Option<&NodeState>, failure: Option<Failing<'_>>) -> Action
     let ours_parsed = st
         .reason
         .as_deref()
-        .and_then(crate::identity::parse_reason)
+        .and_then(crate::reason::parse_reason)
         .filter(|r| r.cause == ReasonCause::Health);
     let ours = ours_parsed.is_some();
     let power = ["POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN"]
@@ -226,7 +226,7 @@ impl ActOptions {
     pub fn from_settings(s: &crate::settings::Settings) -> ActOptions {
         ActOptions {
             instance_id: crate::identity::Recorded::read(&s.agent.state_dir).map_or_else(
-                || crate::identity::UNKNOWN_INSTANCE.to_string(),
+                || crate::reason::UNKNOWN_INSTANCE.to_string(),
                 |r| r.instance_id,
             ),
             state_dir: Some(s.agent.state_dir.clone()),
@@ -306,7 +306,7 @@ impl PendingDrain {
     /// The drain reason, written by incarnation `instance_id` (as
     /// [`Report::drain_reason`] writes it).
     pub fn reason(&self, instance_id: &str) -> String {
-        let head = crate::identity::reason_head(ReasonCause::Health, instance_id);
+        let head = crate::reason::reason_head(ReasonCause::Health, instance_id);
         super::health_reason(&head, &self.check, &self.message, self.more)
     }
 
@@ -541,7 +541,7 @@ pub async fn act_on(
             && st
                 .reason
                 .as_deref()
-                .is_some_and(|r| crate::identity::is_agent_reason_for(r, ReasonCause::Health))
+                .is_some_and(|r| crate::reason::is_agent_reason_for(r, ReasonCause::Health))
     });
     let state_text = state.as_ref().map(NodeState::describe);
     let mut out = ActOutcome {
@@ -847,7 +847,7 @@ fi
         let sc = fake_scontrol(d);
         let calls = || std::fs::read_to_string(d.join("calls")).unwrap_or_default();
         let opts = ActOptions {
-            instance_id: crate::identity::UNKNOWN_INSTANCE.into(),
+            instance_id: crate::reason::UNKNOWN_INSTANCE.into(),
             state_dir: Some(state.clone()),
             scontrol_timeout: Duration::from_secs(10),
             node_health: None,

@@ -315,12 +315,11 @@ impl Report {
 
     /// The drain reason for this report, written by incarnation `instance_id`:
     /// `slurm-node-agent/health@<instance-id>: <check>: <message>` of the first fatal
-    /// failure in file order ([`crate::identity`]; file order, so the reason does not flap
+    /// failure in file order ([`crate::reason`]; file order, so the reason does not flap
     /// between runs while checks run concurrently), with `(+N more)` when several failed;
     /// control characters replaced, cut to Slurm's 256 characters. `None` when healthy.
     pub fn drain_reason(&self, instance_id: &str) -> Option<String> {
-        let prefix =
-            &crate::identity::reason_head(crate::identity::ReasonCause::Health, instance_id);
+        let prefix = &crate::reason::reason_head(crate::reason::ReasonCause::Health, instance_id);
         let failed: Vec<&CheckResult> = self.failures().collect();
         let first = failed.first()?;
         Some(health_reason(

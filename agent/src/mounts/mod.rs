@@ -76,9 +76,9 @@ pub const MOUNT_BACKOFF: Backoff = Backoff {
 pub const READY_MARKER: &str = "mounts-ready";
 
 /// The agent's reason cause for a missing mount: its drains read
-/// `slurm-node-agent/mount@<instance-id>: <mount point>: <why>` ([`crate::identity`]);
+/// `slurm-node-agent/mount@<instance-id>: <mount point>: <why>` ([`crate::reason`]);
 /// only such a drain is lifted by [`reconcile`].
-pub const DRAIN_REASON_CAUSE: crate::identity::ReasonCause = crate::identity::ReasonCause::Mount;
+pub const DRAIN_REASON_CAUSE: crate::reason::ReasonCause = crate::reason::ReasonCause::Mount;
 
 /// Kind of file system, which decides the source checks and the default options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -885,7 +885,7 @@ pub async fn reconcile(
         .and_then(|n| n.reason())
         .unwrap_or_default()
         .to_string();
-    let ours = drained && crate::identity::is_agent_reason_for(&reason, DRAIN_REASON_CAUSE);
+    let ours = drained && crate::reason::is_agent_reason_for(&reason, DRAIN_REASON_CAUSE);
     let action = match failing.first() {
         Some((mount_point, why)) => {
             let wanted = drain_reason(instance_id, mount_point, why);
@@ -918,7 +918,7 @@ pub fn drain_reason(instance_id: &str, mount_point: &str, why: &str) -> String {
     let why = why
         .strip_prefix(&format!("mount {mount_point}: "))
         .unwrap_or(why);
-    crate::identity::reason(
+    crate::reason::reason(
         DRAIN_REASON_CAUSE,
         instance_id,
         &format!("{mount_point}: {why}"),

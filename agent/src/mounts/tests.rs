@@ -446,7 +446,7 @@ fn drain_reasons_name_the_mount_and_fit_slurm() {
     assert!(crate::slurm::node::validate_reason(&r).is_ok());
     let long = drain_reason("unknown", "/fsx", &"x".repeat(400));
     assert_eq!(long.chars().count(), 256);
-    assert!(crate::identity::is_agent_reason_for(
+    assert!(crate::reason::is_agent_reason_for(
         &long,
         DRAIN_REASON_CAUSE
     ));

@@ -113,8 +113,8 @@ async fn scripts_run_in_order_without_a_shell_and_on_error_decides() {
     assert_eq!(t.script, "t");
     assert_eq!(statuses(&o), ["failed", "not_run"]);
     let reason = terminate_reason("i-0123456789abcdef0", &t);
-    let parsed = crate::identity::parse_reason(&reason).unwrap();
-    assert_eq!(parsed.cause, crate::identity::ReasonCause::Script);
+    let parsed = crate::reason::parse_reason(&reason).unwrap();
+    assert_eq!(parsed.cause, crate::reason::ReasonCause::Script);
     assert!(
         parsed
             .detail

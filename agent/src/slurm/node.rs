@@ -1295,17 +1295,15 @@ mod tests {
 
         let drained = captured("25.11", "drained");
         assert!(drained.is_drained() && !drained.is_available());
-        let r = crate::identity::parse_reason(drained.held_reason().unwrap()).unwrap();
-        assert_eq!(r.cause, crate::identity::ReasonCause::Spot);
+        let r = crate::reason::parse_reason(drained.held_reason().unwrap()).unwrap();
+        assert_eq!(r.cause, crate::reason::ReasonCause::Spot);
         assert!(r.written_by("i-0123456789abcdef0"));
 
         // After State=RESUME, 25.11 (no accounting storage) keeps the reason on an IDLE
         // record: it is history, not a drain.
         let resumed = captured("25.11", "resumed");
         assert!(resumed.is_available() && !resumed.is_drained());
-        assert!(resumed
-            .reason()
-            .is_some_and(crate::identity::is_agent_reason));
+        assert!(resumed.reason().is_some_and(crate::reason::is_agent_reason));
         assert_eq!(resumed.held_reason(), None);
         assert_eq!(
             crate::drain::slurm::count_upgrading(
@@ -1323,7 +1321,7 @@ mod tests {
         // Two spaces in an admin's reason stay two.
         let admin = captured("25.11", "admin-drain");
         assert_eq!(admin.held_reason(), Some("ADMIN  SHUTDOWN"));
-        assert!(!crate::identity::is_agent_reason(
+        assert!(!crate::reason::is_agent_reason(
             admin.held_reason().unwrap()
         ));
 
@@ -1500,10 +1498,10 @@ mod tests {
         assert_eq!(n.instance().instance_type, Some("p5.48xlarge"));
         // Not drained: the reason is not a drain, whoever wrote it.
         assert_eq!(n.held_reason(), None);
-        let r = crate::identity::parse_reason(n.reason().unwrap()).unwrap();
+        let r = crate::reason::parse_reason(n.reason().unwrap()).unwrap();
         assert_eq!(r.detail, "check_fs_mount: /fsx");
         assert_eq!(
-            crate::identity::slurm_appended(n.reason().unwrap()),
+            crate::reason::slurm_appended(n.reason().unwrap()),
             ["Not responding"]
         );
     }

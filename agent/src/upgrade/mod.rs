@@ -230,9 +230,9 @@ pub const STUCK: &str = "replacement still runs ";
 /// most 256 characters (Slurm's reason field).
 ///
 /// The one place this module builds a reason, so that the shared builder of
-/// `crate::identity` can replace it in one line.
+/// `crate::reason` can replace it in one line.
 pub fn upgrade_reason(instance_id: &str, detail: &str) -> String {
-    crate::identity::reason(crate::identity::ReasonCause::Upgrade, instance_id, detail)
+    crate::reason::reason(crate::reason::ReasonCause::Upgrade, instance_id, detail)
 }
 
 /// An upgrade reason read back from Slurm.
@@ -260,9 +260,9 @@ impl UpgradeReason<'_> {
 }
 
 /// Parses an upgrade reason of the agent, `slurm-node-agent/upgrade@<instance-id>: <detail>`
-/// ([`crate::identity`] decides what is the agent's). Anything else is `None`.
+/// ([`crate::reason`] decides what is the agent's). Anything else is `None`.
 pub fn parse_upgrade_reason(reason: &str) -> Option<UpgradeReason<'_>> {
-    if !crate::identity::is_agent_reason_for(reason, crate::identity::ReasonCause::Upgrade) {
+    if !crate::reason::is_agent_reason_for(reason, crate::reason::ReasonCause::Upgrade) {
         return None;
     }
     let rest = reason.strip_prefix("slurm-node-agent/upgrade@")?;
