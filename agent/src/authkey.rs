@@ -109,6 +109,20 @@ impl std::fmt::Display for KeySource {
     }
 }
 
+/// `auth.key_source` from user data or a tag may pick a secret (`ssm:`,
+/// `secretsmanager:`), never a file on the node: that would copy any root-readable file
+/// into the key file, which the munge user reads.
+pub fn secret_sources_only(v: &toml::Value) -> Result<(), String> {
+    match v.as_str() {
+        Some(s) if s.is_empty() || s.starts_with("ssm:") || s.starts_with("secretsmanager:") => {
+            Ok(())
+        }
+        _ => Err(
+            "from user data or a tag only ssm: and secretsmanager: sources (which secret, never a file on the node)".into(),
+        ),
+    }
+}
+
 /// What [`fetch`] read: the stored (still encoded) bytes, and whether they came from an SSM
 /// parameter that is not a SecureString (stored unencrypted).
 #[derive(Clone, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //!
 //! One module per outside system the agent talks to:
 //! - [`imds`]: the EC2 instance metadata service (IMDSv2 only), through aws-config's client.
+//! - [`section`]: what each module's settings section is made of (durations, trust classes).
 //! - [`settings`]: layered, validated settings (defaults, files, drop-ins, tags, user data, flags).
 //! - [`authkey`]: the cluster's munge / auth/slurm key from SSM, Secrets Manager or a file.
 //! - [`nodedef`]: the Slurm node definition (NodeName, dynamic `--conf` line) from host facts.
@@ -39,6 +40,7 @@ pub mod nodedef;
 pub mod pcs;
 pub mod reason;
 pub mod retry;
+pub mod section;
 pub mod settings;
 pub mod slurm;
 pub mod systemd;

@@ -158,10 +158,10 @@ impl Default for NodeLifecycleSettings {
 }
 
 /// Scripts run as root and the unit is a unit: only the image says.
-impl crate::settings::Classified for NodeLifecycleSettings {
+impl crate::section::Classified for NodeLifecycleSettings {
     const SECTION: &'static str = "node_lifecycle";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::image("poweroff_unit"),
             K::image("script_caching_policy"),

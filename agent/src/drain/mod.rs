@@ -25,7 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::events::SpotJobAction;
 use crate::reason::{Incarnation, RecordHolder};
-use crate::settings::{HumanDuration, Settings};
+use crate::section::HumanDuration;
+use crate::settings::Settings;
 use crate::slurm::{NodeInfo, ScontrolError};
 use crate::time;
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
@@ -58,10 +59,10 @@ impl Default for DrainSettings {
     }
 }
 
-impl crate::settings::Classified for DrainSettings {
+impl crate::section::Classified for DrainSettings {
     const SECTION: &'static str = "drain";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::user_data("check_interval"),
             K::image("metrics_file"),

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::drain::state::Cause;
 use crate::imds::{Imds, ImdsError};
-use crate::settings::HumanDuration;
+use crate::section::HumanDuration;
 pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
 
 /// What AWS gives between the spot notice and the interruption; used as the deadline when
@@ -109,10 +109,10 @@ impl Default for EventsSettings {
 }
 
 /// How the node reacts to notices: the launch template's choice, not a tag's.
-impl crate::settings::Classified for EventsSettings {
+impl crate::section::Classified for EventsSettings {
     const SECTION: &'static str = "events";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::user_data("enabled"),
             K::user_data("spot_interval"),

@@ -65,7 +65,7 @@ use super::matcher::Matcher;
 use super::nhc::Defaults;
 use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold};
 use super::{Check, CheckSet, ConfigError, Origin};
-use crate::settings::HumanDuration;
+use crate::section::HumanDuration;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

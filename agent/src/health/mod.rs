@@ -51,7 +51,7 @@ pub use checks::CheckKind;
 pub use engine::{run_checks, RunEnv};
 pub use facts::Host;
 
-use crate::settings::HumanDuration;
+use crate::section::HumanDuration;
 
 /// `[health]` settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -99,10 +99,10 @@ impl Default for HealthSettings {
 }
 
 /// Which checks run and which drains the agent may lift are the image's.
-impl crate::settings::Classified for HealthSettings {
+impl crate::section::Classified for HealthSettings {
     const SECTION: &'static str = "health";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::image("checks_dir"),
             K::image("nhc_conf"),

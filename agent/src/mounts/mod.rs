@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::retry::Backoff;
-use crate::settings::HumanDuration;
+use crate::section::{Classified, HumanDuration, KeyTrust};
 use crate::slurm::Scontrol;
 use crate::systemd::Systemd;
 
@@ -206,11 +206,35 @@ impl Default for MountSettings {
 /// `[[mounts]]` may come from user data (the cluster's file systems are a launch-time
 /// choice), without unit dependencies; every source is held to the mount point and option
 /// allow-lists in [`spec`].
-impl crate::settings::Classified for MountSettings {
+impl Classified for MountSettings {
     const SECTION: &'static str = "mounts";
-    const TRUST: &'static [crate::settings::KeyTrust] =
-        &[crate::settings::KeyTrust::user_data("mounts")
-            .guarded(crate::settings::trust::mounts_without_unit_options)];
+    const TRUST: &'static [KeyTrust] =
+        &[KeyTrust::user_data("mounts").guarded(mounts_without_unit_options)];
+}
+
+/// `[[mounts]]` from user data: no unit dependencies (`x-systemd.requires=`, `after=`,
+/// `before=` in `options` or `extra_options`; `lnet = true` is the image's
+/// `lnet.service`): a dependency starts any unit as root.
+pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), String> {
+    let Some(list) = v.as_array() else {
+        return Ok(());
+    };
+    for (i, m) in list.iter().enumerate() {
+        for field in ["options", "extra_options"] {
+            let Some(o) = m.get(field).and_then(toml::Value::as_str) else {
+                continue;
+            };
+            if let Some(bad) = o
+                .split(',')
+                .find(|o| o.starts_with("x-systemd.") && !o.starts_with("x-systemd.mount-timeout="))
+            {
+                return Err(format!(
+                    "mounts[{i}].{field}: {bad:?}: unit dependencies come only from image files and the command line"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks every entry (with a stand-in region where the instance's will be used) and that

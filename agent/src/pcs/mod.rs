@@ -44,7 +44,8 @@ use serde::{Deserialize, Serialize};
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::imds::InstanceIdentity;
 use crate::retry::Backoff;
-use crate::settings::{HumanDuration, KeyEncoding, Settings};
+use crate::section::HumanDuration;
+use crate::settings::{KeyEncoding, Settings};
 use crate::slurm::ConfServer;
 
 pub use actions::NodeLifecycleActions;
@@ -88,10 +89,10 @@ pub struct PcsSettings {
 /// Which cluster and group the node joins is the launch's choice (user data); the API
 /// endpoint decides which controller and key the node accepts, and the bootstrap id file is
 /// a path: the image's.
-impl crate::settings::Classified for PcsSettings {
+impl crate::section::Classified for PcsSettings {
     const SECTION: &'static str = "pcs";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::user_data("enabled"),
             K::user_data("cluster_id"),

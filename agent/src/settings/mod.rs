@@ -26,8 +26,8 @@ pub mod reference;
 mod schema;
 pub mod trust;
 
+pub use crate::section::{Classified, HumanDuration, KeyTrust, Trust};
 pub use schema::*;
-pub use trust::{Classified, KeyTrust, Trust};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,11 +1,10 @@
 //! The settings schema: every key, its type and its default. Unknown keys are errors.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::trust::{Classified, KeyTrust};
+use crate::section::{Classified, HumanDuration, KeyTrust};
 
 /// All settings. Sections map to TOML tables: `[node]`, `[slurm]`, `[auth]`, `[imds]`,
 /// `[systemd]`, `[agent]`.
@@ -221,7 +220,7 @@ impl Classified for Auth {
     const SECTION: &'static str = "auth";
     const TRUST: &'static [KeyTrust] = &[
         KeyTrust::image("type"),
-        KeyTrust::user_data("key_source").guarded(super::trust::secret_sources_only),
+        KeyTrust::user_data("key_source").guarded(crate::authkey::secret_sources_only),
         KeyTrust::image("key_path"),
         KeyTrust::image("key_owner"),
         KeyTrust::user_data("key_encoding"),
@@ -297,49 +296,6 @@ impl Default for Systemd {
 impl Classified for Systemd {
     const SECTION: &'static str = "systemd";
     const TRUST: &'static [KeyTrust] = &[KeyTrust::image("bus")];
-}
-
-/// A duration written the humantime way (`90s`, `10m`, `1h 30m`, `500ms`), at most
-/// [`HumanDuration::MAX`]: no setting means more than a year, and a bound here keeps every
-/// deadline computed from one (`Instant + d`) from overflowing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct HumanDuration(pub Duration);
-
-impl HumanDuration {
-    /// The longest duration any setting takes: 366 days.
-    pub const MAX: Duration = Duration::from_secs(366 * 24 * 3600);
-
-    /// Whether it is zero.
-    pub fn is_zero(&self) -> bool {
-        self.0.is_zero()
-    }
-}
-
-impl TryFrom<String> for HumanDuration {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        let shown: String = s.chars().take(64).collect();
-        let d = humantime::parse_duration(&s).map_err(|e| {
-            format!("invalid duration {shown:?} ({e}); write e.g. \"90s\" or \"10m\"")
-        })?;
-        if d > HumanDuration::MAX {
-            return Err(format!("duration {shown:?} is too long: at most 366 days"));
-        }
-        Ok(HumanDuration(d))
-    }
-}
-
-impl From<HumanDuration> for String {
-    fn from(d: HumanDuration) -> String {
-        humantime::format_duration(d.0).to_string()
-    }
-}
-
-impl fmt::Display for HumanDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_duration(self.0))
-    }
 }
 
 /// Most MiB `node.real_memory_reserve_mib` takes (16 TiB).

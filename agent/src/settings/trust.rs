@@ -1,52 +1,13 @@
-//! Who may change what: every settings key carries a [`Trust`] class, declared next to its
-//! section's type (`impl Classified for <Section>`), and [`super::Resolved::merge`] enforces
-//! it layer by layer.
-//!
-//! Sources, most trusted first:
-//! - the image: built-in defaults, root-owned settings files that no group or other user
-//!   can write ([`check_image_file`]), and the command line (root runs it);
-//! - the user data part: written by whoever may launch the instance (`ec2:RunInstances`
-//!   with the launch template) or change a stopped instance's attribute;
-//! - instance tags: written by whoever holds `ec2:CreateTags` on the instance, at any time.
-//!
-//! A key's class is the least trusted source that may set it. Keys that name a path, a
-//! program, an owner, a unit, a binary folder, an endpoint or a hook are [`Trust::Image`].
+//! Who may change what, enforced: every settings key carries a [`Trust`] class, declared
+//! next to its section's type (`impl Classified for <Section>`, the machinery in
+//! [`crate::section`]), and [`super::Resolved::merge`] enforces it layer by layer
+//! ([`admit`]). Settings files count as the image only when [`check_image_file`] says so.
 
-use std::fmt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::Source;
-
-/// The least trusted source that may set a key. Ordered from most to least trusted, so
-/// `source_class <= key_class` means the source may set the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Trust {
-    /// Only the image (root-owned settings files) and the command line.
-    Image,
-    /// Also the user data part (`application/x-slurm-node-agent`).
-    UserData,
-    /// Also instance tags `slurm-node-agent:<key>`.
-    Tag,
-}
-
-impl Trust {
-    /// `image`, `user-data` or `tag`, as `config show` prints it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trust::Image => "image",
-            Trust::UserData => "user-data",
-            Trust::Tag => "tag",
-        }
-    }
-}
-
-impl fmt::Display for Trust {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::section::{Classified, KeyTrust, LowerGuard, Trust};
 
 impl Source {
     /// The class of this source: defaults, files and flags are [`Trust::Image`].
@@ -57,65 +18,6 @@ impl Source {
             Source::Tag(_) => Trust::Tag,
         }
     }
-}
-
-/// A check of the value a source below [`Trust::Image`] gives: what it may choose within the
-/// key (e.g. which secret, but not a file). Returns what is refused.
-pub type LowerGuard = fn(&toml::Value) -> Result<(), String>;
-
-/// One key's class.
-#[derive(Debug, Clone, Copy)]
-pub struct KeyTrust {
-    /// The key within its section (`name`), or the section itself for an array of tables
-    /// (`mounts`).
-    pub key: &'static str,
-    /// Its class.
-    pub trust: Trust,
-    /// Extra check of a value from user data or a tag, if any.
-    pub lower: Option<LowerGuard>,
-}
-
-impl KeyTrust {
-    /// Image files and the command line only.
-    pub const fn image(key: &'static str) -> KeyTrust {
-        KeyTrust {
-            key,
-            trust: Trust::Image,
-            lower: None,
-        }
-    }
-    /// Also user data.
-    pub const fn user_data(key: &'static str) -> KeyTrust {
-        KeyTrust {
-            key,
-            trust: Trust::UserData,
-            lower: None,
-        }
-    }
-    /// Also tags.
-    pub const fn tag(key: &'static str) -> KeyTrust {
-        KeyTrust {
-            key,
-            trust: Trust::Tag,
-            lower: None,
-        }
-    }
-    /// With a check of values from user data and tags.
-    pub const fn guarded(self, lower: LowerGuard) -> KeyTrust {
-        KeyTrust {
-            lower: Some(lower),
-            ..self
-        }
-    }
-}
-
-/// A settings section and the classes of its keys. Implemented next to each section's type;
-/// a test checks that every key of the schema has exactly one class.
-pub trait Classified {
-    /// The TOML table (`node`), or the array of tables (`mounts`).
-    const SECTION: &'static str;
-    /// Every key of the section with its class.
-    const TRUST: &'static [KeyTrust];
 }
 
 /// Every section's classes, in schema order.
@@ -251,45 +153,6 @@ pub fn check_image_file(path: &Path, meta: &std::fs::Metadata) -> Result<(), Str
                     dir.display(),
                     d.uid(),
                     d.mode() & 0o7777
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `auth.key_source` from user data or a tag may pick a secret (`ssm:`,
-/// `secretsmanager:`), never a file on the node: that would copy any root-readable file
-/// into the key file, which the munge user reads.
-pub fn secret_sources_only(v: &toml::Value) -> Result<(), String> {
-    match v.as_str() {
-        Some(s) if s.is_empty() || s.starts_with("ssm:") || s.starts_with("secretsmanager:") => {
-            Ok(())
-        }
-        _ => Err(
-            "from user data or a tag only ssm: and secretsmanager: sources (which secret, never a file on the node)".into(),
-        ),
-    }
-}
-
-/// `[[mounts]]` from user data: no unit dependencies (`x-systemd.requires=`, `after=`,
-/// `before=` in `options` or `extra_options`; `lnet = true` is the image's
-/// `lnet.service`): a dependency starts any unit as root.
-pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), String> {
-    let Some(list) = v.as_array() else {
-        return Ok(());
-    };
-    for (i, m) in list.iter().enumerate() {
-        for field in ["options", "extra_options"] {
-            let Some(o) = m.get(field).and_then(toml::Value::as_str) else {
-                continue;
-            };
-            if let Some(bad) = o
-                .split(',')
-                .find(|o| o.starts_with("x-systemd.") && !o.starts_with("x-systemd.mount-timeout="))
-            {
-                return Err(format!(
-                    "mounts[{i}].{field}: {bad:?}: unit dependencies come only from image files and the command line"
                 ));
             }
         }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::settings::HumanDuration;
+use crate::section::HumanDuration;
 
 /// What to do once the node is drained for an upgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -104,10 +104,10 @@ impl Default for UpgradeSettings {
 
 /// The parameter to watch and the budget are the launch template's; what runs (unit, hook)
 /// is the image's.
-impl crate::settings::Classified for UpgradeSettings {
+impl crate::section::Classified for UpgradeSettings {
     const SECTION: &'static str = "upgrade";
-    const TRUST: &'static [crate::settings::KeyTrust] = {
-        use crate::settings::KeyTrust as K;
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
         &[
             K::user_data("parameter"),
             K::user_data("interval"),
