@@ -55,7 +55,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{Read, Write as _};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1665,8 +1665,24 @@ impl Fleet {
             ));
         }
         let mut d = Daemon::spawn("dnsmasq", c, self.root.path())?;
-        thread::sleep(Duration::from_millis(200));
-        d.check_running()?;
+        // Ready once it answers, not after a fixed pause: the first SIGHUP of `reload_dns`
+        // ended a dnsmasq that had not set up its handlers yet on a loaded machine (an
+        // empty log, every lookup in the fleet refused), and the controller, whose
+        // resolver it is, then took 5-10 s over every RPC (slurmctld looks its peers up):
+        // no node could fetch its configuration.
+        let name = format!("{CTLD_HOSTNAME}.{DOMAIN}");
+        let server = SocketAddr::from((FLEET_GATEWAY, 53));
+        wait_until(
+            "the fleet's dnsmasq to answer",
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || {
+                d.check_running()?;
+                let answered = self.netns.run_in(|| dns_answers(server, &name))?;
+                Ok(answered.then_some(()))
+            },
+        )
+        .with_context(|| format!("dnsmasq log:\n{}", d.log_tail(20)))?;
         self.dns = Some(d);
         Ok(())
     }
@@ -2319,6 +2335,40 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// Whether the DNS server at `server` answers a query for `name`'s A record with at least
+/// one record (within 250 ms).
+///
+/// # Errors
+/// The socket cannot be made.
+fn dns_answers(server: SocketAddr, name: &str) -> Result<bool> {
+    const ID: [u8; 2] = [0x5e, 0x20];
+    // Header: id, flags (recursion desired), 1 question, no other records.
+    let mut q = Vec::from(ID);
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len()).context("a DNS label over 255 bytes")?);
+        q.extend_from_slice(label.as_bytes());
+    }
+    // The root label, type A, class IN.
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).context("binding a UDP socket")?;
+    sock.set_read_timeout(Some(Duration::from_millis(250)))?;
+    if sock.send_to(&q, server).is_err() {
+        return Ok(false);
+    }
+    let mut buf = [0u8; 512];
+    let Ok((n, _)) = sock.recv_from(&mut buf) else {
+        return Ok(false);
+    };
+    let r = &buf[..n];
+    // Our id, a response (QR), no error (RCODE 0), at least one answer.
+    Ok(n >= 12
+        && r[..2] == ID
+        && r[2] & 0x80 != 0
+        && r[3] & 0x0f == 0
+        && u16::from_be_bytes([r[6], r[7]]) >= 1)
 }
 
 fn drop_node(mut node: Node) {
