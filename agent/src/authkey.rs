@@ -7,14 +7,112 @@
 //! | `munge`     | `/etc/munge/munge.key`  | `munge` | 32 to 1024 bytes (mungekey(8)) |
 //! | `slurm`     | `/etc/slurm/slurm.key`  | `slurm` | 32 to 65536 bytes (auth/slurm, Slurm 23.11+) |
 //!
+//! The `[auth]` settings section ([`AuthSettings`]) is this module's.
+//!
 //! The key never appears in a log line, an error or `config show`: it lives in [`Key`],
 //! whose `Debug` prints only its length.
 
 use base64::Engine;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::fsutil::{self, Owner};
-use crate::settings::{self, AuthType, KeyEncoding};
+use crate::section::{Classified, KeyTrust};
+
+/// Slurm's authentication plugin, which decides the key file and its owner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthType {
+    /// `AuthType=auth/munge`: key `/etc/munge/munge.key`, owner `munge`.
+    #[default]
+    Munge,
+    /// `AuthType=auth/slurm` (Slurm 23.11+): key `/etc/slurm/slurm.key`, owner `slurm`.
+    Slurm,
+}
+
+/// `[auth]`: the cluster key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Plugin: `munge` or `slurm`.
+    #[serde(rename = "type")]
+    pub auth_type: AuthType,
+    /// Where the key comes from: `ssm:<parameter name>` (SecureString, decrypted),
+    /// `secretsmanager:<secret id or ARN>`, or `file:<absolute path>`. Empty: the key is
+    /// already in place (baked into the image) and is left alone.
+    pub key_source: String,
+    /// Destination. Empty: the plugin's default.
+    pub key_path: PathBuf,
+    /// Owner of the key file. Empty: `munge` or `slurm` by plugin.
+    pub key_owner: String,
+    /// How the stored key is encoded: `base64` (what ParallelCluster and the managed service
+    /// store in Secrets Manager) or `raw` (the key bytes as they are, e.g. SecretBinary or a
+    /// key file).
+    pub key_encoding: KeyEncoding,
+    /// Accept a key from an SSM parameter of type `String` (stored unencrypted, readable by
+    /// anyone with `ssm:GetParameter`), with a warning. Off: such a parameter is refused.
+    pub allow_string_parameter: bool,
+}
+
+/// The key's destination, owner and plugin are the image's; user data may pick which
+/// secret (never a file on the node) and how it is encoded.
+impl Classified for AuthSettings {
+    const SECTION: &'static str = "auth";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::image("type"),
+        KeyTrust::user_data("key_source").guarded(secret_sources_only),
+        KeyTrust::image("key_path"),
+        KeyTrust::image("key_owner"),
+        KeyTrust::user_data("key_encoding"),
+        KeyTrust::image("allow_string_parameter"),
+    ];
+}
+
+/// Encoding of the stored key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyEncoding {
+    /// Standard base64 (RFC 4648), whitespace ignored.
+    #[default]
+    Base64,
+    /// The bytes as stored.
+    Raw,
+}
+
+impl AuthSettings {
+    /// Checks the values: the key path absolute, the key source one this agent reads
+    /// ([`KeySource::parse`]), the owner a user name.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: String| Err((format!("auth.{k}"), m));
+        let p = &self.key_path;
+        if !p.as_os_str().is_empty() && !p.is_absolute() {
+            return e(
+                "key_path",
+                format!("must be an absolute path, got {}", p.display()),
+            );
+        }
+        if !self.key_source.is_empty() {
+            if let Err(m) = KeySource::parse(&self.key_source) {
+                return e("key_source", m);
+            }
+        }
+        if !self.key_owner.is_empty()
+            && !self
+                .key_owner
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+        {
+            return e(
+                "key_owner",
+                format!("not a user name: {:?}", self.key_owner),
+            );
+        }
+        Ok(())
+    }
+}
 
 /// Where the key comes from (`auth.key_source`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +134,7 @@ pub enum KeySource {
     /// `file:<absolute path>`.
     File(PathBuf),
     /// The `sharedSecret` of the managed service's registration answer for this cluster
-    /// (base64); never parsed from settings (see `crate::pcs`).
+    /// (base64); never parsed from settings (see the `pcs` module).
     Registration(String),
 }
 
@@ -268,7 +366,7 @@ pub struct KeyTarget {
 impl KeyTarget {
     /// The target for the settings (plugin defaults, overridden by `auth.key_path` and
     /// `auth.key_owner`).
-    pub fn from_settings(s: &settings::Auth) -> KeyTarget {
+    pub fn from_settings(s: &AuthSettings) -> KeyTarget {
         let (path, owner, plugin, max) = match s.auth_type {
             AuthType::Munge => ("/etc/munge/munge.key", "munge", "auth/munge", 1024),
             AuthType::Slurm => ("/etc/slurm/slurm.key", "slurm", "auth/slurm", 65_536),
@@ -561,7 +659,7 @@ mod tests {
     use super::*;
 
     fn munge() -> KeyTarget {
-        KeyTarget::from_settings(&settings::Auth::default())
+        KeyTarget::from_settings(&AuthSettings::default())
     }
 
     #[test]
@@ -613,7 +711,7 @@ mod tests {
         let t = munge();
         assert_eq!(t.path, PathBuf::from("/etc/munge/munge.key"));
         assert_eq!(t.owner, "munge");
-        let s = settings::Auth {
+        let s = AuthSettings {
             auth_type: AuthType::Slurm,
             ..Default::default()
         };

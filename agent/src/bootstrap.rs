@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::authkey::AuthType;
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::nodedef::{self, NodeDefinition};
 use crate::reason::{self, AgentReason, Incarnation, ReasonCause, RecordHolder};
 use crate::retry::Backoff;
-use crate::settings::{self, AuthType, Enforce, Layer, Resolved, SettingsError};
+use crate::settings::{self, Enforce, Layer, Resolved, SettingsError};
 use crate::slurm::{self, ConfServer, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
 use crate::systemd::{ServiceInfo, Systemd, SystemdError};
 

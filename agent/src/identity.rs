@@ -1,7 +1,7 @@
 //! The node's identity, in one place: which NodeName this instance is and which instance
 //! incarnation registered it, for every command (floor: above `settings`, which it reads).
 //!
-//! - **NodeName**: [`node_name`] (`node.name`, else `node.name_template` over instance
+//! - **NodeName**: [`crate::nodedef::node_name`] (`node.name`, else `node.name_template` over instance
 //!   facts) is the one rule; [`resolve`] applies it for every command: bootstrap's record
 //!   (`bootstrap.json`) when there is one, otherwise the settings resolved exactly as
 //!   bootstrap resolves them (files, user data, tags, flags) over IMDS's facts.
@@ -151,24 +151,6 @@ pub fn resolve_settings(
     }
     layers.extend(flag_layers.iter().cloned());
     Resolved::merge_with(&layers, enforce)
-}
-
-/// The one NodeName rule: `node.name` when set, else `node.name_template` expanded over
-/// the instance facts. The result is checked against Slurm's NodeName characters.
-///
-/// # Errors
-/// `(dotted key, message)`.
-pub fn node_name(
-    node: &settings::Node,
-    facts: &InstanceIdentity,
-) -> Result<String, (&'static str, String)> {
-    if node.name.is_empty() {
-        crate::nodedef::expand_template(&node.name_template, facts)
-            .map_err(|m| ("node.name_template", m))
-    } else {
-        crate::nodedef::validate_node_name(&node.name).map_err(|m| ("node.name", m))?;
-        Ok(node.name.clone())
-    }
 }
 
 /// Where the NodeName came from.
@@ -440,10 +422,12 @@ fn finish(
         (r.node_name.clone(), NameSource::Recorded)
     } else if let Some(f) = facts {
         let n =
-            node_name(&resolved.settings.node, f).map_err(|(key, message)| SettingsError::Key {
-                origin: resolved.source_of(key),
-                key: key.to_string(),
-                message,
+            crate::nodedef::node_name(&resolved.settings.node, f).map_err(|(key, message)| {
+                SettingsError::Key {
+                    origin: resolved.source_of(key),
+                    key: key.to_string(),
+                    message,
+                }
             })?;
         (n, NameSource::Settings)
     } else if !resolved.settings.node.name.is_empty() {

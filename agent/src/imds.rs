@@ -26,6 +26,8 @@
 //! addresses are (loading and parsing `/etc/ssl/certs`, about a third of a debug build's
 //! bootstrap CPU time, for roots no request uses).
 //!
+//! The `[imds]` settings section ([`ImdsSettings`]) is this module's.
+//!
 //! Paths and formats: <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html>.
 
 use aws_config::imds::client::error::ImdsError as SdkImdsError;
@@ -46,7 +48,73 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::settings;
+use serde::{Deserialize, Serialize};
+
+use crate::section::{Classified, HumanDuration, KeyTrust};
+
+/// `[imds]`: the instance metadata service client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImdsSettings {
+    /// Endpoint URL. Empty: aws-config's default (`AWS_EC2_METADATA_SERVICE_ENDPOINT`, the
+    /// profile, or `http://169.254.169.254`).
+    pub endpoint: String,
+    /// Connect and read timeout of one attempt.
+    pub timeout: HumanDuration,
+    /// Attempts per request (retries on 401, 429, 5xx, timeouts), with backoff.
+    pub attempts: i64,
+    /// Session token TTL.
+    pub token_ttl: HumanDuration,
+}
+
+impl Default for ImdsSettings {
+    fn default() -> Self {
+        ImdsSettings {
+            endpoint: String::new(),
+            timeout: HumanDuration(Duration::from_secs(1)),
+            attempts: 4,
+            token_ttl: HumanDuration(Duration::from_secs(21_600)),
+        }
+    }
+}
+
+/// How user data and tags are read cannot come from them.
+impl Classified for ImdsSettings {
+    const SECTION: &'static str = "imds";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::image("endpoint"),
+        KeyTrust::image("timeout"),
+        KeyTrust::image("attempts"),
+        KeyTrust::image("token_ttl"),
+    ];
+}
+
+impl ImdsSettings {
+    /// Checks the values: one attempt's timeout, the attempts and the token TTL within
+    /// IMDSv2's limits, the endpoint an http(s) URL.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: &str| Err((format!("imds.{k}"), m.to_string()));
+        if self.timeout.is_zero() || self.timeout.0 > Duration::from_secs(300) {
+            return e("timeout", "must be more than 0 and at most 5m");
+        }
+        if !(1..=10).contains(&self.attempts) {
+            return e("attempts", "must be 1 to 10");
+        }
+        let ttl = self.token_ttl.0.as_secs();
+        if !(1..=21_600).contains(&ttl) {
+            return e("token_ttl", "must be 1s to 6h (IMDSv2 limit)");
+        }
+        let endpoint = &self.endpoint;
+        let is_url = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+        if !endpoint.is_empty() && !is_url {
+            return e("endpoint", "must be an http:// or https:// URL");
+        }
+        Ok(())
+    }
+}
 
 /// An IMDS failure, naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +183,7 @@ pub struct Imds {
     client: Mutex<aws_config::imds::Client>,
     bytes: BytesClient,
     http: Option<SharedHttpClient>,
-    settings: settings::Imds,
+    settings: ImdsSettings,
 }
 
 impl std::fmt::Debug for Imds {
@@ -128,7 +196,7 @@ impl std::fmt::Debug for Imds {
 
 impl Imds {
     /// A client with the given endpoint, timeouts, attempts and token TTL.
-    pub fn new(settings: &settings::Imds) -> Imds {
+    pub fn new(settings: &ImdsSettings) -> Imds {
         let http = http_client(&endpoint(settings));
         Imds {
             client: Mutex::new(build_client_with(settings, http.clone())),
@@ -278,7 +346,7 @@ impl Imds {
 }
 
 /// aws-config's IMDS client for these settings.
-pub(crate) fn build_client(s: &settings::Imds) -> aws_config::imds::Client {
+pub(crate) fn build_client(s: &ImdsSettings) -> aws_config::imds::Client {
     build_client_with(s, http_client(&endpoint(s)))
 }
 
@@ -306,10 +374,7 @@ fn http_client(endpoint: &str) -> Option<SharedHttpClient> {
     )
 }
 
-fn build_client_with(
-    s: &settings::Imds,
-    http: Option<SharedHttpClient>,
-) -> aws_config::imds::Client {
+fn build_client_with(s: &ImdsSettings, http: Option<SharedHttpClient>) -> aws_config::imds::Client {
     let mut b = aws_config::imds::Client::builder()
         .max_attempts(u32::try_from(s.attempts).unwrap_or(4))
         .token_ttl(s.token_ttl.0)
@@ -367,7 +432,7 @@ const DEFAULT_ENDPOINT_V4: &str = "http://169.254.169.254";
 const DEFAULT_ENDPOINT_V6: &str = "http://[fd00:ec2::254]";
 
 /// The endpoint as aws-config resolves it: setting, environment, endpoint mode, default.
-fn endpoint(s: &settings::Imds) -> String {
+fn endpoint(s: &ImdsSettings) -> String {
     if !s.endpoint.is_empty() {
         return s.endpoint.clone();
     }
@@ -397,7 +462,7 @@ fn body_of(response: &HttpResponse) -> &[u8] {
 }
 
 impl BytesClient {
-    fn new(s: &settings::Imds, http: Option<SharedHttpClient>) -> BytesClient {
+    fn new(s: &ImdsSettings, http: Option<SharedHttpClient>) -> BytesClient {
         let timeouts = TimeoutConfig::builder()
             .connect_timeout(s.timeout.0)
             .read_timeout(s.timeout.0)

@@ -3,10 +3,160 @@
 //!
 //! Every value that reaches the `--conf` line is either a number computed here or a string
 //! checked against a strict character set, so nothing can add a key to it.
+//!
+//! The `[node]` settings section ([`NodeSettings`]) and the one NodeName rule
+//! ([`node_name`]) are this module's.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use crate::hostfacts::HostFacts;
 use crate::imds::InstanceIdentity;
-use crate::settings;
+use crate::section::{Classified, HumanDuration, KeyTrust};
+
+/// `[node]`: the node definition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSettings {
+    /// Slurm NodeName. Empty: built from `name_template`.
+    pub name: String,
+    /// Template for NodeName over instance facts: `{instance_id}`, `{instance_type}`,
+    /// `{instance_family}` (e.g. `c5`), `{availability_zone}`, `{region}`,
+    /// `{local_hostname_short}` (IMDS local-hostname before the first dot),
+    /// `{local_ipv4_dashed}` (`10-0-0-1`), `{tag:<key>}` (an instance tag).
+    pub name_template: String,
+    /// Dynamic node (`slurmd -Z --conf ...`). `false`: the node is pre-declared in slurm.conf.
+    pub dynamic: bool,
+    /// Extra Slurm Features for dynamic nodes.
+    pub features: Vec<String>,
+    /// Add features from instance facts: instance type, availability zone, `spot`/`ondemand`.
+    pub auto_features: bool,
+    /// Slurm Weight of a dynamic node.
+    pub weight: i64,
+    /// RealMemory reserve: this percentage of physical memory is not offered to jobs...
+    pub real_memory_reserve_percent: i64,
+    /// ...or at least this many MiB, whichever is larger, so the node never registers
+    /// INVALID for "Low RealMemory".
+    pub real_memory_reserve_mib: i64,
+    /// GPUs to declare as `Gres=gpu:N`: `auto` (count `/dev/nvidia<N>`, and wait for the
+    /// count the instance type is known to have) or a number.
+    pub gpus: String,
+    /// How long to wait for GPU device files to appear at boot.
+    pub gpu_wait: HumanDuration,
+    /// The topology a dynamic node joins: `Topology=` in its `--conf` (Slurm 25.05+,
+    /// slurm.conf(5) and topology.yaml(5)), `<topology>:<unit>` items separated by commas,
+    /// e.g. `default:s1`. Empty (the default): none is given; an empty value never reaches
+    /// slurmd, which would read the next word as the topology.
+    pub topology: String,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        NodeSettings {
+            name: String::new(),
+            name_template: "{local_hostname_short}".into(),
+            dynamic: true,
+            features: Vec::new(),
+            auto_features: true,
+            weight: 1,
+            real_memory_reserve_percent: 3,
+            real_memory_reserve_mib: 256,
+            gpus: "auto".into(),
+            gpu_wait: HumanDuration(Duration::from_secs(60)),
+            topology: String::new(),
+        }
+    }
+}
+
+/// The node's shape: what an operator picks per launch, so tags may set it.
+impl Classified for NodeSettings {
+    const SECTION: &'static str = "node";
+    const TRUST: &'static [KeyTrust] = &[
+        KeyTrust::tag("name"),
+        KeyTrust::tag("name_template"),
+        KeyTrust::tag("dynamic"),
+        KeyTrust::tag("features"),
+        KeyTrust::tag("auto_features"),
+        KeyTrust::tag("weight"),
+        KeyTrust::tag("real_memory_reserve_percent"),
+        KeyTrust::tag("real_memory_reserve_mib"),
+        KeyTrust::tag("gpus"),
+        KeyTrust::tag("gpu_wait"),
+        KeyTrust::tag("topology"),
+    ];
+}
+
+/// Most MiB `node.real_memory_reserve_mib` takes (16 TiB).
+const MAX_RESERVE_MIB: i64 = 16 * 1024 * 1024;
+/// Most GPUs `node.gpus` declares.
+const MAX_GPUS: u32 = 1024;
+
+impl NodeSettings {
+    /// Checks the values whose shape the types do not capture: the NodeName, template,
+    /// features and topology, the memory reserves, the weight and the GPU count.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: String| Err((format!("node.{k}"), m));
+        if !self.name.is_empty() {
+            if let Err(m) = validate_node_name(&self.name) {
+                return e("name", m);
+            }
+        }
+        if self.name_template.trim().is_empty() {
+            return e("name_template", "must not be empty".into());
+        }
+        for f in &self.features {
+            if let Err(m) = validate_feature(f) {
+                return e("features", m);
+            }
+        }
+        if let Err(m) = validate_topology(&self.topology) {
+            return e("topology", m);
+        }
+        if !(0..=100).contains(&self.real_memory_reserve_percent) {
+            return e("real_memory_reserve_percent", "must be 0 to 100".into());
+        }
+        if !(0..=MAX_RESERVE_MIB).contains(&self.real_memory_reserve_mib) {
+            return e(
+                "real_memory_reserve_mib",
+                format!("must be 0 to {MAX_RESERVE_MIB} (16 TiB)"),
+            );
+        }
+        if !(0..=u32::MAX as i64).contains(&self.weight) {
+            return e("weight", "must be 0 to 4294967295".into());
+        }
+        if self.gpus != "auto" && !self.gpus.parse::<u32>().is_ok_and(|n| n <= MAX_GPUS) {
+            return e(
+                "gpus",
+                format!(
+                    "expected \"auto\" or a number 0 to {MAX_GPUS}, got {:?}",
+                    self.gpus
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The one NodeName rule: `node.name` when set, else `node.name_template` expanded over
+/// the instance facts. The result is checked against Slurm's NodeName characters.
+///
+/// # Errors
+/// `(dotted key, message)`.
+pub fn node_name(
+    node: &NodeSettings,
+    facts: &InstanceIdentity,
+) -> Result<String, (&'static str, String)> {
+    if node.name.is_empty() {
+        expand_template(&node.name_template, facts).map_err(|m| ("node.name_template", m))
+    } else {
+        validate_node_name(&node.name).map_err(|m| ("node.name", m))?;
+        Ok(node.name.clone())
+    }
+}
 
 /// Longest NodeName accepted. Slurm itself allows more, but host names over 63 characters
 /// break DNS labels and most tooling.
@@ -174,12 +324,12 @@ pub fn real_memory_mib(memory_mib: u64, reserve_percent: u64, reserve_mib: u64) 
 /// # Errors
 /// `(key, message)`: the settings key whose value (or expansion) is invalid.
 pub fn node_definition(
-    s: &settings::Node,
+    s: &NodeSettings,
     id: &InstanceIdentity,
     host: &HostFacts,
     gpus: u32,
 ) -> Result<NodeDefinition, (&'static str, String)> {
-    let node_name = crate::identity::node_name(s, id)?;
+    let node_name = node_name(s, id)?;
     if !s.dynamic {
         return Ok(NodeDefinition {
             node_name,
@@ -239,8 +389,8 @@ mod tests {
         for bad in ["default", ":s1", "t:", "a:b c", "a:b;x", "a:b,", "a:b:c"] {
             assert!(validate_topology(bad).is_err(), "{bad:?}");
         }
-        let mut s = settings::Node::default();
-        let conf = |s: &settings::Node| {
+        let mut s = NodeSettings::default();
+        let conf = |s: &NodeSettings| {
             node_definition(s, &id(), &HOST, 0)
                 .unwrap()
                 .dynamic_conf
@@ -329,7 +479,7 @@ mod tests {
         let mut b = id();
         a.local_hostname = "ip-10-0-0-12.ec2.internal".into();
         b.local_hostname = "ip-10-0-0-12".into();
-        let s = settings::Node::default();
+        let s = NodeSettings::default();
         assert_eq!(
             node_definition(&s, &a, &HOST, 0).unwrap().node_name,
             node_definition(&s, &b, &HOST, 0).unwrap().node_name
@@ -366,7 +516,7 @@ mod tests {
 
     #[test]
     fn dynamic_conf_line() {
-        let mut s = settings::Node::default();
+        let mut s = NodeSettings::default();
         s.features = vec!["efa".into()];
         s.weight = 10;
         let d = node_definition(&s, &id(), &HOST, 2).unwrap();
@@ -387,7 +537,7 @@ mod tests {
     fn a_tag_with_spaces_cannot_add_keys() {
         let mut bad = id();
         bad.tags.insert("Name".into(), "x RealMemory=999999".into());
-        let mut s = settings::Node::default();
+        let mut s = NodeSettings::default();
         s.name_template = "{tag:Name}".into();
         let (key, _) = node_definition(&s, &bad, &HOST, 0).unwrap_err();
         assert_eq!(key, "node.name_template");

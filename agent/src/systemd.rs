@@ -4,11 +4,55 @@
 //! Interface: `org.freedesktop.systemd1.Manager` and `org.freedesktop.systemd1.Unit`
 //! (org.freedesktop.systemd1(5)). A job's outcome arrives as the `JobRemoved` signal with
 //! result `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
+//!
+//! The `[systemd]` settings section ([`SystemdSettings`]: which Manager) is this module's.
 
 use std::time::Duration;
 
 use futures_lite::StreamExt;
+use serde::{Deserialize, Serialize};
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};
+
+use crate::section::{Classified, KeyTrust};
+
+/// `[systemd]`: which Manager to talk to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SystemdSettings {
+    /// `system` (the system bus), `session` (`DBUS_SESSION_BUS_ADDRESS`, as for
+    /// `systemd --user`), or a D-Bus address such as `unix:path=/run/user/0/bus`.
+    pub bus: String,
+}
+
+impl Default for SystemdSettings {
+    fn default() -> Self {
+        SystemdSettings {
+            bus: "system".into(),
+        }
+    }
+}
+
+impl Classified for SystemdSettings {
+    const SECTION: &'static str = "systemd";
+    const TRUST: &'static [KeyTrust] = &[KeyTrust::image("bus")];
+}
+
+impl SystemdSettings {
+    /// Checks `bus`.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        match self.bus.as_str() {
+            "system" | "session" => Ok(()),
+            b if b.starts_with("unix:") => Ok(()),
+            b => Err((
+                "systemd.bus".into(),
+                format!("expected system, session or a unix: D-Bus address, got {b:?}"),
+            )),
+        }
+    }
+}
 
 #[zbus::proxy(
     interface = "org.freedesktop.systemd1.Manager",

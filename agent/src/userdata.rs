@@ -3,7 +3,7 @@
 //! cloud-init (and the managed Slurm service, which requires multipart user data) accept a
 //! MIME multipart document (RFC 2046, as cloud-init's "MIME multi-part archive" describes);
 //! each part has its own content type. The agent reads only the parts whose content type is
-//! [`crate::settings::USER_DATA_CONTENT_TYPE`], TOML documents with the same keys as the
+//! [`USER_DATA_CONTENT_TYPE`], TOML documents with the same keys as the
 //! settings files, each its own settings layer (later parts override earlier ones). Every
 //! other part (shell scripts, cloud-config) is ignored, and so is user data that is not
 //! multipart.
@@ -19,7 +19,8 @@
 
 use std::io::Read;
 
-use crate::settings::USER_DATA_CONTENT_TYPE;
+/// MIME content type of the user-data part that carries settings (TOML text).
+pub const USER_DATA_CONTENT_TYPE: &str = "application/x-slurm-node-agent";
 
 /// Largest user data read, in bytes (EC2 allows 16 KiB; this leaves room for other
 /// launchers and local use).

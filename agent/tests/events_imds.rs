@@ -8,8 +8,8 @@ use std::time::Duration;
 use imds_emulator::{Config, Emulator, Fault, FaultTarget};
 use slurm_node_agent::drain::Cause;
 use slurm_node_agent::events::{self, notice, Decision, EventsSettings, Observations, Observed};
-use slurm_node_agent::imds::Imds;
-use slurm_node_agent::settings::{HumanDuration, Imds as ImdsSettings};
+use slurm_node_agent::imds::{Imds, ImdsSettings};
+use slurm_node_agent::section::HumanDuration;
 
 fn client(emu: &Emulator) -> Imds {
     Imds::new(&ImdsSettings {

@@ -6,14 +6,15 @@
 use std::time::{Duration, Instant};
 
 use imds_emulator::{Config, Emulator, Fault, FaultTarget};
+use slurm_node_agent::imds::ImdsSettings;
 use slurm_node_agent::imds::{Imds, ImdsError};
-use slurm_node_agent::settings;
+use slurm_node_agent::section::HumanDuration;
 
 fn client(endpoint: &str, attempts: i64, timeout_ms: u64) -> Imds {
-    let s = settings::Imds {
+    let s = ImdsSettings {
         endpoint: endpoint.to_string(),
         attempts,
-        timeout: settings::HumanDuration(Duration::from_millis(timeout_ms)),
+        timeout: HumanDuration(Duration::from_millis(timeout_ms)),
         ..Default::default()
     };
     Imds::new(&s)

@@ -415,7 +415,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
 /// ([`crate::slurm::has_client_config`]), looking every 200 ms, at most `limit`. Returns
 /// whether they do. For the daemon's first health pass only: the candidate paths of
 /// [`crate::slurm::client_config`] are the usual ones, not necessarily this build's.
-async fn wait_for_slurm_config(slurm: &crate::settings::Slurm, limit: Duration) -> bool {
+async fn wait_for_slurm_config(slurm: &crate::slurm::SlurmSettings, limit: Duration) -> bool {
     let start = std::time::Instant::now();
     loop {
         if crate::slurm::has_client_config(slurm) {

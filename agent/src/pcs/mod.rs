@@ -41,11 +41,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::authkey::KeyEncoding;
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::imds::InstanceIdentity;
 use crate::retry::Backoff;
 use crate::section::HumanDuration;
-use crate::settings::{KeyEncoding, Settings};
+use crate::settings::Settings;
 use crate::slurm::ConfServer;
 
 pub use actions::NodeLifecycleActions;

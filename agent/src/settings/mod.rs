@@ -40,7 +40,7 @@ pub const DEFAULT_DROPIN_DIR: &str = "/etc/slurm-node-agent/conf.d";
 /// Prefix of the instance tags that set keys: `slurm-node-agent:<section>.<key>`.
 pub const TAG_PREFIX: &str = "slurm-node-agent:";
 /// MIME content type of the user-data part that carries settings (TOML text).
-pub const USER_DATA_CONTENT_TYPE: &str = "application/x-slurm-node-agent";
+pub use crate::userdata::USER_DATA_CONTENT_TYPE;
 
 /// Where a setting came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,11 +26,11 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 13] {
         (T::SECTION, T::TRUST)
     }
     [
-        s::<super::Node>(),
-        s::<super::Slurm>(),
-        s::<super::Auth>(),
-        s::<super::Imds>(),
-        s::<super::Systemd>(),
+        s::<crate::nodedef::NodeSettings>(),
+        s::<crate::slurm::SlurmSettings>(),
+        s::<crate::authkey::AuthSettings>(),
+        s::<crate::imds::ImdsSettings>(),
+        s::<crate::systemd::SystemdSettings>(),
         s::<super::Agent>(),
         s::<crate::mounts::MountSettings>(),
         s::<crate::events::EventsSettings>(),

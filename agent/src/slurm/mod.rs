@@ -2,7 +2,8 @@
 //! of its output.
 //!
 //! Formats are those of Slurm 22.05 to 25.x; parsers are tested against captured output in
-//! `agent/tests/fixtures/slurm/`.
+//! `agent/tests/fixtures/slurm/`. The `[slurm]` settings section ([`SlurmSettings`]) is
+//! this module's.
 
 pub mod healthcheck;
 pub mod node;
@@ -16,6 +17,96 @@ pub use version::SlurmVersion;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::section::{Classified, HumanDuration, KeyTrust};
+
+/// `[slurm]`: joining the controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SlurmSettings {
+    /// Configless servers, `host[:port]`, in priority order. Empty: slurmd looks up the DNS
+    /// SRV record `_slurmctld._tcp`.
+    pub conf_servers: Vec<String>,
+    /// File holding `SLURMD_OPTIONS` for the distribution's slurmd unit. Empty:
+    /// `/etc/default/slurmd` where `/etc/default` exists (Debian, Ubuntu), else
+    /// `/etc/sysconfig/slurmd` (RHEL family, Amazon Linux).
+    pub slurmd_options_file: PathBuf,
+    /// slurmd's systemd unit.
+    pub slurmd_unit: String,
+    /// munged's systemd unit (auth/munge only).
+    pub munge_unit: String,
+    /// Give up joining (node not IDLE) after this long.
+    pub join_deadline: HumanDuration,
+    /// Folder holding `scontrol`, `sinfo` (absolute: health checks run without PATH).
+    pub bin_dir: PathBuf,
+}
+
+impl Default for SlurmSettings {
+    fn default() -> Self {
+        SlurmSettings {
+            conf_servers: Vec::new(),
+            slurmd_options_file: PathBuf::new(),
+            slurmd_unit: "slurmd.service".into(),
+            munge_unit: "munge.service".into(),
+            join_deadline: HumanDuration(Duration::from_secs(600)),
+            bin_dir: PathBuf::from("/usr/bin"),
+        }
+    }
+}
+
+impl Classified for SlurmSettings {
+    const SECTION: &'static str = "slurm";
+    const TRUST: &'static [KeyTrust] = &[
+        // Controller addresses: a rogue controller cannot authenticate without the key.
+        KeyTrust::tag("conf_servers"),
+        KeyTrust::image("slurmd_options_file"),
+        KeyTrust::image("slurmd_unit"),
+        KeyTrust::image("munge_unit"),
+        KeyTrust::user_data("join_deadline"),
+        KeyTrust::image("bin_dir"),
+    ];
+}
+
+impl SlurmSettings {
+    /// Checks the values: the configless servers, the unit names, the join deadline and
+    /// the paths.
+    ///
+    /// # Errors
+    /// `(dotted key, message)`.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |k: &str, m: String| Err((format!("slurm.{k}"), m));
+        for s in &self.conf_servers {
+            if let Err(m) = ConfServer::parse(s) {
+                return e("conf_servers", m);
+            }
+        }
+        for (k, unit) in [
+            ("slurmd_unit", &self.slurmd_unit),
+            ("munge_unit", &self.munge_unit),
+        ] {
+            if let Err(m) = crate::systemd::validate_unit_name(unit) {
+                return e(k, m);
+            }
+        }
+        if self.join_deadline.is_zero() {
+            return e("join_deadline", "must be more than 0".into());
+        }
+        if !self.bin_dir.is_absolute() {
+            return e("bin_dir", "must be an absolute path".into());
+        }
+        let p = &self.slurmd_options_file;
+        if !p.as_os_str().is_empty() && !p.is_absolute() {
+            return e(
+                "slurmd_options_file",
+                format!("must be an absolute path, got {}", p.display()),
+            );
+        }
+        Ok(())
+    }
+}
 
 /// Where Slurm's client commands (`scontrol`, `sinfo`) look for the configuration on a
 /// configless node once slurmd has fetched it: slurmd keeps the files in
@@ -103,7 +194,7 @@ pub fn health_check_timeout(conf: Option<&Path>) -> (std::time::Duration, String
 /// ([`client_config`] with this process's `SLURM_CONF` and the settings' `slurm.bin_dir`).
 /// `false` on a configless node before slurmd has fetched it: slurmctld cannot have a
 /// registration by this boot's slurmd yet, and each command would fetch the configuration.
-pub fn has_client_config(slurm: &crate::settings::Slurm) -> bool {
+pub fn has_client_config(slurm: &SlurmSettings) -> bool {
     let env_conf = std::env::var_os("SLURM_CONF");
     client_config(&slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).is_some()
 }

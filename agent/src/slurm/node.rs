@@ -618,7 +618,7 @@ impl Scontrol {
     /// The `scontrol` that the settings name (`slurm.bin_dir`), given the configless
     /// servers of `slurm.conf_servers`, so that it reaches slurmctld on a node where slurmd
     /// has not yet fetched the configuration, as slurmd itself does.
-    pub fn configured(slurm: &crate::settings::Slurm) -> Scontrol {
+    pub fn configured(slurm: &super::SlurmSettings) -> Scontrol {
         Scontrol {
             conf_server: slurm.conf_servers.join(","),
             ..Scontrol::new(&slurm.bin_dir)
