@@ -1,8 +1,19 @@
 //! What the host offers to jobs: CPU topology and memory (sysinfo and sysfs), and GPUs
-//! (device files).
+//! (device files); and which boot of the host this is ([`boot_id`]). Ground floor: uses no
+//! other module of the crate.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// The kernel's id of this boot (`/proc/sys/kernel/random/boot_id`), the one home of "is
+/// this the same boot": the drain state's action, health's pending drain and clean marker,
+/// the PCS `bootstrapId` file and the lifecycle scripts' run record compare it. `None` when
+/// it cannot be read.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
 
 /// CPU topology and memory of the host, in the units slurm.conf uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

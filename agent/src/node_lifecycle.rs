@@ -1048,13 +1048,6 @@ impl LifecycleError {
     }
 }
 
-/// The kernel's id of this boot.
-pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// What bootstrap hands [`run`].
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
@@ -1105,7 +1098,11 @@ pub async fn run(
         return Ok(StageOutcome::default());
     }
     let state_dir = &s.agent.state_dir;
-    let mut record = RunRecord::load(state_dir, &cx.facts.instance_id, &boot_id());
+    let mut record = RunRecord::load(
+        state_dir,
+        &cx.facts.instance_id,
+        &crate::hostfacts::boot_id().unwrap_or_default(),
+    );
     let facts = Facts {
         first_boot: record.first_boot(),
         ..cx.facts.clone()

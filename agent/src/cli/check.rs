@@ -143,7 +143,7 @@ impl CheckArgs {
                 return 78;
             }
         };
-        let mut env = RunEnv::from_settings(&s);
+        let mut env = RunEnv::new(&s.health, &s.systemd.bus);
         env.node = node.clone();
         // Report only: no NHC -S/-r/-c service starts either.
         env.service_actions = !self.no_act;
@@ -176,10 +176,15 @@ impl CheckArgs {
             }),
             (Some(n), true) => {
                 let scontrol = Scontrol::configured(&s.slurm);
-                let mut opts = ActOptions::from_settings(&s);
-                if let Some(i) = &ident {
-                    opts = opts.with_instance(&i.instance_id);
-                }
+                // The incarnation from the identity, else from bootstrap's record.
+                let instance_id = match &ident {
+                    Some(i) => i.instance_id.clone(),
+                    None => identity::Recorded::read(&s.agent.state_dir).map_or_else(
+                        || crate::reason::UNKNOWN_INSTANCE.to_string(),
+                        |r| r.instance_id,
+                    ),
+                };
+                let mut opts = ActOptions::new(&s.health, &s.agent.state_dir, &instance_id);
                 // Slurm 26.05 with health_check_report, on the runs slurmctld asks for.
                 opts.node_health = health::act::node_health_hint(
                     std::env::var_os("SLURM_NODE_IS_HEALTHY").as_deref(),

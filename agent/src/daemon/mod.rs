@@ -309,15 +309,18 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     // drain/resume rules as `slurm-node-agent check`. The files are read again at each
     // pass, as Slurm's HealthCheckProgram reads them at each run: an edited or fixed check
     // file counts from the next pass for both, so they never judge by different checks.
-    let mut health_env = crate::health::RunEnv::from_settings(&s);
+    let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
     let upgrade_sleep = tokio::time::sleep_until(start);
     tokio::pin!(upgrade_sleep);
     let ctx = Arc::new(Ctx {
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
         scontrol: crate::slurm::Scontrol::configured(&s.slurm),
-        health_act: crate::health::act::ActOptions::from_settings(&s)
-            .with_instance(&ident.instance_id),
+        health_act: crate::health::act::ActOptions::new(
+            &s.health,
+            &s.agent.state_dir,
+            &ident.instance_id,
+        ),
         health_env,
         mounts_systemd,
         aws,

@@ -167,13 +167,6 @@ pub struct Engine {
     pub metrics_file: PathBuf,
 }
 
-/// The boot id of the running system (`/proc/sys/kernel/random/boot_id`).
-pub fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 /// Whether the node's slurmd started after `since` (Unix seconds) and the node responds.
 /// slurmctld's `SlurmdStartTime` has one-second resolution, so a slurmd started in the
 /// same second as `since` does not count (it may have started just before): a reboot comes
@@ -712,7 +705,7 @@ impl Engine {
                             return Ok(st.phase);
                         }
                     }
-                    st.act(boot_id(), now)?;
+                    st.act(crate::hostfacts::boot_id(), now)?;
                     self.save(&st)?;
                 }
                 Phase::Acting => {

@@ -221,16 +221,14 @@ pub struct ActOptions {
 }
 
 impl ActOptions {
-    /// From settings (`agent.state_dir`, `health.scontrol_timeout`); the instance id from
-    /// bootstrap's record (`unknown` without one; see [`ActOptions::with_instance`]).
-    pub fn from_settings(s: &crate::settings::Settings) -> ActOptions {
+    /// From `[health]` (`health.scontrol_timeout`), the state folder (`agent.state_dir`,
+    /// for the drain marker) and the incarnation that writes the reasons (`unknown` when
+    /// not known).
+    pub fn new(health: &super::HealthSettings, state_dir: &Path, instance_id: &str) -> ActOptions {
         ActOptions {
-            instance_id: crate::identity::Recorded::read(&s.agent.state_dir).map_or_else(
-                || crate::reason::UNKNOWN_INSTANCE.to_string(),
-                |r| r.instance_id,
-            ),
-            state_dir: Some(s.agent.state_dir.clone()),
-            scontrol_timeout: s.health.scontrol_timeout.0,
+            instance_id: instance_id.to_string(),
+            state_dir: Some(state_dir.to_path_buf()),
+            scontrol_timeout: health.scontrol_timeout.0,
             node_health: None,
         }
     }
@@ -294,7 +292,7 @@ impl PendingDrain {
         let failed: Vec<_> = report.failures().collect();
         let first = failed.first()?;
         Some(PendingDrain {
-            boot_id: crate::drain::boot_id().unwrap_or_default(),
+            boot_id: crate::hostfacts::boot_id().unwrap_or_default(),
             written_unix: crate::time::now(),
             check: first.name.clone(),
             message: first.message.clone(),
@@ -326,7 +324,7 @@ impl PendingDrain {
 
     /// The one in `state_dir` when it was written in this boot.
     pub fn read_this_boot(state_dir: &Path) -> Option<PendingDrain> {
-        let boot = crate::drain::boot_id()?;
+        let boot = crate::hostfacts::boot_id()?;
         PendingDrain::read(state_dir).filter(|p| p.boot_id == boot)
     }
 
@@ -366,7 +364,7 @@ pub async fn apply_pending(
     instance_id: &str,
 ) -> Option<ActOutcome> {
     let pending = PendingDrain::read(state_dir)?;
-    let boot = crate::drain::boot_id().unwrap_or_default();
+    let boot = crate::hostfacts::boot_id().unwrap_or_default();
     if pending.boot_id != boot || pending.written_unix < slurmd_started_unix {
         tracing::debug!(?pending, "stale pending health drain removed");
         PendingDrain::remove(state_dir);
@@ -406,14 +404,6 @@ pub async fn apply_pending(
     Some(out)
 }
 
-impl ActOptions {
-    /// The same options writing reasons as incarnation `instance_id`.
-    pub fn with_instance(mut self, instance_id: &str) -> ActOptions {
-        self.instance_id = instance_id.to_string();
-        self
-    }
-}
-
 /// What [`act_on`] did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ActOutcome {
@@ -451,7 +441,7 @@ pub async fn act_on(
     let failure = report.drain_reason(&opts.instance_id);
     let state_dir = opts.state_dir.as_deref().filter(|d| d.is_dir());
     let marker = state_dir.map(clean_marker);
-    let boot = crate::drain::boot_id().unwrap_or_default();
+    let boot = crate::hostfacts::boot_id().unwrap_or_default();
     if failure.is_none() {
         // The newest verdict counts: a failure recorded before the registration is over.
         if let Some(d) = state_dir {
@@ -986,7 +976,7 @@ fi
             format!("NodeName=n1 State=IDLE+DRAIN Reason=slurm-node-agent/health@{ID}: x: y\n"),
         )
         .unwrap();
-        std::fs::write(clean_marker(&state), crate::drain::boot_id().unwrap()).unwrap();
+        std::fs::write(clean_marker(&state), crate::hostfacts::boot_id().unwrap()).unwrap();
         opts.node_health = None;
         let out = act_on(&report(true), &sc, "n1", &opts).await;
         assert!(out.detail.contains("this boot"), "{out:?}");

@@ -62,14 +62,15 @@ impl Default for RunEnv {
 }
 
 impl RunEnv {
-    /// From the agent's settings (`systemd.bus`, `health.output_limit`, `node.name`).
-    pub fn from_settings(s: &crate::settings::Settings) -> RunEnv {
+    /// From `[health]` (`health.output_limit`, `health.run_deadline`) and the systemd bus
+    /// (`systemd.bus`); no NodeName (the caller sets [`RunEnv::node`]).
+    pub fn new(health: &super::HealthSettings, systemd_bus: &str) -> RunEnv {
         RunEnv {
             host: Host::default(),
-            systemd_bus: s.systemd.bus.clone(),
-            output_limit: usize::try_from(s.health.output_limit).unwrap_or(64 * 1024),
-            node: (!s.node.name.is_empty()).then(|| s.node.name.clone()),
-            run_deadline: s.health.run_deadline.0,
+            systemd_bus: systemd_bus.to_string(),
+            output_limit: usize::try_from(health.output_limit).unwrap_or(64 * 1024),
+            node: None,
+            run_deadline: health.run_deadline.0,
             service_actions: true,
         }
     }

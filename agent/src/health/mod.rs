@@ -18,10 +18,12 @@
 //! // The NodeName comes from slurm_node_agent::identity::resolve in the agent's commands.
 //! let node = Some("n1".to_string());
 //! let checks = health::load(&settings.health, &settings.slurm.bin_dir, node.as_deref())?;
-//! let report = health::run_checks(&checks, &health::RunEnv::from_settings(settings)).await;
+//! let env = health::RunEnv::new(&settings.health, &settings.systemd.bus);
+//! let report = health::run_checks(&checks, &env).await;
 //! if let Some(node) = &node {
 //!     let scontrol = Scontrol::new(&settings.slurm.bin_dir);
-//!     let outcome = health::act_on(&report, &scontrol, node, &health::ActOptions::from_settings(settings)).await;
+//!     let opts = health::ActOptions::new(&settings.health, &settings.agent.state_dir, "unknown");
+//!     let outcome = health::act_on(&report, &scontrol, node, &opts).await;
 //!     println!("{}", outcome.summary());
 //! }
 //! # Ok(()) }

@@ -378,20 +378,13 @@ pub fn valid_cluster_identifier(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '-')
 }
 
-/// The kernel's id of this boot.
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// This boot's `bootstrapId`: the one in `path` when it was made in this boot, else a new
 /// one (32 random hex digits, as the service's own agent made them) written there first.
 ///
 /// # Errors
 /// [`PcsError::Io`] when the file cannot be written.
 pub fn bootstrap_id(path: &Path) -> Result<String, PcsError> {
-    let boot = boot_id();
+    let boot = crate::hostfacts::boot_id().unwrap_or_default();
     if let Ok(text) = std::fs::read_to_string(path) {
         if let Some((b, id)) = text.trim().split_once(' ') {
             if b == boot && (1..=1000).contains(&id.len()) && !id.contains(char::is_whitespace) {

@@ -19,7 +19,7 @@
 //!   ([`SlurmVersion::refuses_combined_health_check_only`]).
 //!
 //! The agent's side of it (a failing start run recorded and drained by bootstrap once
-//! slurmd has registered) is in [`crate::health::act`].
+//! slurmd has registered) is the health module's (`health::act`).
 
 use std::path::{Path, PathBuf};
 
