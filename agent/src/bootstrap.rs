@@ -767,7 +767,7 @@ async fn prepare_record(
     let admin = node
         .held_reason()
         .is_some_and(|r| !reason::is_agent_reason(r));
-    if admin || !crate::drain::slurm::node_is_empty(&node) {
+    if admin || !node.runs_no_job() {
         tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
         return found;
     }

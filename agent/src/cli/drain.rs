@@ -13,7 +13,7 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{print_error, Output, SettingsArgs};
-use crate::drain::{Begin, DrainState, Engine, Phase};
+use crate::drain::{Begin, DrainState, Phase};
 use crate::identity::{self, NodeIdentity};
 use crate::settings::Settings;
 
@@ -158,7 +158,7 @@ impl DrainArgs {
             Err(code) => return code,
         };
         let node = id.node_name.clone();
-        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
+        let engine = s.drain_engine(&node).with_instance(&id.instance_id);
         let cause = crate::drain::Cause::Manual {
             reason: self.reason.clone(),
         };

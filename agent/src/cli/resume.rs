@@ -9,7 +9,6 @@ use clap::Args;
 
 use super::drain::{local_settings, Report};
 use super::{print_error, Output, SettingsArgs};
-use crate::drain::Engine;
 
 /// Arguments of `resume`.
 #[derive(Debug, Args)]
@@ -33,7 +32,7 @@ impl ResumeArgs {
             Err(code) => return code,
         };
         let node = id.node_name.clone();
-        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
+        let engine = s.drain_engine(&node).with_instance(&id.instance_id);
         match engine.resume(self.force).await {
             Ok(st) => {
                 Report::new(&node, "resumed", st).print(self.output);

@@ -13,7 +13,6 @@ use clap::Args;
 
 use super::drain::{local_settings, Report};
 use super::{print_error_message, Output, SettingsArgs};
-use crate::drain::Engine;
 use crate::reason::RecordHolder;
 
 /// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
@@ -41,7 +40,7 @@ impl StatusArgs {
             Err(code) => return code,
         };
         let node = id.node_name.clone();
-        let engine = Engine::new(&s, &node).with_instance(&id.instance_id);
+        let engine = s.drain_engine(&node).with_instance(&id.instance_id);
         let st = match engine.load() {
             Ok(st) => st,
             Err(e) => {

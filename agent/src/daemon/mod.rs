@@ -14,6 +14,7 @@
 //! `WatchdogSec=10s` neither starves the watchdog nor holds up the spot polling.
 
 pub mod notify;
+pub mod rollout;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,8 +29,8 @@ use crate::events::{self, Decision, Observations};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::retry::Backoff;
 use crate::settings::{self, Layer, Settings, SettingsError};
-use crate::upgrade::rollout::{self, Check};
 use notify::Notifier;
+use rollout::Check;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -232,7 +233,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let (resolved, ident) = crate::identity::resolve(&req).await?;
     let s = resolved.settings;
     let node = ident.node_name.clone();
-    let engine = Engine::new(&s, &node).with_instance(&ident.instance_id);
+    let engine = s.drain_engine(&node).with_instance(&ident.instance_id);
     let imds = Arc::new(Imds::new(&s.imds));
     let aws = if s.upgrade.parameter.is_empty() {
         None

@@ -18,21 +18,45 @@ pub mod slurm;
 pub mod state;
 pub mod store;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::events::SpotJobAction;
 use crate::reason::{Incarnation, RecordHolder};
 use crate::section::HumanDuration;
-use crate::settings::Settings;
 use crate::slurm::{NodeInfo, ScontrolError};
 use crate::time;
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
 pub use slurm::SlurmOps;
 pub use state::{Begin, Cause, DrainState, Phase};
 pub use store::{Store, StoreError};
+
+/// What to do with the jobs still running when a spot interruption comes close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SpotJobAction {
+    /// Let them run until the instance goes.
+    #[default]
+    None,
+    /// `scancel --signal=<events.spot_job_signal>`: the job steps get the signal (to
+    /// checkpoint).
+    Signal,
+    /// `scontrol requeue`: back to the queue (batch jobs that allow requeue).
+    Requeue,
+}
+
+/// What a spot drain does with the jobs still running on the node (`[events]`'s
+/// `spot_job_action`, `spot_job_signal` and `spot_job_action_lead`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SpotJobs {
+    /// `none`, `signal` or `requeue`.
+    pub action: SpotJobAction,
+    /// The signal for [`SpotJobAction::Signal`]: a name (`TERM`, `USR1`, ...) or number.
+    pub signal: String,
+    /// How long before the interruption time the action is taken.
+    pub lead: Duration,
+}
 
 /// `[drain]`: the drain machine itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,8 +177,8 @@ pub struct Engine {
     pub ops: SlurmOps,
     /// State folder.
     pub store: Store,
-    /// `[events]` (spot job action).
-    pub events: crate::events::EventsSettings,
+    /// The spot job action (from `[events]`).
+    pub spot_jobs: SpotJobs,
     /// `[upgrade]`.
     pub upgrade: UpgradeSettings,
     /// `[drain]`.
@@ -226,22 +250,33 @@ fn is_drained_flag(n: &NodeInfo) -> bool {
 pub const UPGRADE_BUDGET_SETTLE_SECS: i64 = 5;
 
 impl Engine {
-    /// An engine for `node` from the settings.
-    pub fn new(settings: &Settings, node: &str) -> Engine {
-        let metrics_file = if settings.drain.metrics_file.as_os_str().is_empty() {
-            settings.agent.state_dir.join("drain.prom")
+    /// An engine for `node`: its state under `state_dir` (`agent.state_dir`), Slurm's
+    /// programs in `bin_dir` (`slurm.bin_dir`), its own section, the upgrade's, the spot job
+    /// action and the systemd bus of the poweroff action (`systemd.bus`). Writes reasons as
+    /// an `unknown` incarnation until [`Engine::with_instance`].
+    pub fn new(
+        node: &str,
+        state_dir: &Path,
+        bin_dir: &Path,
+        drain: &DrainSettings,
+        upgrade: &UpgradeSettings,
+        spot_jobs: SpotJobs,
+        systemd_bus: &str,
+    ) -> Engine {
+        let metrics_file = if drain.metrics_file.as_os_str().is_empty() {
+            state_dir.join("drain.prom")
         } else {
-            settings.drain.metrics_file.clone()
+            drain.metrics_file.clone()
         };
         Engine {
             node: node.to_string(),
-            ops: SlurmOps::new(&settings.slurm.bin_dir),
-            store: Store::new(&settings.agent.state_dir),
-            events: settings.events.clone(),
-            upgrade: settings.upgrade.clone(),
-            drain: settings.drain.clone(),
+            ops: SlurmOps::new(bin_dir),
+            store: Store::new(state_dir),
+            spot_jobs,
+            upgrade: upgrade.clone(),
+            drain: drain.clone(),
             instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
-            systemd_bus: settings.systemd.bus.clone(),
+            systemd_bus: systemd_bus.to_string(),
             metrics_file,
         }
     }
@@ -579,15 +614,15 @@ impl Engine {
             return Ok(st.phase);
         }
         if let Some(Cause::Spot { time: deadline, .. }) = st.cause.clone() {
-            let lead = i64::try_from(self.events.spot_job_action_lead.0.as_secs()).unwrap_or(0);
+            let lead = i64::try_from(self.spot_jobs.lead.as_secs()).unwrap_or(0);
             if !st.job_action_done
-                && self.events.spot_job_action != SpotJobAction::None
+                && self.spot_jobs.action != SpotJobAction::None
                 && deadline - lead <= now
             {
                 let jobs = self.ops.jobs_on(&self.node).await?;
-                let r = match self.events.spot_job_action {
+                let r = match self.spot_jobs.action {
                     SpotJobAction::Signal => {
-                        let sig = self.events.spot_job_signal.trim_start_matches("SIG");
+                        let sig = self.spot_jobs.signal.trim_start_matches("SIG");
                         tracing::info!(
                             ?jobs,
                             signal = sig,
@@ -609,7 +644,7 @@ impl Engine {
                 self.save(&st)?;
             }
         }
-        if slurm::node_is_empty(&node) {
+        if node.runs_no_job() {
             st.drained(now)?;
             self.save(&st)?;
         }
@@ -700,7 +735,7 @@ impl Engine {
                             self.save(&st)?;
                             return Ok(st.phase);
                         }
-                        if !slurm::node_is_empty(node) {
+                        if !node.runs_no_job() {
                             // Never act with a job on the node.
                             return Ok(st.phase);
                         }
@@ -750,49 +785,7 @@ impl Engine {
         Ok(st.phase)
     }
 
-    /// On the way out for an upgrade poweroff: the reason becomes `... powered off for image
-    /// upgrade A -> B` (so the record holds no budget slot and a replacement that reuses
-    /// the NodeName sees what happened; never over someone else's reason), then, with
-    /// `upgrade.delete_node_record`, a dynamic record with no job is deleted. Failing to
-    /// rewrite the reason stops the poweroff (retried); failing to delete is logged.
-    async fn leave_for_poweroff(
-        &self,
-        current: &str,
-        desired: &str,
-        foreign: bool,
-        node: Option<&NodeInfo>,
-    ) -> Result<(), String> {
-        let Some(node) = node else {
-            return Ok(()); // deleted on an earlier attempt
-        };
-        if !foreign {
-            let marker = crate::upgrade::upgrade_reason(
-                &self.instance_id,
-                &format!("{}{current} -> {desired}", crate::upgrade::POWERED_OFF),
-            );
-            self.ops
-                .scontrol
-                .drain(&self.node, &marker)
-                .await
-                .map_err(|e| format!("marking the node powered off before the poweroff: {e}"))?;
-        }
-        if self.upgrade.delete_node_record {
-            if node.has_flag("DYNAMIC_NORM") && slurm::node_is_empty(node) {
-                match self.ops.delete_node(&self.node).await {
-                    Ok(()) => {
-                        tracing::info!(node = %self.node, "deleted this node's dynamic record before the poweroff")
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %self.node, "could not delete this node's record (it stays, marked powered off): {e}")
-                    }
-                }
-            } else {
-                tracing::info!(node = %self.node, state = node.state(), "not a dynamic node with no job: its record stays, marked powered off");
-            }
-        }
-        Ok(())
-    }
-
+    /// Runs `upgrade.action` for the drain of `cause` ([`crate::upgrade::action`]).
     async fn run_action(
         &self,
         cause: Option<&Cause>,
@@ -800,52 +793,17 @@ impl Engine {
         foreign: bool,
         node: Option<&NodeInfo>,
     ) -> Result<(), String> {
-        let (current, desired) = match cause {
+        let images = match cause {
             Some(Cause::Upgrade { current, desired }) => (current.as_str(), desired.as_str()),
             _ => ("", ""),
         };
-        match self.upgrade.action {
-            UpgradeAction::None => Ok(()),
-            UpgradeAction::Reboot => {
-                tracing::info!(node = %self.node, "scontrol reboot ASAP nextstate=resume");
-                self.ops
-                    .reboot(&self.node, reason)
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            UpgradeAction::Poweroff => {
-                self.leave_for_poweroff(current, desired, foreign, node)
-                    .await?;
-                let unit = &self.upgrade.poweroff_unit;
-                tracing::info!(unit, bus = %self.systemd_bus, "orderly shutdown through systemd");
-                let sd = crate::systemd::Systemd::connect(&self.systemd_bus)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sd.start(unit).await.map_err(|e| e.to_string())
-            }
-            UpgradeAction::Hook => {
-                let Some((prog, args)) = self.upgrade.hook.split_first() else {
-                    return Err("upgrade.hook is empty".into());
-                };
-                tracing::info!(program = %prog, "running the upgrade hook");
-                let mut cmd = tokio::process::Command::new(prog);
-                cmd.args(args)
-                    .env("SNA_NODE", &self.node)
-                    .env("SNA_CURRENT_IMAGE", current)
-                    .env("SNA_DESIRED_IMAGE", desired)
-                    .stdin(std::process::Stdio::null())
-                    .kill_on_drop(true);
-                match tokio::time::timeout(self.upgrade.hook_timeout.0, cmd.status()).await {
-                    Err(_) => Err(format!(
-                        "hook {prog}: no exit within {} (upgrade.hook_timeout)",
-                        self.upgrade.hook_timeout
-                    )),
-                    Ok(Err(e)) => Err(format!("hook {prog}: {e}")),
-                    Ok(Ok(s)) if s.success() => Ok(()),
-                    Ok(Ok(s)) => Err(format!("hook {prog}: {s}")),
-                }
-            }
-        }
+        let target = crate::upgrade::action::Target {
+            node: &self.node,
+            instance_id: &self.instance_id,
+            scontrol: &self.ops.scontrol,
+            systemd_bus: &self.systemd_bus,
+        };
+        crate::upgrade::action::run(&self.upgrade, &target, images, reason, foreign, node).await
     }
 
     async fn progress_done(&self) -> Result<Phase, DrainError> {

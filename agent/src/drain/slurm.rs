@@ -1,7 +1,8 @@
 //! The Slurm calls a drain needs besides `scontrol update` (which [`Scontrol`] has): the
 //! jobs on the node (`squeue`), signalling (`scancel --signal`) and requeueing
-//! (`scontrol requeue`) them, `scontrol reboot`, and counting the nodes of a partition that
-//! carry an upgrade reason. Programs run by absolute path from `slurm.bin_dir`, arguments as
+//! (`scontrol requeue`) them, and counting the nodes of a partition that carry an upgrade
+//! reason (the upgrade actions' own calls, `scontrol reboot` and `delete`, are
+//! [`crate::upgrade::action`]'s). Programs run by absolute path from `slurm.bin_dir`, arguments as
 //! separate words, never through a shell.
 
 use std::path::Path;
@@ -15,18 +16,6 @@ pub struct SlurmOps {
     pub scontrol: Scontrol,
     squeue: Scontrol,
     scancel: Scontrol,
-}
-
-/// Whether no job occupies the node: not ALLOCATED/MIXED/COMPLETING, no CPU allocated.
-pub fn node_is_empty(n: &NodeInfo) -> bool {
-    let busy_base = matches!(n.base_state(), "ALLOCATED" | "MIXED" | "COMPLETING");
-    let completing = n.has_flag("COMPLETING");
-    let cpus = n
-        .fields
-        .get("CPUAlloc")
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    !busy_base && !completing && cpus == 0
 }
 
 /// The time Slurm recorded with a reason (`Reason=... [root@2024-05-01T10:00:00]`), as
@@ -63,7 +52,7 @@ pub fn upgrade_record_gone(n: &NodeInfo, reason: &crate::upgrade::UpgradeReason<
     }
     let rebooting = n.has_flag("REBOOT_ISSUED") || n.has_flag("REBOOT_REQUESTED");
     let not_responding = n.has_flag("NOT_RESPONDING") || n.state().contains('*');
-    not_responding && !rebooting && node_is_empty(n)
+    not_responding && !rebooting && n.runs_no_job()
 }
 
 /// Counts, from `scontrol show nodes -o` output, the nodes of `partition` (all nodes when
@@ -168,28 +157,6 @@ impl SlurmOps {
         first.map_or(Ok(()), Err)
     }
 
-    /// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`.
-    ///
-    /// # Errors
-    /// [`ScontrolError`] (e.g. no `RebootProgram` in slurm.conf).
-    pub async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
-        let r = format!("reason={reason}");
-        self.scontrol
-            .run(&["reboot", "ASAP", "nextstate=resume", &r, node])
-            .await
-            .map(drop)
-    }
-
-    /// `scontrol delete nodename=<node>`: removes a dynamic node's record (Slurm refuses
-    /// while a job runs on it or it is in a reservation).
-    ///
-    /// # Errors
-    /// [`ScontrolError`].
-    pub async fn delete_node(&self, node: &str) -> Result<(), ScontrolError> {
-        let arg = format!("nodename={node}");
-        self.scontrol.run(&["delete", &arg]).await.map(drop)
-    }
-
     /// Counts the upgrade drains of `partition`.
     ///
     /// # Errors
@@ -203,25 +170,6 @@ impl SlurmOps {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn empty_node() {
-        assert!(node_is_empty(&NodeInfo::parse(
-            "NodeName=a State=IDLE+DRAIN CPUAlloc=0"
-        )));
-        assert!(node_is_empty(&NodeInfo::parse(
-            "NodeName=a State=DOWN+DRAIN+NOT_RESPONDING"
-        )));
-        assert!(!node_is_empty(&NodeInfo::parse(
-            "NodeName=a State=MIXED+DRAIN CPUAlloc=1"
-        )));
-        assert!(!node_is_empty(&NodeInfo::parse(
-            "NodeName=a State=IDLE+COMPLETING+DRAIN CPUAlloc=0"
-        )));
-        assert!(!node_is_empty(&NodeInfo::parse(
-            "NodeName=a State=ALLOCATED+DRAIN"
-        )));
-    }
 
     #[test]
     fn counts_upgrades_in_time_order() {

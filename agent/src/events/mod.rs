@@ -23,6 +23,7 @@ pub mod notice;
 use serde::{Deserialize, Serialize};
 
 use crate::drain::state::Cause;
+use crate::drain::{SpotJobAction, SpotJobs};
 use crate::imds::{Imds, ImdsError};
 use crate::section::HumanDuration;
 pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
@@ -41,20 +42,6 @@ pub enum RebalancePolicy {
     /// into an interruption, so other tools leave rebalance draining off by default too).
     #[default]
     Ignore,
-}
-
-/// What to do with the jobs still running when a spot interruption comes close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SpotJobAction {
-    /// Let them run until the instance goes.
-    #[default]
-    None,
-    /// `scancel --signal=<events.spot_job_signal>`: the job steps get the signal (to
-    /// checkpoint).
-    Signal,
-    /// `scontrol requeue`: back to the queue (batch jobs that allow requeue).
-    Requeue,
 }
 
 /// `[events]`: IMDS notices.
@@ -135,6 +122,16 @@ const SIGNALS: [&str; 12] = [
 ];
 
 impl EventsSettings {
+    /// What a spot drain does with the jobs still running (`spot_job_action`,
+    /// `spot_job_signal`, `spot_job_action_lead`), for the drain engine.
+    pub fn spot_jobs(&self) -> SpotJobs {
+        SpotJobs {
+            action: self.spot_job_action,
+            signal: self.spot_job_signal.clone(),
+            lead: self.spot_job_action_lead.0,
+        }
+    }
+
     /// Checks the values; returns the dotted key and the message.
     ///
     /// # Errors

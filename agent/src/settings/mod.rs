@@ -616,6 +616,23 @@ impl Resolved {
     }
 }
 
+impl Settings {
+    /// The drain engine of `node`, built from the sections it uses: `[drain]`,
+    /// `[upgrade]`, `[events]`' spot job action, `agent.state_dir`, `slurm.bin_dir` and
+    /// `systemd.bus`.
+    pub fn drain_engine(&self, node: &str) -> crate::drain::Engine {
+        crate::drain::Engine::new(
+            node,
+            &self.agent.state_dir,
+            &self.slurm.bin_dir,
+            &self.drain,
+            &self.upgrade,
+            self.events.spot_jobs(),
+            &self.systemd.bus,
+        )
+    }
+}
+
 /// Where to read the file layers from.
 #[derive(Debug, Clone)]
 pub struct Paths {

@@ -558,3 +558,33 @@ fn node_lifecycle_errors_name_their_file_script_and_line() {
         "{e}"
     );
 }
+
+#[test]
+fn settings_file_with_mounts_array_and_unknown_keys() {
+    let text = r#"
+[[mounts]]
+mount_point = "/fsx"
+file_system_id = "fs-0123456789abcdef0"
+mount_name = "abcdefgh"
+lnet = true
+
+[[mounts]]
+type = "efs"
+mount_point = "/home"
+file_system_id = "fs-12345678"
+required = false
+retry_for = "30s"
+"#;
+    let s: Settings = toml::from_str(text).unwrap();
+    assert_eq!(s.mounts.len(), 2);
+    assert!(!s.mounts[1].required);
+    assert_eq!(s.mounts[1].retry_for.0, std::time::Duration::from_secs(30));
+    assert!(s.validate().is_ok());
+    let bad = "[[mounts]]\nmount_point = \"/fsx\"\nsorce = \"x\"\n";
+    let e = toml::from_str::<Settings>(bad).unwrap_err();
+    assert!(e.to_string().contains("sorce"), "{e}");
+    let dup = "[[mounts]]\nmount_point = \"/fsx\"\nsource = \"10.0.0.1@tcp:/fsx\"\n\
+               [[mounts]]\nmount_point = \"/fsx\"\nsource = \"10.0.0.2@tcp:/fsx\"\n";
+    let s: Settings = toml::from_str(dup).unwrap();
+    assert_eq!(s.validate().unwrap_err().0, "mounts[1].mount_point");
+}

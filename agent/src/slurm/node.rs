@@ -453,6 +453,18 @@ impl NodeInfo {
         self.has_flag("DRAIN") || matches!(self.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
     }
 
+    /// Whether no job occupies the node: not ALLOCATED/MIXED/COMPLETING, no CPU allocated.
+    pub fn runs_no_job(&self) -> bool {
+        let busy_base = matches!(self.base_state(), "ALLOCATED" | "MIXED" | "COMPLETING");
+        let completing = self.has_flag("COMPLETING");
+        let cpus = self
+            .fields
+            .get("CPUAlloc")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        !busy_base && !completing && cpus == 0
+    }
+
     /// The reason the record holds *now*: [`NodeInfo::reason`] while the node is drained,
     /// down, failing or rebooting, `None` otherwise. Slurm 23.02 and later (without
     /// accounting storage: `clusteracct_storage_g_node_up` clears it only with a storage
@@ -1111,6 +1123,17 @@ impl Scontrol {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn empty_node() {
+        assert!(NodeInfo::parse("NodeName=a State=IDLE+DRAIN CPUAlloc=0").runs_no_job());
+        assert!(NodeInfo::parse("NodeName=a State=DOWN+DRAIN+NOT_RESPONDING").runs_no_job());
+        assert!(!NodeInfo::parse("NodeName=a State=MIXED+DRAIN CPUAlloc=1").runs_no_job());
+        assert!(
+            !NodeInfo::parse("NodeName=a State=IDLE+COMPLETING+DRAIN CPUAlloc=0").runs_no_job()
+        );
+        assert!(!NodeInfo::parse("NodeName=a State=ALLOCATED+DRAIN").runs_no_job());
+    }
 
     #[test]
     fn parses_values_with_spaces_and_reason() {

@@ -23,9 +23,12 @@
 //! - a replacement that still runs another image than the one a previous incarnation of the
 //!   same NodeName powered off for (the launch template does not follow the parameter) does
 //!   not power off again: it stays drained with a reason saying so, which holds a slot, so
-//!   the rollout stops after the budget ([`rollout`]).
+//!   the rollout stops after the budget (the daemon's rollout check, `daemon::rollout`).
+//!
+//! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
+//! them. The `[upgrade]` settings section ([`UpgradeSettings`]) is this module's.
 
-pub mod rollout;
+pub mod action;
 
 use std::time::Duration;
 
@@ -279,7 +282,7 @@ pub fn parse_upgrade_reason(reason: &str) -> Option<UpgradeReason<'_>> {
 /// `reason`): whether an upgrade drain left by another instance must stay for the daemon
 /// to judge, because it names a desired image other than `running` (the replacement booted
 /// from the old image: lifting it would let the node drain and power off again, a loop;
-/// the daemon's [`rollout`] check marks it stuck instead). `false` for anything else,
+/// the daemon's rollout check marks it stuck instead). `false` for anything else,
 /// including an upgrade reason whose desired image is `running` (the upgrade happened:
 /// lift it).
 pub fn leftover_still_applies(reason: &str, running: &str) -> bool {

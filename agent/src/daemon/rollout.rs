@@ -1,10 +1,12 @@
-//! One upgrade check: desired image vs running image, the image exists, no replacement
-//! loop, the budget, and the drain request.
+//! One upgrade check, the daemon's (its only caller): desired image vs running image, the
+//! image exists, no replacement loop, the budget, and the drain request. It drives the
+//! drain engine ([`crate::drain`]) with what [`crate::upgrade`] knows about images and
+//! upgrade reasons, so it sits above both.
 
-use super::{
+use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
+use crate::upgrade::{
     check_image, desired_image, parse_upgrade_reason, upgrade_reason, DesiredImageError, STUCK,
 };
-use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
 
 /// What an upgrade check found or did.
 #[derive(Debug, Clone, PartialEq, Eq)]

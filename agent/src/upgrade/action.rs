@@ -1,0 +1,150 @@
+//! The upgrade actions (`upgrade.action`): what runs once a node drained for an image
+//! upgrade has no job left. The drain engine (`drain::Engine`, in its `acting` phase) calls
+//! [`run`]; retries and the state are the engine's.
+//!
+//! - `poweroff`: the reason becomes `... powered off for image upgrade A -> B` (and, with
+//!   `upgrade.delete_node_record`, a dynamic record with no job is deleted), then systemd
+//!   starts `upgrade.poweroff_unit` over D-Bus (`systemd.bus`);
+//! - `reboot`: `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`;
+//! - `hook`: `upgrade.hook` (argv, no shell) with `SNA_NODE`, `SNA_CURRENT_IMAGE` and
+//!   `SNA_DESIRED_IMAGE`, within `upgrade.hook_timeout`;
+//! - `none`: nothing.
+
+use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
+
+use super::{upgrade_reason, UpgradeAction, UpgradeSettings, POWERED_OFF};
+
+/// The node an action acts on.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// NodeName.
+    pub node: &'a str,
+    /// The incarnation that writes the reasons (`unknown` when not known).
+    pub instance_id: &'a str,
+    /// `scontrol`.
+    pub scontrol: &'a Scontrol,
+    /// `systemd.bus`, for the poweroff.
+    pub systemd_bus: &'a str,
+}
+
+/// Runs `up.action` on `t` for the upgrade `(current, desired)` (empty for another
+/// cause). `reason` is the drain's reason in Slurm (the reboot's); `foreign`: the node was
+/// drained by someone else when the drain began (their reason is never overwritten);
+/// `record`: slurmctld's record of the node (`None`: deleted on an earlier attempt).
+///
+/// # Errors
+/// What failed, for the engine's retry.
+pub async fn run(
+    up: &UpgradeSettings,
+    t: &Target<'_>,
+    (current, desired): (&str, &str),
+    reason: &str,
+    foreign: bool,
+    record: Option<&NodeInfo>,
+) -> Result<(), String> {
+    match up.action {
+        UpgradeAction::None => Ok(()),
+        UpgradeAction::Reboot => {
+            tracing::info!(node = %t.node, "scontrol reboot ASAP nextstate=resume");
+            reboot(t.scontrol, t.node, reason)
+                .await
+                .map_err(|e| e.to_string())
+        }
+        UpgradeAction::Poweroff => {
+            leave_for_poweroff(up, t, current, desired, foreign, record).await?;
+            let unit = &up.poweroff_unit;
+            tracing::info!(unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
+            let sd = crate::systemd::Systemd::connect(t.systemd_bus)
+                .await
+                .map_err(|e| e.to_string())?;
+            sd.start(unit).await.map_err(|e| e.to_string())
+        }
+        UpgradeAction::Hook => {
+            let Some((prog, args)) = up.hook.split_first() else {
+                return Err("upgrade.hook is empty".into());
+            };
+            tracing::info!(program = %prog, "running the upgrade hook");
+            let mut cmd = tokio::process::Command::new(prog);
+            cmd.args(args)
+                .env("SNA_NODE", t.node)
+                .env("SNA_CURRENT_IMAGE", current)
+                .env("SNA_DESIRED_IMAGE", desired)
+                .stdin(std::process::Stdio::null())
+                .kill_on_drop(true);
+            match tokio::time::timeout(up.hook_timeout.0, cmd.status()).await {
+                Err(_) => Err(format!(
+                    "hook {prog}: no exit within {} (upgrade.hook_timeout)",
+                    up.hook_timeout
+                )),
+                Ok(Err(e)) => Err(format!("hook {prog}: {e}")),
+                Ok(Ok(s)) if s.success() => Ok(()),
+                Ok(Ok(s)) => Err(format!("hook {prog}: {s}")),
+            }
+        }
+    }
+}
+
+/// On the way out for an upgrade poweroff: the reason becomes `... powered off for image
+/// upgrade A -> B` (so the record holds no budget slot and a replacement that reuses
+/// the NodeName sees what happened; never over someone else's reason), then, with
+/// `upgrade.delete_node_record`, a dynamic record with no job is deleted. Failing to
+/// rewrite the reason stops the poweroff (retried); failing to delete is logged.
+async fn leave_for_poweroff(
+    up: &UpgradeSettings,
+    t: &Target<'_>,
+    current: &str,
+    desired: &str,
+    foreign: bool,
+    record: Option<&NodeInfo>,
+) -> Result<(), String> {
+    let Some(node) = record else {
+        return Ok(()); // deleted on an earlier attempt
+    };
+    if !foreign {
+        let marker = upgrade_reason(
+            t.instance_id,
+            &format!("{POWERED_OFF}{current} -> {desired}"),
+        );
+        t.scontrol
+            .drain(t.node, &marker)
+            .await
+            .map_err(|e| format!("marking the node powered off before the poweroff: {e}"))?;
+    }
+    if up.delete_node_record {
+        if node.has_flag("DYNAMIC_NORM") && node.runs_no_job() {
+            match delete_record(t.scontrol, t.node).await {
+                Ok(()) => {
+                    tracing::info!(node = %t.node, "deleted this node's dynamic record before the poweroff")
+                }
+                Err(e) => {
+                    tracing::warn!(node = %t.node, "could not delete this node's record (it stays, marked powered off): {e}")
+                }
+            }
+        } else {
+            tracing::info!(node = %t.node, state = node.state(), "not a dynamic node with no job: its record stays, marked powered off");
+        }
+    }
+    Ok(())
+}
+
+/// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`.
+///
+/// # Errors
+/// [`ScontrolError`] (e.g. no `RebootProgram` in slurm.conf).
+async fn reboot(scontrol: &Scontrol, node: &str, reason: &str) -> Result<(), ScontrolError> {
+    let r = format!("reason={reason}");
+    scontrol
+        .run(&["reboot", "ASAP", "nextstate=resume", &r, node])
+        .await
+        .map(drop)
+}
+
+/// `scontrol delete nodename=<node>`: removes a dynamic node's record (Slurm refuses
+/// while a job runs on it or it is in a reservation).
+///
+/// # Errors
+/// [`ScontrolError`].
+async fn delete_record(scontrol: &Scontrol, node: &str) -> Result<(), ScontrolError> {
+    let arg = format!("nodename={node}");
+    scontrol.run(&["delete", &arg]).await.map(drop)
+}
