@@ -13,24 +13,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use slurm_node_agent::cli::{self, check::CheckArgs, LogFormat};
-
-/// Runs the node's health checks once and drains or resumes the node (Slurm's
-/// HealthCheckProgram; the same as `slurm-node-agent check`).
-#[derive(Debug, Parser)]
-#[command(name = "slurm-node-agent-healthcheck", version)]
-struct HealthCheck {
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]
-    log_format: LogFormat,
-    /// More logging: -v the agent's debug lines, -vv its trace, -vvv also the libraries'
-    /// debug lines, -vvvv everything at trace. `RUST_LOG` overrides.
-    #[arg(short, long, action = clap::ArgAction::Count)]
-    verbose: u8,
-    #[command(flatten)]
-    check: CheckArgs,
-}
+use slurm_node_agent::cli::{self, healthcheck::HealthCheck};
 
 fn main() -> ExitCode {
     let args: HealthCheck = match cli::parse_or_exit_code() {

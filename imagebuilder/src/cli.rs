@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-const EXIT_CODES: &str = "Exit codes:
+/// The exit codes, as `--help` and the man page list them.
+pub const EXIT_CODES: &str = "Exit codes:
   0    success
   1    unexpected failure (I/O, a bug)
   2    bad input: unknown OS or architecture, version without checksum, undeclared or mistyped variable, bad command line
@@ -66,6 +67,18 @@ pub enum Command {
     Build(BuildArgs),
     /// Write an AMI id to an SSM parameter as a new version (history), optionally labelled.
     Publish(PublishArgs),
+    /// Write the man pages and shell completions (bash, zsh, fish) below a `share` folder.
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// Arguments of the hidden `generate` command.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Folder to write into, laid out as a `share` folder (`man/man1`,
+    /// `bash-completion/completions`, `zsh/site-functions`, `fish/vendor_completions.d`).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
 }
 
 /// Where to build.
@@ -247,6 +260,9 @@ pub struct Report {
 impl Cli {
     /// Run the chosen command.
     pub async fn run(mut self) -> Result<Report> {
+        if let Command::Generate(args) = &self.command {
+            return crate::manual::generate(&args.out);
+        }
         if self.packer_dir.is_none() {
             self.packer_dir = Some(default_packer_dir()?);
         }
@@ -255,6 +271,7 @@ impl Cli {
             Command::Validate(args) => self.validate(args).await,
             Command::Build(args) => self.build(args).await,
             Command::Publish(args) => publish_cmd(args).await,
+            Command::Generate(args) => crate::manual::generate(&args.out),
         }
     }
 

@@ -10,13 +10,15 @@
 //! - [`keys`]: the signing-key pins of `packer/files/keys/`;
 //! - [`publish`]: the SSM parameter nodes watch;
 //! - [`local`]: the Debian 12 chroot target;
-//! - [`cli`]: the command line; [`error`]: errors and exit codes.
+//! - [`cli`]: the command line; [`error`]: errors and exit codes; [`manual`]: man pages
+//!   and shell completions.
 
 pub mod cli;
 pub mod error;
 pub mod keys;
 pub mod local;
 pub mod machine_readable;
+pub mod manual;
 pub mod packer;
 pub mod publish;
 pub mod recipe;

@@ -125,6 +125,19 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
     assert!(list
         .lines()
         .any(|l| l == "./usr/local/sbin/slurm-image-acceptance"));
+    if agent.is_some() {
+        // The agent's man pages and completions, written by the agent itself (70-agent.sh).
+        for file in [
+            "./usr/local/share/man/man1/slurm-node-agent.1",
+            "./usr/local/share/man/man1/slurm-node-agent-bootstrap.1",
+            "./usr/local/share/man/man1/slurm-node-agent-healthcheck.1",
+            "./usr/local/share/bash-completion/completions/slurm-node-agent",
+            "./usr/local/share/zsh/site-functions/_slurm-node-agent-healthcheck",
+            "./usr/local/share/fish/vendor_completions.d/slurm-node-agent.fish",
+        ] {
+            assert!(list.lines().any(|l| l == file), "{file} not in the tarball");
+        }
+    }
     assert!(
         !list.lines().any(|l| l.starts_with("./tmp/slurm-image/")),
         "staging left in the image"

@@ -1239,3 +1239,140 @@ fn lib_sh_reads_the_pins_as_validate_does() {
         text(&out)
     );
 }
+
+/// The agent build as `assemble_agent` stages it, with a stand-in `slurm-node-agent` whose
+/// `generate --out DIR` writes the layout the real one writes (agent/tests/manual.rs checks
+/// the real pages and scripts); `$STANDIN_DIR/agent-generate-fails` makes it fail.
+fn agent_staging(s: &StandIn) -> PathBuf {
+    let staging = s.path().join("staging");
+    let agent = staging.join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let script = r##"#!/bin/bash
+echo "$*" >>"$STANDIN_DIR/agent-calls"
+[ "$1" = generate ] && [ "$2" = --out ] || exit 2
+[ -f "$STANDIN_DIR/agent-generate-fails" ] && { echo "cannot write" >&2; exit 74; }
+d=$3
+mkdir -p "$d/man/man1" "$d/bash-completion/completions" "$d/zsh/site-functions" "$d/fish/vendor_completions.d"
+for b in slurm-node-agent slurm-node-agent-healthcheck; do
+	echo ".TH $b 1" >"$d/man/man1/$b.1"
+	echo "complete -F _x $b" >"$d/bash-completion/completions/$b"
+	echo "#compdef $b" >"$d/zsh/site-functions/_$b"
+	echo "complete -c $b" >"$d/fish/vendor_completions.d/$b.fish"
+done
+echo ".TH slurm-node-agent-drain 1" >"$d/man/man1/slurm-node-agent-drain.1"
+"##;
+    for bin in ["slurm-node-agent", "slurm-node-agent-healthcheck"] {
+        let p = agent.join(bin);
+        std::fs::write(&p, script).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let units = repo().join("units");
+    for f in [
+        "slurm-node-agent-bootstrap.service",
+        "slurm-node-agent.service",
+        "slurmd.service.d/slurm-node-agent.conf",
+        "munge.service.d/slurm-node-agent.conf",
+        "tmpfiles.d/slurm-node-agent.conf",
+    ] {
+        let dest = agent.join("units").join(f);
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(units.join(f), dest).unwrap();
+    }
+    std::fs::copy(
+        repo().join("packer/files/agent.toml"),
+        agent.join("agent.toml"),
+    )
+    .unwrap();
+    staging
+}
+
+#[test]
+fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    let s = StandIn::new();
+    let staging = agent_staging(&s);
+    let staging = staging.to_str().unwrap();
+    let env = [("IMAGE_OS", "debian-12"), ("IMAGE_STAGING", staging)];
+    let (out, written) = step(&s, "70-agent.sh", &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let calls = s.lines("agent-calls");
+    assert!(
+        calls.len() == 1 && calls[0].starts_with("generate --out /"),
+        "{calls:?}"
+    );
+    for (path, text) in [
+        (
+            "/usr/local/share/man/man1/slurm-node-agent.1",
+            ".TH slurm-node-agent 1",
+        ),
+        (
+            "/usr/local/share/man/man1/slurm-node-agent-drain.1",
+            ".TH slurm-node-agent-drain 1",
+        ),
+        (
+            "/usr/local/share/man/man1/slurm-node-agent-healthcheck.1",
+            ".TH slurm-node-agent-healthcheck 1",
+        ),
+        (
+            "/usr/local/share/bash-completion/completions/slurm-node-agent",
+            "complete -F _x slurm-node-agent",
+        ),
+        (
+            "/usr/local/share/zsh/site-functions/_slurm-node-agent-healthcheck",
+            "#compdef slurm-node-agent-healthcheck",
+        ),
+        (
+            "/usr/local/share/fish/vendor_completions.d/slurm-node-agent.fish",
+            "complete -c slurm-node-agent",
+        ),
+    ] {
+        assert_eq!(written.read(path).trim_end(), text, "{path}");
+        let on_disk = written
+            .root
+            .join("usr-local")
+            .join(path.trim_start_matches("/usr/local/"));
+        let mode = std::fs::metadata(&on_disk).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o644, "{path}");
+    }
+    let log = text(&out);
+    assert!(log.contains("done"), "{log}");
+
+    // The generator failing stops the step, naming it; with ALLOW_SKIPS it is a skip.
+    let s = StandIn::new();
+    let staging = agent_staging(&s);
+    s.set("agent-generate-fails", "");
+    let staging = staging.to_str().unwrap();
+    let (out, _) = step(
+        &s,
+        "70-agent.sh",
+        &[("IMAGE_OS", "debian-12"), ("IMAGE_STAGING", staging)],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("slurm-node-agent generate --out")
+            && text(&out).contains("the man pages and completions were not written"),
+        "{}",
+        text(&out)
+    );
+    let (out, written) = step(
+        &s,
+        "70-agent.sh",
+        &[
+            ("IMAGE_OS", "debian-12"),
+            ("IMAGE_STAGING", staging),
+            ("ALLOW_SKIPS", "true"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        written
+            .read("/etc/slurm-image/skipped")
+            .contains("agent: man pages and completions: slurm-node-agent generate failed"),
+        "{}",
+        text(&out)
+    );
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# 70-agent: slurm-node-agent, its systemd units, the slurmd drop-in, tmpfiles and default
-# settings, from $IMAGE_STAGING/agent (the agent build) and $IMAGE_STAGING/files.
+# 70-agent: slurm-node-agent, its man pages and shell completions, its systemd units, the
+# slurmd drop-in, tmpfiles and default settings, from $IMAGE_STAGING/agent (the agent
+# build) and $IMAGE_STAGING/files.
 # Expected layout of $IMAGE_STAGING/agent:
 #   slurm-node-agent                                 the binary
 #   slurm-node-agent-healthcheck                     HealthCheckProgram (same build)
@@ -47,6 +48,28 @@ if [ -f "$AGENT_SRC/slurm-node-agent-healthcheck" ]; then
 	clear_skip "agent: slurm-node-agent-healthcheck binary"
 else
 	absent "slurm-node-agent-healthcheck binary" "$AGENT_SRC/slurm-node-agent-healthcheck"
+fi
+
+# Man pages and bash, zsh and fish completions of both programs, written by the agent
+# itself (`generate`: from its own command line, so they match the binary) under
+# /usr/local/share, beside /usr/local/bin: man-db, bash-completion, zsh and fish look there.
+SHARE_DIR=${AGENT_SHARE_DIR:-/usr/local/share}
+if [ -x /usr/local/bin/slurm-node-agent ]; then
+	generated=$(mktemp -d)
+	if /usr/local/bin/slurm-node-agent generate --out "$generated" >/dev/null; then
+		while IFS= read -r f; do
+			place "$generated/$f" "$SHARE_DIR/$f" 0644
+		done < <(cd "$generated" && find . -type f -printf '%P\n' | sort)
+		clear_skip "agent: man pages and completions"
+	elif [ "$ALLOW_SKIPS" = true ]; then
+		record_skip "agent: man pages and completions" "slurm-node-agent generate failed"
+		log "absent: man pages and completions (slurm-node-agent generate failed)"
+		missing+=("man pages and completions")
+	else
+		rm -rf "$generated"
+		die "slurm-node-agent generate --out $generated failed: the man pages and completions were not written"
+	fi
+	rm -rf "$generated"
 fi
 
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service)

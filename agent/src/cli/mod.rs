@@ -15,6 +15,8 @@ pub mod bootstrap;
 pub mod check;
 pub mod config;
 pub mod drain;
+pub mod healthcheck;
+pub mod manual;
 pub mod resume;
 pub mod run;
 pub mod status;
@@ -46,7 +48,8 @@ pub struct Cli {
 pub enum Command {
     /// First boot: instance metadata, settings, auth key, slurmd, until the node is IDLE.
     Bootstrap(bootstrap::BootstrapArgs),
-    /// Settings: `config show` prints the merged settings with the source of each value.
+    /// Settings: `config show` prints the merged settings with the source of each value,
+    /// `config reference` every key's documentation.
     #[command(subcommand)]
     Config(config::ConfigCommand),
     /// Run the health checks once, drain or resume the node (also as HealthCheckProgram).
@@ -59,6 +62,10 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Show the drain state and Slurm's view of the node.
     Status(status::StatusArgs),
+    /// Write the man pages and shell completions (bash, zsh, fish) of slurm-node-agent and
+    /// slurm-node-agent-healthcheck below a `share` folder (the image's agent step).
+    #[command(hide = true)]
+    Generate(manual::GenerateArgs),
 }
 
 /// Output format of a command's result on stdout.
@@ -325,6 +332,7 @@ impl Cli {
                 Command::Drain(a) => a.run().await,
                 Command::Resume(a) => a.run().await,
                 Command::Status(a) => a.run().await,
+                Command::Generate(a) => a.run().await,
             }
         })
     }
