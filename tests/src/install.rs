@@ -90,6 +90,14 @@ impl Version {
         self.at_least(23, 11)
     }
 
+    /// slurmctld takes slurmd's `--instance-id` only at the node's first registration or
+    /// after the node booted (26.05: slurmd's boot time later than the record's last
+    /// response). A "replacement" started on the same kernel, as the tests' are, keeps the
+    /// record's value; a real replacement is a new machine.
+    pub fn applies_instance_fields_after_boot_only(self) -> bool {
+        self.at_least(26, 5)
+    }
+
     /// The reference `slurmd.service` is `Type=notify` with `slurmd --systemd` (23.11+).
     pub fn notify_unit(self) -> bool {
         self.at_least(23, 11)

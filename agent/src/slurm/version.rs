@@ -52,6 +52,17 @@ impl SlurmVersion {
         self.at_least(23, 11)
     }
 
+    /// slurmctld takes slurmd's `--instance-id`/`--instance-type` (and `Extra`, topology)
+    /// only at the node's first registration or when the node booted since slurmctld last
+    /// heard from it (slurmd's boot time later than the record's last response): a slurmd
+    /// restarted without a reboot keeps the record's values, so an `scontrol update
+    /// InstanceId=` stays (26.05: `validate_node_specs` in `src/slurmctld/node_mgr.c`).
+    /// Before 26.05 every registration applies them. A replacement instance is a new
+    /// machine, so its first registration names it either way.
+    pub fn applies_instance_fields_after_boot_only(self) -> bool {
+        self.at_least(26, 5)
+    }
+
     /// The reference `slurmd.service` is `Type=notify` with `slurmd --systemd` (23.11;
     /// `etc/slurmd.service.in`), instead of a plain `slurmd -D`.
     pub fn has_notify_unit(self) -> bool {
@@ -197,6 +208,10 @@ mod tests {
     fn each_change_is_at_its_release() {
         let v = |s: &str| SlurmVersion::parse(s).unwrap();
         assert!(!v("22.05.8").has_instance_fields() && v("23.11.0").has_instance_fields());
+        assert!(
+            !v("25.11.6").applies_instance_fields_after_boot_only()
+                && v("26.05.3").applies_instance_fields_after_boot_only()
+        );
         assert!(!v("22.05.8").appends_system_reasons() && v("23.02.0").appends_system_reasons());
         assert!(
             !v("22.05.8").may_keep_reason_after_resume()
