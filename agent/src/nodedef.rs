@@ -34,10 +34,12 @@ pub struct NodeSettings {
     pub auto_features: bool,
     /// Slurm Weight of a dynamic node.
     pub weight: i64,
-    /// RealMemory reserve: this percentage of physical memory is not offered to jobs...
+    /// RealMemory reserve: this percentage of physical memory is not offered to jobs, or
+    /// `real_memory_reserve_mib`, whichever is larger, so the node never registers INVALID
+    /// for "Low RealMemory".
     pub real_memory_reserve_percent: i64,
-    /// ...or at least this many MiB, whichever is larger, so the node never registers
-    /// INVALID for "Low RealMemory".
+    /// RealMemory reserve in MiB: at least this much physical memory is not offered to
+    /// jobs (the larger of this and `real_memory_reserve_percent` counts).
     pub real_memory_reserve_mib: i64,
     /// GPUs to declare as `Gres=gpu:N`: `auto` (count `/dev/nvidia<N>`, and wait for the
     /// count the instance type is known to have) or a number.

@@ -55,7 +55,7 @@ pub use facts::Host;
 
 use crate::section::HumanDuration;
 
-/// `[health]` settings.
+/// `[health]`: the health checks (`check`, the HealthCheckProgram, the daemon's pass).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthSettings {

@@ -259,12 +259,24 @@ pub fn sections() -> Vec<Section> {
         };
         out.push(Section {
             name: f.key.to_string(),
-            doc: clean(doc),
+            doc: section_doc(f.key, &clean(doc)),
             array,
             keys,
         });
     }
     out
+}
+
+/// A section's doc without the `` `[name]`: `` its heading already says, capitalised.
+fn section_doc(name: &str, doc: &str) -> String {
+    let rest = [format!("`[{name}]`: "), format!("`[[{name}]]`: ")]
+        .iter()
+        .find_map(|p| doc.strip_prefix(p.as_str()))
+        .unwrap_or(doc);
+    let mut c = rest.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 /// A key from its field; `trust_key` is what [`trust::class_of`] takes.
