@@ -292,8 +292,8 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // already enable it (its own IMDS session); `register` uses it only if it asked what the
     // final settings ask.
     let early_registration = early.settings.pcs.enabled.then(|| {
-        let settings = early.settings.clone();
-        tokio::spawn(async move { crate::pcs::register_early(&settings).await })
+        let (pcs, imds) = (early.settings.pcs.clone(), early.settings.imds.clone());
+        tokio::spawn(async move { crate::pcs::register_early(&pcs, &imds).await })
     });
     let id = imds.identity().await?;
     tracing::info!(
@@ -315,15 +315,19 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         None => None,
     };
     let managed = match s.pcs.enabled {
-        true => Some(crate::pcs::register(s, &id, early_answer).await?),
+        true => Some(crate::pcs::register(&s.pcs, &s.imds, &s.auth, &id, early_answer).await?),
         false => None,
     };
     // The registration's key and record are written on a blocking thread beside the next
     // steps (awaited as the key step).
     let persist = managed
         .as_ref()
-        .map(|m| tokio::task::spawn_blocking(m.persist(s)));
-    let managed_settings = managed.as_ref().map(|m| m.join_settings(s));
+        .map(|m| tokio::task::spawn_blocking(m.persist(&s.agent.state_dir)));
+    let managed_settings = managed.as_ref().map(|m| {
+        let mut joined = s.clone();
+        m.join_settings(&mut joined.node, &mut joined.slurm, &mut joined.auth);
+        joined
+    });
     let s = managed_settings.as_ref().unwrap_or(s);
     if managed.is_some() {
         t.done("register");
@@ -496,10 +500,14 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         instance_id: id.instance_id.clone(),
         first_boot: false,
         conf_servers: s.slurm.conf_servers.clone(),
-        pcs: managed.as_ref().map(|m| crate::pcs::facts(&m.registration)),
+        pcs: managed
+            .as_ref()
+            .map(|m| crate::node_lifecycle::PcsFacts::from(&m.registration)),
     };
     let lifecycle = crate::node_lifecycle::Context {
-        settings: s,
+        settings: &s.node_lifecycle,
+        state_dir: &s.agent.state_dir,
+        slurm: &s.slurm,
         region: &id.region,
         service: managed
             .as_ref()
@@ -566,9 +574,7 @@ async fn run_lifecycle(
     if let (Err(crate::node_lifecycle::LifecycleError::Terminated { reason, .. }), Some(m)) =
         (&result, managed)
     {
-        if let Err(e) =
-            crate::pcs::record_termination(&cx.settings.agent.state_dir, &m.registration, reason)
-        {
+        if let Err(e) = crate::pcs::record_termination(cx.state_dir, &m.registration, reason) {
             tracing::error!("{e}");
         }
     }

@@ -466,6 +466,18 @@ pub struct PcsFacts {
     pub group_name: String,
 }
 
+/// The `PCS_*` facts of a registration.
+impl From<&crate::pcs::Registration> for PcsFacts {
+    fn from(r: &crate::pcs::Registration) -> PcsFacts {
+        PcsFacts {
+            cluster_id: r.cluster_identifier.clone(),
+            cluster_name: r.cluster_name.clone().unwrap_or_default(),
+            group_id: r.compute_node_group_id.clone().unwrap_or_default(),
+            group_name: r.compute_node_group_name.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// What scripts learn from their environment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Facts {
@@ -1051,8 +1063,12 @@ impl LifecycleError {
 /// What bootstrap hands [`run`].
 #[derive(Debug, Clone, Copy)]
 pub struct Context<'a> {
-    /// The settings bootstrap runs with.
-    pub settings: &'a crate::settings::Settings,
+    /// `[node_lifecycle]` as bootstrap runs with it (the image's scripts, the poweroff unit).
+    pub settings: &'a NodeLifecycleSettings,
+    /// `agent.state_dir` (the run record, the cache and the logs).
+    pub state_dir: &'a Path,
+    /// `[slurm]` (the drain of a `TERMINATE` in `nodeReady`).
+    pub slurm: &'a crate::slurm::SlurmSettings,
     /// The instance's region (downloads).
     pub region: &'a str,
     /// The service's actions, in the managed mode.
@@ -1074,8 +1090,7 @@ pub async fn run(
     stage: Stage,
     systemd: &crate::systemd::Systemd,
 ) -> Result<StageOutcome, LifecycleError> {
-    let s = cx.settings;
-    let image = s.node_lifecycle.actions();
+    let image = cx.settings.actions();
     if let Some(a) = cx.service {
         validate(a).map_err(|(key, message)| LifecycleError::Invalid {
             origin: "service",
@@ -1097,7 +1112,7 @@ pub async fn run(
     if lists.iter().all(|l| stage.of(&l.actions.stages).is_empty()) {
         return Ok(StageOutcome::default());
     }
-    let state_dir = &s.agent.state_dir;
+    let state_dir = cx.state_dir;
     let mut record = RunRecord::load(
         state_dir,
         &cx.facts.instance_id,
@@ -1118,7 +1133,7 @@ pub async fn run(
         tracing::error!("{e}");
     }
     if stage == Stage::NodeReady {
-        let scontrol = crate::slurm::Scontrol::configured(&s.slurm);
+        let scontrol = crate::slurm::Scontrol::configured(cx.slurm);
         match scontrol.drain(&facts.node_name, &reason).await {
             Ok(()) => {
                 tracing::error!(node = %facts.node_name, %reason, "drained before powering off")
@@ -1130,7 +1145,7 @@ pub async fn run(
     } else {
         tracing::error!(%reason, "slurmd has not started: the reason goes to the log and the records only");
     }
-    let unit = &s.node_lifecycle.poweroff_unit;
+    let unit = &cx.settings.poweroff_unit;
     let action = match systemd.start(unit).await {
         Ok(()) => format!("powering off ({unit} started)"),
         Err(e) => {

@@ -41,13 +41,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::authkey::KeyEncoding;
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
+use crate::authkey::{AuthSettings, KeyEncoding};
+use crate::imds::ImdsSettings;
 use crate::imds::InstanceIdentity;
+use crate::nodedef::NodeSettings;
 use crate::retry::Backoff;
 use crate::section::HumanDuration;
-use crate::settings::Settings;
-use crate::slurm::ConfServer;
+use crate::slurm::{ConfServer, SlurmSettings};
 
 pub use actions::NodeLifecycleActions;
 
@@ -293,10 +294,10 @@ impl Managed {
     /// [`PcsError::Key`] (the key write failed), [`PcsError::Io`] (the record).
     pub fn persist(
         &self,
-        s: &Settings,
+        state_dir: &Path,
     ) -> impl FnOnce() -> Result<bool, PcsError> + Send + 'static {
         let (key, owner, path) = (self.key.clone(), self.owner, self.path.clone());
-        let state_dir = s.agent.state_dir.clone();
+        let state_dir = state_dir.to_path_buf();
         let registration = self.registration.clone();
         move || {
             let changed = authkey::install(&key, &path, owner)?;
@@ -306,16 +307,20 @@ impl Managed {
         }
     }
 
-    /// The settings the rest of bootstrap runs with: NodeName `nodeID`, a pre-declared
-    /// (not dynamic) node, the `SLURMCTLD` endpoints as configless servers, and no key
-    /// source (the key is already installed from the answer).
-    pub fn join_settings(&self, s: &Settings) -> Settings {
-        let mut s = s.clone();
-        s.node.name = self.registration.node_id.clone();
-        s.node.dynamic = false;
-        s.slurm.conf_servers = self.conf_servers.clone();
-        s.auth.key_source = String::new();
-        s
+    /// Makes the sections the rest of bootstrap runs with say what the registration says:
+    /// NodeName `nodeID`, a pre-declared (not dynamic) node, the `SLURMCTLD` endpoints as
+    /// configless servers, and no key source (the key is already installed from the
+    /// answer).
+    pub fn join_settings(
+        &self,
+        node: &mut NodeSettings,
+        slurm: &mut SlurmSettings,
+        auth: &mut AuthSettings,
+    ) {
+        node.name = self.registration.node_id.clone();
+        node.dynamic = false;
+        slurm.conf_servers = self.conf_servers.clone();
+        auth.key_source = String::new();
     }
 }
 
@@ -428,16 +433,16 @@ type Answer = aws_sdk_pcs::operation::register_compute_node_group_instance::Regi
 /// The PCS client: `region`, the instance profile's credentials from IMDS (aws-config's
 /// IMDS credentials provider, through the agent's IMDS settings), `pcs.endpoint` when set,
 /// and no SDK retries (the callers retry).
-async fn client(s: &Settings, region: &str) -> aws_sdk_pcs::Client {
+async fn client(pcs: &PcsSettings, imds: &ImdsSettings, region: &str) -> aws_sdk_pcs::Client {
     let creds = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
-        .imds_client(crate::imds::build_client(&s.imds))
+        .imds_client(crate::imds::build_client(imds))
         .build();
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new(region.to_string()))
         .credentials_provider(creds)
         .retry_config(aws_config::retry::RetryConfig::disabled());
-    if !s.pcs.endpoint.is_empty() {
-        loader = loader.endpoint_url(&s.pcs.endpoint);
+    if !pcs.endpoint.is_empty() {
+        loader = loader.endpoint_url(&pcs.endpoint);
     }
     aws_sdk_pcs::Client::new(&loader.load().await)
 }
@@ -453,34 +458,35 @@ pub struct EarlyRegistration {
     answer: Answer,
 }
 
-/// One registration attempt with the image's settings (files and flags) `s`, for bootstrap
+/// One registration attempt with the image's settings (files and flags: `[pcs]`, `[imds]`), for bootstrap
 /// to start beside the instance metadata read: only when `pcs.enabled` is set there; the
 /// cluster id from `pcs.cluster_id`, else the tag `aws:pcs:cluster-id` read on its own;
 /// region and credentials from IMDS. `None` when it cannot be made or fails (logged at
 /// debug level): [`register`] then registers (and retries) itself.
-pub async fn register_early(s: &Settings) -> Option<EarlyRegistration> {
-    if !s.pcs.enabled {
+pub async fn register_early(pcs: &PcsSettings, imds: &ImdsSettings) -> Option<EarlyRegistration> {
+    if !pcs.enabled {
         return None;
     }
-    let imds = crate::imds::Imds::new(&s.imds);
+    let client_settings = imds;
+    let imds = crate::imds::Imds::new(imds);
     let region = imds
         .get("/latest/meta-data/placement/region")
         .await
         .ok()?
         .trim()
         .to_string();
-    let cluster = if s.pcs.cluster_id.is_empty() {
+    let cluster = if pcs.cluster_id.is_empty() {
         imds.get(&format!("/latest/meta-data/tags/instance/{CLUSTER_ID_TAG}"))
             .await
             .ok()?
     } else {
-        s.pcs.cluster_id.clone()
+        pcs.cluster_id.clone()
     };
     if !valid_cluster_identifier(&cluster) {
         return None;
     }
-    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file).ok()?;
-    let sent = client(s, &region)
+    let bootstrap_id = bootstrap_id(&pcs.bootstrap_id_file).ok()?;
+    let sent = client(pcs, client_settings, &region)
         .await
         .register_compute_node_group_instance()
         .cluster_identifier(&cluster)
@@ -492,7 +498,7 @@ pub async fn register_early(s: &Settings) -> Option<EarlyRegistration> {
             cluster,
             bootstrap_id,
             region,
-            endpoint: s.pcs.endpoint.clone(),
+            endpoint: pcs.endpoint.clone(),
             answer,
         }),
         Err(e) => {
@@ -512,24 +518,28 @@ pub async fn register_early(s: &Settings) -> Option<EarlyRegistration> {
 /// # Errors
 /// [`PcsError`].
 pub async fn register(
-    s: &Settings,
+    pcs: &PcsSettings,
+    imds: &ImdsSettings,
+    auth: &AuthSettings,
     id: &InstanceIdentity,
     early: Option<EarlyRegistration>,
 ) -> Result<Managed, PcsError> {
-    let (cluster, group) = cluster_and_group(&s.pcs, &id.tags)?;
-    let bootstrap_id = bootstrap_id(&s.pcs.bootstrap_id_file)?;
+    let (cluster, group) = cluster_and_group(pcs, &id.tags)?;
+    let bootstrap_id = bootstrap_id(&pcs.bootstrap_id_file)?;
     let early = early.filter(|e| {
         e.cluster == cluster
             && e.bootstrap_id == bootstrap_id
             && e.region == id.region
-            && e.endpoint == s.pcs.endpoint
+            && e.endpoint == pcs.endpoint
     });
     let (out, attempts) = match early {
         Some(e) => {
             tracing::info!(%cluster, %bootstrap_id, group = ?group, "registered with PCS beside the instance metadata read");
             (e.answer, 1)
         }
-        None => register_with_retries(s, id, &cluster, &bootstrap_id, group.as_deref()).await?,
+        None => {
+            register_with_retries(pcs, imds, id, &cluster, &bootstrap_id, group.as_deref()).await?
+        }
     };
     let registration = Registration {
         cluster_identifier: cluster.clone(),
@@ -566,7 +576,7 @@ pub async fn register(
     );
 
     // The secret goes through the same checks and writer as every key source.
-    let target = KeyTarget::from_settings(&s.auth);
+    let target = KeyTarget::from_settings(auth);
     let owner = authkey::resolve_owner(&target.owner)?;
     let key = authkey::decode(
         &KeySource::Registration(cluster),
@@ -587,17 +597,18 @@ pub async fn register(
 /// with [`REGISTER_BACKOFF`] until `pcs.register_window` has passed. Returns the answer and
 /// the number of attempts.
 async fn register_with_retries(
-    s: &Settings,
+    pcs: &PcsSettings,
+    imds: &ImdsSettings,
     id: &InstanceIdentity,
     cluster: &str,
     bootstrap_id: &str,
     group: Option<&str>,
 ) -> Result<(Answer, u32), PcsError> {
     use aws_sdk_pcs::error::ProvideErrorMetadata;
-    let client = client(s, &id.region).await;
+    let client = client(pcs, imds, &id.region).await;
     tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
     let start = Instant::now();
-    let window = s.pcs.register_window.0;
+    let window = pcs.register_window.0;
     let mut attempts = 0u32;
     loop {
         attempts += 1;
@@ -660,16 +671,6 @@ pub fn record_termination(
     let mut r = r.clone();
     r.terminated_by = Some(reason.to_string());
     write_record(state_dir, &r)
-}
-
-/// The lifecycle scripts' `PCS_*` facts of this registration.
-pub fn facts(r: &Registration) -> crate::node_lifecycle::PcsFacts {
-    crate::node_lifecycle::PcsFacts {
-        cluster_id: r.cluster_identifier.clone(),
-        cluster_name: r.cluster_name.clone().unwrap_or_default(),
-        group_id: r.compute_node_group_id.clone().unwrap_or_default(),
-        group_name: r.compute_node_group_name.clone().unwrap_or_default(),
-    }
 }
 
 fn write_record(state_dir: &Path, r: &Registration) -> Result<(), PcsError> {
