@@ -1,0 +1,596 @@
+//! The library's floors: the graph of its top-level modules (`crate::<module>` as the code
+//! names them) has no cycle, so each module stands on a floor below the ones that use it.
+//!
+//! The graph is read from the source with `syn`, from `src/lib.rs` down through every
+//! `mod` it declares: every path that starts `crate::<module>` (in expressions, types,
+//! patterns, `use` trees such as `use crate::{a, b::c}`, and the tokens of macro calls such
+//! as `tracing::info!(.., crate::x::f())`), and `super::` paths that leave their top-level
+//! module. Test code (`#[cfg(test)]` items and the files of `#[cfg(test)] mod x;`),
+//! comments and doc links do not count. A cycle inside one module's own files is allowed.
+//!
+//! On failure the test prints a cycle with a witness (`file:line`) for each edge; when it
+//! passes it prints the floors (`cargo test --test module_floors -- --nocapture`): each
+//! module's level is the longest path from it down to the ground floor (level 0: modules
+//! that use no other).
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use proc_macro2::{TokenStream, TokenTree};
+use syn::visit::Visit;
+
+/// One `crate::<to>` reference in module `from`: `file:line` where it was seen.
+type Edges = BTreeMap<(String, String), String>;
+
+/// The top-level module graph of the library rooted at `src/lib.rs`.
+#[derive(Debug, Default)]
+struct Graph {
+    /// Every top-level module.
+    modules: BTreeSet<String>,
+    /// `(from, to)` → the first witness, `file:line` (relative to the source folder).
+    edges: Edges,
+}
+
+impl Graph {
+    /// Reads the crate whose source folder is `src`.
+    fn read(src: &Path) -> Result<Graph, String> {
+        let mut g = Graph::default();
+        let lib = src.join("lib.rs");
+        let file = parse(&lib)?;
+        for item in &file.items {
+            let syn::Item::Mod(m) = item else { continue };
+            if is_test_only(&m.attrs) {
+                continue;
+            }
+            let name = m.ident.to_string();
+            g.modules.insert(name.clone());
+            let mut files = Vec::new();
+            module_files(src, &[], m, &mut files)?;
+            for (path, module_path) in files {
+                g.scan(src, &path, &name, &module_path)?;
+            }
+        }
+        g.edges
+            .retain(|(from, to), _| from != to && g.modules.contains(to));
+        Ok(g)
+    }
+
+    fn scan(
+        &mut self,
+        src: &Path,
+        path: &Path,
+        top: &str,
+        module_path: &[String],
+    ) -> Result<(), String> {
+        let file = parse(path)?;
+        let shown = path.strip_prefix(src).unwrap_or(path).display().to_string();
+        let mut v = Refs {
+            file: shown,
+            module_path: module_path.to_vec(),
+            found: Vec::new(),
+        };
+        v.visit_file(&file);
+        for (to, line) in v.found {
+            self.edges
+                .entry((top.to_string(), to))
+                .or_insert_with(|| format!("{}:{line}", v.file));
+        }
+        Ok(())
+    }
+
+    fn deps<'a>(&'a self, m: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
+        self.edges
+            .iter()
+            .filter(move |((from, _), _)| from == m)
+            .map(|((_, to), w)| (to.as_str(), w.as_str()))
+    }
+
+    /// A cycle as `a -> b -> ... -> a`, each edge with its witness; `None` when there is
+    /// none.
+    fn cycle(&self) -> Option<String> {
+        // Depth-first search with colours; the first back edge closes a cycle.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Colour {
+            White,
+            Grey,
+            Black,
+        }
+        fn dfs<'a>(
+            g: &'a Graph,
+            m: &'a str,
+            colour: &mut BTreeMap<&'a str, Colour>,
+            stack: &mut Vec<&'a str>,
+        ) -> Option<Vec<&'a str>> {
+            colour.insert(m, Colour::Grey);
+            stack.push(m);
+            for (to, _) in g.deps(m) {
+                match colour.get(to).copied().unwrap_or(Colour::White) {
+                    Colour::Grey => {
+                        let start = stack.iter().position(|x| *x == to).unwrap_or(0);
+                        let mut c = stack[start..].to_vec();
+                        c.push(to);
+                        return Some(c);
+                    }
+                    Colour::White => {
+                        if let Some(c) = dfs(g, to, colour, stack) {
+                            return Some(c);
+                        }
+                    }
+                    Colour::Black => {}
+                }
+            }
+            stack.pop();
+            colour.insert(m, Colour::Black);
+            None
+        }
+        let mut colour = BTreeMap::new();
+        for m in &self.modules {
+            if colour.get(m.as_str()).copied().unwrap_or(Colour::White) != Colour::White {
+                continue;
+            }
+            if let Some(c) = dfs(self, m, &mut colour, &mut Vec::new()) {
+                let mut out = c[0].to_string();
+                for w in c.windows(2) {
+                    let witness = &self.edges[&(w[0].to_string(), w[1].to_string())];
+                    let _ = write!(out, " -> {} ({witness})", w[1]);
+                }
+                return Some(out);
+            }
+        }
+        None
+    }
+
+    /// Each module's floor: 0 for a module that uses no other, else one more than the
+    /// highest floor it uses. Only for a graph without cycles.
+    fn floors(&self) -> BTreeMap<String, usize> {
+        fn level(g: &Graph, m: &str, memo: &mut BTreeMap<String, usize>) -> usize {
+            if let Some(l) = memo.get(m) {
+                return *l;
+            }
+            let deps: Vec<String> = g.deps(m).map(|(to, _)| to.to_string()).collect();
+            let l = deps
+                .iter()
+                .map(|d| level(g, d, memo) + 1)
+                .max()
+                .unwrap_or(0);
+            memo.insert(m.to_string(), l);
+            l
+        }
+        let mut memo = BTreeMap::new();
+        for m in &self.modules {
+            level(self, m, &mut memo);
+        }
+        memo
+    }
+
+    /// The floors, top down, each module with the modules it uses.
+    fn describe_floors(&self) -> String {
+        let floors = self.floors();
+        let top = floors.values().copied().max().unwrap_or(0);
+        let mut out = String::new();
+        for level in (0..=top).rev() {
+            let _ = write!(out, "floor {level:>2}:");
+            for (m, _) in floors.iter().filter(|(_, l)| **l == level) {
+                let uses: Vec<&str> = self.deps(m).map(|(to, _)| to).collect();
+                if uses.is_empty() {
+                    let _ = write!(out, " {m}");
+                } else {
+                    let _ = write!(out, " {m} (uses {})", uses.join(", "));
+                }
+                out.push(';');
+            }
+            out.pop();
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn parse(path: &Path) -> Result<syn::File, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    syn::parse_file(&text).map_err(|e| {
+        let at = e.span().start();
+        format!("{}:{}:{}: {e}", path.display(), at.line, at.column + 1)
+    })
+}
+
+/// Whether attributes make an item test-only: `#[cfg(test)]`, or `#[cfg(all(.., test,
+/// ..))]`.
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        if !a.path().is_ident("cfg") {
+            return false;
+        }
+        let Ok(meta) = a.parse_args::<syn::Meta>() else {
+            return false;
+        };
+        match meta {
+            syn::Meta::Path(p) => p.is_ident("test"),
+            syn::Meta::List(l) if l.path.is_ident("all") => l
+                .parse_args_with(
+                    syn::punctuated::Punctuated::<syn::Meta, syn::Token![,]>::parse_terminated,
+                )
+                .is_ok_and(|items| {
+                    items
+                        .iter()
+                        .any(|m| matches!(m, syn::Meta::Path(p) if p.is_ident("test")))
+                }),
+            _ => false,
+        }
+    })
+}
+
+/// The files of module `m` (declared in the module at `parent`, a path of module names
+/// below the crate root) and of its submodules, each with its module path.
+fn module_files(
+    src: &Path,
+    parent: &[String],
+    m: &syn::ItemMod,
+    out: &mut Vec<(PathBuf, Vec<String>)>,
+) -> Result<(), String> {
+    let mut here = parent.to_vec();
+    here.push(m.ident.to_string());
+    if m.content.is_some() {
+        // Inline: its items are scanned with the file that holds them.
+        return Ok(());
+    }
+    let dir: PathBuf = parent.iter().fold(src.to_path_buf(), |d, p| d.join(p));
+    let name = m.ident.to_string();
+    let explicit = m.attrs.iter().find_map(|a| {
+        let syn::Meta::NameValue(nv) = &a.meta else {
+            return None;
+        };
+        if !nv.path.is_ident("path") {
+            return None;
+        }
+        match &nv.value {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => Some(dir.join(s.value())),
+            _ => None,
+        }
+    });
+    let file = match explicit {
+        Some(p) => p,
+        None if dir.join(format!("{name}.rs")).is_file() => dir.join(format!("{name}.rs")),
+        None => dir.join(&name).join("mod.rs"),
+    };
+    let parsed = parse(&file)?;
+    out.push((file.clone(), here.clone()));
+    for item in &parsed.items {
+        if let syn::Item::Mod(sub) = item {
+            if !is_test_only(&sub.attrs) {
+                module_files(src, &here, sub, out)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Collects the top-level modules a file names, outside test code.
+struct Refs {
+    file: String,
+    /// The module the file is (`["drain", "state"]`), for `super::` paths.
+    module_path: Vec<String>,
+    /// `(module, line)`.
+    found: Vec<(String, usize)>,
+}
+
+impl Refs {
+    /// The top-level module a path names from this file, if it leaves the crate root:
+    /// `crate::x::..` → `x`; `super::..` chains that climb to the crate root → the next
+    /// segment.
+    fn target(&self, segments: &[String]) -> Option<String> {
+        match segments.first().map(String::as_str) {
+            Some("crate") => segments.get(1).cloned(),
+            Some("super") => {
+                let ups = segments.iter().take_while(|s| *s == "super").count();
+                let depth = self.module_path.len();
+                if ups >= depth {
+                    segments.get(ups).cloned()
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
+    fn note(&mut self, segments: &[String], line: usize) {
+        if let Some(t) = self.target(segments) {
+            if t != "self" && t != "super" && t != "crate" {
+                self.found.push((t, line));
+            }
+        }
+    }
+
+    /// `use` trees: every leaf path, with the prefix it sits under.
+    fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                prefix.push(p.ident.to_string());
+                self.use_tree(prefix, &p.tree);
+                prefix.pop();
+            }
+            syn::UseTree::Name(n) => {
+                let line = n.ident.span().start().line;
+                prefix.push(n.ident.to_string());
+                let segs = prefix.clone();
+                prefix.pop();
+                self.note(&segs, line);
+            }
+            syn::UseTree::Rename(r) => {
+                let line = r.ident.span().start().line;
+                prefix.push(r.ident.to_string());
+                let segs = prefix.clone();
+                prefix.pop();
+                self.note(&segs, line);
+            }
+            syn::UseTree::Glob(g) => {
+                // `use crate::x::*` names `x`; `use crate::*` names nothing by itself.
+                let line = g.star_token.span.start().line;
+                let segs = prefix.clone();
+                self.note(&segs, line);
+            }
+            syn::UseTree::Group(g) => {
+                for t in &g.items {
+                    self.use_tree(prefix, t);
+                }
+            }
+        }
+    }
+
+    /// `crate :: ident` (and `super :: ...`) in a macro's tokens, at any depth.
+    fn tokens(&mut self, tokens: TokenStream) {
+        let tts: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut i = 0;
+        while i < tts.len() {
+            match &tts[i] {
+                TokenTree::Group(g) => self.tokens(g.stream()),
+                TokenTree::Ident(id) if id == "crate" || id == "super" => {
+                    // A path: ident (`::` ident)*.
+                    let mut segs = vec![id.to_string()];
+                    let line = id.span().start().line;
+                    let mut j = i + 1;
+                    loop {
+                        let colons = matches!(
+                            (tts.get(j), tts.get(j + 1)),
+                            (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                                if a.as_char() == ':' && b.as_char() == ':'
+                        );
+                        match (colons, tts.get(j + 2)) {
+                            (true, Some(TokenTree::Ident(next))) => {
+                                segs.push(next.to_string());
+                                j += 3;
+                            }
+                            _ => break,
+                        }
+                    }
+                    if segs.len() > 1 {
+                        self.note(&segs, line);
+                    }
+                    i = j;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+}
+
+/// The attributes of an item, whatever its kind.
+fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
+    match item {
+        syn::Item::Const(i) => &i.attrs,
+        syn::Item::Enum(i) => &i.attrs,
+        syn::Item::ExternCrate(i) => &i.attrs,
+        syn::Item::Fn(i) => &i.attrs,
+        syn::Item::ForeignMod(i) => &i.attrs,
+        syn::Item::Impl(i) => &i.attrs,
+        syn::Item::Macro(i) => &i.attrs,
+        syn::Item::Mod(i) => &i.attrs,
+        syn::Item::Static(i) => &i.attrs,
+        syn::Item::Struct(i) => &i.attrs,
+        syn::Item::Trait(i) => &i.attrs,
+        syn::Item::TraitAlias(i) => &i.attrs,
+        syn::Item::Type(i) => &i.attrs,
+        syn::Item::Union(i) => &i.attrs,
+        syn::Item::Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+impl<'ast> Visit<'ast> for Refs {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if is_test_only(item_attrs(item)) {
+            return;
+        }
+        if let syn::Item::Mod(m) = item {
+            // An inline module: paths inside it are relative to it.
+            if let Some((_, items)) = &m.content {
+                self.module_path.push(m.ident.to_string());
+                for i in items {
+                    self.visit_item(i);
+                }
+                self.module_path.pop();
+            }
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
+        let attrs = match item {
+            syn::ImplItem::Const(i) => &i.attrs,
+            syn::ImplItem::Fn(i) => &i.attrs,
+            syn::ImplItem::Type(i) => &i.attrs,
+            syn::ImplItem::Macro(i) => &i.attrs,
+            _ => return syn::visit::visit_impl_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_impl_item(self, item);
+        }
+    }
+
+    fn visit_trait_item(&mut self, item: &'ast syn::TraitItem) {
+        let attrs = match item {
+            syn::TraitItem::Const(i) => &i.attrs,
+            syn::TraitItem::Fn(i) => &i.attrs,
+            syn::TraitItem::Type(i) => &i.attrs,
+            syn::TraitItem::Macro(i) => &i.attrs,
+            _ => return syn::visit::visit_trait_item(self, item),
+        };
+        if !is_test_only(attrs) {
+            syn::visit::visit_trait_item(self, item);
+        }
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        self.use_tree(&mut Vec::new(), &u.tree);
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+        if let Some(first) = p.segments.first() {
+            self.note(&segs, first.ident.span().start().line);
+        }
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_macro(&mut self, m: &'ast syn::Macro) {
+        self.visit_path(&m.path);
+        self.tokens(m.tokens.clone());
+    }
+}
+
+#[test]
+fn the_top_level_modules_form_floors() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let g = Graph::read(&src).unwrap_or_else(|e| panic!("{e}"));
+    assert!(g.modules.len() > 10, "modules found: {:?}", g.modules);
+    if let Some(c) = g.cycle() {
+        panic!(
+            "the top-level modules of {} import each other in a cycle (a module on a lower \
+             floor reaches up):\n  {c}\nMove what the lower module needs down (or the code \
+             that needs the upper module up); see the floors in lib.rs.",
+            src.display()
+        );
+    }
+    println!(
+        "floors of {} (a module uses only modules on floors below its own):\n{}",
+        src.display(),
+        g.describe_floors()
+    );
+}
+
+/// A crate in a temporary folder, from `(path, text)` pairs.
+fn synthetic(files: &[(&str, &str)]) -> (tempfile::TempDir, Graph) {
+    let dir = tempfile::tempdir().unwrap();
+    for (p, text) in files {
+        let path = dir.path().join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+    }
+    let g = Graph::read(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    (dir, g)
+}
+
+#[test]
+fn a_cycle_through_an_inline_path_is_found_with_its_witnesses() {
+    let (_d, g) = synthetic(&[
+        ("lib.rs", "pub mod a;\npub mod b;\n"),
+        ("a.rs", "pub fn f() -> u8 {\n    crate::b::g()\n}\n"),
+        ("b/mod.rs", "pub mod inner;\npub fn g() -> u8 { 1 }\n"),
+        (
+            "b/inner.rs",
+            "pub fn h() -> u8 {\n    let x = 1;\n    x + crate::a::f()\n}\n",
+        ),
+    ]);
+    let c = g
+        .cycle()
+        .unwrap_or_else(|| panic!("no cycle in {:?}", g.edges));
+    assert!(
+        c == "a -> b (a.rs:2) -> a (b/inner.rs:3)" || c == "b -> a (b/inner.rs:3) -> b (a.rs:2)",
+        "{c}"
+    );
+}
+
+#[test]
+fn use_groups_macros_and_super_paths_count() {
+    let (_d, g) = synthetic(&[
+        ("lib.rs", "pub mod a;\npub mod b;\npub mod c;\npub mod d;\n"),
+        ("a.rs", "use crate::{b, c::X};\n"),
+        (
+            "b.rs",
+            "pub fn f() {\n    tracing::info!(x = %crate::d::g(), \"y\");\n}\n",
+        ),
+        ("c/mod.rs", "pub mod deep;\npub struct X;\n"),
+        ("c/deep.rs", "pub fn k() { super::super::d::g(); }\n"),
+        ("d.rs", "pub fn g() -> u8 { 1 }\n"),
+    ]);
+    let edges: Vec<(&str, &str)> = g
+        .edges
+        .keys()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    assert_eq!(edges, [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]);
+    assert_eq!(g.edges[&("b".into(), "d".into())], "b.rs:2");
+    assert!(g.cycle().is_none());
+    let floors = g.floors();
+    assert_eq!(floors["d"], 0);
+    assert_eq!(floors["b"], 1);
+    assert_eq!(floors["a"], 2);
+    let text = g.describe_floors();
+    assert!(
+        text.starts_with("floor  2: a (uses b, c)\nfloor  1: b (uses d); c (uses d)\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn comments_doc_links_and_test_code_do_not_count() {
+    let (_d, g) = synthetic(&[
+        ("lib.rs", "pub mod a;\npub mod b;\n#[cfg(test)]\nmod t;\n"),
+        ("a.rs", "pub fn f() -> u8 {\n    crate::b::g()\n}\n"),
+        (
+            "b/mod.rs",
+            r#"//! Used by [`crate::a::f`].
+// crate::a::f() is the caller.
+/// See [`crate::a`] and `crate::a::f`.
+pub fn g() -> u8 {
+    /* crate::a::f() */
+    let _s = "crate::a::f()";
+    1
+}
+#[cfg(test)]
+mod tests {
+    use crate::a;
+    #[test]
+    fn t() { assert_eq!(crate::a::f(), 1); }
+}
+#[cfg(all(test, unix))]
+fn only_in_tests() -> u8 { crate::a::f() }
+impl Clone for Thing {
+    #[cfg(test)]
+    fn clone(&self) -> Thing { crate::a::f(); Thing }
+}
+pub struct Thing;
+#[cfg(test)]
+mod more;
+"#,
+        ),
+        ("b/more.rs", "use crate::a::f;\n"),
+        ("t.rs", "use crate::a; use crate::b;\n"),
+    ]);
+    assert!(g.cycle().is_none(), "{:?}", g.edges);
+    assert_eq!(
+        g.edges.keys().cloned().collect::<Vec<_>>(),
+        [("a".to_string(), "b".to_string())]
+    );
+    // `t` is a test-only module: not a floor.
+    assert!(!g.modules.contains("t"));
+}
