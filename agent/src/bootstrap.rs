@@ -1054,9 +1054,7 @@ async fn join(
                 if node.is_available() {
                     return Ok((node, None));
                 }
-                let drained = node.has_flag("DRAIN")
-                    || matches!(node.base_state(), "DRAIN" | "DRAINED" | "DRAINING");
-                if drained && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
+                if node.is_drained() && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
                     match found_drain(node.reason(), instance_id, running_ami, holder) {
                         FoundDrain::Keep(why) => {
                             tracing::warn!(node = %def.node_name, "{why}");

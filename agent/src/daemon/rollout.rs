@@ -118,7 +118,7 @@ pub async fn check(
         .show_node(&engine.node)
         .await?
         .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))?;
-    if node.has_flag("DRAIN")
+    if node.is_drained()
         && node
             .reason()
             .is_some_and(|r| !state::is_our_reason(r, None))
@@ -182,7 +182,7 @@ async fn replacement_loop(
         .show_node(&engine.node)
         .await?
         .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))?;
-    if !node.has_flag("DRAIN") {
+    if !node.is_drained() {
         return Ok(None);
     }
     let Some(reason) = node.reason().map(str::to_string) else {
@@ -244,7 +244,7 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
     let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
         return Ok(());
     };
-    let leftover = node.has_flag("DRAIN")
+    let leftover = node.is_drained()
         && node
             .reason()
             .and_then(parse_upgrade_reason)

@@ -241,10 +241,6 @@ pub fn found_state(st: &DrainState, instance_id: &str, holder: &RecordHolder) ->
     }
 }
 
-fn is_drained_flag(n: &NodeInfo) -> bool {
-    n.has_flag("DRAIN") || matches!(n.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
-}
-
 /// Seconds after an upgrade drain began before its action may run: long enough for every
 /// drain that started at the same moment on another node to be visible in Slurm.
 pub const UPGRADE_BUDGET_SETTLE_SECS: i64 = 5;
@@ -376,7 +372,7 @@ impl Engine {
             // stop/start, an operator resumed it), that drain is over: the new notice
             // starts its own rather than being remembered as handled behind it.
             if let Ok(node) = self.node_info().await {
-                if !is_drained_flag(&node) && !node.has_flag("REBOOT_REQUESTED") {
+                if !node.is_drained() && !node.has_flag("REBOOT_REQUESTED") {
                     tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
                     st.resume(time::now())?;
                     self.save(&st)?;
@@ -396,7 +392,7 @@ impl Engine {
         let node = self.node_info().await?;
         let foreign = node
             .reason()
-            .filter(|r| is_drained_flag(&node) && !state::is_our_reason(r, None))
+            .filter(|r| node.is_drained() && !state::is_our_reason(r, None))
             .map(str::to_string);
         let begin = st.begin(cause, foreign.clone(), time::now());
         if let Some(c) = &st.cause {
@@ -496,7 +492,7 @@ impl Engine {
     /// when the reason is someone else's. Nothing to do when the node is not drained.
     async fn resume_in_slurm(&self, st: &DrainState, force: bool) -> Result<(), DrainError> {
         let node = self.node_info().await?;
-        if !is_drained_flag(&node) {
+        if !node.is_drained() {
             return Ok(());
         }
         let reason = node.reason().unwrap_or_default().to_string();
@@ -595,7 +591,7 @@ impl Engine {
 
     async fn progress_draining(&self) -> Result<Phase, DrainError> {
         let node = self.node_info().await?;
-        if is_drained_flag(&node) {
+        if node.is_drained() {
             if let Some(p) = self.withdraw_if_over_budget(&node, Phase::Draining).await? {
                 return Ok(p);
             }
@@ -606,7 +602,7 @@ impl Engine {
             return Ok(st.phase);
         }
         let now = time::now();
-        if !is_drained_flag(&node) && !node.has_flag("REBOOT_REQUESTED") {
+        if !node.is_drained() && !node.has_flag("REBOOT_REQUESTED") {
             // An operator resumed the node behind our back: respect it.
             tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
             st.resume(now)?;
@@ -729,7 +725,7 @@ impl Engine {
                         return Ok(st.phase);
                     }
                     if let Some(node) = &node {
-                        if !is_drained_flag(node) {
+                        if !node.is_drained() {
                             tracing::warn!(node = %self.node, "node no longer drained in Slurm; someone resumed it");
                             st.resume(now)?;
                             self.save(&st)?;

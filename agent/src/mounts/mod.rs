@@ -60,7 +60,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::retry::Backoff;
 use crate::section::{Classified, HumanDuration, KeyTrust};
-use crate::slurm::Scontrol;
+use crate::slurm::{NodeInfo, Scontrol};
 use crate::systemd::Systemd;
 
 /// Retrying a mount: the first retry soon (a DNS name or a route that is just coming up),
@@ -903,7 +903,7 @@ pub async fn reconcile(
         source,
     };
     let info = scontrol.show_node(node).await.map_err(err)?;
-    let drained = info.as_ref().is_some_and(|n| n.has_flag("DRAIN"));
+    let drained = info.as_ref().is_some_and(NodeInfo::is_drained);
     let reason = info
         .as_ref()
         .and_then(|n| n.reason())

@@ -448,7 +448,9 @@ impl NodeInfo {
     }
 
     /// Whether the record is drained or draining (`DRAIN` flag; `DRAIN`/`DRAINED`/
-    /// `DRAINING` as a base state where a source prints it so).
+    /// `DRAINING` as a base state where a source prints it so): the one definition of "is
+    /// the node drained" for the drain engine, bootstrap's join, the mounts' reconcile and
+    /// the upgrade check.
     pub fn is_drained(&self) -> bool {
         self.has_flag("DRAIN") || matches!(self.base_state(), "DRAIN" | "DRAINED" | "DRAINING")
     }
