@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::fsutil::{self, Owner};
+use crate::location::Location;
 use crate::section::{Classified, KeyTrust};
 
 /// Slurm's authentication plugin, which decides the key file and its owner.
@@ -139,7 +140,8 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    /// Parses `ssm:NAME[#FIELD]`, `secretsmanager:ID[#FIELD]` or `file:/PATH`. Neither SSM
+    /// Parses `ssm:NAME[#FIELD]`, `secretsmanager:ID[#FIELD]` or `file:/PATH` (the scheme
+    /// read by [`Location::parse`], the rest checked here). Neither SSM
     /// parameter names nor Secrets Manager names and ARNs may contain `#`, so the text
     /// after the last `#` is the JSON field.
     ///
@@ -157,18 +159,18 @@ impl KeySource {
                 _ => None,
             }
         };
-        match s.split_once(':') {
-            Some(("ssm", rest)) => {
+        match Location::parse(s) {
+            Some(Location::Ssm(rest)) => {
                 if let Some((name, field)) = with_field(rest) {
                     return Ok(KeySource::Ssm { name, field });
                 }
             }
-            Some(("secretsmanager", rest)) => {
+            Some(Location::SecretsManager(rest)) => {
                 if let Some((id, field)) = with_field(rest) {
                     return Ok(KeySource::SecretsManager { id, field });
                 }
             }
-            Some(("file", p)) if p.starts_with('/') && !p.contains('\n') => {
+            Some(Location::File(p)) if p.starts_with('/') && !p.contains('\n') => {
                 return Ok(KeySource::File(PathBuf::from(p)));
             }
             _ => {}
@@ -212,7 +214,13 @@ impl std::fmt::Display for KeySource {
 /// into the key file, which the munge user reads.
 pub fn secret_sources_only(v: &toml::Value) -> Result<(), String> {
     match v.as_str() {
-        Some(s) if s.is_empty() || s.starts_with("ssm:") || s.starts_with("secretsmanager:") => {
+        Some(s)
+            if s.is_empty()
+                || matches!(
+                    Location::parse(s),
+                    Some(Location::Ssm(_) | Location::SecretsManager(_))
+                ) =>
+        {
             Ok(())
         }
         _ => Err(

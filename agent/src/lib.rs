@@ -10,6 +10,8 @@
 //! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
 //! - [`identity`]: who the node is (NodeName, instance incarnation).
 //! - [`reason`]: the agent's drain reasons in Slurm, and whose a record or a drain is.
+//! - [`location`]: the `ssm:`, `secretsmanager:`, `file:` and `s3://` locations things are
+//!   fetched from.
 //! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
 //! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
 //! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
@@ -34,6 +36,7 @@ pub mod health;
 pub mod hostfacts;
 pub mod identity;
 pub mod imds;
+pub mod location;
 pub mod mounts;
 pub mod node_lifecycle;
 pub mod nodedef;

@@ -45,6 +45,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::location::Location;
 use crate::pcs::actions::{NodeLifecycleActions, Script, ScriptSource, Stages};
 use crate::retry::Backoff;
 
@@ -218,27 +219,27 @@ impl NodeLifecycleSettings {
 /// NUL.
 pub fn location_problem(loc: &str) -> Option<String> {
     const EXPECTED: &str = "expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>";
-    if loc.starts_with("s3://") {
-        let Some((bucket, _)) = s3_location(loc) else {
-            return Some(format!(
-                "{EXPECTED} (s3://bucket/key with a bucket and a key)"
-            ));
-        };
-        return bucket_problem(bucket).map(|m| format!("bucket {bucket:?}: {m}"));
-    }
-    if let Some(name) = loc.strip_prefix("ssm:") {
-        return ssm_name_problem(name);
-    }
-    if let Some(path) = loc.strip_prefix("file:") {
-        if path.contains('\0') {
-            return Some("the path contains a NUL character".into());
+    match Location::parse(loc) {
+        Some(s3 @ Location::S3(_)) => {
+            let Some((bucket, _)) = s3.s3_object() else {
+                return Some(format!(
+                    "{EXPECTED} (s3://bucket/key with a bucket and a key)"
+                ));
+            };
+            bucket_problem(bucket).map(|m| format!("bucket {bucket:?}: {m}"))
         }
-        if !path.starts_with('/') || path.len() < 2 {
-            return Some("the path must be absolute (file:/path/to/script)".into());
+        Some(Location::Ssm(name)) => ssm_name_problem(name),
+        Some(Location::File(path)) => {
+            if path.contains('\0') {
+                return Some("the path contains a NUL character".into());
+            }
+            if !path.starts_with('/') || path.len() < 2 {
+                return Some("the path must be absolute (file:/path/to/script)".into());
+            }
+            None
         }
-        return None;
+        Some(Location::SecretsManager(_)) | None => Some(EXPECTED.into()),
     }
-    Some(EXPECTED.into())
 }
 
 /// S3's general purpose bucket naming rules (see [`location_problem`]), or a legacy
@@ -668,14 +669,6 @@ async fn sdk(region: &str) -> aws_config::SdkConfig {
         .await
 }
 
-/// `s3://bucket/key` as `(bucket, key)` (the key as written: S3 URIs are not
-/// percent-encoded); `None` for anything else.
-fn s3_location(loc: &str) -> Option<(&str, &str)> {
-    loc.strip_prefix("s3://")?
-        .split_once('/')
-        .filter(|(b, k)| !b.is_empty() && !k.is_empty())
-}
-
 /// S3 `GetObject` of `bucket`/`key` (version `version` when given) with the SDK's default
 /// credentials chain in `region`; at most [`MAX_SCRIPT_BYTES`] are read.
 ///
@@ -746,9 +739,10 @@ async fn s3_get(
 async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, String> {
     let loc = &source.script_location;
     let too_big = || format!("{loc}: larger than {MAX_SCRIPT_BYTES} bytes");
-    if let Some((bucket, key)) = s3_location(loc) {
+    let location = Location::parse(loc);
+    if let Some((bucket, key)) = location.and_then(|l| l.s3_object()) {
         s3_get(loc, bucket, key, source.s3_version_id.as_deref(), region).await
-    } else if let Some(name) = loc.strip_prefix("ssm:") {
+    } else if let Some(Location::Ssm(name)) = location {
         let client = aws_sdk_ssm::Client::new(&sdk(region).await);
         let out = client
             .get_parameter()
@@ -762,7 +756,7 @@ async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, Stri
             .and_then(|p| p.value)
             .unwrap_or_default()
             .into_bytes())
-    } else if let Some(path) = loc.strip_prefix("file:") {
+    } else if let Some(Location::File(path)) = location {
         match crate::fsutil::read_regular(Path::new(path), MAX_SCRIPT_BYTES) {
             Ok(Some((bytes, _))) => Ok(bytes),
             Ok(None) => match std::fs::metadata(path) {

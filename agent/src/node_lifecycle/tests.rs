@@ -278,6 +278,11 @@ fn settings_scripts_are_checked_with_their_dotted_keys() {
     assert_eq!(s.validate().unwrap_err().0, "node_lifecycle.poweroff_unit");
 }
 
+/// `s3://bucket/key` as `(bucket, key)`, as the fetch reads it.
+fn s3_location(loc: &str) -> Option<(&str, &str)> {
+    crate::location::Location::parse(loc)?.s3_object()
+}
+
 #[test]
 fn s3_locations_split_into_bucket_and_key_as_written() {
     assert_eq!(
