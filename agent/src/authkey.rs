@@ -661,6 +661,117 @@ pub fn install(key: &Key, path: &Path, owner: Owner) -> Result<bool, KeyError> {
     Ok(true)
 }
 
+/// What a prefetch ([`Prefetch`]) or a fetch read, with the source it read.
+pub type Fetched = (KeySource, Result<Stored, KeyError>);
+
+/// A fetch of the key started before the final settings are known: the key source in the
+/// files and flags is almost always the final one (tags and user data can still change
+/// it), so bootstrap fetches it while the rest of the metadata is read, and uses the
+/// result only if the final source is the same ([`install_from`]).
+#[derive(Debug)]
+pub struct Prefetch(tokio::sync::oneshot::Receiver<Option<Fetched>>);
+
+impl Prefetch {
+    /// Starts fetching the key `auth.key_source` names (`None` when it does not parse: the
+    /// key step says why). It runs on a thread of its own, with its own runtime and IMDS
+    /// session (`imds`, for the region), so that it overlaps everything up to the key step:
+    /// the AWS SDK's first HTTPS client loads and parses the platform's trusted roots, CPU
+    /// work that blocks whichever thread does it.
+    pub fn start(auth: &AuthSettings, imds: &crate::imds::ImdsSettings) -> Option<Prefetch> {
+        let source = KeySource::parse(&auth.key_source).ok()?;
+        let imds_settings = imds.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let fetch = move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let t = std::time::Instant::now();
+                let imds = crate::imds::Imds::new(&imds_settings);
+                let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
+                tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: region read");
+                let stored = fetch_in_region(&source, region.trim()).await;
+                tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: key fetched");
+                Some((source, stored))
+            })
+        };
+        let spawned = std::thread::Builder::new()
+            .name("key-prefetch".into())
+            .spawn(move || {
+                let _ = tx.send(fetch());
+            });
+        if let Err(e) = spawned {
+            // The key step fetches it then.
+            tracing::warn!("cannot start the key prefetch thread: {e}");
+        }
+        Some(Prefetch(rx))
+    }
+
+    /// What it fetched; `None` when it could not run or read the region.
+    pub async fn take(self) -> Option<Fetched> {
+        self.0.await.ok().flatten()
+    }
+}
+
+/// Fetches the stored (still encoded) key bytes; AWS sources use the SDK's default
+/// credentials chain in `region`.
+///
+/// # Errors
+/// As [`fetch`].
+pub async fn fetch_in_region(source: &KeySource, region: &str) -> Result<Stored, KeyError> {
+    match source {
+        KeySource::File(_) => fetch(source, &aws_config::SdkConfig::builder().build()).await,
+        _ => {
+            let t = std::time::Instant::now();
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(region.to_string()))
+                .load()
+                .await;
+            tracing::debug!(elapsed = ?t.elapsed(), "AWS SDK configuration loaded");
+            fetch(source, &sdk).await
+        }
+    }
+}
+
+/// Fetches and installs the key `auth` names, in `region`. Returns whether the file
+/// changed. With no key source the key is assumed baked into the image. `prefetched` is a
+/// fetch started earlier from the files and flags ([`Prefetch`]), used when its source is
+/// still the one `auth` names.
+///
+/// # Errors
+/// [`KeyError`]; nothing is written for a key that fails its checks.
+pub async fn install_from(
+    auth: &AuthSettings,
+    region: &str,
+    prefetched: Option<Fetched>,
+) -> Result<bool, KeyError> {
+    if auth.key_source.is_empty() {
+        return Ok(false);
+    }
+    let source = KeySource::parse(&auth.key_source).map_err(KeyError::InvalidSource)?;
+    let target = KeyTarget::from_settings(auth);
+    // Resolve the owner first: a host without the daemon's user gets no key file.
+    let owner = resolve_owner(&target.owner)?;
+    let stored = match prefetched {
+        Some((early, result)) if early == source => result?,
+        _ => fetch_in_region(&source, region).await?,
+    };
+    if stored.unencrypted_parameter {
+        if !auth.allow_string_parameter {
+            return Err(KeyError::UnencryptedParameter { source_: source });
+        }
+        tracing::warn!(
+            "{source} is not a SecureString: the key is stored unencrypted \
+             (auth.allow_string_parameter = true)"
+        );
+    }
+    let key = decode(&source, &stored.bytes, auth.key_encoding, &target)?;
+    let changed = install(&key, &target.path, owner)?;
+    tracing::info!(path = %target.path.display(), changed, bytes = key.len(), "auth key installed");
+    Ok(changed)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

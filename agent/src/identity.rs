@@ -47,6 +47,20 @@ pub struct Recorded {
 }
 
 impl Recorded {
+    /// What bootstrap records once the node `def` of instance `id` is registered: the
+    /// NodeName, the incarnation, the image, a dynamic node's `--conf` line, and the
+    /// settings tags and user data parts it read.
+    pub fn of(id: &InstanceIdentity, def: &crate::nodedef::NodeDefinition) -> Recorded {
+        Recorded {
+            node_name: def.node_name.clone(),
+            instance_id: id.instance_id.clone(),
+            ami_id: id.ami_id.clone(),
+            dynamic_conf: def.dynamic_conf.clone(),
+            setting_tags: setting_tags(id),
+            user_data_settings: user_data_settings(id).unwrap_or_default(),
+        }
+    }
+
     /// Reads `<state_dir>/bootstrap.json`; `None` when it is missing or unreadable.
     ///
     /// A record that cannot be parsed (empty, truncated) is moved aside as

@@ -7,11 +7,12 @@
 //! The `[node]` settings section ([`NodeSettings`]) and the one NodeName rule
 //! ([`node_name`]) are this module's.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hostfacts::HostFacts;
+use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
 use crate::imds::InstanceIdentity;
 use crate::section::{Classified, HumanDuration, KeyTrust};
 
@@ -319,6 +320,48 @@ pub fn real_memory_mib(memory_mib: u64, reserve_percent: u64, reserve_mib: u64) 
     memory_mib
         .saturating_sub(by_percent.max(reserve_mib))
         .max(1)
+}
+
+/// Why this host's node definition could not be made ([`detect`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DefinitionError {
+    /// The GPUs the instance type has did not appear.
+    #[error(transparent)]
+    Gpu(#[from] GpuWaitError),
+    /// A setting's value (or its expansion) is invalid.
+    #[error("{key}: {message}")]
+    Setting {
+        /// The dotted key, e.g. `node.name_template`.
+        key: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The node definition of this host: its CPUs and memory ([`HostFacts::detect`]), and for
+/// a dynamic node the GPUs (`node.gpus`, or the device files in `dev_dir`, waiting up to
+/// `node.gpu_wait` for the count the instance type has), over the instance facts.
+///
+/// # Errors
+/// [`DefinitionError`].
+pub async fn detect(
+    node: &NodeSettings,
+    id: &InstanceIdentity,
+    dev_dir: &Path,
+) -> Result<NodeDefinition, DefinitionError> {
+    let host = HostFacts::detect();
+    let probe = GpuProbe {
+        dev_dir: dev_dir.to_path_buf(),
+        wait: node.gpu_wait.0,
+    };
+    let configured_gpus = node.gpus.parse::<u32>().ok();
+    let gpus = if node.dynamic {
+        probe.gpus(configured_gpus, &id.instance_type).await?
+    } else {
+        0
+    };
+    node_definition(node, id, &host, gpus)
+        .map_err(|(key, message)| DefinitionError::Setting { key, message })
 }
 
 /// Builds the node definition.

@@ -7,12 +7,14 @@
 //!   daemon and the one-shot commands.
 //! - [`slurm`]: squeue/scancel/scontrol calls and the upgrade budget count.
 //! - [`metrics`]: the Prometheus textfile.
+//! - [`boot`]: what bootstrap does with a drain it finds at boot.
 //! - [`Engine`]: applies requests and moves the machine forward against Slurm.
 //!
 //! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
 //! the reason is the agent's ([`crate::reason`]: `slurm-node-agent/<cause>@<instance-id>:
 //! ...`) and that no foreign reason was on the node when the drain began.
 
+pub mod boot;
 pub mod metrics;
 pub mod slurm;
 pub mod state;

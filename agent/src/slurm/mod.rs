@@ -5,10 +5,13 @@
 //! `agent/tests/fixtures/slurm/`. The `[slurm]` settings section ([`SlurmSettings`]) is
 //! this module's.
 
+pub mod diagnose;
 pub mod healthcheck;
 pub mod node;
 pub mod options;
 pub mod readyz;
+pub mod record;
+pub mod slurmd;
 pub mod version;
 
 pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};

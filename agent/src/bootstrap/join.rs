@@ -1,0 +1,382 @@
+//! Bootstrap's join: from slurmd's start to the node available in slurmctld. It waits for
+//! slurmd's configuration cache and, on Slurm 25.11+, for slurmd's `GET /readyz`, then
+//! looks at slurmctld until the slurmd now running has registered
+//! ([`registered_by`]) and the node is available; a failing start-up health check is
+//! drained ([`crate::health::act::apply_pending`]), a drain of the agent's whose cause is
+//! over is lifted ([`found_drain`]), a slurmd that stopped is restarted with backoff, and
+//! the error at `slurm.join_deadline` says why as far as this node can see
+//! ([`why_not_registered`]).
+
+use std::time::{Duration, Instant};
+
+use super::BootstrapError;
+use crate::drain::boot::{found_drain, FoundDrain};
+use crate::imds::InstanceIdentity;
+use crate::nodedef::NodeDefinition;
+use crate::reason::RecordHolder;
+use crate::retry::Backoff;
+use crate::settings::Settings;
+use crate::slurm::diagnose::why_not_registered;
+use crate::slurm::record::registered_by;
+use crate::slurm::{self, slurmd, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
+use crate::systemd::Systemd;
+
+/// Waits until the slurmd now running has registered and slurmctld reports the node
+/// available, until `slurm.join_deadline`. Returns the node and, when it stays drained by
+/// someone else's decision, why ([`FoundDrain::Keep`]): bootstrap succeeds then (the node
+/// is registered; a failure would make the unit restart bootstrap forever).
+///
+/// "Registered" is proved with [`registered_by`]; a re-run that restarts nothing proves it
+/// the same way. A drain of the agent's from an earlier run or another incarnation whose
+/// cause is over is lifted ([`found_drain`]).
+///
+/// slurmd in configless mode either keeps retrying the configuration fetch itself (22.05
+/// does, under systemd) or exits (a missing spool folder, a refused registration, other
+/// versions); when the unit is `failed` or `inactive` it is restarted with capped,
+/// jittered backoff ([`Backoff::CONTROLLER`]). scontrol and the unit are read together,
+/// 5 ms apart at first, then with backoff to 1 s ([`poll_pause`]). The error at the
+/// deadline names the cause as far as it is visible ([`why_not_registered`]), scontrol's
+/// last answer and the unit's state.
+///
+/// `id` is this instance (its id writes the reasons, its image decides on a leftover
+/// upgrade drain), `holder` whose record slurmctld held before slurmd (re)started,
+/// `version` `slurmd -V`.
+pub(super) async fn join(
+    s: &Settings,
+    def: &NodeDefinition,
+    systemd: &Systemd,
+    id: &InstanceIdentity,
+    holder: &RecordHolder,
+    version: Option<SlurmVersion>,
+) -> Result<(NodeInfo, Option<String>), BootstrapError> {
+    let (instance_id, running_ami) = (id.instance_id.as_str(), id.ami_id.as_str());
+    let unit = &s.slurm.slurmd_unit;
+    let scontrol = Scontrol::configured(&s.slurm);
+    let deadline = s.slurm.join_deadline.0;
+    let start = Instant::now();
+    let mut restarts = 0u32;
+    let mut polls = 0u32;
+    let mut lifted: Option<String> = None;
+    // The scontrol for the next look, started during the pause before it
+    // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
+    let mut ready: Option<ReadyScontrol> = None;
+    wait_for_config_cache(s, systemd, deadline).await;
+    wait_for_slurmd_ready(s, systemd, version, deadline).await;
+    loop {
+        let look = async {
+            match ready.take() {
+                Some(r) => r.show_node(&def.node_name).await,
+                None => scontrol.show_node(&def.node_name).await,
+            }
+        };
+        // slurmctld's record and the unit's state, read together: one wait per poll.
+        let (node, svc) = futures_lite::future::zip(look, systemd.service_info(unit)).await;
+        let svc = match svc {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        };
+        polls += 1;
+        let seen = match node {
+            Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
+                if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
+                    return Err(BootstrapError::Invalid {
+                        node_name: def.node_name.clone(),
+                        state: node.state().to_string(),
+                        reason: node.reason().unwrap_or("no reason given").to_string(),
+                    });
+                }
+                // A failing HealthCheckProgram run from before this registration (slurmd
+                // runs it at its start; health::act::PendingDrain): drained now.
+                let started = svc.as_ref().map_or(0, |v| {
+                    i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
+                });
+                let state_dir = &s.agent.state_dir;
+                let pending =
+                    crate::health::act::apply_pending(state_dir, &scontrol, &node, started, instance_id);
+                if let Some(o) = pending.await {
+                    tracing::warn!(node = %def.node_name, action = %o.action, detail = %o.detail, error = ?o.error, "health checks failed before the registration");
+                    if o.action == "drain" && o.error.is_none() {
+                        polls = 0;
+                        continue;
+                    }
+                }
+                if node.is_available() {
+                    return Ok((node, None));
+                }
+                if node.is_drained() && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
+                    match found_drain(node.reason(), instance_id, running_ami, holder) {
+                        FoundDrain::Keep(why) => {
+                            tracing::warn!(node = %def.node_name, "{why}");
+                            return Ok((node, Some(why)));
+                        }
+                        FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
+                            tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
+                            if let Err(e) = scontrol.resume(&def.node_name).await {
+                                tracing::warn!("{e}");
+                            }
+                            lifted = Some(r.to_reason());
+                            polls = 0;
+                            continue;
+                        }
+                        FoundDrain::Lift(_) => {}
+                    }
+                }
+                format!(
+                    "node is {}{}",
+                    node.state(),
+                    node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+                )
+            }
+            Ok(Some(node)) => format!(
+                "slurmctld shows no registration by the slurmd now running (SlurmdStartTime={}, {unit} started at {})",
+                node.fields.get("SlurmdStartTime").map_or("none", String::as_str),
+                svc.as_ref()
+                    .map(|v| crate::time::format(
+                        i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
+                    ))
+                    .unwrap_or_else(|| "an unknown time".into())
+            ),
+            Ok(None) => "slurmctld does not know the node yet".into(),
+            Err(e) => e.to_string(),
+        };
+        if start.elapsed() >= deadline {
+            let unit_state = systemd
+                .active_state(unit)
+                .await
+                .unwrap_or_else(|e| format!("unknown ({e})"));
+            let info = systemd.service_info(unit).await.ok();
+            let why = why_not_registered(&s.slurm, info.as_ref(), &seen).await;
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!("{why}; ")
+            };
+            return Err(BootstrapError::Join {
+                node_name: def.node_name.clone(),
+                waited: start.elapsed(),
+                last_error: format!(
+                    "{why}{seen}; {unit} is {unit_state} (restarted {restarts} times)"
+                ),
+            });
+        }
+        let unit_state = match &svc {
+            Some(v) => v.active_state.clone(),
+            None => systemd.active_state(unit).await?,
+        };
+        tracing::debug!(%unit_state, %seen, "waiting for the node");
+        if matches!(unit_state.as_str(), "failed" | "inactive") {
+            let wait = Backoff::CONTROLLER
+                .delay(restarts)
+                .min(deadline.saturating_sub(start.elapsed()));
+            tracing::warn!(
+                %unit,
+                %unit_state,
+                %seen,
+                retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "slurmd is not running; restarting it"
+            );
+            tokio::time::sleep(wait).await;
+            restarts += 1;
+            if let Err(e) = slurmd::restart(systemd, unit).await {
+                tracing::warn!("{e}");
+            }
+            wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
+            let left = deadline.saturating_sub(start.elapsed());
+            wait_for_slurmd_ready(s, systemd, version, left).await;
+            polls = 0;
+            continue;
+        }
+        ready = scontrol.spawn_ready().ok();
+        // A failing health check run waits for the registration: look as often as at first.
+        let pause = match crate::health::act::PendingDrain::read_this_boot(&s.agent.state_dir) {
+            Some(_) => JOIN_FAST_PAUSE,
+            None => poll_pause(polls),
+        };
+        tokio::time::sleep(pause.min(deadline.saturating_sub(start.elapsed()))).await;
+    }
+}
+
+/// On a configless node whose client commands have no configuration yet
+/// ([`slurm::client_config`]), waits until slurmd has fetched it and written its cache, at
+/// most [`CONFIG_CACHE_WAIT`] and half of `time_left` (the join's), or until slurmd's unit
+/// is no longer active. slurmd registers only after that, and each `scontrol` run before it
+/// would fetch the whole configuration from slurmctld (`REQUEST_CONFIG`, the largest answer
+/// it sends), once per look and per node.
+async fn wait_for_config_cache(s: &Settings, systemd: &Systemd, time_left: Duration) {
+    let missing = || !client_has_config(s);
+    if !missing() {
+        return;
+    }
+    let start = Instant::now();
+    // Half the join's time left at most, so that slurmctld is asked (and its answer named
+    // in the error) before the deadline.
+    let limit = CONFIG_CACHE_WAIT.min(time_left / 2);
+    let mut looks = 0u32;
+    while start.elapsed() < limit {
+        if !missing() {
+            tracing::debug!(waited = ?start.elapsed(), "slurmd's configuration cache is there");
+            return;
+        }
+        // The unit's state every 4 looks (20 ms): a slurmd that failed is [`join`]'s to
+        // handle, with slurmctld's answer in its message.
+        if looks % 4 == 0 {
+            if let Ok(state) = systemd.active_state(&s.slurm.slurmd_unit).await {
+                if matches!(state.as_str(), "failed" | "inactive") {
+                    return;
+                }
+            }
+        }
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::debug!(
+        cache = slurm::CONFIG_CACHE,
+        "no configuration cache from slurmd after {limit:?}: asking slurmctld anyway"
+    );
+}
+
+/// On Slurm 25.11+ ([`SlurmVersion::has_slurmd_http_probes`]), waits until slurmd on this
+/// node answers `GET /readyz` on its own port ([`slurm::readyz`]): it then has its
+/// configuration, has run its start-up `HealthCheckProgram` and has sent its registration,
+/// so the looks at slurmctld that follow can find the node registered. Each look before
+/// that is an RPC slurmctld answers in vain, one every 5 ms at first ([`poll_pause`]),
+/// for as long as slurmd's start-up health check runs. The wait costs slurmctld nothing.
+///
+/// At most half of `time_left` (the join's). It ends early, and the join looks at
+/// slurmctld as before, when slurmd's unit is no longer active, when slurmd gives no HTTP
+/// answer (HTTP off: `CommunicationParameters=disable_http`, TLS, or no HTTP parser
+/// plugin), or when the address slurmd listens on `SlurmdPort` at
+/// ([`slurm::readyz::listening_address`]) refuses connections for [`READYZ_REFUSED_LIMIT`].
+async fn wait_for_slurmd_ready(
+    s: &Settings,
+    systemd: &Systemd,
+    version: Option<SlurmVersion>,
+    time_left: Duration,
+) {
+    if !version.is_some_and(SlurmVersion::has_slurmd_http_probes) {
+        return;
+    }
+    // The configuration the agent's scontrol reads: on a configless node, slurmd's cache
+    // (where slurmd's own port comes from).
+    let env_conf = std::env::var_os("SLURM_CONF");
+    let conf = slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists())
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    let port = conf.as_deref().map_or(
+        slurm::readyz::DEFAULT_SLURMD_PORT,
+        slurm::readyz::slurmd_port,
+    );
+    let start = Instant::now();
+    let limit = time_left / 2;
+    let mut refused_since: Option<Instant> = None;
+    let mut tries = 0u32;
+    while start.elapsed() < limit {
+        // Nothing listens on slurmd's port yet: it is still fetching its configuration.
+        let Some(addr) = slurm::readyz::listening_address(port) else {
+            if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+                return;
+            }
+            tries += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        match slurm::readyz::probe(addr, READYZ_PROBE_TIMEOUT).await {
+            Ok(true) => {
+                tracing::debug!(%addr, waited = ?start.elapsed(), "slurmd answers /readyz");
+                return;
+            }
+            // Not servicing RPCs yet, or (a timeout) its listener still holds connections
+            // back: slurmd is working, its start-up health check perhaps.
+            Ok(false) | Err(slurm::readyz::ReadyzError::Timeout { .. }) => refused_since = None,
+            Err(e @ slurm::readyz::ReadyzError::Connect { .. }) => {
+                let since = *refused_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= READYZ_REFUSED_LIMIT {
+                    tracing::debug!("{e} for {READYZ_REFUSED_LIMIT:?}: looking at slurmctld without waiting for /readyz");
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!("{e}: looking at slurmctld without waiting for /readyz");
+                return;
+            }
+        }
+        // The unit's state every 4 tries: a slurmd that failed is [`join`]'s to handle.
+        if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+            return;
+        }
+        tries += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::debug!(
+        port,
+        "slurmd gave no 2xx to /readyz in {limit:?}: looking at slurmctld anyway"
+    );
+}
+
+/// Whether slurmd's unit is `failed` or `inactive` (a state read that fails counts as not).
+async fn slurmd_stopped(s: &Settings, systemd: &Systemd) -> bool {
+    systemd
+        .active_state(&s.slurm.slurmd_unit)
+        .await
+        .is_ok_and(|state| matches!(state.as_str(), "failed" | "inactive"))
+}
+
+/// How long one `GET /readyz` waits for slurmd's answer: a listener still quiesced holds
+/// the connection unanswered, and the unit's state is read between tries.
+const READYZ_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long `connect` to slurmd's listening address may be refused before
+/// [`wait_for_slurmd_ready`] stops waiting (a listener that is there refuses only while it
+/// is being replaced).
+const READYZ_REFUSED_LIMIT: Duration = Duration::from_secs(10);
+
+/// Whether the agent's `scontrol` finds a configuration on this node
+/// ([`slurm::client_config`]) rather than fetching one from slurmctld.
+pub(super) fn client_has_config(s: &Settings) -> bool {
+    slurm::has_client_config(&s.slurm)
+}
+
+/// How long [`join`] waits for slurmd's configuration cache before it asks slurmctld with a
+/// configuration fetched for each look.
+const CONFIG_CACHE_WAIT: Duration = Duration::from_secs(5);
+
+/// The pause after the `polls`-th look at slurmctld in [`join`]: a registration normally
+/// shows within tens of milliseconds of slurmd's start, so the first
+/// [`JOIN_FAST_POLLS`] looks come [`JOIN_FAST_PAUSE`] apart; then the pause grows by half
+/// each time, up to one second.
+fn poll_pause(polls: u32) -> Duration {
+    let slow = polls.saturating_sub(JOIN_FAST_POLLS).min(16);
+    let mut pause = JOIN_FAST_PAUSE;
+    for _ in 0..slow {
+        pause = pause * 3 / 2;
+    }
+    pause.min(Duration::from_secs(1))
+}
+
+/// Looks at slurmctld [`JOIN_FAST_PAUSE`] apart at first ([`poll_pause`]).
+const JOIN_FAST_POLLS: u32 = 20;
+/// The pause between the first looks at slurmctld ([`poll_pause`]).
+const JOIN_FAST_PAUSE: Duration = Duration::from_millis(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_join_looks_often_at_first_then_backs_off_to_one_second() {
+        for n in 0..=JOIN_FAST_POLLS {
+            assert_eq!(poll_pause(n), JOIN_FAST_PAUSE, "poll {n}");
+        }
+        assert!(poll_pause(JOIN_FAST_POLLS + 1) > JOIN_FAST_PAUSE);
+        let mut last = Duration::ZERO;
+        for n in 0..200 {
+            let p = poll_pause(n);
+            assert!(p >= last, "poll {n}: {p:?} after {last:?}");
+            last = p;
+        }
+        assert_eq!(poll_pause(200), Duration::from_secs(1));
+        assert_eq!(poll_pause(u32::MAX), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,648 @@
+//! First boot: instance metadata → settings → auth key → slurmd in configless (optionally
+//! dynamic) mode → node available in slurmctld.
+//!
+//! Idempotent: every step converges (the key and the options file are rewritten only when
+//! they differ, units are started, not spawned, so there is one slurmd), so a bootstrap
+//! killed at any step and run again ends in the same state.
+//!
+//! This module is the orchestration only ([`run`] is the list of steps, some run together);
+//! each step lives with its subject: the key with [`crate::authkey`], the node definition
+//! with [`crate::nodedef`], the managed join with [`crate::pcs`], the mounts with
+//! [`crate::mounts`], slurmd's preparation and slurmctld's record with [`crate::slurm`]
+//! (`slurmd`, `record`), the lifecycle scripts with [`crate::node_lifecycle`], the drain
+//! found at boot with [`crate::drain::boot`], and the join loop in [`join`].
+
+pub mod join;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::authkey::{self, AuthType, KeyError, Prefetch};
+use crate::hostfacts::GpuWaitError;
+use crate::identity::Recorded;
+use crate::imds::{Imds, ImdsError, InstanceIdentity};
+use crate::node_lifecycle::{self as lifecycle, Stage};
+use crate::nodedef::{DefinitionError, NodeDefinition};
+use crate::pcs::{EarlyRegistration, Managed};
+use crate::reason::RecordHolder;
+use crate::settings::{self, Enforce, Layer, Resolved, Settings, SettingsError};
+use crate::slurm::slurmd::{self, PrepareError};
+use crate::slurm::{self as slurm_mod, record, InstanceArgs, SlurmVersion};
+use crate::systemd::{Systemd, SystemdError};
+
+/// Why bootstrap failed. [`BootstrapError::exit_code`] maps each kind to a sysexits(3) code.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// Settings invalid (exit 78, EX_CONFIG).
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// Instance metadata unavailable (exit 69, EX_UNAVAILABLE).
+    #[error(transparent)]
+    Imds(#[from] ImdsError),
+    /// Auth key missing, empty, unreadable or malformed (exit 65, EX_DATAERR; 77,
+    /// EX_NOPERM, when access is denied).
+    #[error("auth key: {0}")]
+    Key(#[from] KeyError),
+    /// GPUs the instance type has did not appear (exit 69).
+    #[error(transparent)]
+    Gpu(#[from] GpuWaitError),
+    /// systemd refused or failed a job (exit 71, EX_OSERR).
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    /// The node was not available in slurmctld by the deadline (exit 75, EX_TEMPFAIL).
+    #[error("node {node_name} not available after {waited:?} (slurm.join_deadline): {last_error}")]
+    Join {
+        /// NodeName.
+        node_name: String,
+        /// How long it tried.
+        waited: Duration,
+        /// The last thing that went wrong.
+        last_error: String,
+    },
+    /// Slurm refused the node's registration (exit 65): e.g. INVALID for low RealMemory.
+    #[error("node {node_name} registered as {state}: {reason}")]
+    Invalid {
+        /// NodeName.
+        node_name: String,
+        /// Slurm state.
+        state: String,
+        /// Slurm's reason.
+        reason: String,
+    },
+    /// Other I/O (exit 74, EX_IOERR).
+    #[error("{0}")]
+    Io(String),
+    /// Another bootstrap held the lock for longer than [`LOCK_WAIT`] (exit 75).
+    #[error("another bootstrap still holds {} after {:?}", path.display(), LOCK_WAIT)]
+    Busy {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// cloud-init did not finish within its bound, or could not be run (exit 75 or 71).
+    #[error(transparent)]
+    CloudInit(crate::cloudinit::CloudInitError),
+    /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit_code`].
+    #[error(transparent)]
+    Pcs(#[from] crate::pcs::PcsError),
+    /// A lifecycle script stopped bootstrap; see
+    /// [`crate::node_lifecycle::LifecycleError::exit_code`].
+    #[error(transparent)]
+    Lifecycle(#[from] crate::node_lifecycle::LifecycleError),
+}
+
+/// Lock file, under `agent.state_dir`, that makes concurrent bootstraps take turns.
+pub const LOCK_FILE: &str = "bootstrap.lock";
+
+/// How long a bootstrap waits for another one to finish: longer than one bootstrap's own
+/// bounds (join deadline, GPU wait, mount retries) at their defaults.
+pub const LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
+
+impl BootstrapError {
+    /// The process exit code for this error (sysexits(3) values).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BootstrapError::Settings(_) | BootstrapError::Key(KeyError::InvalidSource(_)) => 78,
+            BootstrapError::Imds(_) | BootstrapError::Gpu(_) => 69,
+            BootstrapError::Key(KeyError::AccessDenied { .. }) => 77,
+            BootstrapError::Key(KeyError::Write(_)) => 74,
+            BootstrapError::Key(KeyError::Other { .. }) => 69,
+            BootstrapError::Key(_) | BootstrapError::Invalid { .. } => 65,
+            BootstrapError::Systemd(_) => 71,
+            BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
+            BootstrapError::Io(_) => 74,
+            BootstrapError::Pcs(e) => e.exit_code(),
+            BootstrapError::Lifecycle(e) => e.exit_code(),
+            BootstrapError::CloudInit(e) => e.exit_code(),
+        }
+    }
+}
+
+/// Inputs besides the settings layers.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Settings files to read.
+    pub paths: settings::Paths,
+    /// Layers from the command line (highest precedence).
+    pub flag_layers: Vec<Layer>,
+    /// Folder where GPU device files appear (`/dev`).
+    pub dev_dir: PathBuf,
+}
+
+/// Duration of one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    /// Step name: `settings`, `instance_metadata`, `node_definition`, `auth_key`, `munge`,
+    /// `slurmd`, `join`.
+    pub name: &'static str,
+    /// Milliseconds.
+    pub duration_ms: u64,
+}
+
+/// What bootstrap did: printed as text, or as one JSON object with `--output json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Slurm NodeName.
+    pub node_name: String,
+    /// Slurm state at the end, e.g. `IDLE+DYNAMIC_NORM`.
+    pub state: String,
+    /// EC2 instance id.
+    pub instance_id: String,
+    /// The `--conf` line of a dynamic node.
+    pub dynamic_conf: Option<String>,
+    /// Whether the key file was (re)written.
+    pub key_changed: bool,
+    /// Whether slurmd was restarted (options or key changed).
+    pub slurmd_restarted: bool,
+    /// When the registered node stays drained: by whom and what lifts it, e.g.
+    /// `drained by an admin (bad DIMM); left drained`. `None` when it is available.
+    pub drain: Option<String>,
+    /// The instance this one replaces: the `InstanceId` of slurmctld's record of the
+    /// NodeName, read before this instance's slurmd registered, when it names another
+    /// instance ([`RecordHolder`], Slurm 23.11+). `None` when the record names this
+    /// instance or no instance, or was not looked at (slurmd was not restarted).
+    pub replaced_instance_id: Option<String>,
+    /// Step durations in order.
+    pub steps: Vec<Step>,
+    /// Total milliseconds.
+    pub total_ms: u64,
+    /// Lifecycle scripts of both stages, in the order they were considered (absent when
+    /// there are none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lifecycle: Vec<crate::node_lifecycle::ScriptResult>,
+}
+
+struct Timer {
+    start: Instant,
+    step: Instant,
+    steps: Vec<Step>,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        let now = Instant::now();
+        Timer {
+            start: now,
+            step: now,
+            steps: Vec::new(),
+        }
+    }
+
+    /// Records a step measured on its own (one of several run together).
+    fn record(&mut self, name: &'static str, d: Duration) {
+        let duration_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(step = name, duration_ms, "step done");
+        self.steps.push(Step { name, duration_ms });
+        self.step = Instant::now();
+    }
+
+    fn done(&mut self, name: &'static str) {
+        let now = Instant::now();
+        let duration_ms = u64::try_from((now - self.step).as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(step = name, duration_ms, "step done");
+        self.steps.push(Step { name, duration_ms });
+        self.step = now;
+    }
+}
+
+/// Runs a future and measures it.
+async fn timed<T, E>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<(T, Duration), E> {
+    let start = Instant::now();
+    let v = f.await?;
+    Ok((v, start.elapsed()))
+}
+
+/// Resolves the settings: files and flags first (they may point IMDS elsewhere), then the
+/// user data part and the tags from IMDS, in precedence order
+/// ([`crate::identity::resolve_settings`]).
+///
+/// # Errors
+/// [`SettingsError`].
+pub fn resolve(
+    file_layers: &[Layer],
+    id: Option<&InstanceIdentity>,
+    flag_layers: &[Layer],
+) -> Result<Resolved, SettingsError> {
+    resolve_with(file_layers, id, flag_layers, Enforce::Refuse)
+}
+
+/// [`resolve`], choosing what a key from a source below its trust class does: bootstrap
+/// refuses it (exit 78); the daemon, `config show` and the operator commands warn and
+/// ignore it.
+///
+/// # Errors
+/// [`SettingsError`].
+pub fn resolve_with(
+    file_layers: &[Layer],
+    id: Option<&InstanceIdentity>,
+    flag_layers: &[Layer],
+    enforce: Enforce,
+) -> Result<Resolved, SettingsError> {
+    crate::identity::resolve_settings(file_layers, id, flag_layers, enforce)
+}
+
+/// Runs bootstrap to the end.
+///
+/// # Errors
+/// [`BootstrapError`]; nothing is written before the step that needs it succeeds (no key
+/// file for a bad key, munge not restarted).
+pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
+    let mut t = Timer::new();
+    let file_layers = settings::file_layers(&opts.paths)?;
+    let early = resolve(&file_layers, None, &opts.flag_layers)?;
+    t.done("settings");
+    // Two bootstraps at once (the unit and an operator, or user data): the second waits
+    // for the first, then converges on what it did.
+    let _lock = take_lock(&early.settings.agent.state_dir).await?;
+
+    // The key and the managed join's first attempt start beside the metadata read, from
+    // the files and flags; each is used only if the final settings ask the same.
+    let prefetch = Prefetch::start(&early.settings.auth, &early.settings.imds);
+    let early_registration = start_early_registration(&early.settings);
+    let id = read_instance_metadata(&early.settings).await?;
+    let resolved = resolve(&file_layers, Some(&id), &opts.flag_layers)?;
+    t.done("instance_metadata");
+
+    // Managed join (issue 13): PCS's registration answer names the node, the controller
+    // and the key; the rest of bootstrap runs with settings that say so.
+    let managed = register(&resolved.settings, &id, early_registration).await?;
+    let joined = managed.as_ref().map(|m| {
+        let mut joined = resolved.settings.clone();
+        m.join_settings(&mut joined.node, &mut joined.slurm, &mut joined.auth);
+        joined
+    });
+    if managed.is_some() {
+        t.done("register");
+    }
+    let cx = Steps {
+        s: joined.as_ref().unwrap_or(&resolved.settings),
+        resolved: &resolved,
+        id: &id,
+    };
+
+    let (def, key_changed, systemd) =
+        define_node_and_install_key(&cx, opts, prefetch, managed.as_ref(), &mut t).await?;
+    let prepared = prepare_slurmd(&cx, &def, key_changed, &systemd, &mut t).await?;
+    let facts = lifecycle_facts(&cx, &def, managed.as_ref());
+    let stages = cx.lifecycle(&facts, managed.as_ref());
+    let mut scripts = lifecycle_stage(
+        stages,
+        Stage::NodeBootstrapped,
+        &systemd,
+        managed.as_ref(),
+        &mut t,
+    )
+    .await?;
+    start_slurmd(&cx, &systemd, prepared.time, &mut t).await?;
+    let (node, kept_drain) = join::join(
+        cx.s,
+        &def,
+        &systemd,
+        &id,
+        &prepared.holder,
+        prepared.version,
+    )
+    .await?;
+    t.done("join");
+    scripts.extend(
+        lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
+    );
+
+    Recorded::of(&id, &def)
+        .write(&cx.s.agent.state_dir)
+        .map_err(BootstrapError::Io)?;
+    Ok(Report {
+        node_name: def.node_name.clone(),
+        state: node.state().to_string(),
+        instance_id: id.instance_id.clone(),
+        dynamic_conf: def.dynamic_conf.clone(),
+        key_changed,
+        slurmd_restarted: prepared.restart,
+        drain: kept_drain,
+        replaced_instance_id: prepared.holder.replaced().map(str::to_string),
+        total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+        steps: t.steps,
+        lifecycle: scripts,
+    })
+}
+
+/// What the steps after the instance metadata share.
+struct Steps<'a> {
+    /// The settings the steps run with (the managed join's, in that mode).
+    s: &'a Settings,
+    /// The settings as resolved, for the source of a key in an error.
+    resolved: &'a Resolved,
+    /// The instance.
+    id: &'a InstanceIdentity,
+}
+
+impl<'a> Steps<'a> {
+    /// The lifecycle stages' inputs: `[node_lifecycle]`, the state folder, `[slurm]`, the
+    /// region, the service's scripts in the managed mode, and `facts`.
+    fn lifecycle(
+        &self,
+        facts: &'a lifecycle::Facts,
+        managed: Option<&'a Managed>,
+    ) -> lifecycle::Context<'a> {
+        lifecycle::Context {
+            settings: &self.s.node_lifecycle,
+            state_dir: &self.s.agent.state_dir,
+            slurm: &self.s.slurm,
+            region: &self.id.region,
+            service: managed.and_then(|m| m.registration.node_lifecycle_actions.as_ref()),
+            facts,
+        }
+    }
+
+    /// An error about a settings key, naming the source that set it.
+    fn key_error(&self, key: &str, message: String) -> BootstrapError {
+        BootstrapError::Settings(SettingsError::Key {
+            origin: self.resolved.source_of(key),
+            key: key.to_string(),
+            message,
+        })
+    }
+}
+
+/// The managed join's first attempt, beside the metadata read when the image's settings
+/// already enable it (its own IMDS session); [`register`] uses it only if it asked what the
+/// final settings ask.
+fn start_early_registration(
+    early: &Settings,
+) -> Option<tokio::task::JoinHandle<Option<EarlyRegistration>>> {
+    early.pcs.enabled.then(|| {
+        let (pcs, imds) = (early.pcs.clone(), early.imds.clone());
+        tokio::spawn(async move { crate::pcs::register_early(&pcs, &imds).await })
+    })
+}
+
+/// The instance's identity, tags and user data from IMDS (`imds` of the files and flags).
+async fn read_instance_metadata(early: &Settings) -> Result<InstanceIdentity, BootstrapError> {
+    let id = Imds::new(&early.imds).identity().await?;
+    tracing::info!(
+        instance_id = %id.instance_id,
+        instance_type = %id.instance_type,
+        availability_zone = %id.availability_zone,
+        spot = id.spot,
+        tags = id.tags.len(),
+        "instance metadata read"
+    );
+    Ok(id)
+}
+
+/// The managed join when `pcs.enabled` ([`crate::pcs::register`], taking the early
+/// attempt's answer when it asked the same).
+async fn register(
+    s: &Settings,
+    id: &InstanceIdentity,
+    early: Option<tokio::task::JoinHandle<Option<EarlyRegistration>>>,
+) -> Result<Option<Managed>, BootstrapError> {
+    let early_answer = match early {
+        Some(task) => task.await.ok().flatten(),
+        None => None,
+    };
+    Ok(match s.pcs.enabled {
+        true => Some(crate::pcs::register(&s.pcs, &s.imds, &s.auth, id, early_answer).await?),
+        false => None,
+    })
+}
+
+/// Independent steps run together: the node definition (which may wait for GPU devices),
+/// the key (fetch, check, write: [`authkey::install_from`], or the registration's key and
+/// record written on a blocking thread in the managed mode) and the connection to systemd.
+/// Each step's own duration is reported. Nothing is started before all three succeed.
+/// Returns the definition, whether the key file changed, and the systemd connection.
+async fn define_node_and_install_key(
+    cx: &Steps<'_>,
+    opts: &Options,
+    prefetch: Option<Prefetch>,
+    managed: Option<&Managed>,
+    t: &mut Timer,
+) -> Result<(NodeDefinition, bool, Systemd), BootstrapError> {
+    let s = cx.s;
+    // The registration's key and record are written on a blocking thread beside the
+    // other steps (awaited as the key step).
+    let persist = managed.map(|m| tokio::task::spawn_blocking(m.persist(&s.agent.state_dir)));
+    let node_definition = timed(async {
+        crate::nodedef::detect(&s.node, cx.id, &opts.dev_dir)
+            .await
+            .map_err(|e| match e {
+                DefinitionError::Gpu(e) => BootstrapError::Gpu(e),
+                DefinitionError::Setting { key, message } => cx.key_error(key, message),
+            })
+    });
+    let key = timed(async {
+        let prefetched = match prefetch {
+            Some(p) => p.take().await,
+            None => None,
+        };
+        if let Some(task) = persist {
+            let written = task
+                .await
+                .map_err(|e| BootstrapError::Io(format!("writing the registration's key: {e}")))?;
+            return Ok::<_, BootstrapError>(written?);
+        }
+        Ok::<_, BootstrapError>(authkey::install_from(&s.auth, &cx.id.region, prefetched).await?)
+    });
+    let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
+    let ((def, def_time), (key_changed, key_time), (systemd, _)) =
+        tokio::try_join!(node_definition, key, connect)?;
+    tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
+    t.record("node_definition", def_time);
+    t.record("auth_key", key_time);
+    Ok((def, key_changed, systemd))
+}
+
+/// What [`prepare_slurmd`] leaves for slurmd's start and the join.
+struct SlurmdPrepared {
+    /// slurmd was stopped, to start with new options or a new key.
+    restart: bool,
+    /// `slurmd -V`.
+    version: Option<SlurmVersion>,
+    /// Whose record slurmctld held for the NodeName before slurmd (re)started.
+    holder: RecordHolder,
+    /// The time the preparation took (reported with slurmd's start).
+    time: Duration,
+}
+
+/// munge, the mounts, slurmd's preparation (options file; stopping an old slurmd) and
+/// cloud-init run together; then slurmctld's record is looked at once (through munge)
+/// before slurmd (re)starts ([`record::look_before_start`]). slurmd starts later: it needs
+/// munge, and must not run without its required mounts.
+async fn prepare_slurmd(
+    cx: &Steps<'_>,
+    def: &NodeDefinition,
+    key_changed: bool,
+    systemd: &Systemd,
+    t: &mut Timer,
+) -> Result<SlurmdPrepared, BootstrapError> {
+    let (s, id) = (cx.s, cx.id);
+    // munge's job is queued before anything else here: munged's own start is the longest
+    // step, and the work below (files written and fsynced, programs spawned) runs on this
+    // thread, which would otherwise hold back the request that starts it.
+    let munge_start = Instant::now();
+    let munge_job = match s.auth.auth_type {
+        AuthType::Munge if key_changed => Some(systemd.queue_restart(&s.slurm.munge_unit).await?),
+        AuthType::Munge => Some(systemd.queue_start(&s.slurm.munge_unit).await?),
+        _ => None,
+    };
+    // The look at slurmctld's record that follows munge's start, started now: it loads
+    // while munged starts, and asks once munged answers. Not on a configless node that has
+    // no configuration yet: that scontrol would fetch it from slurmctld as it starts,
+    // through a munged that is not up yet, and wait in munge's connection retries.
+    let record_look = join::client_has_config(s)
+        .then(|| slurm_mod::Scontrol::configured(&s.slurm).spawn_ready().ok())
+        .flatten();
+    let munge = async {
+        if let Some(job) = munge_job {
+            job.wait().await?;
+        }
+        Ok::<_, BootstrapError>(((), munge_start.elapsed()))
+    };
+    // Shared file systems (issue 4): a required mount that fails stops bootstrap here, so
+    // slurmd is not started (its drop-in also waits for the marker this writes).
+    let mounts = timed(async {
+        let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
+        crate::mounts::ensure_all(&s.mounts, &id.region, &mount_env, systemd)
+            .await
+            .map_err(|e| BootstrapError::Io(e.to_string()))
+    });
+    let slurmd_prep = timed(async {
+        let instance = InstanceArgs {
+            instance_id: id.instance_id.clone(),
+            instance_type: id.instance_type.clone(),
+        };
+        slurmd::prepare(
+            &s.slurm,
+            def,
+            &s.node.topology,
+            instance,
+            key_changed,
+            systemd,
+        )
+        .await
+        .map_err(|e| match e {
+            e @ PrepareError::Topology { .. } => cx.key_error("node.topology", e.to_string()),
+            PrepareError::Options(e) => BootstrapError::Io(e.to_string()),
+            PrepareError::Systemd(e) => BootstrapError::Systemd(e),
+        })
+    });
+    // A site's user-data scripts (cloud-init) prepare the node before it takes jobs:
+    // waited for here, not by unit ordering (cloud-final is after multi-user.target on
+    // Debian and Ubuntu, so `After=` would be a cycle). No cloud-init: nothing to wait for.
+    let cloud_init = async {
+        crate::cloudinit::CloudInit::default()
+            .wait_and_log()
+            .await
+            .map_err(BootstrapError::CloudInit)
+    };
+    let ((_, munge_time), (_, mounts_time), (prepared, mut time), _) =
+        tokio::try_join!(munge, mounts, slurmd_prep, cloud_init)?;
+    if s.auth.auth_type == AuthType::Munge {
+        t.record("munge", munge_time);
+    }
+    t.record("mounts", mounts_time);
+    // Whose record slurmctld holds for the NodeName, from the one look before slurmd
+    // (re)starts; a slurmd that keeps running registered it already.
+    let mut holder = RecordHolder::Unknown;
+    if prepared.restart {
+        // Only once munge runs: scontrol authenticates through it, and a call made while
+        // munged was still starting waited in Slurm's authentication retries.
+        let record_start = Instant::now();
+        let found = record::look_before_start(
+            &s.slurm,
+            &def.node_name,
+            def.dynamic_conf.as_deref(),
+            record_look,
+            &id.instance_id,
+        )
+        .await;
+        record::wait_for_next_second(found.slurmd_start_time).await;
+        time += record_start.elapsed();
+        holder = found.holder;
+    }
+    Ok(SlurmdPrepared {
+        restart: prepared.restart,
+        version: prepared.version,
+        holder,
+        time,
+    })
+}
+
+/// What the lifecycle scripts learn of this node (`first_boot` comes from their run record).
+fn lifecycle_facts(
+    cx: &Steps<'_>,
+    def: &NodeDefinition,
+    managed: Option<&Managed>,
+) -> lifecycle::Facts {
+    lifecycle::Facts {
+        node_name: def.node_name.clone(),
+        instance_id: cx.id.instance_id.clone(),
+        first_boot: false,
+        conf_servers: cx.s.slurm.conf_servers.clone(),
+        pcs: managed.map(|m| lifecycle::PcsFacts::from(&m.registration)),
+    }
+}
+
+/// One lifecycle stage (issue 13): the service's scripts, then the image's settings'
+/// ([`lifecycle::run`]); a `TERMINATE` also goes into the registration record in the managed
+/// mode. The stage is reported as a step when it ran scripts.
+async fn lifecycle_stage(
+    cx: lifecycle::Context<'_>,
+    stage: Stage,
+    systemd: &Systemd,
+    managed: Option<&Managed>,
+    t: &mut Timer,
+) -> Result<Vec<lifecycle::ScriptResult>, BootstrapError> {
+    let result = lifecycle::run(cx, stage, systemd).await;
+    if let (Err(lifecycle::LifecycleError::Terminated { reason, .. }), Some(m)) = (&result, managed)
+    {
+        if let Err(e) = crate::pcs::record_termination(cx.state_dir, &m.registration, reason) {
+            tracing::error!("{e}");
+        }
+    }
+    let outcome = result?;
+    if !outcome.scripts.is_empty() {
+        t.done(match stage {
+            Stage::NodeBootstrapped => "node_bootstrapped",
+            Stage::NodeReady => "node_ready",
+        });
+    }
+    Ok(outcome.scripts)
+}
+
+/// Starts slurmd's unit, not waited for: a Type=notify slurmd (23.11+) finishes its start
+/// job only once it has its configuration; the join watches the unit and slurmctld
+/// instead. The step's time is `prep_time` (its preparation) and the start.
+async fn start_slurmd(
+    cx: &Steps<'_>,
+    systemd: &Systemd,
+    prep_time: Duration,
+    t: &mut Timer,
+) -> Result<(), BootstrapError> {
+    let slurmd_start = Instant::now();
+    systemd.start_no_wait(&cx.s.slurm.slurmd_unit).await?;
+    t.record("slurmd", prep_time + slurmd_start.elapsed());
+    Ok(())
+}
+
+/// Takes the bootstrap lock in `state_dir` (created if missing), waiting up to
+/// [`LOCK_WAIT`] with a log line.
+async fn take_lock(state_dir: &Path) -> Result<crate::fsutil::FileLock, BootstrapError> {
+    let io = |e: std::io::Error| BootstrapError::Io(format!("{}: {e}", state_dir.display()));
+    std::fs::create_dir_all(state_dir).map_err(io)?;
+    let path = state_dir.join(LOCK_FILE);
+    let lock = crate::fsutil::lock_exclusive(&path, LOCK_WAIT, || {
+        tracing::info!(
+            lock = %path.display(),
+            "another bootstrap is running: waiting for it to finish (up to {:?})",
+            LOCK_WAIT
+        );
+    })
+    .await
+    .map_err(|e| BootstrapError::Io(format!("{}: {e}", path.display())))?;
+    lock.ok_or(BootstrapError::Busy { path })
+}

@@ -1,0 +1,76 @@
+//! Why slurmd has not registered, as far as this node can see: systemd's start limit, a
+//! controller that does not answer (which address), a name that does not resolve, no
+//! `_slurmctld._tcp` SRV record to use, authentication refused. Bootstrap's join names it
+//! in its error at the deadline.
+
+use std::time::Duration;
+
+use super::{ConfServer, SlurmSettings};
+use crate::systemd::ServiceInfo;
+
+/// Says, as far as the agent can see, why slurmd has not registered: systemd's start
+/// limit, a controller that does not answer (which address), a name that does not
+/// resolve, no `_slurmctld._tcp` SRV record to use, authentication refused.
+pub async fn why_not_registered(
+    slurm: &SlurmSettings,
+    svc: Option<&ServiceInfo>,
+    seen: &str,
+) -> String {
+    let mut why = Vec::new();
+    let unit = &slurm.slurmd_unit;
+    if let Some(svc) = svc {
+        if svc.result == "start-limit-hit" {
+            why.push(format!(
+                "systemd start limit hit for {unit} (StartLimitBurst): systemd refuses to start it until `systemctl reset-failed {unit}`"
+            ));
+        }
+    }
+    let low = seen.to_ascii_lowercase();
+    if low.contains("authentication") || low.contains("credential") {
+        why.push(
+            "authentication refused: the cluster key differs from the controller's".to_string(),
+        );
+    }
+    if slurm.conf_servers.is_empty() {
+        why.push(
+            "slurm.conf_servers is empty, so slurmd needs the DNS SRV record _slurmctld._tcp: \
+             none gave it a controller"
+                .to_string(),
+        );
+    }
+    for server in slurm
+        .conf_servers
+        .iter()
+        .filter_map(|c| ConfServer::parse(c).ok())
+    {
+        let port = server.port.unwrap_or(6817);
+        let addr = if server.host.contains(':') {
+            format!("[{}]:{port}", server.host)
+        } else {
+            format!("{}:{port}", server.host)
+        };
+        let probe = async {
+            let addrs: Vec<_> = match tokio::net::lookup_host(&addr).await {
+                Ok(a) => a.collect(),
+                Err(e) => return Some(format!("name {} not resolvable: {e}", server.host)),
+            };
+            let mut last = None;
+            for a in addrs {
+                match tokio::net::TcpStream::connect(a).await {
+                    Ok(_) => return None,
+                    Err(e) => last = Some(e.to_string()),
+                }
+            }
+            Some(format!(
+                "controller unreachable at {addr}: {}",
+                last.unwrap_or_else(|| "no address".into())
+            ))
+        };
+        match tokio::time::timeout(Duration::from_secs(3), probe).await {
+            Ok(Some(m)) => why.push(m),
+            Ok(None) => {}
+            Err(_) => why.push(format!("controller unreachable at {addr}: no answer in 3s")),
+        }
+    }
+    why.join("; ")
+}

@@ -1,0 +1,206 @@
+//! slurmctld's record of this node around slurmd's (re)start, for bootstrap: the one look
+//! before slurmd starts (whose the record is, [`FoundRecord`]; a stale dynamic record
+//! deleted, [`look_before_start`]) and the proof that the slurmd now running registered
+//! ([`registered_by`], [`wait_for_next_second`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::{NodeInfo, ReadyScontrol, Scontrol, SlurmSettings};
+use crate::reason::RecordHolder;
+use crate::systemd::ServiceInfo;
+
+/// Where a dynamic node's record in slurmctld differs from the `--conf` line about to be
+/// registered: `(key, in slurmctld, wanted)` for CPUs, RealMemory, Features and Gres.
+/// slurmctld keeps a dynamic node's record after slurmd stops, and a re-registration does
+/// not replace its definition.
+pub fn definition_differences(node: &NodeInfo, conf: &str) -> Vec<(String, String, String)> {
+    let want: BTreeMap<&str, &str> = conf
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    let set = |v: &str| -> BTreeSet<String> {
+        v.split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty() && *x != "(null)")
+            .map(str::to_string)
+            .collect()
+    };
+    let have = |k: &str| node.fields.get(k).map_or("", String::as_str);
+    let mut out = Vec::new();
+    for (ours, theirs, as_set) in [
+        ("CPUs", "CPUTot", false),
+        ("RealMemory", "RealMemory", false),
+        ("Features", "AvailableFeatures", true),
+        ("Gres", "Gres", true),
+    ] {
+        let w = want.get(ours).copied().unwrap_or("");
+        let h = have(theirs);
+        let differs = if as_set {
+            set(w) != set(h)
+        } else {
+            !w.is_empty() && w != h
+        };
+        if differs {
+            out.push((ours.to_string(), h.to_string(), w.to_string()));
+        }
+    }
+    out
+}
+
+/// The proof of registration ([`registered_by`]) has one-second resolution: a slurmd
+/// started in the same second as the one that made the record (`old_start`, its
+/// `SlurmdStartTime` in Unix seconds) could not be told from it, so this waits into the
+/// next second when needed.
+pub async fn wait_for_next_second(old_start: Option<i64>) {
+    let Some(old) = old_start else { return };
+    let now = crate::time::now();
+    if old >= now {
+        let ms = u64::try_from((old + 1 - now).max(0)).unwrap_or(1) * 1000
+            - u64::from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_millis()),
+            );
+        tokio::time::sleep(Duration::from_millis(ms + 1)).await;
+    }
+}
+
+/// What [`look_before_start`] found in slurmctld's record before slurmd (re)started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRecord {
+    /// The record's `SlurmdStartTime` (Unix seconds), if any.
+    pub slurmd_start_time: Option<i64>,
+    /// Whose record it was: this instance's, a predecessor's, or Slurm does not say.
+    pub holder: RecordHolder,
+}
+
+impl FoundRecord {
+    /// From the record as read (`None`: no record, or the look failed), seen by instance
+    /// `instance_id`. Logs the replacement when the record names another instance.
+    pub fn new(node_name: &str, record: Option<&NodeInfo>, instance_id: &str) -> FoundRecord {
+        let holder = RecordHolder::of(record.and_then(|n| n.instance().id), instance_id);
+        if let Some(previous) = holder.replaced() {
+            tracing::info!(
+                node = node_name,
+                previous_instance = previous,
+                "replacing instance {previous} (InstanceId from slurmctld's record)"
+            );
+        }
+        FoundRecord {
+            slurmd_start_time: record.and_then(NodeInfo::slurmd_start_time),
+            holder,
+        }
+    }
+}
+
+/// Before slurmd (re)starts: reads slurmctld's record of the NodeName once (whose it is,
+/// [`FoundRecord`]), and, for a dynamic node, deletes it (`scontrol delete NodeName=`) when
+/// its definition differs from `conf`, so that the registration that follows creates it
+/// anew. Never a record with a job on it, nor one whose reason is not the agent's (an
+/// admin's drain survives); a failure is logged and bootstrap carries on.
+pub async fn look_before_start(
+    slurm: &SlurmSettings,
+    node_name: &str,
+    conf: Option<&str>,
+    ready: Option<ReadyScontrol>,
+    instance_id: &str,
+) -> FoundRecord {
+    let scontrol = Scontrol::configured(slurm);
+    // Through the scontrol started while munged started (it first needs munge for this
+    // command, so it answers as one started now would).
+    let looked = match ready {
+        Some(r) => r.show_node(node_name).await,
+        None => scontrol.show_node(node_name).await,
+    };
+    let node = match looked {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!("slurmctld's record before slurmd starts: {e}");
+            None
+        }
+    };
+    let found = FoundRecord::new(node_name, node.as_ref(), instance_id);
+    let (Some(node), Some(conf)) = (node, conf) else {
+        return found;
+    };
+    let diff = definition_differences(&node, conf);
+    if diff.is_empty() {
+        return found;
+    }
+    let admin = node
+        .held_reason()
+        .is_some_and(|r| !crate::reason::is_agent_reason(r));
+    if admin || !node.runs_no_job() {
+        tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
+        return found;
+    }
+    tracing::info!(
+        node = node_name,
+        ?diff,
+        "deleting the stale dynamic node record so that the new definition registers"
+    );
+    if let Err(e) = scontrol
+        .run(&["delete", &format!("NodeName={node_name}")])
+        .await
+    {
+        tracing::warn!("{e}");
+    }
+    found
+}
+
+/// Whether the node record shows a registration by the slurmd now running: its
+/// `SlurmdStartTime` (whole seconds) is not before the start of the unit's main process
+/// (systemd's `ExecMainStartTimestamp`, floored to the second). A record left by an earlier
+/// slurmd (an earlier boot, a slurmd since stopped, another instance with the same
+/// NodeName) started before it and does not count.
+pub fn registered_by(node: &NodeInfo, svc: &ServiceInfo) -> bool {
+    let started = i64::try_from(svc.exec_main_start_usec / 1_000_000).unwrap_or(i64::MAX);
+    svc.exec_main_pid != 0 && started > 0 && node.slurmd_start_time().is_some_and(|t| t >= started)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn definition_differences_name_what_changed() {
+        let node = NodeInfo::parse(
+            "NodeName=n CPUTot=2 RealMemory=1000 AvailableFeatures=m4.xlarge,first Gres=(null) State=IDLE",
+        );
+        let same = "CPUs=2 Boards=1 RealMemory=1000 Features=first,m4.xlarge Weight=1";
+        assert!(definition_differences(&node, same).is_empty());
+        let d = definition_differences(
+            &node,
+            "CPUs=2 RealMemory=1000 Features=m4.xlarge,second Weight=1",
+        );
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].0, "Features");
+        let d = definition_differences(
+            &node,
+            "CPUs=4 RealMemory=900 Features=m4.xlarge,first Gres=gpu:1",
+        );
+        let keys: Vec<&str> = d.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(keys, ["CPUs", "RealMemory", "Gres"]);
+    }
+
+    #[test]
+    fn registration_proof_compares_whole_seconds() {
+        let node = NodeInfo::parse("NodeName=n SlurmdStartTime=2017-09-18T08:22:00 State=IDLE");
+        let svc = |usec: u64, pid: u32| ServiceInfo {
+            exec_main_start_usec: usec,
+            exec_main_pid: pid,
+            ..ServiceInfo::default()
+        };
+        // Started in the same second (slurmd notes its start after the fork): proved.
+        assert!(registered_by(&node, &svc(1_505_722_920_900_000, 7)));
+        assert!(registered_by(&node, &svc(1_505_722_919_000_000, 7)));
+        // Started a second later: the record is an earlier slurmd's.
+        assert!(!registered_by(&node, &svc(1_505_722_921_000_000, 7)));
+        assert!(!registered_by(&node, &svc(1_505_722_920_000_000, 0)));
+        assert!(!registered_by(&node, &svc(0, 7)));
+        let never = NodeInfo::parse("NodeName=n SlurmdStartTime=None State=DOWN");
+        assert!(!registered_by(&never, &svc(1_505_722_920_000_000, 7)));
+    }
+}
