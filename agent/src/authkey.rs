@@ -11,6 +11,8 @@
 //!
 //! The key never appears in a log line, an error or `config show`: it lives in [`Key`],
 //! whose `Debug` prints only its length.
+//!
+//! Floor 2 (outside systems): reads the region through `imds`.
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};

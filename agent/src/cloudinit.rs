@@ -11,6 +11,8 @@
 //! error, 2 done with recoverable errors (older versions use 1 for every error). A missing
 //! `cloud-init` program (a container, an image without it) means there is nothing to wait
 //! for.
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -21,6 +21,8 @@
 //! A state file that cannot be read back anyway (truncated by a full disk, emptied, edited
 //! by hand) is moved aside by [`set_aside_corrupt`], so that the commands carry on from
 //! what Slurm says instead of refusing to run.
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};

@@ -1,6 +1,7 @@
 //! What the host offers to jobs: CPU topology and memory (sysinfo and sysfs), and GPUs
-//! (device files); and which boot of the host this is ([`boot_id`]). Ground floor: uses no
-//! other module of the crate.
+//! (device files); and which boot of the host this is ([`boot_id`]).
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

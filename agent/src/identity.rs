@@ -1,15 +1,18 @@
 //! The node's identity, in one place: which NodeName this instance is and which instance
-//! incarnation registered it, for every command (floor: above `settings`, which it reads).
+//! incarnation registered it, for every command.
 //!
-//! - **NodeName**: [`crate::nodedef::node_name`] (`node.name`, else `node.name_template` over instance
-//!   facts) is the one rule; [`resolve`] applies it for every command: bootstrap's record
-//!   (`bootstrap.json`) when there is one, otherwise the settings resolved exactly as
-//!   bootstrap resolves them (files, user data, tags, flags) over IMDS's facts.
+//! - **NodeName**: [`crate::nodedef::node_name`] (`node.name`, else `node.name_template`
+//!   over instance facts) is the one rule; [`resolve`] applies it for every command:
+//!   bootstrap's record (`bootstrap.json`) when there is one, otherwise the settings
+//!   resolved exactly as bootstrap resolves them (files, user data, tags, flags) over
+//!   IMDS's facts.
 //!   `check` (Slurm's `HealthCheckProgram`) first takes `SLURMD_NODENAME`.
 //! - **Incarnation**: the EC2 instance id. Bootstrap records it with the NodeName
 //!   ([`Recorded`]); a replacement instance (same NodeName, new instance id) is a new
 //!   incarnation. Whose Slurm's record is, and how the agent marks the drains it owns,
 //!   is the reason scheme's ([`crate::reason`]).
+//!
+//! Floor 8 (assembly): above `settings`, which it reads.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -29,6 +29,8 @@
 //! The `[imds]` settings section ([`ImdsSettings`]) is this module's.
 //!
 //! Paths and formats: <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html>.
+//!
+//! Floor 1 (outside systems): below everything that reads instance metadata.
 
 use aws_config::imds::client::error::ImdsError as SdkImdsError;
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;

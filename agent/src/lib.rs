@@ -1,25 +1,56 @@
 //! `slurm-node-agent`: makes a cloud instance a Slurm node and keeps it one.
 //!
-//! One module per outside system the agent talks to:
-//! - [`imds`]: the EC2 instance metadata service (IMDSv2 only), through aws-config's client.
-//! - [`section`]: what each module's settings section is made of (durations, trust classes).
-//! - [`settings`]: layered, validated settings (defaults, files, drop-ins, tags, user data, flags).
-//! - [`authkey`]: the cluster's munge / auth/slurm key from SSM, Secrets Manager or a file.
-//! - [`nodedef`]: the Slurm node definition (NodeName, dynamic `--conf` line) from host facts.
-//! - [`slurm`]: `slurmd` options, `scontrol` calls and the parsers of their output.
-//! - [`systemd`]: the systemd Manager API over D-Bus (zbus).
-//! - [`identity`]: who the node is (NodeName, instance incarnation).
-//! - [`reason`]: the agent's drain reasons in Slurm, and whose a record or a drain is.
-//! - [`location`]: the `ssm:`, `secretsmanager:`, `file:` and `s3://` locations things are
-//!   fetched from.
-//! - [`bootstrap`]: first boot, from instance metadata to a node IDLE in slurmctld.
-//! - [`pcs`]: the managed join (AWS Parallel Computing Service registration).
-//! - [`cloudinit`]: waiting (bounded) for cloud-init, so user-data scripts run before slurmd.
-//! - [`health`]: node health checks (`check`, `HealthCheckProgram`).
-//! - [`mounts`]: FSx for Lustre, EFS and NFS mounts through systemd `.mount` units.
-//! - [`time`]: Unix seconds and the time formats IMDS and Slurm write.
-//! - [`events`]: IMDS interruption and maintenance notices; [`upgrade`]: rolling image
-//!   upgrades; [`drain`]: the one drain state machine; [`daemon`]: the `run` loop.
+//! # Floors
+//!
+//! The top-level modules form floors: a module uses only modules on floors below its own,
+//! so the graph of their `crate::<module>` references has no cycle, and a change to a
+//! module can reach only the floors above it. A module's floor is the longest path from it
+//! down to the ground floor. `tests/module_floors.rs` fails on a cycle (naming it, with a
+//! `file:line` witness for each edge), and when this table or a module's own docs give
+//! another floor than the code has.
+//!
+//! | floor | modules |
+//! |---|---|
+//! | 11 | [`cli`] |
+//! | 10 | [`daemon`] |
+//! | 9 | [`bootstrap`] |
+//! | 8 | [`identity`] |
+//! | 7 | [`settings`] |
+//! | 6 | [`events`] |
+//! | 5 | [`drain`], [`node_lifecycle`] |
+//! | 4 | [`health`], [`mounts`], [`pcs`], [`upgrade`] |
+//! | 3 | [`slurm`] |
+//! | 2 | [`authkey`], [`nodedef`] |
+//! | 1 | [`imds`], [`systemd`] |
+//! | 0 | [`cloudinit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
+//!
+//! - **Roof (9 to 11)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
+//!   the rolling upgrade's rollout check); [`bootstrap`], first boot from instance metadata
+//!   to a node IDLE in slurmctld, as a list of steps that each live with their subject.
+//! - **Assembly (7, 8)**: [`settings`] reads the layers (defaults, files, drop-ins, user
+//!   data, tags, flags), enforces each key's trust class and assembles every module's
+//!   section; [`identity`] says who the node is (NodeName, instance incarnation) for every
+//!   command.
+//! - **Subsystems (4 to 6)**, each owning its settings section: [`events`], IMDS
+//!   interruption and maintenance notices; [`drain`], the one drain state machine;
+//!   [`node_lifecycle`], the lifecycle scripts; [`health`], node health checks (`check`,
+//!   `HealthCheckProgram`); [`mounts`], FSx for Lustre, EFS and NFS mounts through systemd
+//!   `.mount` units; [`pcs`], the managed join (AWS Parallel Computing Service
+//!   registration); [`upgrade`], rolling image upgrades and their actions.
+//! - **Outside systems (1 to 3)**, one module each, with its section: [`slurm`], `slurmd`'s
+//!   options, `scontrol` calls and the parsers of their output; [`authkey`], the cluster's
+//!   munge / auth/slurm key from SSM, Secrets Manager or a file; [`nodedef`], the Slurm
+//!   node definition (NodeName, dynamic `--conf` line) from host facts; [`imds`], the EC2
+//!   instance metadata service (IMDSv2 only), through aws-config's client; [`systemd`], the
+//!   systemd Manager API over D-Bus (zbus).
+//! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
+//!   the agent's drain reasons in Slurm and whose a record or a drain is; [`time`], Unix
+//!   seconds and the time formats IMDS and Slurm write; [`section`], what each settings
+//!   section is made of (durations, trust classes); [`location`], the `ssm:`,
+//!   `secretsmanager:`, `file:` and `s3://` locations things are fetched from;
+//!   [`hostfacts`], CPUs, memory, GPUs and the boot id; [`fsutil`], symlink-safe atomic
+//!   writes; [`retry`], backoff; [`userdata`], the settings parts of user data;
+//!   [`cloudinit`], the bounded wait for cloud-init.
 //!
 //! `main.rs` only parses the command line and maps errors to exit codes; everything else is
 //! here so that tests reach it.

@@ -1,6 +1,6 @@
-//! Where the agent fetches something from, as settings and the managed service write it
-//! (ground floor: uses no other module of the crate): `ssm:<parameter>`,
-//! `secretsmanager:<secret>`, `file:<absolute path>` and `s3://<bucket>/<key>`.
+//! Where the agent fetches something from, as settings and the managed service write it:
+//! `ssm:<parameter>`, `secretsmanager:<secret>`, `file:<absolute path>` and
+//! `s3://<bucket>/<key>`.
 //!
 //! [`Location::parse`] is the one reader of that syntax. It only tells the kind of
 //! location and what follows the scheme; each user checks what it accepts there and says
@@ -8,6 +8,8 @@
 //! `authkey::KeySource`: SSM, Secrets Manager or a file, with an optional `#field`) and
 //! the lifecycle scripts' `scriptLocation` (`node_lifecycle`: S3, SSM or a file, with S3's
 //! and Parameter Store's naming rules).
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 /// A location, by its scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

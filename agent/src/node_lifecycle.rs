@@ -36,6 +36,9 @@
 //! [`terminate_reason`] and `bootstrap`).
 //!
 //! What ran is kept in `<agent.state_dir>/lifecycle/state.json` ([`RunRecord`]).
+//!
+//! Floor 5 (subsystems): above `pcs`, whose registration answer carries the service's
+//! scripts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

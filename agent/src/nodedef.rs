@@ -6,6 +6,8 @@
 //!
 //! The `[node]` settings section ([`NodeSettings`]) and the one NodeName rule
 //! ([`node_name`]) are this module's.
+//!
+//! Floor 2 (outside systems): over the host facts and the instance metadata.
 
 use std::path::Path;
 use std::time::Duration;

@@ -1,5 +1,4 @@
-//! The agent's reasons in Slurm, and whose a record or a drain is (ground floor: uses no
-//! other module of the crate).
+//! The agent's reasons in Slurm, and whose a record or a drain is.
 //!
 //! The node's reason in Slurm is the record of who owns a drain. Every reason the agent
 //! writes is `slurm-node-agent/<cause>@<instance-id>: <detail>` ([`AgentReason`]), where
@@ -11,6 +10,8 @@
 //! Whose Slurm's record of a NodeName is, this instance's or a predecessor's, is
 //! [`RecordHolder`]: the record's own `InstanceId` where Slurm keeps one (23.11+), else the
 //! instance id in the agent's reasons and the local files ([`Incarnation`]).
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::fmt;
 

@@ -1,5 +1,7 @@
 //! Capped exponential backoff with full jitter, for calls to outside systems that may not be
 //! ready yet (the controller during boot, a mount, IMDS).
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The settings-section machinery (ground floor: uses no other module of the crate).
+//! The settings-section machinery.
 //!
 //! Each module owns its settings section: the type of its TOML table (`[events]`,
 //! `[[mounts]]`, ...), its defaults, its `validate`, and the trust class of each of its
@@ -15,6 +15,8 @@
 //!
 //! A key's class is the least trusted source that may set it. Keys that name a path, a
 //! program, an owner, a unit, a binary folder, an endpoint or a hook are [`Trust::Image`].
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::fmt;
 use std::time::Duration;

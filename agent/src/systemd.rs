@@ -6,6 +6,8 @@
 //! result `done`, `canceled`, `timeout`, `failed`, `dependency` or `skipped`.
 //!
 //! The `[systemd]` settings section ([`SystemdSettings`]: which Manager) is this module's.
+//!
+//! Floor 1 (outside systems): below everything that starts a unit.
 
 use std::time::Duration;
 

@@ -1,8 +1,8 @@
 //! Time as the agent keeps it: Unix seconds (UTC), [`now`], and the text forms it reads
-//! and writes (ground floor: uses no other module of the crate).
+//! and writes.
 //!
 //! [`parse`] reads the two formats IMDS uses for notices (and Slurm's `SlurmdStartTime`
-//! with a `Z` added), [`format`] writes the first:
+//! with a `Z` added), [`format()`] writes the first:
 //! - RFC 3339, as in `spot/instance-action` (`"time": "2017-09-18T08:22:00Z"`) and
 //!   `events/recommendations/rebalance` (`"noticeTime": "2020-10-27T08:22:00Z"`); fractional
 //!   seconds and a numeric offset (`+00:00`) are accepted.
@@ -11,6 +11,8 @@
 //!
 //! Formats: <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html>,
 //! <https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instances-status-check_sched.html>.
+//!
+//! Floor 0 (ground): uses no other module of the crate.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -31,6 +31,8 @@ struct Graph {
     modules: BTreeSet<String>,
     /// `(from, to)` → the first witness, `file:line` (relative to the source folder).
     edges: Edges,
+    /// Each module's own file (`src/x.rs` or `src/x/mod.rs`).
+    roots: BTreeMap<String, PathBuf>,
 }
 
 impl Graph {
@@ -48,6 +50,9 @@ impl Graph {
             g.modules.insert(name.clone());
             let mut files = Vec::new();
             module_files(src, &[], m, &mut files)?;
+            if let Some((root, _)) = files.first() {
+                g.roots.insert(name.clone(), root.clone());
+            }
             for (path, module_path) in files {
                 g.scan(src, &path, &name, &module_path)?;
             }
@@ -186,6 +191,69 @@ impl Graph {
         }
         out
     }
+}
+
+/// Where the docs give another floor than the code has: the table in `lib.rs`'s docs
+/// (`//! | N | [`a`], [`b`] |`) and each top-level module's own docs (`Floor N (layer)`),
+/// one line each to fix.
+fn docs_disagreements(src: &Path, g: &Graph) -> Vec<String> {
+    let floors = g.floors();
+    let mut out = Vec::new();
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default();
+    let mut table: BTreeMap<String, usize> = BTreeMap::new();
+    for line in lib.lines() {
+        let Some(row) = line.strip_prefix("//! |") else {
+            continue;
+        };
+        let mut cells = row.split('|');
+        let Some(Ok(level)) = cells.next().map(|c| c.trim().parse::<usize>()) else {
+            continue;
+        };
+        let rest = cells.next().unwrap_or_default();
+        for name in rest.split("[`").skip(1).filter_map(|n| n.split_once("`]")) {
+            table.insert(name.0.to_string(), level);
+        }
+    }
+    for (m, level) in &floors {
+        match table.get(m) {
+            Some(l) if l == level => {}
+            Some(l) => out.push(format!(
+                "lib.rs: the floor table puts `{m}` on floor {l}; the code has it on floor {level}"
+            )),
+            None => out.push(format!(
+                "lib.rs: the floor table does not name `{m}` (floor {level})"
+            )),
+        }
+    }
+    for m in table.keys().filter(|m| !floors.contains_key(*m)) {
+        out.push(format!(
+            "lib.rs: the floor table names `{m}`, not a top-level module"
+        ));
+    }
+    for (m, root) in &g.roots {
+        let text = std::fs::read_to_string(root).unwrap_or_default();
+        let docs: String = text
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let said = docs.split("Floor ").skip(1).find_map(|rest| {
+            let (n, after) = rest.split_once(' ')?;
+            after.starts_with('(').then(|| n.parse::<usize>().ok())?
+        });
+        let shown = root.strip_prefix(src).unwrap_or(root).display().to_string();
+        let level = floors.get(m).copied().unwrap_or(0);
+        match said {
+            Some(n) if n == level => {}
+            Some(n) => out.push(format!(
+                "{shown}: its docs say `Floor {n} (...)`; the code has `{m}` on floor {level}"
+            )),
+            None => out.push(format!(
+                "{shown}: its //! docs do not say its floor (`Floor {level} (<layer>): ...`)"
+            )),
+        }
+    }
+    out
 }
 
 fn parse(path: &Path) -> Result<syn::File, String> {
@@ -476,14 +544,20 @@ fn the_top_level_modules_form_floors() {
         panic!(
             "the top-level modules of {} import each other in a cycle (a module on a lower \
              floor reaches up):\n  {c}\nMove what the lower module needs down (or the code \
-             that needs the upper module up); see the floors in lib.rs.",
+             that needs the upper module up); the floors are listed in src/lib.rs.",
             src.display()
         );
     }
+    let floors = g.describe_floors();
     println!(
-        "floors of {} (a module uses only modules on floors below its own):\n{}",
+        "floors of {} (a module uses only modules on floors below its own):\n{floors}",
         src.display(),
-        g.describe_floors()
+    );
+    let wrong = docs_disagreements(&src, &g);
+    assert!(
+        wrong.is_empty(),
+        "the docs give other floors than the code has:\n  {}\nthe floors:\n{floors}",
+        wrong.join("\n  ")
     );
 }
 

@@ -11,6 +11,8 @@
 //! [`crate::mounts`], slurmd's preparation and slurmctld's record with [`crate::slurm`]
 //! (`slurmd`, `record`), the lifecycle scripts with [`crate::node_lifecycle`], the drain
 //! found at boot with [`crate::drain::boot`], and the join loop in [`join`].
+//!
+//! Floor 9 (roof): the orchestration of first boot.
 
 pub mod join;
 

@@ -10,6 +10,8 @@
 //! resume while the upgrade action runs; 77 also `resume` of a node drained by someone else
 //! (see each command's module).
 //! `check`: 1 a fatal health check failed or timed out; 78 also a bad check file.
+//!
+//! Floor 11 (roof): the commands; only `main.rs` and `healthcheck_main.rs` are above it.
 
 pub mod bootstrap;
 pub mod check;

@@ -12,6 +12,8 @@
 //! The main loop never does the work itself: each piece (a poll, a health pass, a drain
 //! step, an upgrade hook) is a child task, at most one per kind, so that a 25 s hook under
 //! `WatchdogSec=10s` neither starves the watchdog nor holds up the spot polling.
+//!
+//! Floor 10 (roof): the `run` loop.
 
 pub mod notify;
 pub mod rollout;

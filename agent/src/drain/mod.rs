@@ -13,6 +13,9 @@
 //! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
 //! the reason is the agent's ([`crate::reason`]: `slurm-node-agent/<cause>@<instance-id>:
 //! ...`) and that no foreign reason was on the node when the drain began.
+//!
+//! Floor 5 (subsystems): above `upgrade`, whose actions it runs; the `[drain]` settings
+//! section ([`DrainSettings`]) is this module's.
 
 pub mod boot;
 pub mod metrics;

@@ -17,6 +17,9 @@
 //!
 //! A failed poll (IMDS 401 after a token refresh, 5xx after retries, unreachable) is never
 //! read as "the notice is gone": the last good observation stands and nothing is undone.
+//!
+//! Floor 6 (subsystems): above `drain`, to which it hands its decisions; the `[events]`
+//! settings section ([`EventsSettings`]) is this module's.
 
 pub mod notice;
 

@@ -28,6 +28,9 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! Floor 4 (subsystems): the `[health]` settings section ([`HealthSettings`]) is this
+//! module's.
 
 pub mod act;
 pub mod arith;

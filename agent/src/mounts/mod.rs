@@ -44,6 +44,9 @@
 //! with the agent's `mount` reason ([`DRAIN_REASON_CAUSE`]) naming the mount; once all are
 //! back, the agent resumes the node only if the drain is its own (the reason still starts
 //! with that prefix).
+//!
+//! Floor 4 (subsystems): the `[[mounts]]` settings section ([`MountSettings`]) is this
+//! module's.
 
 pub mod alive;
 pub mod escape;

@@ -32,6 +32,8 @@
 //! this call as the one its own agent makes, not as a public contract (see README).
 //!
 //! `sharedSecret` never reaches a log line, an error, the record file or `config show`.
+//!
+//! Floor 4 (subsystems): the `[pcs]` settings section ([`PcsSettings`]) is this module's.
 
 pub mod actions;
 

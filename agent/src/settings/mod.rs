@@ -21,6 +21,8 @@
 //! count as the image only when root-owned and not writable by group or others, and are
 //! at most [`trust::MAX_FILE_BYTES`]; explicit paths that do not exist are errors (only the
 //! built-in default paths are optional).
+//!
+//! Floor 7 (assembly): above every module whose section it assembles.
 
 pub mod reference;
 mod schema;

@@ -4,6 +4,8 @@
 //! Formats are those of Slurm 22.05 to 25.x; parsers are tested against captured output in
 //! `agent/tests/fixtures/slurm/`. The `[slurm]` settings section ([`SlurmSettings`]) is
 //! this module's.
+//!
+//! Floor 3 (outside systems): over the node definition and systemd.
 
 pub mod diagnose;
 pub mod healthcheck;

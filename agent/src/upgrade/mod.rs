@@ -27,6 +27,8 @@
 //!
 //! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
 //! them. The `[upgrade]` settings section ([`UpgradeSettings`]) is this module's.
+//!
+//! Floor 4 (subsystems): below `drain`, which runs its actions.
 
 pub mod action;
 
