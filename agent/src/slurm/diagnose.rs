@@ -43,7 +43,7 @@ pub async fn why_not_registered(
         .iter()
         .filter_map(|c| ConfServer::parse(c).ok())
     {
-        let port = server.port.unwrap_or(6817);
+        let port = server.port.unwrap_or(super::DEFAULT_SLURMCTLD_PORT);
         let addr = if server.host.contains(':') {
             format!("[{}]:{port}", server.host)
         } else {
