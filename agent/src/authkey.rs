@@ -18,6 +18,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+use crate::exit::Exit;
 use crate::fsutil::{self, Owner};
 use crate::location::Location;
 use crate::section::{Classified, KeyTrust};
@@ -356,6 +357,26 @@ pub enum KeyError {
     /// Writing the file failed.
     #[error(transparent)]
     Write(#[from] fsutil::WriteError),
+}
+
+impl KeyError {
+    /// The exit code: bad settings for a source that is none, no permission for access
+    /// denied, I/O for the write, unavailable for the service, bad data for the key itself.
+    pub fn exit(&self) -> Exit {
+        match self {
+            KeyError::InvalidSource(_) => Exit::Config,
+            KeyError::AccessDenied { .. } => Exit::NoPerm,
+            KeyError::Write(_) => Exit::IoErr,
+            KeyError::Other { .. } => Exit::Unavailable,
+            KeyError::NotFound { .. }
+            | KeyError::Empty { .. }
+            | KeyError::Decode { .. }
+            | KeyError::WrongSize { .. }
+            | KeyError::UnencryptedParameter { .. }
+            | KeyError::Json { .. }
+            | KeyError::NoSuchOwner(_) => Exit::DataErr,
+        }
+    }
 }
 
 /// Destination, owner and size limits for a plugin.

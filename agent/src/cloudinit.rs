@@ -12,10 +12,13 @@
 //! `cloud-init` program (a container, an image without it) means there is nothing to wait
 //! for.
 //!
-//! Floor 0 (ground): uses no other module of the crate.
+//! Floor 1 (outside systems): cloud-init, run as a program; its errors' exit codes from
+//! [`crate::exit`].
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::exit::Exit;
 
 /// How long bootstrap waits for cloud-init by default: user-data scripts that install
 /// packages on a fresh instance take minutes; beyond 10 minutes something is stuck and the
@@ -63,11 +66,11 @@ pub enum CloudInitError {
 }
 
 impl CloudInitError {
-    /// Sysexits code: 75 (temporary failure) for a timeout, 71 (OS error) otherwise.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code: temporary failure for a timeout, an OS error otherwise.
+    pub fn exit(&self) -> Exit {
         match self {
-            CloudInitError::Timeout { .. } => 75,
-            CloudInitError::Spawn { .. } => 71,
+            CloudInitError::Timeout { .. } => Exit::TempFail,
+            CloudInitError::Spawn { .. } => Exit::OsErr,
         }
     }
 }
@@ -229,7 +232,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, CloudInitError::Timeout { .. }), "{err}");
-        assert_eq!(err.exit_code(), 75);
+        assert_eq!(err.exit().code(), 75);
         assert!(err.to_string().contains("status --wait"), "{err}");
         // The stand-in (now `sleep 600`) is gone: eventually, with a generous deadline.
         // (No pid file: it was killed before it got that far.)

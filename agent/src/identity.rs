@@ -233,13 +233,13 @@ pub enum IdentityError {
 }
 
 impl IdentityError {
-    /// sysexits(3) code.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code.
+    pub fn exit(&self) -> crate::exit::Exit {
         match self {
             IdentityError::Settings(_)
             | IdentityError::NoName(_)
-            | IdentityError::BadEnvName(_) => 78,
-            IdentityError::Imds { .. } => 69,
+            | IdentityError::BadEnvName(_) => crate::exit::Exit::Config,
+            IdentityError::Imds { .. } => crate::exit::Exit::Unavailable,
         }
     }
 }

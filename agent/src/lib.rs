@@ -21,8 +21,8 @@
 //! | 4 | [`health`], [`mounts`], [`pcs`], [`upgrade`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`nodedef`] |
-//! | 1 | [`imds`], [`systemd`] |
-//! | 0 | [`cloudinit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
+//! | 1 | [`cloudinit`], [`imds`], [`systemd`] |
+//! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
 //! - **Roof (9 to 11)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
 //!   the rolling upgrade's rollout check); [`bootstrap`], first boot from instance metadata
@@ -42,18 +42,20 @@
 //!   munge / auth/slurm key from SSM, Secrets Manager or a file; [`nodedef`], the Slurm
 //!   node definition (NodeName, dynamic `--conf` line) from host facts; [`imds`], the EC2
 //!   instance metadata service (IMDSv2 only), through aws-config's client; [`systemd`], the
-//!   systemd Manager API over D-Bus (zbus).
+//!   systemd Manager API over D-Bus (zbus); [`cloudinit`], the bounded wait for cloud-init.
 //! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
 //!   the agent's drain reasons in Slurm and whose a record or a drain is; [`time`], Unix
 //!   seconds and the time formats IMDS and Slurm write; [`section`], what each settings
 //!   section is made of (durations, trust classes); [`location`], the `ssm:`,
 //!   `secretsmanager:`, `file:` and `s3://` locations things are fetched from;
 //!   [`hostfacts`], CPUs, memory, GPUs and the boot id; [`fsutil`], symlink-safe atomic
-//!   writes; [`retry`], backoff; [`userdata`], the settings parts of user data;
-//!   [`cloudinit`], the bounded wait for cloud-init.
+//!   writes; [`retry`], backoff; [`userdata`], the settings parts of user data; [`exit`],
+//!   the exit codes every command ends with (one table).
 //!
-//! `main.rs` only parses the command line and maps errors to exit codes; everything else is
-//! here so that tests reach it.
+//! `main.rs` only parses the command line and runs the command; everything else is here so
+//! that tests reach it. Library modules return `thiserror` enums whose variants carry the
+//! path, key, unit or command a person needs; each top-level error says which [`exit::Exit`]
+//! it ends a command with; `anyhow` is for the edges only.
 
 pub mod authkey;
 pub mod bootstrap;
@@ -62,6 +64,7 @@ pub mod cloudinit;
 pub mod daemon;
 pub mod drain;
 pub mod events;
+pub mod exit;
 pub mod fsutil;
 pub mod health;
 pub mod hostfacts;

@@ -1048,11 +1048,12 @@ pub enum LifecycleError {
 }
 
 impl LifecycleError {
-    /// sysexits(3) code: 65 for invalid actions and a `TERMINATE`, 74 for the record.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code: bad data for invalid actions and a `TERMINATE`, I/O for the record.
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
-            LifecycleError::Invalid { .. } | LifecycleError::Terminated { .. } => 65,
-            LifecycleError::Io(_) => 74,
+            LifecycleError::Invalid { .. } | LifecycleError::Terminated { .. } => Exit::DataErr,
+            LifecycleError::Io(_) => Exit::IoErr,
         }
     }
 }

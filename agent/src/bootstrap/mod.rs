@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::authkey::{self, AuthType, KeyError, Prefetch};
+use crate::exit::Exit;
 use crate::hostfacts::GpuWaitError;
 use crate::identity::Recorded;
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
@@ -34,7 +35,7 @@ use crate::slurm::slurmd::{self, PrepareError};
 use crate::slurm::{self as slurm_mod, record, InstanceArgs, SlurmVersion};
 use crate::systemd::{Systemd, SystemdError};
 
-/// Why bootstrap failed. [`BootstrapError::exit_code`] maps each kind to a sysexits(3) code.
+/// Why bootstrap failed. [`BootstrapError::exit`] maps each kind to its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     /// Settings invalid (exit 78, EX_CONFIG).
@@ -85,11 +86,11 @@ pub enum BootstrapError {
     /// cloud-init did not finish within its bound, or could not be run (exit 75 or 71).
     #[error(transparent)]
     CloudInit(crate::cloudinit::CloudInitError),
-    /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit_code`].
+    /// The managed join (PCS registration) failed; see [`crate::pcs::PcsError::exit`].
     #[error(transparent)]
     Pcs(#[from] crate::pcs::PcsError),
     /// A lifecycle script stopped bootstrap; see
-    /// [`crate::node_lifecycle::LifecycleError::exit_code`].
+    /// [`crate::node_lifecycle::LifecycleError::exit`].
     #[error(transparent)]
     Lifecycle(#[from] crate::node_lifecycle::LifecycleError),
 }
@@ -102,21 +103,19 @@ pub const LOCK_FILE: &str = "bootstrap.lock";
 pub const LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
 
 impl BootstrapError {
-    /// The process exit code for this error (sysexits(3) values).
-    pub fn exit_code(&self) -> u8 {
+    /// The process exit code for this error.
+    pub fn exit(&self) -> Exit {
         match self {
-            BootstrapError::Settings(_) | BootstrapError::Key(KeyError::InvalidSource(_)) => 78,
-            BootstrapError::Imds(_) | BootstrapError::Gpu(_) => 69,
-            BootstrapError::Key(KeyError::AccessDenied { .. }) => 77,
-            BootstrapError::Key(KeyError::Write(_)) => 74,
-            BootstrapError::Key(KeyError::Other { .. }) => 69,
-            BootstrapError::Key(_) | BootstrapError::Invalid { .. } => 65,
-            BootstrapError::Systemd(_) => 71,
-            BootstrapError::Join { .. } | BootstrapError::Busy { .. } => 75,
-            BootstrapError::Io(_) => 74,
-            BootstrapError::Pcs(e) => e.exit_code(),
-            BootstrapError::Lifecycle(e) => e.exit_code(),
-            BootstrapError::CloudInit(e) => e.exit_code(),
+            BootstrapError::Settings(_) => Exit::Config,
+            BootstrapError::Imds(_) | BootstrapError::Gpu(_) => Exit::Unavailable,
+            BootstrapError::Key(e) => e.exit(),
+            BootstrapError::Invalid { .. } => Exit::DataErr,
+            BootstrapError::Systemd(_) => Exit::OsErr,
+            BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
+            BootstrapError::Io(_) => Exit::IoErr,
+            BootstrapError::Pcs(e) => e.exit(),
+            BootstrapError::Lifecycle(e) => e.exit(),
+            BootstrapError::CloudInit(e) => e.exit(),
         }
     }
 }

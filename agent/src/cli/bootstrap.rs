@@ -6,6 +6,7 @@ use clap::Args;
 
 use super::{print_error, Output, SettingsArgs};
 use crate::bootstrap::{self, Report};
+use crate::exit::Exit;
 
 /// Arguments of `bootstrap`.
 #[derive(Debug, Args)]
@@ -23,12 +24,12 @@ pub struct BootstrapArgs {
 
 impl BootstrapArgs {
     /// Runs bootstrap; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let flag_layers = match self.settings.flag_layers() {
             Ok(l) => l,
             Err(e) => {
                 print_error(&e);
-                return 78;
+                return Exit::Config;
             }
         };
         let opts = bootstrap::Options {
@@ -39,11 +40,11 @@ impl BootstrapArgs {
         match bootstrap::run(&opts).await {
             Ok(report) => {
                 print_report(&report, self.output);
-                0
+                Exit::Ok
             }
             Err(e) => {
                 print_error(&e);
-                e.exit_code()
+                e.exit()
             }
         }
     }

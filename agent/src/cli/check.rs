@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::{print_error, Output, SettingsArgs};
+use crate::exit::Exit;
 use crate::health::{self, ActOptions, ActOutcome, RunEnv};
 use crate::identity;
 use crate::settings;
@@ -60,12 +61,12 @@ pub struct CheckArgs {
 
 impl CheckArgs {
     /// Runs the checks; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let flags = match self.settings.flag_layers() {
             Ok(f) => f,
             Err(e) => {
                 print_error(&e);
-                return 78;
+                return Exit::Config;
             }
         };
         let paths = self.settings.paths();
@@ -81,13 +82,13 @@ impl CheckArgs {
                     Ok(r) => (r.settings, None),
                     Err(e) => {
                         print_error(&e);
-                        return 78;
+                        return Exit::Config;
                     }
                 }
             }
             Err(e) => {
                 print_error(&e);
-                return e.exit_code();
+                return e.exit();
             }
         };
         // Paths given on the command line must exist (only the defaults are optional).
@@ -102,7 +103,7 @@ impl CheckArgs {
                 "command line: {flag} {}: no such file or folder (given explicitly, so it must exist)",
                 p.display()
             ));
-            return 78;
+            return Exit::Config;
         }
         // slurmd kills its HealthCheckProgram after HealthCheckTimeout (26.05+), else 60 s
         // (slurmd's run_script limit): a run that may take longer (the checks, then
@@ -140,7 +141,7 @@ impl CheckArgs {
             Ok(c) => c,
             Err(e) => {
                 print_error(&e);
-                return 78;
+                return Exit::Config;
             }
         };
         let mut env = RunEnv::new(&s.health, &s.systemd.bus);
@@ -212,15 +213,15 @@ impl CheckArgs {
         let mut out = std::io::stdout().lock();
         if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
             super::print_error_message(&format!("writing the report to stdout: {e}"));
-            return 74;
+            return Exit::IoErr;
         }
         if let Some(e) = action.as_ref().and_then(|a| a.error.as_ref()) {
             super::print_warning_message(e);
         }
         if report.healthy() {
-            0
+            Exit::Ok
         } else {
-            1
+            Exit::Unhealthy
         }
     }
 }

@@ -5,6 +5,7 @@ use clap::{Args, Subcommand};
 
 use super::{print_error, print_error_message, Output, SettingsArgs};
 use crate::bootstrap;
+use crate::exit::Exit;
 use crate::imds::Imds;
 use crate::settings::Enforce;
 
@@ -36,19 +37,19 @@ pub struct ShowArgs {
 
 impl ConfigCommand {
     /// Runs the subcommand; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         match self {
             ConfigCommand::Show(a) => a.run().await,
             ConfigCommand::Reference => {
                 print!("{}", crate::settings::reference::markdown());
-                0
+                Exit::Ok
             }
         }
     }
 }
 
 impl ShowArgs {
-    async fn run(self) -> u8 {
+    async fn run(self) -> Exit {
         let result = async {
             let flags = self.settings.flag_layers()?;
             let files = crate::settings::file_layers(&self.settings.paths())?;
@@ -74,11 +75,11 @@ impl ShowArgs {
                      from the files and flags only",
                     crate::imds::error_chain(&e)
                 ));
-                return e.exit_code();
+                return e.exit();
             }
             Err(e) => {
                 print_error(&e);
-                return e.exit_code();
+                return e.exit();
             }
         };
         let entries = resolved.entries();
@@ -102,6 +103,6 @@ impl ShowArgs {
                 }
             }
         }
-        0
+        Exit::Ok
     }
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::{print_error, Output, SettingsArgs};
 use crate::drain::{Begin, DrainState, Phase};
+use crate::exit::Exit;
 use crate::identity::{self, NodeIdentity};
 use crate::settings::Settings;
 
@@ -24,10 +25,10 @@ use crate::settings::Settings;
 /// # Errors
 /// The exit code (78 settings or no node name, 69 no record and no instance metadata),
 /// after printing the error on stderr.
-pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdentity), u8> {
+pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdentity), Exit> {
     let layers = args.flag_layers().map_err(|e| {
         print_error(&e);
-        78
+        Exit::Config
     })?;
     let paths = args.paths();
     let req = identity::Request {
@@ -41,7 +42,7 @@ pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdenti
         Ok((r, id)) => Ok((r.settings, id)),
         Err(e) => {
             print_error(&e);
-            Err(e.exit_code())
+            Err(e.exit())
         }
     }
 }
@@ -152,7 +153,7 @@ fn begin_name(b: &Begin) -> &'static str {
 
 impl DrainArgs {
     /// Runs the command; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
@@ -166,21 +167,21 @@ impl DrainArgs {
             Ok(r) => r,
             Err(e) => {
                 print_error(&e);
-                return e.exit_code();
+                return e.exit();
             }
         };
         let mut report = Report::new(&node, begin_name(&requested.begin), requested.state);
         if !self.wait {
             report.print(self.output);
-            return 0;
+            return Exit::Ok;
         }
         let start = Instant::now();
         let code = loop {
             match engine.progress().await {
-                Ok(Phase::Drained | Phase::Acting | Phase::Done) => break 0,
+                Ok(Phase::Drained | Phase::Acting | Phase::Done) => break Exit::Ok,
                 Ok(Phase::Active) => {
                     super::print_error_message(&format!("node {node} was resumed while waiting"));
-                    break 75;
+                    break Exit::TempFail;
                 }
                 Ok(Phase::Draining) => {}
                 Err(e) => tracing::warn!("{e}"),
@@ -190,7 +191,7 @@ impl DrainArgs {
                     "node {node} still has jobs after {}",
                     humantime::format_duration(self.timeout)
                 ));
-                break 75;
+                break Exit::TempFail;
             }
             tokio::time::sleep(Duration::from_secs(1).min(self.timeout)).await;
         };

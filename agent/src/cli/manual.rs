@@ -17,6 +17,7 @@ use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
 use super::print_error_message;
+use crate::exit::Exit;
 
 /// Arguments of the hidden `generate` command.
 #[derive(Debug, Args)]
@@ -28,18 +29,18 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// Writes the files and lists them on stdout; 74 when one cannot be written.
-    pub async fn run(self) -> u8 {
+    /// Writes the files and lists them on stdout; an I/O error when one cannot be written.
+    pub async fn run(self) -> Exit {
         match write_all(&self.out) {
             Ok(files) => {
                 for f in files {
                     println!("{}", f.display());
                 }
-                0
+                Exit::Ok
             }
             Err((path, e)) => {
                 print_error_message(&format!("writing {}: {e}", path.display()));
-                74
+                Exit::IoErr
             }
         }
     }
@@ -105,37 +106,20 @@ fn pages(
 /// EXIT STATUS and SEE ALSO of a program's own page (roff).
 fn tail(top: &str, subpages: &[String]) -> String {
     let mut s = String::from(".SH \"EXIT STATUS\"\n");
-    let codes: &[(&str, &str)] = if top.ends_with("-healthcheck") {
-        &[
-            ("0", "the node is healthy"),
+    let codes: Vec<(Exit, &str)> = if top.ends_with("-healthcheck") {
+        vec![
+            (Exit::Ok, "the node is healthy"),
             (
-                "1",
+                Exit::Unhealthy,
                 "a fatal check failed or hung, or a check file could not be used",
             ),
-            ("2", "command-line usage error"),
-            ("71", "no runtime"),
-            ("74", "the report could not be written"),
-            ("78", "invalid settings or check files"),
+            (Exit::Usage, "command-line usage error"),
+            (Exit::OsErr, "no runtime"),
+            (Exit::IoErr, "the report could not be written"),
+            (Exit::Config, "invalid settings or check files"),
         ]
     } else {
-        &[
-            ("0", "done (check: healthy)"),
-            ("1", "check: a fatal health check failed or timed out"),
-            ("2", "command-line usage error"),
-            (
-                "65",
-                "bad data (key, node registered INVALID, a lifecycle script)",
-            ),
-            ("69", "a service unavailable (IMDS, AWS, slurmctld, GPUs)"),
-            ("71", "systemd refused or failed a job"),
-            ("74", "I/O error"),
-            (
-                "75",
-                "temporary failure: retry (join deadline, busy state lock, --wait)",
-            ),
-            ("77", "permission denied"),
-            ("78", "invalid settings or check files"),
-        ]
+        Exit::ALL.iter().map(|e| (*e, e.summary())).collect()
     };
     for (code, what) in codes {
         s.push_str(&format!(".TP\n{code}\n{}\n", roff_text(what)));

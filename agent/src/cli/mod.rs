@@ -1,15 +1,9 @@
 //! Command line: one file per subcommand, each with a `run`.
 //!
-//! Exit codes (sysexits(3)): 0 success; 1 unexpected failure; 2 command-line usage error;
-//! 65 bad data (auth key missing, empty or the wrong size; node registered INVALID);
-//! 69 a service unavailable (instance metadata, AWS APIs, GPUs missing);
-//! 71 systemd refused or failed a job; 74 I/O error writing a file;
-//! 75 temporary failure (node not available in slurmctld by the join deadline: retry);
-//! 77 permission denied (access to the key denied); 78 invalid settings.
-//! `drain`/`resume`/`status`/`run`: 75 also a busy state lock, a `--wait` timeout, or a
-//! resume while the upgrade action runs; 77 also `resume` of a node drained by someone else
-//! (see each command's module).
-//! `check`: 1 a fatal health check failed or timed out; 78 also a bad check file.
+//! Exit codes: each command ends with an [`Exit`] from the one table in [`crate::exit`]
+//! (sysexits(3) values; `docs/exit-codes.md` lists them), each error type saying which
+//! (`exit()`); a command maps only what it finds itself (a usage error, a report it could
+//! not write, a failed check).
 //!
 //! Floor 11 (roof): the commands; only `main.rs` and `healthcheck_main.rs` are above it.
 
@@ -27,6 +21,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::exit::Exit;
 use crate::settings::{self, Layer, SettingsError, Source};
 
 /// Node agent for cloud Slurm clusters: bootstrap, health checks, drains.
@@ -285,7 +280,7 @@ pub fn parse_or_exit_code<P: Parser>() -> Result<P, ExitCode> {
         Ok(cli) => Ok(cli),
         Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            Err(ExitCode::from(0))
+            Err(Exit::Ok.into())
         }
         Err(e) if json_logs_requested(&args) => {
             let text = e.render().to_string();
@@ -299,11 +294,11 @@ pub fn parse_or_exit_code<P: Parser>() -> Result<P, ExitCode> {
                 .collect::<Vec<_>>()
                 .join(" ");
             eprintln!("{}", final_line("ERROR", &msg, LogFormat::Json));
-            Err(ExitCode::from(2))
+            Err(Exit::Usage.into())
         }
         Err(e) => {
             let _ = e.print();
-            Err(ExitCode::from(2))
+            Err(Exit::Usage.into())
         }
     }
 }
@@ -341,16 +336,16 @@ impl Cli {
 }
 
 /// Runs a command's future on a runtime from `builder` (I/O and timers enabled) and returns
-/// its exit code; 71 when the runtime cannot be built.
+/// its exit code; [`Exit::OsErr`] when the runtime cannot be built.
 pub fn block_on(
     builder: &mut tokio::runtime::Builder,
-    command: impl std::future::Future<Output = u8>,
+    command: impl std::future::Future<Output = Exit>,
 ) -> ExitCode {
     match builder.enable_all().build() {
-        Ok(rt) => ExitCode::from(rt.block_on(command)),
+        Ok(rt) => rt.block_on(command).into(),
         Err(e) => {
             print_error(&e);
-            ExitCode::from(71)
+            Exit::OsErr.into()
         }
     }
 }

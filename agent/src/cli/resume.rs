@@ -9,6 +9,7 @@ use clap::Args;
 
 use super::drain::{local_settings, Report};
 use super::{print_error, Output, SettingsArgs};
+use crate::exit::Exit;
 
 /// Arguments of `resume`.
 #[derive(Debug, Args)]
@@ -26,7 +27,7 @@ pub struct ResumeArgs {
 
 impl ResumeArgs {
     /// Runs the command; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
@@ -36,11 +37,11 @@ impl ResumeArgs {
         match engine.resume(self.force).await {
             Ok(st) => {
                 Report::new(&node, "resumed", st).print(self.output);
-                0
+                Exit::Ok
             }
             Err(e) => {
                 print_error(&e);
-                e.exit_code()
+                e.exit()
             }
         }
     }

@@ -4,6 +4,7 @@ use clap::Args;
 
 use super::{print_error, SettingsArgs};
 use crate::daemon;
+use crate::exit::Exit;
 
 /// Arguments of `run`.
 #[derive(Debug, Args)]
@@ -15,12 +16,12 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Runs until SIGTERM; returns the exit code (0 after a clean stop).
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let flag_layers = match self.settings.flag_layers() {
             Ok(l) => l,
             Err(e) => {
                 print_error(&e);
-                return 78;
+                return Exit::Config;
             }
         };
         let opts = daemon::Options {
@@ -28,10 +29,10 @@ impl RunArgs {
             flag_layers,
         };
         match daemon::run(&opts).await {
-            Ok(()) => 0,
+            Ok(()) => Exit::Ok,
             Err(e) => {
                 print_error(&e);
-                e.exit_code()
+                e.exit()
             }
         }
     }

@@ -13,11 +13,10 @@ use clap::Args;
 
 use super::drain::{local_settings, Report};
 use super::{print_error_message, Output, SettingsArgs};
+use crate::exit::Exit;
 use crate::reason::RecordHolder;
 
 /// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
-const SLURM_UNAVAILABLE: u8 = 69;
-
 /// Arguments of `status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -34,7 +33,7 @@ pub struct StatusArgs {
 
 impl StatusArgs {
     /// Runs the command; returns the exit code.
-    pub async fn run(self) -> u8 {
+    pub async fn run(self) -> Exit {
         let (s, id) = match local_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
@@ -45,7 +44,7 @@ impl StatusArgs {
             Ok(st) => st,
             Err(e) => {
                 super::print_error(&e);
-                return 74;
+                return Exit::IoErr;
             }
         };
         let mut report = Report::new(&node, "status", st);
@@ -86,9 +85,9 @@ impl StatusArgs {
         match slurm_error {
             Some(e) => {
                 print_error_message(&format!("Slurm's view of node {node}: {e}"));
-                SLURM_UNAVAILABLE
+                Exit::Unavailable
             }
-            None => 0,
+            None => Exit::Ok,
         }
     }
 }

@@ -28,6 +28,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::drain::{Cause, DrainError, Engine, Phase};
 use crate::events::{self, Decision, Observations};
+use crate::exit::Exit;
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::retry::Backoff;
 use crate::settings::{self, Layer, Settings, SettingsError};
@@ -52,13 +53,13 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// sysexits(3) code.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code.
+    pub fn exit(&self) -> Exit {
         match self {
-            DaemonError::Settings(_) => 78,
-            DaemonError::Identity(e) => e.exit_code(),
-            DaemonError::Signal(_) => 71,
-            DaemonError::Drain(e) => e.exit_code(),
+            DaemonError::Settings(_) => Exit::Config,
+            DaemonError::Identity(e) => e.exit(),
+            DaemonError::Signal(_) => Exit::OsErr,
+            DaemonError::Drain(e) => e.exit(),
         }
     }
 }

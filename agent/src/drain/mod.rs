@@ -152,14 +152,15 @@ pub enum DrainError {
 }
 
 impl DrainError {
-    /// sysexits(3) code: 75 busy lock or refused transition, 69 Slurm unavailable or node
-    /// unknown, 77 foreign drain, 74 state I/O.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code: temporary for a busy lock or a refused transition, unavailable for
+    /// Slurm or an unknown node, no permission for a foreign drain, I/O for the state.
+    pub fn exit(&self) -> crate::exit::Exit {
+        use crate::exit::Exit;
         match self {
-            DrainError::Store(StoreError::Busy { .. }) | DrainError::Refused(_) => 75,
-            DrainError::Store(_) => 74,
-            DrainError::Slurm(_) | DrainError::UnknownNode(_) => 69,
-            DrainError::Foreign { .. } => 77,
+            DrainError::Store(StoreError::Busy { .. }) | DrainError::Refused(_) => Exit::TempFail,
+            DrainError::Store(_) => Exit::IoErr,
+            DrainError::Slurm(_) | DrainError::UnknownNode(_) => Exit::Unavailable,
+            DrainError::Foreign { .. } => Exit::NoPerm,
         }
     }
 }

@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
 use crate::authkey::{AuthSettings, KeyEncoding};
+use crate::exit::Exit;
 use crate::imds::ImdsSettings;
 use crate::imds::InstanceIdentity;
 use crate::nodedef::NodeSettings;
@@ -121,7 +122,7 @@ impl Default for PcsSettings {
     }
 }
 
-/// Why the managed join failed. [`PcsError::exit_code`] gives the sysexits(3) code.
+/// Why the managed join failed. [`PcsError::exit`] gives the exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum PcsError {
     /// Settings or tags do not say enough (exit 78).
@@ -169,16 +170,15 @@ pub enum PcsError {
 }
 
 impl PcsError {
-    /// sysexits(3) code: 78 config, 69 unavailable, 65 bad data, 74 I/O, key errors as
-    /// bootstrap maps them.
-    pub fn exit_code(&self) -> u8 {
+    /// The exit code: config, unavailable, bad data, I/O; key errors as the key's own
+    /// ([`KeyError::exit`]).
+    pub fn exit(&self) -> Exit {
         match self {
-            PcsError::Config { .. } | PcsError::Rejected { .. } => 78,
-            PcsError::Unavailable { .. } => 69,
-            PcsError::Answer(_) => 65,
-            PcsError::Key(KeyError::Write(_)) | PcsError::Io(_) => 74,
-            PcsError::Key(KeyError::AccessDenied { .. }) => 77,
-            PcsError::Key(_) => 65,
+            PcsError::Config { .. } | PcsError::Rejected { .. } => Exit::Config,
+            PcsError::Unavailable { .. } => Exit::Unavailable,
+            PcsError::Answer(_) => Exit::DataErr,
+            PcsError::Io(_) => Exit::IoErr,
+            PcsError::Key(e) => e.exit(),
         }
     }
 }
@@ -694,7 +694,7 @@ mod tests {
         let mut s = PcsSettings::default();
         let e = cluster_and_group(&s, &tags).unwrap_err();
         assert!(e.to_string().contains("pcs.cluster_id"), "{e}");
-        assert_eq!(e.exit_code(), 78);
+        assert_eq!(e.exit().code(), 78);
         tags.insert(CLUSTER_ID_TAG.to_string(), "pcs_abc".to_string());
         tags.insert(GROUP_ID_TAG.to_string(), "pcs_grp".to_string());
         assert_eq!(
@@ -754,7 +754,7 @@ mod tests {
         };
         assert_eq!(r.conf_servers().unwrap(), ["10.0.0.1:6817"]);
         r.endpoints[1].port = "68a".into();
-        assert_eq!(r.conf_servers().unwrap_err().exit_code(), 65);
+        assert_eq!(r.conf_servers().unwrap_err().exit().code(), 65);
         r.endpoints.remove(1);
         assert!(r
             .conf_servers()

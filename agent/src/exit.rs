@@ -1,0 +1,247 @@
+//! The agent's exit codes: the one table every command maps its outcome through (each
+//! top-level error says which [`Exit`] it is, `exit()`), and that `docs/exit-codes.md`
+//! ("All commands"), the manual's EXIT STATUS and the bootstrap unit's
+//! `RestartPreventExitStatus=` follow; tests fail when they disagree with it.
+//!
+//! The codes are sysexits(3) values, but for 0, 1 (`check`: the node is unhealthy) and 2
+//! (a usage error, as clap exits).
+//!
+//! Floor 0 (ground): uses no other module of the crate.
+
+use std::fmt;
+
+/// How a command ended, as its exit code says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Exit {
+    /// 0: done.
+    Ok,
+    /// 1: `check`: a fatal health check failed or timed out.
+    Unhealthy,
+    /// 2: a command-line usage error.
+    Usage,
+    /// 65, EX_DATAERR: bad data (the key, a node registered INVALID, a lifecycle script).
+    DataErr,
+    /// 69, EX_UNAVAILABLE: a service unavailable (IMDS, AWS, slurmctld, GPUs).
+    Unavailable,
+    /// 71, EX_OSERR: systemd refused or failed a job; the runtime or signals could not be
+    /// set up.
+    OsErr,
+    /// 74, EX_IOERR: a file could not be written or read (the key, the options file, a
+    /// state file, `check`'s report); a required mount not in place.
+    IoErr,
+    /// 75, EX_TEMPFAIL: try again later (the join deadline, a busy lock, `--wait`).
+    TempFail,
+    /// 77, EX_NOPERM: permission denied (the key; `resume` of an admin's drain).
+    NoPerm,
+    /// 78, EX_CONFIG: invalid settings or check files; no node name.
+    Config,
+}
+
+impl Exit {
+    /// Every code, in order.
+    pub const ALL: [Exit; 10] = [
+        Exit::Ok,
+        Exit::Unhealthy,
+        Exit::Usage,
+        Exit::DataErr,
+        Exit::Unavailable,
+        Exit::OsErr,
+        Exit::IoErr,
+        Exit::TempFail,
+        Exit::NoPerm,
+        Exit::Config,
+    ];
+
+    /// The process exit code.
+    pub const fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Unhealthy => 1,
+            Exit::Usage => 2,
+            Exit::DataErr => 65,
+            Exit::Unavailable => 69,
+            Exit::OsErr => 71,
+            Exit::IoErr => 74,
+            Exit::TempFail => 75,
+            Exit::NoPerm => 77,
+            Exit::Config => 78,
+        }
+    }
+
+    /// Its sysexits(3) name, for the codes that are sysexits values.
+    pub const fn sysexits_name(self) -> Option<&'static str> {
+        match self {
+            Exit::Ok | Exit::Unhealthy | Exit::Usage => None,
+            Exit::DataErr => Some("EX_DATAERR"),
+            Exit::Unavailable => Some("EX_UNAVAILABLE"),
+            Exit::OsErr => Some("EX_OSERR"),
+            Exit::IoErr => Some("EX_IOERR"),
+            Exit::TempFail => Some("EX_TEMPFAIL"),
+            Exit::NoPerm => Some("EX_NOPERM"),
+            Exit::Config => Some("EX_CONFIG"),
+        }
+    }
+
+    /// Whether `slurm-node-agent-bootstrap.service` tries bootstrap again after it ended
+    /// so: what comes back by itself (IMDS, a file system, the controller); not a usage
+    /// error, bad data, no permission or bad settings, which need a person (the unit's
+    /// `RestartPreventExitStatus=`). 0 and 1 are no bootstrap failure.
+    pub const fn is_temporary(self) -> bool {
+        matches!(
+            self,
+            Exit::Unavailable | Exit::OsErr | Exit::IoErr | Exit::TempFail
+        )
+    }
+
+    /// What it means, as the table of all commands in `docs/exit-codes.md` says it.
+    pub const fn meaning(self) -> &'static str {
+        match self {
+            Exit::Ok => {
+                "done (`check`: healthy; `bootstrap`: registered, also when it stays drained by an admin)"
+            }
+            Exit::Unhealthy => "a fatal health check failed or timed out",
+            Exit::Usage => "command-line usage error (e.g. a reason with a control character)",
+            Exit::DataErr => {
+                "bad data: key missing, empty or the wrong size; node registered INVALID; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
+            }
+            Exit::Unavailable => {
+                "unavailable: IMDS, AWS, GPUs; slurmctld or the node unknown to it (`status` still prints what it knows locally); no bootstrap record and no instance metadata; `config show` without IMDS (use `--no-imds` off EC2)"
+            }
+            Exit::OsErr => {
+                "systemd refused or failed a job; signal set-up failed; the async runtime could not start"
+            }
+            Exit::IoErr => {
+                "I/O error: key, options, state file or required mount; `check`'s report could not be written to stdout"
+            }
+            Exit::TempFail => {
+                "temporary: node not registered by `slurm.join_deadline`; state lock busy; `--wait` timed out; resume while the upgrade action runs"
+            }
+            Exit::NoPerm => {
+                "permission: access to the key denied; `resume` of an admin's drain without `--force`"
+            }
+            Exit::Config => {
+                "invalid settings or check files; no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
+            }
+        }
+    }
+
+    /// The commands that end with it, as that table says.
+    pub const fn commands(self) -> &'static str {
+        match self {
+            Exit::Ok | Exit::Usage | Exit::Config => "all",
+            Exit::Unhealthy => "`check`, `slurm-node-agent-healthcheck`",
+            Exit::DataErr => "`bootstrap`",
+            Exit::Unavailable => "`bootstrap`, `run`, `drain`, `resume`, `status`, `config show`",
+            Exit::OsErr => "`bootstrap`, `run`, any",
+            Exit::IoErr => "`bootstrap`, `run`, `drain`, `resume`, `status`, `check`",
+            Exit::TempFail => "`bootstrap`, `drain`, `resume`, `run`",
+            Exit::NoPerm => "`bootstrap`, `resume`",
+        }
+    }
+
+    /// A line for `slurm-node-agent`'s man page (EXIT STATUS).
+    pub const fn summary(self) -> &'static str {
+        match self {
+            Exit::Ok => "done (check: healthy)",
+            Exit::Unhealthy => "check: a fatal health check failed or timed out",
+            Exit::Usage => "command-line usage error",
+            Exit::DataErr => "bad data (key, node registered INVALID, a lifecycle script)",
+            Exit::Unavailable => "a service unavailable (IMDS, AWS, slurmctld, GPUs)",
+            Exit::OsErr => "systemd refused or failed a job",
+            Exit::IoErr => "I/O error",
+            Exit::TempFail => "temporary failure: retry (join deadline, busy state lock, --wait)",
+            Exit::NoPerm => "permission denied",
+            Exit::Config => "invalid settings or check files",
+        }
+    }
+
+    /// The table of all commands in `docs/exit-codes.md` (GitHub markdown), from this one.
+    pub fn markdown_table() -> String {
+        let mut s = String::from("| code | meaning | commands |\n|---|---|---|\n");
+        for e in Exit::ALL {
+            s.push_str(&format!(
+                "| {} | {} | {} |\n",
+                e.code(),
+                e.meaning(),
+                e.commands()
+            ));
+        }
+        s
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.code())
+    }
+}
+
+impl From<Exit> for std::process::ExitCode {
+    fn from(e: Exit) -> std::process::ExitCode {
+        std::process::ExitCode::from(e.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo_file(path: &str) -> (std::path::PathBuf, String) {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path);
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        (p, text)
+    }
+
+    #[test]
+    fn codes_are_distinct_and_in_order() {
+        let codes: Vec<u8> = Exit::ALL.iter().map(|e| e.code()).collect();
+        assert!(codes.windows(2).all(|w| w[0] < w[1]), "{codes:?}");
+    }
+
+    /// `docs/exit-codes.md`'s first table is this one, row for row.
+    #[test]
+    fn docs_exit_codes_md_lists_this_table() {
+        let (path, text) = repo_file("docs/exit-codes.md");
+        let start = text
+            .find("| code | meaning | commands |")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: no `| code | meaning | commands |` table",
+                    path.display()
+                )
+            });
+        let written: Vec<&str> = text[start..]
+            .lines()
+            .take_while(|l| l.starts_with('|'))
+            .collect();
+        let code = Exit::markdown_table();
+        let generated: Vec<&str> = code.lines().collect();
+        assert!(
+            written == generated,
+            "{} (\"All commands\") differs from the code's exit codes (src/exit.rs); make it:\n\n{code}",
+            path.display()
+        );
+    }
+
+    /// The bootstrap unit retries exactly the temporary codes.
+    #[test]
+    fn the_bootstrap_unit_retries_the_temporary_codes() {
+        let (path, text) = repo_file("units/slurm-node-agent-bootstrap.service");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
+            .unwrap_or_else(|| panic!("{}: no RestartPreventExitStatus=", path.display()));
+        let prevented: Vec<u8> = line
+            .split_whitespace()
+            .map(|c| c.parse().unwrap_or_else(|e| panic!("{c:?}: {e}")))
+            .collect();
+        let permanent: Vec<u8> = Exit::ALL
+            .iter()
+            .filter(|e| e.code() > 1 && !e.is_temporary())
+            .map(|e| e.code())
+            .collect();
+        assert_eq!(prevented, permanent, "{}", path.display());
+    }
+}
