@@ -17,10 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-# The Slurm versions to measure against (default: scripts/test.sh's SLURM_E2E_VERSION,
-# 25.11): the figures are printed per version, the suite's version put back at the end.
-SLURM_E2E_VERSION=${SLURM_E2E_VERSION:-25.11}
-read -r -a versions <<<"${BENCH_SLURM_VERSIONS:-$SLURM_E2E_VERSION}"
+# The Slurm versions to measure against: scripts/lib-bench.sh.
+# shellcheck source=scripts/lib-bench.sh
+. scripts/lib-bench.sh
 if [ "${BENCH_PROFILE:-release}" = debug ]; then
     cargo build --workspace --locked --bins
     dir=target/debug
@@ -28,24 +27,20 @@ else
     cargo build --release --locked --workspace --bins
     dir=target/release
 fi
-summary=()
-for v in "${versions[@]}"; do
-    prefix=$(scripts/slurm-build.sh "$v" | tail -n1)
-    full=$("$prefix/sbin/slurmd" -V | awk '{print $2}')
-    echo "Slurm $full ($prefix)"
-    out=$(mktemp)
-    SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" \
-        "$dir/bench-bootstrap" "$@" | tee "$out"
-    ratio() { awk -v k="$1" 'index($0, k) == 1 { sub(/^[^:]*: /, ""); print $1 }' "$out"; }
-    summary+=("$(printf '%-9s %10s %10s %12s %10s' "$full" "$(ratio 'ratio agent/systemd route')" \
-        "$(ratio 'ratio agent/bare')" "$(ratio 'ratio systemd route/bare')" \
-        "$(awk '/^agent peak RSS/ { print $(NF-5) }' "$out")")")
-    rm -f "$out"
-    echo
-done
-if [ ${#versions[@]} -gt 1 ]; then
-    scripts/slurm-build.sh "$SLURM_E2E_VERSION" >/dev/null
+run() {
+    SLURM_E2E_VERSION=$1 SLURM_E2E_PREFIX=$2 SLURM_NODE_AGENT_BIN="$PWD/$dir/slurm-node-agent" \
+        "$dir/bench-bootstrap" "${args[@]}"
+}
+row() {
+    ratio() { awk -v k="$1" 'index($0, k) == 1 { sub(/^[^:]*: /, ""); print $1 }' "$2"; }
+    printf '%-9s %10s %10s %12s %10s' "$1" "$(ratio 'ratio agent/systemd route' "$2")" \
+        "$(ratio 'ratio agent/bare' "$2")" "$(ratio 'ratio systemd route/bare' "$2")" \
+        "$(awk '/^agent peak RSS/ { print $(NF-5) }' "$2")"
+}
+args=("$@")
+bench_each_version run row
+if [ ${#bench_versions[@]} -gt 1 ]; then
     echo "per Slurm version (medians; agent/systemd route: what the agent adds to the floor)"
     printf '%-9s %10s %10s %12s %10s\n' Slurm agent/sysd agent/bare sysd/bare "RSS MiB"
-    printf '%s\n' "${summary[@]}"
+    printf '%s\n' "${bench_summary[@]}"
 fi

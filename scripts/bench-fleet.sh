@@ -17,38 +17,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/test-deps.sh
-# The Slurm versions to measure against (default: scripts/test.sh's SLURM_E2E_VERSION,
-# 25.11; BENCH_SLURM_VERSIONS="24.11 25.11 26.05" runs each in turn and prints their
-# ratios side by side at the end, the suite's version put back): the figures are printed
-# per version.
-SLURM_E2E_VERSION=${SLURM_E2E_VERSION:-25.11}
-read -r -a versions <<<"${BENCH_SLURM_VERSIONS:-$SLURM_E2E_VERSION}"
+# The Slurm versions to measure against: scripts/lib-bench.sh.
+# shellcheck source=scripts/lib-bench.sh
+. scripts/lib-bench.sh
 # --workspace, not -p: per-package builds resolve dependency features differently and
 # rebuild the AWS SDK crates.
 # The image carries the release agent, as shipped images do (the debug build's CPU cost
 # would be measured instead of the agent's); the harness itself runs from the debug build.
 cargo build --locked --workspace --bins
 cargo build --locked --workspace --bins --release
-summary=()
-for v in "${versions[@]}"; do
-	prefix=$(scripts/slurm-build.sh "$v" | tail -n1)
-	full=$("$prefix/sbin/slurmd" -V | awk '{print $2}')
-	echo "Slurm $full ($prefix)"
-	out=$(mktemp)
-	SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
+nodes=${1:-16}
+idle=${2:-60}
+run() {
+	SLURM_E2E_VERSION=$1 SLURM_E2E_PREFIX=$2 PATH="$2/sbin:$2/bin:$PATH" \
 		SLURM_NODE_AGENT_BIN="$PWD/target/release/slurm-node-agent" \
-		target/debug/fleet-bench "${1:-16}" "${2:-60}" | tee "$out"
-	# "the agent's boot / this one = R" (one node alone, agent vs the same image's static
-	# slurmd: the systemd route) and "ratio R (goal <= 1.2)" (N at once, the same).
-	solo=$(sed -n "s/.*the agent's boot \/ this one = \([0-9.]*\).*/\1/p" "$out")
-	many=$(sed -n 's/.*agent vs a static slurmd.*; ratio \([0-9.]*\) (goal.*/\1/p' "$out")
-	summary+=("$(printf '%-9s %12s %14s' "$full" "${solo:--}" "${many:--}")")
-	rm -f "$out"
-	echo
-done
-if [ ${#versions[@]} -gt 1 ]; then
-	scripts/slurm-build.sh "$SLURM_E2E_VERSION" >/dev/null
+		target/debug/fleet-bench "$nodes" "$idle"
+}
+# "the agent's boot / this one = R" (one node alone, agent vs the same image's static
+# slurmd: the systemd route) and "ratio R (goal <= 1.2)" (N at once, the same).
+row() {
+	local solo many
+	solo=$(sed -n "s/.*the agent's boot \/ this one = \([0-9.]*\).*/\1/p" "$2")
+	many=$(sed -n 's/.*agent vs a static slurmd.*; ratio \([0-9.]*\) (goal.*/\1/p' "$2")
+	printf '%-9s %12s %14s' "$1" "${solo:--}" "${many:--}"
+}
+bench_each_version run row
+if [ ${#bench_versions[@]} -gt 1 ]; then
 	echo "per Slurm version: container start -> IDLE, agent / the same image with a static slurmd (the systemd route)"
-	printf '%-9s %12s %14s\n' Slurm "one alone" "${1:-16} at once"
-	printf '%s\n' "${summary[@]}"
+	printf '%-9s %12s %14s\n' Slurm "one alone" "$nodes at once"
+	printf '%s\n' "${bench_summary[@]}"
 fi

@@ -295,17 +295,10 @@ fn assert_takes_no_jobs(ctld: &Slurmctld, node: &str) {
     assert_eq!(slurm_e2e::slurm::field(&st, "CPUAlloc"), Some("0"), "{st}");
 }
 
-/// HealthCheckNodeState=START_ONLY (25.11+): slurmd runs the program once, at its start,
-/// before it registers, and slurmctld never asks again. On a dynamic node's first boot
-/// slurmctld has no record then, so the failing run keeps its drain for bootstrap, which
-/// drains the node once slurmd has registered, with its own instance id in the reason. The
-/// next slurmd start, with the check passing, lifts it.
-#[test]
-fn start_only_failing_check_on_a_first_boot_is_drained_by_bootstrap_after_the_join() {
-    if slurm_at_least(25, 11, "HealthCheckNodeState=START_ONLY").is_none() {
-        return;
-    }
-    let scratch = TempRoot::new("health-start-only-").unwrap();
+/// A node whose controller runs the agent's HealthCheckProgram (a wrapper in the scratch
+/// folder: healthy or not) with `HealthCheckNodeState=START_ONLY`; bootstrap not run yet.
+fn start_only_node(prefix: &str, healthy: bool) -> (TempRoot, NodeEnv) {
+    let scratch = TempRoot::new(prefix).unwrap();
     let wrapper = scratch.path().join("health-check");
     let env = NodeEnv::start_with(
         &[
@@ -323,7 +316,21 @@ fn start_only_failing_check_on_a_first_boot_is_drained_by_bootstrap_after_the_jo
             format!("--config-dir={}", env.config_dir().display()),
         ],
     );
-    set_healthy(scratch.path(), false);
+    set_healthy(scratch.path(), healthy);
+    (scratch, env)
+}
+
+/// HealthCheckNodeState=START_ONLY (25.11+): slurmd runs the program once, at its start,
+/// before it registers, and slurmctld never asks again. On a dynamic node's first boot
+/// slurmctld has no record then, so the failing run keeps its drain for bootstrap, which
+/// drains the node once slurmd has registered, with its own instance id in the reason. The
+/// next slurmd start, with the check passing, lifts it.
+#[test]
+fn start_only_failing_check_on_a_first_boot_is_drained_by_bootstrap_after_the_join() {
+    if slurm_at_least(25, 11, "HealthCheckNodeState=START_ONLY").is_none() {
+        return;
+    }
+    let (scratch, env) = start_only_node("health-start-only-", false);
 
     let out = env.bootstrap(&[]).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -386,25 +393,7 @@ fn start_only_passing_check_on_a_first_boot_leaves_the_node_idle() {
     if slurm_at_least(25, 11, "HealthCheckNodeState=START_ONLY").is_none() {
         return;
     }
-    let scratch = TempRoot::new("health-start-only-ok-").unwrap();
-    let wrapper = scratch.path().join("health-check");
-    let env = NodeEnv::start_with(
-        &[
-            format!("HealthCheckProgram={}", wrapper.display()),
-            "HealthCheckNodeState=START_ONLY".into(),
-        ],
-        "",
-    )
-    .unwrap();
-    health_program(
-        scratch.path(),
-        env.ctld.conf_path(),
-        &[
-            format!("--config={}", env.config_path().display()),
-            format!("--config-dir={}", env.config_dir().display()),
-        ],
-    );
-    set_healthy(scratch.path(), true);
+    let (scratch, env) = start_only_node("health-start-only-ok-", true);
     let out = env.bootstrap(&[]).unwrap();
     assert!(
         out.status.success(),
