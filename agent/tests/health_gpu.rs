@@ -143,10 +143,17 @@ fn stub(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
     lib
 }
 
-/// Runs one `kind = "gpu"` check with `extra` TOML keys on the stand-in `lib`.
-async fn gpu(lib: &Path, extra: &str, env: &RunEnv) -> (Status, String) {
+/// Runs one `kind = "gpu"` check named `name` with `extra` TOML keys on the stand-in
+/// `lib`.
+///
+/// Every case has its own name: the engine remembers a check left hung by its origin and
+/// name for the whole process (not started again while its thread is still stuck), and
+/// the tests of this file share the process. Under one name, [`a_hanging_nvml_times_out`]
+/// (whose stand-in sleeps 120 s) would make every later case of another test report
+/// "still hung since a previous run", depending on which test runs first or faster.
+async fn gpu(lib: &Path, name: &str, extra: &str, env: &RunEnv) -> (Status, String) {
     let toml = format!(
-        "[[check]]\nkind = \"gpu\"\nlibrary = \"{}\"\n{extra}\n",
+        "[[check]]\nkind = \"gpu\"\nname = \"gpu {name}\"\nlibrary = \"{}\"\n{extra}\n",
         lib.display()
     );
     let set = health::checksd::parse(
@@ -276,7 +283,7 @@ async fn gpu_check_against_a_stand_in_nvml() {
     let mut wrong = Vec::new();
     for (name, defines, extra, want, needle) in cases {
         let lib = stub(dir, name, defines);
-        let (st, m) = gpu(&lib, extra, &env).await;
+        let (st, m) = gpu(&lib, name, extra, &env).await;
         if st != *want || !m.contains(needle) {
             wrong.push(format!(
                 "{name}: {st:?} {m:?}, expected {want:?} with {needle:?}"
@@ -295,7 +302,7 @@ async fn gpu_check_against_a_stand_in_nvml() {
         "4,1203,5512,-;NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, GPU has fallen off the bus.\n",
     )
     .unwrap();
-    let (st, m) = gpu(&lib, "count = 2\n", &env).await;
+    let (st, m) = gpu(&lib, "xid-79", "count = 2\n", &env).await;
     assert!(
         st == Status::Fail && m.contains("XID 79 on 0000:00:1e"),
         "{m}"
@@ -305,7 +312,7 @@ async fn gpu_check_against_a_stand_in_nvml() {
         "4,1,2,-;NVRM: Xid (PCI:0000:00:1e): 13, Graphics Exception\n",
     )
     .unwrap();
-    let (st, m) = gpu(&lib, "count = 2\n", &env).await;
+    let (st, m) = gpu(&lib, "xid-13", "count = 2\n", &env).await;
     assert!(st == Status::Pass, "{m}");
 }
 
@@ -315,6 +322,13 @@ async fn gpu_check_against_a_stand_in_nvml() {
 async fn a_hanging_nvml_times_out() {
     let d = tempfile::tempdir().unwrap();
     let lib = stub(d.path(), "hang", &["HANG=120"]);
-    let (st, m) = gpu(&lib, "xid = false\ntimeout = \"1s\"\n", &RunEnv::default()).await;
+    let hang = "xid = false\ntimeout = \"1s\"\n";
+    let (st, m) = gpu(&lib, "hang", hang, &RunEnv::default()).await;
     assert_eq!(st, Status::Timeout, "{m}");
+    // Its thread is still in nvmlInit (for 120 s): the same check is not started again.
+    let (st, m) = gpu(&lib, "hang", hang, &RunEnv::default()).await;
+    assert!(
+        st == Status::Timeout && m.contains("still hung since a previous run"),
+        "{m}"
+    );
 }
