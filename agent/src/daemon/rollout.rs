@@ -112,12 +112,7 @@ pub async fn check(
     if let Some(stuck) = replacement_loop(engine, &current, &desired).await? {
         return Ok(stuck);
     }
-    let node = engine
-        .ops
-        .scontrol
-        .show_node(&engine.node)
-        .await?
-        .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))?;
+    let node = record(engine).await?;
     if node.is_drained()
         && node
             .reason()
@@ -165,6 +160,17 @@ pub async fn check(
     Ok(Check::Started { current, desired })
 }
 
+/// slurmctld's record of this node (`scontrol show node`); a node it does not know is
+/// [`DrainError::UnknownNode`].
+async fn record(engine: &Engine) -> Result<crate::slurm::NodeInfo, DrainError> {
+    engine
+        .ops
+        .scontrol
+        .show_node(&engine.node)
+        .await?
+        .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))
+}
+
 /// The node is drained with an upgrade reason of the agent while the state machine has no
 /// drain: what did an earlier instance (or this one) leave, and does it still apply?
 ///
@@ -176,12 +182,7 @@ async fn replacement_loop(
     current: &str,
     desired: &str,
 ) -> Result<Option<Check>, DrainError> {
-    let node = engine
-        .ops
-        .scontrol
-        .show_node(&engine.node)
-        .await?
-        .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))?;
+    let node = record(engine).await?;
     if !node.is_drained() {
         return Ok(None);
     }
