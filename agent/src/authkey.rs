@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::exit::Exit;
 use crate::fsutil::{self, Owner};
 use crate::location::Location;
-use crate::section::{Classified, KeyTrust};
+use crate::section::{Classified, InvalidKey, KeyTrust, Refused};
 
 /// Slurm's authentication plugin, which decides the key file and its owner.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,9 +88,9 @@ impl AuthSettings {
     /// ([`KeySource::parse`]), the owner a user name.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: String| Err((format!("auth.{k}"), m));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: String| Err(InvalidKey::new(format!("auth.{k}"), m));
         let p = &self.key_path;
         if !p.as_os_str().is_empty() && !p.is_absolute() {
             return e(
@@ -215,7 +215,7 @@ impl std::fmt::Display for KeySource {
 /// `auth.key_source` from user data or a tag may pick a secret (`ssm:`,
 /// `secretsmanager:`), never a file on the node: that would copy any root-readable file
 /// into the key file, which the munge user reads.
-pub fn secret_sources_only(v: &toml::Value) -> Result<(), String> {
+pub fn secret_sources_only(v: &toml::Value) -> Result<(), Refused> {
     match v.as_str() {
         Some(s)
             if s.is_empty()
@@ -226,9 +226,10 @@ pub fn secret_sources_only(v: &toml::Value) -> Result<(), String> {
         {
             Ok(())
         }
-        _ => Err(
-            "from user data or a tag only ssm: and secretsmanager: sources (which secret, never a file on the node)".into(),
-        ),
+        _ => Err(Refused::Value {
+            value: v.to_string(),
+            allowed: "from user data or a tag only ssm: and secretsmanager: sources (which secret, never a file on the node)",
+        }),
     }
 }
 

@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::section::{Classified, HumanDuration, KeyTrust};
+use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust};
 
 /// `[imds]`: the instance metadata service client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,9 +96,9 @@ impl ImdsSettings {
     /// IMDSv2's limits, the endpoint an http(s) URL.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: &str| Err((format!("imds.{k}"), m.to_string()));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: &str| Err(InvalidKey::new(format!("imds.{k}"), m));
         if self.timeout.is_zero() || self.timeout.0 > Duration::from_secs(300) {
             return e("timeout", "must be more than 0 and at most 5m");
         }

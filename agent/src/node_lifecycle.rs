@@ -51,6 +51,7 @@ use sha2::{Digest, Sha256};
 use crate::location::Location;
 use crate::pcs::actions::{NodeLifecycleActions, Script, ScriptSource, Stages};
 use crate::retry::Backoff;
+use crate::section::InvalidKey;
 
 /// Largest script accepted: 2 MiB (the service's limit).
 pub const MAX_SCRIPT_BYTES: u64 = 2 * 1024 * 1024;
@@ -205,12 +206,15 @@ impl NodeLifecycleSettings {
     /// Checks the unit and the scripts as [`validate`] does.
     ///
     /// # Errors
-    /// The dotted key and what is wrong.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
         if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
-            return Err(("node_lifecycle.poweroff_unit".into(), m));
+            return Err(InvalidKey::new("node_lifecycle.poweroff_unit", m));
         }
-        validate(&self.actions()).map_err(|(key, m)| (format!("node_lifecycle.{key}"), m))
+        validate(&self.actions()).map_err(|e| InvalidKey {
+            key: format!("node_lifecycle.{}", e.key),
+            message: e.message,
+        })
     }
 }
 
@@ -366,13 +370,13 @@ pub fn ssm_name_problem(reference: &str) -> Option<String> {
 /// # Errors
 /// The key (`script_caching_policy`, `<stage>[<i>].<field>` in snake_case) and a message
 /// naming the script.
-pub fn validate(a: &NodeLifecycleActions) -> Result<(), (String, String)> {
+pub fn validate(a: &NodeLifecycleActions) -> Result<(), InvalidKey> {
     if !matches!(
         a.script_caching_policy.as_str(),
         "CACHE_ONCE" | "REFRESH_ON_REBOOT"
     ) {
-        return Err((
-            "script_caching_policy".into(),
+        return Err(InvalidKey::new(
+            "script_caching_policy",
             format!(
                 "{:?} is not CACHE_ONCE or REFRESH_ON_REBOOT",
                 a.script_caching_policy
@@ -385,14 +389,14 @@ pub fn validate(a: &NodeLifecycleActions) -> Result<(), (String, String)> {
     ] {
         let list = stage.of(&a.stages);
         if list.len() > MAX_SCRIPTS {
-            return Err((
-                key.into(),
+            return Err(InvalidKey::new(
+                key,
                 format!("{} scripts, at most {MAX_SCRIPTS}", list.len()),
             ));
         }
         for (i, s) in list.iter().enumerate() {
             let e = |field: &str, m: String| {
-                Err((
+                Err(InvalidKey::new(
                     format!("{key}[{i}].{field}"),
                     format!("script {:?}: {m}", s.name),
                 ))
@@ -1090,7 +1094,7 @@ pub async fn run(
 ) -> Result<StageOutcome, LifecycleError> {
     let image = cx.settings.actions();
     if let Some(a) = cx.service {
-        validate(a).map_err(|(key, message)| LifecycleError::Invalid {
+        validate(a).map_err(|InvalidKey { key, message }| LifecycleError::Invalid {
             origin: "service",
             key,
             message,

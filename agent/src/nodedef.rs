@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hostfacts::{GpuProbe, GpuWaitError, HostFacts};
 use crate::imds::InstanceIdentity;
-use crate::section::{Classified, HumanDuration, KeyTrust};
+use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust};
 
 /// `[node]`: the node definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,9 +102,9 @@ impl NodeSettings {
     /// features and topology, the memory reserves, the weight and the GPU count.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: String| Err((format!("node.{k}"), m));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: String| Err(InvalidKey::new(format!("node.{k}"), m));
         if !self.name.is_empty() {
             if let Err(m) = validate_node_name(&self.name) {
                 return e("name", m);

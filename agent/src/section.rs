@@ -55,7 +55,52 @@ impl fmt::Display for Trust {
 
 /// A check of the value a source below [`Trust::Image`] gives: what it may choose within the
 /// key (e.g. which secret, but not a file). Returns what is refused.
-pub type LowerGuard = fn(&toml::Value) -> Result<(), String>;
+pub type LowerGuard = fn(&toml::Value) -> Result<(), Refused>;
+
+/// What a [`LowerGuard`] refuses of a value from user data or a tag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The value as a whole: of what the key takes, user data and tags may give only
+    /// `allowed`.
+    #[error("{allowed}")]
+    Value {
+        /// The value refused (as TOML).
+        value: String,
+        /// What user data and tags may give instead.
+        allowed: &'static str,
+    },
+    /// One part of the value, at `key` within it (`mounts[0].options`).
+    #[error("{key}: {part:?}: {allowed}")]
+    Part {
+        /// Where the part sits within the value.
+        key: String,
+        /// The part refused.
+        part: String,
+        /// Where such parts may come from.
+        allowed: &'static str,
+    },
+}
+
+/// A section's key whose value its `validate` refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key `{key}`: {message}")]
+pub struct InvalidKey {
+    /// The dotted key: `node.name`, `mounts[1].source`.
+    pub key: String,
+    /// What is wrong with the value.
+    pub message: String,
+}
+
+impl InvalidKey {
+    /// The key `key` (dotted) and what is wrong with its value, e.g. a typed error of the
+    /// module that owns the section.
+    pub fn new(key: impl Into<String>, problem: impl fmt::Display) -> InvalidKey {
+        InvalidKey {
+            key: key.into(),
+            message: problem.to_string(),
+        }
+    }
+}
 
 /// One key's class.
 #[derive(Debug, Clone, Copy)]
@@ -129,15 +174,36 @@ impl HumanDuration {
     }
 }
 
+/// Why a text is not a [`HumanDuration`]. The text is shown to its first 64 characters.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DurationError {
+    /// Not a duration humantime reads.
+    #[error("invalid duration {shown:?} ({source}); write e.g. \"90s\" or \"10m\"")]
+    Invalid {
+        /// The text, to its first 64 characters.
+        shown: String,
+        /// humantime's reason.
+        #[source]
+        source: humantime::DurationError,
+    },
+    /// Longer than [`HumanDuration::MAX`].
+    #[error("duration {shown:?} is too long: at most 366 days")]
+    TooLong {
+        /// The text, to its first 64 characters.
+        shown: String,
+    },
+}
+
 impl TryFrom<String> for HumanDuration {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = DurationError;
+    fn try_from(s: String) -> Result<Self, DurationError> {
         let shown: String = s.chars().take(64).collect();
-        let d = humantime::parse_duration(&s).map_err(|e| {
-            format!("invalid duration {shown:?} ({e}); write e.g. \"90s\" or \"10m\"")
-        })?;
+        let d = match humantime::parse_duration(&s) {
+            Ok(d) => d,
+            Err(source) => return Err(DurationError::Invalid { shown, source }),
+        };
         if d > HumanDuration::MAX {
-            return Err(format!("duration {shown:?} is too long: at most 366 days"));
+            return Err(DurationError::TooLong { shown });
         }
         Ok(HumanDuration(d))
     }

@@ -15,7 +15,7 @@ use futures_lite::StreamExt;
 use serde::{Deserialize, Serialize};
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};
 
-use crate::section::{Classified, KeyTrust};
+use crate::section::{Classified, InvalidKey, KeyTrust};
 
 /// `[systemd]`: which Manager to talk to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,13 +43,13 @@ impl SystemdSettings {
     /// Checks `bus`.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
         match self.bus.as_str() {
             "system" | "session" => Ok(()),
             b if b.starts_with("unix:") => Ok(()),
-            b => Err((
-                "systemd.bus".into(),
+            b => Err(InvalidKey::new(
+                "systemd.bus",
                 format!("expected system, session or a unix: D-Bus address, got {b:?}"),
             )),
         }

@@ -668,3 +668,361 @@ mod more;
     // `t` is a test-only module: not a floor.
     assert!(!g.modules.contains("t"));
 }
+
+// ---------------------------------------------------------------------------------------
+// Typed errors (issue 21): outside the edges (`cli/`, the `main`s), no error type is
+// free text.
+
+/// One untyped error in the library: `file:line` and what it is.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Untyped {
+    at: String,
+    what: String,
+}
+
+/// Names of fields that hold free text rather than a fact (a key, a path, a unit).
+const FREE_TEXT_FIELDS: &[&str] = &[
+    "message",
+    "msg",
+    "reason",
+    "detail",
+    "details",
+    "text",
+    "error",
+    "description",
+    "cause",
+    "what",
+    "why",
+];
+
+/// Every untyped error in the library rooted at `src/lib.rs`, outside test code and the
+/// top-level modules in `edges` (`cli`): a `Result` whose error type is `String`, `str`
+/// (any reference to it), `Cow<str>`, `Box<dyn Error>` or a tuple of them (directly or
+/// through a type alias); `Box<dyn Error>` anywhere; `anyhow`; an error type (deriving or implementing
+/// `Error`, or named `...Error`) with a variant or struct whose fields are all free text
+/// (unnamed, or named `message`, `reason`, ...).
+fn untyped_errors(src: &Path, edges: &[&str]) -> Result<Vec<Untyped>, String> {
+    let lib = parse(&src.join("lib.rs"))?;
+    let mut files = Vec::new();
+    for item in &lib.items {
+        let syn::Item::Mod(m) = item else { continue };
+        if is_test_only(&m.attrs) || edges.contains(&m.ident.to_string().as_str()) {
+            continue;
+        }
+        module_files(src, &[], m, &mut files)?;
+    }
+    let mut parsed = Vec::new();
+    for (path, _) in &files {
+        let shown = path.strip_prefix(src).unwrap_or(path).display().to_string();
+        parsed.push((shown, parse(path)?));
+    }
+    // Pass 1: the aliases (`type E = String;`, `type R<T> = Result<T, String>;`), crate-wide
+    // by name, until no new one is found (an alias of an alias).
+    let mut aliases = Aliases::default();
+    loop {
+        let before = (aliases.error.len(), aliases.result.len());
+        for (_, f) in &parsed {
+            let mut v = AliasFinder {
+                aliases: &mut aliases,
+            };
+            v.visit_file(f);
+        }
+        if (aliases.error.len(), aliases.result.len()) == before {
+            break;
+        }
+    }
+    // Pass 2: every type, error type and `anyhow` path.
+    let mut found = BTreeSet::new();
+    for (shown, f) in &parsed {
+        let mut v = UntypedFinder {
+            file: shown,
+            aliases: &aliases,
+            found: &mut found,
+        };
+        v.visit_file(f);
+    }
+    Ok(found.into_iter().collect())
+}
+
+/// Type aliases of untyped errors, by name.
+#[derive(Debug, Default)]
+struct Aliases {
+    /// `type E = String;` and the like.
+    error: BTreeSet<String>,
+    /// `type R<T> = Result<T, String>;` and the like.
+    result: BTreeSet<String>,
+}
+
+impl Aliases {
+    /// Whether `ty` is an untyped error type: `String`, `str` behind any reference,
+    /// `Cow<str>`, `Box<dyn Error ..>`, or an alias of one.
+    fn is_untyped(&self, ty: &syn::Type) -> bool {
+        match ty {
+            syn::Type::Reference(r) => is_str(&r.elem) || self.is_untyped(&r.elem),
+            syn::Type::Paren(p) => self.is_untyped(&p.elem),
+            // `(String, String)`: free text in a tuple is still free text.
+            syn::Type::Tuple(t) => {
+                !t.elems.is_empty() && t.elems.iter().all(|e| self.is_untyped(e))
+            }
+            syn::Type::Group(g) => self.is_untyped(&g.elem),
+            syn::Type::Path(p) => {
+                let Some(last) = p.path.segments.last() else {
+                    return false;
+                };
+                let name = last.ident.to_string();
+                if p.path.segments.len() == 1 && self.error.contains(&name) {
+                    return true;
+                }
+                match name.as_str() {
+                    "String" => true,
+                    "Cow" => generic_types(last).iter().any(|t| is_str(t)),
+                    "Box" | "Arc" | "Rc" => generic_types(last).first().is_some_and(is_dyn_error),
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `ty` is a `Result` (or an alias of one) whose error type is untyped.
+    fn is_untyped_result(&self, p: &syn::TypePath) -> bool {
+        let Some(last) = p.path.segments.last() else {
+            return false;
+        };
+        let name = last.ident.to_string();
+        if p.path.segments.len() == 1 && self.result.contains(&name) {
+            return true;
+        }
+        name == "Result"
+            && generic_types(last)
+                .get(1)
+                .is_some_and(|e| self.is_untyped(e))
+    }
+}
+
+/// The type arguments of a path segment (`Result<T, E>` → `[T, E]`).
+fn generic_types(seg: &syn::PathSegment) -> Vec<&syn::Type> {
+    match &seg.arguments {
+        syn::PathArguments::AngleBracketed(a) => a
+            .args
+            .iter()
+            .filter_map(|g| match g {
+                syn::GenericArgument::Type(t) => Some(t),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn is_str(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(p) if p.path.is_ident("str"))
+}
+
+/// `dyn Error (+ Send + Sync + 'static)`, by the last segment of its first trait.
+fn is_dyn_error(ty: &&syn::Type) -> bool {
+    let syn::Type::TraitObject(t) = ty else {
+        return false;
+    };
+    t.bounds.iter().any(|b| match b {
+        syn::TypeParamBound::Trait(tb) => {
+            tb.path.segments.last().is_some_and(|s| s.ident == "Error")
+        }
+        _ => false,
+    })
+}
+
+/// Pass 1: aliases of untyped errors.
+struct AliasFinder<'a> {
+    aliases: &'a mut Aliases,
+}
+
+impl<'ast> Visit<'ast> for AliasFinder<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if is_test_only(item_attrs(item)) {
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_item_type(&mut self, t: &'ast syn::ItemType) {
+        let name = t.ident.to_string();
+        if self.aliases.is_untyped(&t.ty) {
+            self.aliases.error.insert(name);
+        } else if let syn::Type::Path(p) = &*t.ty {
+            if self.aliases.is_untyped_result(p) {
+                self.aliases.result.insert(name);
+            }
+        }
+    }
+}
+
+/// Pass 2: the untyped errors themselves.
+struct UntypedFinder<'a> {
+    file: &'a str,
+    aliases: &'a Aliases,
+    found: &'a mut BTreeSet<Untyped>,
+}
+
+impl UntypedFinder<'_> {
+    fn note(&mut self, line: usize, what: String) {
+        self.found.insert(Untyped {
+            at: format!("{}:{line}", self.file),
+            what,
+        });
+    }
+
+    /// An error type's variant (or struct) whose fields are all free text.
+    fn free_text_fields(&mut self, owner: &str, fields: &syn::Fields, line: usize) {
+        let all: Vec<&syn::Field> = fields.iter().collect();
+        if all.is_empty() {
+            return;
+        }
+        let free = all.iter().all(|f| {
+            let text = self.aliases.is_untyped(&f.ty);
+            let named_fact = f
+                .ident
+                .as_ref()
+                .is_some_and(|i| !FREE_TEXT_FIELDS.contains(&i.to_string().as_str()));
+            text && !named_fact
+        });
+        if free {
+            self.note(
+                line,
+                format!("error {owner} holds only free text (name what it carries, or type it)"),
+            );
+        }
+    }
+}
+
+/// Whether an item's attributes derive `Error` (`thiserror::Error` or `Error`).
+fn derives_error(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("derive")
+            && a.parse_args_with(
+                syn::punctuated::Punctuated::<syn::Path, syn::Token![,]>::parse_terminated,
+            )
+            .is_ok_and(|ps| {
+                ps.iter()
+                    .any(|p| p.segments.last().is_some_and(|s| s.ident == "Error"))
+            })
+    })
+}
+
+/// A type as the code writes it (near enough): `Result<(), String>`.
+fn type_text(ty: &syn::Type) -> String {
+    quote::ToTokens::to_token_stream(ty)
+        .to_string()
+        .replace(" < ", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace("& ", "&")
+        .replace(" :: ", "::")
+}
+
+impl<'ast> Visit<'ast> for UntypedFinder<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if is_test_only(item_attrs(item)) {
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
+        match item {
+            syn::ImplItem::Fn(i) if is_test_only(&i.attrs) => {}
+            syn::ImplItem::Type(t) if !is_test_only(&t.attrs) => {
+                if t.ident == "Error" && self.aliases.is_untyped(&t.ty) {
+                    let line = t.ident.span().start().line;
+                    self.note(line, format!("type Error = {}", type_text(&t.ty)));
+                }
+                syn::visit::visit_impl_item(self, item);
+            }
+            _ => syn::visit::visit_impl_item(self, item),
+        }
+    }
+
+    fn visit_item_enum(&mut self, e: &'ast syn::ItemEnum) {
+        if derives_error(&e.attrs) || e.ident.to_string().ends_with("Error") {
+            for v in &e.variants {
+                let owner = format!("{}::{}", e.ident, v.ident);
+                self.free_text_fields(&owner, &v.fields, v.ident.span().start().line);
+            }
+        }
+        syn::visit::visit_item_enum(self, e);
+    }
+
+    fn visit_item_struct(&mut self, s: &'ast syn::ItemStruct) {
+        if derives_error(&s.attrs) || s.ident.to_string().ends_with("Error") {
+            let owner = s.ident.to_string();
+            self.free_text_fields(&owner, &s.fields, s.ident.span().start().line);
+        }
+        syn::visit::visit_item_struct(self, s);
+    }
+
+    fn visit_type(&mut self, ty: &'ast syn::Type) {
+        match ty {
+            syn::Type::Path(p) if self.aliases.is_untyped_result(p) => {
+                let line = p.path.segments[0].ident.span().start().line;
+                self.note(line, format!("{} (an untyped error)", type_text(ty)));
+            }
+            syn::Type::Path(p)
+                if matches!(p.path.segments.last(), Some(s) if ["Box", "Arc", "Rc"]
+                    .contains(&s.ident.to_string().as_str())
+                    && generic_types(s).first().is_some_and(is_dyn_error)) =>
+            {
+                let line = p.path.segments[0].ident.span().start().line;
+                self.note(line, format!("{} (a type-erased error)", type_text(ty)));
+            }
+            _ => {}
+        }
+        syn::visit::visit_type(self, ty);
+    }
+
+    fn visit_path(&mut self, p: &'ast syn::Path) {
+        if p.segments.first().is_some_and(|s| s.ident == "anyhow") {
+            let line = p.segments[0].ident.span().start().line;
+            self.note(line, "anyhow (only cli/ and the mains may use it)".into());
+        }
+        syn::visit::visit_path(self, p);
+    }
+
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        if let syn::UseTree::Path(p) = &u.tree {
+            if p.ident == "anyhow" {
+                let line = p.ident.span().start().line;
+                self.note(
+                    line,
+                    "use anyhow (only cli/ and the mains may use it)".into(),
+                );
+            }
+        }
+    }
+}
+
+/// Untyped errors left while the conversion goes on: it only goes down, to 0.
+const UNTYPED_STILL_ALLOWED: usize = 180;
+
+#[test]
+fn library_errors_are_typed() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = untyped_errors(&src, &["cli"]).unwrap_or_else(|e| panic!("{e}"));
+    let list: Vec<String> = found
+        .iter()
+        .map(|u| format!("{}: {}", u.at, u.what))
+        .collect();
+    if std::env::var_os("UNTYPED_ERRORS_REPORT").is_some() {
+        println!("{} untyped errors:\n  {}", list.len(), list.join("\n  "));
+        return;
+    }
+    assert!(
+        list.len() <= UNTYPED_STILL_ALLOWED,
+        "{} untyped errors (at most {UNTYPED_STILL_ALLOWED} while the conversion goes on) in {} outside cli/ (a thiserror enum in the module that owns it, \
+         its variants carrying the path, key, unit or command, is what the library returns; \
+         anyhow is for cli/ and the mains):\n  {}",
+        list.len(),
+        src.display(),
+        list.join("\n  ")
+    );
+}

@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::reason::{Incarnation, RecordHolder};
-use crate::section::HumanDuration;
+use crate::section::{HumanDuration, InvalidKey};
 use crate::slurm::{NodeInfo, ScontrolError};
 use crate::time;
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
@@ -105,21 +105,21 @@ impl DrainSettings {
     /// Checks the values.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
         for (k, d) in [
             ("drain.check_interval", self.check_interval),
             ("drain.lock_timeout", self.lock_timeout),
             ("drain.action_retry", self.action_retry),
         ] {
             if d.0.is_zero() {
-                return Err((k.into(), "must be more than 0".into()));
+                return Err(InvalidKey::new(k, "must be more than 0"));
             }
         }
         if !self.metrics_file.as_os_str().is_empty() && !self.metrics_file.is_absolute() {
-            return Err((
-                "drain.metrics_file".into(),
-                "must be an absolute path".into(),
+            return Err(InvalidKey::new(
+                "drain.metrics_file",
+                "must be an absolute path",
             ));
         }
         Ok(())

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::drain::state::Cause;
 use crate::drain::{SpotJobAction, SpotJobs};
 use crate::imds::{Imds, ImdsError};
-use crate::section::HumanDuration;
+use crate::section::{HumanDuration, InvalidKey};
 pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
 
 /// What AWS gives between the spot notice and the interruption; used as the deadline when
@@ -138,9 +138,9 @@ impl EventsSettings {
     /// Checks the values; returns the dotted key and the message.
     ///
     /// # Errors
-    /// `(key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: &str| Err((format!("events.{k}"), m.to_string()));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: &str| Err(InvalidKey::new(format!("events.{k}"), m));
         if self.spot_interval.0.is_zero() {
             return e("spot_interval", "must be more than 0");
         }
@@ -692,7 +692,7 @@ mod tests {
         }
         for bad in ["", "TERM;reboot", "99", "FOO"] {
             s.spot_job_signal = bad.into();
-            assert_eq!(s.validate().unwrap_err().0, "events.spot_job_signal");
+            assert_eq!(s.validate().unwrap_err().key, "events.spot_job_signal");
         }
     }
 }

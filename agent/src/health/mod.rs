@@ -56,7 +56,7 @@ pub use checks::CheckKind;
 pub use engine::{run_checks, RunEnv};
 pub use facts::Host;
 
-use crate::section::HumanDuration;
+use crate::section::{HumanDuration, InvalidKey};
 
 /// `[health]`: the health checks (`check`, the HealthCheckProgram, the daemon's pass).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,9 +126,9 @@ impl HealthSettings {
     /// Checks values the types do not capture.
     ///
     /// # Errors
-    /// `(key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: &str| Err((format!("health.{k}"), m.to_string()));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: &str| Err(InvalidKey::new(format!("health.{k}"), m));
         if !self.checks_dir.as_os_str().is_empty() && !self.checks_dir.is_absolute() {
             return e("checks_dir", "must be an absolute path");
         }

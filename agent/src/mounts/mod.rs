@@ -62,7 +62,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::retry::Backoff;
-use crate::section::{Classified, HumanDuration, KeyTrust};
+use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust, Refused};
 use crate::slurm::{NodeInfo, Scontrol};
 use crate::systemd::Systemd;
 
@@ -218,7 +218,7 @@ impl Classified for MountSettings {
 /// `[[mounts]]` from user data: no unit dependencies (`x-systemd.requires=`, `after=`,
 /// `before=` in `options` or `extra_options`; `lnet = true` is the image's
 /// `lnet.service`): a dependency starts any unit as root.
-pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), String> {
+pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), Refused> {
     let Some(list) = v.as_array() else {
         return Ok(());
     };
@@ -231,9 +231,11 @@ pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), String> {
                 .split(',')
                 .find(|o| o.starts_with("x-systemd.") && !o.starts_with("x-systemd.mount-timeout="))
             {
-                return Err(format!(
-                    "mounts[{i}].{field}: {bad:?}: unit dependencies come only from image files and the command line"
-                ));
+                return Err(Refused::Part {
+                    key: format!("mounts[{i}].{field}"),
+                    part: bad.to_string(),
+                    allowed: "unit dependencies come only from image files and the command line",
+                });
             }
         }
     }
@@ -244,15 +246,15 @@ pub fn mounts_without_unit_options(v: &toml::Value) -> Result<(), String> {
 /// no mount point appears twice. For `Settings::validate`.
 ///
 /// # Errors
-/// `(key, message)`, the key like `mounts[1].source`.
-pub fn validate_all(mounts: &[MountSettings]) -> Result<(), (String, String)> {
+/// [`InvalidKey`], the key like `mounts[1].source`.
+pub fn validate_all(mounts: &[MountSettings]) -> Result<(), InvalidKey> {
     let mut seen: Vec<(usize, String)> = Vec::new();
     for (i, m) in mounts.iter().enumerate() {
         let spec = m
             .resolve("us-east-1")
-            .map_err(|(k, msg)| (format!("mounts[{i}].{k}"), msg))?;
+            .map_err(|(k, msg)| InvalidKey::new(format!("mounts[{i}].{k}"), msg))?;
         if let Some((j, _)) = seen.iter().find(|(_, p)| *p == spec.mount_point) {
-            return Err((
+            return Err(InvalidKey::new(
                 format!("mounts[{i}].mount_point"),
                 format!(
                     "{} is also the mount point of mounts[{j}]: each mount point once",

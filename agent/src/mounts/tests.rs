@@ -345,12 +345,12 @@ fn duplicate_mount_points_are_refused_with_both_indexes() {
         fs_type: "nfs".into(),
         ..lustre("/fsx", "server:/x")
     };
-    let (key, msg) =
+    let InvalidKey { key, message: msg } =
         validate_all(&[a.clone(), lustre("/other", "10.0.0.1@tcp:/o"), b]).unwrap_err();
     assert_eq!(key, "mounts[2].mount_point");
     assert!(msg.contains("mounts[0]"), "{msg}");
     assert!(validate_all(&[a]).is_ok());
-    let (key, _) = validate_all(&[lustre("fsx", "10.0.0.1@tcp:/fsx")]).unwrap_err();
+    let InvalidKey { key, .. } = validate_all(&[lustre("fsx", "10.0.0.1@tcp:/fsx")]).unwrap_err();
     assert_eq!(key, "mounts[0].mount_point");
 }
 

@@ -202,27 +202,28 @@ async fn first_boot_only_is_skipped_later_succeeded_scripts_are_not_rerun_and_ca
 fn validation_names_the_script_and_field() {
     let d = tempfile::tempdir().unwrap();
     let mut s = script(d.path(), "n", "x", "EXPLODE", "EVERY_BOOT");
-    let (key, m) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    let InvalidKey { key, message: m } =
+        validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
     assert_eq!(key, "node_bootstrapped[0].on_error");
     assert!(m.contains("\"n\"") && m.contains("EXPLODE"), "{m}");
     s.on_error = "CONTINUE".into();
     s.arguments = vec!["x".repeat(257)];
-    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    let InvalidKey { key, .. } = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
     assert_eq!(key, "node_bootstrapped[0].arguments");
     s.arguments = vec!["x".into(); 21];
     assert!(validate(&actions("CACHE_ONCE", vec![s.clone()])).is_err());
     s.arguments.clear();
     s.script_source.script_location = "http://example.com/x".into();
-    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    let InvalidKey { key, .. } = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
     assert_eq!(key, "node_bootstrapped[0].script_location");
     s.script_source.script_location = "s3://bucket/key".into();
     s.script_source.checksum = Some("abc".into());
-    let (key, _) = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
+    let InvalidKey { key, .. } = validate(&actions("CACHE_ONCE", vec![s.clone()])).unwrap_err();
     assert_eq!(key, "node_bootstrapped[0].checksum");
     s.script_source.checksum = None;
     assert!(validate(&actions("CACHE_ONCE", vec![s.clone(); 20])).is_ok());
     assert!(validate(&actions("CACHE_ONCE", vec![s.clone(); 21])).is_err());
-    let (key, _) = validate(&actions("SOMETIMES", vec![s])).unwrap_err();
+    let InvalidKey { key, .. } = validate(&actions("SOMETIMES", vec![s])).unwrap_err();
     assert_eq!(key, "script_caching_policy");
 }
 
@@ -268,14 +269,17 @@ fn settings_scripts_are_checked_with_their_dotted_keys() {
         execution_policy: "EVERY_BOOT".into(),
         on_error: "NEVER".into(),
     });
-    let (key, _) = s.validate().unwrap_err();
+    let InvalidKey { key, .. } = s.validate().unwrap_err();
     assert_eq!(key, "node_lifecycle.node_ready[0].on_error");
     s.node_ready[0].on_error = "CONTINUE".into();
     s.validate().unwrap();
     let a = s.actions();
     assert_eq!(a.stages.node_ready[0].script_source.checksum, None);
     s.poweroff_unit = "../x".into();
-    assert_eq!(s.validate().unwrap_err().0, "node_lifecycle.poweroff_unit");
+    assert_eq!(
+        s.validate().unwrap_err().key,
+        "node_lifecycle.poweroff_unit"
+    );
 }
 
 /// `s3://bucket/key` as `(bucket, key)`, as the fetch reads it.
@@ -361,7 +365,7 @@ fn malformed_locations_are_refused_saying_what_is_wrong() {
     let d = tempfile::tempdir().unwrap();
     let mut s = script(d.path(), "n", "x", "CONTINUE", "EVERY_BOOT");
     s.script_source.script_location = "ssm:name with space".into();
-    let (key, m) = validate(&actions("CACHE_ONCE", vec![s])).unwrap_err();
+    let InvalidKey { key, message: m } = validate(&actions("CACHE_ONCE", vec![s])).unwrap_err();
     assert_eq!(key, "node_bootstrapped[0].script_location");
     assert!(
         m.starts_with("script \"n\": \"ssm:name with space\": ") && m.contains("' '"),

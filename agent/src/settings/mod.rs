@@ -206,7 +206,8 @@ impl Layer {
         if !meta.is_file() {
             return Err(invalid("not a regular file".into()));
         }
-        trust::check_image_file(path, &meta).map_err(invalid)?;
+        trust::check_image_file(path, &meta)
+            .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
         if meta.len() > trust::MAX_FILE_BYTES {
             return Err(invalid(format!(
                 "{} bytes: a settings file is limited to {} bytes",
@@ -506,7 +507,8 @@ impl Resolved {
             let mut lv = Vec::new();
             leaves(&layer.table, "", &mut lv);
             for (key, value) in lv {
-                if let Err(message) = trust::admit(&key, &value, &layer.source) {
+                if let Err(not_admitted) = trust::admit(&key, &value, &layer.source) {
+                    let message = not_admitted.to_string();
                     let err = match layer.lines.get(&key) {
                         Some(&line) => SettingsError::At {
                             origin: layer.source.clone(),
@@ -570,7 +572,7 @@ impl Resolved {
         resolved
             .settings
             .validate()
-            .map_err(|(key, message)| resolved.key_error(key, message))?;
+            .map_err(|e| resolved.key_error(e.key, e.message))?;
         Ok(resolved)
     }
 

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-use crate::section::{Classified, KeyTrust};
+use crate::section::{Classified, InvalidKey, KeyTrust};
 
 /// All settings. Sections map to TOML tables: `[node]`, `[slurm]`, `[auth]`, `[imds]`,
 /// `[systemd]`, `[agent]`.
@@ -65,18 +65,18 @@ impl Agent {
     /// Checks `state_dir`: not empty, absolute.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
         let p = &self.state_dir;
         if p.as_os_str().is_empty() {
-            return Err((
-                "agent.state_dir".into(),
-                "must not be empty (the folder for bootstrap and drain state)".into(),
+            return Err(InvalidKey::new(
+                "agent.state_dir",
+                "must not be empty (the folder for bootstrap and drain state)",
             ));
         }
         if !p.is_absolute() {
-            return Err((
-                "agent.state_dir".into(),
+            return Err(InvalidKey::new(
+                "agent.state_dir",
                 format!("must be an absolute path, got {}", p.display()),
             ));
         }
@@ -86,11 +86,11 @@ impl Agent {
 
 impl Settings {
     /// Checks values whose shape the types do not capture: each section checks its own
-    /// (`validate` next to its type). Returns the dotted key and what is wrong.
+    /// (`validate` next to its type).
     ///
     /// # Errors
-    /// `(key, message)` for the first invalid value.
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    /// [`InvalidKey`] for the first invalid value: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
         self.node.validate()?;
         self.slurm.validate()?;
         self.agent.validate()?;

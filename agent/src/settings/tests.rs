@@ -586,5 +586,5 @@ retry_for = "30s"
     let dup = "[[mounts]]\nmount_point = \"/fsx\"\nsource = \"10.0.0.1@tcp:/fsx\"\n\
                [[mounts]]\nmount_point = \"/fsx\"\nsource = \"10.0.0.2@tcp:/fsx\"\n";
     let s: Settings = toml::from_str(dup).unwrap();
-    assert_eq!(s.validate().unwrap_err().0, "mounts[1].mount_point");
+    assert_eq!(s.validate().unwrap_err().key, "mounts[1].mount_point");
 }

@@ -4,10 +4,10 @@
 //! ([`admit`]). Settings files count as the image only when [`check_image_file`] says so.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::Source;
-pub use crate::section::{Classified, KeyTrust, LowerGuard, Trust};
+pub use crate::section::{Classified, KeyTrust, LowerGuard, Refused, Trust};
 
 impl Source {
     /// The class of this source: defaults, files and flags are [`Trust::Image`].
@@ -72,26 +72,52 @@ pub fn all_keys() -> Vec<(String, KeyTrust)> {
         .collect()
 }
 
-/// Whether `source` may set `key` to `value`; the message says why not.
+/// Why a source may not set a key ([`admit`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAdmitted {
+    /// The source is below the key's class.
+    #[error(
+        "may not be set from {}: trust class `{class}` (only {}; see \"Who may set what\" in docs/operator-guide.md)",
+        from_words(*from),
+        class_words(*class)
+    )]
+    BelowClass {
+        /// The source's class.
+        from: Trust,
+        /// The key's class.
+        class: Trust,
+    },
+    /// The key's guard refuses what user data or a tag gives.
+    #[error(transparent)]
+    Guarded(#[from] Refused),
+}
+
+fn from_words(from: Trust) -> &'static str {
+    match from {
+        Trust::Tag => "an instance tag",
+        _ => "user data",
+    }
+}
+
+fn class_words(class: Trust) -> &'static str {
+    match class {
+        Trust::Image => "root-owned settings files of the image and the command line",
+        _ => "image files, the command line and user data",
+    }
+}
+
+/// Whether `source` may set `key` to `value`; the error says why not.
 ///
 /// # Errors
-/// What is refused, naming the class.
-pub fn admit(key: &str, value: &toml::Value, source: &Source) -> Result<(), String> {
+/// [`NotAdmitted`]: what is refused, naming the class.
+pub fn admit(key: &str, value: &toml::Value, source: &Source) -> Result<(), NotAdmitted> {
     let class = class_of(key);
     let from = source.trust();
     if from > class.trust {
-        return Err(format!(
-            "may not be set from {}: trust class `{}` (only {}; see \"Who may set what\" in docs/operator-guide.md)",
-            match from {
-                Trust::Tag => "an instance tag",
-                _ => "user data",
-            },
-            class.trust,
-            match class.trust {
-                Trust::Image => "root-owned settings files of the image and the command line",
-                _ => "image files, the command line and user data",
-            }
-        ));
+        return Err(NotAdmitted::BelowClass {
+            from,
+            class: class.trust,
+        });
     }
     if from > Trust::Image {
         if let Some(guard) = class.lower {
@@ -122,38 +148,61 @@ pub fn markdown_table() -> String {
 /// Most bytes of one settings file (the main file or a drop-in).
 pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
 
+/// Why a settings file does not count as part of the image ([`check_image_file`]); the
+/// file's path is the caller's to name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotImageFile {
+    /// Owned by someone other than root (or the user running the agent).
+    #[error("owned by uid {uid}, not root: a settings file must be part of the image (root-owned, not group or world writable)")]
+    Owner {
+        /// The owner.
+        uid: u32,
+    },
+    /// Its group or others may write it.
+    #[error("mode {mode:o} lets its group or others write it: a settings file must be part of the image (chmod go-w)")]
+    Mode {
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Others may write its folder.
+    #[error("its folder {} (uid {uid}, mode {mode:o}) can be written by others: a settings file must be part of the image", folder.display())]
+    Folder {
+        /// The folder.
+        folder: PathBuf,
+        /// The folder's owner.
+        uid: u32,
+        /// The folder's permission bits.
+        mode: u32,
+    },
+}
+
 /// Checks that a settings file may count as part of the image: owned by root (or by the
 /// user running the agent, for tests and development as that user) and not writable by
 /// its group or others; its folder likewise (a sticky folder such as `/tmp` protects
 /// root's files from other users).
 ///
 /// # Errors
-/// What is wrong, naming owner and mode.
-pub fn check_image_file(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+/// [`NotImageFile`]: what is wrong, naming owner and mode.
+pub fn check_image_file(path: &Path, meta: &std::fs::Metadata) -> Result<(), NotImageFile> {
     let euid = rustix::process::geteuid().as_raw();
     let owner_ok = |uid: u32| uid == 0 || uid == euid;
     if !owner_ok(meta.uid()) {
-        return Err(format!(
-            "owned by uid {}, not root: a settings file must be part of the image (root-owned, not group or world writable)",
-            meta.uid()
-        ));
+        return Err(NotImageFile::Owner { uid: meta.uid() });
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "mode {:o} lets its group or others write it: a settings file must be part of the image (chmod go-w)",
-            meta.mode() & 0o7777
-        ));
+        return Err(NotImageFile::Mode {
+            mode: meta.mode() & 0o7777,
+        });
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Ok(d) = std::fs::metadata(dir) {
             let sticky = d.mode() & 0o1000 != 0;
             if !owner_ok(d.uid()) || (d.mode() & 0o022 != 0 && !sticky) {
-                return Err(format!(
-                    "its folder {} (uid {}, mode {:o}) can be written by others: a settings file must be part of the image",
-                    dir.display(),
-                    d.uid(),
-                    d.mode() & 0o7777
-                ));
+                return Err(NotImageFile::Folder {
+                    folder: dir.to_path_buf(),
+                    uid: d.uid(),
+                    mode: d.mode() & 0o7777,
+                });
             }
         }
     }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::section::{Classified, HumanDuration, KeyTrust};
+use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust};
 
 /// `[slurm]`: joining the controller.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,9 +80,9 @@ impl SlurmSettings {
     /// the paths.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: String| Err((format!("slurm.{k}"), m));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: String| Err(InvalidKey::new(format!("slurm.{k}"), m));
         for s in &self.conf_servers {
             if let Err(m) = ConfServer::parse(s) {
                 return e("conf_servers", m);

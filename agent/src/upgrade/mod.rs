@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::section::HumanDuration;
+use crate::section::{HumanDuration, InvalidKey};
 
 /// What to do once the node is drained for an upgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -171,9 +171,9 @@ impl UpgradeSettings {
     /// Checks the values.
     ///
     /// # Errors
-    /// `(dotted key, message)`.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        let e = |k: &str, m: String| Err((format!("upgrade.{k}"), m));
+    /// [`InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        let e = |k: &str, m: String| Err(InvalidKey::new(format!("upgrade.{k}"), m));
         if let Err(m) = Budget::parse(&self.max_unavailable) {
             return e("max_unavailable", m);
         }
@@ -539,13 +539,13 @@ mod tests {
         let mut s = UpgradeSettings::default();
         assert!(s.validate().is_ok());
         s.action = UpgradeAction::Hook;
-        assert_eq!(s.validate().unwrap_err().0, "upgrade.hook");
+        assert_eq!(s.validate().unwrap_err().key, "upgrade.hook");
         s.hook = vec!["relative.sh".into()];
-        assert_eq!(s.validate().unwrap_err().0, "upgrade.hook");
+        assert_eq!(s.validate().unwrap_err().key, "upgrade.hook");
         s.hook = vec!["/usr/local/bin/upgrade".into()];
         assert!(s.validate().is_ok());
         s.max_unavailable = "lots".into();
-        assert_eq!(s.validate().unwrap_err().0, "upgrade.max_unavailable");
+        assert_eq!(s.validate().unwrap_err().key, "upgrade.max_unavailable");
     }
 
     #[test]
