@@ -100,7 +100,7 @@ impl AuthSettings {
         }
         if !self.key_source.is_empty() {
             if let Err(m) = KeySource::parse(&self.key_source) {
-                return e("key_source", m);
+                return e("key_source", m.to_string());
             }
         }
         if !self.key_owner.is_empty()
@@ -149,8 +149,8 @@ impl KeySource {
     /// after the last `#` is the JSON field.
     ///
     /// # Errors
-    /// A message saying what is wrong.
-    pub fn parse(s: &str) -> Result<KeySource, String> {
+    /// [`InvalidKeySource`]: the text, which is none of these.
+    pub fn parse(s: &str) -> Result<KeySource, InvalidKeySource> {
         let printable =
             |v: &str| !v.is_empty() && v.len() <= 2048 && v.chars().all(|c| c.is_ascii_graphic());
         let with_field = |v: &str| -> Option<(String, Option<String>)> {
@@ -178,10 +178,9 @@ impl KeySource {
             }
             _ => {}
         }
-        Err(format!(
-            "invalid key source {s:?}: expected ssm:<parameter name>[#<JSON field>], \
-             secretsmanager:<secret id or ARN>[#<JSON field>] or file:<absolute path>"
-        ))
+        Err(InvalidKeySource {
+            value: s.to_string(),
+        })
     }
 
     /// The JSON field named after `#`, if any.
@@ -193,6 +192,18 @@ impl KeySource {
             KeySource::File(_) | KeySource::Registration(_) => None,
         }
     }
+}
+
+/// An `auth.key_source` that is not `ssm:`, `secretsmanager:` or `file:` as
+/// [`KeySource::parse`] reads them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid key source {value:?}: expected ssm:<parameter name>[#<JSON field>], \
+     secretsmanager:<secret id or ARN>[#<JSON field>] or file:<absolute path>"
+)]
+pub struct InvalidKeySource {
+    /// The text given.
+    pub value: String,
 }
 
 impl std::fmt::Display for KeySource {
@@ -351,10 +362,13 @@ pub enum KeyError {
     },
     /// `auth.key_source` is not a source (the settings check refuses it before this).
     #[error("auth.key_source: {0}")]
-    InvalidSource(String),
+    InvalidSource(#[from] InvalidKeySource),
     /// The key's owner does not exist on this host.
-    #[error("user {0:?} (owner of the key file) does not exist")]
-    NoSuchOwner(String),
+    #[error("user {user:?} (owner of the key file) does not exist")]
+    NoSuchOwner {
+        /// `auth.key_owner`.
+        user: String,
+    },
     /// Writing the file failed.
     #[error(transparent)]
     Write(#[from] fsutil::WriteError),
@@ -375,7 +389,7 @@ impl KeyError {
             | KeyError::WrongSize { .. }
             | KeyError::UnencryptedParameter { .. }
             | KeyError::Json { .. }
-            | KeyError::NoSuchOwner(_) => Exit::DataErr,
+            | KeyError::NoSuchOwner { .. } => Exit::DataErr,
         }
     }
 }
@@ -659,7 +673,9 @@ pub fn resolve_owner(name: &str) -> Result<Owner, KeyError> {
             uid: u.uid.as_raw(),
             gid: u.gid.as_raw(),
         }),
-        _ => Err(KeyError::NoSuchOwner(name.to_string())),
+        _ => Err(KeyError::NoSuchOwner {
+            user: name.to_string(),
+        }),
     }
 }
 

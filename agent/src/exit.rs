@@ -26,8 +26,11 @@ pub enum Exit {
     /// 71, EX_OSERR: systemd refused or failed a job; the runtime or signals could not be
     /// set up.
     OsErr,
+    /// 72, EX_OSFILE: a required `[[mounts]]` entry is not in place (the file systems jobs
+    /// need are missing): bootstrap does not start slurmd.
+    MountFailed,
     /// 74, EX_IOERR: a file could not be written or read (the key, the options file, a
-    /// state file, `check`'s report); a required mount not in place.
+    /// state file, `check`'s report).
     IoErr,
     /// 75, EX_TEMPFAIL: try again later (the join deadline, a busy lock, `--wait`).
     TempFail,
@@ -39,13 +42,14 @@ pub enum Exit {
 
 impl Exit {
     /// Every code, in order.
-    pub const ALL: [Exit; 10] = [
+    pub const ALL: [Exit; 11] = [
         Exit::Ok,
         Exit::Unhealthy,
         Exit::Usage,
         Exit::DataErr,
         Exit::Unavailable,
         Exit::OsErr,
+        Exit::MountFailed,
         Exit::IoErr,
         Exit::TempFail,
         Exit::NoPerm,
@@ -61,6 +65,7 @@ impl Exit {
             Exit::DataErr => 65,
             Exit::Unavailable => 69,
             Exit::OsErr => 71,
+            Exit::MountFailed => 72,
             Exit::IoErr => 74,
             Exit::TempFail => 75,
             Exit::NoPerm => 77,
@@ -75,6 +80,7 @@ impl Exit {
             Exit::DataErr => Some("EX_DATAERR"),
             Exit::Unavailable => Some("EX_UNAVAILABLE"),
             Exit::OsErr => Some("EX_OSERR"),
+            Exit::MountFailed => Some("EX_OSFILE"),
             Exit::IoErr => Some("EX_IOERR"),
             Exit::TempFail => Some("EX_TEMPFAIL"),
             Exit::NoPerm => Some("EX_NOPERM"),
@@ -89,7 +95,7 @@ impl Exit {
     pub const fn is_temporary(self) -> bool {
         matches!(
             self,
-            Exit::Unavailable | Exit::OsErr | Exit::IoErr | Exit::TempFail
+            Exit::Unavailable | Exit::OsErr | Exit::MountFailed | Exit::IoErr | Exit::TempFail
         )
     }
 
@@ -110,8 +116,11 @@ impl Exit {
             Exit::OsErr => {
                 "systemd refused or failed a job; signal set-up failed; the async runtime could not start"
             }
+            Exit::MountFailed => {
+                "a required mount is not in place (a `[[mounts]]` entry, `required = true` by default): slurmd is not started, the node does not join"
+            }
             Exit::IoErr => {
-                "I/O error: key, options, state file or required mount; `check`'s report could not be written to stdout"
+                "I/O error: key, options or state file; `check`'s report could not be written to stdout"
             }
             Exit::TempFail => {
                 "temporary: node not registered by `slurm.join_deadline`; state lock busy; `--wait` timed out; resume while the upgrade action runs"
@@ -133,6 +142,7 @@ impl Exit {
             Exit::DataErr => "`bootstrap`",
             Exit::Unavailable => "`bootstrap`, `run`, `drain`, `resume`, `status`, `config show`",
             Exit::OsErr => "`bootstrap`, `run`, any",
+            Exit::MountFailed => "`bootstrap`",
             Exit::IoErr => "`bootstrap`, `run`, `drain`, `resume`, `status`, `check`",
             Exit::TempFail => "`bootstrap`, `drain`, `resume`, `run`",
             Exit::NoPerm => "`bootstrap`, `resume`",
@@ -148,6 +158,7 @@ impl Exit {
             Exit::DataErr => "bad data (key, node registered INVALID, a lifecycle script)",
             Exit::Unavailable => "a service unavailable (IMDS, AWS, slurmctld, GPUs)",
             Exit::OsErr => "systemd refused or failed a job",
+            Exit::MountFailed => "bootstrap: a required mount is not in place",
             Exit::IoErr => "I/O error",
             Exit::TempFail => "temporary failure: retry (join deadline, busy state lock, --wait)",
             Exit::NoPerm => "permission denied",

@@ -59,6 +59,28 @@ pub struct WriteError {
     pub source: io::Error,
 }
 
+/// A file or folder of the agent's that could not be read, created or locked: its path
+/// and the OS error. Shown as `<path>: <error>`.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct FileError {
+    /// The file or folder.
+    pub path: PathBuf,
+    /// The OS error.
+    #[source]
+    pub source: io::Error,
+}
+
+impl FileError {
+    /// A closure for `map_err` that names `path`.
+    pub fn at(path: &Path) -> impl FnOnce(io::Error) -> FileError + '_ {
+        move |source| FileError {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 fn folder_and_name(path: &Path) -> (&Path, String) {
     let dir = path
         .parent()

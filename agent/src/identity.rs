@@ -88,14 +88,34 @@ impl Recorded {
     /// Writes it atomically.
     ///
     /// # Errors
-    /// A message naming the file.
-    pub fn write(&self, state_dir: &Path) -> Result<(), String> {
-        std::fs::create_dir_all(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
+    /// [`RecordError`] naming the folder or the file.
+    pub fn write(&self, state_dir: &Path) -> Result<(), RecordError> {
+        std::fs::create_dir_all(state_dir).map_err(crate::fsutil::FileError::at(state_dir))?;
+        let json = serde_json::to_vec_pretty(self)?;
         let path = state_dir.join(STATE_FILE);
         crate::fsutil::write_atomic(&path, &json, 0o644, None)
-            .map_err(|e| format!("{}: {e}", path.display()))
+            .map_err(|source| RecordError::Write { path, source })
     }
+}
+
+/// Why the bootstrap record ([`Recorded`]) could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The state folder could not be created.
+    #[error(transparent)]
+    Folder(#[from] crate::fsutil::FileError),
+    /// The record could not be encoded as JSON.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The file could not be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The record's path.
+        path: std::path::PathBuf,
+        /// What failed.
+        #[source]
+        source: crate::fsutil::WriteError,
+    },
 }
 
 /// The settings layers that instance metadata contributes: the user data's settings part,
@@ -225,11 +245,17 @@ pub enum IdentityError {
         source: ImdsError,
     },
     /// No way to know the node name (exit 78).
-    #[error("the node name is unknown: pass --node-name, set node.name, or run bootstrap first (it writes {0})")]
-    NoName(String),
+    #[error("the node name is unknown: pass --node-name, set node.name, or run bootstrap first (it writes {})", record.display())]
+    NoName {
+        /// The bootstrap record's path, which was not there.
+        record: std::path::PathBuf,
+    },
     /// `SLURMD_NODENAME` is not a node name (exit 78).
-    #[error("environment variable SLURMD_NODENAME={0:?} is not a Slurm NodeName (letters, digits, '-', '_' and '.' only)")]
-    BadEnvName(String),
+    #[error("environment variable SLURMD_NODENAME={value:?} is not a Slurm NodeName (letters, digits, '-', '_' and '.' only)")]
+    BadEnvName {
+        /// The variable's value.
+        value: String,
+    },
 }
 
 impl IdentityError {
@@ -237,8 +263,8 @@ impl IdentityError {
     pub fn exit(&self) -> crate::exit::Exit {
         match self {
             IdentityError::Settings(_)
-            | IdentityError::NoName(_)
-            | IdentityError::BadEnvName(_) => crate::exit::Exit::Config,
+            | IdentityError::NoName { .. }
+            | IdentityError::BadEnvName { .. } => crate::exit::Exit::Config,
             IdentityError::Imds { .. } => crate::exit::Exit::Unavailable,
         }
     }
@@ -370,7 +396,7 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
     // shell or scontrol syntax) is refused rather than passed on to scontrol and reports.
     if let Some(n) = &env_name {
         if flag_name.is_none() && !crate::slurm::node::is_plain_node_name(n) {
-            return Err(IdentityError::BadEnvName(n.clone()));
+            return Err(IdentityError::BadEnvName { value: n.clone() });
         }
     }
     let record = Recorded::read(&state_dir);
@@ -450,7 +476,9 @@ fn finish(
     } else if !resolved.settings.node.name.is_empty() {
         (resolved.settings.node.name.clone(), NameSource::Settings)
     } else {
-        return Err(IdentityError::NoName(record_path));
+        return Err(IdentityError::NoName {
+            record: record_path.into(),
+        });
     };
     let id = NodeIdentity {
         node_name,

@@ -174,8 +174,8 @@ pub enum SystemdError {
 /// at most 255 characters.
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn validate_unit_name(name: &str) -> Result<(), String> {
+/// [`InvalidUnitName`]: the name.
+pub fn validate_unit_name(name: &str) -> Result<(), InvalidUnitName> {
     const SUFFIXES: [&str; 8] = [
         ".service", ".mount", ".target", ".socket", ".timer", ".path", ".slice", ".scope",
     ];
@@ -189,8 +189,18 @@ pub fn validate_unit_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid systemd unit name {name:?}"))
+        Err(InvalidUnitName {
+            name: name.to_string(),
+        })
     }
+}
+
+/// A text that is not a systemd unit name ([`validate_unit_name`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid systemd unit name {name:?}")]
+pub struct InvalidUnitName {
+    /// The text given.
+    pub name: String,
 }
 
 /// A connection to the systemd Manager.

@@ -54,7 +54,7 @@ fn lustre_mount_without_module_stops_bootstrap_and_the_node_never_becomes_idle()
     .unwrap();
     let out = bootstrap_in_ns(&env);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(74), "{stderr}");
+    assert_eq!(out.status.code(), Some(72), "{stderr}");
     assert!(
         stderr.contains("no Lustre client kernel module for the running kernel"),
         "{stderr}"

@@ -225,13 +225,13 @@ fn slurmd_options_are_split_into_arguments_and_slurmd_waits_for_the_marker() {
 
 #[test]
 fn bootstrap_starts_slurmd_without_deadlock_and_is_retried_on_failure() {
-    // The stand-in bootstrap fails once (a mount not there yet: exit 74), then writes the
+    // The stand-in bootstrap fails once (a mount not there yet: exit 72), then writes the
     // marker and starts slurmd through the Manager, waiting for the job as the agent does.
     let root = TempRoot::new("units-boot-").unwrap();
     let script = root.path().join("bootstrap.sh");
     fs::write(
         &script,
-        "#!/bin/sh\nset -e\nif [ ! -e \"$0.ran\" ]; then touch \"$0.ran\"; exit 74; fi\n\
+        "#!/bin/sh\nset -e\nif [ ! -e \"$0.ran\" ]; then touch \"$0.ran\"; exit 72; fi\n\
          mkdir -p \"$XDG_RUNTIME_DIR/slurm-node-agent\"\ntouch \"$XDG_RUNTIME_DIR/slurm-node-agent/mounts-ready\"\n\
          exec timeout 20 systemctl --user start slurmd.service\n",
     )

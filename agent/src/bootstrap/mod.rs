@@ -74,9 +74,22 @@ pub enum BootstrapError {
         /// Slurm's reason.
         reason: String,
     },
-    /// Other I/O (exit 74, EX_IOERR).
-    #[error("{0}")]
-    Io(String),
+    /// A required `[[mounts]]` entry is not in place: slurmd is not started (exit 72,
+    /// EX_OSFILE: the file systems jobs need are missing).
+    #[error(transparent)]
+    Mounts(#[from] crate::mounts::MountsFailed),
+    /// The bootstrap record, the lock or another file of the agent's (exit 74, EX_IOERR).
+    #[error(transparent)]
+    File(#[from] crate::fsutil::FileError),
+    /// The bootstrap record could not be written (exit 74).
+    #[error(transparent)]
+    Record(#[from] crate::identity::RecordError),
+    /// The `SLURMD_OPTIONS` file could not be written (exit 74).
+    #[error(transparent)]
+    Options(#[from] crate::slurm::OptionsFileError),
+    /// The task writing the registration's key ended without an answer (exit 74).
+    #[error("writing the registration's key: {0}")]
+    KeyTask(#[source] tokio::task::JoinError),
     /// Another bootstrap held the lock for longer than [`LOCK_WAIT`] (exit 75).
     #[error("another bootstrap still holds {} after {:?}", path.display(), LOCK_WAIT)]
     Busy {
@@ -112,7 +125,11 @@ impl BootstrapError {
             BootstrapError::Invalid { .. } => Exit::DataErr,
             BootstrapError::Systemd(_) => Exit::OsErr,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
-            BootstrapError::Io(_) => Exit::IoErr,
+            BootstrapError::Mounts(_) => Exit::MountFailed,
+            BootstrapError::File(_)
+            | BootstrapError::Record(_)
+            | BootstrapError::Options(_)
+            | BootstrapError::KeyTask(_) => Exit::IoErr,
             BootstrapError::Pcs(e) => e.exit(),
             BootstrapError::Lifecycle(e) => e.exit(),
             BootstrapError::CloudInit(e) => e.exit(),
@@ -312,9 +329,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
     );
 
-    Recorded::of(&id, &def)
-        .write(&cx.s.agent.state_dir)
-        .map_err(BootstrapError::Io)?;
+    Recorded::of(&id, &def).write(&cx.s.agent.state_dir)?;
     Ok(Report {
         node_name: def.node_name.clone(),
         state: node.state().to_string(),
@@ -441,9 +456,7 @@ async fn define_node_and_install_key(
             None => None,
         };
         if let Some(task) = persist {
-            let written = task
-                .await
-                .map_err(|e| BootstrapError::Io(format!("writing the registration's key: {e}")))?;
+            let written = task.await.map_err(BootstrapError::KeyTask)?;
             return Ok::<_, BootstrapError>(written?);
         }
         Ok::<_, BootstrapError>(authkey::install_from(&s.auth, &cx.id.region, prefetched).await?)
@@ -509,7 +522,7 @@ async fn prepare_slurmd(
         let mount_env = crate::mounts::MountEnv::for_bus(&s.systemd.bus);
         crate::mounts::ensure_all(&s.mounts, &id.region, &mount_env, systemd)
             .await
-            .map_err(|e| BootstrapError::Io(e.to_string()))
+            .map_err(BootstrapError::from)
     });
     let slurmd_prep = timed(async {
         let instance = InstanceArgs {
@@ -527,7 +540,7 @@ async fn prepare_slurmd(
         .await
         .map_err(|e| match e {
             e @ PrepareError::Topology { .. } => cx.key_error("node.topology", e.to_string()),
-            PrepareError::Options(e) => BootstrapError::Io(e.to_string()),
+            PrepareError::Options(e) => BootstrapError::Options(e),
             PrepareError::Systemd(e) => BootstrapError::Systemd(e),
         })
     });
@@ -633,8 +646,7 @@ async fn start_slurmd(
 /// Takes the bootstrap lock in `state_dir` (created if missing), waiting up to
 /// [`LOCK_WAIT`] with a log line.
 async fn take_lock(state_dir: &Path) -> Result<crate::fsutil::FileLock, BootstrapError> {
-    let io = |e: std::io::Error| BootstrapError::Io(format!("{}: {e}", state_dir.display()));
-    std::fs::create_dir_all(state_dir).map_err(io)?;
+    std::fs::create_dir_all(state_dir).map_err(crate::fsutil::FileError::at(state_dir))?;
     let path = state_dir.join(LOCK_FILE);
     let lock = crate::fsutil::lock_exclusive(&path, LOCK_WAIT, || {
         tracing::info!(
@@ -644,6 +656,6 @@ async fn take_lock(state_dir: &Path) -> Result<crate::fsutil::FileLock, Bootstra
         );
     })
     .await
-    .map_err(|e| BootstrapError::Io(format!("{}: {e}", path.display())))?;
+    .map_err(crate::fsutil::FileError::at(&path))?;
     lock.ok_or(BootstrapError::Busy { path })
 }

@@ -74,7 +74,7 @@ impl CheckArgs {
         // bootstrap's record (with the tags and user data it read), node.name.
         let (mut s, ident) = match identity::resolve_local(&paths, &flags) {
             Ok((r, id)) => (r.settings, Some(id)),
-            Err(identity::IdentityError::NoName(_)) => {
+            Err(identity::IdentityError::NoName { .. }) => {
                 match settings::file_layers(&paths).and_then(|mut layers| {
                     layers.extend(flags.iter().cloned());
                     settings::Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)

@@ -48,7 +48,9 @@ pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdenti
 }
 
 fn parse_reason(s: &str) -> Result<String, String> {
-    crate::slurm::node::validate_reason(s).map(|()| s.to_string())
+    crate::slurm::node::validate_reason(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

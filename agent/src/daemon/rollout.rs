@@ -168,7 +168,9 @@ async fn record(engine: &Engine) -> Result<crate::slurm::NodeInfo, DrainError> {
         .scontrol
         .show_node(&engine.node)
         .await?
-        .ok_or_else(|| DrainError::UnknownNode(engine.node.clone()))
+        .ok_or_else(|| DrainError::UnknownNode {
+            node: engine.node.clone(),
+        })
 }
 
 /// The node is drained with an upgrade reason of the agent while the state machine has no

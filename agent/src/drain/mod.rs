@@ -136,8 +136,11 @@ pub enum DrainError {
     #[error(transparent)]
     Slurm(#[from] ScontrolError),
     /// slurmctld does not know the node.
-    #[error("node {0} is not known to slurmctld")]
-    UnknownNode(String),
+    #[error("node {node} is not known to slurmctld")]
+    UnknownNode {
+        /// NodeName.
+        node: String,
+    },
     /// The node was drained by someone else (its reason is not ours): not resumed.
     #[error("node {node} was drained by someone else (reason {reason:?}); not resuming it (use --force)")]
     Foreign {
@@ -159,7 +162,7 @@ impl DrainError {
         match self {
             DrainError::Store(StoreError::Busy { .. }) | DrainError::Refused(_) => Exit::TempFail,
             DrainError::Store(_) => Exit::IoErr,
-            DrainError::Slurm(_) | DrainError::UnknownNode(_) => Exit::Unavailable,
+            DrainError::Slurm(_) | DrainError::UnknownNode { .. } => Exit::Unavailable,
             DrainError::Foreign { .. } => Exit::NoPerm,
         }
     }
@@ -356,7 +359,9 @@ impl Engine {
             .scontrol
             .show_node(&self.node)
             .await?
-            .ok_or_else(|| DrainError::UnknownNode(self.node.clone()))
+            .ok_or_else(|| DrainError::UnknownNode {
+                node: self.node.clone(),
+            })
     }
 
     /// A cause asks for a drain: the node is drained in Slurm with the cause's reason
@@ -692,7 +697,7 @@ impl Engine {
         // it powers off; a retry after a failed poweroff finds no record (and no job).
         let node = match self.node_info().await {
             Ok(n) => Some(n),
-            Err(DrainError::UnknownNode(_))
+            Err(DrainError::UnknownNode { .. })
                 if self.upgrade.action == UpgradeAction::Poweroff
                     && self.upgrade.delete_node_record =>
             {
@@ -780,7 +785,7 @@ impl Engine {
                 let wait = base
                     .saturating_mul(1i64 << st.action_attempts.min(10))
                     .min(3600);
-                st.action_failed(e, wait, now)?;
+                st.action_failed(e.to_string(), wait, now)?;
             }
         }
         self.save(&st)?;
@@ -794,7 +799,7 @@ impl Engine {
         reason: &str,
         foreign: bool,
         node: Option<&NodeInfo>,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::upgrade::action::ActionError> {
         let images = match cause {
             Some(Cause::Upgrade { current, desired }) => (current.as_str(), desired.as_str()),
             _ => ("", ""),

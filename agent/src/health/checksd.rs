@@ -564,7 +564,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
         }
         "unit" => {
             let unit = req(&d.unit, "unit")?.clone();
-            crate::systemd::validate_unit_name(&unit)?;
+            crate::systemd::validate_unit_name(&unit).map_err(|e| e.to_string())?;
             CheckKind::Unit(UnitSpec {
                 unit,
                 state: d.state.clone().unwrap_or_else(|| "active".into()),

@@ -160,13 +160,51 @@ pub enum PcsError {
     },
     /// The answer is unusable (exit 65): an unsafe nodeID, no SLURMCTLD endpoint.
     #[error("PCS registration answer: {0}")]
-    Answer(String),
+    Answer(#[source] AnswerError),
     /// The shared secret could not be installed.
     #[error("auth key: {0}")]
     Key(#[from] KeyError),
-    /// Local files (exit 74).
-    #[error("{0}")]
-    Io(String),
+    /// A folder of the agent's could not be created (exit 74).
+    #[error(transparent)]
+    Folder(#[from] crate::fsutil::FileError),
+    /// A state file (the registration record, the boot's node id) could not be written
+    /// (exit 74).
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
+    /// The registration record could not be encoded (exit 74).
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+}
+
+/// What makes a registration answer unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// An endpoint's `privateIpAddress` is not an IP address.
+    #[error("SLURMCTLD privateIpAddress {address:?} is not an IP address")]
+    NotAnAddress {
+        /// The value given.
+        address: String,
+    },
+    /// An endpoint's `port` is not a port.
+    #[error("SLURMCTLD port {port:?} is not a port")]
+    NotAPort {
+        /// The value given.
+        port: String,
+    },
+    /// The endpoint does not make a `--conf-server` entry.
+    #[error(transparent)]
+    Server(#[from] crate::slurm::InvalidServer),
+    /// No endpoint of type `SLURMCTLD`.
+    #[error("no SLURMCTLD endpoint")]
+    NoSlurmctld,
+    /// `nodeID` is not a NodeName slurmd can take.
+    #[error("nodeID: {problem}")]
+    NodeId {
+        /// The nodeID given.
+        node_id: String,
+        /// What is wrong with it, as the NodeName check says.
+        problem: String,
+    },
 }
 
 impl PcsError {
@@ -177,7 +215,7 @@ impl PcsError {
             PcsError::Config { .. } | PcsError::Rejected { .. } => Exit::Config,
             PcsError::Unavailable { .. } => Exit::Unavailable,
             PcsError::Answer(_) => Exit::DataErr,
-            PcsError::Io(_) => Exit::IoErr,
+            PcsError::Folder(_) | PcsError::Write(_) | PcsError::Encode(_) => Exit::IoErr,
             PcsError::Key(e) => e.exit(),
         }
     }
@@ -252,23 +290,24 @@ impl Registration {
             .filter(|e| e.endpoint_type == "SLURMCTLD")
         {
             let ip: std::net::IpAddr = e.private_ip_address.parse().map_err(|_| {
-                PcsError::Answer(format!(
-                    "SLURMCTLD privateIpAddress {:?} is not an IP address",
-                    e.private_ip_address
-                ))
+                PcsError::Answer(AnswerError::NotAnAddress {
+                    address: e.private_ip_address.clone(),
+                })
             })?;
             let port: u16 = e.port.parse().map_err(|_| {
-                PcsError::Answer(format!("SLURMCTLD port {:?} is not a port", e.port))
+                PcsError::Answer(AnswerError::NotAPort {
+                    port: e.port.clone(),
+                })
             })?;
             let server = match ip {
                 std::net::IpAddr::V4(v4) => format!("{v4}:{port}"),
                 std::net::IpAddr::V6(v6) => format!("[{v6}]:{port}"),
             };
-            ConfServer::parse(&server).map_err(PcsError::Answer)?;
+            ConfServer::parse(&server).map_err(|e| PcsError::Answer(e.into()))?;
             out.push(server);
         }
         if out.is_empty() {
-            return Err(PcsError::Answer("no SLURMCTLD endpoint".into()));
+            return Err(PcsError::Answer(AnswerError::NoSlurmctld));
         }
         Ok(out)
     }
@@ -293,7 +332,7 @@ impl Managed {
     /// a blocking thread: `Ok(true)` when the key file was (re)written.
     ///
     /// # Errors
-    /// [`PcsError::Key`] (the key write failed), [`PcsError::Io`] (the record).
+    /// [`PcsError::Key`] (the key write failed), [`PcsError::Write`] (the record).
     pub fn persist(
         &self,
         state_dir: &Path,
@@ -389,7 +428,7 @@ pub fn valid_cluster_identifier(s: &str) -> bool {
 /// one (32 random hex digits, as the service's own agent made them) written there first.
 ///
 /// # Errors
-/// [`PcsError::Io`] when the file cannot be written.
+/// [`PcsError::Folder`] or [`PcsError::Write`] when the file cannot be written.
 pub fn bootstrap_id(path: &Path) -> Result<String, PcsError> {
     let boot = crate::hostfacts::boot_id().unwrap_or_default();
     if let Ok(text) = std::fs::read_to_string(path) {
@@ -401,11 +440,9 @@ pub fn bootstrap_id(path: &Path) -> Result<String, PcsError> {
     }
     let id = format!("{:032x}", rand::random::<u128>());
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| PcsError::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(crate::fsutil::FileError::at(dir))?;
     }
-    crate::fsutil::write_atomic(path, format!("{boot} {id}\n").as_bytes(), 0o600, None)
-        .map_err(|e| PcsError::Io(e.to_string()))?;
+    crate::fsutil::write_atomic(path, format!("{boot} {id}\n").as_bytes(), 0o600, None)?;
     Ok(id)
 }
 
@@ -566,8 +603,12 @@ pub async fn register(
         attempts,
         terminated_by: None,
     };
-    crate::nodedef::validate_node_name(&registration.node_id)
-        .map_err(|m| PcsError::Answer(format!("nodeID: {m}")))?;
+    crate::nodedef::validate_node_name(&registration.node_id).map_err(|m| {
+        PcsError::Answer(AnswerError::NodeId {
+            node_id: registration.node_id.clone(),
+            problem: m.to_string(),
+        })
+    })?;
     let conf_servers = registration.conf_servers()?;
     tracing::info!(
         node_id = %registration.node_id,
@@ -664,7 +705,7 @@ async fn register_with_retries(
 /// Adds `terminatedBy` to the record of this registration.
 ///
 /// # Errors
-/// [`PcsError::Io`].
+/// [`PcsError::Folder`], [`PcsError::Write`].
 pub fn record_termination(
     state_dir: &Path,
     r: &Registration,
@@ -676,11 +717,14 @@ pub fn record_termination(
 }
 
 fn write_record(state_dir: &Path, r: &Registration) -> Result<(), PcsError> {
-    std::fs::create_dir_all(state_dir)
-        .map_err(|e| PcsError::Io(format!("{}: {e}", state_dir.display())))?;
-    let json = serde_json::to_vec_pretty(r).map_err(|e| PcsError::Io(e.to_string()))?;
-    crate::fsutil::write_atomic(&state_dir.join(RECORD_FILE), &json, 0o600, None)
-        .map_err(|e| PcsError::Io(e.to_string()))
+    std::fs::create_dir_all(state_dir).map_err(crate::fsutil::FileError::at(state_dir))?;
+    let json = serde_json::to_vec_pretty(r)?;
+    Ok(crate::fsutil::write_atomic(
+        &state_dir.join(RECORD_FILE),
+        &json,
+        0o600,
+        None,
+    )?)
 }
 
 #[cfg(test)]

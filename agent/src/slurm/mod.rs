@@ -85,7 +85,7 @@ impl SlurmSettings {
         let e = |k: &str, m: String| Err(InvalidKey::new(format!("slurm.{k}"), m));
         for s in &self.conf_servers {
             if let Err(m) = ConfServer::parse(s) {
-                return e("conf_servers", m);
+                return e("conf_servers", m.to_string());
             }
         }
         for (k, unit) in [
@@ -93,7 +93,7 @@ impl SlurmSettings {
             ("munge_unit", &self.munge_unit),
         ] {
             if let Err(m) = crate::systemd::validate_unit_name(unit) {
-                return e(k, m);
+                return e(k, m.to_string());
             }
         }
         if self.join_deadline.is_zero() {
@@ -221,9 +221,14 @@ impl ConfServer {
     /// letters, digits, `-` and `.` (RFC 1123).
     ///
     /// # Errors
-    /// A message saying what is wrong.
-    pub fn parse(s: &str) -> Result<ConfServer, String> {
-        let bad = |why: &str| Err(format!("invalid server {s:?}: {why}; expected host[:port]"));
+    /// [`InvalidServer`]: the text and what is wrong with it.
+    pub fn parse(s: &str) -> Result<ConfServer, InvalidServer> {
+        let bad = |why: &'static str| {
+            Err(InvalidServer {
+                server: s.to_string(),
+                why,
+            })
+        };
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let Some((h, after)) = rest.split_once(']') else {
                 return bad("unclosed '['");
@@ -269,6 +274,17 @@ impl ConfServer {
             port,
         })
     }
+}
+
+/// A `slurm.conf_server` entry (or an endpoint of the registration answer) that is not
+/// `host[:port]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid server {server:?}: {why}; expected host[:port]")]
+pub struct InvalidServer {
+    /// The text given.
+    pub server: String,
+    /// What is wrong with it: an unclosed `[`, a bad host or port.
+    pub why: &'static str,
 }
 
 impl fmt::Display for ConfServer {

@@ -820,18 +820,32 @@ impl ReadyScontrol {
 /// characters (it is shown in `sinfo -R` and stored in slurmctld's state).
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn validate_reason(reason: &str) -> Result<(), String> {
+/// [`InvalidReason`]: what is wrong.
+pub fn validate_reason(reason: &str) -> Result<(), InvalidReason> {
     if reason.trim().is_empty() {
-        return Err("the reason is empty".into());
+        return Err(InvalidReason::Empty);
     }
     if reason.chars().count() > 256 {
-        return Err("the reason is longer than 256 characters".into());
+        return Err(InvalidReason::TooLong);
     }
     if reason.chars().any(char::is_control) {
-        return Err("the reason holds a newline or control character".into());
+        return Err(InvalidReason::Control);
     }
     Ok(())
+}
+
+/// Why a text cannot be a drain reason ([`validate_reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidReason {
+    /// Empty or only whitespace.
+    #[error("the reason is empty")]
+    Empty,
+    /// More than 256 characters.
+    #[error("the reason is longer than 256 characters")]
+    TooLong,
+    /// A newline or another control character.
+    #[error("the reason holds a newline or control character")]
+    Control,
 }
 
 impl Scontrol {
@@ -847,7 +861,7 @@ impl Scontrol {
                 program: self.program.clone(),
                 args: "update".into(),
                 code: -1,
-                stderr: m,
+                stderr: m.to_string(),
                 stdout: String::new(),
             });
         }
@@ -982,6 +996,17 @@ fn clean_reason(r: &str) -> Option<String> {
     (!r.is_empty() && r != "(null)").then(|| r.to_string())
 }
 
+/// Why a text is not a node listing ([`parse_nodes_json`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NodesJsonError {
+    /// Not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// JSON without a `nodes` or `sinfo` array.
+    #[error("neither a `nodes` nor a `sinfo` array: not a Slurm node listing")]
+    NoListing,
+}
+
 /// Parses node states from the JSON of several Slurm versions:
 /// - 22.05 `sinfo --json` (OpenAPI v0.0.38): `nodes[]` with `name`, `state` (a lower-case
 ///   string) and `state_flags` (DRAIN is a flag there, not a state), `reason`;
@@ -992,10 +1017,10 @@ fn clean_reason(r: &str) -> Option<String> {
 ///   (`gpu[01-02]`).
 ///
 /// # Errors
-/// A message when the text is not JSON or has none of these layouts.
-pub fn parse_nodes_json(text: &str) -> Result<Vec<NodeState>, String> {
+/// [`NodesJsonError`]: the text is not JSON or has none of these layouts.
+pub fn parse_nodes_json(text: &str) -> Result<Vec<NodeState>, NodesJsonError> {
     use serde_json::Value;
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let v: Value = serde_json::from_str(text).map_err(NodesJsonError::NotJson)?;
     let words = |state: &Value, flags: Option<&Value>| -> NodeState {
         let mut w: Vec<String> = match state {
             Value::String(s) => vec![s.clone()],
@@ -1054,7 +1079,7 @@ pub fn parse_nodes_json(text: &str) -> Result<Vec<NodeState>, String> {
         }
         return Ok(out);
     }
-    Err("neither a `nodes` nor a `sinfo` array: not a Slurm node listing".into())
+    Err(NodesJsonError::NoListing)
 }
 
 /// Expands a simple hostlist: `n[1-3,7]`, `gpu[01-02]`, `a,b` (one bracket per name).
@@ -1114,7 +1139,7 @@ impl Scontrol {
             program: sinfo.program.clone(),
             args: "--json".into(),
             code: -1,
-            stderr: m,
+            stderr: m.to_string(),
             stdout: String::new(),
         })?;
         Ok(nodes.into_iter().find(|n| n.name == name))

@@ -85,8 +85,11 @@ fn options_line(args: &[String]) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum OptionsFileError {
     /// An argument holds a character that cannot be written safely.
-    #[error("slurmd argument {0:?} holds a quote, newline or control character")]
-    Unsafe(String),
+    #[error("slurmd argument {argument:?} holds a quote, newline or control character")]
+    Unsafe {
+        /// The argument.
+        argument: String,
+    },
     /// Reading the existing file failed.
     #[error("reading {path}: {source}")]
     Read {
@@ -122,7 +125,9 @@ pub fn write_slurmd_options(path: &Path, args: &[String]) -> Result<bool, Option
         .iter()
         .find(|a| a.chars().any(|c| c == '\'' || c == '"' || c.is_control()))
     {
-        return Err(OptionsFileError::Unsafe(a.clone()));
+        return Err(OptionsFileError::Unsafe {
+            argument: a.clone(),
+        });
     }
     // Only a regular file's lines are kept: a symlink there is replaced, never read
     // through (it could point at a secret that would end up in this 0644 file).
@@ -262,7 +267,7 @@ mod tests {
         let p = dir.path().join("slurmd");
         for bad in ["a'b", "a\nSLURMD_OPTIONS=evil", "a\"b"] {
             let e = write_slurmd_options(&p, &[bad.to_string()]).unwrap_err();
-            assert!(matches!(e, OptionsFileError::Unsafe(_)));
+            assert!(matches!(e, OptionsFileError::Unsafe { .. }));
         }
         assert!(!p.exists());
     }

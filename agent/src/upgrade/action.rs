@@ -11,8 +11,52 @@
 //! - `none`: nothing.
 
 use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
+use crate::systemd::SystemdError;
 
 use super::{upgrade_reason, UpgradeAction, UpgradeSettings, POWERED_OFF};
+
+/// Why an upgrade action failed (the drain engine retries it and records these words).
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// `scontrol reboot` failed (e.g. no `RebootProgram` in slurm.conf).
+    #[error(transparent)]
+    Reboot(ScontrolError),
+    /// The reason could not be rewritten to `... powered off for image upgrade A -> B`:
+    /// the poweroff does not start.
+    #[error("marking the node powered off before the poweroff: {0}")]
+    MarkPoweredOff(#[source] ScontrolError),
+    /// systemd could not be reached or refused to start `upgrade.poweroff_unit`.
+    #[error(transparent)]
+    Poweroff(#[from] SystemdError),
+    /// `upgrade.hook` is empty.
+    #[error("upgrade.hook is empty")]
+    NoHook,
+    /// The hook did not exit within `upgrade.hook_timeout`.
+    #[error("hook {program}: no exit within {timeout} (upgrade.hook_timeout)")]
+    HookTimeout {
+        /// The hook's program.
+        program: String,
+        /// `upgrade.hook_timeout`.
+        timeout: crate::section::HumanDuration,
+    },
+    /// The hook could not be started.
+    #[error("hook {program}: {source}")]
+    HookSpawn {
+        /// The hook's program.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The hook exited with a failure.
+    #[error("hook {program}: {status}")]
+    HookFailed {
+        /// The hook's program.
+        program: String,
+        /// How it exited.
+        status: std::process::ExitStatus,
+    },
+}
 
 /// The node an action acts on.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +77,7 @@ pub struct Target<'a> {
 /// `record`: slurmctld's record of the node (`None`: deleted on an earlier attempt).
 ///
 /// # Errors
-/// What failed, for the engine's retry.
+/// [`ActionError`]: what failed, for the engine's retry.
 pub async fn run(
     up: &UpgradeSettings,
     t: &Target<'_>,
@@ -41,27 +85,25 @@ pub async fn run(
     reason: &str,
     foreign: bool,
     record: Option<&NodeInfo>,
-) -> Result<(), String> {
+) -> Result<(), ActionError> {
     match up.action {
         UpgradeAction::None => Ok(()),
         UpgradeAction::Reboot => {
             tracing::info!(node = %t.node, "scontrol reboot ASAP nextstate=resume");
             reboot(t.scontrol, t.node, reason)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(ActionError::Reboot)
         }
         UpgradeAction::Poweroff => {
             leave_for_poweroff(up, t, current, desired, foreign, record).await?;
             let unit = &up.poweroff_unit;
             tracing::info!(unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
-            let sd = crate::systemd::Systemd::connect(t.systemd_bus)
-                .await
-                .map_err(|e| e.to_string())?;
-            sd.start(unit).await.map_err(|e| e.to_string())
+            let sd = crate::systemd::Systemd::connect(t.systemd_bus).await?;
+            Ok(sd.start(unit).await?)
         }
         UpgradeAction::Hook => {
             let Some((prog, args)) = up.hook.split_first() else {
-                return Err("upgrade.hook is empty".into());
+                return Err(ActionError::NoHook);
             };
             tracing::info!(program = %prog, "running the upgrade hook");
             let mut cmd = tokio::process::Command::new(prog);
@@ -72,13 +114,19 @@ pub async fn run(
                 .stdin(std::process::Stdio::null())
                 .kill_on_drop(true);
             match tokio::time::timeout(up.hook_timeout.0, cmd.status()).await {
-                Err(_) => Err(format!(
-                    "hook {prog}: no exit within {} (upgrade.hook_timeout)",
-                    up.hook_timeout
-                )),
-                Ok(Err(e)) => Err(format!("hook {prog}: {e}")),
+                Err(_) => Err(ActionError::HookTimeout {
+                    program: prog.clone(),
+                    timeout: up.hook_timeout,
+                }),
+                Ok(Err(source)) => Err(ActionError::HookSpawn {
+                    program: prog.clone(),
+                    source,
+                }),
                 Ok(Ok(s)) if s.success() => Ok(()),
-                Ok(Ok(s)) => Err(format!("hook {prog}: {s}")),
+                Ok(Ok(status)) => Err(ActionError::HookFailed {
+                    program: prog.clone(),
+                    status,
+                }),
             }
         }
     }
@@ -96,7 +144,7 @@ async fn leave_for_poweroff(
     desired: &str,
     foreign: bool,
     record: Option<&NodeInfo>,
-) -> Result<(), String> {
+) -> Result<(), ActionError> {
     let Some(node) = record else {
         return Ok(()); // deleted on an earlier attempt
     };
@@ -108,7 +156,7 @@ async fn leave_for_poweroff(
         t.scontrol
             .drain(t.node, &marker)
             .await
-            .map_err(|e| format!("marking the node powered off before the poweroff: {e}"))?;
+            .map_err(ActionError::MarkPoweredOff)?;
     }
     if up.delete_node_record {
         if node.has_flag("DYNAMIC_NORM") && node.runs_no_job() {

@@ -138,14 +138,24 @@ pub enum Budget {
     Percent(u32),
 }
 
+/// An `upgrade.max_unavailable` that is neither a node count nor a percentage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected a node count (2) or a percentage (10%), got {value:?}")]
+pub struct InvalidBudget {
+    /// The text given.
+    pub value: String,
+}
+
 impl Budget {
     /// Parses `2` or `10%`.
     ///
     /// # Errors
-    /// A message.
-    pub fn parse(s: &str) -> Result<Budget, String> {
+    /// [`InvalidBudget`]: the text.
+    pub fn parse(s: &str) -> Result<Budget, InvalidBudget> {
         let t = s.trim();
-        let bad = || format!("expected a node count (2) or a percentage (10%), got {s:?}");
+        let bad = || InvalidBudget {
+            value: s.to_string(),
+        };
         match t.strip_suffix('%') {
             Some(p) => match p.trim().parse::<u32>() {
                 Ok(n) if (1..=100).contains(&n) => Ok(Budget::Percent(n)),
@@ -175,7 +185,7 @@ impl UpgradeSettings {
     pub fn validate(&self) -> Result<(), InvalidKey> {
         let e = |k: &str, m: String| Err(InvalidKey::new(format!("upgrade.{k}"), m));
         if let Err(m) = Budget::parse(&self.max_unavailable) {
-            return e("max_unavailable", m);
+            return e("max_unavailable", m.to_string());
         }
         for (k, d) in [
             ("interval", self.interval),
@@ -187,7 +197,7 @@ impl UpgradeSettings {
             }
         }
         if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
-            return e("poweroff_unit", m);
+            return e("poweroff_unit", m.to_string());
         }
         if self.action == UpgradeAction::Hook {
             match self.hook.first() {
