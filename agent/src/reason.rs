@@ -55,7 +55,7 @@ pub enum ReasonCause {
 }
 
 impl ReasonCause {
-    /// Every cause, in the order the README lists them.
+    /// Every cause, in the order `docs/operator-guide.md` ("Drain reasons") lists them.
     pub const ALL: [ReasonCause; 11] = [
         ReasonCause::Health,
         ReasonCause::Mount,
@@ -358,6 +358,22 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::slurm::NodeInfo;
+
+    /// The operator guide lists every cause, in this order, and no other.
+    #[test]
+    fn the_operator_guide_lists_every_cause() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operator-guide.md");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let start = text.find("`<cause>` is one of ").unwrap() + "`<cause>` is one of ".len();
+        let list = &text[start..start + text[start..].find(';').unwrap()];
+        let listed: Vec<&str> = list
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|w| w.starts_with('`'))
+            .map(|w| w.trim_matches('`'))
+            .collect();
+        let code: Vec<&str> = ReasonCause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(listed, code, "{}: `<cause>` is one of ...", p.display());
+    }
 
     #[test]
     fn slurm_appended_reasons_are_not_part_of_ours() {

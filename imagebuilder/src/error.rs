@@ -1,6 +1,6 @@
 //! Errors of the image builder and the exit code each one maps to.
 //!
-//! Exit codes (also in `--help` and the README section of the crate docs):
+//! Exit codes (also in `--help` and in docs/image-builder.md, "Exit codes"):
 //!
 //! | code | meaning |
 //! |-----:|---------|

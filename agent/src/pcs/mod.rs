@@ -29,7 +29,8 @@
 //! answer that goes unused costs nothing.
 //!
 //! Facts about the API and their sources: `docs/pcs-registration.md`. The service documents
-//! this call as the one its own agent makes, not as a public contract (see README).
+//! this call as the one its own agent makes, not as a public contract (that page says
+//! what follows from it).
 //!
 //! `sharedSecret` never reaches a log line, an error, the record file or `config show`.
 //!
