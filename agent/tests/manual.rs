@@ -190,6 +190,15 @@ fn bash_completes_subcommands_and_their_options() {
     ] {
         assert!(top.iter().any(|c| c == s), "{s}: {top:?}");
     }
+    // The hidden `generate` (the image's build step) is no completion, in any shell.
+    assert!(!top.iter().any(|c| c == "generate"), "{top:?}");
+    for f in [
+        "zsh/site-functions/_slurm-node-agent",
+        "fish/vendor_completions.d/slurm-node-agent.fish",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
+        assert!(!text.contains("generate"), "{f} offers the hidden generate");
+    }
     // A subcommand's own options (clap_complete's hyphenated-name bug worked around).
     let drain = complete(&script, &["slurm-node-agent", "drain", "--re"]);
     assert_eq!(drain, ["--reason"]);

@@ -171,9 +171,9 @@ fn roff_text(s: &str) -> String {
     }
 }
 
-/// A program's completion script for `shell`.
+/// A program's completion script for `shell`, without its hidden subcommands (`generate`).
 pub fn completion(cmd: clap::Command, shell: Shell) -> Vec<u8> {
-    let mut cmd = cmd;
+    let mut cmd = without_hidden(&cmd);
     let name = cmd.get_name().to_string();
     let mut text = Vec::new();
     clap_complete::generate(shell, &mut cmd, name.clone(), &mut text);
@@ -181,6 +181,31 @@ pub fn completion(cmd: clap::Command, shell: Shell) -> Vec<u8> {
         text = fix_bash(text, &name);
     }
     text
+}
+
+/// `cmd` (not yet built) without its hidden subcommands, at every level: clap_complete 4.6
+/// offers hidden subcommands as completions, and clap has no way to remove a subcommand,
+/// so the command is put together again from its name, texts, arguments and visible
+/// subcommands (what completion scripts use).
+fn without_hidden(cmd: &clap::Command) -> clap::Command {
+    let mut c = clap::Command::new(cmd.get_name().to_string())
+        .args(cmd.get_arguments().cloned())
+        .visible_aliases(cmd.get_visible_aliases().map(str::to_string))
+        .subcommands(
+            cmd.get_subcommands()
+                .filter(|s| !s.is_hide_set())
+                .map(without_hidden),
+        );
+    if let Some(a) = cmd.get_about() {
+        c = c.about(a.clone());
+    }
+    if let Some(a) = cmd.get_long_about() {
+        c = c.long_about(a.clone());
+    }
+    if let Some(v) = cmd.get_version() {
+        c = c.version(v.to_string());
+    }
+    c
 }
 
 /// clap_complete 4.6's bash script never completes a subcommand's options when the
