@@ -99,6 +99,40 @@ pub struct ModuleProbe {
     pub kernel_release: String,
 }
 
+/// No Lustre client module for the running kernel ([`ModuleProbe::lustre`]): which kernel,
+/// and where it looked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "no Lustre client kernel module for the running kernel {kernel_release} ({}, not loaded). \
+     The kernel was probably updated past the installed Lustre client: install the Lustre \
+     client modules built for {kernel_release} (e.g. kmod-lustre-client or lustre-client-modules-{kernel_release}) \
+     or boot the kernel they were built for",
+    self.looked()
+)]
+pub struct LustreModuleMissing {
+    /// The running kernel's release (`uname -r`).
+    pub kernel_release: String,
+    /// `/proc/filesystems`, which does not list `lustre`.
+    pub filesystems: PathBuf,
+    /// `/lib/modules/<release>`, searched (its `modules.dep`, else its files).
+    pub modules_dir: PathBuf,
+    /// Whether that folder exists.
+    pub modules_dir_exists: bool,
+    /// The modinfo(8) asked, when one was found.
+    pub modinfo: Option<&'static str>,
+}
+
+impl LustreModuleMissing {
+    /// Where it looked, as the message says it: `not in <dir>` or `<dir> does not exist`.
+    fn looked(&self) -> String {
+        if self.modules_dir_exists {
+            format!("not in {}", self.modules_dir.display())
+        } else {
+            format!("{} does not exist", self.modules_dir.display())
+        }
+    }
+}
+
 /// modinfo(8) locations, by absolute path (the agent never relies on PATH).
 const MODINFO: [&str; 3] = ["/usr/sbin/modinfo", "/sbin/modinfo", "/usr/bin/modinfo"];
 
@@ -107,9 +141,11 @@ impl ModuleProbe {
     /// or built in (`/proc/filesystems`), listed in `modules.dep`, present as a file under
     /// `/lib/modules/<release>`, or found by `modinfo -k <release> lustre`.
     ///
+    /// Returns where it found it, in words.
+    ///
     /// # Errors
-    /// The plain explanation to show: which kernel, where it looked, what to do.
-    pub fn lustre(&self) -> Result<String, String> {
+    /// [`LustreModuleMissing`]: which kernel, where it looked (its message says what to do).
+    pub fn lustre(&self) -> Result<String, LustreModuleMissing> {
         let release = &self.kernel_release;
         if std::fs::read_to_string(&self.filesystems).is_ok_and(|t| {
             t.lines()
@@ -134,8 +170,10 @@ impl ModuleProbe {
         } else if let Some(p) = find_file(&dir, &is_lustre_ko, 6) {
             return Ok(format!("{} exists", p.display()));
         }
+        let mut modinfo = None;
         for m in MODINFO {
             if Path::new(m).exists() {
+                modinfo = Some(m);
                 let ok = std::process::Command::new(m)
                     .args(["-k", release, "-F", "filename", "lustre"])
                     .stdin(std::process::Stdio::null())
@@ -149,17 +187,13 @@ impl ModuleProbe {
                 break;
             }
         }
-        let looked = if dir.is_dir() {
-            format!("not in {}", dir.display())
-        } else {
-            format!("{} does not exist", dir.display())
-        };
-        Err(format!(
-            "no Lustre client kernel module for the running kernel {release} ({looked}, not loaded). \
-             The kernel was probably updated past the installed Lustre client: install the Lustre \
-             client modules built for {release} (e.g. kmod-lustre-client or lustre-client-modules-{release}) \
-             or boot the kernel they were built for"
-        ))
+        Err(LustreModuleMissing {
+            kernel_release: release.clone(),
+            filesystems: self.filesystems.clone(),
+            modules_dir_exists: dir.is_dir(),
+            modules_dir: dir,
+            modinfo,
+        })
     }
 }
 
@@ -221,7 +255,7 @@ mod tests {
             kernel_release: "6.1.0-test".into(),
         };
         std::fs::write(dir.path().join("filesystems"), "nodev\ttmpfs\n\text4\n").unwrap();
-        let e = probe.lustre().unwrap_err();
+        let e = probe.lustre().unwrap_err().to_string();
         assert!(
             e.contains("no Lustre client kernel module for the running kernel 6.1.0-test"),
             "{e}"
@@ -234,7 +268,7 @@ mod tests {
             "kernel/fs/ext4/ext4.ko: kernel/lib/crc16.ko\n",
         )
         .unwrap();
-        assert!(probe.lustre().unwrap_err().contains("not in"));
+        assert!(probe.lustre().unwrap_err().to_string().contains("not in"));
         std::fs::write(
             kdir.join("modules.dep"),
             "extra/lustre/fs/lustre.ko.xz: extra/lustre/net/lnet.ko.xz\n",

@@ -54,7 +54,7 @@ pub mod host;
 pub mod spec;
 
 pub use alive::{alive, AliveError, FsStats};
-pub use spec::{MountSpec, MARKER};
+pub use spec::{MountSpec, SpecError, MARKER};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -98,7 +98,7 @@ pub enum FsKind {
 }
 
 impl FsKind {
-    fn of(fs_type: &str) -> Result<FsKind, spec::SpecError> {
+    fn of(fs_type: &str) -> Result<FsKind, SpecError> {
         Ok(match fs_type {
             "lustre" => FsKind::Lustre,
             "efs" => FsKind::Efs,
@@ -114,12 +114,9 @@ impl FsKind {
                 FsKind::Other
             }
             t => {
-                return Err((
-                    "type",
-                    format!(
-                        "{t:?} is not a file system type (lustre, efs, nfs, nfs4, tmpfs, ext4...)"
-                    ),
-                ))
+                return Err(spec::SpecError::NotFsType {
+                    fs_type: t.to_string(),
+                })
             }
         })
     }
@@ -252,7 +249,7 @@ pub fn validate_all(mounts: &[MountSettings]) -> Result<(), InvalidKey> {
     for (i, m) in mounts.iter().enumerate() {
         let spec = m
             .resolve("us-east-1")
-            .map_err(|(k, msg)| InvalidKey::new(format!("mounts[{i}].{k}"), msg))?;
+            .map_err(|e| InvalidKey::new(format!("mounts[{i}].{}", e.key()), e))?;
         if let Some((j, _)) = seen.iter().find(|(_, p)| *p == spec.mount_point) {
             return Err(InvalidKey::new(
                 format!("mounts[{i}].mount_point"),
@@ -371,14 +368,13 @@ impl MountEnv {
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     /// The entry is invalid (e.g. no region known for a file system id).
-    #[error("mounts[{index}].{key}: {message}")]
+    #[error("mounts[{index}].{}: {source}", .source.key())]
     Settings {
         /// Index in `[[mounts]]`.
         index: usize,
-        /// Key within the entry.
-        key: &'static str,
-        /// What is wrong.
-        message: String,
+        /// What is wrong, and the key within the entry ([`SpecError::key`]).
+        #[source]
+        source: SpecError,
     },
     /// Something else holds the mount point; it was left alone.
     #[error("mount {mount_point}: {what}; left alone")]
@@ -481,11 +477,7 @@ pub async fn ensure_all(
         let start = Instant::now();
         let result = m
             .resolve(instance_region)
-            .map_err(|(key, message)| MountError::Settings {
-                index,
-                key,
-                message,
-            })
+            .map_err(|source| MountError::Settings { index, source })
             .and_then(|spec| {
                 let written = install_unit(&spec, env)?;
                 Ok((spec, written))
@@ -707,9 +699,9 @@ async fn mount_with_retries(
                 tracing::debug!(%found, "lustre kernel module");
                 None
             }
-            Err(plain) => {
-                tracing::error!(mount_point = %spec.mount_point, "{plain}");
-                Some(plain)
+            Err(missing) => {
+                tracing::error!(mount_point = %spec.mount_point, "{missing}");
+                Some(missing)
             }
         },
         _ => None,
@@ -739,7 +731,7 @@ async fn mount_with_retries(
         // Without a module no retry can succeed: say so at once.
         if module.is_some() || elapsed >= spec.retry_for {
             let reason = match &module {
-                Some(plain) => format!("{plain} (systemd: {last})"),
+                Some(missing) => format!("{missing} (systemd: {last})"),
                 None => last,
             };
             return (
@@ -854,13 +846,9 @@ pub async fn reconcile(
     for (index, m) in mounts.iter().enumerate() {
         let spec = match m.resolve(instance_region) {
             Ok(s) => s,
-            Err((key, message)) => {
+            Err(source) => {
                 if m.required {
-                    let e = MountError::Settings {
-                        index,
-                        key,
-                        message,
-                    };
+                    let e = MountError::Settings { index, source };
                     failing.push((m.mount_point.display().to_string(), e.to_string()));
                 }
                 continue;

@@ -10,7 +10,8 @@ fn lustre(mount_point: &str, source: &str) -> MountSettings {
 }
 
 fn err_of(m: &MountSettings) -> (&'static str, String) {
-    m.resolve("us-east-1").unwrap_err()
+    let e = m.resolve("us-east-1").unwrap_err();
+    (e.key(), e.to_string())
 }
 
 #[test]
@@ -329,13 +330,13 @@ fn bad_ids_and_regions() {
         mount_name: "abcdefgh".into(),
         ..MountSettings::default()
     };
-    assert_eq!(m.resolve("").unwrap_err().0, "region");
+    assert_eq!(m.resolve("").unwrap_err().key(), "region");
     // Both a source and an id.
     let both = MountSettings {
         source: "10.0.0.1@tcp:/fsx".into(),
         ..m
     };
-    assert_eq!(both.resolve("us-east-1").unwrap_err().0, "source");
+    assert_eq!(both.resolve("us-east-1").unwrap_err().key(), "source");
 }
 
 #[test]
@@ -420,4 +421,66 @@ fn drain_reasons_name_the_mount_and_fit_slurm() {
         &long,
         DRAIN_REASON_CAUSE
     ));
+}
+
+#[test]
+fn spec_errors_name_the_key_and_read_as_before() {
+    let hint = "expected <dns-name>@tcp:/<mount-name> (FSx), or NIDs like 10.0.0.1@o2ib,10.0.0.2@o2ib:10.0.0.3@o2ib:/fs";
+    assert_eq!(
+        err_of(&lustre("/fsx", "bad host@tcp:/fsx")),
+        (
+            "source",
+            format!(
+                "\"bad host@tcp:/fsx\": \"bad host\" is not a host name or IPv4 address; {hint}"
+            )
+        )
+    );
+    let nfs = MountSettings {
+        fs_type: "nfs".into(),
+        ..lustre("/data", "server:export")
+    };
+    assert_eq!(
+        err_of(&nfs).1,
+        "\"server:export\": remote path \"export\" does not start with \"/\""
+    );
+    let m = MountSettings {
+        options: Some("flock,,relatime".into()),
+        ..lustre("/fsx", "10.0.0.1@tcp:/fsx")
+    };
+    assert_eq!(
+        err_of(&m).1,
+        "\"flock,,relatime\" holds an empty option (\",,\" or a trailing \",\")"
+    );
+    let m = MountSettings {
+        extra_options: "x-systemd.mount-timeout=/dev/sda".into(),
+        ..lustre("/fsx", "10.0.0.1@tcp:/fsx")
+    };
+    assert_eq!(
+        err_of(&m),
+        (
+            "extra_options",
+            "option \"x-systemd.mount-timeout=/dev/sda\": not a duration".to_string()
+        )
+    );
+    assert_eq!(
+        err_of(&lustre("/etc/x", "10.0.0.1@tcp:/fsx")).1,
+        "\"/etc/x\" is at or under /etc, which belongs to the operating system: mount shared \
+         file systems elsewhere (/fsx, /home, /scratch, /shared, /opt/..., /mnt/...)"
+    );
+    let missing = lustre("/fsx", "");
+    let e = MountError::Settings {
+        index: 0,
+        source: missing.resolve("us-east-1").unwrap_err(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "mounts[0].source: missing: give source (`<dns-name>@tcp:/<mount-name>`) or \
+         file_system_id, region and mount_name"
+    );
+    let InvalidKey { key, message } = validate_all(&[missing]).unwrap_err();
+    assert_eq!(
+        format!("{key}: {message}"),
+        e.to_string(),
+        "settings validation and the mount report say the same"
+    );
 }
