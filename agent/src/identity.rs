@@ -464,14 +464,13 @@ fn finish(
     } else if let (true, Some(r)) = (record_current, &record) {
         (r.node_name.clone(), NameSource::Recorded)
     } else if let Some(f) = facts {
-        let n =
-            crate::nodedef::node_name(&resolved.settings.node, f).map_err(|(key, message)| {
-                SettingsError::Key {
-                    origin: resolved.source_of(key),
-                    key: key.to_string(),
-                    message,
-                }
-            })?;
+        let n = crate::nodedef::node_name(&resolved.settings.node, f).map_err(|e| {
+            SettingsError::Key {
+                origin: resolved.source_of(e.key()),
+                key: e.key().to_string(),
+                message: e.to_string(),
+            }
+        })?;
         (n, NameSource::Settings)
     } else if !resolved.settings.node.name.is_empty() {
         (resolved.settings.node.name.clone(), NameSource::Settings)

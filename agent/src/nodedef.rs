@@ -107,7 +107,7 @@ impl NodeSettings {
         let e = |k: &str, m: String| Err(InvalidKey::new(format!("node.{k}"), m));
         if !self.name.is_empty() {
             if let Err(m) = validate_node_name(&self.name) {
-                return e("name", m);
+                return e("name", m.to_string());
             }
         }
         if self.name_template.trim().is_empty() {
@@ -115,11 +115,11 @@ impl NodeSettings {
         }
         for f in &self.features {
             if let Err(m) = validate_feature(f) {
-                return e("features", m);
+                return e("features", m.to_string());
             }
         }
         if let Err(m) = validate_topology(&self.topology) {
-            return e("topology", m);
+            return e("topology", m.to_string());
         }
         if !(0..=100).contains(&self.real_memory_reserve_percent) {
             return e("real_memory_reserve_percent", "must be 0 to 100".into());
@@ -150,17 +150,133 @@ impl NodeSettings {
 /// the instance facts. The result is checked against Slurm's NodeName characters.
 ///
 /// # Errors
-/// `(dotted key, message)`.
+/// [`NodeSettingError`] ([`NodeSettingError::Name`] or [`NodeSettingError::Template`]), its
+/// dotted key in [`NodeSettingError::key`].
 pub fn node_name(
     node: &NodeSettings,
     facts: &InstanceIdentity,
-) -> Result<String, (&'static str, String)> {
+) -> Result<String, NodeSettingError> {
     if node.name.is_empty() {
-        expand_template(&node.name_template, facts).map_err(|m| ("node.name_template", m))
+        Ok(expand_template(&node.name_template, facts)?)
     } else {
-        validate_node_name(&node.name).map_err(|m| ("node.name", m))?;
+        validate_node_name(&node.name)?;
         Ok(node.name.clone())
     }
+}
+
+/// A `[node]` value (or its expansion) that cannot make the node definition
+/// ([`node_name`], [`node_definition`]); [`NodeSettingError::key`] is its dotted key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeSettingError {
+    /// `node.name` is not a NodeName.
+    #[error(transparent)]
+    Name(#[from] NodeNameError),
+    /// `node.name_template` does not expand to a NodeName.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A feature (of `node.features` or an automatic one) is not a Slurm Feature.
+    #[error(transparent)]
+    Feature(#[from] InvalidFeature),
+    /// `node.topology` is not a topology.
+    #[error(transparent)]
+    Topology(#[from] InvalidTopology),
+}
+
+impl NodeSettingError {
+    /// The dotted key of the value: `node.name`, `node.name_template`, `node.features`,
+    /// `node.topology`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            NodeSettingError::Name(_) => "node.name",
+            NodeSettingError::Template(_) => "node.name_template",
+            NodeSettingError::Feature(_) => "node.features",
+            NodeSettingError::Topology(_) => "node.topology",
+        }
+    }
+}
+
+/// What is wrong with a NodeName ([`validate_node_name`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeNameError {
+    /// Empty.
+    #[error("NodeName is empty")]
+    Empty,
+    /// Longer than [`NODE_NAME_MAX`].
+    #[error("NodeName {name:?} is longer than {} characters", NODE_NAME_MAX)]
+    TooLong {
+        /// The name.
+        name: String,
+    },
+    /// Holds a dot (an FQDN, most likely).
+    #[error("NodeName {name:?} contains '.': use the short host name, not an FQDN")]
+    Dot {
+        /// The name.
+        name: String,
+    },
+    /// Holds other characters than ASCII letters, digits, `-` and `_`, or starts with
+    /// `-` or `_`.
+    #[error(
+        "NodeName {name:?} may only hold ASCII letters, digits, '-' and '_', and must start \
+         with a letter or digit"
+    )]
+    Characters {
+        /// The name.
+        name: String,
+    },
+}
+
+/// A Slurm Feature name that is not one ([`validate_feature`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Feature {feature:?} may only hold ASCII letters, digits, '.', '-' and '_' (at most 64)")]
+pub struct InvalidFeature {
+    /// The feature.
+    pub feature: String,
+}
+
+/// A `node.topology` that is not one ([`validate_topology`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{topology:?} is not a topology: <topology>:<unit>[,...] of ASCII letters, digits, '.', '-' and '_' (e.g. default:s1)")]
+pub struct InvalidTopology {
+    /// The value.
+    pub topology: String,
+}
+
+/// Why a NodeName template does not expand to a NodeName ([`expand_template`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// A `{` without its `}`.
+    #[error("unclosed '{{' in {template:?}")]
+    Unclosed {
+        /// The template.
+        template: String,
+    },
+    /// `{local_ipv4_dashed}` on an instance without an IPv4 address.
+    #[error(
+        "{{local_ipv4_dashed}} in {template:?} needs the instance's IPv4 address, \
+         and instance metadata has no local-ipv4 (an IPv6-only instance): use \
+         another placeholder"
+    )]
+    NoIpv4 {
+        /// The template.
+        template: String,
+    },
+    /// `{tag:<key>}` of a tag the instance does not have.
+    #[error("instance tag {tag:?} is not set")]
+    TagNotSet {
+        /// The tag key.
+        tag: String,
+    },
+    /// A placeholder that is none of the known ones.
+    #[error("unknown placeholder {{{placeholder}}} in {template:?}")]
+    UnknownPlaceholder {
+        /// The placeholder, without braces.
+        placeholder: String,
+        /// The template.
+        template: String,
+    },
+    /// The expansion is not a NodeName.
+    #[error(transparent)]
+    Name(#[from] NodeNameError),
 }
 
 /// Longest NodeName accepted. Slurm itself allows more, but host names over 63 characters
@@ -172,30 +288,24 @@ pub const NODE_NAME_MAX: usize = 63;
 /// almost always an FQDN by accident, and Slurm's hostlist expressions treat `.` oddly.
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn validate_node_name(name: &str) -> Result<(), String> {
+/// [`NodeNameError`]: what is wrong, with the name.
+pub fn validate_node_name(name: &str) -> Result<(), NodeNameError> {
     if name.is_empty() {
-        return Err("NodeName is empty".into());
+        return Err(NodeNameError::Empty);
     }
+    let owned = || name.to_string();
     if name.len() > NODE_NAME_MAX {
-        return Err(format!(
-            "NodeName {name:?} is longer than {NODE_NAME_MAX} characters"
-        ));
+        return Err(NodeNameError::TooLong { name: owned() });
     }
     if name.contains('.') {
-        return Err(format!(
-            "NodeName {name:?} contains '.': use the short host name, not an FQDN"
-        ));
+        return Err(NodeNameError::Dot { name: owned() });
     }
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     {
-        return Err(format!(
-            "NodeName {name:?} may only hold ASCII letters, digits, '-' and '_', and must start \
-             with a letter or digit"
-        ));
+        return Err(NodeNameError::Characters { name: owned() });
     }
     Ok(())
 }
@@ -205,8 +315,8 @@ pub fn validate_node_name(name: &str) -> Result<(), String> {
 /// uses as separators or operators in constraints).
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn validate_feature(f: &str) -> Result<(), String> {
+/// [`InvalidFeature`].
+pub fn validate_feature(f: &str) -> Result<(), InvalidFeature> {
     let ok = !f.is_empty()
         && f.len() <= 64
         && f.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -215,9 +325,9 @@ pub fn validate_feature(f: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "Feature {f:?} may only hold ASCII letters, digits, '.', '-' and '_' (at most 64)"
-        ))
+        Err(InvalidFeature {
+            feature: f.to_string(),
+        })
     }
 }
 
@@ -225,8 +335,8 @@ pub fn validate_feature(f: &str) -> Result<(), String> {
 /// name of ASCII letters, digits, `.`, `-` and `_` (at most 256 characters in all).
 ///
 /// # Errors
-/// A message saying what is wrong.
-pub fn validate_topology(t: &str) -> Result<(), String> {
+/// [`InvalidTopology`].
+pub fn validate_topology(t: &str) -> Result<(), InvalidTopology> {
     if t.is_empty() {
         return Ok(());
     }
@@ -243,25 +353,25 @@ pub fn validate_topology(t: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{t:?} is not a topology: <topology>:<unit>[,...] of ASCII letters, digits, '.', '-' and '_' (e.g. default:s1)"
-        ))
+        Err(InvalidTopology {
+            topology: t.to_string(),
+        })
     }
 }
 
 /// Expands the NodeName template over instance facts and checks the result.
 ///
 /// # Errors
-/// A message naming an unknown placeholder, a missing tag, or the invalid result.
-pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, String> {
+/// [`TemplateError`]: an unknown placeholder, a missing tag, or the invalid result.
+pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, TemplateError> {
     let mut out = String::new();
     let mut rest = template;
     while let Some(start) = rest.find('{') {
         out.push_str(&rest[..start]);
         let after = &rest[start + 1..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("unclosed '{{' in {template:?}"))?;
+        let end = after.find('}').ok_or_else(|| TemplateError::Unclosed {
+            template: template.to_string(),
+        })?;
         let name = &after[..end];
         let value = match name {
             "instance_id" => id.instance_id.clone(),
@@ -281,11 +391,9 @@ pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, 
                 .unwrap_or_default()
                 .to_string(),
             "local_ipv4_dashed" if id.local_ipv4.is_empty() => {
-                return Err(format!(
-                    "{{local_ipv4_dashed}} in {template:?} needs the instance's IPv4 address, \
-                     and instance metadata has no local-ipv4 (an IPv6-only instance): use \
-                     another placeholder"
-                ))
+                return Err(TemplateError::NoIpv4 {
+                    template: template.to_string(),
+                })
             }
             "local_ipv4_dashed" => id.local_ipv4.replace('.', "-"),
             other => match other.strip_prefix("tag:") {
@@ -293,8 +401,15 @@ pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, 
                     .tags
                     .get(key)
                     .cloned()
-                    .ok_or_else(|| format!("instance tag {key:?} is not set"))?,
-                None => return Err(format!("unknown placeholder {{{other}}} in {template:?}")),
+                    .ok_or_else(|| TemplateError::TagNotSet {
+                        tag: key.to_string(),
+                    })?,
+                None => {
+                    return Err(TemplateError::UnknownPlaceholder {
+                        placeholder: other.to_string(),
+                        template: template.to_string(),
+                    })
+                }
             },
         };
         out.push_str(&value);
@@ -331,13 +446,8 @@ pub enum DefinitionError {
     #[error(transparent)]
     Gpu(#[from] GpuWaitError),
     /// A setting's value (or its expansion) is invalid.
-    #[error("{key}: {message}")]
-    Setting {
-        /// The dotted key, e.g. `node.name_template`.
-        key: &'static str,
-        /// What is wrong.
-        message: String,
-    },
+    #[error("{}: {}", .0.key(), .0)]
+    Setting(#[from] NodeSettingError),
 }
 
 /// The node definition of this host: its CPUs and memory ([`HostFacts::detect`]), and for
@@ -362,20 +472,20 @@ pub async fn detect(
     } else {
         0
     };
-    node_definition(node, id, &host, gpus)
-        .map_err(|(key, message)| DefinitionError::Setting { key, message })
+    Ok(node_definition(node, id, &host, gpus)?)
 }
 
 /// Builds the node definition.
 ///
 /// # Errors
-/// `(key, message)`: the settings key whose value (or expansion) is invalid.
+/// [`NodeSettingError`]: the value (or expansion) that is invalid; its dotted key in
+/// [`NodeSettingError::key`].
 pub fn node_definition(
     s: &NodeSettings,
     id: &InstanceIdentity,
     host: &HostFacts,
     gpus: u32,
-) -> Result<NodeDefinition, (&'static str, String)> {
+) -> Result<NodeDefinition, NodeSettingError> {
     let node_name = node_name(s, id)?;
     if !s.dynamic {
         return Ok(NodeDefinition {
@@ -393,7 +503,7 @@ pub fn node_definition(
     features.retain(|f| !f.is_empty());
     features.dedup();
     for f in &features {
-        validate_feature(f).map_err(|m| ("node.features", m))?;
+        validate_feature(f)?;
     }
     let mem = real_memory_mib(
         host.memory_mib,
@@ -414,7 +524,7 @@ pub fn node_definition(
     // Never an empty `Topology=` (slurmd would take the next word for it).
     let topology = s.topology.trim();
     if !topology.is_empty() {
-        validate_topology(topology).map_err(|m| ("node.topology", m))?;
+        validate_topology(topology)?;
         conf.push_str(&format!(" Topology={topology}"));
     }
     Ok(NodeDefinition {
@@ -457,7 +567,7 @@ mod tests {
         );
         s.topology = "bad value".into();
         assert_eq!(
-            node_definition(&s, &id(), &HOST, 0).unwrap_err().0,
+            node_definition(&s, &id(), &HOST, 0).unwrap_err().key(),
             "node.topology"
         );
     }
@@ -497,6 +607,7 @@ mod tests {
         );
         assert!(expand_template("{nope}", &id())
             .unwrap_err()
+            .to_string()
             .contains("unknown placeholder"));
         // IPv6-only: only a template that needs the IPv4 address fails, and says why.
         let mut v6 = id();
@@ -505,16 +616,21 @@ mod tests {
             expand_template("{local_hostname_short}", &v6).unwrap(),
             "ip-10-0-0-12"
         );
-        let e = expand_template("n-{local_ipv4_dashed}", &v6).unwrap_err();
+        let e = expand_template("n-{local_ipv4_dashed}", &v6)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("IPv6-only") && e.contains("{local_ipv4_dashed}"),
             "{e}"
         );
         assert!(expand_template("{tag:Missing}", &id())
             .unwrap_err()
+            .to_string()
             .contains("Missing"));
         // The raw hostname is an FQDN: refused, never used by accident.
-        let e = expand_template("{instance_type}", &id()).unwrap_err();
+        let e = expand_template("{instance_type}", &id())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("FQDN"), "{e}");
     }
 
@@ -586,11 +702,16 @@ mod tests {
         bad.tags.insert("Name".into(), "x RealMemory=999999".into());
         let mut s = NodeSettings::default();
         s.name_template = "{tag:Name}".into();
-        let (key, _) = node_definition(&s, &bad, &HOST, 0).unwrap_err();
-        assert_eq!(key, "node.name_template");
+        let e = node_definition(&s, &bad, &HOST, 0).unwrap_err();
+        assert_eq!(e.key(), "node.name_template");
+        assert_eq!(
+            DefinitionError::from(e).to_string(),
+            "node.name_template: NodeName \"x RealMemory=999999\" may only hold ASCII letters, \
+             digits, '-' and '_', and must start with a letter or digit"
+        );
         s.name_template = "{local_hostname_short}".into();
         s.features = vec!["ok Weight=0".into()];
-        let (key, _) = node_definition(&s, &id(), &HOST, 0).unwrap_err();
+        let key = node_definition(&s, &id(), &HOST, 0).unwrap_err().key();
         assert_eq!(key, "node.features");
     }
 

@@ -447,7 +447,7 @@ async fn define_node_and_install_key(
             .await
             .map_err(|e| match e {
                 DefinitionError::Gpu(e) => BootstrapError::Gpu(e),
-                DefinitionError::Setting { key, message } => cx.key_error(key, message),
+                DefinitionError::Setting(e) => cx.key_error(e.key(), e.to_string()),
             })
     });
     let key = timed(async {
