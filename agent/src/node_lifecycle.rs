@@ -621,14 +621,229 @@ impl RunRecord {
     /// Writes the record atomically (mode 0600).
     ///
     /// # Errors
-    /// A message naming the file.
-    pub fn save(&self, state_dir: &Path) -> Result<(), String> {
+    /// [`RecordWriteError`], naming the folder or the file.
+    pub fn save(&self, state_dir: &Path) -> Result<(), RecordWriteError> {
         let dir = state_dir.join(DIR);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let json = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        crate::fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600, None)
-            .map_err(|e| e.to_string())
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| RecordWriteError::CreateDir { path: dir, source })?;
+        let json = serde_json::to_vec_pretty(self)?;
+        crate::fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600, None)?;
+        Ok(())
     }
+}
+
+/// Why the run record could not be written ([`RunRecord::save`]).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordWriteError {
+    /// Its folder could not be made.
+    #[error("{}: {source}", .path.display())]
+    CreateDir {
+        /// The folder (`<agent.state_dir>/lifecycle`).
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The record did not serialize.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// Writing the file failed.
+    #[error(transparent)]
+    Write(#[from] crate::fsutil::WriteError),
+}
+
+/// Where a script comes from: its `scriptLocation` and, for an S3 download that asked for
+/// one, its `s3VersionId`. Shown as `<location>` or `<location> (version <id>)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptAt {
+    /// `scriptLocation`.
+    pub location: String,
+    /// `s3VersionId` asked for.
+    pub version: Option<String>,
+}
+
+impl std::fmt::Display for ScriptAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.version {
+            Some(v) => write!(f, "{} (version {v})", self.location),
+            None => f.write_str(&self.location),
+        }
+    }
+}
+
+/// Why a script's copy could not be had, or is not the one asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// S3 answered `GetObject` with an error code (`NoSuchKey`, `NoSuchBucket`,
+    /// `NoSuchVersion`, `AccessDenied`...).
+    #[error(
+        "{at}: S3 GetObject failed: {code}{}",
+        .message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+    )]
+    S3Code {
+        /// The object.
+        at: ScriptAt,
+        /// S3's error code.
+        code: String,
+        /// S3's error message, when it sent one.
+        message: Option<String>,
+    },
+    /// S3 answered 403 without an error code: still a refusal.
+    #[error("{at}: S3 GetObject failed: HTTP 403 Forbidden (access denied; no error code in the answer)")]
+    S3Forbidden {
+        /// The object.
+        at: ScriptAt,
+    },
+    /// S3 answered another HTTP status without an error code.
+    #[error("{at}: S3 GetObject failed: HTTP {status}")]
+    S3Status {
+        /// The object.
+        at: ScriptAt,
+        /// The HTTP status.
+        status: u16,
+    },
+    /// No answer from S3 (transport, credentials, timeout...).
+    #[error(
+        "{at}: S3 GetObject failed: {}",
+        aws_smithy_types::error::display::DisplayErrorContext(.source.as_ref())
+    )]
+    S3Request {
+        /// The object.
+        at: ScriptAt,
+        /// The SDK's error.
+        #[source]
+        source: Box<aws_sdk_s3::error::SdkError<aws_sdk_s3::operation::get_object::GetObjectError>>,
+    },
+    /// Reading the object's body failed.
+    #[error("{at}: reading the object: {}", crate::imds::error_chain(.source))]
+    S3Read {
+        /// The object.
+        at: ScriptAt,
+        /// The stream's error.
+        #[source]
+        source: aws_smithy_types::byte_stream::error::Error,
+    },
+    /// The copy (as S3 announced or sent it, or as read) is larger than
+    /// [`MAX_SCRIPT_BYTES`].
+    #[error("{at}: {bytes} bytes, larger than {}", MAX_SCRIPT_BYTES)]
+    TooBig {
+        /// The script.
+        at: ScriptAt,
+        /// Its size (so far).
+        bytes: u64,
+    },
+    /// SSM `GetParameter` failed.
+    #[error("{location}: {}", crate::imds::error_chain(.source.as_ref()))]
+    Ssm {
+        /// `scriptLocation` (`ssm:<name>`).
+        location: String,
+        /// The SDK's error.
+        #[source]
+        source: Box<
+            aws_sdk_ssm::error::SdkError<aws_sdk_ssm::operation::get_parameter::GetParameterError>,
+        >,
+    },
+    /// A `file:` script larger than [`MAX_SCRIPT_BYTES`].
+    #[error("{location}: larger than {} bytes", MAX_SCRIPT_BYTES)]
+    FileTooBig {
+        /// `scriptLocation` (`file:<path>`).
+        location: String,
+    },
+    /// A `file:` script that is not a regular file (a folder, a device, a symlink).
+    #[error("{location}: not a regular file")]
+    NotRegularFile {
+        /// `scriptLocation` (`file:<path>`).
+        location: String,
+    },
+    /// Reading a `file:` script failed.
+    #[error("{location}: {source}")]
+    File {
+        /// `scriptLocation` (`file:<path>`).
+        location: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `scriptLocation` is none of `s3://`, `ssm:`, `file:`.
+    #[error("{location}: expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>")]
+    UnknownScheme {
+        /// `scriptLocation`.
+        location: String,
+    },
+    /// The copy's SHA-256 is not `checksum`: not run.
+    #[error("{location}: checksum mismatch (SHA-256 {got}, expected {expected}); not run")]
+    ChecksumMismatch {
+        /// `scriptLocation`.
+        location: String,
+        /// The copy's SHA-256 (hex).
+        got: String,
+        /// `checksum`.
+        expected: String,
+    },
+    /// Every download attempt failed: the last one's error.
+    #[error("{last} ({attempts} attempts)")]
+    Attempts {
+        /// Attempts made ([`FETCH_ATTEMPTS`]).
+        attempts: u32,
+        /// The last attempt's error.
+        #[source]
+        last: Box<FetchError>,
+    },
+}
+
+/// Why a lifecycle script failed ([`ScriptResult::detail`], [`Terminate::message`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    /// No checked copy: the download or the checksum failed.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// A folder (of the cache or the logs) could not be made.
+    #[error("{}: {source}", .path.display())]
+    CreateDir {
+        /// The folder.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the cached copy failed.
+    #[error(transparent)]
+    Cache(#[from] crate::fsutil::WriteError),
+    /// The log file could not be opened.
+    #[error("{}: {source}", .path.display())]
+    OpenLog {
+        /// The log file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log file's handle could not be duplicated for stderr.
+    #[error("{source}")]
+    CloneLog {
+        /// The log file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel did not start it (most often: no `#!` line).
+    #[error("cannot run it ({source}); a script needs a #! line (no shell runs it)")]
+    Exec {
+        /// The cached copy run.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It ran and failed.
+    #[error("{status}; output in {}", .log.display())]
+    Failed {
+        /// Its exit status (or signal).
+        status: std::process::ExitStatus,
+        /// Its log file.
+        log: PathBuf,
+    },
 }
 
 /// A name usable in a file name: other characters become `_`; at most 100.
@@ -680,7 +895,7 @@ async fn sdk(region: &str) -> aws_config::SdkConfig {
 /// credentials chain in `region`; at most [`MAX_SCRIPT_BYTES`] are read.
 ///
 /// # Errors
-/// A message naming `loc` (and the version) with S3's error code when S3 answered one
+/// [`FetchError`] naming `loc` (and the version) with S3's error code when S3 answered one
 /// (`NoSuchKey`, `NoSuchBucket`, `NoSuchVersion`, `AccessDenied`, ...), else the HTTP
 /// status or the transport error.
 async fn s3_get(
@@ -689,11 +904,11 @@ async fn s3_get(
     key: &str,
     version: Option<&str>,
     region: &str,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, FetchError> {
     use aws_sdk_s3::error::ProvideErrorMetadata as _;
-    let at = match version {
-        Some(v) => format!("{loc} (version {v})"),
-        None => loc.to_string(),
+    let at = ScriptAt {
+        location: loc.to_string(),
+        version: version.map(str::to_string),
     };
     let client = aws_sdk_s3::Client::new(&sdk(region).await);
     let out = client
@@ -705,23 +920,27 @@ async fn s3_get(
         .await
         .map_err(|e| {
             let status = e.raw_response().map(|r| r.status().as_u16());
-            match (e.code(), status) {
-                (Some(code), _) => format!(
-                    "{at}: S3 GetObject failed: {code}{}",
-                    e.message().map(|m| format!(": {m}")).unwrap_or_default()
-                ),
+            let code = e.code().map(str::to_string);
+            let at = at.clone();
+            match (code, status) {
+                (Some(code), _) => FetchError::S3Code {
+                    at,
+                    code,
+                    message: e.message().map(str::to_string),
+                },
                 // S3 sends a code with every GET error; a bare 403 is still a refusal.
-                (None, Some(403)) => format!(
-                    "{at}: S3 GetObject failed: HTTP 403 Forbidden (access denied; no error code in the answer)"
-                ),
-                (None, Some(status)) => format!("{at}: S3 GetObject failed: HTTP {status}"),
-                (None, None) => format!(
-                    "{at}: S3 GetObject failed: {}",
-                    aws_smithy_types::error::display::DisplayErrorContext(&e)
-                ),
+                (None, Some(403)) => FetchError::S3Forbidden { at },
+                (None, Some(status)) => FetchError::S3Status { at, status },
+                (None, None) => FetchError::S3Request {
+                    at,
+                    source: Box::new(e),
+                },
             }
         })?;
-    let too_big = |n: u64| format!("{at}: {n} bytes, larger than {MAX_SCRIPT_BYTES}");
+    let too_big = |bytes: u64| FetchError::TooBig {
+        at: at.clone(),
+        bytes,
+    };
     if let Some(n) = out.content_length().and_then(|n| u64::try_from(n).ok()) {
         if n > MAX_SCRIPT_BYTES {
             return Err(too_big(n));
@@ -729,11 +948,10 @@ async fn s3_get(
     }
     let mut body = out.body;
     let mut bytes = Vec::new();
-    while let Some(chunk) = body
-        .try_next()
-        .await
-        .map_err(|e| format!("{at}: reading the object: {}", crate::imds::error_chain(&e)))?
-    {
+    while let Some(chunk) = body.try_next().await.map_err(|source| FetchError::S3Read {
+        at: at.clone(),
+        source,
+    })? {
         bytes.extend_from_slice(&chunk);
         if bytes.len() as u64 > MAX_SCRIPT_BYTES {
             return Err(too_big(bytes.len() as u64));
@@ -743,9 +961,8 @@ async fn s3_get(
 }
 
 /// Fetches a script's bytes once.
-async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, String> {
+async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, FetchError> {
     let loc = &source.script_location;
-    let too_big = || format!("{loc}: larger than {MAX_SCRIPT_BYTES} bytes");
     let location = Location::parse(loc);
     if let Some((bucket, key)) = location.and_then(|l| l.s3_object()) {
         s3_get(loc, bucket, key, source.s3_version_id.as_deref(), region).await
@@ -757,45 +974,52 @@ async fn fetch_once(source: &ScriptSource, region: &str) -> Result<Vec<u8>, Stri
             .with_decryption(true)
             .send()
             .await
-            .map_err(|e| format!("{loc}: {}", crate::imds::error_chain(&e)))?;
+            .map_err(|e| FetchError::Ssm {
+                location: loc.clone(),
+                source: Box::new(e),
+            })?;
         Ok(out
             .parameter
             .and_then(|p| p.value)
             .unwrap_or_default()
             .into_bytes())
     } else if let Some(Location::File(path)) = location {
+        let location = loc.clone();
         match crate::fsutil::read_regular(Path::new(path), MAX_SCRIPT_BYTES) {
             Ok(Some((bytes, _))) => Ok(bytes),
             Ok(None) => match std::fs::metadata(path) {
-                Ok(m) if m.is_file() => Err(too_big()),
-                Ok(_) => Err(format!("{loc}: not a regular file")),
-                Err(e) => Err(format!("{loc}: {e}")),
+                Ok(m) if m.is_file() => Err(FetchError::FileTooBig { location }),
+                Ok(_) => Err(FetchError::NotRegularFile { location }),
+                Err(source) => Err(FetchError::File { location, source }),
             },
-            Err(e) => Err(format!("{loc}: {e}")),
+            Err(source) => Err(FetchError::File { location, source }),
         }
     } else {
-        Err(format!(
-            "{loc}: expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>"
-        ))
+        Err(FetchError::UnknownScheme {
+            location: loc.clone(),
+        })
     }
 }
 
 /// Size and checksum of a copy.
-fn check(source: &ScriptSource, bytes: &[u8]) -> Result<(), String> {
+fn check(source: &ScriptSource, bytes: &[u8]) -> Result<(), FetchError> {
     if bytes.len() as u64 > MAX_SCRIPT_BYTES {
-        return Err(format!(
-            "{}: {} bytes, larger than {MAX_SCRIPT_BYTES}",
-            source.script_location,
-            bytes.len()
-        ));
+        return Err(FetchError::TooBig {
+            at: ScriptAt {
+                location: source.script_location.clone(),
+                version: None,
+            },
+            bytes: bytes.len() as u64,
+        });
     }
     if let Some(want) = &source.checksum {
         let got = hex::encode(Sha256::digest(bytes));
         if !got.eq_ignore_ascii_case(want) {
-            return Err(format!(
-                "{}: checksum mismatch (SHA-256 {got}, expected {want}); not run",
-                source.script_location
-            ));
+            return Err(FetchError::ChecksumMismatch {
+                location: source.script_location.clone(),
+                got,
+                expected: want.clone(),
+            });
         }
     }
     Ok(())
@@ -803,9 +1027,9 @@ fn check(source: &ScriptSource, bytes: &[u8]) -> Result<(), String> {
 
 /// Downloads with [`FETCH_ATTEMPTS`] attempts, then checks size and checksum (a mismatch is
 /// not retried: the object is what it is).
-async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, String> {
-    let mut last = String::new();
-    for attempt in 0..FETCH_ATTEMPTS {
+async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, FetchError> {
+    let mut attempt = 0;
+    loop {
         if attempt > 0 {
             tokio::time::sleep(FETCH_BACKOFF.delay(attempt - 1)).await;
         }
@@ -816,11 +1040,16 @@ async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, String> {
             }
             Err(e) => {
                 tracing::warn!(script = %script.name, attempt = attempt + 1, "fetching the script failed: {e}");
-                last = e;
+                attempt += 1;
+                if attempt >= FETCH_ATTEMPTS {
+                    return Err(FetchError::Attempts {
+                        attempts: FETCH_ATTEMPTS,
+                        last: Box::new(e),
+                    });
+                }
             }
         }
     }
-    Err(format!("{last} ({FETCH_ATTEMPTS} attempts)"))
 }
 
 /// Runs one script: no shell, its arguments, the facts, output to its log. A script that
@@ -831,9 +1060,12 @@ async fn execute(
     path: &Path,
     log: &Path,
     env: &[(&'static str, String)],
-) -> Result<(), String> {
+) -> Result<(), ScriptError> {
     if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ScriptError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
     let mut tries = 0;
     let status = loop {
@@ -845,9 +1077,15 @@ async fn execute(
                 .truncate(true)
                 .mode(0o600)
                 .open(log)
-                .map_err(|e| format!("{}: {e}", log.display()))?
+                .map_err(|source| ScriptError::OpenLog {
+                    path: log.to_path_buf(),
+                    source,
+                })?
         };
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|source| ScriptError::CloneLog {
+            path: log.to_path_buf(),
+            source,
+        })?;
         let mut cmd = tokio::process::Command::new(path);
         cmd.args(&script.arguments)
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -861,17 +1099,21 @@ async fn execute(
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => {
-                return Err(format!(
-                    "cannot run it ({e}); a script needs a #! line (no shell runs it)"
-                ))
+            Err(source) => {
+                return Err(ScriptError::Exec {
+                    path: path.to_path_buf(),
+                    source,
+                })
             }
         }
     };
     if status.success() {
         Ok(())
     } else {
-        Err(format!("{status}; output in {}", log.display()))
+        Err(ScriptError::Failed {
+            status,
+            log: log.to_path_buf(),
+        })
     }
 }
 
@@ -969,6 +1211,7 @@ pub async fn run_stage(
                 }
                 Err(e) => {
                     tracing::warn!(stage = stage.name(), script = %script.name, on_error = %script.on_error, "lifecycle script failed: {e}");
+                    let e = e.to_string();
                     outcome.scripts.push(result("failed", Some(e.clone())));
                     match script.on_error.as_str() {
                         "CONTINUE" => {}
@@ -998,7 +1241,7 @@ async fn cached_or_fetched(
     policy: &str,
     region: &str,
     record: &mut RunRecord,
-) -> Result<(), String> {
+) -> Result<(), ScriptError> {
     let fresh = policy == "CACHE_ONCE" || record.fetched.get(cache_name) == Some(&record.boot_id);
     if fresh {
         if let Ok(Some((bytes, _))) = crate::fsutil::read_regular(cache, MAX_SCRIPT_BYTES) {
@@ -1009,9 +1252,12 @@ async fn cached_or_fetched(
     }
     let bytes = fetch(script, region).await?;
     if let Some(dir) = cache.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ScriptError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
     }
-    crate::fsutil::write_atomic(cache, &bytes, 0o700, None).map_err(|e| e.to_string())?;
+    crate::fsutil::write_atomic(cache, &bytes, 0o700, None)?;
     record
         .fetched
         .insert(cache_name.to_string(), record.boot_id.clone());
@@ -1047,8 +1293,8 @@ pub enum LifecycleError {
         action: String,
     },
     /// The run record could not be written (exit 74).
-    #[error("{0}")]
-    Io(String),
+    #[error(transparent)]
+    Io(#[from] RecordWriteError),
 }
 
 impl LifecycleError {

@@ -372,3 +372,65 @@ fn malformed_locations_are_refused_saying_what_is_wrong() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn fetch_and_record_errors_name_the_location_or_path() {
+    let d = tempfile::tempdir().unwrap();
+    let src = |loc: &str, checksum: Option<&str>| ScriptSource {
+        script_location: loc.to_string(),
+        checksum: checksum.map(str::to_string),
+        s3_version_id: None,
+    };
+    let dir = format!("file:{}", d.path().display());
+    let e = fetch_once(&src(&dir, None), "us-east-1").await.unwrap_err();
+    assert_eq!(e.to_string(), format!("{dir}: not a regular file"));
+    let missing = format!("file:{}/nope", d.path().display());
+    let e = fetch_once(&src(&missing, None), "us-east-1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, FetchError::File { location, source }
+            if *location == missing && source.kind() == std::io::ErrorKind::NotFound),
+        "{e:?}"
+    );
+    assert!(e.to_string().starts_with(&format!("{missing}: ")), "{e}");
+    let e = fetch_once(&src("ftp://x/y", None), "us-east-1")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "ftp://x/y: expected s3://bucket/key, ssm:<parameter name> or file:<absolute path>"
+    );
+    let e = check(&src("file:/s", Some("00")), b"x").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "file:/s: checksum mismatch (SHA-256 {}, expected 00); not run",
+            hex::encode(Sha256::digest(b"x"))
+        )
+    );
+    let e = FetchError::Attempts {
+        attempts: FETCH_ATTEMPTS,
+        last: Box::new(FetchError::S3Status {
+            at: ScriptAt {
+                location: "s3://b/k".into(),
+                version: Some("v1".into()),
+            },
+            status: 500,
+        }),
+    };
+    assert_eq!(
+        e.to_string(),
+        "s3://b/k (version v1): S3 GetObject failed: HTTP 500 (3 attempts)"
+    );
+    // A state folder that is a file: the record names the folder it could not make.
+    let file = d.path().join("state");
+    std::fs::write(&file, "").unwrap();
+    let e = LifecycleError::from(RunRecord::default().save(&file).unwrap_err());
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}: ", file.join(DIR).display())),
+        "{e}"
+    );
+    assert!(matches!(e.exit(), crate::exit::Exit::IoErr));
+}
