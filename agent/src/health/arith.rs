@@ -5,23 +5,72 @@
 //! <= > >= == != & ^ | && ||` with C precedence; parentheses. Division by zero is an
 //! error, as in bash.
 
+/// A bash arithmetic expression or constant that cannot be evaluated; each variant
+/// holds the expression (or constant) as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArithError {
+    /// A constant with a digit its base does not have, or no digits.
+    #[error("{value:?}: not a bash integer (value too great for base)")]
+    NotAnInteger {
+        /// The constant (or a variable's value) as written.
+        value: String,
+    },
+    /// `base#digits` with a base outside 2 to 64.
+    #[error("{value:?}: invalid arithmetic base")]
+    InvalidBase {
+        /// The constant as written.
+        value: String,
+    },
+    /// A character that is no operator, number or variable.
+    #[error("{expr:?}: unsupported arithmetic at {at:?}")]
+    Unsupported {
+        /// The expression.
+        expr: String,
+        /// The character.
+        at: char,
+    },
+    /// Operators and operands out of order, or unbalanced parentheses.
+    #[error("{expr:?}: arithmetic syntax error")]
+    Syntax {
+        /// The expression.
+        expr: String,
+    },
+    /// `/ 0` or `% 0`.
+    #[error("{expr:?}: division by 0")]
+    DivisionByZero {
+        /// The expression.
+        expr: String,
+    },
+    /// `** n` with n < 0.
+    #[error("{expr:?}: exponent less than 0")]
+    NegativeExponent {
+        /// The expression.
+        expr: String,
+    },
+}
+
 /// Parses a bash integer constant: `0x..`/`0X..` hex, a leading `0` octal, `base#digits`,
 /// else decimal; an optional leading sign.
 ///
 /// # Errors
-/// A message naming the bad constant (bash: "value too great for base").
-pub fn parse_int(s: &str) -> Result<i64, String> {
+/// [`ArithError::NotAnInteger`] (bash: "value too great for base"),
+/// [`ArithError::InvalidBase`].
+pub fn parse_int(s: &str) -> Result<i64, ArithError> {
     let t = s.trim();
     let (neg, t) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
         Some(b'+') => (false, &t[1..]),
         _ => (false, t),
     };
-    let bad = || format!("{s:?}: not a bash integer (value too great for base)");
+    let bad = || ArithError::NotAnInteger {
+        value: s.to_string(),
+    };
     let (base, digits) = if let Some((b, d)) = t.split_once('#') {
         let b: u32 = b.parse().map_err(|_| bad())?;
         if !(2..=64).contains(&b) {
-            return Err(format!("{s:?}: invalid arithmetic base"));
+            return Err(ArithError::InvalidBase {
+                value: s.to_string(),
+            });
         }
         (b, d)
     } else if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
@@ -67,7 +116,7 @@ const OPS: &[&str] = &[
     "^", "|", "!", "~",
 ];
 
-fn lex(s: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Tok>, String> {
+fn lex(s: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Tok>, ArithError> {
     let b: Vec<char> = s.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -106,10 +155,12 @@ fn lex(s: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Tok>, String
             }
         } else {
             let rest: String = b[i..b.len().min(i + 2)].iter().collect();
-            let op = OPS
-                .iter()
-                .find(|o| rest.starts_with(**o))
-                .ok_or_else(|| format!("{s:?}: unsupported arithmetic at {c:?}"))?;
+            let op = OPS.iter().find(|o| rest.starts_with(**o)).ok_or_else(|| {
+                ArithError::Unsupported {
+                    expr: s.to_string(),
+                    at: c,
+                }
+            })?;
             out.push(Tok::Op(op));
             i += op.len();
         }
@@ -142,11 +193,13 @@ struct P<'a> {
 }
 
 impl P<'_> {
-    fn err(&self) -> String {
-        format!("{:?}: arithmetic syntax error", self.src)
+    fn err(&self) -> ArithError {
+        ArithError::Syntax {
+            expr: self.src.to_string(),
+        }
     }
 
-    fn unary(&mut self) -> Result<i64, String> {
+    fn unary(&mut self) -> Result<i64, ArithError> {
         match self.t.get(self.i).cloned() {
             Some(Tok::Num(n)) => {
                 self.i += 1;
@@ -177,7 +230,7 @@ impl P<'_> {
         }
     }
 
-    fn expr(&mut self, min: u8) -> Result<i64, String> {
+    fn expr(&mut self, min: u8) -> Result<i64, ArithError> {
         let mut lhs = self.unary()?;
         while let Some(Tok::Op(op)) = self.t.get(self.i).cloned() {
             let Some((p, right)) = prec(op) else { break };
@@ -203,10 +256,18 @@ impl P<'_> {
                 "+" => lhs.wrapping_add(rhs),
                 "-" => lhs.wrapping_sub(rhs),
                 "*" => lhs.wrapping_mul(rhs),
-                "/" | "%" if rhs == 0 => return Err(format!("{:?}: division by 0", self.src)),
+                "/" | "%" if rhs == 0 => {
+                    return Err(ArithError::DivisionByZero {
+                        expr: self.src.to_string(),
+                    })
+                }
                 "/" => lhs.wrapping_div(rhs),
                 "%" => lhs.wrapping_rem(rhs),
-                "**" if rhs < 0 => return Err(format!("{:?}: exponent less than 0", self.src)),
+                "**" if rhs < 0 => {
+                    return Err(ArithError::NegativeExponent {
+                        expr: self.src.to_string(),
+                    })
+                }
                 _ => lhs.wrapping_pow(u32::try_from(rhs).unwrap_or(u32::MAX)),
             };
         }
@@ -217,8 +278,8 @@ impl P<'_> {
 /// Evaluates a bash arithmetic expression; `var` gives a variable's value.
 ///
 /// # Errors
-/// A message naming the expression: syntax, a bad constant, division by zero.
-pub fn eval(s: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<i64, String> {
+/// [`ArithError`] naming the expression: syntax, a bad constant, division by zero.
+pub fn eval(s: &str, var: &dyn Fn(&str) -> Option<String>) -> Result<i64, ArithError> {
     let toks = lex(s, var)?;
     if toks.is_empty() {
         return Ok(0);
@@ -240,7 +301,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn e(s: &str) -> Result<i64, String> {
+    fn e(s: &str) -> Result<i64, ArithError> {
         eval(s, &|n| (n == "N").then(|| "4".to_string()))
     }
 
@@ -271,7 +332,10 @@ mod tests {
         assert_eq!(e("3 > 2 && 2 > 3").unwrap(), 0);
         assert_eq!(e("!0 + ~0").unwrap(), 0);
         assert_eq!(e("010 + 0x10").unwrap(), 24);
-        assert!(e("1 / 0").unwrap_err().contains("division by 0"));
+        assert!(e("1 / 0")
+            .unwrap_err()
+            .to_string()
+            .contains("division by 0"));
         assert!(e("1 +").is_err());
         assert!(e("(1").is_err());
     }

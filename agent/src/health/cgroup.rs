@@ -16,31 +16,82 @@
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Folder name prefix of the command cgroups.
 pub const PREFIX: &str = "slurm-node-agent-cmd-";
 
+/// Why a command cgroup cannot be made or joined (the caller falls back to the process
+/// group); each variant names the file or folder concerned.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CgroupError {
+    /// A file under `/proc/self` could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// `/proc/self/cgroup` has no `0::` line (no cgroup v2).
+    #[error("no cgroup v2 entry (0::) in {}", path.display())]
+    NoV2Entry {
+        /// The file read (`/proc/self/cgroup`).
+        path: PathBuf,
+    },
+    /// No `cgroup2` line in `/proc/self/mountinfo`.
+    #[error("no cgroup2 file system mounted")]
+    NotMounted {
+        /// The file read (`/proc/self/mountinfo`).
+        mountinfo: PathBuf,
+    },
+    /// The command's cgroup folder could not be created.
+    #[error("creating {}: {source}", path.display())]
+    Create {
+        /// The folder.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The cgroup's `cgroup.procs` could not be opened for writing.
+    #[error("opening {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+}
+
 /// The cgroup v2 folder the agent runs in, read once per process (a service's cgroup does
 /// not change while it runs).
 ///
 /// # Errors
-/// No cgroup v2 hierarchy, or `/proc` unreadable.
-pub fn own_cgroup() -> Result<PathBuf, String> {
-    static OWN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+/// [`CgroupError`]: no cgroup v2 hierarchy, or `/proc` unreadable.
+pub fn own_cgroup() -> Result<PathBuf, CgroupError> {
+    static OWN: OnceLock<Result<PathBuf, CgroupError>> = OnceLock::new();
     OWN.get_or_init(read_own_cgroup).clone()
 }
 
-fn read_own_cgroup() -> Result<PathBuf, String> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
+fn read_own_cgroup() -> Result<PathBuf, CgroupError> {
+    let read = |p: &str| {
+        std::fs::read_to_string(p).map_err(|e| CgroupError::Read {
+            path: PathBuf::from(p),
+            source: Arc::new(e),
+        })
+    };
+    let cg = read("/proc/self/cgroup")?;
     let rel = cg
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("no cgroup v2 entry (0::) in /proc/self/cgroup")?;
-    let mi = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+        .ok_or_else(|| CgroupError::NoV2Entry {
+            path: PathBuf::from("/proc/self/cgroup"),
+        })?;
+    let mi = read("/proc/self/mountinfo")?;
     // mountinfo: id parent maj:min root mount-point options... - fstype source superopts
     let mount = mi
         .lines()
@@ -49,7 +100,9 @@ fn read_own_cgroup() -> Result<PathBuf, String> {
             (post.split_whitespace().next()? == "cgroup2")
                 .then(|| pre.split_whitespace().nth(4).map(str::to_string))?
         })
-        .ok_or("no cgroup2 file system mounted")?;
+        .ok_or_else(|| CgroupError::NotMounted {
+            mountinfo: PathBuf::from("/proc/self/mountinfo"),
+        })?;
     Ok(Path::new(&mount).join(rel.trim().trim_start_matches('/')))
 }
 
@@ -63,8 +116,8 @@ impl CmdCgroup {
     /// Creates a new command cgroup below the agent's own.
     ///
     /// # Errors
-    /// A message saying why not (the caller falls back to the process group).
-    pub fn create() -> Result<CmdCgroup, String> {
+    /// [`CgroupError`] saying why not (the caller falls back to the process group).
+    pub fn create() -> Result<CmdCgroup, CgroupError> {
         static N: AtomicU64 = AtomicU64::new(0);
         let parent = own_cgroup()?;
         let n = N.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +125,10 @@ impl CmdCgroup {
             sweep(&parent);
         }
         let dir = parent.join(format!("{PREFIX}{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::create_dir(&dir).map_err(|e| CgroupError::Create {
+            path: dir.clone(),
+            source: Arc::new(e),
+        })?;
         Ok(CmdCgroup { dir })
     }
 
@@ -85,14 +141,17 @@ impl CmdCgroup {
     /// [`CmdCgroup::join_before_exec`].
     ///
     /// # Errors
-    /// A message saying why not (the caller falls back to the process group).
-    pub fn open_procs(&self) -> Result<std::fs::File, String> {
+    /// [`CgroupError::Open`] (the caller falls back to the process group).
+    pub fn open_procs(&self) -> Result<std::fs::File, CgroupError> {
         let path = self.dir.join("cgroup.procs");
         // std opens with O_CLOEXEC: the program run never inherits it.
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
-            .map_err(|e| format!("opening {}: {e}", path.display()))
+            .map_err(|e| CgroupError::Open {
+                path: path.clone(),
+                source: Arc::new(e),
+            })
     }
 
     /// Makes the child of `cmd` join the cgroup before it runs its program: between `fork`

@@ -61,9 +61,9 @@ use super::checks::gpu::{GpuCount, GpuSpec};
 use super::checks::hw::{instance_type_shape, CpuSpec, HardwareSpec, MemSpec, MemWhat};
 use super::checks::ps::{MatchOn, ProcessSpec, ServiceAction};
 use super::checks::{CheckKind, UnitSpec};
-use super::matcher::Matcher;
+use super::matcher::{Matcher, MatcherError};
 use super::nhc::Defaults;
-use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold};
+use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, UnitsError};
 use super::{Check, CheckSet, ConfigError, Origin};
 use crate::section::HumanDuration;
 
@@ -149,7 +149,7 @@ pub fn unusable_file(e: ConfigError) -> Check {
         },
         timeout: Duration::from_secs(1),
         fatal: true,
-        kind: CheckKind::Invalid(e.to_string()),
+        kind: CheckKind::Invalid(e),
     }
 }
 
@@ -229,16 +229,16 @@ pub fn parse(
     for spanned in parsed.check {
         let line = line_of(text, spanned.span().start);
         let def = spanned.into_inner();
-        let err = |message: String| ConfigError {
+        let err = |problem: DefError| ConfigError {
             file: file.to_path_buf(),
             line,
-            message: format!("[[check]] kind = {:?}: {message}", def.kind),
+            message: format!("[[check]] kind = {:?}: {problem}", def.kind),
         };
         let nodes = def.nodes.clone().unwrap_or_else(|| "*".into());
-        let target = Matcher::parse(&nodes).map_err(|m| err(format!("nodes: {m}")))?;
+        let target = Matcher::parse(&nodes).map_err(|m| err(DefError::Nodes(m)))?;
         let timeout = def.timeout.map_or(defaults.timeout, |d| d.0);
         if timeout.is_zero() {
-            return Err(err("timeout must be above zero".into()));
+            return Err(err(DefError::ZeroTimeout));
         }
         let built = build(&def, timeout, defaults).map_err(err)?;
         let applies = match node {
@@ -264,8 +264,97 @@ pub fn parse(
     Ok(set)
 }
 
-fn req<'a, T>(v: &'a Option<T>, key: &str) -> Result<&'a T, String> {
-    v.as_ref().ok_or_else(|| format!("missing key {key:?}"))
+/// The kinds a `[[check]]` may have.
+const KINDS: &str = "mount, hardware, gpu, efa, process, unit, file, command, nhc";
+
+/// What is wrong with one `[[check]]` table; the file, line and kind are added by
+/// [`parse`] ([`ConfigError`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DefError {
+    /// `kind` is none of [`KINDS`].
+    #[error("unknown kind (expected one of: {KINDS})")]
+    UnknownKind {
+        /// The kind as written.
+        kind: String,
+    },
+    /// A key the kind does not take.
+    #[error("key {key:?} does not apply to this kind (allowed: {})", allowed.join(", "))]
+    KeyNotForKind {
+        /// The key.
+        key: &'static str,
+        /// The keys the kind takes.
+        allowed: &'static [&'static str],
+    },
+    /// A key the kind requires is missing.
+    #[error("missing key {key:?}")]
+    MissingKey {
+        /// The key.
+        key: &'static str,
+    },
+    /// `nodes` is not an NHC match expression.
+    #[error("nodes: {0}")]
+    Nodes(#[source] MatcherError),
+    /// `timeout = "0s"`.
+    #[error("timeout must be above zero")]
+    ZeroTimeout,
+    /// A match expression (`source`, `fstype`, `process`, `user`, `contains`...).
+    #[error(transparent)]
+    Matcher(#[from] MatcherError),
+    /// A size, count or percentage.
+    #[error(transparent)]
+    Units(#[from] UnitsError),
+    /// `instance_type` not in the built-in table.
+    #[error(
+        "instance type {instance_type:?} is not in the built-in table; give cpus and memory_min"
+    )]
+    UnknownInstanceType {
+        /// The instance type.
+        instance_type: String,
+    },
+    /// A `hardware` check with nothing to compare.
+    #[error(
+        "nothing to check: set instance_type, cpus, sockets, cores, threads, memory_* or swap_*"
+    )]
+    NothingToCheck,
+    /// `count` that is neither `"auto"` nor a number.
+    #[error("count: expected \"auto\" or a number, got {value}")]
+    BadCount {
+        /// The value.
+        value: toml::Value,
+    },
+    /// `unit` that is not a systemd unit name (systemd.unit(5)).
+    #[error(transparent)]
+    BadUnitName(#[from] crate::systemd::InvalidUnitName),
+    /// `exists = false` with `mode`, `owner` or `contains`.
+    #[error("exists = false takes no mode, owner or contains")]
+    AbsentWithAttributes,
+    /// `mode` that is not octal.
+    #[error("mode {mode:?} is not octal")]
+    NotOctal {
+        /// The mode as written.
+        mode: String,
+    },
+    /// `argv = []`.
+    #[error("argv must not be empty")]
+    EmptyArgv,
+    /// A `line` the NHC reader refuses (its message, without file and line).
+    #[error("{problem}")]
+    NhcLine {
+        /// The line.
+        line: String,
+        /// What the NHC reader says is wrong with it.
+        problem: String,
+    },
+    /// A `line` that holds no check (an assignment, a comment).
+    #[error("line {line:?} holds no check")]
+    NoCheckInLine {
+        /// The line.
+        line: String,
+    },
+}
+
+fn req<'a, T>(v: &'a Option<T>, key: &'static str) -> Result<&'a T, DefError> {
+    v.as_ref().ok_or(DefError::MissingKey { key })
 }
 
 /// Keys each kind accepts besides the common ones.
@@ -370,17 +459,18 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
 
 type Built = Vec<(String, CheckKind, Duration)>;
 
-fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, String> {
-    const KINDS: &str = "mount, hardware, gpu, efa, process, unit, file, command, nhc";
+fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefError> {
     let ok_keys = allowed(&d.kind);
     if ok_keys.is_empty() {
-        return Err(format!("unknown kind (expected one of: {KINDS})"));
+        return Err(DefError::UnknownKind {
+            kind: d.kind.clone(),
+        });
     }
     if let Some(bad) = set_keys(d).into_iter().find(|k| !ok_keys.contains(k)) {
-        return Err(format!(
-            "key {bad:?} does not apply to this kind (allowed: {})",
-            ok_keys.join(", ")
-        ));
+        return Err(DefError::KeyNotForKind {
+            key: bad,
+            allowed: ok_keys,
+        });
     }
     let kind = match d.kind.as_str() {
         "mount" => {
@@ -465,8 +555,10 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
             if let Some(t) = d.instance_type.as_deref() {
                 // "auto" is resolved when the check runs (DMI); a named type now.
                 if t != "auto" {
-                    let (vcpus, gib) = instance_type_shape(t)
-                        .ok_or_else(|| format!("instance type {t:?} is not in the built-in table; give cpus and memory_min"))?;
+                    let (vcpus, gib) =
+                        instance_type_shape(t).ok_or_else(|| DefError::UnknownInstanceType {
+                            instance_type: t.to_string(),
+                        })?;
                     cpu.processors = cpu.processors.or(Some(vcpus));
                     mem_min = mem_min.or(Some(gib * 1024 * 1024));
                     mem_max = mem_max.or(Some(gib * 1024 * 1024));
@@ -493,7 +585,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
             }
             let auto = d.instance_type.as_deref() == Some("auto");
             if !auto && cpu == CpuSpec::default() && mem.is_empty() {
-                return Err("nothing to check: set instance_type, cpus, sockets, cores, threads, memory_* or swap_*".into());
+                return Err(DefError::NothingToCheck);
             }
             let instance_type_auto =
                 auto.then(|| tolerance.unwrap_or(super::units::Threshold::Percent(8.0)));
@@ -510,7 +602,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
                 None => GpuCount::Auto,
                 Some(toml::Value::String(a)) if a == "auto" => GpuCount::Auto,
                 Some(toml::Value::Integer(n)) if *n >= 0 => GpuCount::Exact(*n as u32),
-                Some(v) => return Err(format!("count: expected \"auto\" or a number, got {v}")),
+                Some(v) => return Err(DefError::BadCount { value: v.clone() }),
             };
             if let Some(x) = d.xid {
                 s.xid = x;
@@ -532,7 +624,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
                 None => EfaCount::Auto,
                 Some(toml::Value::String(a)) if a == "auto" => EfaCount::Auto,
                 Some(toml::Value::Integer(n)) if *n >= 0 => EfaCount::AtLeast(*n as u32),
-                Some(v) => return Err(format!("count: expected \"auto\" or a number, got {v}")),
+                Some(v) => return Err(DefError::BadCount { value: v.clone() }),
             },
         }),
         "process" => {
@@ -564,7 +656,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
         }
         "unit" => {
             let unit = req(&d.unit, "unit")?.clone();
-            crate::systemd::validate_unit_name(&unit).map_err(|e| e.to_string())?;
+            crate::systemd::validate_unit_name(&unit).map_err(DefError::BadUnitName)?;
             CheckKind::Unit(UnitSpec {
                 unit,
                 state: d.state.clone().unwrap_or_else(|| "active".into()),
@@ -576,7 +668,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
             let mut out: Built = Vec::new();
             if !exists {
                 if d.mode.is_some() || d.owner.is_some() || d.contains.is_some() {
-                    return Err("exists = false takes no mode, owner or contains".into());
+                    return Err(DefError::AbsentWithAttributes);
                 }
                 return Ok(vec![(
                     format!("file {path} absent"),
@@ -593,7 +685,9 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
                     .mode
                     .as_deref()
                     .map(|m| {
-                        u32::from_str_radix(m, 8).map_err(|_| format!("mode {m:?} is not octal"))
+                        u32::from_str_radix(m, 8).map_err(|_| DefError::NotOctal {
+                            mode: m.to_string(),
+                        })
                     })
                     .transpose()?;
                 out.push((
@@ -636,7 +730,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
         "command" => {
             let argv = req(&d.argv, "argv")?.clone();
             if argv.is_empty() {
-                return Err("argv must not be empty".into());
+                return Err(DefError::EmptyArgv);
             }
             let name = format!("command {}", argv.join(" "));
             return Ok(vec![(
@@ -668,16 +762,22 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, Strin
                     slurm_bin_dir: defaults.slurm_bin_dir.clone(),
                 },
             )
-            .map_err(|e| e.message)?;
+            .map_err(|e| DefError::NhcLine {
+                line: line.clone(),
+                problem: e.message,
+            })?;
             // In a TOML file a bad NHC line is an error of the file, as every TOML error.
-            if let Some(m) = set.checks.iter().find_map(|c| match &c.kind {
-                CheckKind::Invalid(m) => Some(m.trim_start_matches("inline:1: ").to_string()),
+            if let Some(e) = set.checks.iter().find_map(|c| match &c.kind {
+                CheckKind::Invalid(e) => Some(e),
                 _ => None,
             }) {
-                return Err(m);
+                return Err(DefError::NhcLine {
+                    line: line.clone(),
+                    problem: e.to_string().trim_start_matches("inline:1: ").to_string(),
+                });
             }
             if set.checks.is_empty() {
-                return Err(format!("line {line:?} holds no check"));
+                return Err(DefError::NoCheckInLine { line: line.clone() });
             }
             return Ok(set
                 .checks

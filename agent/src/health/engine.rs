@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::checks::cmd::{self, TIMEOUT_PREFIX};
+use super::checks::cmd;
 use super::checks::ps::{ServiceAction, Verify};
 use super::checks::{hw, net, psres};
-use super::checks::{CheckKind, UnitSpec};
+use super::checks::{CheckKind, Checked, Failed, UnitSpec};
 use super::facts::{Facts, Host};
 use super::{Check, CheckResult, CheckSet, Report, Status};
-use crate::systemd::Systemd;
+use crate::systemd::{Systemd, SystemdError};
 
 /// What a run needs besides the checks.
 #[derive(Debug, Clone)]
@@ -107,13 +107,13 @@ struct Ctx {
     bus: String,
     output_limit: usize,
     service_actions: bool,
-    systemd: tokio::sync::OnceCell<Result<Systemd, String>>,
+    systemd: tokio::sync::OnceCell<Result<Systemd, Arc<SystemdError>>>,
 }
 
 impl Ctx {
-    async fn systemd(&self) -> Result<&Systemd, String> {
+    async fn systemd(&self) -> Result<&Systemd, Arc<SystemdError>> {
         self.systemd
-            .get_or_init(|| async { Systemd::connect(&self.bus).await.map_err(|e| e.to_string()) })
+            .get_or_init(|| async { Systemd::connect(&self.bus).await.map_err(Arc::new) })
             .await
             .as_ref()
             .map_err(Clone::clone)
@@ -126,12 +126,12 @@ enum Outcome {
     Timeout(String),
 }
 
-impl From<Result<String, String>> for Outcome {
+impl From<Result<String, Failed>> for Outcome {
     /// A host check's result: its message on pass, or why it failed.
-    fn from(r: Result<String, String>) -> Outcome {
+    fn from(r: Result<String, Failed>) -> Outcome {
         match r {
             Ok(m) => Outcome::Pass(m),
-            Err(m) => Outcome::Fail(m),
+            Err(f) => Outcome::Fail(f.to_string()),
         }
     }
 }
@@ -139,7 +139,7 @@ impl From<Result<String, String>> for Outcome {
 /// Messages from lane workers (worker id first).
 enum LaneMsg {
     Started(usize, usize, Instant),
-    Done(usize, usize, Result<String, String>, Duration),
+    Done(usize, usize, Result<String, Failed>, Duration),
     Idle(usize),
 }
 
@@ -430,18 +430,22 @@ fn what_hangs(kind: &CheckKind) -> String {
     }
 }
 
-async fn run_unit(spec: &UnitSpec, ctx: &Ctx) -> Result<String, String> {
-    let sd = ctx.systemd().await?;
+async fn run_unit(spec: &UnitSpec, ctx: &Ctx) -> Result<String, Failed> {
+    let systemd = |source| Failed::Systemd {
+        unit: spec.unit.clone(),
+        source,
+    };
+    let sd = ctx.systemd().await.map_err(systemd)?;
     let state = sd
         .active_state(&spec.unit)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| systemd(Arc::new(e)))?;
     if state == spec.state {
         Ok(format!("{} is {state}", spec.unit))
     } else {
-        Err(format!(
-            "{} is {state} (expected {})",
-            spec.unit, spec.state
+        Err(Failed::new(
+            Checked::Unit(spec.unit.clone()),
+            format!("{} is {state} (expected {})", spec.unit, spec.state),
         ))
     }
 }
@@ -577,7 +581,7 @@ async fn run_async(
         | CheckKind::Ping(_) => {
             match tokio::time::timeout(timeout, run_ps(check.clone(), &ctx, timeout)).await {
                 Ok(Ok(m)) => Outcome::Pass(m),
-                Ok(Err(m)) => Outcome::Fail(m),
+                Ok(Err(f)) => Outcome::Fail(f.to_string()),
                 Err(_) if cut => {
                     Outcome::Timeout(deadline_message(run_deadline, &what_hangs(&check.kind)))
                 }
@@ -590,7 +594,7 @@ async fn run_async(
         }
         CheckKind::Unit(spec) => match tokio::time::timeout(timeout, run_unit(spec, &ctx)).await {
             Ok(Ok(m)) => Outcome::Pass(m),
-            Ok(Err(m)) => Outcome::Fail(m),
+            Ok(Err(f)) => Outcome::Fail(f.to_string()),
             Err(_) if cut => Outcome::Timeout(deadline_message(
                 run_deadline,
                 &format!("no answer from systemd about {}", spec.unit),
@@ -609,10 +613,10 @@ async fn run_async(
 }
 
 /// The outcome of a check that ran a program which kills itself at its timeout (a
-/// message starting with [`TIMEOUT_PREFIX`]), under an outer `limit` that only guards
+/// message starting with [`cmd::TIMEOUT_PREFIX`]), under an outer `limit` that only guards
 /// against a spawn that never returns. `cut`: the run deadline shortened its timeout.
 fn program_outcome(
-    r: Result<Result<String, String>, tokio::time::error::Elapsed>,
+    r: Result<Result<String, Failed>, tokio::time::error::Elapsed>,
     what: &str,
     limit: Duration,
     cut: bool,
@@ -621,12 +625,12 @@ fn program_outcome(
 ) -> Outcome {
     match r {
         Ok(Ok(m)) => Outcome::Pass(m),
-        Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) && cut => Outcome::Timeout(deadline_message(
+        Ok(Err(f)) if f.is_timeout() && cut => Outcome::Timeout(deadline_message(
             run_deadline,
-            &format!("{}; {m}", what_hangs(kind)),
+            &format!("{}; {f}", what_hangs(kind)),
         )),
-        Ok(Err(m)) if m.starts_with(TIMEOUT_PREFIX) => Outcome::Timeout(m),
-        Ok(Err(m)) => Outcome::Fail(m),
+        Ok(Err(f)) if f.is_timeout() => Outcome::Timeout(f.to_string()),
+        Ok(Err(f)) => Outcome::Fail(f.to_string()),
         Err(_) => Outcome::Timeout(format!("{what} did not finish within {limit:?}")),
     }
 }
@@ -637,7 +641,7 @@ async fn job_users(
     argv: &[String],
     timeout: Duration,
     limit: usize,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, JobUsersError> {
     match cmd::run_command(argv, timeout, limit).await {
         Ok(o) if o.code == Some(0) => Ok(String::from_utf8_lossy(&o.stdout)
             .lines()
@@ -646,18 +650,37 @@ async fn job_users(
             .map(str::to_string)
             .collect()),
         Ok(o) => Err(match o.code {
-            Some(c) => format!("\"{}\" exited with status {c}", argv.join(" ")),
-            None => format!("\"{}\" was killed by a signal", argv.join(" ")),
+            Some(code) => JobUsersError::Exit {
+                argv: argv.to_vec(),
+                code,
+            },
+            None => JobUsersError::Signal {
+                argv: argv.to_vec(),
+            },
         }),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Why the users with jobs on the node are unknown: the command (`squeue`) failed.
+#[derive(Debug, thiserror::Error)]
+enum JobUsersError {
+    /// It exited with a status other than 0.
+    #[error("\"{}\" exited with status {code}", argv.join(" "))]
+    Exit { argv: Vec<String>, code: i32 },
+    /// A signal killed it.
+    #[error("\"{}\" was killed by a signal", argv.join(" "))]
+    Signal { argv: Vec<String> },
+    /// It could not be started.
+    #[error(transparent)]
+    Command(#[from] cmd::CommandError),
 }
 
 /// The per-process and network checks (NHC's `check_ps_cpu`...
 /// `check_ps_userproc_lineage`, `check_net_socket`, `check_net_ping`): reads the host on
 /// a blocking thread, then takes the actions the verdict asks for (SIGKILL,
 /// renice, a program run without a shell), or only reports them under `--no-act`.
-async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<String, String> {
+async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<String, Failed> {
     let users = match &check.kind {
         CheckKind::PsUsers(u) if !u.jobs_command.is_empty() => {
             match job_users(&u.jobs_command, timeout, ctx.output_limit).await {
@@ -686,13 +709,13 @@ async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<Strin
             result: net::ping::check_ping(p),
             actions: Vec::new(),
         }),
-        k => Err(format!(
-            "internal error: {} is not a process check",
-            k.family()
-        )),
+        k => Err(Failed::WrongRunner {
+            family: k.family(),
+            expected: "a process check",
+        }),
     })
     .await
-    .map_err(|e| format!("internal error: {e}"))??;
+    .map_err(|e| Failed::Task(Arc::new(e)))??;
     let mut done = Vec::new();
     if !verdict.actions.is_empty() && !ctx.service_actions {
         done.push(format!(
@@ -716,7 +739,11 @@ async fn run_ps(check: Arc<Check>, ctx: &Ctx, timeout: Duration) -> Result<Strin
     };
     match verdict.result {
         Ok(m) => Ok(format!("{m}{tail}")),
-        Err(m) => Err(format!("{m}{tail}")),
+        Err(f) if done.is_empty() => Err(f),
+        Err(f) => Err(Failed::Acted {
+            inner: Box::new(f),
+            done,
+        }),
     }
 }
 

@@ -9,7 +9,66 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+/// A host fact that could not be read; each variant names the file, folder or program.
+/// Clone (the I/O error is shared) because a fact is read once and given to every check
+/// that needs it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FactsError {
+    /// A file could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A file could not be opened.
+    #[error("opening {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// procfs could not be opened or listed.
+    #[error("listing {}: {source}", path.display())]
+    List {
+        /// The folder (`/proc`).
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A file did not hold what it should (`/proc/loadavg`).
+    #[error("{}: unexpected content {content:?}", path.display())]
+    Unexpected {
+        /// The file.
+        path: PathBuf,
+        /// What it held.
+        content: String,
+    },
+    /// A program could not be started.
+    #[error("running {}: {source}", program.display())]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// Why.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A program exited with a failure status.
+    #[error("{} exited with {status}", program.display())]
+    Exit {
+        /// The program.
+        program: PathBuf,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+    },
+}
 
 /// Where host facts come from.
 #[derive(Debug, Clone)]
@@ -106,17 +165,20 @@ impl ProcEntry {
 pub struct Facts {
     /// Roots.
     pub host: Host,
-    mounts: OnceLock<Result<Vec<MountEntry>, String>>,
-    cpu: OnceLock<Result<CpuInfo, String>>,
-    mem: OnceLock<Result<MemInfo, String>>,
-    procs: OnceLock<Result<Vec<ProcEntry>, String>>,
+    mounts: OnceLock<Result<Vec<MountEntry>, FactsError>>,
+    cpu: OnceLock<Result<CpuInfo, FactsError>>,
+    mem: OnceLock<Result<MemInfo, FactsError>>,
+    procs: OnceLock<Result<Vec<ProcEntry>, FactsError>>,
     users: OnceLock<HashMap<u32, String>>,
-    netdevs: OnceLock<Result<Vec<String>, String>>,
-    dmi: OnceLock<Result<super::checks::dmi::DmiTable, String>>,
+    netdevs: OnceLock<Result<Vec<String>, FactsError>>,
+    dmi: OnceLock<Result<super::checks::dmi::DmiTable, FactsError>>,
 }
 
-fn read_to_string(p: &Path) -> Result<String, String> {
-    fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))
+fn read_to_string(p: &Path) -> Result<String, FactsError> {
+    fs::read_to_string(p).map_err(|e| FactsError::Read {
+        path: p.to_path_buf(),
+        source: Arc::new(e),
+    })
 }
 
 impl Facts {
@@ -132,7 +194,7 @@ impl Facts {
     ///
     /// # Errors
     /// The file could not be read.
-    pub fn mounts(&self) -> Result<&[MountEntry], String> {
+    pub fn mounts(&self) -> Result<&[MountEntry], FactsError> {
         self.mounts
             .get_or_init(|| {
                 read_to_string(&self.host.proc_dir.join("mounts")).map(|t| parse_mounts(&t))
@@ -145,7 +207,7 @@ impl Facts {
     ///
     /// # Errors
     /// The file could not be read.
-    pub fn cpu(&self) -> Result<CpuInfo, String> {
+    pub fn cpu(&self) -> Result<CpuInfo, FactsError> {
         self.cpu
             .get_or_init(|| {
                 read_to_string(&self.host.proc_dir.join("cpuinfo")).map(|t| parse_cpuinfo(&t))
@@ -157,7 +219,7 @@ impl Facts {
     ///
     /// # Errors
     /// The file could not be read.
-    pub fn mem(&self) -> Result<MemInfo, String> {
+    pub fn mem(&self) -> Result<MemInfo, FactsError> {
         self.mem
             .get_or_init(|| {
                 read_to_string(&self.host.proc_dir.join("meminfo")).map(|t| parse_meminfo(&t))
@@ -169,7 +231,7 @@ impl Facts {
     ///
     /// # Errors
     /// procfs could not be listed.
-    pub fn procs(&self) -> Result<&[ProcEntry], String> {
+    pub fn procs(&self) -> Result<&[ProcEntry], FactsError> {
         self.procs
             .get_or_init(|| read_procs(&self.host.proc_dir))
             .as_deref()
@@ -190,7 +252,7 @@ impl Facts {
     ///
     /// # Errors
     /// The file could not be read.
-    pub fn netdevs(&self) -> Result<&[String], String> {
+    pub fn netdevs(&self) -> Result<&[String], FactsError> {
         self.netdevs
             .get_or_init(|| {
                 read_to_string(&self.host.proc_dir.join("net/dev")).map(|t| {
@@ -209,7 +271,7 @@ impl Facts {
     ///
     /// # Errors
     /// The file could not be read or parsed.
-    pub fn loadavg(&self) -> Result<[f64; 3], String> {
+    pub fn loadavg(&self) -> Result<[f64; 3], FactsError> {
         let p = self.host.proc_dir.join("loadavg");
         let t = read_to_string(&p)?;
         let v: Vec<f64> = t
@@ -219,7 +281,10 @@ impl Facts {
             .collect();
         match v[..] {
             [a, b, c] => Ok([a, b, c]),
-            _ => Err(format!("{}: unexpected content {t:?}", p.display())),
+            _ => Err(FactsError::Unexpected {
+                path: p,
+                content: t,
+            }),
         }
     }
 
@@ -227,20 +292,22 @@ impl Facts {
     ///
     /// # Errors
     /// dmidecode is missing or failed.
-    pub fn dmi(&self) -> Result<&super::checks::dmi::DmiTable, String> {
+    pub fn dmi(&self) -> Result<&super::checks::dmi::DmiTable, FactsError> {
         self.dmi
             .get_or_init(|| {
                 let out = std::process::Command::new(&self.host.dmidecode)
                     .stdin(std::process::Stdio::null())
                     .stderr(std::process::Stdio::null())
                     .output()
-                    .map_err(|e| format!("running {}: {e}", self.host.dmidecode.display()))?;
+                    .map_err(|e| FactsError::Spawn {
+                        program: self.host.dmidecode.clone(),
+                        source: Arc::new(e),
+                    })?;
                 if !out.status.success() {
-                    return Err(format!(
-                        "{} exited with {}",
-                        self.host.dmidecode.display(),
-                        out.status
-                    ));
+                    return Err(FactsError::Exit {
+                        program: self.host.dmidecode.clone(),
+                        status: out.status,
+                    });
                 }
                 Ok(super::checks::dmi::DmiTable::parse(
                     &String::from_utf8_lossy(&out.stdout),
@@ -387,20 +454,23 @@ fn read_all_at(dir: &rustix::fd::OwnedFd, rel: &str, buf: &mut Vec<u8>) -> bool 
 /// Reads `/proc/<pid>/cmdline` of every process (and `comm` of kernel threads), with
 /// paths relative to an open `/proc` (fewer lookups) and no stat: owners are read only
 /// for processes that match ([`ProcEntry::uid`]).
-fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, String> {
+fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, FactsError> {
     use rustix::fs::{Mode, OFlags};
     let me = std::process::id();
-    let list = |e: &dyn std::fmt::Display| format!("listing {}: {e}", proc_dir.display());
+    let list = |e: std::io::Error| FactsError::List {
+        path: proc_dir.to_path_buf(),
+        source: Arc::new(e),
+    };
     let dir_fd = rustix::fs::open(
         proc_dir,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| list(&e))?;
+    .map_err(|e| list(e.into()))?;
     let mut out = Vec::new();
     let mut buf = Vec::with_capacity(4096);
     let mut path = String::with_capacity(32);
-    for ent in fs::read_dir(proc_dir).map_err(|e| list(&e))?.flatten() {
+    for ent in fs::read_dir(proc_dir).map_err(list)?.flatten() {
         let name = ent.file_name();
         let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;

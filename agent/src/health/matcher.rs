@@ -17,7 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::posix::Ere;
+use super::posix::{Ere, EreError};
 
 /// A compiled match expression.
 #[derive(Clone)]
@@ -54,21 +54,69 @@ impl PartialEq for Matcher {
     }
 }
 
+/// An NHC match expression that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MatcherError {
+    /// `/re/` that glibc does not compile.
+    #[error("invalid regular expression /{regex}/: {source}")]
+    Regex {
+        /// The expression between the slashes.
+        regex: String,
+        /// glibc's refusal.
+        #[source]
+        source: EreError,
+    },
+    /// A `{...}` node list element that is empty.
+    #[error("invalid node list element {element:?}: empty")]
+    EmptyElement {
+        /// The element (after trimming).
+        element: String,
+    },
+    /// A node list element with characters a node name cannot have.
+    #[error("invalid node list element {element:?}: not a node name")]
+    NotANodeName {
+        /// The element.
+        element: String,
+    },
+    /// A node list element with `[` and no `]`.
+    #[error("invalid node list element {element:?}: unclosed '['")]
+    UnclosedRange {
+        /// The element.
+        element: String,
+    },
+    /// A node list element with more than one `[range]`, or text around it that is not
+    /// a name.
+    #[error("invalid node list element {element:?}: only one [range] per element, between a name prefix and suffix")]
+    OneRange {
+        /// The element.
+        element: String,
+    },
+    /// A `[range]` whose bounds are not numbers.
+    #[error("invalid node list element {element:?}: ranges are numbers: [1-4,7] or [01-16]")]
+    RangeNotNumbers {
+        /// The element.
+        element: String,
+    },
+}
+
 impl Matcher {
     /// Parses an expression.
     ///
     /// # Errors
-    /// A message for an invalid regular expression or node list.
-    pub fn parse(expr: &str) -> Result<Matcher, String> {
+    /// [`MatcherError`]: an invalid regular expression or node list element.
+    pub fn parse(expr: &str) -> Result<Matcher, MatcherError> {
         let (negate, body) = match expr.strip_prefix('!') {
             Some(rest) => (true, rest),
             None => (false, expr),
         };
         let kind = if body.len() >= 2 && body.starts_with('/') && body.ends_with('/') {
             let re = &body[1..body.len() - 1];
-            Kind::Regex(Arc::new(
-                Ere::new(re).map_err(|e| format!("invalid regular expression /{re}/: {e}"))?,
-            ))
+            Kind::Regex(Arc::new(Ere::new(re).map_err(|source| {
+                MatcherError::Regex {
+                    regex: re.to_string(),
+                    source,
+                }
+            })?))
         } else if body.len() >= 2 && body.starts_with('{') && body.ends_with('}') {
             Kind::Hosts(parse_hostlist(&body[1..body.len() - 1])?)
         } else {
@@ -193,8 +241,8 @@ fn split_top_level(s: &str) -> Vec<&str> {
     out
 }
 
-fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
-    let bad = |g: &str, why: &str| Err(format!("invalid node list element {g:?}: {why}"));
+fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, MatcherError> {
+    let bad = |g: &str, why: fn(String) -> MatcherError| Err(why(g.to_string()));
     let name_ok = |s: &str| {
         s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -203,11 +251,11 @@ fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
     for group in split_top_level(list) {
         let group = group.trim();
         if group.is_empty() {
-            return bad(group, "empty");
+            return bad(group, |element| MatcherError::EmptyElement { element });
         }
         let Some(open) = group.find('[') else {
             if !name_ok(group) {
-                return bad(group, "not a node name");
+                return bad(group, |element| MatcherError::NotANodeName { element });
             }
             out.push(HostPattern {
                 prefix: group.to_string(),
@@ -218,15 +266,12 @@ fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
             continue;
         };
         let Some(close) = group.find(']') else {
-            return bad(group, "unclosed '['");
+            return bad(group, |element| MatcherError::UnclosedRange { element });
         };
         let (prefix, inner, suffix) =
             (&group[..open], &group[open + 1..close], &group[close + 1..]);
         if !name_ok(prefix) || !name_ok(suffix) || suffix.contains('[') {
-            return bad(
-                group,
-                "only one [range] per element, between a name prefix and suffix",
-            );
+            return bad(group, |element| MatcherError::OneRange { element });
         }
         let mut ranges = Vec::new();
         for r in inner.split(',') {
@@ -239,7 +284,7 @@ fn parse_hostlist(list: &str) -> Result<Vec<HostPattern>, String> {
                 }
             };
             let (Some(lo), Some(hi)) = (num(a), num(b)) else {
-                return bad(group, "ranges are numbers: [1-4,7] or [01-16]");
+                return bad(group, |element| MatcherError::RangeNotNumbers { element });
             };
             let width = a.len().max(b.len());
             ranges.push((lo.min(hi), lo.max(hi), width));

@@ -35,13 +35,38 @@ unsafe impl Send for Ere {}
 // SAFETY: as above; `is_match` only calls `regexec`.
 unsafe impl Sync for Ere {}
 
+/// A pattern glibc's `regcomp` refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EreError {
+    /// The pattern holds a NUL byte (C strings cannot).
+    #[error("a NUL byte in a pattern")]
+    Nul {
+        /// The pattern.
+        pattern: String,
+    },
+    /// `regcomp` failed: its code and glibc's message for it (`regerror`), which is what
+    /// is shown.
+    #[error("{regerror}")]
+    Compile {
+        /// The pattern.
+        pattern: String,
+        /// `regcomp`'s return code (`REG_EPAREN`...).
+        code: i32,
+        /// glibc's message for the code, e.g. "Unmatched ( or \\(".
+        regerror: String,
+    },
+}
+
 impl Ere {
     /// Compiles `pattern`.
     ///
     /// # Errors
-    /// glibc's message (`regerror`), e.g. "Unmatched ( or \\(", or a NUL in the pattern.
-    pub fn new(pattern: &str) -> Result<Ere, String> {
-        let c = CString::new(pattern).map_err(|_| "a NUL byte in a pattern".to_string())?;
+    /// [`EreError::Compile`] with glibc's message (`regerror`), e.g. "Unmatched ( or
+    /// \\(", or [`EreError::Nul`].
+    pub fn new(pattern: &str) -> Result<Ere, EreError> {
+        let c = CString::new(pattern).map_err(|_| EreError::Nul {
+            pattern: pattern.to_string(),
+        })?;
         // SAFETY: an all-zero regex_t is a valid (empty) value to pass to regcomp, which
         // initialises it.
         let mut re: Box<libc::regex_t> = Box::new(unsafe { std::mem::zeroed() });
@@ -59,7 +84,11 @@ impl Ere {
             // SAFETY: `re` came from regcomp.
             unsafe { libc::regfree(&mut *re) };
             let len = n.min(buf.len()).saturating_sub(1);
-            return Err(String::from_utf8_lossy(&buf[..len]).into_owned());
+            return Err(EreError::Compile {
+                pattern: pattern.to_string(),
+                code: rc,
+                regerror: String::from_utf8_lossy(&buf[..len]).into_owned(),
+            });
         }
         Ok(Ere { re })
     }
@@ -115,7 +144,7 @@ mod tests {
         assert!(re("^n\\d+$").is_match("ndd"));
         assert!(re("(a|b)\\1").is_match("xaay"));
         assert!(re("\\bx").is_match("a x"));
-        assert!(Ere::new("(unclosed").unwrap_err().contains("("));
+        assert!(Ere::new("(unclosed").unwrap_err().to_string().contains("("));
         assert!(Ere::new("a\0b").is_err());
     }
 

@@ -11,6 +11,30 @@
 
 use std::fmt;
 
+/// A size, count or percentage that cannot be read; each variant holds the value as
+/// written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitsError {
+    /// Not a number of KiB with an optional `k`, `M`, `G`, `T`, `P` or `E` (and `b`).
+    #[error("invalid size {value:?}: expected a number of KiB with an optional suffix k, M, G, T, P or E (and b), e.g. 512M or 1gb")]
+    NotASize {
+        /// The value as written.
+        value: String,
+    },
+    /// Not a number with an optional `k`, `M`, `G`, `T` (powers of 1000).
+    #[error("invalid count {value:?}: expected a number with an optional suffix k, M, G, T (powers of 1000), e.g. 100k")]
+    NotACount {
+        /// The value as written.
+        value: String,
+    },
+    /// `N%` outside 0 to 100, or not a number.
+    #[error("invalid percentage {value:?}: expected 0% to 100%")]
+    NotAPercentage {
+        /// The value as written (with its `%`).
+        value: String,
+    },
+}
+
 /// A threshold: a percentage or an absolute amount (KiB for space, a number for inodes).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Threshold {
@@ -43,12 +67,12 @@ fn split_number(s: &str) -> Option<(f64, &str)> {
 /// Parses a size into KiB: `1024`, `512M`, `1gb`, `0b`, `5G`, `1tb`.
 ///
 /// # Errors
-/// A message naming the value and the accepted forms.
-pub fn parse_size_kib(s: &str) -> Result<u64, String> {
+/// [`UnitsError::NotASize`].
+pub fn parse_size_kib(s: &str) -> Result<u64, UnitsError> {
     let bad = || {
-        Err(format!(
-            "invalid size {s:?}: expected a number of KiB with an optional suffix k, M, G, T, P or E (and b), e.g. 512M or 1gb"
-        ))
+        Err(UnitsError::NotASize {
+            value: s.to_string(),
+        })
     };
     let Some((n, unit)) = split_number(s.trim()) else {
         return bad();
@@ -72,12 +96,12 @@ pub fn parse_size_kib(s: &str) -> Result<u64, String> {
 /// Parses a count: `1000`, `100k`, `2M`, `1G` (powers of 1000).
 ///
 /// # Errors
-/// A message naming the value.
-pub fn parse_count(s: &str) -> Result<u64, String> {
+/// [`UnitsError::NotACount`].
+pub fn parse_count(s: &str) -> Result<u64, UnitsError> {
     let bad = || {
-        Err(format!(
-            "invalid count {s:?}: expected a number with an optional suffix k, M, G, T (powers of 1000), e.g. 100k"
-        ))
+        Err(UnitsError::NotACount {
+            value: s.to_string(),
+        })
     };
     let Some((n, unit)) = split_number(s.trim()) else {
         return bad();
@@ -95,19 +119,21 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
     Ok((n * mult) as u64)
 }
 
-fn parse_percent(s: &str) -> Option<Result<f64, String>> {
+fn parse_percent(s: &str) -> Option<Result<f64, UnitsError>> {
     let p = s.trim().strip_suffix('%')?;
     Some(match p.parse::<f64>() {
         Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
-        _ => Err(format!("invalid percentage {s:?}: expected 0% to 100%")),
+        _ => Err(UnitsError::NotAPercentage {
+            value: s.to_string(),
+        }),
     })
 }
 
 /// A space threshold: `10%` or a size (KiB).
 ///
 /// # Errors
-/// A message naming the value.
-pub fn parse_space_threshold(s: &str) -> Result<Threshold, String> {
+/// [`UnitsError`]: the value is not a percentage of 0 to 100 nor a size / count.
+pub fn parse_space_threshold(s: &str) -> Result<Threshold, UnitsError> {
     match parse_percent(s) {
         Some(p) => p.map(Threshold::Percent),
         None => parse_size_kib(s).map(Threshold::Absolute),
@@ -117,8 +143,8 @@ pub fn parse_space_threshold(s: &str) -> Result<Threshold, String> {
 /// An inode threshold: `10%` or a count.
 ///
 /// # Errors
-/// A message naming the value.
-pub fn parse_count_threshold(s: &str) -> Result<Threshold, String> {
+/// [`UnitsError`]: the value is not a percentage of 0 to 100 nor a size / count.
+pub fn parse_count_threshold(s: &str) -> Result<Threshold, UnitsError> {
     match parse_percent(s) {
         Some(p) => p.map(Threshold::Percent),
         None => parse_count(s).map(Threshold::Absolute),

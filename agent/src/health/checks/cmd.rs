@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
+use super::{Checked, Failed};
 use crate::health::matcher::Matcher;
 
 /// The PATH given to commands, and used to find a program named without a slash: checks
@@ -128,21 +129,45 @@ pub struct CommandOutcome {
     pub confinement: String,
 }
 
+/// A command that could not be started; each variant names the program.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommandError {
+    /// An empty argv.
+    #[error("no command given")]
+    NoCommand,
+    /// A bare program name not found in [`SAFE_PATH`].
+    #[error("{program}: not found in {SAFE_PATH}")]
+    NotFound {
+        /// The name.
+        program: String,
+    },
+    /// The program could not be started.
+    #[error("starting {}: {source}", program.display())]
+    Start {
+        /// The program (after the PATH lookup).
+        program: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::sync::Arc<std::io::Error>,
+    },
+}
+
 /// Runs `argv` in its own process group, with [`SAFE_PATH`], stdin from /dev/null, and
 /// kills the whole group (SIGKILL) at `timeout`.
 ///
 /// # Errors
-/// The program could not be started.
+/// [`CommandError`]: the program could not be started.
 pub async fn run_command(
     argv: &[String],
     timeout: Duration,
     output_limit: usize,
-) -> Result<CommandOutcome, String> {
+) -> Result<CommandOutcome, CommandError> {
     let Some((prog, args)) = argv.split_first() else {
-        return Err("no command given".into());
+        return Err(CommandError::NoCommand);
     };
-    let program =
-        resolve_program(prog).ok_or_else(|| format!("{prog}: not found in {SAFE_PATH}"))?;
+    let program = resolve_program(prog).ok_or_else(|| CommandError::NotFound {
+        program: prog.clone(),
+    })?;
     if !prog.contains('/') {
         tracing::info!(
             "command {prog} resolved to {} (PATH {SAFE_PATH})",
@@ -160,7 +185,10 @@ pub async fn run_command(
             .kill_on_drop(true);
         cmd
     };
-    let starting = |e: std::io::Error| format!("starting {}: {e}", program.display());
+    let starting = |e: std::io::Error| CommandError::Start {
+        program: program.clone(),
+        source: std::sync::Arc::new(e),
+    };
     // The child joins its cgroup before exec (CmdCgroup::join_before_exec); where no
     // cgroup can be made or joined, the command runs in its process group only.
     let confined = crate::health::cgroup::CmdCgroup::create()
@@ -257,18 +285,22 @@ fn kill_group(pid: u32) {
 /// Runs a command check.
 ///
 /// # Errors
-/// The failure message.
+/// [`Failed`]: what is wrong, in NHC's words; NHC's `-C` name first
+/// ([`Failed::Named`]) unless it is a timeout ([`Failed::is_timeout`]).
 pub async fn check_command(
     spec: &CommandSpec,
     timeout: Duration,
     output_limit: usize,
-) -> Result<String, String> {
+) -> Result<String, Failed> {
     match (
         run_and_judge(spec, timeout, output_limit).await,
         &spec.check_name,
     ) {
         // A timeout keeps its prefix first: the engine recognises it by it.
-        (Err(m), Some(name)) if !m.starts_with(TIMEOUT_PREFIX) => Err(format!("{name}: {m}")),
+        (Err(f), Some(name)) if !f.is_timeout() => Err(Failed::Named {
+            name: name.clone(),
+            inner: Box::new(f),
+        }),
         (r, _) => r,
     }
 }
@@ -291,26 +323,30 @@ async fn run_and_judge(
     spec: &CommandSpec,
     timeout: Duration,
     output_limit: usize,
-) -> Result<String, String> {
+) -> Result<String, Failed> {
+    let fail = |m: String| Failed::new(Checked::Command(spec.argv.clone()), m);
     let shown = spec.argv.join(" ");
     let o = run_command(&spec.argv, timeout, output_limit).await?;
     if o.timed_out {
-        return Err(format!(
-            "{TIMEOUT_PREFIX}{} for {shown:?} ({}); killed with its {}",
-            shown_duration(timeout),
-            o.program.display(),
-            if o.confinement.starts_with("cgroup") {
-                o.confinement.clone()
-            } else {
-                format!("process group {} ({})", o.pid, o.confinement)
-            }
-        ));
+        return Err(Failed::TimedOut {
+            argv: spec.argv.clone(),
+            timeout,
+            killed: format!(
+                " ({}); killed with its {}",
+                o.program.display(),
+                if o.confinement.starts_with("cgroup") {
+                    o.confinement.clone()
+                } else {
+                    format!("process group {} ({})", o.pid, o.confinement)
+                }
+            ),
+        });
     }
     let stderr = String::from_utf8_lossy(&o.stderr).trim().to_string();
     match o.code {
         Some(c) if c == spec.status => {}
         Some(c) => {
-            return Err(format!(
+            return Err(fail(format!(
                 "{c} (expected {}) returned by {shown:?}{}",
                 spec.status,
                 if stderr.is_empty() {
@@ -318,9 +354,9 @@ async fn run_and_judge(
                 } else {
                     format!(": {}", stderr.lines().next().unwrap_or(""))
                 }
-            ))
+            )))
         }
-        None => return Err(format!("{shown:?} killed by a signal")),
+        None => return Err(fail(format!("{shown:?} killed by a signal"))),
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let truncated = o.stdout_total > o.stdout.len() as u64;
@@ -330,13 +366,13 @@ async fn run_and_judge(
             if m.is_negated() {
                 if m.matches_ignoring_negation(line) {
                     if let Some(custom) = custom_message(spec, i, n + 1, 0) {
-                        return Err(custom);
+                        return Err(fail(custom));
                     }
-                    return Err(format!(
+                    return Err(fail(format!(
                         "{:?} matched at line {} output by {shown:?}",
                         &m.as_str()[1..],
                         n + 1
-                    ));
+                    )));
                 }
             } else if !matched[i] && m.matches(line) {
                 matched[i] = true;
@@ -352,7 +388,7 @@ async fn run_and_judge(
     for (i, (m, ok)) in spec.matches.iter().zip(&matched).enumerate() {
         if !m.is_negated() && !ok {
             if let Some(custom) = custom_message(spec, i, 0, failed) {
-                return Err(custom);
+                return Err(fail(custom));
             }
             let note = if truncated {
                 format!(
@@ -363,10 +399,10 @@ async fn run_and_judge(
             } else {
                 String::new()
             };
-            return Err(format!(
+            return Err(fail(format!(
                 "{:?} failed to match {shown:?} output{note}",
                 m.as_str()
-            ));
+            )));
         }
     }
     let mut msg = format!(

@@ -5,6 +5,7 @@
 //! e.g. `System Information: Product Name: c5n.18xlarge` or
 //! `BIOS Information: Characteristics: PCI is supported`.
 
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 use crate::health::matcher::Matcher;
 
@@ -112,21 +113,22 @@ pub struct DmiSpec {
 /// Runs a DMI check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Dmi(spec.pattern.to_string()), m);
     let table = facts.dmi()?;
     if spec.raw {
         let hit = table.raw.iter().find(|l| spec.pattern.matches(l));
         return match (hit, spec.negate) {
             (Some(l), false) => Ok(format!("DMI: {l}")),
-            (Some(l), true) => Err(format!(
+            (Some(l), true) => Err(failed(format!(
                 "check_dmi_raw_data_match: match found for {}: {l}",
                 spec.pattern
-            )),
-            (None, false) => Err(format!(
+            ))),
+            (None, false) => Err(failed(format!(
                 "check_dmi_raw_data_match: no match found for {}",
                 spec.pattern
-            )),
+            ))),
             (None, true) => Ok(format!("no dmidecode line matches {}", spec.pattern)),
         };
     }
@@ -145,7 +147,7 @@ pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, String> {
         })
         .collect();
     if selected.is_empty() {
-        return Err("no valid DMI handles found".into());
+        return Err(failed("no valid DMI handles found".into()));
     }
     let hit = selected
         .iter()
@@ -153,8 +155,8 @@ pub fn check_dmi(spec: &DmiSpec, facts: &Facts) -> Result<String, String> {
         .find(|l| spec.pattern.matches(l));
     match (hit, spec.negate) {
         (Some(l), false) => Ok(format!("DMI: {l}")),
-        (Some(l), true) => Err(format!("match found for {}: {l}", spec.pattern)),
-        (None, false) => Err(format!("no match found for {}", spec.pattern)),
+        (Some(l), true) => Err(failed(format!("match found for {}: {l}", spec.pattern))),
+        (None, false) => Err(failed(format!("no match found for {}", spec.pattern))),
         (None, true) => Ok(format!("no DMI line matches {}", spec.pattern)),
     }
 }

@@ -3,6 +3,7 @@
 
 use std::fs;
 
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 
 /// How many EFA devices are expected.
@@ -58,8 +59,9 @@ pub fn efa_devices(facts: &Facts) -> Vec<String> {
 /// Runs an EFA check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Efa, m);
     let found = efa_devices(facts);
     let (want, why) = match spec.count {
         EfaCount::AtLeast(n) => (n, String::new()),
@@ -72,7 +74,7 @@ pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, String> {
         },
     };
     if (found.len() as u32) < want {
-        return Err(format!(
+        return Err(failed(format!(
             "{} EFA devices found{}, expected at least {want}{why}",
             found.len(),
             if found.is_empty() {
@@ -80,7 +82,7 @@ pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, String> {
             } else {
                 format!(" ({})", found.join(", "))
             }
-        ));
+        )));
     }
     Ok(format!("{} EFA devices: {}", found.len(), found.join(", ")))
 }
@@ -131,7 +133,8 @@ mod tests {
             },
             &f,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("expected at least 4 for p4d.24xlarge"), "{e}");
     }
 }

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{Access, AtFlags, CWD};
 
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 use crate::health::matcher::{glob_match, Matcher};
 
@@ -158,8 +159,9 @@ fn test_one(op: char, path: &str) -> bool {
 /// Runs a file test check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_test(spec: &FileTestSpec) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_test(spec: &FileTestSpec) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Files(spec.paths.clone()), m);
     let paths: Vec<String> = spec.paths.iter().flat_map(|p| expand_glob(p)).collect();
     let ops: String = spec.ops.iter().map(|o| format!("-{o} ")).collect();
     for op in &spec.ops {
@@ -171,13 +173,16 @@ pub fn check_test(spec: &FileTestSpec) -> Result<String, String> {
                         paths.join(" ")
                     ))
                 } else {
-                    Err(format!("test -{op} {p} is not true"))
+                    Err(failed(format!("test -{op} {p} is not true")))
                 };
             }
         }
     }
     if spec.negate {
-        return Err(format!("-! {ops}{}: every test is true", paths.join(" ")));
+        return Err(failed(format!(
+            "-! {ops}{}: every test is true",
+            paths.join(" ")
+        )));
     }
     Ok(format!("{}{}", ops, paths.join(" ")))
 }
@@ -186,23 +191,25 @@ pub fn check_test(spec: &FileTestSpec) -> Result<String, String> {
 /// expression has matched.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_contents(spec: &FileContentsSpec) -> Result<String, String> {
-    let f = fs::File::open(&spec.path).map_err(|e| format!("opening {}: {e}", spec.path))?;
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_contents(spec: &FileContentsSpec) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Files(vec![spec.path.clone()]), m);
+    let f =
+        fs::File::open(&spec.path).map_err(|e| failed(format!("opening {}: {e}", spec.path)))?;
     let mut matched: Vec<bool> = spec.matches.iter().map(Matcher::is_negated).collect();
     let positives = spec.matches.iter().filter(|m| !m.is_negated()).count();
     let mut found = 0;
     for (n, line) in BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|e| format!("reading {}: {e}", spec.path))?;
+        let line = line.map_err(|e| failed(format!("reading {}: {e}", spec.path)))?;
         for (i, m) in spec.matches.iter().enumerate() {
             if m.is_negated() {
                 if m.matches_ignoring_negation(&line) {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "file {} line {} matches {:?}",
                         spec.path,
                         n + 1,
                         &m.as_str()[1..]
-                    ));
+                    )));
                 }
             } else if !matched[i] && m.matches(&line) {
                 matched[i] = true;
@@ -214,11 +221,11 @@ pub fn check_contents(spec: &FileContentsSpec) -> Result<String, String> {
         }
     }
     match spec.matches.iter().zip(&matched).find(|(_, ok)| !**ok) {
-        Some((m, _)) => Err(format!(
+        Some((m, _)) => Err(failed(format!(
             "file {} matched {found}/{positives} patterns; first failed: {:?}",
             spec.path,
             m.as_str()
-        )),
+        ))),
         None => Ok(format!("{} matches", spec.path)),
     }
 }
@@ -234,15 +241,16 @@ fn lookup_name(file: &str, name: &str) -> Option<u32> {
 /// Runs a stat check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_stat(spec: &FileStatSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_stat(spec: &FileStatSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Files(spec.paths.clone()), m);
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
     for p in &spec.paths {
-        let m = fs::metadata(p).map_err(|e| format!("stat({p}): {e}"))?;
-        let fail = |what: String| Err(format!("file {p:?} {what}"));
+        let m = fs::metadata(p).map_err(|e| failed(format!("stat({p}): {e}")))?;
+        let fail = |what: String| Err(failed(format!("file {p:?} {what}")));
         if let Some(u) = spec.uid {
             if m.uid() != u {
                 return fail(format!("UID is {}; should be {u}", m.uid()));
@@ -346,6 +354,7 @@ mod tests {
         ok("e", &["/tmp", "/no/such"], true).unwrap();
         assert!(ok("ed", &["/tmp", "/var/tmp"], true)
             .unwrap_err()
+            .to_string()
             .contains("every test is true"));
         // Globs expand.
         ok("c", &["/dev/nul?"], false).unwrap();
@@ -365,9 +374,11 @@ mod tests {
         check_contents(&spec(&["ID=debian"])).unwrap();
         check_contents(&spec(&["ID=debian", "/VERSION_ID=.12/"])).unwrap();
         check_contents(&spec(&["ID=debian", "!ID=rhel"])).unwrap();
-        let e = check_contents(&spec(&["ID=rhel"])).unwrap_err();
+        let e = check_contents(&spec(&["ID=rhel"])).unwrap_err().to_string();
         assert!(e.contains("ID=rhel"), "{e}");
-        let e = check_contents(&spec(&["!/debian/"])).unwrap_err();
+        let e = check_contents(&spec(&["!/debian/"]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 1"), "{e}");
     }
 
@@ -387,7 +398,10 @@ mod tests {
             mode_is: Some(0o755),
             ..spec.clone()
         };
-        assert!(check_stat(&wrong, &f).unwrap_err().contains("1777"));
+        assert!(check_stat(&wrong, &f)
+            .unwrap_err()
+            .to_string()
+            .contains("1777"));
         let null = FileStatSpec {
             paths: vec!["/dev/null".into()],
             major: Some(1),

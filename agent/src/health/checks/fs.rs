@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 use crate::health::matcher::Matcher;
 use crate::health::units::{df_percent, human_kib, Threshold};
@@ -154,8 +155,13 @@ struct Usage {
     read_only: bool,
 }
 
-fn statvfs(path: &str) -> Result<Usage, String> {
-    let s = rustix::fs::statvfs(Path::new(path)).map_err(|e| format!("statfs({path}): {e}"))?;
+fn statvfs(path: &str) -> Result<Usage, Failed> {
+    let s = rustix::fs::statvfs(Path::new(path)).map_err(|e| {
+        Failed::new(
+            Checked::FileSystem(path.to_string()),
+            format!("statfs({path}): {e}"),
+        )
+    })?;
     let k = |blocks: u64| blocks.saturating_mul(s.f_frsize) / 1024;
     Ok(Usage {
         size_kib: k(s.f_blocks),
@@ -170,42 +176,48 @@ fn statvfs(path: &str) -> Result<Usage, String> {
 /// Runs a mount check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::FileSystem(spec.path.clone()), m);
     let path = spec.path.as_str();
     let mounts = facts.mounts()?;
     let Some(m) = mounts.iter().rev().find(|m| m.target == path) else {
         if Path::new(path).is_dir() {
-            return Err(format!("{path} not mounted"));
+            return Err(failed(format!("{path} not mounted")));
         }
-        return Err(format!("{path} not mounted; directory {path} missing"));
+        return Err(failed(format!(
+            "{path} not mounted; directory {path} missing"
+        )));
     };
     for s in &spec.sources {
         if !s.matches(&m.source) {
-            return Err(format!(
+            return Err(failed(format!(
                 "{path} mounted from {} (should match {s})",
                 m.source
-            ));
+            )));
         }
     }
     for t in &spec.fstypes {
         if !t.matches(&m.fstype) {
-            return Err(format!("{path} has type {} (should match {t})", m.fstype));
+            return Err(failed(format!(
+                "{path} has type {} (should match {t})",
+                m.fstype
+            )));
         }
     }
     for o in &spec.options {
         if !o.matches(&m.options) {
-            return Err(format!(
+            return Err(failed(format!(
                 "{path} mount options {} incorrect (should match {o})",
                 m.options
-            ));
+            )));
         }
     }
     let mut detail = format!("{} on {path} type {} ({})", m.source, m.fstype, m.options);
     if spec.alive || spec.writable || !spec.space.is_empty() {
         let u = statvfs(path)?;
         if spec.writable && u.read_only {
-            return Err(format!("{path} is read-only (statfs ST_RDONLY)"));
+            return Err(failed(format!("{path} is read-only (statfs ST_RDONLY)")));
         }
         for s in &spec.space {
             detail = format!("{detail}; {}", eval_space(s, &u)?);
@@ -217,12 +229,12 @@ pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, String> {
 /// Runs a space check.
 ///
 /// # Errors
-/// The failure message.
+/// [`Failed`]: what is wrong, in NHC's words.
 ///
 /// As NHC 1.4.3 (which looks the path up among the mounted file systems), a path that is
 /// not a mount point, or does not exist, is not measured: the check passes with a warning
 /// in its message, never fails on `statfs` and never measures the file system above it.
-pub fn check_space(spec: &SpaceSpec, facts: &Facts) -> Result<String, String> {
+pub fn check_space(spec: &SpaceSpec, facts: &Facts) -> Result<String, Failed> {
     let path = spec.path.trim_end_matches('/');
     let path = if path.is_empty() { "/" } else { path };
     if !facts.mounts()?.iter().any(|m| m.target == path) {
@@ -239,7 +251,8 @@ pub fn check_space(spec: &SpaceSpec, facts: &Facts) -> Result<String, String> {
     eval_space(spec, &u)
 }
 
-fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
+fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::FileSystem(spec.path.clone()), m);
     let path = &spec.path;
     let inode_check = matches!(
         spec.what,
@@ -255,15 +268,15 @@ fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
         SpaceWhat::Free => {
             let free_pct = 100 - pct;
             match spec.min {
-                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(format!(
+                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(failed(format!(
                     "{path} has only {free_pct}% free ({}), minimum is {p}%",
                     human_kib(u.avail_kib)
-                )),
-                Some(Threshold::Absolute(n)) if u.avail_kib < n => Err(format!(
+                ))),
+                Some(Threshold::Absolute(n)) if u.avail_kib < n => Err(failed(format!(
                     "{path} has only {} free, minimum is {}",
                     human_kib(u.avail_kib),
                     human_kib(n)
-                )),
+                ))),
                 _ => Ok(format!(
                     "{path}: {} free ({free_pct}%)",
                     human_kib(u.avail_kib)
@@ -271,34 +284,34 @@ fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
             }
         }
         SpaceWhat::Used => match spec.max {
-            Some(Threshold::Percent(p)) if pct as f64 >= p => Err(format!(
+            Some(Threshold::Percent(p)) if pct as f64 >= p => Err(failed(format!(
                 "{path} is {pct}% full ({} used), threshold is {p}%",
                 human_kib(u.used_kib)
-            )),
-            Some(Threshold::Absolute(n)) if u.used_kib >= n => Err(format!(
+            ))),
+            Some(Threshold::Absolute(n)) if u.used_kib >= n => Err(failed(format!(
                 "{path} has {} used, threshold is {}",
                 human_kib(u.used_kib),
                 human_kib(n)
-            )),
+            ))),
             _ => Ok(format!("{path}: {pct}% used ({})", human_kib(u.used_kib))),
         },
         SpaceWhat::Size => {
             if let Some(Threshold::Absolute(n)) = spec.min {
                 if u.size_kib < n {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "{path} size {} less than minimum of {}",
                         human_kib(u.size_kib),
                         human_kib(n)
-                    ));
+                    )));
                 }
             }
             if let Some(Threshold::Absolute(n)) = spec.max {
                 if u.size_kib > n {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "{path} size {} exceeds maximum of {}",
                         human_kib(u.size_kib),
                         human_kib(n)
-                    ));
+                    )));
                 }
             }
             Ok(format!("{path}: size {}", human_kib(u.size_kib)))
@@ -306,15 +319,18 @@ fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
         SpaceWhat::Inodes => {
             if let Some(Threshold::Absolute(n)) = spec.min {
                 if u.files < n {
-                    return Err(format!(
+                    return Err(failed(format!(
                         "{path} inodes {} less than minimum of {n}",
                         u.files
-                    ));
+                    )));
                 }
             }
             if let Some(Threshold::Absolute(n)) = spec.max {
                 if u.files > n {
-                    return Err(format!("{path} inodes {} exceeds maximum of {n}", u.files));
+                    return Err(failed(format!(
+                        "{path} inodes {} exceeds maximum of {n}",
+                        u.files
+                    )));
                 }
             }
             Ok(format!("{path}: {} inodes", u.files))
@@ -322,24 +338,24 @@ fn eval_space(spec: &SpaceSpec, u: &Usage) -> Result<String, String> {
         SpaceWhat::InodesFree => {
             let free_pct = 100 - ipct;
             match spec.min {
-                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(format!(
+                Some(Threshold::Percent(p)) if (free_pct as f64) < p => Err(failed(format!(
                     "{path} has only {free_pct}% of inodes free ({}), minimum is {p}%",
                     u.ffree
-                )),
-                Some(Threshold::Absolute(n)) if u.ffree < n => Err(format!(
+                ))),
+                Some(Threshold::Absolute(n)) if u.ffree < n => Err(failed(format!(
                     "{path} has only {} inodes free, minimum is {n}",
                     u.ffree
-                )),
+                ))),
                 _ => Ok(format!("{path}: {} inodes free ({free_pct}%)", u.ffree)),
             }
         }
         SpaceWhat::InodesUsed => match spec.max {
-            Some(Threshold::Percent(p)) if ipct as f64 >= p => Err(format!(
+            Some(Threshold::Percent(p)) if ipct as f64 >= p => Err(failed(format!(
                 "{path} has {ipct}% of inodes used ({iused}), threshold is {p}%"
-            )),
-            Some(Threshold::Absolute(n)) if iused >= n => {
-                Err(format!("{path} has {iused} inodes used, threshold is {n}"))
-            }
+            ))),
+            Some(Threshold::Absolute(n)) if iused >= n => Err(failed(format!(
+                "{path} has {iused} inodes used, threshold is {n}"
+            ))),
             _ => Ok(format!("{path}: {iused} inodes used ({ipct}%)")),
         },
     }

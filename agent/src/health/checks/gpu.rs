@@ -17,7 +17,10 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::Nvml;
 
-use crate::health::facts::Facts;
+use std::sync::Arc;
+
+use super::{Checked, Failed};
+use crate::health::facts::{Facts, FactsError};
 
 /// How many GPUs are expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +95,7 @@ pub fn parse_xid(line: &str) -> Option<(String, u32)> {
 
 /// XID reports in the kernel log since boot, by (device, code) with a count. Reads
 /// `/dev/kmsg` without blocking.
-fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, String> {
+fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> {
     use rustix::fs::{Mode, OFlags};
     let path = &facts.host.kmsg;
     let fd = rustix::fs::open(
@@ -100,7 +103,10 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, String> {
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    .map_err(|e| FactsError::Open {
+        path: path.clone(),
+        source: Arc::new(e.into()),
+    })?;
     let mut out = BTreeMap::new();
     let mut buf = vec![0u8; 8192];
     loop {
@@ -115,7 +121,12 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, String> {
             // EPIPE: a record was overwritten while reading; go on.
             Err(rustix::io::Errno::PIPE) => continue,
             Err(rustix::io::Errno::AGAIN) => break,
-            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+            Err(e) => {
+                return Err(FactsError::Read {
+                    path: path.clone(),
+                    source: Arc::new(e.into()),
+                })
+            }
         }
     }
     Ok(out)
@@ -140,8 +151,9 @@ fn expected_count(spec: &GpuSpec, facts: &Facts) -> Option<u32> {
 /// Runs a GPU check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Gpus, m);
     let expected = expected_count(spec, facts);
     let nvml = match load(spec) {
         Ok(n) => n,
@@ -151,19 +163,21 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
             | NvmlError::LibraryNotFound),
         ) => {
             return match expected {
-                Some(n) if n > 0 => Err(format!("expected {n} GPUs, but NVML is unavailable: {e}")),
-                _ if spec.require => Err(format!("NVML is unavailable: {e}")),
+                Some(n) if n > 0 => Err(failed(format!(
+                    "expected {n} GPUs, but NVML is unavailable: {e}"
+                ))),
+                _ if spec.require => Err(failed(format!("NVML is unavailable: {e}"))),
                 _ => Ok(format!("no GPU (NVML unavailable: {e})")),
             };
         }
-        Err(e) => return Err(format!("NVML initialisation failed: {e}")),
+        Err(e) => return Err(failed(format!("NVML initialisation failed: {e}"))),
     };
     let count = nvml
         .device_count()
-        .map_err(|e| format!("NVML device count: {e}"))?;
+        .map_err(|e| failed(format!("NVML device count: {e}")))?;
     if let Some(n) = expected {
         if count != n {
-            return Err(format!("found {count} GPUs, expected {n}"));
+            return Err(failed(format!("found {count} GPUs, expected {n}")));
         }
     }
     let mut problems = Vec::new();
@@ -263,7 +277,7 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, String> {
     if problems.is_empty() {
         Ok(format!("{count} GPUs healthy"))
     } else {
-        Err(problems.join("; "))
+        Err(failed(problems.join("; ")))
     }
 }
 
@@ -332,14 +346,14 @@ mod tests {
             count: GpuCount::Exact(8),
             ..spec
         };
-        let e = check_gpus(&want, &f).unwrap_err();
+        let e = check_gpus(&want, &f).unwrap_err().to_string();
         assert!(e.contains("expected 8 GPUs"), "{e}");
         let required = GpuSpec {
             require: true,
             count: GpuCount::Auto,
             ..want
         };
-        let e = check_gpus(&required, &f).unwrap_err();
+        let e = check_gpus(&required, &f).unwrap_err().to_string();
         assert!(e.starts_with("NVML is unavailable"), "{e}");
     }
 }

@@ -7,6 +7,7 @@
 
 use std::fs;
 
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 use crate::health::matcher::Matcher;
 use crate::health::units::{human_kib, Threshold};
@@ -131,7 +132,8 @@ pub fn detect_instance_type(facts: &Facts) -> Option<String> {
     (ok(family) && ok(size)).then_some(name)
 }
 
-fn check_cpu(spec: &CpuSpec, facts: &Facts) -> Result<String, String> {
+fn check_cpu(spec: &CpuSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Cpu, m);
     let c = facts.cpu()?;
     for (label, want, have) in [
         ("socket", spec.sockets, c.sockets),
@@ -141,9 +143,9 @@ fn check_cpu(spec: &CpuSpec, facts: &Facts) -> Result<String, String> {
     ] {
         if let Some(w) = want {
             if w != have {
-                return Err(format!(
+                return Err(failed(format!(
                     "actual CPU {label} count ({have}) does not match expected ({w})"
-                ));
+                )));
             }
         }
     }
@@ -153,7 +155,8 @@ fn check_cpu(spec: &CpuSpec, facts: &Facts) -> Result<String, String> {
     ))
 }
 
-fn check_mem(spec: &MemSpec, facts: &Facts) -> Result<String, String> {
+fn check_mem(spec: &MemSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Memory, m);
     let m = facts.mem()?;
     let actual = match spec.what {
         MemWhat::Physmem => m.ram_total,
@@ -171,20 +174,20 @@ fn check_mem(spec: &MemSpec, facts: &Facts) -> Result<String, String> {
     let label = spec.what.label();
     if let Some(min) = spec.min {
         if actual.saturating_add(fudge) < min {
-            return Err(format!(
+            return Err(failed(format!(
                 "{label} {} ({actual} KiB) less than minimum allowed {} ({min} KiB)",
                 human_kib(actual),
                 human_kib(min)
-            ));
+            )));
         }
     }
     if let Some(max) = spec.max {
         if actual.saturating_sub(fudge) > max {
-            return Err(format!(
+            return Err(failed(format!(
                 "{label} {} ({actual} KiB) greater than maximum allowed {} ({max} KiB)",
                 human_kib(actual),
                 human_kib(max)
-            ));
+            )));
         }
     }
     Ok(format!("{label} {}", human_kib(actual)))
@@ -193,8 +196,8 @@ fn check_mem(spec: &MemSpec, facts: &Facts) -> Result<String, String> {
 /// Runs a hardware check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_hardware(spec: &HardwareSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_hardware(spec: &HardwareSpec, facts: &Facts) -> Result<String, Failed> {
     let mut parts = Vec::new();
     if let Some(tolerance) = spec.instance_type_auto {
         match detect_instance_type(facts) {
@@ -233,12 +236,15 @@ pub fn check_hardware(spec: &HardwareSpec, facts: &Facts) -> Result<String, Stri
 /// Runs an InfiniBand check over `/sys/class/infiniband/*/ports/*`.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_ib(spec: &IbSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_ib(spec: &IbSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Infiniband(spec.dev.clone()), m);
     let sys = &facts.host.sys_dir;
     let abi = fs::read_to_string(sys.join("class/infiniband_mad/abi_version")).unwrap_or_default();
     if abi.trim().is_empty() || abi.trim() == "0" {
-        return Err("no InfiniBand user-level MAD ABI (ib_umad not loaded)".into());
+        return Err(failed(
+            "no InfiniBand user-level MAD ABI (ib_umad not loaded)".into(),
+        ));
     }
     let root = sys.join("class/infiniband");
     let mut seen = Vec::new();
@@ -279,25 +285,26 @@ pub fn check_ib(spec: &IbSpec, facts: &Facts) -> Result<String, String> {
         .as_ref()
         .map(|r| format!(" {r} Gb/sec"))
         .unwrap_or_default();
-    Err(format!(
+    Err(failed(format!(
         "no IB port{dev} is ACTIVE (LinkUp{rate}); ports: {}",
         if seen.is_empty() {
             "none".to_string()
         } else {
             seen.join(", ")
         }
-    ))
+    )))
 }
 
 /// Runs a network interface check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_netdev(m: &Matcher, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_netdev(m: &Matcher, facts: &Facts) -> Result<String, Failed> {
+    let failed = |msg: String| Failed::new(Checked::NetDev(m.to_string()), msg);
     let devs = facts.netdevs()?;
     match devs.iter().find(|d| m.matches(d)) {
         Some(d) => Ok(format!("network device {d} present")),
-        None => Err(format!("Ethernet device {m} not detected")),
+        None => Err(failed(format!("Ethernet device {m} not detected"))),
     }
 }
 
@@ -322,8 +329,9 @@ pub struct McelogSpec {
 /// output fails.
 ///
 /// # Errors
-/// The failure message.
-pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Mcelog(spec.argv.clone()), m);
     if output.is_empty() {
         return Ok("no machine check errors reported".into());
     }
@@ -332,9 +340,9 @@ pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, String> {
     }
     let (Some(max_c), Some(max_u)) = (spec.max_corrected, spec.max_uncorrected) else {
         let first = output.lines().next().unwrap_or("");
-        return Err(format!(
+        return Err(failed(format!(
             "check_hw_mcelog: MCEs detected in log (no limits set): {first}"
-        ));
+        )));
     };
     let lines: Vec<&str> = output.split('\n').filter(|l| !l.is_empty()).collect();
     for (i, l) in lines.iter().enumerate() {
@@ -348,9 +356,9 @@ pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, String> {
             .and_then(|x| x.split_whitespace().next())
             .and_then(|w| w.parse::<i64>().ok());
         if let Some(n) = n.filter(|n| *n > limit) {
-            return Err(format!(
+            return Err(failed(format!(
                 "check_hw_mcelog: MCEs detected - {n} {what} memory errors detected (limit of {limit}/day)."
-            ));
+            )));
         }
     }
     Ok(format!(
@@ -362,27 +370,26 @@ pub fn judge_mcelog(spec: &McelogSpec, output: &str) -> Result<String, String> {
 /// started counts as its error message printed, as NHC's `$(mcelog ... 2>&1)` does.
 ///
 /// # Errors
-/// The failure message; a timeout starts with [`super::cmd::TIMEOUT_PREFIX`].
+/// [`Failed`]: what is wrong, in NHC's words; a timeout is [`Failed::TimedOut`].
 pub async fn check_mcelog(
     spec: &McelogSpec,
     timeout: std::time::Duration,
     output_limit: usize,
-) -> Result<String, String> {
+) -> Result<String, Failed> {
     let output = match super::cmd::run_command(&spec.argv, timeout, output_limit).await {
         Ok(o) if o.timed_out => {
-            return Err(format!(
-                "{}{} for {:?}",
-                super::cmd::TIMEOUT_PREFIX,
-                super::cmd::shown_duration(timeout),
-                spec.argv.join(" ")
-            ))
+            return Err(Failed::TimedOut {
+                argv: spec.argv.clone(),
+                timeout,
+                killed: String::new(),
+            })
         }
         Ok(o) => {
             let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&o.stderr));
             text
         }
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
     judge_mcelog(spec, &output)
 }
@@ -434,7 +441,7 @@ mod tests {
             max: None,
             tolerance: None,
         };
-        let e = check_mem(&free, &f).unwrap_err();
+        let e = check_mem(&free, &f).unwrap_err().to_string();
         assert!(e.contains("free RAM"), "{e}");
     }
 
@@ -461,7 +468,7 @@ mod tests {
             rate: Some("200".into()),
             dev: None,
         };
-        let e = check_ib(&r, &f).unwrap_err();
+        let e = check_ib(&r, &f).unwrap_err().to_string();
         assert!(e.contains("mlx5_0:1 ACTIVE/LinkUp 100"), "{e}");
         assert!(check_netdev(&Matcher::parse("eth*").unwrap(), &f).is_ok());
         assert!(check_netdev(&Matcher::parse("ib0").unwrap(), &f).is_err());

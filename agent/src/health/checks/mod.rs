@@ -1,6 +1,7 @@
 //! The check families and what each one verifies. A check's evaluation returns
-//! `Ok(message)` when it passes and `Err(message)` when it fails; the engine adds the
-//! timeout, the duration and the check's name.
+//! `Ok(message)` when it passes and `Err(`[`Failed`]`)` when it fails, which names what was
+//! checked and displays NHC's words (they become the Slurm drain reason); the engine adds
+//! the timeout, the duration and the check's name.
 
 pub mod cmd;
 pub mod dmi;
@@ -13,7 +14,151 @@ pub mod net;
 pub mod ps;
 pub mod psres;
 
-use super::facts::Facts;
+use std::time::Duration;
+
+use super::facts::{Facts, FactsError};
+use super::ConfigError;
+
+/// What a failed check looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// The file system mounted on (or holding) this path.
+    FileSystem(String),
+    /// CPU topology (`/proc/cpuinfo`).
+    Cpu,
+    /// Memory and swap sizes (`/proc/meminfo`).
+    Memory,
+    /// The shape of this instance type.
+    InstanceType(String),
+    /// InfiniBand ports (of this device, when one is named).
+    Infiniband(Option<String>),
+    /// A network interface, by its match expression.
+    NetDev(String),
+    /// GPUs (NVML, kernel XID messages).
+    Gpus,
+    /// EFA devices.
+    Efa,
+    /// A process (the service name or match expression).
+    Process(String),
+    /// Load averages (`/proc/loadavg`).
+    LoadAvg,
+    /// A systemd unit.
+    Unit(String),
+    /// These files.
+    Files(Vec<String>),
+    /// A command (its argv).
+    Command(Vec<String>),
+    /// DMI data, by the match expression.
+    Dmi(String),
+    /// Machine check errors (mcelog's argv).
+    Mcelog(Vec<String>),
+    /// Processes over a resource limit, of unauthorized users, or kswapd's (the NHC
+    /// check: `check_ps_cpu`...).
+    Processes(String),
+    /// Sockets (the criteria, as described in messages).
+    Sockets(String),
+    /// A host answering ICMP echo.
+    Host(String),
+}
+
+/// Why a check failed: what it looked at, and NHC's words for it (which become the Slurm
+/// drain reason).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Failed {
+    /// What the check looked at is not as expected.
+    #[error("{message}")]
+    Check {
+        /// What the check looked at.
+        checked: Checked,
+        /// The failure as NHC words it.
+        message: String,
+    },
+    /// A command (or mcelog) was killed at its timeout; displays as starting with
+    /// [`cmd::TIMEOUT_PREFIX`], which the engine recognises.
+    #[error("{prefix}{} for {:?}{killed}", cmd::shown_duration(*timeout), argv.join(" "), prefix = cmd::TIMEOUT_PREFIX)]
+    TimedOut {
+        /// The command.
+        argv: Vec<String>,
+        /// Its timeout.
+        timeout: Duration,
+        /// What the message says after the command: ` (program); killed with its ...`,
+        /// or nothing.
+        killed: String,
+    },
+    /// A command could not be started.
+    #[error(transparent)]
+    Command(#[from] cmd::CommandError),
+    /// No socket table could be read.
+    #[error(transparent)]
+    Sockets(#[from] net::NoSocketTable),
+    /// A host fact the check needs could not be read.
+    #[error(transparent)]
+    Host(#[from] FactsError),
+    /// The definition cannot run on this node (the file and line say why).
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// A failure of a check that NHC prefixes with the check's name (`check_cmd_* -C`).
+    #[error("{name}: {inner}")]
+    Named {
+        /// The name (NHC's `-C`).
+        name: String,
+        /// The failure.
+        #[source]
+        inner: Box<Failed>,
+    },
+    /// systemd could not be asked about a unit.
+    #[error("{source}")]
+    Systemd {
+        /// The unit.
+        unit: String,
+        /// systemd's (or D-Bus's) error.
+        #[source]
+        source: std::sync::Arc<crate::systemd::SystemdError>,
+    },
+    /// A failure after which the engine took actions (killed, reniced, ran a program):
+    /// the failure, then what was done.
+    #[error("{inner}; {}", done.join("; "))]
+    Acted {
+        /// The failure.
+        #[source]
+        inner: Box<Failed>,
+        /// What each action did.
+        done: Vec<String>,
+    },
+    /// An async check given to [`CheckKind::run_blocking`] (a bug).
+    #[error("internal error: an async check was run as a blocking one")]
+    NotBlocking {
+        /// The check's family.
+        family: &'static str,
+    },
+    /// A check given to the wrong async runner (a bug).
+    #[error("internal error: {family} is not {expected}")]
+    WrongRunner {
+        /// The check's family.
+        family: &'static str,
+        /// What the runner takes (`an async check`, `a process check`).
+        expected: &'static str,
+    },
+    /// The blocking task of a check panicked or was cancelled.
+    #[error("internal error: {0}")]
+    Task(#[source] std::sync::Arc<tokio::task::JoinError>),
+}
+
+impl Failed {
+    /// A failure of the check of `checked`, displayed as `message`.
+    pub fn new(checked: Checked, message: impl Into<String>) -> Failed {
+        Failed::Check {
+            checked,
+            message: message.into(),
+        }
+    }
+
+    /// Whether the failure is a timeout: [`Failed::TimedOut`], or any failure whose
+    /// message starts with [`cmd::TIMEOUT_PREFIX`] (as the engine has always told them).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Failed::TimedOut { .. }) || self.to_string().starts_with(cmd::TIMEOUT_PREFIX)
+    }
+}
 
 /// What one check verifies.
 #[derive(Debug, Clone)]
@@ -62,8 +207,8 @@ pub enum CheckKind {
     /// A host answers ICMP echo.
     Ping(net::ping::PingSpec),
     /// A definition that cannot run on this node (an unsupported NHC function, a bad
-    /// option...): always fails with this message, which names the file and line.
-    Invalid(String),
+    /// option...): always fails with this error, which names the file and line.
+    Invalid(super::ConfigError),
 }
 
 /// A systemd unit in an expected state.
@@ -120,8 +265,8 @@ impl CheckKind {
     /// Runs a blocking check on the calling thread.
     ///
     /// # Errors
-    /// The failure message.
-    pub fn run_blocking(&self, facts: &Facts) -> Result<String, String> {
+    /// [`Failed`]: why the check failed.
+    pub fn run_blocking(&self, facts: &Facts) -> Result<String, Failed> {
         match self {
             CheckKind::Mount(s) => fs::check_mount(s, facts),
             CheckKind::Space(s) => fs::check_space(s, facts),
@@ -136,7 +281,7 @@ impl CheckKind {
             CheckKind::FileContents(s) => file::check_contents(s),
             CheckKind::FileStat(s) => file::check_stat(s, facts),
             CheckKind::Dmi(s) => dmi::check_dmi(s, facts),
-            CheckKind::Invalid(m) => Err(m.clone()),
+            CheckKind::Invalid(e) => Err(Failed::Invalid(e.clone())),
             CheckKind::Command(_)
             | CheckKind::Unit(_)
             | CheckKind::Mcelog(_)
@@ -144,9 +289,9 @@ impl CheckKind {
             | CheckKind::PsUsers(_)
             | CheckKind::Kswapd(_)
             | CheckKind::NetSocket(_)
-            | CheckKind::Ping(_) => {
-                Err("internal error: an async check was run as a blocking one".into())
-            }
+            | CheckKind::Ping(_) => Err(Failed::NotBlocking {
+                family: self.family(),
+            }),
         }
     }
 }

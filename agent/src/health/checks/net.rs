@@ -12,6 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 use super::psres::{Action, Verdict};
+use super::{Checked, Failed};
 use crate::health::facts::Facts;
 use crate::health::matcher::Matcher;
 
@@ -153,11 +154,20 @@ pub fn parse_unix(text: &str) -> Vec<Socket> {
         .collect()
 }
 
+/// None of the socket tables (`net/tcp`, `net/udp`, `net/unix`...) of a procfs could be
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no socket table readable in {}/net", proc_dir.display())]
+pub struct NoSocketTable {
+    /// The procfs (`/proc`).
+    pub proc_dir: std::path::PathBuf,
+}
+
 /// Every socket of the host.
 ///
 /// # Errors
-/// No table could be read.
-pub fn sockets(proc_dir: &Path) -> Result<Vec<Socket>, String> {
+/// [`NoSocketTable`]: no table could be read.
+pub fn sockets(proc_dir: &Path) -> Result<Vec<Socket>, NoSocketTable> {
     let mut out = Vec::new();
     let mut read_any = false;
     for proto in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
@@ -171,10 +181,9 @@ pub fn sockets(proc_dir: &Path) -> Result<Vec<Socket>, String> {
         out.extend(parse_unix(&t));
     }
     if !read_any {
-        return Err(format!(
-            "no socket table readable in {}/net",
-            proc_dir.display()
-        ));
+        return Err(NoSocketTable {
+            proc_dir: proc_dir.to_path_buf(),
+        });
     }
     Ok(out)
 }
@@ -281,7 +290,7 @@ impl SocketSpec {
 ///
 /// # Errors
 /// The socket tables could not be read.
-pub fn eval_socket(spec: &SocketSpec, facts: &Facts) -> Result<Verdict, String> {
+pub fn eval_socket(spec: &SocketSpec, facts: &Facts) -> Result<Verdict, Failed> {
     let all = sockets(&facts.host.proc_dir)?;
     let owners = if spec.daemon.is_some() {
         owners(facts)
@@ -319,11 +328,13 @@ pub fn eval_socket(spec: &SocketSpec, facts: &Facts) -> Result<Verdict, String> 
         actions.push(Action::Run(spec.found_action.clone()));
     }
     let result = match (count, spec.negate) {
-        (0, false) => Err(format!(
-            "check_net_socket: No {name} sockets found ({seek})"
+        (0, false) => Err(Failed::new(
+            Checked::Sockets(seek.clone()),
+            format!("check_net_socket: No {name} sockets found ({seek})"),
         )),
-        (n, true) if n > 0 => Err(format!(
-            "check_net_socket: {n} {name} socket(s) found ({seek}) (NEGATED)"
+        (n, true) if n > 0 => Err(Failed::new(
+            Checked::Sockets(seek.clone()),
+            format!("check_net_socket: {n} {name} socket(s) found ({seek}) (NEGATED)"),
         )),
         (n, _) => Ok(format!("{n} {name} socket(s) found ({seek})")),
     };

@@ -1,7 +1,8 @@
 //! Processes and load (NHC's `check_ps_service`, `check_ps_daemon`,
 //! `check_ps_blacklist`, `check_ps_loadavg`), from `/proc` without running `ps`.
 
-use crate::health::facts::{Facts, ProcEntry};
+use super::{Checked, Failed};
+use crate::health::facts::{Facts, FactsError, ProcEntry};
 use crate::health::matcher::Matcher;
 
 /// What part of a process a [`ProcessSpec`] pattern is matched against.
@@ -131,15 +132,15 @@ fn matches_proc(spec: &ProcessSpec, p: &ProcEntry, facts: &Facts) -> bool {
     true
 }
 
-fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, String> {
+fn find<'a>(spec: &ProcessSpec, facts: &'a Facts) -> Result<Option<&'a ProcEntry>, FactsError> {
     Ok(facts.procs()?.iter().find(|p| matches_proc(spec, p, facts)))
 }
 
 /// The PIDs of the processes the spec matches (pattern and owner), in `/proc` order.
 ///
 /// # Errors
-/// `/proc` could not be read.
-pub fn matching_pids(spec: &ProcessSpec, facts: &Facts) -> Result<Vec<u32>, String> {
+/// [`FactsError`]: `/proc` could not be read.
+pub fn matching_pids(spec: &ProcessSpec, facts: &Facts) -> Result<Vec<u32>, FactsError> {
     let procs = facts.procs()?;
     let mut out = Vec::new();
     for p in procs {
@@ -153,8 +154,9 @@ pub fn matching_pids(spec: &ProcessSpec, facts: &Facts) -> Result<Vec<u32>, Stri
 /// Runs a process check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_process(spec: &ProcessSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_process(spec: &ProcessSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::Process(spec.service.clone()), m);
     let owner = spec
         .owner
         .as_ref()
@@ -167,16 +169,16 @@ pub fn check_process(spec: &ProcessSpec, facts: &Facts) -> Result<String, String
             p.pid,
             truncate(&p.args, 80)
         )),
-        (None, true) => Err(format!(
+        (None, true) => Err(failed(format!(
             "service {} (process {}){owner} not running",
             spec.service, spec.pattern
-        )),
-        (Some(p), false) => Err(format!(
+        ))),
+        (Some(p), false) => Err(failed(format!(
             "process {}{owner} running (pid {}: {})",
             spec.pattern,
             p.pid,
             truncate(&p.args, 80)
-        )),
+        ))),
         (None, false) => Ok(format!("no process {}{owner}", spec.pattern)),
     }
 }
@@ -192,17 +194,18 @@ fn truncate(s: &str, n: usize) -> String {
 /// Runs a load average check.
 ///
 /// # Errors
-/// The failure message.
-pub fn check_loadavg(spec: &LoadAvgSpec, facts: &Facts) -> Result<String, String> {
+/// [`Failed`]: what is wrong, in NHC's words.
+pub fn check_loadavg(spec: &LoadAvgSpec, facts: &Facts) -> Result<String, Failed> {
+    let failed = |m: String| Failed::new(Checked::LoadAvg, m);
     let l = facts.loadavg()?;
     for (i, minutes) in [1, 5, 15].iter().enumerate() {
         if let Some(limit) = spec.limits[i] {
             let v = l[i].trunc() as u64;
             if v >= limit {
-                return Err(format!(
+                return Err(failed(format!(
                     "{minutes}-minute load average too high: {} >= {limit}",
                     l[i]
-                ));
+                )));
             }
         }
     }

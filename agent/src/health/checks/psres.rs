@@ -8,7 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::health::facts::{Facts, ProcEntry};
+use std::sync::Arc;
+
+use super::{Checked, Failed};
+use crate::health::facts::{Facts, FactsError, ProcEntry};
 use crate::health::matcher::Matcher;
 
 /// Clock ticks per second of `/proc/<pid>/stat` times: the kernel reports them in
@@ -76,13 +79,19 @@ pub fn proc_stat(
 }
 
 /// Seconds since boot (`/proc/uptime`).
-fn uptime(proc_dir: &Path) -> Result<u64, String> {
+fn uptime(proc_dir: &Path) -> Result<u64, FactsError> {
     let p = proc_dir.join("uptime");
-    let t = std::fs::read_to_string(&p).map_err(|e| format!("reading {}: {e}", p.display()))?;
-    t.split(['.', ' '])
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| format!("{}: unexpected content {t:?}", p.display()))
+    let t = std::fs::read_to_string(&p).map_err(|e| FactsError::Read {
+        path: p.clone(),
+        source: Arc::new(e),
+    })?;
+    match t.split(['.', ' ']).next().and_then(|v| v.parse().ok()) {
+        Some(v) => Ok(v),
+        None => Err(FactsError::Unexpected {
+            path: p,
+            content: t,
+        }),
+    }
 }
 
 /// Where the highest system uid comes from (NHC's `MAX_SYS_UID`).
@@ -203,8 +212,8 @@ pub enum Action {
 /// A check's verdict and the actions it asks for.
 #[derive(Debug, Clone)]
 pub struct Verdict {
-    /// Pass or fail message.
-    pub result: Result<String, String>,
+    /// Pass message, or why the check failed.
+    pub result: Result<String, Failed>,
     /// To do, in order, unless the run is report-only.
     pub actions: Vec<Action>,
 }
@@ -221,7 +230,8 @@ fn unparse_kib(kib: u64) -> String {
 ///
 /// # Errors
 /// `/proc` could not be read.
-pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, String> {
+pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, Failed> {
+    let failed = |m: String| Failed::new(Checked::Processes(spec.check.clone()), m);
     let procs = facts.procs()?;
     let mem_total = facts.mem().map(|m| m.ram_total).unwrap_or(0);
     let up = uptime(&facts.host.proc_dir)?;
@@ -315,8 +325,8 @@ pub fn eval_resource(spec: &ResourceSpec, facts: &Facts) -> Result<Verdict, Stri
             "no matching process over the limit ({})",
             spec.resource
         )),
-        1 if !spec.all => Err(msgs.remove(0)),
-        n => Err(format!("{} (last of {n})", msgs[n - 1])),
+        1 if !spec.all => Err(failed(msgs.remove(0))),
+        n => Err(failed(format!("{} (last of {n})", msgs[n - 1]))),
     };
     Ok(Verdict { result, actions })
 }
@@ -376,11 +386,24 @@ pub struct UsersSpec {
     pub actions: Vec<UserAction>,
 }
 
+/// An NHC action word that is not one of those the check takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown action {word:?} (log, syslog, die{}, ignore)", if *.kill_allowed { ", kill" } else { "" })]
+pub struct UnknownAction {
+    /// The word.
+    pub word: String,
+    /// Whether the check takes `kill`.
+    pub kill_allowed: bool,
+}
+
 /// Parses NHC's action words.
 ///
 /// # Errors
-/// An unknown word.
-pub fn parse_user_actions(words: &[String], kill_allowed: bool) -> Result<Vec<UserAction>, String> {
+/// [`UnknownAction`].
+pub fn parse_user_actions(
+    words: &[String],
+    kill_allowed: bool,
+) -> Result<Vec<UserAction>, UnknownAction> {
     if words.is_empty() {
         return Ok(vec![UserAction::Die]);
     }
@@ -391,10 +414,10 @@ pub fn parse_user_actions(words: &[String], kill_allowed: bool) -> Result<Vec<Us
             "die" => Ok(UserAction::Die),
             "kill" if kill_allowed => Ok(UserAction::Kill),
             "ignore" => Ok(UserAction::Ignore),
-            o => Err(format!(
-                "unknown action {o:?} (log, syslog, die{}, ignore)",
-                if kill_allowed { ", kill" } else { "" }
-            )),
+            o => Err(UnknownAction {
+                word: o.to_string(),
+                kill_allowed,
+            }),
         })
         .collect()
 }
@@ -407,7 +430,7 @@ pub fn eval_users(
     spec: &UsersSpec,
     facts: &Facts,
     job_users: &[String],
-) -> Result<Verdict, String> {
+) -> Result<Verdict, Failed> {
     let procs = facts.procs()?;
     let max_sys = spec.sys_uids.max();
     let auth: Vec<&str> = spec.auth_users.split_whitespace().collect();
@@ -465,7 +488,7 @@ pub fn eval_users(
                 }
                 UserAction::Die => {
                     return Ok(Verdict {
-                        result: Err(msg),
+                        result: Err(Failed::new(Checked::Processes(fn_name.to_string()), msg)),
                         actions,
                     })
                 }
@@ -541,7 +564,7 @@ pub struct KswapdSpec {
 ///
 /// # Errors
 /// `/proc` could not be read.
-pub fn eval_kswapd(spec: &KswapdSpec, facts: &Facts) -> Result<Verdict, String> {
+pub fn eval_kswapd(spec: &KswapdSpec, facts: &Facts) -> Result<Verdict, Failed> {
     let mut found = Vec::new();
     for p in facts.procs()? {
         if !p.args.contains("kswapd") {
@@ -581,7 +604,10 @@ pub fn eval_kswapd(spec: &KswapdSpec, facts: &Facts) -> Result<Verdict, String> 
         match a {
             UserAction::Die => {
                 return Ok(Verdict {
-                    result: Err(msg),
+                    result: Err(Failed::new(
+                        Checked::Processes("check_ps_kswapd".into()),
+                        msg,
+                    )),
                     actions: Vec::new(),
                 })
             }

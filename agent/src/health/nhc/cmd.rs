@@ -7,13 +7,13 @@ use crate::health::checks::cmd::{resolve_program_in, SAFE_PATH};
 const NHC_CMD_TIMEOUT: u64 = 5;
 
 /// `check_cmd_status` / `check_cmd_output`.
-pub(super) fn status(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn status(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     cmd(name, args, cx)
 }
 
 /// `check_cmd_dmesg [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs]`: NHC's
 /// wrapper of `check_cmd_output -C check_cmd_dmesg` over `dmesg` (or the `-e` command).
-pub(super) fn dmesg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn dmesg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "M:e:m:r:t:")?;
     too_many(&rest, 0)?;
     let mut out: Vec<String> = vec!["-C".into(), "check_cmd_dmesg".into()];
@@ -33,13 +33,15 @@ pub(super) fn dmesg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Stri
     cmd("check_cmd_output", &out, cx)
 }
 
-fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, String> {
-    s.parse().map_err(|_| format!("{s:?} is not a number"))
+fn parse_num<T: std::str::FromStr>(s: &str) -> Result<T, NhcError> {
+    s.parse().map_err(|_| NhcError::NotANumber {
+        value: s.to_string(),
+    })
 }
 
 /// `check_cmd_status [-C name] [-r status] [-t secs] cmd...` and `check_cmd_output [-C
 /// name] [-O var] [-M msg]... [-e cmd] [-m expr]... [-r status] [-t secs] [cmd...]`.
-fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let spec = if name == "check_cmd_status" {
         "C:r:t:"
     } else {
@@ -69,7 +71,7 @@ fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
     }
     let mut argv = cmdline.unwrap_or(rest);
     if argv.is_empty() {
-        return Err("no command specified".into());
+        return Err(NhcError::NoCommand);
     }
     // A bare name is looked up in the PATH the file set (`export PATH="/opt/bin:$PATH"`),
     // as bash does for NHC; not found there, the engine looks in its own safe PATH. Only
@@ -80,7 +82,7 @@ fn cmd(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
         argv[0] = p.display().to_string();
     }
     if secs == 0 {
-        return Err("-t must be at least 1 second".into());
+        return Err(NhcError::TimeoutZero);
     }
     Ok(one(
         CheckKind::Command(CommandSpec {

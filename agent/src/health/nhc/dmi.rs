@@ -4,7 +4,7 @@ use super::*;
 
 /// `check_dmi_raw_data_match [!] expr...`: a line of `dmidecode`'s own output (not
 /// flattened) must match, or with `!` none may.
-pub(super) fn raw_data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn raw_data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let mut rest = args;
     let mut negate = false;
     if rest.first().map(String::as_str) == Some("!") {
@@ -25,7 +25,7 @@ pub(super) fn raw_data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Bu
 }
 
 /// `check_dmi_data_match`.
-pub(super) fn data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     let (opts, mut rest) = getopts(args, "!h:nt:")?;
     let mut spec = DmiSpec {
@@ -43,8 +43,12 @@ pub(super) fn data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built,
                 spec.handles = v
                     .split_whitespace()
                     .map(|w| {
-                        crate::health::arith::eval(w, &|_| None)
-                            .map_err(|e| format!("-h {w:?}: not a DMI handle: {e}"))
+                        crate::health::arith::eval(w, &|_| None).map_err(|source| {
+                            NhcError::NotADmiHandle {
+                                value: w.to_string(),
+                                source,
+                            }
+                        })
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -57,7 +61,7 @@ pub(super) fn data_match(_name: &str, args: &[String], cx: &Cx) -> Result<Built,
         rest.remove(0);
     }
     if rest.is_empty() {
-        return Err("missing match expression".into());
+        return Err(NhcError::NoMatchExpression);
     }
     spec.pattern = matcher(&rest.join(" "))?;
     Ok(one(CheckKind::Dmi(spec), timeout))

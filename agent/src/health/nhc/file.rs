@@ -3,7 +3,7 @@
 use super::*;
 
 /// `check_file_test`.
-pub(super) fn test(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn test(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     let (opts, rest) = getopts(args, "!GLNOSabcdefghkprstuwx")?;
     let mut ops = Vec::new();
@@ -13,14 +13,14 @@ pub(super) fn test(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
             '!' => negate = true,
             't' => return Err(unsupported_opt('t', "it tests a terminal, not a file")),
             c if TEST_OPS.contains(c) => ops.push(c),
-            c => return Err(format!("invalid option -{c}")),
+            c => return Err(NhcError::InvalidOption { option: c }),
         }
     }
     if ops.is_empty() {
-        return Err("at least one test operator is required".into());
+        return Err(NhcError::NoTestOperator);
     }
     if rest.is_empty() {
-        return Err("at least one file is required".into());
+        return Err(NhcError::NoFile);
     }
     Ok(one(
         CheckKind::FileTest(FileTestSpec {
@@ -33,11 +33,11 @@ pub(super) fn test(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
 }
 
 /// `check_file_contents`.
-pub(super) fn contents(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn contents(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     let path = need(args, 0, "file")?.to_string();
     if args.len() < 2 {
-        return Err("at least one match expression is required".into());
+        return Err(NhcError::NoMatchExpressions);
     }
     let matches = args[1..]
         .iter()
@@ -50,7 +50,7 @@ pub(super) fn contents(_name: &str, args: &[String], cx: &Cx) -> Result<Built, S
 }
 
 /// `check_file_stat`.
-pub(super) fn stat(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn stat(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     file_stat(args, timeout)
 }
@@ -58,25 +58,35 @@ pub(super) fn stat(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
 /// A value NHC compares with bash arithmetic (`[[ $X -ne $VALUE ]]`, `$((A & VALUE))`):
 /// `0x..` is hex, a leading `0` octal, else decimal. So `-m 0755` is the mode 0755 but
 /// `-m 755` is decimal 755 (0o1363), exactly as NHC reads it.
-fn bash_num<T: TryFrom<i64>>(c: char, s: &str) -> Result<T, String> {
-    let n = crate::health::arith::eval(s, &|_| None).map_err(|e| format!("-{c} {s:?}: {e}"))?;
-    T::try_from(n).map_err(|_| format!("-{c} {s:?}: {n} is out of range"))
+fn bash_num<T: TryFrom<i64>>(c: char, s: &str) -> Result<T, NhcError> {
+    let n =
+        crate::health::arith::eval(s, &|_| None).map_err(|source| NhcError::OptionNotInteger {
+            option: c,
+            value: s.to_string(),
+            source,
+        })?;
+    T::try_from(n).map_err(|_| NhcError::OptionOutOfRange {
+        option: c,
+        value: s.to_string(),
+        number: n,
+    })
 }
 
 /// A uid or gid NHC compares as a string with stat's decimal `%u`/`%g`: only the plain
 /// decimal spelling can ever match.
-fn decimal_id(c: char, s: &str) -> Result<u32, String> {
+fn decimal_id(c: char, s: &str) -> Result<u32, NhcError> {
     match s.parse::<u32>() {
         Ok(n) if n.to_string() == s => Ok(n),
-        _ => Err(format!(
-            "-{c} {s:?}: NHC compares it as text with the decimal id, so it never matches"
-        )),
+        _ => Err(NhcError::NotDecimalId {
+            option: c,
+            value: s.to_string(),
+        }),
     }
 }
 
 /// `check_file_stat [-D|-d devno] [-G group] [-g gid] [-M mode] [-m mode] [-N|-O secs]
 /// [-n|-o secs] [-T minor] [-t major] [-U user] [-u uid] file...` (NHC 1.4.3's options).
-fn file_stat(args: &[String], timeout: Duration) -> Result<Built, String> {
+fn file_stat(args: &[String], timeout: Duration) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "D:G:M:N:O:T:U:d:g:m:n:o:t:u:")?;
     let mut s = FileStatSpec::default();
     for (c, v) in opts {
@@ -94,11 +104,11 @@ fn file_stat(args: &[String], timeout: Duration) -> Result<Built, String> {
             'o' => s.mtime_older = Some(bash_num(c, &v)?),
             'N' => s.ctime_newer = Some(bash_num(c, &v)?),
             'O' => s.ctime_older = Some(bash_num(c, &v)?),
-            c => return Err(format!("invalid option -{c}")),
+            c => return Err(NhcError::InvalidOption { option: c }),
         }
     }
     if rest.is_empty() {
-        return Err("at least one file is required".into());
+        return Err(NhcError::NoFile);
     }
     s.paths = rest;
     Ok(one(CheckKind::FileStat(s), timeout))

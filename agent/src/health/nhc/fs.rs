@@ -3,22 +3,22 @@
 use super::*;
 
 /// `check_fs_mount`.
-pub(super) fn mount(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mount(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     fs_mount(args, None, cx)
 }
 
 /// `check_fs_mount_rw`.
-pub(super) fn mount_rw(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mount_rw(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     fs_mount(args, Some("rw"), cx)
 }
 
 /// `check_fs_mount_ro`.
-pub(super) fn mount_ro(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mount_ro(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     fs_mount(args, Some("ro"), cx)
 }
 
 /// `check_fs_free` / `check_fs_used` / `check_fs_ifree` / `check_fs_iused`.
-pub(super) fn space(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn space(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 2)?;
     let path = need(args, 0, "file system")?.to_string();
@@ -47,11 +47,11 @@ pub(super) fn space(name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
 }
 
 /// `check_fs_size` / `check_fs_inodes`.
-pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 3)?;
     let path = need(args, 0, "file system")?.to_string();
-    let parse = |s: Option<&str>| -> Result<Option<Threshold>, String> {
+    let parse = |s: Option<&str>| -> Result<Option<Threshold>, NhcError> {
         let Some(s) = s else { return Ok(None) };
         let t = if name == "check_fs_size" {
             parse_size_kib(s).map(Threshold::Absolute)?
@@ -76,7 +76,7 @@ pub(super) fn size(name: &str, args: &[String], cx: &Cx) -> Result<Built, String
     ))
 }
 
-fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, String> {
+fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     // NHC creates a missing mount point directory whatever the options.
     let mut actions = MountActions {
@@ -90,7 +90,9 @@ fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, Strin
         ..MountActions::default()
     };
     if actions.mount_cmd.is_empty() {
-        return Err("MOUNT_CMD is empty".into());
+        return Err(NhcError::EmptySetting {
+            setting: "MOUNT_CMD",
+        });
     }
     let mut fs_list = Vec::new();
     let mut sources = Vec::new();
@@ -124,9 +126,13 @@ fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, Strin
                 // NHC runs these with `bash -c`; the agent splits them into words once
                 // (no variables, substitutions or operators) and runs the program.
                 'e' | 'E' => {
-                    let words = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                    let words = shell_words(&v, &[]).map_err(|source| NhcError::ActionWords {
+                        option: c,
+                        value: v.clone(),
+                        source,
+                    })?;
                     if words.is_empty() {
-                        return Err(format!("-{c}: empty action"));
+                        return Err(NhcError::EmptyAction { option: c });
                     }
                     if c == 'e' {
                         actions.missing = words;
@@ -140,7 +146,7 @@ fn fs_mount(args: &[String], want: Option<&str>, cx: &Cx) -> Result<Built, Strin
         fs_list.extend(rest);
     }
     if fs_list.is_empty() {
-        return Err("missing file system (-f /path)".into());
+        return Err(NhcError::NoFileSystem);
     }
     if let Some(w) = want {
         options.push(Matcher::mount_option(w));

@@ -3,14 +3,15 @@
 use super::*;
 
 /// `check_hw_cpuinfo`.
-pub(super) fn cpuinfo(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn cpuinfo(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 3)?;
-    let n = |i: usize| -> Result<Option<u32>, String> {
+    let n = |i: usize| -> Result<Option<u32>, NhcError> {
         arg(args, i)
             .map(|s| {
-                s.parse::<u32>()
-                    .map_err(|_| format!("{s:?} is not a count"))
+                s.parse::<u32>().map_err(|_| NhcError::NotACount {
+                    value: s.to_string(),
+                })
             })
             .transpose()
     };
@@ -30,7 +31,7 @@ pub(super) fn cpuinfo(_name: &str, args: &[String], cx: &Cx) -> Result<Built, St
 }
 
 /// `check_hw_physmem` / `check_hw_swap` / `check_hw_mem`.
-pub(super) fn mem(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mem(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 3)?;
     let what = match name {
@@ -57,7 +58,7 @@ pub(super) fn mem(name: &str, args: &[String], cx: &Cx) -> Result<Built, String>
 }
 
 /// `check_hw_physmem_free` / `check_hw_swap_free` / `check_hw_mem_free`.
-pub(super) fn mem_free(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mem_free(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 1)?;
     let what = match name {
@@ -82,7 +83,7 @@ pub(super) fn mem_free(name: &str, args: &[String], cx: &Cx) -> Result<Built, St
 }
 
 /// `check_hw_ib`.
-pub(super) fn ib(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn ib(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 2)?;
     Ok(one(
@@ -97,7 +98,7 @@ pub(super) fn ib(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String>
 /// `check_hw_mcelog`: `$MCELOG $MCELOG_ARGS` (default `mcelog --client`, words split on
 /// whitespace, run without a shell), limits from `MCELOG_MAX_CORRECTED_RATE` (default 9)
 /// and `MCELOG_MAX_UNCORRECTED_RATE` (default 0); an empty limit means none.
-pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     too_many(args, 0)?;
     let mut argv: Vec<String> = cx
         .var("MCELOG")
@@ -106,7 +107,7 @@ pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
         .map(str::to_string)
         .collect();
     if argv.is_empty() {
-        return Err("MCELOG is empty".into());
+        return Err(NhcError::EmptySetting { setting: "MCELOG" });
     }
     argv.extend(
         cx.var("MCELOG_ARGS")
@@ -114,14 +115,18 @@ pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
             .split_whitespace()
             .map(str::to_string),
     );
-    let limit = |var: &str, default: &str| -> Result<Option<i64>, String> {
+    let limit = |var: &'static str, default: &str| -> Result<Option<i64>, NhcError> {
         let v = cx.var(var).unwrap_or(default);
         if v.is_empty() {
             return Ok(None);
         }
         crate::health::arith::parse_int(v)
             .map(Some)
-            .map_err(|e| format!("{var}={v:?}: {e}"))
+            .map_err(|source| NhcError::SettingNotInteger {
+                setting: var,
+                value: v.to_string(),
+                source,
+            })
     };
     Ok(one(
         CheckKind::Mcelog(McelogSpec {
@@ -134,7 +139,7 @@ pub(super) fn mcelog(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
 }
 
 /// `check_hw_eth`.
-pub(super) fn eth(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn eth(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 1)?;
     Ok(one(

@@ -22,6 +22,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::arith::ArithError;
 use super::checks::cmd::CommandSpec;
 use super::checks::dmi::DmiSpec;
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, TEST_OPS};
@@ -30,12 +31,16 @@ use super::checks::hw::{CpuSpec, HardwareSpec, IbSpec, McelogSpec, MemSpec, MemW
 use super::checks::net::ping::PingSpec;
 use super::checks::net::SocketSpec;
 use super::checks::ps::{LoadAvgSpec, MatchOn, ProcessSpec, ServiceAction, Verify};
+use super::checks::psres::UnknownAction;
 use super::checks::psres::{
     parse_user_actions, KswapdSpec, Resource, ResourceSpec, SysUids, UsersRule, UsersSpec,
 };
 use super::checks::CheckKind;
 use super::matcher::Matcher;
-use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold};
+use super::matcher::MatcherError;
+use super::units::{
+    parse_count_threshold, parse_size_kib, parse_space_threshold, Threshold, UnitsError,
+};
 use super::{Check, CheckSet, ConfigError, Origin};
 
 mod cmd;
@@ -48,8 +53,356 @@ mod nv;
 mod ps;
 
 /// How one NHC check function becomes engine checks: (function name, its arguments, the
-/// default timeout) to the checks, or a message naming what is wrong.
-type Translate = fn(&str, &[String], &Cx) -> Result<Built, String>;
+/// default timeout) to the checks, or what is wrong.
+type Translate = fn(&str, &[String], &Cx) -> Result<Built, NhcError>;
+
+/// A check's words that the shell-like reader refuses ([`shell_words`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShellError {
+    /// `$NAME` / `${NAME}` that neither the reader nor the file set.
+    #[error(
+        "unknown variable ${name} (known: HOSTNAME, HOSTNAME_S, PATH and those this file sets)"
+    )]
+    UnknownVariable {
+        /// The variable's name.
+        name: String,
+    },
+    /// `$((` without its `))`.
+    #[error("unclosed $((")]
+    UnclosedArithmetic,
+    /// `$(( ... ))` that bash arithmetic cannot evaluate.
+    #[error(transparent)]
+    Arithmetic(#[from] ArithError),
+    /// `$(...)`.
+    #[error("command substitution $(...) is not supported")]
+    DollarSubstitution,
+    /// `` `...` ``.
+    #[error("command substitution `...` is not supported")]
+    BacktickSubstitution,
+    /// `${` without its `}`.
+    #[error("unclosed ${{")]
+    UnclosedBrace,
+    /// `${...}` whose name is not a variable name.
+    #[error("unsupported parameter expansion ${{{expansion}}}")]
+    BadExpansionName {
+        /// What is between the braces.
+        expansion: String,
+    },
+    /// `${NAME...}` with an operator other than `:-` and `-`.
+    #[error("unsupported parameter expansion ${{{expansion}}} (supported: ${{VAR}}, ${{VAR:-default}}, ${{VAR-default}})")]
+    UnsupportedExpansion {
+        /// What is between the braces.
+        expansion: String,
+    },
+    /// `'` without its closing quote.
+    #[error("unclosed single quote")]
+    UnclosedSingleQuote,
+    /// `"` without its closing quote.
+    #[error("unclosed double quote")]
+    UnclosedDoubleQuote,
+    /// `;`, `|`, `&`, `<` or `>`.
+    #[error("shell operator {operator:?} is not supported: one check per line, no pipes or redirections")]
+    Operator {
+        /// The operator's character.
+        operator: char,
+    },
+}
+
+/// A line of nhc.conf this reader cannot run: what is wrong with its words, an option, an
+/// argument or a setting. Each variant holds the option, value or setting concerned; the
+/// caller adds the file, line and check function.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NhcError {
+    /// The words of the line.
+    #[error(transparent)]
+    Shell(#[from] ShellError),
+    /// A match expression (target, `-m`, `-u`...).
+    #[error(transparent)]
+    Matcher(#[from] MatcherError),
+    /// A size, count or percentage.
+    #[error(transparent)]
+    Units(#[from] UnitsError),
+    /// An action word of `check_ps_unauth_users` / `check_ps_kswapd`...
+    #[error(transparent)]
+    Action(#[from] UnknownAction),
+    /// Nothing after `||`.
+    #[error("empty check")]
+    EmptyCheck,
+    /// An `export` / assignment line word that is not `VAR=value`.
+    #[error("expected VAR=value, got {word:?}")]
+    NotAnAssignment {
+        /// The word.
+        word: String,
+    },
+    /// A check function this reader does not know.
+    #[error("unsupported NHC check (supported: {})", supported().collect::<Vec<_>>().join(", "))]
+    UnsupportedCheck {
+        /// The function's name.
+        function: String,
+    },
+    /// An option the function does not take.
+    #[error("invalid option -{option}")]
+    InvalidOption {
+        /// The option's letter.
+        option: char,
+    },
+    /// An option that takes a value, last on the line.
+    #[error("option -{option} requires an argument")]
+    OptionNeedsValue {
+        /// The option's letter.
+        option: char,
+    },
+    /// An NHC option the agent does not support, and why.
+    #[error("option -{option} is not supported ({why})")]
+    UnsupportedOption {
+        /// The option's letter.
+        option: char,
+        /// Why it is not supported.
+        why: &'static str,
+    },
+    /// A required argument is missing.
+    #[error("missing {argument}")]
+    MissingArgument {
+        /// Which argument (`file system`, `threshold`...).
+        argument: &'static str,
+    },
+    /// More arguments than the function takes.
+    #[error("unexpected argument {argument:?}")]
+    UnexpectedArgument {
+        /// The first argument too many.
+        argument: String,
+    },
+    /// A setting naming a program is empty (`MOUNT_CMD`, `MCELOG`).
+    #[error("{setting} is empty")]
+    EmptySetting {
+        /// The setting's name.
+        setting: &'static str,
+    },
+    /// A setting that is not a bash integer (`MCELOG_MAX_CORRECTED_RATE`...).
+    #[error("{setting}={value:?}: {source}")]
+    SettingNotInteger {
+        /// The setting's name.
+        setting: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is not an integer.
+        #[source]
+        source: ArithError,
+    },
+    /// `MAX_SYS_UID` is not a uid.
+    #[error("MAX_SYS_UID={value:?} is not a uid")]
+    NotAUid {
+        /// Its value.
+        value: String,
+    },
+    /// `TIMEOUT` is not a number of seconds.
+    #[error("TIMEOUT={value:?}: expected seconds")]
+    TimeoutNotSeconds {
+        /// Its value.
+        value: String,
+    },
+    /// An action option (`-e`, `-E`) whose words cannot be read.
+    #[error("-{option} {value:?}: {source}")]
+    ActionWords {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+        /// Why its words cannot be read.
+        #[source]
+        source: ShellError,
+    },
+    /// An action option (`-e`, `-E`) with no words.
+    #[error("-{option}: empty action")]
+    EmptyAction {
+        /// The option's letter.
+        option: char,
+    },
+    /// An option's value that is not a bash integer (`check_file_stat -m 0755`...).
+    #[error("-{option} {value:?}: {source}")]
+    OptionNotInteger {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+        /// Why it is not an integer.
+        #[source]
+        source: ArithError,
+    },
+    /// An option's value outside the range of what it sets.
+    #[error("-{option} {value:?}: {number} is out of range")]
+    OptionOutOfRange {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+        /// The value as evaluated.
+        number: i64,
+    },
+    /// A uid / gid not written as NHC compares it (the decimal id as text).
+    #[error(
+        "-{option} {value:?}: NHC compares it as text with the decimal id, so it never matches"
+    )]
+    NotDecimalId {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+    },
+    /// `check_dmi_data_match -h` with a word that is not a handle number.
+    #[error("-h {value:?}: not a DMI handle: {source}")]
+    NotADmiHandle {
+        /// The word.
+        value: String,
+        /// Why it is not a number.
+        #[source]
+        source: ArithError,
+    },
+    /// An option's value that is not a number of seconds.
+    #[error("-{option} {value:?}: not a number of seconds")]
+    NotSeconds {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+    },
+    /// An option's value that is not a whole number.
+    #[error("-{option} {value:?}: not a whole number")]
+    OptionNotWholeNumber {
+        /// The option's letter.
+        option: char,
+        /// Its value.
+        value: String,
+    },
+    /// `check_net_ping -I` with neither an address nor an interface name.
+    #[error("-I {value:?}: not an address or interface name")]
+    NotAddressOrInterface {
+        /// Its value.
+        value: String,
+    },
+    /// `check_net_ping -s` over 65000 bytes.
+    #[error("-s {size}: packet too large")]
+    PacketTooLarge {
+        /// The size asked, bytes.
+        size: usize,
+    },
+    /// `check_ps_cpu -r` / `check_ps_mem -r`... that is not a nice value.
+    #[error("-r {value:?}: not a nice value")]
+    NotANiceValue {
+        /// Its value.
+        value: String,
+    },
+    /// An argument that is not a count (`check_hw_cpuinfo`).
+    #[error("{value:?} is not a count")]
+    NotACount {
+        /// The argument.
+        value: String,
+    },
+    /// An argument that is not a number (`check_cmd_* -t`, `-r`).
+    #[error("{value:?} is not a number")]
+    NotANumber {
+        /// The argument.
+        value: String,
+    },
+    /// An argument that is not a whole number (`check_ps_loadavg`).
+    #[error("{value:?} is not a whole number")]
+    NotAWholeNumber {
+        /// The argument.
+        value: String,
+    },
+    /// An argument that is not a bash integer (`check_ps_kswapd`).
+    #[error("{argument} {value:?}: {source}")]
+    ArgumentNotInteger {
+        /// Which argument (`CPU time threshold`, `discrepancy`).
+        argument: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is not an integer.
+        #[source]
+        source: ArithError,
+    },
+    /// `check_fs_mount` without a file system.
+    #[error("missing file system (-f /path)")]
+    NoFileSystem,
+    /// `check_cmd_*` without a command.
+    #[error("no command specified")]
+    NoCommand,
+    /// `check_cmd_* -t 0`.
+    #[error("-t must be at least 1 second")]
+    TimeoutZero,
+    /// `check_file_test` without an operator.
+    #[error("at least one test operator is required")]
+    NoTestOperator,
+    /// `check_file_test` / `check_file_stat` without a file.
+    #[error("at least one file is required")]
+    NoFile,
+    /// `check_file_contents` without a match expression.
+    #[error("at least one match expression is required")]
+    NoMatchExpressions,
+    /// `check_dmi_data_match` without a match expression.
+    #[error("missing match expression")]
+    NoMatchExpression,
+    /// `check_net_socket` with arguments besides its options.
+    #[error("unsupported additional arguments supplied ({arguments:?})")]
+    ExtraArguments {
+        /// The arguments, joined by spaces.
+        arguments: String,
+    },
+    /// `check_net_socket` without a match option.
+    #[error("no match criteria supplied")]
+    NoMatchCriteria,
+    /// `check_net_ping` without a target.
+    #[error("no target(s) given for ping")]
+    NoPingTarget,
+    /// `check_ps_loadavg` without a limit.
+    #[error("missing load limit")]
+    NoLoadLimit,
+    /// `check_ps_service` without a service.
+    #[error("missing service name")]
+    NoServiceName,
+    /// `check_ps_cpu` whose limit is not a percentage.
+    #[error("{value:?}: CPU utilization limit (percent) required")]
+    CpuLimitRequired {
+        /// The limit as written.
+        value: String,
+    },
+    /// `check_ps_cpu` whose limit does not fit.
+    #[error("{value:?}: too large")]
+    TooLarge {
+        /// The limit as written.
+        value: String,
+    },
+    /// `check_ps_mem` with a percentage.
+    #[error("percentage not supported by this check")]
+    PercentNotSupported {
+        /// The limit as written.
+        value: String,
+    },
+    /// `check_ps_physmem` with a percentage that is not a number.
+    #[error("{value:?}: invalid percentage")]
+    InvalidPercentage {
+        /// The limit as written.
+        value: String,
+    },
+    /// `check_ps_time` with characters other than digits and `m`, `s`.
+    #[error("invalid characters in CPU time limit {value:?}")]
+    CpuTimeCharacters {
+        /// The limit as written.
+        value: String,
+    },
+    /// `check_ps_time` minutes or seconds that are not a number.
+    #[error("{value:?}: invalid CPU time")]
+    InvalidCpuTime {
+        /// The part that is not a number.
+        value: String,
+    },
+    /// `check_ps_userproc_lineage` with an `NHC_RM` other than slurm, pbs, sge, lsf.
+    #[error("this check requires a supported resource manager (NHC_RM=slurm)")]
+    UnsupportedResourceManager {
+        /// `NHC_RM`'s value.
+        rm: String,
+    },
+}
 
 /// What a translation may read besides the line: the default timeout and the variables
 /// the file set so far (NHC's settings such as `MCELOG`, `NHC_AUTH_USERS`, `MAX_SYS_UID`
@@ -291,7 +644,11 @@ pub fn parse(
                 origin: origin.clone(),
                 timeout: Duration::from_secs(1),
                 fatal: true,
-                kind: CheckKind::Invalid(format!("{here}: {message}")),
+                kind: CheckKind::Invalid(ConfigError {
+                    file: file.to_path_buf(),
+                    line: line_no,
+                    message,
+                }),
             });
         };
         let applies = match Matcher::parse(target) {
@@ -312,7 +669,7 @@ pub fn parse(
         let parsed = match parsed {
             Ok(p) => p,
             Err(m) if applies => {
-                invalid(&mut set, m);
+                invalid(&mut set, m.to_string());
                 continue;
             }
             Err(m) => {
@@ -338,7 +695,10 @@ pub fn parse(
                         match v.parse::<u64>() {
                             Ok(secs) => default_timeout = Duration::from_secs(secs.max(1)),
                             Err(_) => {
-                                invalid(&mut set, format!("TIMEOUT={v:?}: expected seconds"));
+                                invalid(
+                                    &mut set,
+                                    NhcError::TimeoutNotSeconds { value: v.clone() }.to_string(),
+                                );
                                 continue;
                             }
                         }
@@ -382,13 +742,13 @@ fn cmd_path() -> &'static str {
 }
 
 /// Reads one check (the part after `||`): an assignment line or a check and its words.
-fn read_line(check: &str, vars: &[(String, String)]) -> Result<Line, String> {
+fn read_line(check: &str, vars: &[(String, String)]) -> Result<Line, NhcError> {
     let first_raw = check.split_whitespace().next().unwrap_or("");
     let is_assign = first_raw == "export" || is_assignment(first_raw);
     // Assignments expand an unset variable to "" as bash does; checks refuse it.
     let words = shell_words_mode(check, vars, is_assign)?;
     let Some(first) = words.first() else {
-        return Err("empty check".into());
+        return Err(NhcError::EmptyCheck);
     };
     if is_assign {
         let assigns = if first == "export" {
@@ -399,7 +759,7 @@ fn read_line(check: &str, vars: &[(String, String)]) -> Result<Line, String> {
         let mut out = Vec::new();
         for a in assigns {
             let Some((k, v)) = a.split_once('=').filter(|(k, _)| is_name(k)) else {
-                return Err(format!("expected VAR=value, got {a:?}"));
+                return Err(NhcError::NotAnAssignment { word: a.clone() });
             };
             out.push((k.to_string(), v.to_string()));
         }
@@ -423,8 +783,8 @@ fn is_assignment(word: &str) -> bool {
 /// shell operators.
 ///
 /// # Errors
-/// A message.
-pub fn shell_words(s: &str, vars: &[(String, String)]) -> Result<Vec<String>, String> {
+/// [`ShellError`]: what in the words is refused.
+pub fn shell_words(s: &str, vars: &[(String, String)]) -> Result<Vec<String>, ShellError> {
     shell_words_mode(s, vars, false)
 }
 
@@ -434,20 +794,20 @@ fn shell_words_mode(
     s: &str,
     vars: &[(String, String)],
     unset_empty: bool,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ShellError> {
     let get = |name: &str| -> Option<String> {
         vars.iter()
             .rev()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     };
-    let lookup = |name: &str| -> Result<String, String> {
+    let lookup = |name: &str| -> Result<String, ShellError> {
         match get(name) {
             Some(v) => Ok(v),
             None if unset_empty => Ok(String::new()),
-            None => Err(format!(
-                "unknown variable ${name} (known: HOSTNAME, HOSTNAME_S, PATH and those this file sets)"
-            )),
+            None => Err(ShellError::UnknownVariable {
+                name: name.to_string(),
+            }),
         }
     };
     let chars: Vec<char> = s.chars().collect();
@@ -455,7 +815,7 @@ fn shell_words_mode(
     let mut cur = String::new();
     let mut in_word = false;
     let mut i = 0;
-    let expand = |i: &mut usize, cur: &mut String| -> Result<(), String> {
+    let expand = |i: &mut usize, cur: &mut String| -> Result<(), ShellError> {
         // chars[*i] == '$'
         let next = chars.get(*i + 1).copied();
         match next {
@@ -466,11 +826,11 @@ fn shell_words_mode(
                 let body_start = j;
                 loop {
                     match chars.get(j) {
-                        None => return Err("unclosed $((".into()),
+                        None => return Err(ShellError::UnclosedArithmetic),
                         Some('(') => depth += 1,
                         Some(')') if depth == 0 => {
                             if chars.get(j + 1) != Some(&')') {
-                                return Err("unclosed $((".into());
+                                return Err(ShellError::UnclosedArithmetic);
                             }
                             break;
                         }
@@ -485,19 +845,19 @@ fn shell_words_mode(
                 *i = j + 2;
                 Ok(())
             }
-            Some('(') => Err("command substitution $(...) is not supported".into()),
+            Some('(') => Err(ShellError::DollarSubstitution),
             Some('{') => {
                 let end = chars[*i + 2..]
                     .iter()
                     .position(|&c| c == '}')
-                    .ok_or("unclosed ${")?;
+                    .ok_or(ShellError::UnclosedBrace)?;
                 let inner: String = chars[*i + 2..*i + 2 + end].iter().collect();
                 let name_len = inner
                     .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                     .unwrap_or(inner.len());
                 let (name, op) = inner.split_at(name_len);
                 if !is_name(name) {
-                    return Err(format!("unsupported parameter expansion ${{{inner}}}"));
+                    return Err(ShellError::BadExpansionName { expansion: inner });
                 }
                 let value = if op.is_empty() {
                     lookup(name)?
@@ -508,9 +868,7 @@ fn shell_words_mode(
                 } else if let Some(d) = op.strip_prefix('-') {
                     get(name).unwrap_or_else(|| d.to_string())
                 } else {
-                    return Err(format!(
-                        "unsupported parameter expansion ${{{inner}}} (supported: ${{VAR}}, ${{VAR:-default}}, ${{VAR-default}})"
-                    ));
+                    return Err(ShellError::UnsupportedExpansion { expansion: inner });
                 };
                 cur.push_str(&value);
                 *i += 3 + end;
@@ -547,7 +905,7 @@ fn shell_words_mode(
                 let end = chars[i + 1..]
                     .iter()
                     .position(|&c| c == '\'')
-                    .ok_or("unclosed single quote")?;
+                    .ok_or(ShellError::UnclosedSingleQuote)?;
                 cur.extend(&chars[i + 1..i + 1 + end]);
                 in_word = true;
                 i += end + 2;
@@ -557,7 +915,7 @@ fn shell_words_mode(
                 i += 1;
                 loop {
                     let Some(&d) = chars.get(i) else {
-                        return Err("unclosed double quote".into());
+                        return Err(ShellError::UnclosedDoubleQuote);
                     };
                     match d {
                         '"' => {
@@ -568,7 +926,7 @@ fn shell_words_mode(
                             cur.push(chars[i + 1]);
                             i += 2;
                         }
-                        '`' => return Err("command substitution `...` is not supported".into()),
+                        '`' => return Err(ShellError::BacktickSubstitution),
                         '$' => expand(&mut i, &mut cur)?,
                         _ => {
                             cur.push(d);
@@ -588,12 +946,8 @@ fn shell_words_mode(
                 in_word = true;
                 expand(&mut i, &mut cur)?;
             }
-            '`' => return Err("command substitution `...` is not supported".into()),
-            ';' | '|' | '&' | '<' | '>' => {
-                return Err(format!(
-                    "shell operator {c:?} is not supported: one check per line, no pipes or redirections"
-                ))
-            }
+            '`' => return Err(ShellError::BacktickSubstitution),
+            ';' | '|' | '&' | '<' | '>' => return Err(ShellError::Operator { operator: c }),
             '#' if !in_word => break,
             _ => {
                 cur.push(c);
@@ -612,7 +966,7 @@ fn shell_words_mode(
 /// or separate, up to the first non-option or `--`. Returns options and the rest.
 type Opts = (Vec<(char, String)>, Vec<String>);
 
-fn getopts(args: &[String], spec: &str) -> Result<Opts, String> {
+fn getopts(args: &[String], spec: &str) -> Result<Opts, NhcError> {
     let mut opts = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -629,7 +983,7 @@ fn getopts(args: &[String], spec: &str) -> Result<Opts, String> {
         while j < chars.len() {
             let c = chars[j];
             let Some(pos) = spec.find(c).filter(|_| c != ':') else {
-                return Err(format!("invalid option -{c}"));
+                return Err(NhcError::InvalidOption { option: c });
             };
             let takes = spec[pos + c.len_utf8()..].starts_with(':');
             if takes {
@@ -640,7 +994,7 @@ fn getopts(args: &[String], spec: &str) -> Result<Opts, String> {
                     i += 1;
                     args.get(i)
                         .cloned()
-                        .ok_or_else(|| format!("option -{c} requires an argument"))?
+                        .ok_or(NhcError::OptionNeedsValue { option: c })?
                 };
                 opts.push((c, val));
                 break;
@@ -653,12 +1007,12 @@ fn getopts(args: &[String], spec: &str) -> Result<Opts, String> {
     Ok((opts, args[i.min(args.len())..].to_vec()))
 }
 
-fn matcher(s: &str) -> Result<Matcher, String> {
-    Matcher::parse(s)
+fn matcher(s: &str) -> Result<Matcher, NhcError> {
+    Ok(Matcher::parse(s)?)
 }
 
-fn unsupported_opt(c: char, why: &str) -> String {
-    format!("option -{c} is not supported ({why})")
+fn unsupported_opt(c: char, why: &'static str) -> NhcError {
+    NhcError::UnsupportedOption { option: c, why }
 }
 
 type Built = Vec<(String, CheckKind, bool, Duration)>;
@@ -671,13 +1025,15 @@ fn arg(args: &[String], i: usize) -> Option<&str> {
     args.get(i).map(String::as_str).filter(|s| !s.is_empty())
 }
 
-fn need<'a>(args: &'a [String], i: usize, what: &str) -> Result<&'a str, String> {
-    arg(args, i).ok_or_else(|| format!("missing {what}"))
+fn need<'a>(args: &'a [String], i: usize, what: &'static str) -> Result<&'a str, NhcError> {
+    arg(args, i).ok_or(NhcError::MissingArgument { argument: what })
 }
 
-fn too_many(args: &[String], max: usize) -> Result<(), String> {
+fn too_many(args: &[String], max: usize) -> Result<(), NhcError> {
     if args.len() > max {
-        return Err(format!("unexpected argument {:?}", args[max]));
+        return Err(NhcError::UnexpectedArgument {
+            argument: args[max].clone(),
+        });
     }
     Ok(())
 }
@@ -688,13 +1044,12 @@ fn build(
     args: &[String],
     timeout: Duration,
     vars: &[(String, String)],
-) -> Result<Built, String> {
+) -> Result<Built, NhcError> {
     match TABLE.iter().find(|(n, _)| *n == name) {
         Some((_, translate)) => translate(name, args, &Cx { timeout, vars }),
-        None => Err(format!(
-            "unsupported NHC check (supported: {})",
-            supported().collect::<Vec<_>>().join(", ")
-        )),
+        None => Err(NhcError::UnsupportedCheck {
+            function: name.to_string(),
+        }),
     }
 }
 
@@ -754,14 +1109,22 @@ mod tests {
         );
         assert!(shell_words("a $(id)", &vars)
             .unwrap_err()
+            .to_string()
             .contains("command substitution"));
         assert!(shell_words("a `id`", &vars).is_err());
         assert!(shell_words("a; reboot", &vars)
             .unwrap_err()
+            .to_string()
             .contains("operator"));
         assert!(shell_words("a | b", &vars).is_err());
-        assert!(shell_words("a 'b", &vars).unwrap_err().contains("unclosed"));
-        assert!(shell_words("a $NOPE", &vars).unwrap_err().contains("$NOPE"));
+        assert!(shell_words("a 'b", &vars)
+            .unwrap_err()
+            .to_string()
+            .contains("unclosed"));
+        assert!(shell_words("a $NOPE", &vars)
+            .unwrap_err()
+            .to_string()
+            .contains("$NOPE"));
     }
 
     #[test]
@@ -779,8 +1142,14 @@ mod tests {
             ]
         );
         assert_eq!(r, a(&["file", "-z"]));
-        assert!(getopts(&a(&["-q"]), "rw").unwrap_err().contains("-q"));
-        assert!(getopts(&a(&["-t"]), "t:").unwrap_err().contains("requires"));
+        assert!(getopts(&a(&["-q"]), "rw")
+            .unwrap_err()
+            .to_string()
+            .contains("-q"));
+        assert!(getopts(&a(&["-t"]), "t:")
+            .unwrap_err()
+            .to_string()
+            .contains("requires"));
     }
 
     #[test]
@@ -873,7 +1242,7 @@ n* || check_hw_eth eth0
         set.checks
             .iter()
             .filter_map(|c| match &c.kind {
-                CheckKind::Invalid(m) => Some((c.origin.line, m.clone())),
+                CheckKind::Invalid(e) => Some((c.origin.line, e.to_string())),
                 _ => None,
             })
             .collect()

@@ -4,13 +4,12 @@ use super::*;
 
 /// `check_net_socket [-0] [-a] [-!] [-n name] [-p proto] [-s state] [-l locaddr] [-r
 /// rmtaddr] [-t type] [-u user] [-d daemon] [-e action] [-E found_action]`.
-pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "!0ad:l:n:p:r:s:t:u:e:E:")?;
     if !rest.is_empty() {
-        return Err(format!(
-            "unsupported additional arguments supplied ({:?})",
-            rest.join(" ")
-        ));
+        return Err(NhcError::ExtraArguments {
+            arguments: rest.join(" "),
+        });
     }
     let mut spec = SocketSpec {
         name: None,
@@ -28,7 +27,7 @@ pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
     };
     let mut fatal = true;
     // NHC: an empty value is no criterion.
-    let m = |v: &str| -> Result<Option<Matcher>, String> {
+    let m = |v: &str| -> Result<Option<Matcher>, NhcError> {
         if v.is_empty() {
             Ok(None)
         } else {
@@ -50,7 +49,11 @@ pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
             'd' => spec.daemon = m(&v)?,
             // NHC runs these with `bash -c`; the agent runs the program with its words.
             'e' | 'E' => {
-                let words = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                let words = shell_words(&v, &[]).map_err(|source| NhcError::ActionWords {
+                    option: c,
+                    value: v.clone(),
+                    source,
+                })?;
                 if c == 'e' {
                     spec.missing_action = words;
                 } else {
@@ -72,7 +75,7 @@ pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
     .iter()
     .all(|m| m.is_none())
     {
-        return Err("no match criteria supplied".into());
+        return Err(NhcError::NoMatchCriteria);
     }
     Ok(vec![(
         String::new(),
@@ -85,12 +88,12 @@ pub(super) fn socket(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Str
 /// `check_net_ping [-I address|interface] [-i interval] [-s size] [-t ttl] [-c count] [-w deadline]
 /// [-W timeout] target...`: one check per target. NHC's defaults: 1 request, TTL 2, 1 s
 /// deadline.
-pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let (opts, targets) = getopts(args, "I:W:c:i:s:t:w:")?;
     if targets.is_empty() {
-        return Err("no target(s) given for ping".into());
+        return Err(NhcError::NoPingTarget);
     }
-    let secs = |c: char, v: &str| -> Result<Option<Duration>, String> {
+    let secs = |c: char, v: &str| -> Result<Option<Duration>, NhcError> {
         if v.is_empty() {
             return Ok(None);
         }
@@ -98,11 +101,16 @@ pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
             .ok()
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(|s| Some(Duration::from_secs_f64(s)))
-            .ok_or_else(|| format!("-{c} {v:?}: not a number of seconds"))
+            .ok_or_else(|| NhcError::NotSeconds {
+                option: c,
+                value: v.to_string(),
+            })
     };
-    let num = |c: char, v: &str| -> Result<u32, String> {
-        v.parse()
-            .map_err(|_| format!("-{c} {v:?}: not a whole number"))
+    let num = |c: char, v: &str| -> Result<u32, NhcError> {
+        v.parse().map_err(|_| NhcError::OptionNotWholeNumber {
+            option: c,
+            value: v.to_string(),
+        })
     };
     let mut base = PingSpec {
         target: String::new(),
@@ -129,13 +137,13 @@ pub(super) fn ping(_name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
                 Err(_) if !v.is_empty() && v.len() < 16 && !v.contains(['/', ' ']) => {
                     base.device = Some(v)
                 }
-                Err(_) => return Err(format!("-I {v:?}: not an address or interface name")),
+                Err(_) => return Err(NhcError::NotAddressOrInterface { value: v }),
             },
             _ => {}
         }
     }
     if base.size > 65000 {
-        return Err(format!("-s {}: packet too large", base.size));
+        return Err(NhcError::PacketTooLarge { size: base.size });
     }
     // The check's own limit covers the whole exchange.
     let needed = base

@@ -13,7 +13,7 @@ use super::*;
 use crate::health::checks::gpu::{GpuCount, GpuSpec};
 
 /// `check_nv_healthmon` / `check_nvsmi_healthmon`.
-pub(super) fn healthmon(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn healthmon(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     too_many(args, 0)?;
     let (var, args_var, default_args) = if name == "check_nv_healthmon" {
         ("NVIDIA_HEALTHMON", "NVIDIA_HEALTHMON_ARGS", "-e -v")

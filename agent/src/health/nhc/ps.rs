@@ -3,13 +3,13 @@
 use super::*;
 
 /// `check_ps_service`.
-pub(super) fn service(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn service(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     ps_service(args, timeout)
 }
 
 /// `check_ps_daemon` / `check_ps_blacklist`.
-pub(super) fn daemon(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn daemon(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 3)?;
     let daemon = need(args, 0, "process name")?;
@@ -44,25 +44,26 @@ pub(super) fn daemon(name: &str, args: &[String], cx: &Cx) -> Result<Built, Stri
 }
 
 /// `check_ps_loadavg`.
-pub(super) fn loadavg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn loadavg(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let timeout = cx.timeout;
     too_many(args, 3)?;
     let mut limits = [None; 3];
     for (i, l) in limits.iter_mut().enumerate() {
         *l = arg(args, i)
             .map(|s| {
-                s.parse::<u64>()
-                    .map_err(|_| format!("{s:?} is not a whole number"))
+                s.parse::<u64>().map_err(|_| NhcError::NotAWholeNumber {
+                    value: s.to_string(),
+                })
             })
             .transpose()?;
     }
     if limits.iter().all(Option::is_none) {
-        return Err("missing load limit".into());
+        return Err(NhcError::NoLoadLimit);
     }
     Ok(one(CheckKind::LoadAvg(LoadAvgSpec { limits }), timeout))
 }
 
-fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
+fn ps_service(args: &[String], timeout: Duration) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "0E:SVcd:e:fkm:rsu:v")?;
     let mut fatal = true;
     let mut on = MatchOn::Argv0;
@@ -90,9 +91,13 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
             // here (quotes and backslashes; no variables, substitutions or operators),
             // and runs the program directly.
             'e' | 'E' => {
-                command = shell_words(&v, &[]).map_err(|e| format!("-{c} {v:?}: {e}"))?;
+                command = shell_words(&v, &[]).map_err(|source| NhcError::ActionWords {
+                    option: c,
+                    value: v.clone(),
+                    source,
+                })?;
                 if command.is_empty() {
-                    return Err(format!("-{c}: empty action"));
+                    return Err(NhcError::EmptyAction { option: c });
                 }
                 action = if c == 'e' {
                     ServiceAction::Command
@@ -105,7 +110,7 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
     }
     let service = rest.join(" ");
     if service.is_empty() {
-        return Err("missing service name".into());
+        return Err(NhcError::NoServiceName);
     }
     let daemon = daemon.unwrap_or_else(|| service.clone());
     let pattern = pattern.unwrap_or_else(|| format!("*{daemon}"));
@@ -137,12 +142,11 @@ fn ps_service(args: &[String], timeout: Duration) -> Result<Built, String> {
 }
 
 /// NHC's `MAX_SYS_UID` / `LOGIN_DEFS_SRC` settings.
-fn sys_uids(cx: &Cx) -> Result<SysUids, String> {
+fn sys_uids(cx: &Cx) -> Result<SysUids, NhcError> {
     let fixed = match cx.var("MAX_SYS_UID").filter(|v| !v.is_empty()) {
-        Some(v) => Some(
-            v.parse::<u32>()
-                .map_err(|_| format!("MAX_SYS_UID={v:?} is not a uid"))?,
-        ),
+        Some(v) => Some(v.parse::<u32>().map_err(|_| NhcError::NotAUid {
+            value: v.to_string(),
+        })?),
         None => None,
     };
     Ok(SysUids {
@@ -153,7 +157,7 @@ fn sys_uids(cx: &Cx) -> Result<SysUids, String> {
 
 /// `check_ps_cpu` / `check_ps_mem` / `check_ps_physmem` / `check_ps_time [-0] [-A] [-a]
 /// [-f] [-K] [-k] [-l] [-s] [-e action] [-m match] [-r renice] [-u user] limit`.
-pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "0AKae:fklm:r:su:")?;
     too_many(&rest, 1)?;
     let t = need(&rest, 0, "limit")?;
@@ -161,39 +165,52 @@ pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, St
         "check_ps_cpu" => {
             let n = t.strip_suffix('%').unwrap_or(t);
             if n.is_empty() || !n.chars().all(|c| c.is_ascii_digit()) {
-                return Err(format!("{t:?}: CPU utilization limit (percent) required"));
+                return Err(NhcError::CpuLimitRequired {
+                    value: t.to_string(),
+                });
             }
-            Resource::CpuPercent(n.parse().map_err(|_| format!("{t:?}: too large"))?)
+            Resource::CpuPercent(n.parse().map_err(|_| NhcError::TooLarge {
+                value: t.to_string(),
+            })?)
         }
         "check_ps_mem" if t.ends_with('%') => {
-            return Err("percentage not supported by this check".into())
+            return Err(NhcError::PercentNotSupported {
+                value: t.to_string(),
+            })
         }
         "check_ps_mem" => Resource::VszKib(parse_size_kib(t)?),
         "check_ps_physmem" => match t.strip_suffix('%') {
-            Some(n) => Resource::MemPercent(
-                n.parse()
-                    .map_err(|_| format!("{t:?}: invalid percentage"))?,
-            ),
+            Some(n) => {
+                Resource::MemPercent(n.parse().map_err(|_| NhcError::InvalidPercentage {
+                    value: t.to_string(),
+                })?)
+            }
             None => Resource::RssKib(parse_size_kib(t)?),
         },
         _ => {
             // [0-9MmSs] only: `90`, `30s`, `5m`, `1m30s`.
             if !t.chars().all(|c| c.is_ascii_digit() || "MmSs".contains(c)) {
-                return Err(format!("invalid characters in CPU time limit {t:?}"));
+                return Err(NhcError::CpuTimeCharacters {
+                    value: t.to_string(),
+                });
             }
             let t = t.replace('s', "");
             let secs = match t.split_once(['m', 'M']) {
                 Some((m, s)) => {
-                    let num = |x: &str| -> Result<u64, String> {
+                    let num = |x: &str| -> Result<u64, NhcError> {
                         if x.is_empty() {
                             Ok(0)
                         } else {
-                            x.parse().map_err(|_| format!("{x:?}: invalid CPU time"))
+                            x.parse().map_err(|_| NhcError::InvalidCpuTime {
+                                value: x.to_string(),
+                            })
                         }
                     };
                     num(m)? * 60 + num(s)?
                 }
-                None => t.parse().map_err(|_| format!("{t:?}: invalid CPU time"))?,
+                None => t
+                    .parse()
+                    .map_err(|_| NhcError::InvalidCpuTime { value: t.clone() })?,
             };
             Resource::CpuSecs(secs)
         }
@@ -226,7 +243,7 @@ pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, St
             'r' => {
                 spec.renice = Some(
                     v.parse()
-                        .map_err(|_| format!("-r {v:?}: not a nice value"))?,
+                        .map_err(|_| NhcError::NotANiceValue { value: v.clone() })?,
                 )
             }
             'u' => {
@@ -236,9 +253,13 @@ pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, St
             // NHC runs it with `bash -c` in the background; the agent splits it into
             // words once (no variables, substitutions or operators) and runs the program.
             'e' => {
-                spec.command = shell_words(&v, &[]).map_err(|e| format!("-e {v:?}: {e}"))?;
+                spec.command = shell_words(&v, &[]).map_err(|source| NhcError::ActionWords {
+                    option: 'e',
+                    value: v.clone(),
+                    source,
+                })?;
                 if spec.command.is_empty() {
-                    return Err("-e: empty action".into());
+                    return Err(NhcError::EmptyAction { option: 'e' });
                 }
             }
             // -l / -s: log / syslog; the check's message is logged anyway.
@@ -256,7 +277,7 @@ pub(super) fn resource(name: &str, args: &[String], cx: &Cx) -> Result<Built, St
 /// `check_ps_unauth_users` / `check_ps_userproc_lineage [-c cmd] [-u uid] [-n user] [-p
 /// pid] [actions...]`, with NHC's `NHC_AUTH_USERS`, `MAX_SYS_UID`, `RM_DAEMON_MATCH`,
 /// `SQUEUE_CMD`, `SQUEUE_NODE`, `SQUEUE_FMT_ARGS` and `NHC_RM` settings.
-pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
+pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
     let (opts, rest) = getopts(args, "c:u:n:p:")?;
     let mut ignore = [String::new(), String::new(), String::new(), String::new()];
     for (c, v) in opts {
@@ -273,11 +294,7 @@ pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
             "pbs" => "/\\bpbs_mom\\b/",
             "sge" => "/\\bsge_(execd|shepherd)\\b/",
             "lsf" => "/\\bres\\b/",
-            _ => {
-                return Err(
-                    "this check requires a supported resource manager (NHC_RM=slurm)".into(),
-                )
-            }
+            _ => return Err(NhcError::UnsupportedResourceManager { rm: rm.to_string() }),
         };
         UsersRule::Lineage {
             daemon: matcher(cx.var("RM_DAEMON_MATCH").unwrap_or(default))?,
@@ -324,10 +341,14 @@ pub(super) fn users(name: &str, args: &[String], cx: &Cx) -> Result<Built, Strin
 }
 
 /// `check_ps_kswapd THRESHOLD DISCREPANCY [actions...]`.
-pub(super) fn kswapd(_name: &str, args: &[String], cx: &Cx) -> Result<Built, String> {
-    let num = |i: usize, what: &str| -> Result<i64, String> {
+pub(super) fn kswapd(_name: &str, args: &[String], cx: &Cx) -> Result<Built, NhcError> {
+    let num = |i: usize, what: &'static str| -> Result<i64, NhcError> {
         let v = need(args, i, what)?;
-        crate::health::arith::parse_int(v).map_err(|e| format!("{what} {v:?}: {e}"))
+        crate::health::arith::parse_int(v).map_err(|source| NhcError::ArgumentNotInteger {
+            argument: what,
+            value: v.to_string(),
+            source,
+        })
     };
     Ok(one(
         CheckKind::Kswapd(KswapdSpec {

@@ -8,10 +8,13 @@
 //! request.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fd::OwnedFd;
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketType};
+
+use crate::health::checks::{Checked, Failed};
 
 /// One target's echo test, with ping's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +51,70 @@ fn checksum(b: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-fn open(v6: bool) -> Result<(OwnedFd, bool), String> {
+/// Why no echo request could be sent: each variant names the target, address, interface
+/// or socket option concerned.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PingError {
+    /// The target name does not resolve.
+    #[error("{target}: unknown host: {source}")]
+    UnknownHost {
+        /// The target.
+        target: String,
+        /// The resolver's error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The target name resolves to no address.
+    #[error("{target}: no address")]
+    NoAddress {
+        /// The target.
+        target: String,
+    },
+    /// Neither a datagram nor a raw ICMP socket could be opened.
+    #[error("no ICMP socket: datagram: {datagram}; raw: {raw}")]
+    NoSocket {
+        /// Why not a datagram socket.
+        datagram: rustix::io::Errno,
+        /// Why not a raw socket.
+        raw: rustix::io::Errno,
+    },
+    /// The TTL (hop limit) could not be set.
+    #[error("setting TTL {ttl}: {source}")]
+    Ttl {
+        /// The TTL.
+        ttl: u32,
+        /// Why.
+        #[source]
+        source: rustix::io::Errno,
+    },
+    /// The socket could not be bound to the interface (`-I dev`).
+    #[error("binding to interface {device}: {source}")]
+    BindDevice {
+        /// The interface.
+        device: String,
+        /// Why.
+        #[source]
+        source: nix::Error,
+    },
+    /// The socket could not be bound to the source address (`-I addr`).
+    #[error("binding to {address}: {source}")]
+    BindAddress {
+        /// The address.
+        address: IpAddr,
+        /// Why.
+        #[source]
+        source: rustix::io::Errno,
+    },
+    /// The receive timeout could not be set.
+    #[error("socket timeout: {source}")]
+    Timeout {
+        /// Why.
+        #[source]
+        source: rustix::io::Errno,
+    },
+}
+
+fn open(v6: bool) -> Result<(OwnedFd, bool), PingError> {
     let (fam, proto) = if v6 {
         (AddressFamily::INET6, rustix::net::ipproto::ICMPV6)
     } else {
@@ -58,21 +124,29 @@ fn open(v6: bool) -> Result<(OwnedFd, bool), String> {
         Ok(fd) => Ok((fd, false)),
         Err(dgram) => rustix::net::socket(fam, SocketType::RAW, Some(proto))
             .map(|fd| (fd, true))
-            .map_err(|raw| format!("no ICMP socket: datagram: {dgram}; raw: {raw}")),
+            .map_err(|raw| PingError::NoSocket {
+                datagram: dgram,
+                raw,
+            }),
     }
 }
 
 /// Sends the echo requests and counts the replies.
 ///
 /// # Errors
-/// The target could not be resolved or no ICMP socket could be opened (the message says
-/// which); no reply is `Ok(0)`-like: the check decides.
-pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
+/// [`PingError`]: the target could not be resolved or no ICMP socket could be opened; no
+/// reply is `Ok(0)`-like: the check decides.
+pub fn echo(spec: &PingSpec) -> Result<(u32, u32), PingError> {
     let addr = (spec.target.as_str(), 0)
         .to_socket_addrs()
-        .map_err(|e| format!("{}: unknown host: {e}", spec.target))?
+        .map_err(|e| PingError::UnknownHost {
+            target: spec.target.clone(),
+            source: Arc::new(e),
+        })?
         .next()
-        .ok_or_else(|| format!("{}: no address", spec.target))?;
+        .ok_or_else(|| PingError::NoAddress {
+            target: spec.target.clone(),
+        })?;
     let v6 = addr.is_ipv6();
     let (fd, raw) = open(v6)?;
     if let Some(ttl) = spec.ttl {
@@ -81,7 +155,7 @@ pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
         } else {
             rustix::net::sockopt::set_ip_ttl(&fd, ttl)
         };
-        r.map_err(|e| format!("setting TTL {ttl}: {e}"))?;
+        r.map_err(|source| PingError::Ttl { ttl, source })?;
     }
     if let Some(dev) = &spec.device {
         nix::sys::socket::setsockopt(
@@ -89,11 +163,18 @@ pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
             nix::sys::socket::sockopt::BindToDevice,
             &std::ffi::OsString::from(dev),
         )
-        .map_err(|e| format!("binding to interface {dev}: {e}"))?;
+        .map_err(|source| PingError::BindDevice {
+            device: dev.clone(),
+            source,
+        })?;
     }
     if let Some(src) = spec.source {
-        rustix::net::bind(&fd, &SocketAddr::new(src, 0))
-            .map_err(|e| format!("binding to {src}: {e}"))?;
+        rustix::net::bind(&fd, &SocketAddr::new(src, 0)).map_err(|source| {
+            PingError::BindAddress {
+                address: src,
+                source,
+            }
+        })?;
     }
     // Our identifier (a raw socket sees every echo reply of the host); a datagram socket
     // gets its own from the kernel and only its replies.
@@ -153,7 +234,7 @@ pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
             rustix::net::sockopt::Timeout::Recv,
             Some(wait),
         )
-        .map_err(|e| format!("socket timeout: {e}"))?;
+        .map_err(|source| PingError::Timeout { source })?;
         let Ok((n, _, _)) = rustix::net::recvfrom(&fd, &mut buf[..], RecvFlags::empty()) else {
             continue;
         };
@@ -181,15 +262,18 @@ pub fn echo(spec: &PingSpec) -> Result<(u32, u32), String> {
 ///
 /// # Errors
 /// NHC's message `check_net_ping: No response received from TARGET`, with the counts.
-pub fn check_ping(spec: &PingSpec) -> Result<String, String> {
+pub fn check_ping(spec: &PingSpec) -> Result<String, Failed> {
     let fail = |why: String| {
-        Err(format!(
-            "check_net_ping: No response received from {} ({why})",
-            spec.target
+        Err(Failed::new(
+            Checked::Host(spec.target.clone()),
+            format!(
+                "check_net_ping: No response received from {} ({why})",
+                spec.target
+            ),
         ))
     };
     match echo(spec) {
-        Err(e) => fail(e),
+        Err(e) => fail(e.to_string()),
         Ok((sent, got)) => {
             let ok = if spec.deadline.is_some() {
                 got >= spec.count
