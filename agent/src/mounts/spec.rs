@@ -464,12 +464,13 @@ pub enum OptionError {
         character: char,
     },
     /// `x-systemd.requires=` (`after=`, `before=`) with an invalid unit name.
-    #[error("option {option:?}: invalid systemd unit name {unit:?}")]
+    #[error("option {option:?}: {source}")]
     UnitName {
         /// The option.
         option: String,
-        /// The unit name in it.
-        unit: String,
+        /// The unit name in it, refused as systemd.unit(5) says.
+        #[source]
+        source: crate::systemd::InvalidUnitName,
     },
     /// `x-systemd.mount-timeout=` that is not a duration.
     #[error("option {option:?}: not a duration")]
@@ -911,9 +912,9 @@ fn split_options(opts: &str, spec: &mut MountSpec) -> Result<(), OptionError> {
             let unit_value = || {
                 crate::systemd::validate_unit_name(value)
                     .map(|()| value.to_string())
-                    .map_err(|_| OptionError::UnitName {
+                    .map_err(|source| OptionError::UnitName {
                         option: option(),
-                        unit: value.to_string(),
+                        source,
                     })
             };
             match name {
