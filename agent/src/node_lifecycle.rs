@@ -624,8 +624,7 @@ impl RunRecord {
     /// [`RecordWriteError`], naming the folder or the file.
     pub fn save(&self, state_dir: &Path) -> Result<(), RecordWriteError> {
         let dir = state_dir.join(DIR);
-        std::fs::create_dir_all(&dir)
-            .map_err(|source| RecordWriteError::CreateDir { path: dir, source })?;
+        std::fs::create_dir_all(&dir).map_err(crate::fsutil::FileError::at(&dir))?;
         let json = serde_json::to_vec_pretty(self)?;
         crate::fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600, None)?;
         Ok(())
@@ -635,15 +634,9 @@ impl RunRecord {
 /// Why the run record could not be written ([`RunRecord::save`]).
 #[derive(Debug, thiserror::Error)]
 pub enum RecordWriteError {
-    /// Its folder could not be made.
-    #[error("{}: {source}", .path.display())]
-    CreateDir {
-        /// The folder (`<agent.state_dir>/lifecycle`).
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Its folder (`<agent.state_dir>/lifecycle`) could not be made.
+    #[error(transparent)]
+    CreateDir(#[from] crate::fsutil::FileError),
     /// The record did not serialize.
     #[error(transparent)]
     Encode(#[from] serde_json::Error),
@@ -798,14 +791,8 @@ pub enum ScriptError {
     #[error(transparent)]
     Fetch(#[from] FetchError),
     /// A folder (of the cache or the logs) could not be made.
-    #[error("{}: {source}", .path.display())]
-    CreateDir {
-        /// The folder.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    CreateDir(#[from] crate::fsutil::FileError),
     /// Writing the cached copy failed.
     #[error(transparent)]
     Cache(#[from] crate::fsutil::WriteError),
@@ -1062,10 +1049,7 @@ async fn execute(
     env: &[(&'static str, String)],
 ) -> Result<(), ScriptError> {
     if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ScriptError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(crate::fsutil::FileError::at(dir))?;
     }
     let mut tries = 0;
     let status = loop {
@@ -1252,10 +1236,7 @@ async fn cached_or_fetched(
     }
     let bytes = fetch(script, region).await?;
     if let Some(dir) = cache.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ScriptError::CreateDir {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(crate::fsutil::FileError::at(dir))?;
     }
     crate::fsutil::write_atomic(cache, &bytes, 0o700, None)?;
     record

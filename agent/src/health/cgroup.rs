@@ -13,10 +13,11 @@
 //! outside it. Where no cgroup can be made or joined (no cgroup v2, no permission)
 //! commands fall back to their process group alone, and the result says so.
 
+use super::facts::{HostIo, HostOp};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Folder name prefix of the command cgroups.
@@ -26,15 +27,10 @@ pub const PREFIX: &str = "slurm-node-agent-cmd-";
 /// group); each variant names the file or folder concerned.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CgroupError {
-    /// A file under `/proc/self` could not be read.
-    #[error("reading {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
-    },
+    /// A file under `/proc/self` could not be read, the command's cgroup folder created or
+    /// its `cgroup.procs` opened for writing.
+    #[error(transparent)]
+    Io(#[from] HostIo),
     /// `/proc/self/cgroup` has no `0::` line (no cgroup v2).
     #[error("no cgroup v2 entry (0::) in {}", path.display())]
     NoV2Entry {
@@ -46,24 +42,6 @@ pub enum CgroupError {
     NotMounted {
         /// The file read (`/proc/self/mountinfo`).
         mountinfo: PathBuf,
-    },
-    /// The command's cgroup folder could not be created.
-    #[error("creating {}: {source}", path.display())]
-    Create {
-        /// The folder.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
-    },
-    /// The cgroup's `cgroup.procs` could not be opened for writing.
-    #[error("opening {}: {source}", path.display())]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
     },
 }
 
@@ -79,10 +57,7 @@ pub fn own_cgroup() -> Result<PathBuf, CgroupError> {
 
 fn read_own_cgroup() -> Result<PathBuf, CgroupError> {
     let read = |p: &str| {
-        std::fs::read_to_string(p).map_err(|e| CgroupError::Read {
-            path: PathBuf::from(p),
-            source: Arc::new(e),
-        })
+        std::fs::read_to_string(p).map_err(|e| HostIo::new(HostOp::Read, Path::new(p), e))
     };
     let cg = read("/proc/self/cgroup")?;
     let rel = cg
@@ -125,10 +100,7 @@ impl CmdCgroup {
             sweep(&parent);
         }
         let dir = parent.join(format!("{PREFIX}{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir).map_err(|e| CgroupError::Create {
-            path: dir.clone(),
-            source: Arc::new(e),
-        })?;
+        std::fs::create_dir(&dir).map_err(|e| HostIo::new(HostOp::Create, &dir, e))?;
         Ok(CmdCgroup { dir })
     }
 
@@ -141,17 +113,14 @@ impl CmdCgroup {
     /// [`CmdCgroup::join_before_exec`].
     ///
     /// # Errors
-    /// [`CgroupError::Open`] (the caller falls back to the process group).
+    /// [`CgroupError::Io`] (the caller falls back to the process group).
     pub fn open_procs(&self) -> Result<std::fs::File, CgroupError> {
         let path = self.dir.join("cgroup.procs");
         // std opens with O_CLOEXEC: the program run never inherits it.
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
-            .map_err(|e| CgroupError::Open {
-                path: path.clone(),
-                source: Arc::new(e),
-            })
+            .map_err(|e| HostIo::new(HostOp::Open, &path, e).into())
     }
 
     /// Makes the child of `cmd` join the cgroup before it runs its program: between `fork`

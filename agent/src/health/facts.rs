@@ -11,38 +11,63 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// What the health checks did to a file or folder of the host when the OS refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostOp {
+    /// Reading a file.
+    Read,
+    /// Opening a file.
+    Open,
+    /// Listing a folder (`/proc`).
+    List,
+    /// Creating a folder.
+    Create,
+}
+
+impl HostOp {
+    fn verb(self) -> &'static str {
+        match self {
+            HostOp::Read => "reading",
+            HostOp::Open => "opening",
+            HostOp::List => "listing",
+            HostOp::Create => "creating",
+        }
+    }
+}
+
+/// A file or folder of the host the OS refused: `<verb> <path>: <error>`. Clone (the I/O
+/// error is shared) because a fact is read once and given to every check that needs it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{} {}: {source}", op.verb(), path.display())]
+pub struct HostIo {
+    /// What was done.
+    pub op: HostOp,
+    /// The file or folder.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: Arc<std::io::Error>,
+}
+
+impl HostIo {
+    /// `op` on `path` failed with `e`.
+    pub fn new(op: HostOp, path: &Path, e: impl Into<std::io::Error>) -> HostIo {
+        HostIo {
+            op,
+            path: path.to_path_buf(),
+            source: Arc::new(e.into()),
+        }
+    }
+}
+
 /// A host fact that could not be read; each variant names the file, folder or program.
 /// Clone (the I/O error is shared) because a fact is read once and given to every check
 /// that needs it.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FactsError {
-    /// A file could not be read.
-    #[error("reading {}: {source}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
-    },
-    /// A file could not be opened.
-    #[error("opening {}: {source}", path.display())]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
-    },
-    /// procfs could not be opened or listed.
-    #[error("listing {}: {source}", path.display())]
-    List {
-        /// The folder (`/proc`).
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Arc<std::io::Error>,
-    },
+    /// A file could not be read or opened, or procfs listed.
+    #[error(transparent)]
+    Io(#[from] HostIo),
     /// A file did not hold what it should (`/proc/loadavg`).
     #[error("{}: unexpected content {content:?}", path.display())]
     Unexpected {
@@ -175,10 +200,7 @@ pub struct Facts {
 }
 
 fn read_to_string(p: &Path) -> Result<String, FactsError> {
-    fs::read_to_string(p).map_err(|e| FactsError::Read {
-        path: p.to_path_buf(),
-        source: Arc::new(e),
-    })
+    fs::read_to_string(p).map_err(|e| HostIo::new(HostOp::Read, p, e).into())
 }
 
 impl Facts {
@@ -457,10 +479,7 @@ fn read_all_at(dir: &rustix::fd::OwnedFd, rel: &str, buf: &mut Vec<u8>) -> bool 
 fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, FactsError> {
     use rustix::fs::{Mode, OFlags};
     let me = std::process::id();
-    let list = |e: std::io::Error| FactsError::List {
-        path: proc_dir.to_path_buf(),
-        source: Arc::new(e),
-    };
+    let list = |e: std::io::Error| FactsError::from(HostIo::new(HostOp::List, proc_dir, e));
     let dir_fd = rustix::fs::open(
         proc_dir,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,

@@ -17,10 +17,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::Nvml;
 
-use std::sync::Arc;
-
 use super::{Checked, Failed};
-use crate::health::facts::{Facts, FactsError};
+use crate::health::facts::{Facts, FactsError, HostIo, HostOp};
 
 /// How many GPUs are expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +101,7 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> 
         OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| FactsError::Open {
-        path: path.clone(),
-        source: Arc::new(e.into()),
-    })?;
+    .map_err(|e| HostIo::new(HostOp::Open, path, e))?;
     let mut out = BTreeMap::new();
     let mut buf = vec![0u8; 8192];
     loop {
@@ -121,12 +116,7 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> 
             // EPIPE: a record was overwritten while reading; go on.
             Err(rustix::io::Errno::PIPE) => continue,
             Err(rustix::io::Errno::AGAIN) => break,
-            Err(e) => {
-                return Err(FactsError::Read {
-                    path: path.clone(),
-                    source: Arc::new(e.into()),
-                })
-            }
+            Err(e) => return Err(HostIo::new(HostOp::Read, path, e).into()),
         }
     }
     Ok(out)

@@ -8,10 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use std::sync::Arc;
-
 use super::{Checked, Failed};
-use crate::health::facts::{Facts, FactsError, ProcEntry};
+use crate::health::facts::{Facts, FactsError, HostIo, HostOp, ProcEntry};
 use crate::health::matcher::Matcher;
 
 /// Clock ticks per second of `/proc/<pid>/stat` times: the kernel reports them in
@@ -81,10 +79,7 @@ pub fn proc_stat(
 /// Seconds since boot (`/proc/uptime`).
 fn uptime(proc_dir: &Path) -> Result<u64, FactsError> {
     let p = proc_dir.join("uptime");
-    let t = std::fs::read_to_string(&p).map_err(|e| FactsError::Read {
-        path: p.clone(),
-        source: Arc::new(e),
-    })?;
+    let t = std::fs::read_to_string(&p).map_err(|e| HostIo::new(HostOp::Read, &p, e))?;
     match t.split(['.', ' ']).next().and_then(|v| v.parse().ok()) {
         Some(v) => Ok(v),
         None => Err(FactsError::Unexpected {
