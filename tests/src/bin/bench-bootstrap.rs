@@ -126,7 +126,7 @@ fn agent_trial(env: &NodeEnv) -> Result<(f64, u64, f64)> {
 fn bare_trial(env: &NodeEnv, conf: &str) -> Result<f64> {
     env.systemd.systemctl(&["stop", "slurmd.service"])?;
     delete_node(env)?;
-    let mut cmd = Command::new("/usr/sbin/slurmd");
+    let mut cmd = Command::new(slurm_e2e::install::program("slurmd"));
     cmd.args([
         "-D",
         "-N",
