@@ -27,18 +27,45 @@ use crate::section::{Classified, InvalidKey, KeyTrust, Refused};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthType {
-    /// `AuthType=auth/munge`: key `/etc/munge/munge.key`, owner `munge`.
+    /// `AuthType=auth/munge`: key `/etc/munge/munge.key`, owner `munge`; munged is started.
     #[default]
     Munge,
-    /// `AuthType=auth/slurm` (Slurm 23.11+): key `/etc/slurm/slurm.key`, owner `slurm`.
+    /// `AuthType=auth/slurm` (Slurm 23.11+): key `/etc/slurm/slurm.key`, owner `slurm`;
+    /// munge is neither needed nor started. slurmd is started with `SLURM_SACK_KEY=<key
+    /// path>` in its environment, so it reads the key the agent wrote whatever Slurm's
+    /// compile-time sysconfdir is (a `slurm.jwks` there still comes first: Slurm's own
+    /// order).
     Slurm,
+}
+
+impl AuthType {
+    /// Slurm's name of the plugin: `auth/munge`, `auth/slurm`.
+    pub fn plugin(self) -> &'static str {
+        match self {
+            AuthType::Munge => "auth/munge",
+            AuthType::Slurm => "auth/slurm",
+        }
+    }
+
+    /// The value as `auth.type` spells it: `munge`, `slurm`.
+    pub fn setting(self) -> &'static str {
+        match self {
+            AuthType::Munge => "munge",
+            AuthType::Slurm => "slurm",
+        }
+    }
 }
 
 /// `[auth]`: the cluster key.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
-    /// Plugin: `munge` or `slurm`.
+    /// Plugin: `munge` (`AuthType=auth/munge`) or `slurm` (`AuthType=auth/slurm`, Slurm
+    /// 23.11 or later: an older slurmd is refused with exit 78). Not set: `munge`, except in
+    /// the managed join (`pcs.enabled`), where it is `slurm` as the managed service runs
+    /// every cluster with auth/slurm. It must be the controller's `AuthType`: a node whose
+    /// type or key differs stops with exit 65 once slurmctld has refused slurmd's
+    /// configuration requests for 25 s.
     #[serde(rename = "type")]
     pub auth_type: AuthType,
     /// Where the key comes from: `ssm:<parameter name>` (SecureString, decrypted),

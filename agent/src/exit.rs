@@ -108,7 +108,7 @@ impl Exit {
             Exit::Unhealthy => "a fatal health check failed or timed out",
             Exit::Usage => "command-line usage error (e.g. a reason with a control character)",
             Exit::DataErr => {
-                "bad data: key missing, empty or the wrong size; node registered INVALID; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
+                "bad data: key missing, empty or the wrong size; the node's auth type or key differs from the controller's (slurmctld refuses slurmd); node registered INVALID; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
             }
             Exit::Unavailable => {
                 "unavailable: IMDS, AWS, GPUs; slurmctld or the node unknown to it (`status` still prints what it knows locally); no bootstrap record and no instance metadata; `config show` without IMDS (use `--no-imds` off EC2)"
@@ -129,7 +129,7 @@ impl Exit {
                 "permission: access to the key denied; `resume` of an admin's drain without `--force`"
             }
             Exit::Config => {
-                "invalid settings or check files; no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
+                "invalid settings or check files (`auth.type = \"slurm\"` with a Slurm older than 23.11); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
             }
         }
     }

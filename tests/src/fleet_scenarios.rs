@@ -355,7 +355,12 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         ];
         // No controller address in user data: the registration answer names it.
         l.agent_toml = "[pcs]\nenabled = true\nregister_window = \"5m\"\n".into();
-        l.image_toml = format!("[pcs]\nendpoint = \"{}\"\n", pcs.endpoint());
+        // The fleet's controller runs auth/munge: said, since the managed join's own
+        // default is auth/slurm.
+        l.image_toml = format!(
+            "[pcs]\nendpoint = \"{}\"\n[auth]\ntype = \"munge\"\n",
+            pcs.endpoint()
+        );
         instances.insert(host.clone(), l.instance_id.clone());
         fleet.launch(l)?;
     }

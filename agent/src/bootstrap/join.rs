@@ -79,8 +79,10 @@ pub(super) async fn join(
             }
         };
         polls += 1;
+        let mut registered = false;
         let seen = match node {
             Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
+                registered = true;
                 if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
                     return Err(BootstrapError::Invalid {
                         node_name: def.node_name.clone(),
@@ -142,6 +144,11 @@ pub(super) async fn join(
             Ok(None) => "slurmctld does not know the node yet".into(),
             Err(e) => e.to_string(),
         };
+        if !registered {
+            if let Some(e) = refused(s, def, svc.as_ref(), version).await {
+                return Err(e);
+            }
+        }
         if start.elapsed() >= deadline {
             let unit_state = systemd
                 .active_state(unit)
@@ -259,15 +266,7 @@ async fn wait_for_slurmd_ready(
     if !version.is_some_and(SlurmVersion::has_slurmd_http_probes) {
         return;
     }
-    // The configuration the agent's scontrol reads: on a configless node, slurmd's cache
-    // (where slurmd's own port comes from).
-    let env_conf = std::env::var_os("SLURM_CONF");
-    let conf = slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists())
-        .and_then(|p| std::fs::read_to_string(p).ok());
-    let port = conf.as_deref().map_or(
-        slurm::readyz::DEFAULT_SLURMD_PORT,
-        slurm::readyz::slurmd_port,
-    );
+    let port = slurmd_port(s);
     let start = Instant::now();
     let limit = time_left / 2;
     let mut refused_since: Option<Instant> = None;
@@ -276,6 +275,11 @@ async fn wait_for_slurmd_ready(
         // Nothing listens on slurmd's port yet: it is still fetching its configuration.
         let Some(addr) = slurm::readyz::listening_address(port) else {
             if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+                return;
+            }
+            // slurmd still without its configuration after [`FETCH_REFUSED_AFTER`]: the
+            // join looks at why ([`refused`]).
+            if tries % 100 == 0 && slurmd_ran_for(s, systemd).await >= FETCH_REFUSED_AFTER {
                 return;
             }
             tries += 1;
@@ -313,6 +317,74 @@ async fn wait_for_slurmd_ready(
         port,
         "slurmd gave no 2xx to /readyz in {limit:?}: looking at slurmctld anyway"
     );
+}
+
+/// slurmd's `SlurmdPort` as the configuration the agent's scontrol reads says it (on a
+/// configless node, slurmd's cache, once slurmd has fetched it), else the default.
+fn slurmd_port(s: &Settings) -> u16 {
+    let env_conf = std::env::var_os("SLURM_CONF");
+    let conf = slurm::client_config(&s.slurm.bin_dir, env_conf.as_deref(), |p| p.exists())
+        .and_then(|p| std::fs::read_to_string(p).ok());
+    conf.as_deref().map_or(
+        slurm::readyz::DEFAULT_SLURMD_PORT,
+        slurm::readyz::slurmd_port,
+    )
+}
+
+/// How long slurmd may run without its configuration, while a configless server accepts
+/// connections, before the join calls it refused ([`refused`]): slurmd asks slurmctld for
+/// it at its start and then every 10 s ("failed to load configs. Retrying in 10
+/// seconds.", `_establish_configuration` in `slurmd.c`), so this is three refusals. A
+/// controller that answers gives the configuration to the first request.
+pub const FETCH_REFUSED_AFTER: Duration = Duration::from_secs(25);
+
+/// How long slurmd's main process has run while its unit is `active` or `activating`
+/// (zero otherwise, or when the unit cannot be read).
+async fn slurmd_ran_for(s: &Settings, systemd: &Systemd) -> Duration {
+    match systemd.service_info(&s.slurm.slurmd_unit).await {
+        Ok(v) => running_for(&v),
+        Err(_) => Duration::ZERO,
+    }
+}
+
+fn running_for(v: &crate::systemd::ServiceInfo) -> Duration {
+    if !matches!(v.active_state.as_str(), "active" | "activating") || v.exec_main_start_usec == 0 {
+        return Duration::ZERO;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    now.saturating_sub(Duration::from_micros(v.exec_main_start_usec))
+}
+
+/// The error for a slurmd that slurmctld refuses: it has run for [`FETCH_REFUSED_AFTER`]
+/// without its configuration (nothing listens on its `SlurmdPort`: slurmd opens it only
+/// once configured) while a configless server accepts connections. slurmctld then refuses
+/// its `REQUEST_CONFIG`: seen with a key that differs (slurmctld: `decode_jwt: jwt_decode
+/// (with key) failure`), and with an auth type that differs (`auth_g_unpack:
+/// authentication plugin auth/munge(101) not found`, or `auth/slurm(103)`); slurmd says
+/// `failed to fetch remote configs: Protocol authentication error` each time (Slurm
+/// 25.11.6). `None` while that is not so, or with no `slurm.conf_servers` (DNS SRV).
+async fn refused(
+    s: &Settings,
+    def: &NodeDefinition,
+    svc: Option<&crate::systemd::ServiceInfo>,
+    version: Option<SlurmVersion>,
+) -> Option<BootstrapError> {
+    let ran = running_for(svc?);
+    if ran < FETCH_REFUSED_AFTER || slurm::readyz::listening_address(slurmd_port(s)).is_some() {
+        return None;
+    }
+    let controller = slurm::diagnose::controller_accepting(&s.slurm).await?;
+    Some(BootstrapError::Refused {
+        node_name: def.node_name.clone(),
+        controller,
+        auth_type: s.auth.auth_type,
+        key_path: crate::authkey::KeyTarget::from_settings(&s.auth).path,
+        version,
+        unit: s.slurm.slurmd_unit.clone(),
+        ran,
+    })
 }
 
 /// Whether slurmd's unit is `failed` or `inactive` (a state read that fails counts as not).

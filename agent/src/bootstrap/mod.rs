@@ -64,6 +64,39 @@ pub enum BootstrapError {
         /// The last thing that went wrong.
         last_error: String,
     },
+    /// slurmctld refuses slurmd's configuration requests while it accepts connections: the
+    /// node's `auth.type` or key differs from the controller's `AuthType` and key (exit 65).
+    /// Seen when slurmd has run [`join::FETCH_REFUSED_AFTER`] without its configuration.
+    #[error(
+        "node {node_name}: slurmctld at {controller} refuses slurmd's requests: the node's \
+         authentication differs from the controller's (auth.type = \"{}\": {}, key {}{}); \
+         give the node the controller's AuthType and key. slurmd ran {}s without its \
+         configuration while slurmctld accepted connections; slurmd's log \
+         (journalctl -u {unit}) says `failed to fetch remote configs: Protocol \
+         authentication error` for this, slurmctld's `authentication error` (a controller \
+         without SlurmctldParameters=enable_configless refuses too)",
+        auth_type.setting(),
+        auth_type.plugin(),
+        key_path.display(),
+        version.map(|v| format!(", slurmd {v}")).unwrap_or_default(),
+        ran.as_secs()
+    )]
+    Refused {
+        /// NodeName.
+        node_name: String,
+        /// The configless server that accepted a connection (`host:port`).
+        controller: String,
+        /// `auth.type`.
+        auth_type: AuthType,
+        /// The key file slurmd reads.
+        key_path: PathBuf,
+        /// `slurmd -V`.
+        version: Option<SlurmVersion>,
+        /// slurmd's unit.
+        unit: String,
+        /// How long slurmd ran without its configuration.
+        ran: Duration,
+    },
     /// Slurm refused the node's registration (exit 65): e.g. INVALID for low RealMemory.
     #[error("node {node_name} registered as {state}: {reason}")]
     Invalid {
@@ -122,7 +155,7 @@ impl BootstrapError {
             BootstrapError::Settings(_) => Exit::Config,
             BootstrapError::Imds(_) | BootstrapError::Gpu(_) => Exit::Unavailable,
             BootstrapError::Key(e) => e.exit(),
-            BootstrapError::Invalid { .. } => Exit::DataErr,
+            BootstrapError::Invalid { .. } | BootstrapError::Refused { .. } => Exit::DataErr,
             BootstrapError::Systemd(_) => Exit::OsErr,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
             BootstrapError::Mounts(_) => Exit::MountFailed,
@@ -301,6 +334,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         id: &id,
     };
 
+    check_auth_supported(&cx).await?;
     let (def, key_changed, systemd) =
         define_node_and_install_key(&cx, opts, prefetch, managed.as_ref(), &mut t).await?;
     let prepared = prepare_slurmd(&cx, &def, key_changed, &systemd, &mut t).await?;
@@ -380,6 +414,27 @@ impl<'a> Steps<'a> {
             key: key.to_string(),
             message,
         })
+    }
+}
+
+/// `auth.type = "slurm"` needs slurmd 23.11 or later (auth/slurm): an older one is a
+/// settings error naming `auth.type` and the version, before any key is written. A slurmd
+/// that gives no version is not refused here.
+async fn check_auth_supported(cx: &Steps<'_>) -> Result<(), BootstrapError> {
+    if cx.s.auth.auth_type != AuthType::Slurm {
+        return Ok(());
+    }
+    let slurmd = slurm_mod::version::slurmd_path(&cx.s.slurm.bin_dir);
+    match slurm_mod::version::slurmd_version(&slurmd).await {
+        Some(v) if !v.has_auth_slurm() => Err(cx.key_error(
+            "auth.type",
+            format!(
+                "\"slurm\" (AuthType=auth/slurm) needs Slurm 23.11 or later; slurmd {} is {v}: \
+                 use \"munge\" with this Slurm",
+                slurmd.display()
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -529,11 +584,14 @@ async fn prepare_slurmd(
             instance_id: id.instance_id.clone(),
             instance_type: id.instance_type.clone(),
         };
+        let sack_key = (s.auth.auth_type == AuthType::Slurm)
+            .then(|| authkey::KeyTarget::from_settings(&s.auth).path);
         slurmd::prepare(
             &s.slurm,
             def,
             &s.node.topology,
             instance,
+            sack_key.as_deref(),
             key_changed,
             systemd,
         )

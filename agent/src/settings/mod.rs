@@ -556,13 +556,18 @@ impl Resolved {
                 t.insert(last.to_string(), value);
             }
         }
-        let settings: Settings =
+        let mut settings: Settings =
             toml::Value::Table(merged)
                 .try_into()
                 .map_err(|e: toml::de::Error| SettingsError::Parse {
                     origin: Source::Default,
                     message: e.to_string(),
                 })?;
+        // The managed join uses auth/slurm unless a layer says otherwise, as the managed
+        // service runs every cluster with it.
+        if settings.pcs.enabled && !sources.contains_key("auth.type") {
+            settings.auth.auth_type = crate::authkey::AuthType::Slurm;
+        }
         let resolved = Resolved {
             settings,
             sources,

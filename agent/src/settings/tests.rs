@@ -588,3 +588,15 @@ retry_for = "30s"
     let s: Settings = toml::from_str(dup).unwrap();
     assert_eq!(s.validate().unwrap_err().key, "mounts[1].mount_point");
 }
+
+#[test]
+fn the_managed_join_uses_auth_slurm_unless_told_otherwise() {
+    use crate::authkey::AuthType;
+    let r = Resolved::merge(&[file("[slurm]\nconf_servers = [\"ctl\"]\n")]).unwrap();
+    assert_eq!(r.settings.auth.auth_type, AuthType::Munge);
+    let r = Resolved::merge(&[file("[pcs]\nenabled = true\n")]).unwrap();
+    assert_eq!(r.settings.auth.auth_type, AuthType::Slurm);
+    let told = file("[pcs]\nenabled = true\n[auth]\ntype = \"munge\"\n");
+    let r = Resolved::merge(&[told]).unwrap();
+    assert_eq!(r.settings.auth.auth_type, AuthType::Munge);
+}

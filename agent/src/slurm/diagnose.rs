@@ -74,3 +74,25 @@ pub async fn why_not_registered(
     }
     why.join("; ")
 }
+
+/// The first configless server (`slurm.conf_servers`) that accepts a TCP connection within
+/// a second, as `host:port`; `None` when none does or none is set (DNS SRV).
+pub async fn controller_accepting(slurm: &SlurmSettings) -> Option<String> {
+    for server in slurm
+        .conf_servers
+        .iter()
+        .filter_map(|c| ConfServer::parse(c).ok())
+    {
+        let port = server.port.unwrap_or(super::DEFAULT_SLURMCTLD_PORT);
+        let addr = if server.host.contains(':') {
+            format!("[{}]:{port}", server.host)
+        } else {
+            format!("{}:{port}", server.host)
+        };
+        let connect = tokio::net::TcpStream::connect(addr.clone());
+        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
+            return Some(addr);
+        }
+    }
+    None
+}

@@ -114,15 +114,29 @@ pub fn default_options_file() -> PathBuf {
     }
 }
 
+/// The variable that names the auth/slurm key file to slurmd (and sackd), instead of
+/// `<sysconfdir>/slurm.key` (Slurm 23.11+: `init_internal` in
+/// `src/plugins/auth/slurm/internal.c`; set, it also makes a configless slurmd fetch its
+/// configuration with auth/slurm: `fetch_config.c`, `auth_g_init`).
+pub const SACK_KEY_VAR: &str = "SLURM_SACK_KEY";
+
 /// Sets `SLURMD_OPTIONS` in `path`, keeping every other line, replacing any earlier
-/// `SLURMD_OPTIONS=` lines with one. Written atomically (mode 0644); unchanged content is
-/// not rewritten. Returns whether the file changed.
+/// `SLURMD_OPTIONS=` lines with one; with `sack_key` (auth/slurm) also
+/// `SLURM_SACK_KEY='<path>'` ([`SACK_KEY_VAR`]), replacing earlier ones (without it, such
+/// lines are removed: auth/munge). Written atomically (mode 0644); unchanged content is not
+/// rewritten. Returns whether the file changed.
 ///
 /// # Errors
 /// [`OptionsFileError`].
-pub fn write_slurmd_options(path: &Path, args: &[String]) -> Result<bool, OptionsFileError> {
+pub fn write_slurmd_options(
+    path: &Path,
+    args: &[String],
+    sack_key: Option<&Path>,
+) -> Result<bool, OptionsFileError> {
+    let sack_key = sack_key.map(|p| p.to_string_lossy().into_owned());
     if let Some(a) = args
         .iter()
+        .chain(sack_key.as_ref())
         .find(|a| a.chars().any(|c| c == '\'' || c == '"' || c.is_control()))
     {
         return Err(OptionsFileError::Unsafe {
@@ -141,28 +155,41 @@ pub fn write_slurmd_options(path: &Path, args: &[String]) -> Result<bool, Option
             })
         }
     };
-    let line = options_line(args);
+    let mut managed = vec![("SLURMD_OPTIONS", options_line(args), false)];
+    if let Some(k) = &sack_key {
+        managed.push((SACK_KEY_VAR, format!("{SACK_KEY_VAR}='{k}'"), false));
+    }
     let mut out = String::new();
-    let mut placed = false;
     for l in old.lines() {
         let t = l.trim_start();
-        if t.starts_with("SLURMD_OPTIONS=") || t.starts_with("export SLURMD_OPTIONS=") {
-            if !placed {
-                out.push_str(&line);
-                out.push('\n');
-                placed = true;
+        let t = t.strip_prefix("export ").unwrap_or(t);
+        let sets = |var: &str| t.strip_prefix(var).is_some_and(|r| r.starts_with('='));
+        // Without auth/slurm no SLURM_SACK_KEY stays: it would make slurmd use auth/slurm.
+        if sack_key.is_none() && sets(SACK_KEY_VAR) {
+            continue;
+        }
+        match managed.iter_mut().find(|(var, _, _)| sets(var)) {
+            Some((_, line, placed)) => {
+                if !*placed {
+                    out.push_str(line);
+                    out.push('\n');
+                    *placed = true;
+                }
             }
-        } else {
-            out.push_str(l);
-            out.push('\n');
+            None => {
+                out.push_str(l);
+                out.push('\n');
+            }
         }
     }
-    if !placed {
-        if out.is_empty() {
-            out.push_str("# Written by slurm-node-agent bootstrap.\n");
+    for (_, line, placed) in &managed {
+        if !placed {
+            if out.is_empty() {
+                out.push_str("# Written by slurm-node-agent bootstrap.\n");
+            }
+            out.push_str(line);
+            out.push('\n');
         }
-        out.push_str(&line);
-        out.push('\n');
     }
     if out == old {
         return Ok(false);
@@ -250,15 +277,45 @@ mod tests {
         )
         .unwrap();
         let args = slurmd_args(&def(), &[], None);
-        assert!(write_slurmd_options(&p, &args).unwrap());
+        assert!(write_slurmd_options(&p, &args, None).unwrap());
         let text = std::fs::read_to_string(&p).unwrap();
         assert_eq!(
             text,
             "# Debian default\nSLURMD_OPTIONS='-N n1 -Z --conf \"CPUs=2 RealMemory=1000\"'\nOTHER=1\n"
         );
         // Second run: same content, no rewrite, still one line.
-        assert!(!write_slurmd_options(&p, &args).unwrap());
+        assert!(!write_slurmd_options(&p, &args, None).unwrap());
         assert_eq!(std::fs::read_to_string(&p).unwrap(), text);
+    }
+
+    #[test]
+    fn auth_slurm_names_its_key_to_slurmd_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("slurmd");
+        std::fs::write(
+            &p,
+            "OTHER=1\nexport SLURM_SACK_KEY=/old\nSLURM_SACK_KEY=/older\n",
+        )
+        .unwrap();
+        let args = slurmd_args(&def(), &[], None);
+        let key = Path::new("/etc/slurm/slurm.key");
+        assert!(write_slurmd_options(&p, &args, Some(key)).unwrap());
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            "OTHER=1\nSLURM_SACK_KEY='/etc/slurm/slurm.key'\n\
+             SLURMD_OPTIONS='-N n1 -Z --conf \"CPUs=2 RealMemory=1000\"'\n"
+        );
+        assert!(!write_slurmd_options(&p, &args, Some(key)).unwrap());
+        // A key path that cannot be written safely is refused, nothing written.
+        let e = write_slurmd_options(&p, &args, Some(Path::new("/a'b"))).unwrap_err();
+        assert!(matches!(e, OptionsFileError::Unsafe { .. }));
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), text);
+        // auth/munge again: no SLURM_SACK_KEY left to make slurmd use auth/slurm.
+        assert!(write_slurmd_options(&p, &args, None).unwrap());
+        assert!(!std::fs::read_to_string(&p)
+            .unwrap()
+            .contains("SLURM_SACK_KEY"));
     }
 
     #[test]
@@ -266,7 +323,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("slurmd");
         for bad in ["a'b", "a\nSLURMD_OPTIONS=evil", "a\"b"] {
-            let e = write_slurmd_options(&p, &[bad.to_string()]).unwrap_err();
+            let e = write_slurmd_options(&p, &[bad.to_string()], None).unwrap_err();
             assert!(matches!(e, OptionsFileError::Unsafe { .. }));
         }
         assert!(!p.exists());

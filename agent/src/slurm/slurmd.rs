@@ -2,7 +2,7 @@
 //! with the instance's id and type where slurmd takes them, [`prepare`]) and its unit
 //! stopped or restarted so that exactly one slurmd runs ([`stop`], [`restart`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::{ConfServer, InstanceArgs, OptionsFileError, SlurmSettings, SlurmVersion};
 use crate::nodedef::NodeDefinition;
@@ -41,7 +41,8 @@ pub enum PrepareError {
 /// instance, `instance`, where slurmd can say it: 23.11+), writes the options file
 /// (`slurm.slurmd_options_file`, else the distribution's), and stops slurmd ([`stop`]) when
 /// the options changed or `key_changed`, so that the start that follows uses them.
-/// `topology` is `node.topology`.
+/// `topology` is `node.topology`; `sack_key` the auth/slurm key file, named to slurmd
+/// through `SLURM_SACK_KEY` in the options file (`None` with auth/munge).
 ///
 /// # Errors
 /// [`PrepareError`]; nothing is stopped before the options file is written.
@@ -50,6 +51,7 @@ pub async fn prepare(
     def: &NodeDefinition,
     topology: &str,
     instance: InstanceArgs,
+    sack_key: Option<&Path>,
     key_changed: bool,
     systemd: &Systemd,
 ) -> Result<Prepared, PrepareError> {
@@ -84,7 +86,7 @@ pub async fn prepare(
         }
     }
     let args = super::slurmd_args(def, &servers, instance.as_ref());
-    let options_changed = super::write_slurmd_options(&options_file, &args)?;
+    let options_changed = super::write_slurmd_options(&options_file, &args, sack_key)?;
     let restart = options_changed || key_changed;
     if restart {
         stop(systemd, &slurm.slurmd_unit).await?;

@@ -52,6 +52,12 @@ impl SlurmVersion {
         self.at_least(23, 11)
     }
 
+    /// `AuthType=auth/slurm` and `CredType=cred/slurm` exist (23.11: `slurm.key`, or the
+    /// file `SLURM_SACK_KEY` names); `slurm.jwks` with several keys arrived in 24.05.
+    pub fn has_auth_slurm(self) -> bool {
+        self.at_least(23, 11)
+    }
+
     /// slurmctld takes slurmd's `--instance-id`/`--instance-type` (and `Extra`, topology)
     /// only at the node's first registration or when the node booted since slurmctld last
     /// heard from it (slurmd's boot time later than the record's last response): a slurmd
@@ -137,11 +143,6 @@ impl SlurmVersion {
     pub fn has_node_health_hint(self) -> bool {
         self.at_least(26, 5)
     }
-
-    /// auth/slurm exists (23.11).
-    pub fn has_auth_slurm(self) -> bool {
-        self.at_least(23, 11)
-    }
 }
 
 impl std::fmt::Display for SlurmVersion {
@@ -208,6 +209,7 @@ mod tests {
     fn each_change_is_at_its_release() {
         let v = |s: &str| SlurmVersion::parse(s).unwrap();
         assert!(!v("22.05.8").has_instance_fields() && v("23.11.0").has_instance_fields());
+        assert!(!v("23.02.7").has_auth_slurm() && v("23.11.0").has_auth_slurm());
         assert!(
             !v("25.11.6").applies_instance_fields_after_boot_only()
                 && v("26.05.3").applies_instance_fields_after_boot_only()
