@@ -81,6 +81,8 @@ pub struct NodeEnv {
     pub imds: Emulator,
     /// Scratch folder: settings, key, options file, state.
     pub root: TempRoot,
+    /// The controller runs auth/slurm ([`NodeEnv::start_auth_slurm`]).
+    auth_slurm: bool,
 }
 
 impl NodeEnv {
@@ -99,13 +101,41 @@ impl NodeEnv {
     /// # Errors
     /// When a component fails to start.
     pub fn start_with(ctld_lines: &[String], extra_settings: &str) -> Result<NodeEnv> {
+        Self::start_opts(ctld_lines, extra_settings, false)
+    }
+
+    /// Like [`NodeEnv::start_with`], with a controller that runs `AuthType=auth/slurm`
+    /// ([`crate::slurm::SlurmctldBuilder::auth_slurm`], Slurm 23.11+): the secret holds its
+    /// `slurm.key` (base64), the agent's key file is [`NodeEnv::key_path`] (`slurm.key` in
+    /// the scratch folder, never the compile-time `<sysconfdir>/slurm.key`), and the
+    /// Manager gets a private `/run/slurm` for slurmd's `sack.socket`. The settings do not
+    /// set `auth.type`: each test says it (a drop-in) or leaves it to the managed join.
+    ///
+    /// # Errors
+    /// When a component fails to start.
+    pub fn start_auth_slurm(ctld_lines: &[String], extra_settings: &str) -> Result<NodeEnv> {
+        Self::start_opts(ctld_lines, extra_settings, true)
+    }
+
+    fn start_opts(
+        ctld_lines: &[String],
+        extra_settings: &str,
+        auth_slurm: bool,
+    ) -> Result<NodeEnv> {
         let mut builder = Slurmctld::builder("boot");
         for l in ctld_lines {
             builder = builder.line(l.clone());
         }
+        if auth_slurm {
+            builder = builder.auth_slurm();
+        }
         let ctld = builder.start()?;
         let moto = Moto::start()?;
-        let key = Munge::shared()?.key()?;
+        let key = if auth_slurm {
+            ctld.slurm_key()?
+        } else {
+            Munge::shared()?.key()?
+        };
         moto.create_secret_string(
             KEY_SECRET,
             &base64::engine::general_purpose::STANDARD.encode(&key),
@@ -127,13 +157,21 @@ impl NodeEnv {
         fs::set_permissions(&munge_dir, fs::Permissions::from_mode(0o700))?;
         root.subdir("conf.d")?;
 
-        let systemd = UserSystemd::start_with_private_dirs(&[("/run/munge", 0o755, uid, gid)])?;
+        // slurmd with auth/slurm serves its node's clients on /run/slurm/sack.socket: the
+        // node's own, not the host's.
+        let private: &[(&str, u32, u32, u32)] = if auth_slurm {
+            &[("/run/munge", 0o755, uid, gid), ("/run/slurm", 0o755, 0, 0)]
+        } else {
+            &[("/run/munge", 0o755, uid, gid)]
+        };
+        let systemd = UserSystemd::start_with_private_dirs(private)?;
         let env = NodeEnv {
             systemd,
             ctld,
             moto,
             imds,
             root,
+            auth_slurm,
         };
         env.install_units()?;
         fs::create_dir_all(env.ctld.spool_dir(DEFAULT_NODE_NAME))?;
@@ -151,9 +189,14 @@ impl NodeEnv {
         self.root.path().join("conf.d")
     }
 
-    /// The key file the agent writes.
+    /// The key file the agent writes: `munge/munge.key` in the scratch folder, or
+    /// `slurm.key` there with an auth/slurm controller.
     pub fn key_path(&self) -> PathBuf {
-        self.root.path().join("munge/munge.key")
+        if self.auth_slurm {
+            self.root.path().join("slurm.key")
+        } else {
+            self.root.path().join("munge/munge.key")
+        }
     }
 
     /// The file the agent writes `SLURMD_OPTIONS` to (`/etc/default/slurmd` on a node).

@@ -85,6 +85,11 @@ impl Version {
         (self.major, self.minor) >= (major, minor)
     }
 
+    /// `AuthType=auth/slurm`, `CredType=cred/slurm` (23.11+).
+    pub fn has_auth_slurm(self) -> bool {
+        self.at_least(23, 11)
+    }
+
     /// slurmd takes `--instance-id` and `--instance-type` (23.11+).
     pub fn has_instance_fields(self) -> bool {
         self.at_least(23, 11)

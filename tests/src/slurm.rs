@@ -59,6 +59,7 @@ pub struct SlurmctldBuilder {
     lines: Vec<String>,
     partitions: Vec<String>,
     machine: Option<CtldMachine>,
+    auth_slurm: bool,
 }
 
 /// Another machine for slurmctld, made of namespaces the test created (see
@@ -133,6 +134,17 @@ impl SlurmctldBuilder {
         self
     }
 
+    /// `AuthType=auth/slurm` and `CredType=cred/slurm` (Slurm 23.11+) instead of
+    /// auth/munge: a 64-byte random `slurm.key` (mode 0600) beside slurm.conf, where
+    /// slurmctld reads it. slurmctld runs in a mount namespace of its own whose `/run` is
+    /// the scratch folder's `run/`, so its `sack.socket` (`/run/slurmctld/sack.socket`
+    /// there) is this controller's alone; the client commands reach it through
+    /// `SLURM_SACK_SOCKET` ([`Slurmctld::env`]). Not on another machine.
+    pub fn auth_slurm(mut self) -> Self {
+        self.auth_slurm = true;
+        self
+    }
+
     /// `MaxNodeCount` (default 16): how many dynamic nodes may register.
     pub fn max_node_count(mut self, n: u32) -> Self {
         self.max_node_count = n;
@@ -146,8 +158,19 @@ impl SlurmctldBuilder {
                 bail!("slurm.conf line {l:?} contains a line break");
             }
         }
-        Munge::shared()?;
         let root = TempRoot::new(&format!("slurm-e2e-{}-", self.cluster_name))?;
+        if self.auth_slurm {
+            if self.machine.is_some() {
+                bail!("an auth/slurm controller runs on this host only");
+            }
+            let key = random_key(64)?;
+            let path = root.path().join("slurm.key");
+            write_atomic(&path, &key)?;
+            fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+            root.subdir("run")?;
+        } else {
+            Munge::shared()?;
+        }
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             match self.try_start(&root, attempt) {
@@ -155,6 +178,7 @@ impl SlurmctldBuilder {
                     return Ok(Slurmctld {
                         daemon,
                         machine: self.machine.clone(),
+                        auth_slurm: self.auth_slurm,
                         cluster_name: self.cluster_name,
                         ctld_port,
                         slurmd_port,
@@ -181,7 +205,8 @@ impl SlurmctldBuilder {
         root.subdir("spool")?;
         let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
         let clients = self.machine.as_ref().map(CtldMachine::client_enter);
-        let mut cmd = ns_command(enter, "slurmctld");
+        let sack = self.auth_slurm.then(|| sack_socket(root.path()));
+        let mut cmd = ctld_command(enter, self.auth_slurm.then_some(root.path()));
         cmd.arg("-D")
             .arg("-c")
             .arg("-f")
@@ -192,6 +217,9 @@ impl SlurmctldBuilder {
             daemon.check_running()?;
             let mut c = ns_command(clients.as_deref(), "scontrol");
             c.arg("ping").env("SLURM_CONF", &conf);
+            if let Some(s) = &sack {
+                c.env("SLURM_SACK_SOCKET", s);
+            }
             let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
             Ok(String::from_utf8_lossy(&out.stdout)
                 .contains("is UP")
@@ -227,7 +255,7 @@ impl SlurmctldBuilder {
              SlurmdPort={slurmd_port}\n\
              SlurmctldParameters=enable_configless\n\
              {comm}\
-             AuthType=auth/munge\n\
+             {auth}\
              SlurmUser=root\n\
              SlurmdUser=root\n\
              ProctrackType=proctrack/linuxproc\n\
@@ -243,6 +271,11 @@ impl SlurmctldBuilder {
              MailProg=/bin/true\n",
             cluster = self.cluster_name,
             max = self.max_node_count,
+            auth = if self.auth_slurm {
+                "AuthType=auth/slurm\nCredType=cred/slurm\n"
+            } else {
+                "AuthType=auth/munge\n"
+            },
         );
         // The nodes' paths, unless a line sets them (nodes in containers have their own).
         for (key, value) in [
@@ -277,6 +310,7 @@ pub struct Slurmctld {
     // Dropped first: the daemon stops before its folder goes.
     daemon: Daemon,
     machine: Option<CtldMachine>,
+    auth_slurm: bool,
     cluster_name: String,
     ctld_port: u16,
     slurmd_port: u16,
@@ -294,6 +328,7 @@ impl Slurmctld {
             lines: Vec::new(),
             partitions: Vec::new(),
             machine: None,
+            auth_slurm: false,
         }
     }
 
@@ -378,7 +413,7 @@ impl Slurmctld {
     pub fn restart(&mut self) -> Result<()> {
         self.daemon.stop()?;
         let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
-        let mut cmd = ns_command(enter, "slurmctld");
+        let mut cmd = ctld_command(enter, self.auth_slurm.then_some(self.root.path()));
         cmd.arg("-D")
             .arg("-f")
             .arg(&self.conf)
@@ -386,6 +421,7 @@ impl Slurmctld {
         self.daemon = Daemon::spawn("slurmctld-restarted", cmd, self.root.path())?;
         let conf = self.conf.clone();
         let clients = self.client_enter();
+        let env = self.env();
         let daemon = &mut self.daemon;
         wait_until(
             "the restarted slurmctld to answer scontrol ping with UP",
@@ -394,7 +430,7 @@ impl Slurmctld {
             || {
                 daemon.check_running()?;
                 let mut c = ns_command(clients.as_deref(), "scontrol");
-                c.arg("ping").env("SLURM_CONF", &conf);
+                c.arg("ping").env("SLURM_CONF", &conf).envs(env.clone());
                 let out = run_with_timeout(c, CLIENT_TIMEOUT)?;
                 Ok(String::from_utf8_lossy(&out.stdout)
                     .contains("is UP")
@@ -403,9 +439,35 @@ impl Slurmctld {
         )
     }
 
-    /// The environment a Slurm client needs: `[("SLURM_CONF", <conf>)]`.
+    /// The environment a Slurm client needs: `[("SLURM_CONF", <conf>)]`, and with
+    /// auth/slurm `SLURM_SACK_SOCKET`, this controller's `sack.socket` (a client makes its
+    /// credentials there).
     pub fn env(&self) -> Vec<(String, String)> {
-        vec![("SLURM_CONF".into(), self.conf.display().to_string())]
+        let mut env = vec![("SLURM_CONF".into(), self.conf.display().to_string())];
+        if self.auth_slurm {
+            env.push((
+                "SLURM_SACK_SOCKET".into(),
+                sack_socket(self.root.path()).display().to_string(),
+            ));
+        }
+        env
+    }
+
+    /// Whether it runs `AuthType=auth/slurm` ([`SlurmctldBuilder::auth_slurm`]).
+    pub fn is_auth_slurm(&self) -> bool {
+        self.auth_slurm
+    }
+
+    /// The auth/slurm key (`slurm.key` beside slurm.conf).
+    ///
+    /// # Errors
+    /// Not an auth/slurm controller, or the file cannot be read.
+    pub fn slurm_key(&self) -> Result<Vec<u8>> {
+        if !self.auth_slurm {
+            bail!("not an auth/slurm controller");
+        }
+        let p = self.root.path().join("slurm.key");
+        fs::read(&p).with_context(|| format!("reading {}", p.display()))
     }
 
     /// The reason `sinfo -R` lists for `node` (slurmctld's own list of nodes down,
@@ -442,7 +504,7 @@ impl Slurmctld {
     /// controller is on another machine).
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
         let mut c = ns_command(self.client_enter().as_deref(), program);
-        c.env("SLURM_CONF", &self.conf);
+        c.envs(self.env());
         c
     }
 
@@ -559,6 +621,44 @@ impl Slurmctld {
         let mut c = self.command(program);
         c.args(args);
         run_with_timeout(c, JOB_TIMEOUT)
+    }
+}
+
+/// `len` random bytes (`/dev/urandom`), e.g. an auth/slurm key.
+///
+/// # Errors
+/// `/dev/urandom` cannot be read.
+pub fn random_key(len: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut key = vec![0u8; len];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .context("reading /dev/urandom")?;
+    Ok(key)
+}
+
+/// An auth/slurm controller's `sack.socket` as the host sees it (`/run/slurmctld/` in its
+/// own mount namespace is `<root>/run/slurmctld/`).
+fn sack_socket(root: &Path) -> PathBuf {
+    root.join("run/slurmctld/sack.socket")
+}
+
+/// slurmctld's command: through `nsenter` for another machine, or, with `private_run`
+/// (an auth/slurm controller's scratch folder), in a mount namespace of its own whose
+/// `/run` is `<root>/run` (`unshare` and `sh` exec it: the pid stays slurmctld's; the
+/// folder and the program are the script's arguments, never its text).
+fn ctld_command(enter: Option<&[String]>, private_run: Option<&Path>) -> Command {
+    match private_run {
+        None => ns_command(enter, "slurmctld"),
+        Some(root) => {
+            let mut c = Command::new("unshare");
+            c.args(["-m", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$1\" /run && shift && exec \"$@\"")
+                .arg("sh")
+                .arg(root.join("run"))
+                .arg(crate::install::program("slurmctld"));
+            c
+        }
     }
 }
 

@@ -903,3 +903,180 @@ fn bootstrap_waits_for_slurmds_readyz_instead_of_asking_slurmctld_during_its_sta
         "{looks} looks at slurmctld while slurmd ran a 3 s start-up health check:\n{err}"
     );
 }
+
+/// Whether the Slurm under test has auth/slurm (23.11+); the auth/slurm tests pass
+/// trivially on older ones, saying so.
+fn has_auth_slurm() -> bool {
+    let v = slurm_e2e::install::version().unwrap();
+    if !v.has_auth_slurm() {
+        eprintln!("Slurm {v:?} has no auth/slurm: nothing to check");
+    }
+    v.has_auth_slurm()
+}
+
+/// A drop-in in the node's settings folder.
+fn dropin(env: &NodeEnv, name: &str, text: &str) {
+    std::fs::write(env.config_dir().join(name), text).unwrap();
+}
+
+/// uid of the `slurm` user (auth/slurm's key owner).
+fn slurm_uid() -> u32 {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && f[0] == "slurm")
+        .map(|f| f[2].parse().unwrap())
+        .expect("a slurm user")
+}
+
+#[test]
+fn auth_slurm_key_lands_where_slurmd_reads_it_and_a_job_runs_without_munge() {
+    if !has_auth_slurm() {
+        return;
+    }
+    let env = NodeEnv::start_auth_slurm(&[], "").unwrap();
+    dropin(&env, "40-auth.toml", "[auth]\ntype = \"slurm\"\n");
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
+    let steps: Vec<&str> = r["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(!steps.contains(&"munge"), "{steps:?}");
+
+    // The controller's key, 0400, owned by slurm, named to slurmd in its options file.
+    let key = std::fs::read(env.key_path()).unwrap();
+    assert_eq!(key, env.ctld.slurm_key().unwrap());
+    let meta = std::fs::metadata(env.key_path()).unwrap();
+    assert_eq!(meta.mode() & 0o7777, 0o400);
+    assert_eq!(meta.uid(), slurm_uid());
+    let options = std::fs::read_to_string(env.options_file()).unwrap();
+    assert!(
+        options.contains(&format!("SLURM_SACK_KEY='{}'", env.key_path().display())),
+        "{options}"
+    );
+    // munge is neither needed nor started.
+    let munge = env
+        .systemd
+        .unit_property("munge.service", "ActiveState")
+        .unwrap();
+    assert_eq!(munge.trim(), "inactive");
+
+    // A job runs, its credentials cred/slurm.
+    let host = env.srun_hostname(DEFAULT_NODE_NAME).unwrap();
+    assert_eq!(host.trim(), slurm_e2e::slurm::short_hostname().unwrap());
+    let conf = env.ctld.scontrol_ok(&["show", "config"]).unwrap();
+    assert!(conf.contains("auth/slurm"), "{conf}");
+}
+
+/// Bootstrap with the default join deadline (10 minutes) against an auth/slurm controller
+/// that refuses this node: exit 65 within a minute, the error saying why; slurmd's and
+/// slurmctld's own logs say it too. Returns the agent's stderr.
+fn refused_within_a_minute(env: &mut NodeEnv, args: &[&str], slurmctld_says: &str) -> String {
+    dropin(
+        env,
+        "90-deadline.toml",
+        "[slurm]\njoin_deadline = \"10m\"\n",
+    );
+    let start = std::time::Instant::now();
+    let out = env.bootstrap(args).unwrap();
+    let took = start.elapsed();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(65), "stderr:\n{err}");
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+    assert!(
+        err.contains("refuses slurmd's requests: the node's authentication differs"),
+        "{err}"
+    );
+    let ctld_log = std::fs::read_to_string(env.ctld.daemon().log_path()).unwrap();
+    assert!(
+        ctld_log.contains(slurmctld_says),
+        "slurmctld log:\n{ctld_log}"
+    );
+    assert!(
+        ctld_log.contains("REQUEST_CONFIG has authentication error"),
+        "{ctld_log}"
+    );
+    let manager_log = std::fs::read_to_string(env.systemd.log_path().unwrap()).unwrap();
+    assert!(
+        manager_log.contains("failed to fetch remote configs: Protocol authentication error"),
+        "slurmd's words missing from the Manager's log:\n{manager_log}"
+    );
+    eprintln!(
+        "refused after {took:?}: {}",
+        err.lines().last().unwrap_or("")
+    );
+    err
+}
+
+#[test]
+fn a_key_that_differs_from_the_controllers_stops_bootstrap_within_a_minute() {
+    if !has_auth_slurm() {
+        return;
+    }
+    let mut env = NodeEnv::start_auth_slurm(&[], "").unwrap();
+    use base64::Engine;
+    let other = slurm_e2e::slurm::random_key(64).unwrap();
+    env.moto
+        .create_secret_string(
+            "cluster/other-key",
+            &base64::engine::general_purpose::STANDARD.encode(&other),
+        )
+        .unwrap();
+    dropin(&env, "40-auth.toml", "[auth]\ntype = \"slurm\"\n");
+    let err = refused_within_a_minute(
+        &mut env,
+        &["--auth-key-source", "secretsmanager:cluster/other-key"],
+        "decode_jwt: jwt_decode (with key) failure",
+    );
+    assert!(err.contains("auth.type = \"slurm\": auth/slurm"), "{err}");
+}
+
+#[test]
+fn a_munge_node_of_an_auth_slurm_controller_stops_bootstrap_within_a_minute() {
+    if !has_auth_slurm() {
+        return;
+    }
+    let mut env = NodeEnv::start_auth_slurm(&[], "").unwrap();
+    // auth.type left at munge: munged starts with the (64-byte) key, slurmd signs with it.
+    let err = refused_within_a_minute(
+        &mut env,
+        &[],
+        "authentication plugin auth/munge(101) not found",
+    );
+    assert!(err.contains("auth.type = \"munge\": auth/munge"), "{err}");
+}
+
+#[test]
+fn auth_slurm_on_a_slurm_older_than_23_11_is_a_settings_error_naming_the_version() {
+    // slurm.bin_dir beside an sbin/slurmd that says it is 23.02.7 (a script: only `-V` is
+    // asked before anything is written).
+    let env = NodeEnv::start("").unwrap();
+    let bin = env.root.path().join("old-slurm/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(env.root.path().join("old-slurm/sbin")).unwrap();
+    let sbin = env.root.path().join("old-slurm/sbin/slurmd");
+    std::fs::write(&sbin, "#!/bin/sh\necho 'slurm 23.02.7'\n").unwrap();
+    std::fs::set_permissions(&sbin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dropin(
+        &env,
+        "40-auth.toml",
+        &format!(
+            "[auth]\ntype = \"slurm\"\n[slurm]\nbin_dir = \"{}\"\n",
+            bin.display()
+        ),
+    );
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("auth.type"), "{err}");
+    assert!(err.contains("needs Slurm 23.11 or later"), "{err}");
+    assert!(err.contains("23.02.7"), "{err}");
+    assert!(!env.key_path().exists(), "a key file was written");
+    assert!(!env.options_file().exists(), "slurmd options were written");
+}

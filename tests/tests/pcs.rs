@@ -3,8 +3,10 @@
 //! emulator's instance profile), installs the cluster secret as the key, starts slurmd
 //! configless as the pre-declared cloud node the answer names, and the node runs a job in a
 //! real slurmctld configured as the service configures a node group
-//! (`NodeName=<group>-[1-4] State=CLOUD`, `enable_configless,cloud_reg_addrs`; munge, since
-//! Slurm 22.05 has no auth/slurm).
+//! (`NodeName=<group>-[1-4] State=CLOUD`, `enable_configless,cloud_reg_addrs`), with
+//! `AuthType=auth/slurm` and `CredType=cred/slurm` as the service runs every cluster, the
+//! agent's own default in the managed join (on Slurm older than 23.11, which has no
+//! auth/slurm: munge, said in the settings).
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::MetadataExt;
@@ -32,12 +34,16 @@ fn managed_env(window: &str) -> (NodeEnv, PcsEmulator, String) {
         "PrivateData=cloud".to_string(),
         "NodeName=compute-[1-4] State=CLOUD CPUs=1".to_string(),
     ];
-    let env = NodeEnv::start_with(&lines, "").unwrap();
+    let auth_slurm = slurm_e2e::install::version().unwrap().has_auth_slurm();
+    let env = if auth_slurm {
+        NodeEnv::start_auth_slurm(&lines, "").unwrap()
+    } else {
+        NodeEnv::start_with(&lines, "").unwrap()
+    };
     for n in 1..=4 {
         std::fs::create_dir_all(env.ctld.spool_dir(&format!("compute-{n}"))).unwrap();
     }
-    let secret = base64::engine::general_purpose::STANDARD
-        .encode(slurm_e2e::Munge::shared().unwrap().key().unwrap());
+    let secret = base64::engine::general_purpose::STANDARD.encode(cluster_key(&env));
     env.imds.set_role_credentials(
         "AWSPCS-e2e",
         ACCESS_KEY,
@@ -79,13 +85,41 @@ fn managed_env(window: &str) -> (NodeEnv, PcsEmulator, String) {
         env.config_dir().join("50-pcs.toml"),
         format!(
             "[pcs]\nenabled = true\nendpoint = \"{}\"\nregister_window = \"{window}\"\n\
-             bootstrap_id_file = \"{}\"\n",
+             bootstrap_id_file = \"{}\"\n{}",
             pcs.endpoint(),
-            env.root.path().join("pcs-bootstrap-id").display()
+            env.root.path().join("pcs-bootstrap-id").display(),
+            if auth_slurm {
+                ""
+            } else {
+                "[auth]\ntype = \"munge\"\n"
+            }
         ),
     )
     .unwrap();
     (env, pcs, secret)
+}
+
+/// The cluster's key: the auth/slurm controller's `slurm.key`, else the shared munge key.
+fn cluster_key(env: &NodeEnv) -> Vec<u8> {
+    if env.ctld.is_auth_slurm() {
+        env.ctld.slurm_key().unwrap()
+    } else {
+        slurm_e2e::Munge::shared().unwrap().key().unwrap()
+    }
+}
+
+/// uid of the key's owner: `slurm` with auth/slurm, else `munge`.
+fn key_owner_uid(env: &NodeEnv) -> u32 {
+    if !env.ctld.is_auth_slurm() {
+        return munge_ids().unwrap().0;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() > 3 && f[0] == "slurm")
+        .map(|f| f[2].parse().unwrap())
+        .expect("a slurm user")
 }
 
 #[test]
@@ -129,12 +163,21 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
     );
     assert!(!options.contains("-Z"), "{options}");
 
-    // The key is the cluster secret, written as every key is.
+    // The key is the cluster secret, written as every key is; with auth/slurm (the managed
+    // join's default) named to slurmd, and munge not started.
     let key = std::fs::read(env.key_path()).unwrap();
-    assert_eq!(key, slurm_e2e::Munge::shared().unwrap().key().unwrap());
+    assert_eq!(key, cluster_key(&env));
     let meta = std::fs::metadata(env.key_path()).unwrap();
     assert_eq!(meta.mode() & 0o7777, 0o400);
-    assert_eq!(meta.uid(), munge_ids().unwrap().0);
+    assert_eq!(meta.uid(), key_owner_uid(&env));
+    if env.ctld.is_auth_slurm() {
+        assert!(options.contains("SLURM_SACK_KEY="), "{options}");
+        let munge = env
+            .systemd
+            .unit_property("munge.service", "ActiveState")
+            .unwrap();
+        assert_eq!(munge.trim(), "inactive");
+    }
 
     // The record: root-only, the answer without the secret.
     let record_path = env.state_dir().join("pcs-registration.json");
