@@ -384,14 +384,35 @@ fn rewrite_unit(unit: &str, replace: &[(&str, Option<String>)], drop: &[&str]) -
 /// # Errors
 /// When munge is not installed.
 pub fn munge_ids() -> Result<(u32, u32)> {
+    user_ids("munge").context("apt-get install munge")
+}
+
+/// uid and gid of the `slurm` user (auth/slurm's key owner).
+///
+/// # Errors
+/// When there is no such user.
+pub fn slurm_ids() -> Result<(u32, u32)> {
+    user_ids("slurm").context("scripts/slurm-build.sh makes it")
+}
+
+fn user_ids(name: &str) -> Result<(u32, u32)> {
     let passwd = fs::read_to_string("/etc/passwd")?;
     for line in passwd.lines() {
         let f: Vec<&str> = line.split(':').collect();
-        if f.len() > 3 && f[0] == "munge" {
+        if f.len() > 3 && f[0] == name {
             return Ok((f[2].parse()?, f[3].parse()?));
         }
     }
-    bail!("no munge user in /etc/passwd (apt-get install munge)")
+    bail!("no {name} user in /etc/passwd")
+}
+
+/// The names of the steps in a bootstrap report, in order (`settings`, `instance_metadata`,
+/// ..., `join`).
+pub fn step_names(report: &serde_json::Value) -> Vec<&str> {
+    report["steps"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s["name"].as_str()).collect())
+        .unwrap_or_default()
 }
 
 /// Parses the agent's `--output json` report.

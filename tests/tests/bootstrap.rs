@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use slurm_e2e::agent::{munge_ids, report, NodeEnv, DEFAULT_NODE_NAME};
+use slurm_e2e::agent::{munge_ids, report, step_names, NodeEnv, DEFAULT_NODE_NAME};
 
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -20,12 +20,7 @@ fn bootstrap_brings_a_dynamic_node_to_idle_and_runs_a_job_then_converges() {
     let r = report(&out).unwrap();
     assert_eq!(r["node_name"], DEFAULT_NODE_NAME);
     assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&r);
     assert_eq!(
         steps,
         [
@@ -919,17 +914,6 @@ fn dropin(env: &NodeEnv, name: &str, text: &str) {
     std::fs::write(env.config_dir().join(name), text).unwrap();
 }
 
-/// uid of the `slurm` user (auth/slurm's key owner).
-fn slurm_uid() -> u32 {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-    passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && f[0] == "slurm")
-        .map(|f| f[2].parse().unwrap())
-        .expect("a slurm user")
-}
-
 #[test]
 fn auth_slurm_key_lands_where_slurmd_reads_it_and_a_job_runs_without_munge() {
     if !has_auth_slurm() {
@@ -941,12 +925,7 @@ fn auth_slurm_key_lands_where_slurmd_reads_it_and_a_job_runs_without_munge() {
     assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
     let r = report(&out).unwrap();
     assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&r);
     assert!(!steps.contains(&"munge"), "{steps:?}");
 
     // The controller's key, 0400, owned by slurm, named to slurmd in its options file.
@@ -954,7 +933,7 @@ fn auth_slurm_key_lands_where_slurmd_reads_it_and_a_job_runs_without_munge() {
     assert_eq!(key, env.ctld.slurm_key().unwrap());
     let meta = std::fs::metadata(env.key_path()).unwrap();
     assert_eq!(meta.mode() & 0o7777, 0o400);
-    assert_eq!(meta.uid(), slurm_uid());
+    assert_eq!(meta.uid(), slurm_e2e::agent::slurm_ids().unwrap().0);
     let options = std::fs::read_to_string(env.options_file()).unwrap();
     assert!(
         options.contains(&format!("SLURM_SACK_KEY='{}'", env.key_path().display())),

@@ -12,7 +12,7 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use slurm_e2e::agent::{report, NodeEnv, DEFAULT_NODE_NAME};
+use slurm_e2e::agent::{report, step_names, NodeEnv, DEFAULT_NODE_NAME};
 use slurm_e2e::{is_idle, run_with_timeout, TempRoot};
 
 /// `slurm-node-agent bootstrap --output json` in the Manager's mount namespace, with the
@@ -103,12 +103,7 @@ fn tmpfs_mount_then_node_idle() {
         String::from_utf8_lossy(&out.stderr)
     );
     let r = report(&out).unwrap();
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["name"].as_str())
-        .collect();
+    let steps = step_names(&r);
     let (m, s) = (
         steps.iter().position(|s| *s == "mounts").unwrap(),
         steps.iter().position(|s| *s == "slurmd").unwrap(),

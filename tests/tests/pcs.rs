@@ -13,7 +13,7 @@ use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
 use base64::Engine;
-use slurm_e2e::agent::{munge_ids, report, NodeEnv};
+use slurm_e2e::agent::{munge_ids, report, step_names, NodeEnv};
 use slurm_e2e::imds_emulator::pcs::{PcsCluster, PcsEmulator, PcsEndpoint, PcsGroup, PcsInstance};
 use slurm_e2e::wait_until;
 
@@ -110,16 +110,11 @@ fn cluster_key(env: &NodeEnv) -> Vec<u8> {
 
 /// uid of the key's owner: `slurm` with auth/slurm, else `munge`.
 fn key_owner_uid(env: &NodeEnv) -> u32 {
-    if !env.ctld.is_auth_slurm() {
-        return munge_ids().unwrap().0;
+    if env.ctld.is_auth_slurm() {
+        slurm_e2e::agent::slurm_ids().unwrap().0
+    } else {
+        munge_ids().unwrap().0
     }
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-    passwd
-        .lines()
-        .map(|l| l.split(':').collect::<Vec<_>>())
-        .find(|f| f.len() > 3 && f[0] == "slurm")
-        .map(|f| f[2].parse().unwrap())
-        .expect("a slurm user")
 }
 
 #[test]
@@ -133,12 +128,7 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
     assert_eq!(r["node_name"], "compute-1");
     assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
     assert!(r["dynamic_conf"].is_null(), "{r}");
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&r);
     assert!(steps.contains(&"register"), "{steps:?}");
 
     // One request, signed with the instance's credentials, for the tagged cluster.
@@ -448,12 +438,7 @@ fn lifecycle_scripts_from_the_answer_run_by_policy_and_a_checksum_mismatch_never
         ])
     );
     // nodeBootstrapped before slurmd, nodeReady after the node joined.
-    let steps: Vec<&str> = r["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let steps = step_names(&r);
     let at = |n: &str| steps.iter().position(|s| *s == n).unwrap();
     assert!(at("register") < at("node_bootstrapped"), "{steps:?}");
     assert!(at("node_bootstrapped") < at("slurmd"), "{steps:?}");

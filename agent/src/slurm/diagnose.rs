@@ -38,17 +38,7 @@ pub async fn why_not_registered(
                 .to_string(),
         );
     }
-    for server in slurm
-        .conf_servers
-        .iter()
-        .filter_map(|c| ConfServer::parse(c).ok())
-    {
-        let port = server.port.unwrap_or(super::DEFAULT_SLURMCTLD_PORT);
-        let addr = if server.host.contains(':') {
-            format!("[{}]:{port}", server.host)
-        } else {
-            format!("{}:{port}", server.host)
-        };
+    for (server, addr) in conf_server_addrs(slurm) {
         let probe = async {
             let addrs: Vec<_> = match tokio::net::lookup_host(&addr).await {
                 Ok(a) => a.collect(),
@@ -75,20 +65,28 @@ pub async fn why_not_registered(
     why.join("; ")
 }
 
-/// The first configless server (`slurm.conf_servers`) that accepts a TCP connection within
-/// a second, as `host:port`; `None` when none does or none is set (DNS SRV).
-pub async fn controller_accepting(slurm: &SlurmSettings) -> Option<String> {
-    for server in slurm
+/// Each valid `slurm.conf_servers` entry with the `host:port` (`[v6]:port`) to connect to,
+/// slurmctld's default port where the entry names none.
+fn conf_server_addrs(slurm: &SlurmSettings) -> impl Iterator<Item = (ConfServer, String)> + '_ {
+    slurm
         .conf_servers
         .iter()
         .filter_map(|c| ConfServer::parse(c).ok())
-    {
-        let port = server.port.unwrap_or(super::DEFAULT_SLURMCTLD_PORT);
-        let addr = if server.host.contains(':') {
-            format!("[{}]:{port}", server.host)
-        } else {
-            format!("{}:{port}", server.host)
-        };
+        .map(|server| {
+            let port = server.port.unwrap_or(super::DEFAULT_SLURMCTLD_PORT);
+            let addr = if server.host.contains(':') {
+                format!("[{}]:{port}", server.host)
+            } else {
+                format!("{}:{port}", server.host)
+            };
+            (server, addr)
+        })
+}
+
+/// The first configless server (`slurm.conf_servers`) that accepts a TCP connection within
+/// a second, as `host:port`; `None` when none does or none is set (DNS SRV).
+pub async fn controller_accepting(slurm: &SlurmSettings) -> Option<String> {
+    for (_, addr) in conf_server_addrs(slurm) {
         let connect = tokio::net::TcpStream::connect(addr.clone());
         if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(1), connect).await {
             return Some(addr);
