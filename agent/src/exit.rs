@@ -36,7 +36,8 @@ pub enum Exit {
     TempFail,
     /// 77, EX_NOPERM: permission denied (the key; `resume` of an admin's drain).
     NoPerm,
-    /// 78, EX_CONFIG: invalid settings or check files; no node name.
+    /// 78, EX_CONFIG: invalid settings; no node name. (A check file that cannot be used is
+    /// a failing check: 1.)
     Config,
 }
 
@@ -105,7 +106,9 @@ impl Exit {
             Exit::Ok => {
                 "done (`check`: healthy; `bootstrap`: registered, also when it stays drained by an admin)"
             }
-            Exit::Unhealthy => "a fatal health check failed or timed out",
+            Exit::Unhealthy => {
+                "a fatal health check failed or timed out, or a check file could not be used (a failing check naming the file and line)"
+            }
             Exit::Usage => "command-line usage error (e.g. a reason with a control character)",
             Exit::DataErr => {
                 "bad data: key missing, empty or the wrong size; the node's auth type or key differs from the controller's (slurmctld refuses slurmd); node registered INVALID; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
@@ -129,7 +132,7 @@ impl Exit {
                 "permission: access to the key denied; `resume` of an admin's drain without `--force`"
             }
             Exit::Config => {
-                "invalid settings or check files (`auth.type = \"slurm\"` with a Slurm older than 23.11); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
+                "invalid settings (`auth.type = \"slurm\"` with a Slurm older than 23.11); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
             }
         }
     }
@@ -162,7 +165,7 @@ impl Exit {
             Exit::IoErr => "I/O error",
             Exit::TempFail => "temporary failure: retry (join deadline, busy state lock, --wait)",
             Exit::NoPerm => "permission denied",
-            Exit::Config => "invalid settings or check files",
+            Exit::Config => "invalid settings",
         }
     }
 

@@ -251,7 +251,7 @@ pub enum IdentityError {
         record: std::path::PathBuf,
     },
     /// `SLURMD_NODENAME` is not a node name (exit 78).
-    #[error("environment variable SLURMD_NODENAME={value:?} is not a Slurm NodeName (letters, digits, '-', '_' and '.' only)")]
+    #[error("environment variable SLURMD_NODENAME={value:?} is not one Slurm NodeName (letters, digits, '-', '_' and '.' only; not ALL or DEFAULT)")]
     BadEnvName {
         /// The variable's value.
         value: String,

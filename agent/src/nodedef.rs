@@ -207,6 +207,12 @@ pub enum NodeNameError {
         /// The name.
         name: String,
     },
+    /// A word Slurm reads as something other than one node (`ALL`: every node; `DEFAULT`).
+    #[error("NodeName {name:?} is a word Slurm reserves (ALL is every node, DEFAULT the defaults' line)")]
+    Reserved {
+        /// The name.
+        name: String,
+    },
     /// Holds a dot (an FQDN, most likely).
     #[error("NodeName {name:?} contains '.': use the short host name, not an FQDN")]
     Dot {
@@ -300,6 +306,9 @@ pub fn validate_node_name(name: &str) -> Result<(), NodeNameError> {
     if name.contains('.') {
         return Err(NodeNameError::Dot { name: owned() });
     }
+    if is_reserved_node_name(name) {
+        return Err(NodeNameError::Reserved { name: owned() });
+    }
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !name
             .chars()
@@ -308,6 +317,18 @@ pub fn validate_node_name(name: &str) -> Result<(), NodeNameError> {
         return Err(NodeNameError::Characters { name: owned() });
     }
     Ok(())
+}
+
+/// Words Slurm reads as something other than one node, in any case: `ALL` (every node, in
+/// `scontrol update NodeName=` and `scontrol delete NodeName=`: slurmctld's
+/// `nodespec_to_hostlist`) and `DEFAULT` (slurm.conf's `NodeName=DEFAULT` line).
+pub const RESERVED_NODE_NAMES: [&str; 2] = ["ALL", "DEFAULT"];
+
+/// Whether `name` is one of [`RESERVED_NODE_NAMES`], in any case.
+pub fn is_reserved_node_name(name: &str) -> bool {
+    RESERVED_NODE_NAMES
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
 }
 
 /// Checks a Slurm Feature name: ASCII letters, digits, `.`, `-`, `_`, starting with a letter
@@ -662,10 +683,24 @@ mod tests {
             "",
             "a.b.c",
             "x Feature=evil",
+            "ALL",
+            "all",
+            "DEFAULT",
+            "Default",
         ] {
             assert!(validate_node_name(bad).is_err(), "{bad:?} accepted");
         }
-        for good in ["node-1", "gpu_07", "i-0123456789abcdef0"] {
+        assert_eq!(
+            validate_node_name("All").unwrap_err().to_string(),
+            "NodeName \"All\" is a word Slurm reserves (ALL is every node, DEFAULT the defaults' line)"
+        );
+        for good in [
+            "node-1",
+            "gpu_07",
+            "i-0123456789abcdef0",
+            "allnodes",
+            "default-1",
+        ] {
             validate_node_name(good).unwrap();
         }
     }

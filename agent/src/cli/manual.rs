@@ -116,7 +116,7 @@ fn tail(top: &str, subpages: &[String]) -> String {
             (Exit::Usage, "command-line usage error"),
             (Exit::OsErr, "no runtime"),
             (Exit::IoErr, "the report could not be written"),
-            (Exit::Config, "invalid settings or check files"),
+            (Exit::Config, "invalid settings"),
         ]
     } else {
         Exit::ALL.iter().map(|e| (*e, e.summary())).collect()

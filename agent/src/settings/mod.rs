@@ -323,7 +323,7 @@ impl Layer {
         table.insert(section.to_string(), toml::Value::Table(inner));
         toml::Value::Table(table.clone())
             .try_into::<Settings>()
-            .map_err(|e| key_err(e.to_string().trim_end().to_string()))?;
+            .map_err(|e| key_err(e.message().trim_end().to_string()))?;
         Ok(Layer::new(source, table))
     }
 

@@ -83,6 +83,27 @@ fn unknown_keys_are_errors() {
     );
 }
 
+/// A flag's or tag's value that its key's type refuses: one line, the key named once (not
+/// toml's own "in `key`" line after it, which would become the error's last line).
+#[test]
+fn a_refused_flag_value_is_one_line_naming_the_key_once() {
+    for (key, value) in [
+        ("slurm.join_deadline", "soon"),
+        ("auth.type", "kerberos"),
+        ("upgrade.interval", "400days"),
+    ] {
+        let e = Layer::from_key_value(Source::Flag, key, value)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains('\n'), "{e:?}");
+        assert_eq!(e.matches(key).count(), 1, "{e}");
+        assert!(
+            e.starts_with(&format!("command line: key `{key}`: ")),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn wrong_types_name_the_key() {
     let e = Layer::from_toml(Source::UserData(1), "[node]\nweight = \"heavy\"\n")

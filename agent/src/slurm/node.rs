@@ -14,10 +14,12 @@ use std::time::Duration;
 use super::SlurmVersion;
 
 /// Whether `name` is a plain Slurm NodeName as the agent passes names on: not empty, ASCII
-/// letters, digits, `-`, `_` and `.` (no spaces, no hostlist or scontrol syntax). Names the
-/// agent makes itself are stricter (`nodedef::validate_node_name` also refuses `.`).
+/// letters, digits, `-`, `_` and `.` (no spaces, no hostlist or scontrol syntax), and not a
+/// word Slurm reserves ([`crate::nodedef::is_reserved_node_name`]). Names the agent makes itself are
+/// stricter (`nodedef::validate_node_name` also refuses `.`).
 pub fn is_plain_node_name(name: &str) -> bool {
     !name.is_empty()
+        && !crate::nodedef::is_reserved_node_name(name)
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -579,6 +581,13 @@ pub enum ScontrolError {
         #[source]
         source: std::io::Error,
     },
+    /// A NodeName that is not one plain node ([`is_plain_node_name`]: `ALL` would be every
+    /// node): never given to scontrol.
+    #[error("NodeName {node:?} is not one node's name (Slurm reads ALL as every node): not given to scontrol")]
+    NotOneNode {
+        /// The name refused.
+        node: String,
+    },
     /// It ran too long and was killed.
     #[error("{program} {args}: no answer in {timeout:?}")]
     Timeout {
@@ -856,6 +865,7 @@ impl Scontrol {
     /// [`ScontrolError`]; an invalid reason is `ScontrolError::Failed` with code -1 and no
     /// call made.
     pub async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        one_node(node)?;
         if let Err(m) = validate_reason(reason) {
             return Err(ScontrolError::Failed {
                 program: self.program.clone(),
@@ -880,9 +890,34 @@ impl Scontrol {
     /// # Errors
     /// [`ScontrolError`].
     pub async fn resume(&self, node: &str) -> Result<(), ScontrolError> {
+        one_node(node)?;
         self.run(&["update", &format!("NodeName={node}"), "State=RESUME"])
             .await
             .map(drop)
+    }
+
+    /// `scontrol delete NodeName=<node>`: removes a dynamic node's record (Slurm refuses
+    /// while a job runs on it or it is in a reservation).
+    ///
+    /// # Errors
+    /// [`ScontrolError`]; [`ScontrolError::NotOneNode`] with no call made.
+    pub async fn delete_node(&self, node: &str) -> Result<(), ScontrolError> {
+        one_node(node)?;
+        self.run(&["delete", &format!("NodeName={node}")])
+            .await
+            .map(drop)
+    }
+}
+
+/// [`ScontrolError::NotOneNode`] unless `node` is one plain NodeName: the commands that
+/// change records never take `ALL` or hostlist syntax from the agent.
+fn one_node(node: &str) -> Result<(), ScontrolError> {
+    if is_plain_node_name(node) {
+        Ok(())
+    } else {
+        Err(ScontrolError::NotOneNode {
+            node: node.to_string(),
+        })
     }
 }
 
@@ -1150,6 +1185,28 @@ impl Scontrol {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// `ALL` (any case) and `DEFAULT` are never given to the commands that change records:
+    /// `scontrol update NodeName=ALL` drains every node. The refusal comes before scontrol
+    /// runs (here a program that does not exist: running it would be `Spawn`).
+    #[tokio::test]
+    async fn reserved_node_names_never_reach_scontrol() {
+        let sc = Scontrol::new(Path::new("/nonexistent"));
+        for name in ["ALL", "all", "Default", "n[1-4]", "a b"] {
+            assert!(!is_plain_node_name(name), "{name}");
+            for e in [
+                sc.drain(name, "r").await.unwrap_err(),
+                sc.resume(name).await.unwrap_err(),
+                sc.delete_node(name).await.unwrap_err(),
+            ] {
+                assert!(matches!(e, ScontrolError::NotOneNode { .. }), "{name}: {e}");
+            }
+        }
+        assert!(matches!(
+            sc.drain("allnodes", "r").await.unwrap_err(),
+            ScontrolError::Spawn { .. }
+        ));
+    }
 
     #[test]
     fn empty_node() {

@@ -140,10 +140,7 @@ pub async fn look_before_start(
         ?diff,
         "deleting the stale dynamic node record so that the new definition registers"
     );
-    if let Err(e) = scontrol
-        .run(&["delete", &format!("NodeName={node_name}")])
-        .await
-    {
+    if let Err(e) = scontrol.delete_node(node_name).await {
         tracing::warn!("{e}");
     }
     found

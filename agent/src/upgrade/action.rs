@@ -193,6 +193,5 @@ async fn reboot(scontrol: &Scontrol, node: &str, reason: &str) -> Result<(), Sco
 /// # Errors
 /// [`ScontrolError`].
 async fn delete_record(scontrol: &Scontrol, node: &str) -> Result<(), ScontrolError> {
-    let arg = format!("nodename={node}");
-    scontrol.run(&["delete", &arg]).await.map(drop)
+    scontrol.delete_node(node).await
 }
