@@ -199,12 +199,13 @@ pub enum AnswerError {
     #[error("no SLURMCTLD endpoint")]
     NoSlurmctld,
     /// `nodeID` is not a NodeName slurmd can take.
-    #[error("nodeID: {problem}")]
+    #[error("nodeID: {source}")]
     NodeId {
         /// The nodeID given.
         node_id: String,
         /// What is wrong with it, as the NodeName check says.
-        problem: String,
+        #[source]
+        source: crate::nodedef::NodeNameError,
     },
 }
 
@@ -279,6 +280,21 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Checks what the agent takes from the answer (a `nodeID` slurmd's `-N` and scontrol
+    /// can take, the `SLURMCTLD` endpoints) and returns the configless servers.
+    ///
+    /// # Errors
+    /// [`PcsError::Answer`] (exit 65): an unsafe `nodeID`, or [`Registration::conf_servers`]'s.
+    pub fn usable(&self) -> Result<Vec<String>, PcsError> {
+        crate::nodedef::validate_node_name(&self.node_id).map_err(|source| {
+            PcsError::Answer(AnswerError::NodeId {
+                node_id: self.node_id.clone(),
+                source,
+            })
+        })?;
+        self.conf_servers()
+    }
+
     /// The `SLURMCTLD` endpoints as configless servers, in the answer's order.
     ///
     /// # Errors
@@ -604,13 +620,7 @@ pub async fn register(
         attempts,
         terminated_by: None,
     };
-    crate::nodedef::validate_node_name(&registration.node_id).map_err(|m| {
-        PcsError::Answer(AnswerError::NodeId {
-            node_id: registration.node_id.clone(),
-            problem: m.to_string(),
-        })
-    })?;
-    let conf_servers = registration.conf_servers()?;
+    let conf_servers = registration.usable()?;
     tracing::info!(
         node_id = %registration.node_id,
         servers = ?conf_servers,
@@ -798,6 +808,19 @@ mod tests {
             terminated_by: None,
         };
         assert_eq!(r.conf_servers().unwrap(), ["10.0.0.1:6817"]);
+        assert_eq!(r.usable().unwrap(), ["10.0.0.1:6817"]);
+        // A nodeID slurmd's -N and scontrol must not take: ALL is every node in scontrol.
+        for bad in ["ALL", "a b", "n[1-2]", ""] {
+            r.node_id = bad.into();
+            let e = r.usable().unwrap_err();
+            assert_eq!(e.exit().code(), 65, "{bad:?}: {e}");
+            assert!(
+                e.to_string()
+                    .starts_with("PCS registration answer: nodeID: NodeName"),
+                "{e}"
+            );
+        }
+        r.node_id = "compute-1".into();
         r.endpoints[1].port = "68a".into();
         assert_eq!(r.conf_servers().unwrap_err().exit().code(), 65);
         r.endpoints.remove(1);
