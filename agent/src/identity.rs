@@ -64,6 +64,19 @@ impl Recorded {
         }
     }
 
+    /// What bootstrap records for a login node (`node.role = "login"`) named `name`: no
+    /// `--conf` line (it is not a Slurm node).
+    pub fn of_login(id: &InstanceIdentity, name: &str) -> Recorded {
+        Recorded {
+            node_name: name.to_string(),
+            instance_id: id.instance_id.clone(),
+            ami_id: id.ami_id.clone(),
+            dynamic_conf: None,
+            setting_tags: setting_tags(id),
+            user_data_settings: user_data_settings(id).unwrap_or_default(),
+        }
+    }
+
     /// Reads `<state_dir>/bootstrap.json`; `None` when it is missing or unreadable.
     ///
     /// A record that cannot be parsed (empty, truncated) is moved aside as

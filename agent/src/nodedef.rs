@@ -22,6 +22,10 @@ use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeSettings {
+    /// What this instance is: `compute` (the default: slurmd, a Slurm node) or `login`
+    /// (sackd only: the configuration and authentication for `sinfo`, `sbatch`, `srun`;
+    /// no slurmd, no drains, no upgrade watch). See [`Role`].
+    pub role: Role,
     /// Slurm NodeName. Empty: built from `name_template`.
     pub name: String,
     /// Template for NodeName over instance facts: `{instance_id}`, `{instance_type}`,
@@ -59,6 +63,7 @@ pub struct NodeSettings {
 impl Default for NodeSettings {
     fn default() -> Self {
         NodeSettings {
+            role: Role::Compute,
             name: String::new(),
             name_template: "{local_hostname_short}".into(),
             dynamic: true,
@@ -74,10 +79,47 @@ impl Default for NodeSettings {
     }
 }
 
+/// What an instance of the cluster is (`node.role`).
+///
+/// A login node runs `sackd` (Slurm 23.11+, sackd(8)) instead of slurmd: sackd fetches the
+/// configuration from slurmctld in configless mode (into `/run/slurm/conf`, where the client
+/// commands look) and answers the client commands' auth/slurm requests through its socket,
+/// so users' `sinfo`, `sbatch` and `srun` work without the key and without munge. It is not
+/// a Slurm node: it has no NodeName in slurmctld, is never drained, and is not upgraded
+/// by the agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// slurmd: a Slurm node that runs jobs.
+    #[default]
+    Compute,
+    /// sackd: a login node (users submit from it).
+    Login,
+}
+
+impl Role {
+    /// The setting's word: `compute`, `login`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Compute => "compute",
+            Role::Login => "login",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The node's shape: what an operator picks per launch, so tags may set it.
 impl Classified for NodeSettings {
     const SECTION: &'static str = "node";
     const TRUST: &'static [KeyTrust] = &[
+        // A login node group has its own launch template: user data says what the instance
+        // is, a tag may not (a tag on a compute instance must not take its slurmd away).
+        KeyTrust::user_data("role"),
         KeyTrust::tag("name"),
         KeyTrust::tag("name_template"),
         KeyTrust::tag("dynamic"),

@@ -67,6 +67,7 @@ trait Manager {
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn reload(&self) -> zbus::Result<()>;
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn get_unit_processes(&self, name: &str) -> zbus::Result<Vec<(String, u32, String)>>;
     fn subscribe(&self) -> zbus::Result<()>;
@@ -279,6 +280,22 @@ impl Systemd {
             .map_err(|source| SystemdError::Call {
                 call: "Reload",
                 unit: String::new(),
+                source,
+            })
+    }
+
+    /// `ResetFailedUnit(name)`: forgets a failed unit's failure and its start-rate count
+    /// (`StartLimitBurst=`), as `systemctl reset-failed <unit>`.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`] (also when the unit is not failed).
+    pub async fn reset_failed(&self, unit: &str) -> Result<(), SystemdError> {
+        self.manager
+            .reset_failed_unit(unit)
+            .await
+            .map_err(|source| SystemdError::Call {
+                call: "ResetFailedUnit",
+                unit: unit.to_string(),
                 source,
             })
     }

@@ -1272,6 +1272,7 @@ echo ".TH slurm-node-agent-drain 1" >"$d/man/man1/slurm-node-agent-drain.1"
         "slurm-node-agent.service",
         "slurmd.service.d/slurm-node-agent.conf",
         "munge.service.d/slurm-node-agent.conf",
+        "sackd.service.d/slurm-node-agent.conf",
         "tmpfiles.d/slurm-node-agent.conf",
     ] {
         let dest = agent.join("units").join(f);

@@ -7,7 +7,7 @@
 #   slurm-node-agent-healthcheck                     HealthCheckProgram (same build)
 #   units/slurm-node-agent-bootstrap.service         units/slurm-node-agent.service
 #   units/slurmd.service.d/slurm-node-agent.conf     units/tmpfiles.d/slurm-node-agent.conf
-#   units/munge.service.d/slurm-node-agent.conf
+#   units/munge.service.d/slurm-node-agent.conf      units/sackd.service.d/slurm-node-agent.conf
 set -Eeuo pipefail
 STEP=70-agent
 for lib in "$(dirname "${BASH_SOURCE[0]}")/lib.sh" "${IMAGE_STAGING:-/tmp/slurm-image}/scripts/lib.sh" /usr/local/lib/slurm-image/lib.sh; do
@@ -87,6 +87,24 @@ if [ -f "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" ]; then
 	clear_skip "agent: slurmd drop-in"
 else
 	absent "slurmd drop-in" "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf"
+fi
+
+# sackd's drop-in (login nodes, node.role = "login"): sackd stays disabled; bootstrap
+# starts it on a login node with the options it writes. Only where the image has a sackd
+# (Slurm 23.11+): on an older Slurm a login role stops at bootstrap, naming node.role.
+if [ -f "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf" ]; then
+	place "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf" "$UNIT_DIR/sackd.service.d/slurm-node-agent.conf" 0644
+	clear_skip "agent: sackd drop-in"
+else
+	absent "sackd drop-in" "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf"
+fi
+if [ -n "$(systemctl list-unit-files sackd.service --no-legend 2>/dev/null)" ] ||
+	[ -f /usr/lib/systemd/system/sackd.service ] || [ -f /lib/systemd/system/sackd.service ]; then
+	# Off unless the role asks for it: bootstrap starts it on a login node.
+	systemctl disable sackd.service >/dev/null 2>&1 || true
+	log "sackd.service present (disabled: started by bootstrap on login nodes)"
+else
+	log "no sackd.service in this image: it cannot make login nodes (node.role = \"login\")"
 fi
 
 # munge's drop-in: no start (and no failed unit) at boot before bootstrap wrote the key.

@@ -795,6 +795,11 @@ impl ControllerMachine {
         c
     }
 
+    /// Its own `/run` as the host sees it: `/proc/<holder>/root/run`.
+    pub fn run_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/run", self.holder.pid()))
+    }
+
     /// Its address, [`CTLD_ADDR`].
     pub fn address(&self) -> Ipv4Addr {
         CTLD_ADDR
@@ -1174,6 +1179,7 @@ pub struct FleetBuilder {
     moto: bool,
     recipe: ImageRecipe,
     shared: bool,
+    auth_slurm: bool,
 }
 
 impl FleetBuilder {
@@ -1224,6 +1230,16 @@ impl FleetBuilder {
         self
     }
 
+    /// `AuthType=auth/slurm` and `CredType=cred/slurm` (Slurm 23.11+) for the whole fleet:
+    /// the controller's `slurm.key` ([`crate::slurm::SlurmctldBuilder::auth_slurm`]) is the
+    /// cluster key bound into every node, and each node's image drop-in says
+    /// `auth.type = "slurm"` (an image setting). munge never starts on the nodes (its unit's
+    /// drop-in wants `/etc/munge/munge.key`, which nothing writes). Default: auth/munge.
+    pub fn auth_slurm(mut self, yes: bool) -> Self {
+        self.auth_slurm = yes;
+        self
+    }
+
     /// TOML appended to every node's agent settings (user data part).
     pub fn agent_toml(mut self, toml: impl Into<String>) -> Self {
         self.extra_toml = toml.into();
@@ -1271,6 +1287,7 @@ impl FleetBuilder {
                 hostname: CTLD_HOSTNAME.into(),
                 addr: controller.address(),
                 clients_netns: netns.path(),
+                run_dir: controller.run_dir(),
             })
             .max_node_count(64)
             .line("JobCompType=jobcomp/filetxt")
@@ -1283,7 +1300,14 @@ impl FleetBuilder {
         for l in &self.ctld_lines {
             b = b.line(l.clone());
         }
+        if self.auth_slurm {
+            b = b.auth_slurm();
+        }
         let ctld = b.start()?;
+        if self.auth_slurm {
+            // The nodes' cluster key is the controller's auth/slurm key.
+            fs::write(&key, ctld.slurm_key()?).context("writing the cluster key")?;
+        }
 
         let (moto, relay) = if self.moto {
             let m = Moto::start()?;
@@ -1482,6 +1506,7 @@ impl Fleet {
             moto: false,
             recipe: ImageRecipe::Default,
             shared: false,
+            auth_slurm: false,
         }
     }
 
@@ -1831,10 +1856,29 @@ impl Fleet {
         fs::create_dir_all(&dropins)?;
         fs::write(
             dropins.join("50-fleet-key.toml"),
-            format!("[auth]\nkey_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n"),
+            format!(
+                "[auth]\n{}key_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n",
+                if self.builder.auth_slurm {
+                    "type = \"slurm\"\n"
+                } else {
+                    ""
+                }
+            ),
         )?;
         if !node.launch.image_toml.is_empty() {
             fs::write(dropins.join("60-launch.toml"), &node.launch.image_toml)?;
+        }
+        if self.builder.auth_slurm {
+            // sackd (login nodes) runs as SlurmUser, which the fleet's controller keeps at
+            // root: Slurm's unit says User=slurm, and sackd refuses a run folder that is
+            // not SlurmUser's. A site whose SlurmUser is not `slurm` writes the same
+            // drop-in (docs/login-nodes.md).
+            let d = etc.join("systemd/system/sackd.service.d");
+            fs::create_dir_all(&d)?;
+            fs::write(
+                d.join("50-fleet-slurmuser.conf"),
+                "[Service]\nUser=root\nGroup=root\n",
+            )?;
         }
         if self.moto.is_some() {
             // AWS for the daemon: moto through the relay, test credentials (on EC2 an
@@ -2218,6 +2262,8 @@ impl Fleet {
                         "slurmd",
                         "-u",
                         "munge",
+                        "-u",
+                        "sackd",
                     ],
                 )
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())

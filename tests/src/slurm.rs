@@ -80,6 +80,10 @@ pub struct CtldMachine {
     /// (`scontrol`, `sinfo`, `srun`, ...) run: a workstation on the controller's network,
     /// which the nodes reach back (srun's I/O).
     pub clients_netns: PathBuf,
+    /// The machine's own `/run` as the host sees it (`/proc/<holder>/root/run`): an
+    /// auth/slurm slurmctld there makes the clients' credentials at
+    /// `<run_dir>/slurmctld/sack.socket`.
+    pub run_dir: PathBuf,
 }
 
 /// `program` run through `nsenter <enter> --` (which execs it: the child's pid is the
@@ -139,7 +143,8 @@ impl SlurmctldBuilder {
     /// slurmctld reads it. slurmctld runs in a mount namespace of its own whose `/run` is
     /// the scratch folder's `run/`, so its `sack.socket` (`/run/slurmctld/sack.socket`
     /// there) is this controller's alone; the client commands reach it through
-    /// `SLURM_SACK_SOCKET` ([`Slurmctld::env`]). Not on another machine.
+    /// `SLURM_SACK_SOCKET` ([`Slurmctld::env`]). On another machine ([`CtldMachine`]) it is
+    /// that machine's `/run` (seen from the host at [`CtldMachine::run_dir`]).
     pub fn auth_slurm(mut self) -> Self {
         self.auth_slurm = true;
         self
@@ -160,14 +165,13 @@ impl SlurmctldBuilder {
         }
         let root = TempRoot::new(&format!("slurm-e2e-{}-", self.cluster_name))?;
         if self.auth_slurm {
-            if self.machine.is_some() {
-                bail!("an auth/slurm controller runs on this host only");
-            }
             let key = random_key(64)?;
             let path = root.path().join("slurm.key");
             write_atomic(&path, &key)?;
             fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-            root.subdir("run")?;
+            if self.machine.is_none() {
+                root.subdir("run")?;
+            }
         } else {
             Munge::shared()?;
         }
@@ -205,8 +209,12 @@ impl SlurmctldBuilder {
         root.subdir("spool")?;
         let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
         let clients = self.machine.as_ref().map(CtldMachine::client_enter);
-        let sack = self.auth_slurm.then(|| sack_socket(root.path()));
-        let mut cmd = ctld_command(enter, self.auth_slurm.then_some(root.path()));
+        let sack = self
+            .auth_slurm
+            .then(|| sack_socket(root.path(), self.machine.as_ref()));
+        // A machine of its own has its own /run already.
+        let private_run = (self.auth_slurm && self.machine.is_none()).then_some(root.path());
+        let mut cmd = ctld_command(enter, private_run);
         cmd.arg("-D")
             .arg("-c")
             .arg("-f")
@@ -413,7 +421,8 @@ impl Slurmctld {
     pub fn restart(&mut self) -> Result<()> {
         self.daemon.stop()?;
         let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
-        let mut cmd = ctld_command(enter, self.auth_slurm.then_some(self.root.path()));
+        let private_run = (self.auth_slurm && self.machine.is_none()).then_some(self.root.path());
+        let mut cmd = ctld_command(enter, private_run);
         cmd.arg("-D")
             .arg("-f")
             .arg(&self.conf)
@@ -447,7 +456,9 @@ impl Slurmctld {
         if self.auth_slurm {
             env.push((
                 "SLURM_SACK_SOCKET".into(),
-                sack_socket(self.root.path()).display().to_string(),
+                sack_socket(self.root.path(), self.machine.as_ref())
+                    .display()
+                    .to_string(),
             ));
         }
         env
@@ -639,8 +650,11 @@ pub fn random_key(len: usize) -> Result<Vec<u8>> {
 
 /// An auth/slurm controller's `sack.socket` as the host sees it (`/run/slurmctld/` in its
 /// own mount namespace is `<root>/run/slurmctld/`).
-fn sack_socket(root: &Path) -> PathBuf {
-    root.join("run/slurmctld/sack.socket")
+fn sack_socket(root: &Path, machine: Option<&CtldMachine>) -> PathBuf {
+    match machine {
+        Some(m) => m.run_dir.join("slurmctld/sack.socket"),
+        None => root.join("run/slurmctld/sack.socket"),
+    }
 }
 
 /// slurmctld's command: through `nsenter` for another machine, or, with `private_run`

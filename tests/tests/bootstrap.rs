@@ -1059,3 +1059,51 @@ fn auth_slurm_on_a_slurm_older_than_23_11_is_a_settings_error_naming_the_version
     assert!(!env.key_path().exists(), "a key file was written");
     assert!(!env.options_file().exists(), "slurmd options were written");
 }
+
+#[test]
+fn a_login_role_on_an_image_without_sackd_or_before_23_11_is_a_settings_error() {
+    // slurm.bin_dir beside an sbin/ with a slurmd script (only `-V` is asked) and, in the
+    // second case, a sackd: nothing is written before the role is refused.
+    let env = NodeEnv::start("").unwrap();
+    let bin = env.root.path().join("image-slurm/bin");
+    let sbin = env.root.path().join("image-slurm/sbin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&sbin).unwrap();
+    let script = |name: &str, text: &str| {
+        let p = sbin.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    script("slurmd", "#!/bin/sh\necho 'slurm 25.11.6'\n");
+    dropin(
+        &env,
+        "40-login.toml",
+        &format!(
+            "[node]\nrole = \"login\"\n[slurm]\nbin_dir = \"{}\"\n",
+            bin.display()
+        ),
+    );
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("node.role"), "{err}");
+    assert!(
+        err.contains(&format!("has none at {}", sbin.join("sackd").display())),
+        "{err}"
+    );
+    assert!(err.contains("25.11.6"), "{err}");
+    assert!(!env.key_path().exists(), "a key file was written");
+
+    // A sackd of a Slurm before 23.11 (a leftover of another install).
+    script("sackd", "#!/bin/sh\nexit 0\n");
+    script("slurmd", "#!/bin/sh\necho 'slurm 23.02.7'\n");
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("node.role"), "{err}");
+    assert!(
+        err.contains("23.11 or later") && err.contains("23.02.7"),
+        "{err}"
+    );
+    assert!(!env.key_path().exists(), "a key file was written");
+}

@@ -967,3 +967,158 @@ fn shared_storage_is_mounted_before_slurmd_shared_by_jobs_and_a_hung_server_drai
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
     fleet.check_no_job_killed(3).unwrap();
 }
+
+/// Runs `program args...` on fleet node `node`; returns stdout, failing on a non-zero exit
+/// with stderr.
+fn on_node(fleet: &Fleet, node: &str, program: &str, args: &[&str]) -> String {
+    let out = fleet.exec(node, program, args).unwrap();
+    assert!(
+        out.status.success(),
+        "{node}: {program} {args:?} exited {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge() {
+    // The managed service's way: AuthType=auth/slurm, no munge anywhere.
+    let mut fleet = Fleet::builder().auth_slurm(true).start().unwrap();
+    let names = vec!["node001".to_string(), "node002".to_string()];
+    fleet.launch_all(&["node001", "node002"]).unwrap();
+    let mut login = fleet.new_launch("login1");
+    login.agent_toml.push_str("\n[node]\nrole = \"login\"\n");
+    fleet.launch(login).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    wait_bootstrap_exit(&fleet, "login1");
+    let diag = || fleet.diagnostics(&["login1".to_string()]);
+
+    // Bootstrap of the login node succeeded, with sackd and without slurmd or munge.
+    assert_eq!(
+        fleet
+            .unit_property("login1", "slurm-node-agent-bootstrap.service", "Result")
+            .unwrap(),
+        "success",
+        "{}",
+        diag()
+    );
+    for (unit, want) in [
+        ("sackd.service", "active"),
+        ("slurmd.service", "inactive"),
+        ("munge.service", "inactive"),
+        ("slurm-node-agent.service", "active"),
+    ] {
+        assert_eq!(
+            fleet.unit_property("login1", unit, "ActiveState").unwrap(),
+            want,
+            "login1: {unit}\n{}",
+            diag()
+        );
+    }
+    // Shipped off: bootstrap starts it, the image does not enable it.
+    assert_eq!(
+        fleet
+            .unit_property("login1", "sackd.service", "UnitFileState")
+            .unwrap(),
+        "disabled"
+    );
+    for node in ["login1", "node001"] {
+        let ps = on_node(&fleet, node, "ps", &["-e", "-o", "comm="]);
+        assert!(
+            !ps.lines().any(|c| c.trim() == "munged"),
+            "{node} runs munged:\n{ps}"
+        );
+    }
+    // The key sackd reads: the auth/slurm key, the slurm user's only.
+    let key = on_node(
+        &fleet,
+        "login1",
+        "stat",
+        &["-c", "%U %a", "/etc/slurm/slurm.key"],
+    );
+    assert_eq!(key.trim(), "slurm 400");
+    // A login node is not a node of slurmctld.
+    let out = fleet
+        .ctld
+        .scontrol(&["show", "node", "-o", "login1"])
+        .unwrap();
+    assert!(!out.status.success(), "login1 is a Slurm node");
+
+    // The users' commands on the login node: sinfo sees the compute nodes; sbatch and srun
+    // run jobs on them (credentials from sackd: no SLURM_CONF, no key of their own).
+    let sinfo = on_node(&fleet, "login1", "sinfo", &["-h", "-N", "-o", "%N %t"]);
+    for n in &names {
+        assert!(
+            sinfo.lines().any(|l| l.starts_with(&format!("{n} idle"))),
+            "sinfo on login1:\n{sinfo}"
+        );
+    }
+    let srun = on_node(
+        &fleet,
+        "login1",
+        "srun",
+        &["-N2", "--ntasks-per-node=1", "hostname"],
+    );
+    let mut hosts: Vec<String> = srun.lines().map(str::to_string).collect();
+    hosts.sort();
+    assert_eq!(hosts, names, "srun from login1");
+    let job = on_node(
+        &fleet,
+        "login1",
+        "sbatch",
+        &[
+            "--parsable",
+            "-N2",
+            "--chdir=/tmp",
+            "--wrap",
+            "srun hostname",
+        ],
+    );
+    assert!(
+        job.trim().split(';').next().unwrap().parse::<u32>().is_ok(),
+        "{job}"
+    );
+    fleet.wait_no_jobs(Duration::from_secs(120)).unwrap();
+    fleet.check_no_job_killed(2).unwrap();
+
+    // The operator's view: status names the role and slurmctld as the users reach it; drain
+    // is refused (exit 78), naming the login node.
+    let status = on_node(&fleet, "login1", "slurm-node-agent", &["status"]);
+    assert!(
+        status.contains("Role: login") && status.contains("is UP"),
+        "{status}"
+    );
+    let drain = fleet
+        .exec(
+            "login1",
+            "slurm-node-agent",
+            &["drain", "--reason", "not a node"],
+        )
+        .unwrap();
+    assert_eq!(drain.status.code(), Some(78));
+    assert!(
+        String::from_utf8_lossy(&drain.stderr).contains("login1 is a login node"),
+        "{}",
+        String::from_utf8_lossy(&drain.stderr)
+    );
+
+    // A reboot: the disabled sackd comes back through bootstrap, and jobs are still
+    // submitted from the login node.
+    fleet.reboot("login1").unwrap();
+    slurm_e2e::wait_until(
+        "login1 to boot again with sackd",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let boots = fleet.boots("login1")?;
+            let active = fleet.unit_property("login1", "sackd.service", "ActiveState")?;
+            Ok((boots >= 2 && active == "active").then_some(()))
+        },
+    )
+    .unwrap();
+    wait_bootstrap_exit(&fleet, "login1");
+    let srun = on_node(&fleet, "login1", "srun", &["-N1", "hostname"]);
+    assert!(names.contains(&srun.trim().to_string()), "{srun}");
+}

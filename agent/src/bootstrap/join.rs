@@ -347,7 +347,7 @@ async fn slurmd_ran_for(s: &Settings, systemd: &Systemd) -> Duration {
     }
 }
 
-fn running_for(v: &crate::systemd::ServiceInfo) -> Duration {
+pub(super) fn running_for(v: &crate::systemd::ServiceInfo) -> Duration {
     if !matches!(v.active_state.as_str(), "active" | "activating") || v.exec_main_start_usec == 0 {
         return Duration::ZERO;
     }
@@ -382,6 +382,7 @@ async fn refused(
         auth_type: s.auth.auth_type,
         key_path: crate::authkey::KeyTarget::from_settings(&s.auth).path,
         version,
+        daemon: "slurmd",
         unit: s.slurm.slurmd_unit.clone(),
         ran,
     })

@@ -15,6 +15,7 @@
 //! Floor 9 (roof): the orchestration of first boot.
 
 pub mod join;
+pub mod login;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -64,38 +65,60 @@ pub enum BootstrapError {
         /// The last thing that went wrong.
         last_error: String,
     },
-    /// slurmctld refuses slurmd's configuration requests while it accepts connections: the
-    /// node's `auth.type` or key differs from the controller's `AuthType` and key (exit 65).
-    /// Seen when slurmd has run [`join::FETCH_REFUSED_AFTER`] without its configuration.
+    /// slurmctld refuses the configuration requests of slurmd (sackd on a login node) while
+    /// it accepts connections: the node's `auth.type` or key differs from the controller's
+    /// `AuthType` and key (exit 65). Seen when the daemon has run
+    /// [`join::FETCH_REFUSED_AFTER`] without its configuration.
     #[error(
-        "node {node_name}: slurmctld at {controller} refuses slurmd's requests: the node's \
+        "node {node_name}: slurmctld at {controller} refuses {daemon}'s requests: the node's \
          authentication differs from the controller's (auth.type = \"{}\": {}, key {}{}); \
-         give the node the controller's AuthType and key. slurmd ran {}s without its \
-         configuration while slurmctld accepted connections; slurmd's log \
-         (journalctl -u {unit}) says `failed to fetch remote configs: Protocol \
-         authentication error` for this, slurmctld's `authentication error` (a controller \
-         without SlurmctldParameters=enable_configless refuses too)",
+         give the node the controller's AuthType and key. {daemon} ran {}s without its \
+         configuration while slurmctld accepted connections; {daemon}'s log \
+         (journalctl -u {unit}) says `{}` for this, slurmctld's `authentication error` (a \
+         controller without SlurmctldParameters=enable_configless refuses too)",
         auth_type.setting(),
         auth_type.plugin(),
         key_path.display(),
-        version.map(|v| format!(", slurmd {v}")).unwrap_or_default(),
-        ran.as_secs()
+        version.map(|v| format!(", {daemon} {v}")).unwrap_or_default(),
+        ran.as_secs(),
+        if *daemon == "sackd" {
+            "Failed to load configs from slurmctld"
+        } else {
+            "failed to fetch remote configs: Protocol authentication error"
+        }
     )]
     Refused {
-        /// NodeName.
+        /// NodeName (a login node's name).
         node_name: String,
         /// The configless server that accepted a connection (`host:port`).
         controller: String,
         /// `auth.type`.
         auth_type: AuthType,
-        /// The key file slurmd reads.
+        /// The key file the daemon reads.
         key_path: PathBuf,
         /// `slurmd -V`.
         version: Option<SlurmVersion>,
-        /// slurmd's unit.
+        /// `slurmd`, or `sackd` on a login node.
+        daemon: &'static str,
+        /// The daemon's unit.
         unit: String,
-        /// How long slurmd ran without its configuration.
+        /// How long the daemon ran without its configuration.
         ran: Duration,
+    },
+    /// A daemon bootstrap started (sackd on a login node) exited by itself again and again
+    /// (exit 71, EX_OSERR: something on this node; bootstrap's unit tries again later).
+    #[error(
+        "{unit} exited {exits} times in a row (last result {result}); its log says why: \
+         journalctl -u {unit} (e.g. `_prepare_run_dir: /run/slurm exists but is owned by \
+         <uid>`: the unit's User= is not the cluster's SlurmUser)"
+    )]
+    DaemonExits {
+        /// The unit.
+        unit: String,
+        /// How many times it exited.
+        exits: u32,
+        /// systemd's `Result` of the last run (`exit-code`, `signal`, ...).
+        result: String,
     },
     /// Slurm refused the node's registration (exit 65): e.g. INVALID for low RealMemory.
     #[error("node {node_name} registered as {state}: {reason}")]
@@ -156,7 +179,7 @@ impl BootstrapError {
             BootstrapError::Imds(_) | BootstrapError::Gpu(_) => Exit::Unavailable,
             BootstrapError::Key(e) => e.exit(),
             BootstrapError::Invalid { .. } | BootstrapError::Refused { .. } => Exit::DataErr,
-            BootstrapError::Systemd(_) => Exit::OsErr,
+            BootstrapError::Systemd(_) | BootstrapError::DaemonExits { .. } => Exit::OsErr,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
             BootstrapError::Mounts(_) => Exit::MountFailed,
             BootstrapError::File(_)
@@ -194,9 +217,12 @@ pub struct Step {
 /// What bootstrap did: printed as text, or as one JSON object with `--output json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    /// Slurm NodeName.
+    /// `node.role`: `compute` or `login`.
+    pub role: crate::nodedef::Role,
+    /// Slurm NodeName (a login node's name: it is not a Slurm node).
     pub node_name: String,
-    /// Slurm state at the end, e.g. `IDLE+DYNAMIC_NORM`.
+    /// Slurm state at the end, e.g. `IDLE+DYNAMIC_NORM`; a login node's is
+    /// [`login::LOGIN_READY`].
     pub state: String,
     /// EC2 instance id.
     pub instance_id: String,
@@ -206,6 +232,9 @@ pub struct Report {
     pub key_changed: bool,
     /// Whether slurmd was restarted (options or key changed).
     pub slurmd_restarted: bool,
+    /// Whether sackd was restarted (a login node: options or key changed).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub sackd_restarted: bool,
     /// When the registered node stays drained: by whom and what lifts it, e.g.
     /// `drained by an admin (bad DIMM); left drained`. `None` when it is available.
     pub drain: Option<String>,
@@ -335,6 +364,9 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     };
 
     check_auth_supported(&cx).await?;
+    if cx.s.node.role == crate::nodedef::Role::Login {
+        return login::run(&cx, prefetch, managed.as_ref(), t).await;
+    }
     let (def, key_changed, systemd) =
         define_node_and_install_key(&cx, opts, prefetch, managed.as_ref(), &mut t).await?;
     let prepared = prepare_slurmd(&cx, &def, key_changed, &systemd, &mut t).await?;
@@ -365,12 +397,14 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
 
     Recorded::of(&id, &def).write(&cx.s.agent.state_dir)?;
     Ok(Report {
+        role: crate::nodedef::Role::Compute,
         node_name: def.node_name.clone(),
         state: node.state().to_string(),
         instance_id: id.instance_id.clone(),
         dynamic_conf: def.dynamic_conf.clone(),
         key_changed,
         slurmd_restarted: prepared.restart,
+        sackd_restarted: false,
         drain: kept_drain,
         replaced_instance_id: prepared.holder.replaced().map(str::to_string),
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),

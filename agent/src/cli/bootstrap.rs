@@ -57,7 +57,16 @@ fn print_report(r: &Report, output: Output) {
             Err(e) => print_error(&e),
         },
         Output::Text => {
-            println!("node {} is {} ({} ms)", r.node_name, r.state, r.total_ms);
+            match r.role {
+                crate::nodedef::Role::Login => println!(
+                    "login node {} is ready: sackd serves the configuration and \
+                     credentials to sinfo, sbatch and srun ({} ms)",
+                    r.node_name, r.total_ms
+                ),
+                crate::nodedef::Role::Compute => {
+                    println!("node {} is {} ({} ms)", r.node_name, r.state, r.total_ms)
+                }
+            }
             if let Some(d) = &r.drain {
                 println!("  {d}");
             }

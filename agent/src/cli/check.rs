@@ -109,6 +109,10 @@ impl CheckArgs {
         // (slurmd's run_script limit): a run that may take longer (the checks, then
         // scontrol's `show node` and `update`, each under health.scontrol_timeout) is
         // killed before it drains anything.
+        // A login node is not in slurmctld: its checks are reported, never acted on.
+        if s.node.role == crate::nodedef::Role::Login {
+            s.health.act = false;
+        }
         let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
         let conf = crate::slurm::client_config(
             &s.slurm.bin_dir,

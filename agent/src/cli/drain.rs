@@ -5,7 +5,8 @@
 //! 2 bad arguments (a reason with a control character or over 256 characters); 69
 //! slurmctld unavailable or the node unknown to it; 74 the state file cannot be written;
 //! 75 `--wait` ran out of time, the node was resumed while waiting, or the state lock
-//! stayed busy (`drain.lock_timeout`); 78 invalid settings or no node name.
+//! stayed busy (`drain.lock_timeout`); 78 invalid settings, no node name, or a login node
+//! (`node.role = "login"`).
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,33 @@ pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdenti
             Err(e.exit())
         }
     }
+}
+
+/// [`local_settings`] for a command that acts on slurmctld's node (`drain`, `resume`): a
+/// login node (`node.role = "login"`) is not a Slurm node, so it is refused (exit 78).
+///
+/// # Errors
+/// As [`local_settings`]; 78 on a login node, after printing why.
+pub async fn slurm_node_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdentity), Exit> {
+    let (s, id) = local_settings(args).await?;
+    if s.node.role == crate::nodedef::Role::Login {
+        print_error(&LoginNode {
+            name: id.node_name.clone(),
+        });
+        return Err(Exit::Config);
+    }
+    Ok((s, id))
+}
+
+/// A command for a Slurm node on a login node.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{name} is a login node (node.role = \"login\": sackd, no slurmd): it is not a node of \
+     slurmctld, so there is nothing to drain or resume"
+)]
+pub struct LoginNode {
+    /// The login node's name.
+    pub name: String,
 }
 
 fn parse_reason(s: &str) -> Result<String, String> {
@@ -156,7 +184,7 @@ fn begin_name(b: &Begin) -> &'static str {
 impl DrainArgs {
     /// Runs the command; returns the exit code.
     pub async fn run(self) -> Exit {
-        let (s, id) = match local_settings(&self.settings).await {
+        let (s, id) = match slurm_node_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
         };

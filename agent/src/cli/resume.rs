@@ -3,11 +3,12 @@
 //! Exit codes: 0 resumed, or nothing to resume; 69 slurmctld unavailable or node unknown;
 //! 74 state file I/O; 75 the upgrade action is running (`acting`), or the state lock stayed
 //! busy; 77 the node was drained by someone else (its reason is not the agent's): pass
-//! `--force` to resume it anyway; 78 invalid settings or no node name.
+//! `--force` to resume it anyway; 78 invalid settings, no node name, or a login node
+//! (`node.role = "login"`).
 
 use clap::Args;
 
-use super::drain::{local_settings, Report};
+use super::drain::{slurm_node_settings, Report};
 use super::{print_error, Output, SettingsArgs};
 use crate::exit::Exit;
 
@@ -28,7 +29,7 @@ pub struct ResumeArgs {
 impl ResumeArgs {
     /// Runs the command; returns the exit code.
     pub async fn run(self) -> Exit {
-        let (s, id) = match local_settings(&self.settings).await {
+        let (s, id) = match slurm_node_settings(&self.settings).await {
             Ok(v) => v,
             Err(code) => return code,
         };

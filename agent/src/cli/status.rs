@@ -38,6 +38,9 @@ impl StatusArgs {
             Ok(v) => v,
             Err(code) => return code,
         };
+        if s.node.role == crate::nodedef::Role::Login {
+            return login_status(&s, &id, self.no_slurm, self.output).await;
+        }
         let node = id.node_name.clone();
         let engine = s.drain_engine(&node).with_instance(&id.instance_id);
         let st = match engine.load() {
@@ -89,6 +92,77 @@ impl StatusArgs {
             }
             None => Exit::Ok,
         }
+    }
+}
+
+/// `status` on a login node (`node.role = "login"`): no drain state and no record in
+/// slurmctld, but sackd's unit and `scontrol ping` as the node's users would run it
+/// (through sackd's configuration and credentials). Text: `NodeName`, `Role`, `Instance`,
+/// `sackd`, `Slurm` lines; JSON: `{node, role, instance_id, sackd: {unit, state},
+/// slurm: {ping} or {error}}`. Exit 69 when the ping fails.
+async fn login_status(
+    s: &crate::settings::Settings,
+    id: &crate::identity::NodeIdentity,
+    no_slurm: bool,
+    output: Output,
+) -> Exit {
+    let unit = &s.slurm.sackd_unit;
+    let sackd_state = match crate::systemd::Systemd::connect(&s.systemd.bus).await {
+        Ok(sd) => sd
+            .active_state(unit)
+            .await
+            .unwrap_or_else(|e| format!("unknown ({e})")),
+        Err(e) => format!("unknown ({e})"),
+    };
+    let mut slurm_error = None;
+    let slurm = if no_slurm {
+        None
+    } else {
+        Some(
+            match crate::slurm::Scontrol::new(&s.slurm.bin_dir)
+                .run(&["ping"])
+                .await
+            {
+                Ok(out) => serde_json::json!({ "ping": out.trim() }),
+                Err(e) => {
+                    let e = crate::imds::error_chain(&e);
+                    slurm_error = Some(e.clone());
+                    serde_json::json!({ "error": e })
+                }
+            },
+        )
+    };
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({
+                "node": id.node_name,
+                "role": "login",
+                "instance_id": id.instance_id,
+                "sackd": { "unit": unit, "state": sackd_state },
+                "slurm": slurm,
+            })
+        ),
+        Output::Text => {
+            println!("NodeName: {} (not a Slurm node)", id.node_name);
+            println!("Role: login");
+            println!("Instance: {}", id.instance_id);
+            println!("sackd: {sackd_state} ({unit})");
+            match &slurm {
+                None => println!("Slurm: not asked (--no-slurm)"),
+                Some(v) => match v.get("ping").and_then(|p| p.as_str()) {
+                    Some(p) => println!("Slurm: {p}"),
+                    None => println!("Slurm: unavailable"),
+                },
+            }
+        }
+    }
+    match slurm_error {
+        Some(e) => {
+            print_error_message(&format!("slurmctld from login node {}: {e}", id.node_name));
+            Exit::Unavailable
+        }
+        None => Exit::Ok,
     }
 }
 

@@ -236,6 +236,10 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let (resolved, ident) = crate::identity::resolve(&req).await?;
     let s = resolved.settings;
     let node = ident.node_name.clone();
+    if s.node.role == crate::nodedef::Role::Login {
+        login_loop(&s, &node, &notifier, &mut term, watchdog, watchdog_tick).await;
+        return Ok(());
+    }
     let engine = s.drain_engine(&node).with_instance(&ident.instance_id);
     let imds = Arc::new(Imds::new(&s.imds));
     let aws = if s.upgrade.parameter.is_empty() {
@@ -416,6 +420,79 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     tasks.shutdown().await;
     ctx.engine.write_metrics();
     Ok(())
+}
+
+/// The daemon of a login node (`node.role = "login"`): the health checks on their
+/// schedule (`health.interval`), reported (log, `STATUS=`, the Prometheus textfile) and
+/// never acted on (a login node is not in slurmctld: nothing to drain), and the watchdog.
+/// No notices, no upgrade watch, no drains: a login node is replaced, not drained.
+async fn login_loop(
+    s: &Settings,
+    node: &str,
+    notifier: &Notifier,
+    term: &mut Term,
+    watchdog: Option<Duration>,
+    mut watchdog_tick: tokio::time::Interval,
+) {
+    tracing::info!(login_node = %node, health_interval = %s.health.interval, "agent running on a login node: health checks reported, never acted on");
+    notifier.status("login node: sackd; health checks not run yet");
+    let mut health_tick = interval_at(Instant::now(), s.health.interval.0);
+    health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
+    let mut pass: Option<tokio::task::JoinHandle<String>> = None;
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
+            r = async { pass.as_mut().expect("guarded").await }, if pass.is_some() => {
+                pass = None;
+                match r {
+                    Ok(line) => notifier.status(&line),
+                    Err(e) => tracing::error!("a health pass failed: {e}"),
+                }
+            }
+            _ = health_tick.tick(), if pass.is_none() => {
+                let (s, env, node) = (s.clone(), env.clone(), node.to_string());
+                pass = Some(tokio::spawn(async move { login_health_pass(&s, &env, &node).await }));
+            }
+        }
+    }
+    if let Some(p) = pass {
+        p.abort();
+    }
+    tracing::info!("stop signal received; stopping");
+    notifier.stopping();
+}
+
+/// One health pass of a login node: the checks run and reported, nothing acted on. Returns
+/// the `STATUS=` line.
+async fn login_health_pass(s: &Settings, env: &crate::health::RunEnv, node: &str) -> String {
+    let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(node)) {
+        Ok(set) => set,
+        Err(e) => {
+            tracing::error!("health checks not run this pass: {e}");
+            return format!("login node: sackd; health checks not run: {e}");
+        }
+    };
+    let report = crate::health::run_checks(&checks, env).await;
+    if !s.health.prometheus_textfile.as_os_str().is_empty() {
+        if let Err(e) =
+            crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
+        {
+            tracing::warn!("{e}");
+        }
+    }
+    tracing::info!(
+        healthy = report.healthy(),
+        action = "none",
+        detail = "login node: reported only",
+        "health checks"
+    );
+    if report.healthy() {
+        "login node: sackd; health checks pass".into()
+    } else {
+        "login node: sackd; health checks FAIL (see the log)".into()
+    }
 }
 
 /// Waits until the agent's Slurm commands find a configuration on the node

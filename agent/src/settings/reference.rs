@@ -68,6 +68,7 @@ include!(concat!(env!("OUT_DIR"), "/settings_docs.rs"));
 /// An example value for every key, by dotted key: a TOML value, or for an array of tables
 /// the whole TOML text. Each is checked to be accepted (agent/tests/settings_reference.rs).
 pub const EXAMPLES: &[(&str, &str)] = &[
+    ("node.role", r#""login""#),
     ("node.name", r#""gpu-001""#),
     ("node.name_template", r#""{instance_family}-{local_ipv4_dashed}""#),
     ("node.dynamic", "false"),
@@ -83,6 +84,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("slurm.slurmd_options_file", r#""/etc/sysconfig/slurmd""#),
     ("slurm.slurmd_unit", r#""slurmd.service""#),
     ("slurm.munge_unit", r#""munge.service""#),
+    ("slurm.sackd_unit", r#""sackd.service""#),
+    ("slurm.sackd_options_file", r#""/etc/sysconfig/sackd""#),
     ("slurm.join_deadline", r#""20m""#),
     ("slurm.bin_dir", r#""/opt/slurm/bin""#),
     ("auth.type", r#""slurm""#),

@@ -13,6 +13,7 @@ pub mod node;
 pub mod options;
 pub mod readyz;
 pub mod record;
+pub mod sackd;
 pub mod slurmd;
 pub mod version;
 
@@ -43,6 +44,12 @@ pub struct SlurmSettings {
     pub slurmd_unit: String,
     /// munged's systemd unit (auth/munge only).
     pub munge_unit: String,
+    /// sackd's systemd unit (`node.role = "login"`): Slurm's own `sackd.service` (Type=notify,
+    /// `User=slurm`), shipped disabled; bootstrap starts it on a login node.
+    pub sackd_unit: String,
+    /// File holding `SACKD_OPTIONS` for sackd's unit. Empty: `/etc/default/sackd` where
+    /// `/etc/default` exists, else `/etc/sysconfig/sackd` (Slurm's unit reads both).
+    pub sackd_options_file: PathBuf,
     /// Give up joining (node not IDLE) after this long.
     pub join_deadline: HumanDuration,
     /// Folder holding `scontrol`, `sinfo` (absolute: health checks run without PATH).
@@ -56,6 +63,8 @@ impl Default for SlurmSettings {
             slurmd_options_file: PathBuf::new(),
             slurmd_unit: "slurmd.service".into(),
             munge_unit: "munge.service".into(),
+            sackd_unit: "sackd.service".into(),
+            sackd_options_file: PathBuf::new(),
             join_deadline: HumanDuration(Duration::from_secs(600)),
             bin_dir: PathBuf::from("/usr/bin"),
         }
@@ -70,6 +79,8 @@ impl Classified for SlurmSettings {
         KeyTrust::image("slurmd_options_file"),
         KeyTrust::image("slurmd_unit"),
         KeyTrust::image("munge_unit"),
+        KeyTrust::image("sackd_unit"),
+        KeyTrust::image("sackd_options_file"),
         KeyTrust::user_data("join_deadline"),
         KeyTrust::image("bin_dir"),
     ];
@@ -91,6 +102,7 @@ impl SlurmSettings {
         for (k, unit) in [
             ("slurmd_unit", &self.slurmd_unit),
             ("munge_unit", &self.munge_unit),
+            ("sackd_unit", &self.sackd_unit),
         ] {
             if let Err(m) = crate::systemd::validate_unit_name(unit) {
                 return e(k, m.to_string());
@@ -102,12 +114,13 @@ impl SlurmSettings {
         if !self.bin_dir.is_absolute() {
             return e("bin_dir", "must be an absolute path".into());
         }
-        let p = &self.slurmd_options_file;
-        if !p.as_os_str().is_empty() && !p.is_absolute() {
-            return e(
-                "slurmd_options_file",
-                format!("must be an absolute path, got {}", p.display()),
-            );
+        for (k, p) in [
+            ("slurmd_options_file", &self.slurmd_options_file),
+            ("sackd_options_file", &self.sackd_options_file),
+        ] {
+            if !p.as_os_str().is_empty() && !p.is_absolute() {
+                return e(k, format!("must be an absolute path, got {}", p.display()));
+            }
         }
         Ok(())
     }

@@ -65,9 +65,9 @@ pub fn slurmd_args(
     args
 }
 
-/// The `SLURMD_OPTIONS=` line for `args`. Arguments are validated upstream (no quotes,
-/// no newlines); an argument with a space is double-quoted.
-fn options_line(args: &[String]) -> String {
+/// The `<var>=` line (`SLURMD_OPTIONS`, `SACKD_OPTIONS`) for `args`. Arguments are
+/// validated upstream (no quotes, no newlines); an argument with a space is double-quoted.
+fn options_line(var: &str, args: &[String]) -> String {
     let words: Vec<String> = args
         .iter()
         .map(|a| {
@@ -78,7 +78,7 @@ fn options_line(args: &[String]) -> String {
             }
         })
         .collect();
-    format!("SLURMD_OPTIONS='{}'", words.join(" "))
+    format!("{var}='{}'", words.join(" "))
 }
 
 /// Error writing the options file.
@@ -133,6 +133,56 @@ pub fn write_slurmd_options(
     args: &[String],
     sack_key: Option<&Path>,
 ) -> Result<bool, OptionsFileError> {
+    write_options(path, "SLURMD_OPTIONS", args, sack_key)
+}
+
+/// The distribution's file for sackd's options: `/etc/default/sackd` where `/etc/default`
+/// exists, else `/etc/sysconfig/sackd` (Slurm's `sackd.service` reads both).
+pub fn default_sackd_options_file() -> PathBuf {
+    if Path::new("/etc/default").is_dir() {
+        PathBuf::from("/etc/default/sackd")
+    } else {
+        PathBuf::from("/etc/sysconfig/sackd")
+    }
+}
+
+/// The arguments bootstrap gives sackd on a login node (after the unit's own `--systemd`):
+/// `--conf-server a,b` when servers are given (else sackd looks up the DNS SRV record
+/// `_slurmctld._tcp`), as slurmd takes them (sackd(8)).
+pub fn sackd_args(servers: &[ConfServer]) -> Vec<String> {
+    if servers.is_empty() {
+        return Vec::new();
+    }
+    vec![
+        "--conf-server".into(),
+        servers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+    ]
+}
+
+/// Sets `SACKD_OPTIONS` (and `SLURM_SACK_KEY` with auth/slurm) in `path` as
+/// [`write_slurmd_options`] does for slurmd. Returns whether the file changed.
+///
+/// # Errors
+/// [`OptionsFileError`].
+pub fn write_sackd_options(
+    path: &Path,
+    args: &[String],
+    sack_key: Option<&Path>,
+) -> Result<bool, OptionsFileError> {
+    write_options(path, "SACKD_OPTIONS", args, sack_key)
+}
+
+/// [`write_slurmd_options`] for the variable `var`.
+fn write_options(
+    path: &Path,
+    var: &'static str,
+    args: &[String],
+    sack_key: Option<&Path>,
+) -> Result<bool, OptionsFileError> {
     let sack_key = sack_key.map(|p| p.to_string_lossy().into_owned());
     if let Some(a) = args
         .iter()
@@ -155,7 +205,7 @@ pub fn write_slurmd_options(
             })
         }
     };
-    let mut managed = vec![("SLURMD_OPTIONS", options_line(args), false)];
+    let mut managed = vec![(var, options_line(var, args), false)];
     if let Some(k) = &sack_key {
         managed.push((SACK_KEY_VAR, format!("{SACK_KEY_VAR}='{k}'"), false));
     }
