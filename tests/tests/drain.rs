@@ -1027,6 +1027,33 @@ fn a_tag_with_a_bad_value_is_left_out_by_status_and_drain_with_a_warning() {
     w.ctld.wait_node_idle("badtag1", WAIT).unwrap();
 }
 
+/// `status` shows Slurm's `Reason` as Slurm holds it: an admin's reason with two spaces
+/// keeps both, in text and in JSON, and is not taken for the agent's.
+#[test]
+fn status_shows_an_admins_reason_as_slurm_holds_it() {
+    let w = World::start("st2", &[], "");
+    w.ctld
+        .scontrol_ok(&[
+            "update",
+            "NodeName=st2",
+            "State=DRAIN",
+            "Reason=ADMIN  SHUTDOWN  now",
+        ])
+        .unwrap();
+    w.wait_state("drained by the admin", |s| s.contains("DRAIN"));
+    let st = w.status();
+    assert_eq!(st["slurm"]["reason"], "ADMIN  SHUTDOWN  now", "{st}");
+    assert_eq!(st["slurm"]["reason_held"], true, "{st}");
+    let out = w.run_agent(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Slurm Reason:"))
+        .unwrap_or_else(|| panic!("no Slurm Reason line:\n{text}"));
+    assert!(line.ends_with(" ADMIN  SHUTDOWN  now"), "{line:?}");
+}
+
 /// `status` in text: one readable line per field; when Slurm's view cannot be had (here
 /// scontrol has no configuration), what is known locally is still printed and the exit
 /// code is 69. With `--log-format json` every stderr line is a JSON object, the final

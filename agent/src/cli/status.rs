@@ -15,6 +15,7 @@ use super::drain::{local_settings, Report};
 use super::{print_error_message, Output, SettingsArgs};
 use crate::exit::Exit;
 use crate::reason::RecordHolder;
+use crate::slurm::NodeInfo;
 
 /// Exit code when Slurm's view of the node could not be obtained (sysexits EX_UNAVAILABLE).
 /// Arguments of `status`.
@@ -55,20 +56,7 @@ impl StatusArgs {
         let mut slurm_error = None;
         if !self.no_slurm {
             report.slurm = Some(match engine.ops.scontrol.show_node(&node).await {
-                Ok(Some(n)) => serde_json::json!({
-                    "state": n.state(),
-                    // As Slurm holds it; `reason_held` is false for a reason that no
-                    // longer holds the node (23.02+ keep the last one after RESUME).
-                    "reason": n.reason(),
-                    "reason_held": n.held_reason().is_some(),
-                    // Slurm 23.11+: the instance the record names, and whether it is this
-                    // one (null where Slurm keeps none: reason::RecordHolder).
-                    "instance_id": n.instance().id,
-                    "instance_type": n.instance().instance_type,
-                    "record_is_this_instance":
-                        RecordHolder::of(n.instance().id, &id.instance_id).is_this(),
-                    "slurmd_version": n.slurmd_version(),
-                }),
+                Ok(Some(n)) => slurm_view(&n, &id.instance_id),
                 Ok(None) => {
                     let e = "node not known to slurmctld".to_string();
                     slurm_error = Some(e.clone());
@@ -166,6 +154,26 @@ async fn login_status(
     }
 }
 
+/// Slurm's view of the node in the report (`slurm`): its state, and its `Reason` as Slurm
+/// holds it (every space kept, without the ` [user@time]` suffix), whether that reason
+/// still holds the node, the instance the record names and whether it is `instance_id`,
+/// and slurmd's version.
+pub fn slurm_view(n: &NodeInfo, instance_id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "state": n.state(),
+        // As Slurm holds it; `reason_held` is false for a reason that no longer holds the
+        // node (23.02+ keep the last one after RESUME).
+        "reason": n.reason(),
+        "reason_held": n.held_reason().is_some(),
+        // Slurm 23.11+: the instance the record names, and whether it is this one (null
+        // where Slurm keeps none: reason::RecordHolder).
+        "instance_id": n.instance().id,
+        "instance_type": n.instance().instance_type,
+        "record_is_this_instance": RecordHolder::of(n.instance().id, instance_id).is_this(),
+        "slurmd_version": n.slurmd_version(),
+    })
+}
+
 /// The text rendering: one `Field: value` line each, fields that are not set left out.
 pub fn render_text(r: &Report) -> String {
     let mut lines: Vec<(&str, String)> = vec![("NodeName", r.node.clone())];
@@ -229,6 +237,29 @@ pub fn render_text(r: &Report) -> String {
 mod tests {
     use super::*;
     use crate::drain::DrainState;
+
+    /// An admin's reason with two spaces, as Slurm 25.11 prints it, keeps both.
+    #[test]
+    fn slurms_reason_is_shown_as_slurm_holds_it() {
+        let line = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/slurm-25.11/scontrol-show-node-admin-drain.txt"
+        ))
+        .expect("fixture");
+        assert!(line.contains("Reason=ADMIN  SHUTDOWN ["), "{line}");
+        let mut r = Report::new("d1", "status", DrainState::default());
+        r.slurm = Some(slurm_view(&NodeInfo::parse(&line), "i-0123456789abcdef0"));
+        let v = r.slurm.as_ref().expect("view");
+        assert_eq!(v["reason"], "ADMIN  SHUTDOWN", "{v}");
+        assert_eq!(v["reason_held"], true, "{v}");
+        assert_eq!(v["record_is_this_instance"], true, "{v}");
+        let t = render_text(&r);
+        let shown = t.lines().find(|l| l.starts_with("Slurm Reason:"));
+        assert!(
+            shown.is_some_and(|l| l.ends_with(" ADMIN  SHUTDOWN")),
+            "{t}"
+        );
+    }
 
     #[test]
     fn text_says_when_a_reason_no_longer_holds_the_node() {
