@@ -16,6 +16,8 @@ use std::process::ExitCode;
 use slurm_node_agent::cli::{self, healthcheck::HealthCheck};
 
 fn main() -> ExitCode {
+    // Its own name on its error lines, not the agent's.
+    cli::set_program_name(cli::healthcheck::PROGRAM);
     let args: HealthCheck = match cli::parse_or_exit_code() {
         Ok(a) => a,
         Err(code) => return code,

@@ -620,9 +620,22 @@ fn healthcheck_program_answers_as_check_does() {
             text(&by_check.stdout),
             "{extra:?}: stdout differs"
         );
+        // The same lines, but each program's own error lines name it.
+        let (program_err, check_err) = (text(&by_program.stderr), text(&by_check.stderr));
+        assert!(
+            !program_err.contains("slurm-node-agent: "),
+            "{extra:?}: {program_err}"
+        );
+        if code == 78 {
+            assert!(
+                program_err.starts_with("slurm-node-agent-healthcheck: error: ")
+                    && check_err.starts_with("slurm-node-agent: error: "),
+                "{extra:?}: {program_err}\n{check_err}"
+            );
+        }
         assert_eq!(
-            text(&by_program.stderr),
-            text(&by_check.stderr),
+            program_err.replace("slurm-node-agent-healthcheck: ", "slurm-node-agent: "),
+            check_err,
             "{extra:?}: stderr differs"
         );
     }

@@ -6,10 +6,13 @@ use clap::Parser;
 
 use super::{check::CheckArgs, LogFormat};
 
+/// The HealthCheckProgram's name, which its usage and final error lines start with.
+pub const PROGRAM: &str = "slurm-node-agent-healthcheck";
+
 /// Runs the node's health checks once and drains or resumes the node (Slurm's
 /// HealthCheckProgram; the same as `slurm-node-agent check`).
 #[derive(Debug, Parser)]
-#[command(name = "slurm-node-agent-healthcheck", version)]
+#[command(name = PROGRAM, version)]
 pub struct HealthCheck {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]

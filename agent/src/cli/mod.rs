@@ -26,7 +26,7 @@ use crate::settings::{self, Layer, SettingsError, Source};
 
 /// Node agent for cloud Slurm clusters: bootstrap, health checks, drains.
 #[derive(Debug, Parser)]
-#[command(name = "slurm-node-agent", version, about, propagate_version = true)]
+#[command(name = PROGRAM, version, about, propagate_version = true)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]
@@ -209,28 +209,45 @@ pub fn print_error(e: &(dyn std::error::Error + 'static)) {
     print_error_message(&msg);
 }
 
-/// Prints a command's final error line on stderr: `slurm-node-agent: error: MSG`, or with
-/// `--log-format json` one JSON object shaped as the log lines are (`timestamp`, `level`
-/// `ERROR`, `fields.message`, `target`).
+/// The agent's program name, which its final error and warning lines start with.
+pub const PROGRAM: &str = "slurm-node-agent";
+
+/// The program whose final lines these are ([`set_program_name`]); [`PROGRAM`] when unset.
+static PROGRAM_NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names the running program in its final error and warning lines (`NAME: error: MSG`):
+/// `slurm-node-agent-healthcheck` sets its own name, the agent keeps [`PROGRAM`]. Call it
+/// once at start-up, before anything is printed; a later call changes nothing.
+pub fn set_program_name(name: &'static str) {
+    let _ = PROGRAM_NAME.set(name);
+}
+
+/// Prints a command's final error line on stderr: `slurm-node-agent: error: MSG` (the
+/// program's own name: [`set_program_name`]), or with `--log-format json` one JSON object
+/// shaped as the log lines are (`timestamp`, `level` `ERROR`, `fields.message`, `target`).
 pub fn print_error_message(msg: &str) {
-    eprintln!("{}", final_line("ERROR", msg, log_format()));
+    eprintln!("{}", final_line(program_name(), "ERROR", msg, log_format()));
 }
 
 /// Prints a warning line on stderr, as [`print_error_message`] does (level `WARN`).
 pub fn print_warning_message(msg: &str) {
-    eprintln!("{}", final_line("WARN", msg, log_format()));
+    eprintln!("{}", final_line(program_name(), "WARN", msg, log_format()));
 }
 
 fn log_format() -> LogFormat {
     LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text)
 }
 
-/// One final line: text `slurm-node-agent: error: MSG`, or a JSON object.
-fn final_line(level: &str, msg: &str, format: LogFormat) -> String {
+fn program_name() -> &'static str {
+    PROGRAM_NAME.get().copied().unwrap_or(PROGRAM)
+}
+
+/// One final line of `program`: text `PROGRAM: error: MSG`, or a JSON object.
+fn final_line(program: &str, level: &str, msg: &str, format: LogFormat) -> String {
     match format {
         LogFormat::Text => {
             let word = if level == "ERROR" { "error" } else { "warning" };
-            format!("slurm-node-agent: {word}: {msg}")
+            format!("{program}: {word}: {msg}")
         }
         LogFormat::Json => serde_json::json!({
             "timestamp": crate::time::format(crate::time::now()),
@@ -293,7 +310,10 @@ pub fn parse_or_exit_code<P: Parser>() -> Result<P, ExitCode> {
                 .filter(|l| !l.is_empty())
                 .collect::<Vec<_>>()
                 .join(" ");
-            eprintln!("{}", final_line("ERROR", &msg, LogFormat::Json));
+            eprintln!(
+                "{}",
+                final_line(program_name(), "ERROR", &msg, LogFormat::Json)
+            );
             Err(Exit::Usage.into())
         }
         Err(e) => {
@@ -363,15 +383,20 @@ mod tests {
     #[test]
     fn final_lines_follow_the_log_format() {
         assert_eq!(
-            final_line("ERROR", "x: y", LogFormat::Text),
+            final_line(PROGRAM, "ERROR", "x: y", LogFormat::Text),
             "slurm-node-agent: error: x: y"
         );
         assert_eq!(
-            final_line("WARN", "w", LogFormat::Text),
+            final_line(PROGRAM, "WARN", "w", LogFormat::Text),
             "slurm-node-agent: warning: w"
         );
+        // The HealthCheckProgram's lines name it, not the agent.
+        assert_eq!(
+            final_line(healthcheck::PROGRAM, "ERROR", "x", LogFormat::Text),
+            "slurm-node-agent-healthcheck: error: x"
+        );
         let v: serde_json::Value =
-            serde_json::from_str(&final_line("ERROR", "a \"b\"\nc", LogFormat::Json))
+            serde_json::from_str(&final_line(PROGRAM, "ERROR", "a \"b\"\nc", LogFormat::Json))
                 .expect("JSON");
         assert_eq!(v["level"], "ERROR");
         assert_eq!(v["fields"]["message"], "a \"b\"\nc");
