@@ -20,7 +20,8 @@
 //!
 //! A state file that cannot be read back anyway (truncated by a full disk, emptied, edited
 //! by hand) is moved aside by [`set_aside_corrupt`], so that the commands carry on from
-//! what Slurm says instead of refusing to run.
+//! what Slurm says instead of refusing to run; a command that changes nothing on disk
+//! (`check --no-act`) only reports it ([`report_corrupt`]).
 //!
 //! Floor 0 (ground): uses no other module of the crate.
 
@@ -334,6 +335,16 @@ pub fn set_aside_corrupt(path: &Path, bytes: &[u8], problem: &str) -> Option<Pat
             None
         }
     }
+}
+
+/// Reports the corrupt state file `path` without touching it (a command that changes
+/// nothing on disk, `check --no-act`): an error in the log naming the file and `problem`,
+/// as [`set_aside_corrupt`] logs it.
+pub fn report_corrupt(path: &Path, problem: &str) {
+    tracing::error!(
+        file = %path.display(),
+        "CORRUPT STATE FILE: {problem}; left in place (nothing is changed on disk), carrying on without it"
+    );
 }
 
 #[cfg(test)]

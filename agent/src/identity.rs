@@ -79,20 +79,23 @@ impl Recorded {
 
     /// Reads `<state_dir>/bootstrap.json`; `None` when it is missing or unreadable.
     ///
-    /// A record that cannot be parsed (empty, truncated) is moved aside as
-    /// `bootstrap.json.corrupt-<unix seconds>` with an error in the log, and is `None`: the
-    /// caller resolves the node as if bootstrap had left nothing.
-    pub fn read(state_dir: &Path) -> Option<Recorded> {
+    /// A record that cannot be parsed (empty, truncated) is `None` with an error in the log
+    /// naming the file, and the caller resolves the node as if bootstrap had left nothing;
+    /// `on_corrupt` says whether it is also moved aside as
+    /// `bootstrap.json.corrupt-<unix seconds>` ([`CorruptRecord`]).
+    pub fn read(state_dir: &Path, on_corrupt: CorruptRecord) -> Option<Recorded> {
         let path = state_dir.join(STATE_FILE);
         let text = std::fs::read(&path).ok()?;
         match serde_json::from_slice(&text) {
             Ok(r) => Some(r),
             Err(e) => {
-                crate::fsutil::set_aside_corrupt(
-                    &path,
-                    &text,
-                    &format!("invalid bootstrap record: {e}"),
-                );
+                let problem = format!("invalid bootstrap record: {e}");
+                match on_corrupt {
+                    CorruptRecord::SetAside => {
+                        crate::fsutil::set_aside_corrupt(&path, &text, &problem);
+                    }
+                    CorruptRecord::Leave => crate::fsutil::report_corrupt(&path, &problem),
+                }
                 None
             }
         }
@@ -109,6 +112,17 @@ impl Recorded {
         crate::fsutil::write_atomic(&path, &json, 0o644, None)
             .map_err(|source| RecordError::Write { path, source })
     }
+}
+
+/// What reading bootstrap's record ([`Recorded::read`]) does with a record that cannot be
+/// parsed; either way it says so in the log and reads as no record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CorruptRecord {
+    /// Moved aside as `bootstrap.json.corrupt-<unix seconds>`, so that later commands
+    /// (and bootstrap's next record) start clean: every command but `check --no-act`.
+    SetAside,
+    /// Left where it is: `check --no-act` only reports, and changes nothing on disk.
+    Leave,
 }
 
 /// Why the bootstrap record ([`Recorded`]) could not be written.
@@ -306,6 +320,8 @@ pub struct Request<'a> {
     pub facts: Option<&'a InstanceIdentity>,
     /// Limit on the IMDS lookup when there is no record.
     pub imds_timeout: Duration,
+    /// What a corrupt bootstrap record becomes ([`CorruptRecord`]).
+    pub corrupt_record: CorruptRecord,
 }
 
 /// The settings and identity every command but bootstrap uses (bootstrap resolves the same
@@ -362,12 +378,15 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
 /// [`resolve`] for [`Lookup::Local`] without instance metadata already read: the same
 /// result, without an await and without referring to the IMDS client at all, so that a
 /// program that only runs `check` (`slurm-node-agent-healthcheck`) does not link it.
+/// `corrupt_record`: what a corrupt bootstrap record becomes ([`CorruptRecord::Leave`]
+/// for `check --no-act`).
 ///
 /// # Errors
 /// [`IdentityError`] (never [`IdentityError::Imds`]).
 pub fn resolve_local(
     paths: &settings::Paths,
     flag_layers: &[Layer],
+    corrupt_record: CorruptRecord,
 ) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let req = Request {
         paths,
@@ -375,6 +394,7 @@ pub fn resolve_local(
         lookup: Lookup::Local,
         facts: None,
         imds_timeout: Duration::ZERO,
+        corrupt_record,
     };
     let prep = prepare(&req)?;
     finish(&req, prep, None)
@@ -412,7 +432,7 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
             return Err(IdentityError::BadEnvName { value: n.clone() });
         }
     }
-    let record = Recorded::read(&state_dir);
+    let record = Recorded::read(&state_dir, req.corrupt_record);
     let record_path = state_dir.join(STATE_FILE).display().to_string();
     Ok(Prepared {
         files,
@@ -540,6 +560,33 @@ mod tests {
         );
     }
 
+    /// A corrupt record reads as none; it is moved aside, or with
+    /// [`CorruptRecord::Leave`] (`check --no-act`) left as it is, nothing else written.
+    #[test]
+    fn a_corrupt_record_is_set_aside_or_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let files = || {
+            let mut v: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        std::fs::write(&path, "{\"node_name\": \"n1\", \"inst").unwrap();
+        assert_eq!(Recorded::read(dir.path(), CorruptRecord::Leave), None);
+        assert_eq!(files(), vec![STATE_FILE.to_string()]);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"node_name\": \"n1\", \"inst"
+        );
+        assert_eq!(Recorded::read(dir.path(), CorruptRecord::SetAside), None);
+        let after = files();
+        assert_eq!(after.len(), 1, "{after:?}");
+        assert!(after[0].starts_with("bootstrap.json.corrupt-"), "{after:?}");
+    }
+
     #[test]
     fn record_keeps_metadata_layers() {
         let dir = std::env::temp_dir().join(format!("sna-identity-{}", std::process::id()));
@@ -557,7 +604,7 @@ mod tests {
             }],
         };
         rec.write(&dir).unwrap();
-        let back = Recorded::read(&dir).unwrap();
+        let back = Recorded::read(&dir, CorruptRecord::SetAside).unwrap();
         assert_eq!(back, rec);
         let layers = metadata_layers(
             &back.user_data_settings,
@@ -574,7 +621,10 @@ mod tests {
             r#"{"node_name":"n1","instance_id":"i-12345678","ami_id":"a","dynamic_conf":null}"#,
         )
         .unwrap();
-        assert!(Recorded::read(&dir).unwrap().setting_tags.is_empty());
+        assert!(Recorded::read(&dir, CorruptRecord::SetAside)
+            .unwrap()
+            .setting_tags
+            .is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

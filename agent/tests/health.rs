@@ -480,6 +480,38 @@ fn failing_check_exits_1_and_does_not_need_a_controller_with_no_act() {
     );
 }
 
+/// `--no-act` only reports: a corrupt bootstrap record in the state folder is named as
+/// corrupt on stderr and left as it is, nothing set aside.
+#[test]
+fn no_act_reports_a_corrupt_bootstrap_record_and_leaves_it() {
+    let f = Files::new();
+    let conf = f.write("nhc.conf", "* || check_file_test -r /etc/passwd\n");
+    let record = f.write("state/bootstrap.json", "{\"node_name\": \"node1\", \"inst");
+    let out = agent()
+        .args(f.args())
+        .arg(format!("--nhc-conf={}", conf.display()))
+        .arg("--no-act")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("CORRUPT STATE FILE: invalid bootstrap record")
+            && stderr.contains(&record.display().to_string())
+            && stderr.contains("left in place"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "{\"node_name\": \"node1\", \"inst"
+    );
+    let names: Vec<String> = std::fs::read_dir(record.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["bootstrap.json".to_string()]);
+}
+
 #[test]
 fn explicit_checks_dir_and_nhc_conf_that_do_not_exist_are_errors() {
     let f = Files::new();

@@ -51,7 +51,7 @@ pub struct CheckArgs {
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Report only: do not drain or resume the node, nor run NHC service actions (`-S`,
-    /// `-r`, `-c`).
+    /// `-r`, `-c`), nor move a corrupt bootstrap record aside.
     #[arg(long)]
     pub no_act: bool,
     /// Prometheus textfile to write (default: `health.prometheus_textfile`).
@@ -72,7 +72,12 @@ impl CheckArgs {
         let paths = self.settings.paths();
         // The one identity rule (crate::identity), without IMDS: SLURMD_NODENAME, flags,
         // bootstrap's record (with the tags and user data it read), node.name.
-        let (mut s, ident) = match identity::resolve_local(&paths, &flags) {
+        // --no-act changes nothing on disk: a corrupt bootstrap record is only reported.
+        let corrupt_record = match self.no_act {
+            true => identity::CorruptRecord::Leave,
+            false => identity::CorruptRecord::SetAside,
+        };
+        let (mut s, ident) = match identity::resolve_local(&paths, &flags, corrupt_record) {
             Ok((r, id)) => (r.settings, Some(id)),
             Err(identity::IdentityError::NoName { .. }) => {
                 match settings::file_layers(&paths).and_then(|mut layers| {
@@ -184,7 +189,11 @@ impl CheckArgs {
                 // The incarnation from the identity, else from bootstrap's record.
                 let instance_id = match &ident {
                     Some(i) => i.instance_id.clone(),
-                    None => identity::Recorded::read(&s.agent.state_dir).map_or_else(
+                    None => identity::Recorded::read(
+                        &s.agent.state_dir,
+                        identity::CorruptRecord::SetAside,
+                    )
+                    .map_or_else(
                         || crate::reason::UNKNOWN_INSTANCE.to_string(),
                         |r| r.instance_id,
                     ),

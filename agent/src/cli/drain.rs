@@ -38,6 +38,7 @@ pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdenti
         lookup: identity::Lookup::RecordThenImds,
         facts: None,
         imds_timeout: Duration::from_secs(10),
+        corrupt_record: identity::CorruptRecord::SetAside,
     };
     match identity::resolve(&req).await {
         Ok((r, id)) => Ok((r.settings, id)),

@@ -232,6 +232,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         lookup: crate::identity::Lookup::RecordThenImds,
         facts: Some(&id),
         imds_timeout: Duration::from_secs(10),
+        corrupt_record: crate::identity::CorruptRecord::SetAside,
     };
     let (resolved, ident) = crate::identity::resolve(&req).await?;
     let s = resolved.settings;
