@@ -174,7 +174,7 @@ pub fn load_dir(
         Err(e) => {
             return Err(ConfigError {
                 file: dir.to_path_buf(),
-                line: 0,
+                line: None,
                 message: format!("cannot list: {e}"),
             })
         }
@@ -185,7 +185,7 @@ pub fn load_dir(
         let parsed = std::fs::read_to_string(&f)
             .map_err(|e| ConfigError {
                 file: f.clone(),
-                line: 0,
+                line: None,
                 message: format!("cannot read: {e}"),
             })
             .and_then(|text| parse(&text, &f, node, defaults));
@@ -218,7 +218,7 @@ pub fn parse(
     defaults: &Defaults,
 ) -> Result<CheckSet, ConfigError> {
     let parsed: File = toml::from_str(text).map_err(|e| {
-        let line = e.span().map_or(0, |s| line_of(text, s.start));
+        let line = e.span().map(|s| line_of(text, s.start));
         ConfigError {
             file: file.to_path_buf(),
             line,
@@ -231,7 +231,7 @@ pub fn parse(
         let def = spanned.into_inner();
         let err = |problem: DefError| ConfigError {
             file: file.to_path_buf(),
-            line,
+            line: Some(line),
             message: format!("[[check]] kind = {:?}: {problem}", def.kind),
         };
         let nodes = def.nodes.clone().unwrap_or_else(|| "*".into());
@@ -253,7 +253,7 @@ pub fn parse(
                 name: def.name.clone().unwrap_or(default_name),
                 origin: Origin {
                     file: file.to_path_buf(),
-                    line,
+                    line: Some(line),
                 },
                 timeout: t,
                 fatal: def.fatal.unwrap_or(true),
@@ -889,24 +889,60 @@ nodes = "gpu*"
             ]
         );
         assert_eq!(set.checks[0].timeout, Duration::from_secs(2));
-        assert_eq!(set.checks[0].origin.line, 2);
+        assert_eq!(set.checks[0].origin.line, Some(2));
         assert!(!set.checks[8].fatal);
+    }
+
+    /// A file that cannot be read is named alone, `FILE: message`, never `FILE:0:`: in its
+    /// error and as the failing check's origin; an nhc.conf that cannot be read too.
+    #[test]
+    fn a_file_that_cannot_be_read_is_named_without_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("10-bad.toml");
+        std::fs::create_dir(&bad).unwrap();
+        let set = load_dir(dir.path(), Some("n1"), &D).unwrap();
+        assert_eq!(set.checks.len(), 1);
+        let c = &set.checks[0];
+        assert_eq!(c.origin.to_string(), bad.display().to_string());
+        let CheckKind::Invalid(e) = &c.kind else {
+            panic!("{:?}", c.kind)
+        };
+        assert_eq!(e.line, None);
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("{}: cannot read: ", bad.display())),
+            "{text}"
+        );
+        let missing = dir.path().join("nhc.conf");
+        let e = crate::health::nhc::load_file(&missing, Some("n1"), &D).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}: cannot read: ", missing.display())),
+            "{e}"
+        );
+        // A line where there is one.
+        let e = p("[[check]]\nkind = \"mount\"\nfstyp = \"x\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/etc/slurm-node-agent/checks.d/10-site.toml:3: "),
+            "{e}"
+        );
     }
 
     #[test]
     fn errors_name_the_line() {
         let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\n\n[[check]]\nkind = \"mount\"\nfstyp = \"x\"\n").unwrap_err();
-        assert_eq!(e.line, 7, "{e}");
+        assert_eq!(e.line, Some(7), "{e}");
         assert!(e.to_string().contains("fstyp"), "{e}");
         let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\n\n[[check]]\nkind = \"mount\"\nunit = \"x\"\n").unwrap_err();
-        assert_eq!(e.line, 5, "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         assert!(e.to_string().contains("does not apply"), "{e}");
         let e = p("[[check]]\nkind = \"teleport\"\n").unwrap_err();
         assert!(e.to_string().contains("unknown kind"), "{e}");
         let e = p("[[check]]\nkind = \"mount\"\npath = \"/\"\nmin_free = \"lots\"\n").unwrap_err();
         assert!(e.to_string().contains("invalid size"), "{e}");
         let e = p("[[check]\nkind = 1\n").unwrap_err();
-        assert_eq!(e.line, 1, "{e}");
+        assert_eq!(e.line, Some(1), "{e}");
         let e = p("[[check]]\nkind = \"nhc\"\nline = \"check_unknown_thing\"\n").unwrap_err();
         assert!(e.to_string().contains("unsupported NHC check"), "{e}");
         let e = p("[[check]]\nkind = \"unit\"\nunit = \"a b\"\n").unwrap_err();

@@ -159,18 +159,26 @@ impl HealthSettings {
     }
 }
 
-/// Where a check was defined.
+/// Where a check was defined. Displays as `file:line`, or `file` for a whole file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
     /// File.
     pub file: PathBuf,
-    /// Line (1-based).
-    pub line: usize,
+    /// Line (1-based); `None` for the whole file (one that could not be read or used).
+    pub line: Option<usize>,
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.file.display(), self.line)
+        f.write_str(&place(&self.file, self.line))
+    }
+}
+
+/// `file:line`, or `file` alone when the place is the whole file.
+fn place(file: &Path, line: Option<usize>) -> String {
+    match line {
+        Some(l) => format!("{}:{l}", file.display()),
+        None => file.display().to_string(),
     }
 }
 
@@ -198,14 +206,15 @@ pub struct CheckSet {
     pub notes: Vec<String>,
 }
 
-/// A check file could not be used. Displays as `file:line: message`.
+/// A check file could not be used. Displays as `file:line: message`, or `file: message`
+/// when the whole file is at fault (it could not be read, or no line is known).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {message}", file = .file.display())]
+#[error("{}: {message}", place(.file, *.line))]
 pub struct ConfigError {
     /// File.
     pub file: PathBuf,
-    /// Line (1-based; 0 when the file itself could not be read).
-    pub line: usize,
+    /// Line (1-based); `None` when the file itself could not be read or used.
+    pub line: Option<usize>,
     /// What is wrong.
     pub message: String,
 }

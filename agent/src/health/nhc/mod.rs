@@ -521,7 +521,7 @@ pub fn load_file(
 ) -> Result<CheckSet, ConfigError> {
     let bytes = std::fs::read(path).map_err(|e| ConfigError {
         file: path.to_path_buf(),
-        line: 0,
+        line: None,
         message: format!("cannot read: {e}"),
     })?;
     // NHC is bash and reads bytes: a Latin-1 comment or a stray byte must not switch every
@@ -625,7 +625,7 @@ pub fn parse(
         let here = format!("{}:{line_no}", file.display());
         let origin = Origin {
             file: file.to_path_buf(),
-            line: line_no,
+            line: Some(line_no),
         };
         let trimmed = line.trim();
         if trimmed.is_empty() || trimmed.starts_with('#') {
@@ -646,7 +646,7 @@ pub fn parse(
                 fatal: true,
                 kind: CheckKind::Invalid(ConfigError {
                     file: file.to_path_buf(),
-                    line: line_no,
+                    line: Some(line_no),
                     message,
                 }),
             });
@@ -1162,7 +1162,7 @@ mod tests {
         let set = p(&text, Some("node1")).unwrap();
         assert_eq!(set.checks.len(), 21);
         assert_eq!(set.checks[0].name, "check_fs_mount_rw -f /");
-        assert_eq!(set.checks[0].origin.line, 3);
+        assert_eq!(set.checks[0].origin.line, Some(3));
         let cmd = set
             .checks
             .iter()
@@ -1219,7 +1219,7 @@ n* || check_hw_eth eth0
 ";
         let set = p(text, Some("n1")).unwrap();
         assert_eq!(set.checks.len(), 2);
-        assert_eq!(set.checks[0].origin.line, 6);
+        assert_eq!(set.checks[0].origin.line, Some(6));
         assert_eq!(set.checks[0].timeout, Duration::from_secs(3));
         assert!(
             matches!(&set.checks[1].kind, CheckKind::FileContents(c) if c.matches[0].as_str() == "n1")
@@ -1242,7 +1242,7 @@ n* || check_hw_eth eth0
         set.checks
             .iter()
             .filter_map(|c| match &c.kind {
-                CheckKind::Invalid(e) => Some((c.origin.line, e.to_string())),
+                CheckKind::Invalid(e) => Some((c.origin.line.unwrap_or(0), e.to_string())),
                 _ => None,
             })
             .collect()
@@ -1559,7 +1559,7 @@ other || check_nope -x
         fn fuzz_nhc_parse_never_panics(lines in proptest::collection::vec(nhc_line(), 0..12)) {
             let text = lines.join("\n");
             if let Err(e) = p(&text, Some("n1")) {
-                proptest::prop_assert!(e.line <= lines.len().max(1), "{}", e);
+                proptest::prop_assert!(e.line.is_some_and(|l| l <= lines.len().max(1)), "{}", e);
             }
         }
     }
