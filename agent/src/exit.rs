@@ -111,7 +111,7 @@ impl Exit {
             }
             Exit::Usage => "command-line usage error (e.g. a reason with a control character)",
             Exit::DataErr => {
-                "bad data: key missing, empty or the wrong size; the node's auth type or key differs from the controller's (slurmctld refuses slurmd); node registered INVALID; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
+                "bad data: key missing, empty or the wrong size; the node's auth type or key differs from the controller's (slurmctld refuses slurmd or sackd); node registered INVALID; a NodeName that is not dynamic and unknown to slurmctld; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
             }
             Exit::Unavailable => {
                 "unavailable: IMDS, AWS, GPUs; slurmctld or the node unknown to it (`status` still prints what it knows locally); no bootstrap record and no instance metadata; `config show` without IMDS (use `--no-imds` off EC2)"

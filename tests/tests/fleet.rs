@@ -1104,6 +1104,47 @@ fn a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_mung
         String::from_utf8_lossy(&drain.stderr)
     );
 
+    // A login node whose key is not the controller's: slurmctld refuses sackd, which
+    // retries every 10 s forever; bootstrap stops within a minute (exit 65, not retried)
+    // naming sackd and what slurmctld refuses.
+    let mut wrong = fleet.new_launch("login2");
+    wrong.agent_toml.push_str("\n[node]\nrole = \"login\"\n");
+    // A file of the image of a size auth/slurm accepts (1,499 bytes), not the cluster's key.
+    wrong.image_toml = "[auth]\nkey_source = \"file:/usr/share/common-licenses/BSD\"\n\
+                        key_encoding = \"raw\"\n"
+        .into();
+    fleet.launch(wrong).unwrap();
+    let started = std::time::Instant::now();
+    wait_bootstrap_exit(&fleet, "login2");
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        fleet
+            .unit_property(
+                "login2",
+                "slurm-node-agent-bootstrap.service",
+                "ExecMainStatus"
+            )
+            .unwrap(),
+        "65",
+        "{}",
+        fleet.diagnostics(&["login2".to_string()])
+    );
+    let journal = on_node(
+        &fleet,
+        "login2",
+        "journalctl",
+        &["-b", "--no-pager", "-u", "slurm-node-agent-bootstrap"],
+    );
+    assert!(
+        journal.contains("refuses sackd's requests") && journal.contains("auth/slurm"),
+        "{journal}"
+    );
+    fleet.terminate("login2").unwrap();
+
     // A reboot: the disabled sackd comes back through bootstrap, and jobs are still
     // submitted from the login node.
     fleet.reboot("login1").unwrap();

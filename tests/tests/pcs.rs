@@ -29,6 +29,12 @@ fn stderr(out: &std::process::Output) -> String {
 /// A node env whose controller declares the group's cloud nodes, a registration emulator
 /// that knows the cluster and this instance, and settings for the managed join.
 fn managed_env(window: &str) -> (NodeEnv, PcsEmulator, String) {
+    managed_env_assigning(window, (1..=4).map(|n| format!("compute-{n}")).collect())
+}
+
+/// [`managed_env`] whose node group assigns the nodeIDs `nodes` (the controller declares
+/// compute-[1-4]).
+fn managed_env_assigning(window: &str, nodes: Vec<String>) -> (NodeEnv, PcsEmulator, String) {
     let lines = [
         "SlurmctldParameters=enable_configless,cloud_reg_addrs".to_string(),
         "PrivateData=cloud".to_string(),
@@ -68,7 +74,7 @@ fn managed_env(window: &str) -> (NodeEnv, PcsEmulator, String) {
         groups: vec![PcsGroup {
             id: GROUP.into(),
             name: "compute".into(),
-            nodes: (1..=4).map(|n| format!("compute-{n}")).collect(),
+            nodes,
             lifecycle_actions: None,
         }],
     });
@@ -833,4 +839,22 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
     ] {
         assert!(!logs.join(n).exists(), "{n}");
     }
+}
+
+#[test]
+fn a_node_id_the_controller_does_not_know_stops_bootstrap_within_a_minute_naming_it() {
+    // The service assigns compute-9; the cluster's slurm.conf declares compute-[1-4] only
+    // (a node group whose nodes the controller was never told of).
+    let (env, _pcs, _) = managed_env_assigning("2m", vec!["compute-9".into()]);
+    let start = std::time::Instant::now();
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(60),
+        "took {:?}: {err}",
+        start.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(err.contains("compute-9") && err.contains("nodeID"), "{err}");
 }

@@ -80,6 +80,7 @@ pub(super) async fn join(
         };
         polls += 1;
         let mut registered = false;
+        let not_known = matches!(node, Ok(None));
         let seen = match node {
             Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
                 registered = true;
@@ -175,6 +176,24 @@ pub(super) async fn join(
         };
         tracing::debug!(%unit_state, %seen, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
+            // A node that is not dynamic must be in slurmctld's table from its slurm.conf:
+            // unknown there while slurmd exits again and again (`Unable to find node record
+            // for <name>`), it never will be (a mistyped name, or a nodeID the cluster's
+            // slurm.conf does not declare).
+            if not_known && def.dynamic_conf.is_none() && restarts >= UNKNOWN_NODE_AFTER_RESTARTS {
+                return Err(BootstrapError::UnknownNode {
+                    node_name: def.node_name.clone(),
+                    source_key: if s.pcs.enabled {
+                        "the registration's nodeID"
+                    } else if s.node.name.is_empty() {
+                        "node.name_template"
+                    } else {
+                        "node.name"
+                    },
+                    unit: unit.clone(),
+                    restarts,
+                });
+            }
             let wait = Backoff::CONTROLLER
                 .delay(restarts)
                 .min(deadline.saturating_sub(start.elapsed()));
@@ -337,6 +356,10 @@ fn slurmd_port(s: &Settings) -> u16 {
 /// seconds.", `_establish_configuration` in `slurmd.c`), so this is three refusals. A
 /// controller that answers gives the configuration to the first request.
 pub const FETCH_REFUSED_AFTER: Duration = Duration::from_secs(25);
+
+/// How many times slurmd of a node that is not dynamic is restarted while slurmctld does
+/// not know its NodeName, before bootstrap stops ([`BootstrapError::UnknownNode`]).
+const UNKNOWN_NODE_AFTER_RESTARTS: u32 = 2;
 
 /// How long slurmd's main process has run while its unit is `active` or `activating`
 /// (zero otherwise, or when the unit cannot be read).

@@ -105,6 +105,26 @@ pub enum BootstrapError {
         /// How long the daemon ran without its configuration.
         ran: Duration,
     },
+    /// A node that is not dynamic whose NodeName slurmctld does not know, while slurmd
+    /// exits each time (exit 65): a mistyped `node.name`, or a nodeID the cluster's
+    /// slurm.conf does not declare.
+    #[error(
+        "node {node_name} ({source_key}) is not a node of slurmctld: a node that is not \
+         dynamic (node.dynamic = false, and every node of the managed join) must be declared \
+         in the cluster's slurm.conf (NodeName={node_name}). {unit} exited {restarts} times \
+         saying so (journalctl -u {unit}: `Unable to find node record for {node_name}`)"
+    )]
+    UnknownNode {
+        /// NodeName.
+        node_name: String,
+        /// Where the name came from: `node.name`, `node.name_template` or the registration's
+        /// nodeID.
+        source_key: &'static str,
+        /// slurmd's unit.
+        unit: String,
+        /// How many times slurmd was restarted.
+        restarts: u32,
+    },
     /// A daemon bootstrap started (sackd on a login node) exited by itself again and again
     /// (exit 71, EX_OSERR: something on this node; bootstrap's unit tries again later).
     #[error(
@@ -178,7 +198,9 @@ impl BootstrapError {
             BootstrapError::Settings(_) => Exit::Config,
             BootstrapError::Imds(_) | BootstrapError::Gpu(_) => Exit::Unavailable,
             BootstrapError::Key(e) => e.exit(),
-            BootstrapError::Invalid { .. } | BootstrapError::Refused { .. } => Exit::DataErr,
+            BootstrapError::Invalid { .. }
+            | BootstrapError::Refused { .. }
+            | BootstrapError::UnknownNode { .. } => Exit::DataErr,
             BootstrapError::Systemd(_) | BootstrapError::DaemonExits { .. } => Exit::OsErr,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
             BootstrapError::Mounts(_) => Exit::MountFailed,
