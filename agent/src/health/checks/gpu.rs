@@ -91,8 +91,98 @@ pub fn parse_xid(line: &str) -> Option<(String, u32)> {
     Some((dev, code.parse().ok()?))
 }
 
-/// XID reports in the kernel log since boot, by (device, code) with a count. Reads
-/// `/dev/kmsg` without blocking.
+/// The Xid that a GPU "fallen off the bus" counts as: NVIDIA's Xid 79 ("GPU has fallen off
+/// the bus"), fatal.
+pub const XID_FALLEN_OFF_THE_BUS: u32 = 79;
+
+/// How many kernel log records after `NVRM: The NVIDIA GPU <address>` may complete its
+/// "fallen off the bus" report (the driver prints it as 3 records).
+const FALLEN_OFF_WITHIN: u32 = 4;
+
+/// Reads the NVIDIA driver's reports in the kernel log, record by record, as
+/// `(PCI address, Xid)`:
+/// - `NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, ...` ([`parse_xid`]);
+/// - newer drivers' "fallen off the bus" without an Xid number, several records
+///   (NVIDIA/NVSentinel #155): `NVRM: The NVIDIA GPU 0000:b3:00.0` /
+///   `NVRM: (PCI ID: 10de:26b5) installed in this system has` /
+///   `NVRM: fallen off the bus and is not responding to commands.`, counted as Xid 79 on
+///   that address (on the address in the same record, or `unknown address` when the
+///   record naming it was lost: a log cut in the middle still fails the node, never
+///   names a GPU it did not see).
+#[derive(Debug, Default)]
+pub struct KmsgScanner {
+    /// The address of the last `NVRM: The NVIDIA GPU <address>` record, and how many
+    /// records ago it came.
+    pending: Option<(String, u32)>,
+}
+
+impl KmsgScanner {
+    /// Feeds one kernel log record (a `/dev/kmsg` record `prio,seq,time,flags;message`
+    /// with its continuation lines, or a bare message line); returns the Xid it
+    /// completes, if any.
+    pub fn feed(&mut self, record: &str) -> Option<(String, u32)> {
+        let msg = record
+            .split_once(';')
+            .map_or(record, |(_, m)| m)
+            .lines()
+            .next()
+            .unwrap_or_default();
+        if let Some(x) = parse_xid(msg) {
+            return Some(x);
+        }
+        if let Some((_, age)) = &mut self.pending {
+            *age += 1;
+            if *age > FALLEN_OFF_WITHIN {
+                self.pending = None;
+            }
+        }
+        if let Some(rest) = msg.split("NVRM: The NVIDIA GPU ").nth(1) {
+            let addr = rest.split_whitespace().next().unwrap_or_default();
+            if let Some(a) = pci_address(addr) {
+                self.pending = Some((a, 0));
+            }
+        }
+        if msg.contains("NVRM:") && msg.contains("fallen off the bus") {
+            let here = msg.split_whitespace().find_map(|w| {
+                let w = w.trim_matches(|c: char| !c.is_ascii_hexdigit() && c != ':' && c != '.');
+                pci_address(w.trim_end_matches([':', '.']))
+            });
+            let dev = here
+                .or_else(|| self.pending.take().map(|(a, _)| a))
+                .unwrap_or_else(|| "unknown address".to_string());
+            self.pending = None;
+            return Some((dev, XID_FALLEN_OFF_THE_BUS));
+        }
+        None
+    }
+}
+
+/// A PCI address as the kernel writes it (`0000:b3:00.0`, or NVML's `00000000:B3:00.0`),
+/// normalised to the kernel's form (4-digit domain, lower case); `None` for anything else.
+pub fn pci_address(text: &str) -> Option<String> {
+    let mut parts = text.split(':');
+    let (domain, bus, devfn) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let (dev, func) = devfn.split_once('.')?;
+    let hex = |s: &str, max: usize| {
+        !s.is_empty() && s.len() <= max && s.chars().all(|c| c.is_ascii_hexdigit())
+    };
+    if !(hex(domain, 8) && hex(bus, 2) && hex(dev, 2) && hex(func, 1)) {
+        return None;
+    }
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    Some(format!(
+        "{domain:04x}:{}:{}.{}",
+        bus.to_ascii_lowercase(),
+        dev.to_ascii_lowercase(),
+        func
+    ))
+}
+
+/// XID reports in the kernel log since boot, by (device, code) with a count
+/// ([`KmsgScanner`]). Reads `/dev/kmsg` without blocking.
 fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> {
     use rustix::fs::{Mode, OFlags};
     let path = &facts.host.kmsg;
@@ -103,13 +193,14 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> 
     )
     .map_err(|e| HostIo::new(HostOp::Open, path, e))?;
     let mut out = BTreeMap::new();
+    let mut scanner = KmsgScanner::default();
     let mut buf = vec![0u8; 8192];
     loop {
         match rustix::io::read(&fd, &mut buf) {
             Ok(0) => break,
             Ok(n) => {
                 let rec = String::from_utf8_lossy(&buf[..n]);
-                if let Some(k) = parse_xid(&rec) {
+                if let Some(k) = scanner.feed(&rec) {
                     *out.entry(k).or_insert(0) += 1;
                 }
             }
@@ -120,6 +211,40 @@ fn read_xids(facts: &Facts) -> Result<BTreeMap<(String, u32), u32>, FactsError> 
         }
     }
     Ok(out)
+}
+
+/// The NVIDIA GPUs the kernel sees on PCI: devices of vendor `0x10de` and class VGA
+/// (`0x0300xx`) or 3D controller (`0x0302xx`) under `<sys>/bus/pci/devices`, by address
+/// (sorted). Empty when the folder cannot be read.
+pub fn kernel_gpus(sys_dir: &std::path::Path) -> Vec<String> {
+    let dir = sys_dir.join("bus/pci/devices");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut out: Vec<String> = rd
+        .flatten()
+        .filter(|e| {
+            let vendor = read(e.path().join("vendor"));
+            let class = read(e.path().join("class"));
+            vendor.trim().eq_ignore_ascii_case("0x10de")
+                && (class.trim().starts_with("0x0300") || class.trim().starts_with("0x0302"))
+        })
+        .filter_map(|e| pci_address(&e.file_name().to_string_lossy()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The GPUs the kernel sees that NVML does not (`nvml`: NVML's bus ids, any form
+/// [`pci_address`] reads).
+pub fn missing_from_nvml(kernel: &[String], nvml: &[String]) -> Vec<String> {
+    let seen: Vec<String> = nvml.iter().filter_map(|b| pci_address(b)).collect();
+    kernel
+        .iter()
+        .filter(|k| !seen.contains(k))
+        .cloned()
+        .collect()
 }
 
 fn load(spec: &GpuSpec) -> Result<Nvml, NvmlError> {
@@ -171,6 +296,23 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
         }
     }
     let mut problems = Vec::new();
+    // A GPU the kernel has on PCI that NVML lost (fallen off the bus, a driver that gave
+    // up on it): the kernel's count is the one the instance has.
+    let kernel = kernel_gpus(&facts.host.sys_dir);
+    if !kernel.is_empty() {
+        let nvml_ids: Vec<String> = (0..count)
+            .filter_map(|i| nvml.device_by_index(i).ok()?.pci_info().ok())
+            .map(|p| p.bus_id)
+            .collect();
+        let missing = missing_from_nvml(&kernel, &nvml_ids);
+        if !missing.is_empty() {
+            problems.push(format!(
+                "the kernel sees {} NVIDIA GPUs on PCI, NVML {count}: not in NVML: {}",
+                kernel.len(),
+                missing.join(", ")
+            ));
+        }
+    }
     for i in 0..count {
         let dev = match nvml.device_by_index(i) {
             Ok(d) => d,
@@ -307,6 +449,91 @@ mod tests {
             slowdown_text(ThrottleReasons::HW_SLOWDOWN),
             "hardware slowdown active (HW Slowdown)"
         );
+    }
+
+    #[test]
+    fn fallen_off_the_bus_without_an_xid_counts_as_xid_79_on_its_address() {
+        // NVIDIA/NVSentinel #155: three records, no Xid number.
+        let records = [
+            "3,1001,5000,-;NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "3,1002,5001,-;NVRM: (PCI ID: 10de:26b5) installed in this system has",
+            "3,1003,5002,-;NVRM: fallen off the bus and is not responding to commands.",
+        ];
+        let mut k = KmsgScanner::default();
+        let got: Vec<_> = records.iter().filter_map(|r| k.feed(r)).collect();
+        assert_eq!(got, vec![("0000:b3:00.0".to_string(), 79)]);
+        // The older one-record form names its address in the record itself.
+        let mut k = KmsgScanner::default();
+        assert_eq!(
+            k.feed("NVRM: GPU 0000:3B:00.0: GPU has fallen off the bus."),
+            Some(("0000:3b:00.0".to_string(), 79))
+        );
+        // A log cut in the middle: the record naming the GPU was lost. Still fatal, never
+        // pinned on a GPU the log did not name.
+        let mut k = KmsgScanner::default();
+        assert_eq!(k.feed("usb 1-1: new device"), None);
+        assert_eq!(
+            k.feed("NVRM: fallen off the bus and is not responding to commands."),
+            Some(("unknown address".to_string(), 79))
+        );
+        // Only the first record (cut after it): nothing, and an old pending address does not
+        // leak onto a report many records later.
+        let mut k = KmsgScanner::default();
+        assert_eq!(k.feed("NVRM: The NVIDIA GPU 0000:b3:00.0"), None);
+        for _ in 0..FALLEN_OFF_WITHIN + 1 {
+            assert_eq!(k.feed("eth0: link up"), None);
+        }
+        assert_eq!(
+            k.feed("NVRM: fallen off the bus and is not responding to commands."),
+            Some(("unknown address".to_string(), 79))
+        );
+        // Ordinary Xid lines still parse through the scanner.
+        assert_eq!(
+            KmsgScanner::default().feed("4,1,2,-;NVRM: Xid (PCI:0000:00:1e): 48, DBE"),
+            Some(("0000:00:1e".to_string(), 48))
+        );
+    }
+
+    #[test]
+    fn pci_addresses_of_the_kernel_and_of_nvml_compare() {
+        assert_eq!(
+            pci_address("00000000:B3:00.0").as_deref(),
+            Some("0000:b3:00.0")
+        );
+        assert_eq!(pci_address("0000:b3:00.0").as_deref(), Some("0000:b3:00.0"));
+        assert_eq!(pci_address("b3:00.0"), None);
+        assert_eq!(pci_address("10de:26b5"), None);
+        let kernel = vec!["0000:53:00.0".to_string(), "0000:b3:00.0".to_string()];
+        assert_eq!(
+            missing_from_nvml(&kernel, &["00000000:53:00.0".to_string()]),
+            vec!["0000:b3:00.0".to_string()]
+        );
+        assert!(missing_from_nvml(
+            &kernel,
+            &["00000000:53:00.0".into(), "00000000:B3:00.0".into()]
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn the_kernels_gpus_are_nvidia_display_and_3d_controllers_on_pci() {
+        let sys = tempfile::tempdir().unwrap();
+        for (addr, vendor, class) in [
+            ("0000:b3:00.0", "0x10de", "0x030200"),
+            ("0000:53:00.0", "0x10de", "0x030000"),
+            ("0000:54:00.0", "0x10de", "0x068000"), // NVSwitch: a bridge, not a GPU
+            ("0000:00:1f.0", "0x1d0f", "0x030200"), // another vendor
+        ] {
+            let d = sys.path().join("bus/pci/devices").join(addr);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("vendor"), format!("{vendor}\n")).unwrap();
+            std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+        }
+        assert_eq!(
+            kernel_gpus(sys.path()),
+            vec!["0000:53:00.0".to_string(), "0000:b3:00.0".to_string()]
+        );
+        assert!(kernel_gpus(&sys.path().join("none")).is_empty());
     }
 
     #[test]
