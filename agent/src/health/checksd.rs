@@ -113,6 +113,8 @@ struct Def {
     fail_on_hw_slowdown: Option<bool>,
     nvlink: Option<bool>,
     library: Option<String>,
+    fabric_manager: Option<bool>,
+    fabric_manager_program: Option<String>,
     // process
     process: Option<String>,
     full_command_line: Option<bool>,
@@ -393,6 +395,8 @@ fn allowed(kind: &str) -> &'static [&'static str] {
             "fail_on_hw_slowdown",
             "nvlink",
             "library",
+            "fabric_manager",
+            "fabric_manager_program",
         ],
         "efa" => &["count"],
         "process" => &["process", "full_command_line", "user", "running", "start"],
@@ -438,6 +442,8 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
         fail_on_hw_slowdown,
         nvlink,
         library,
+        fabric_manager,
+        fabric_manager_program,
         process,
         full_command_line,
         user,
@@ -617,6 +623,10 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
             s.fail_on_hw_slowdown = d.fail_on_hw_slowdown.unwrap_or(s.fail_on_hw_slowdown);
             s.nvlink = d.nvlink.unwrap_or(false);
             s.library = d.library.clone();
+            s.fabric_manager = d.fabric_manager;
+            if let Some(p) = &d.fabric_manager_program {
+                s.fabric_manager_program = p.clone();
+            }
             CheckKind::Gpu(s)
         }
         "efa" => CheckKind::Efa(EfaSpec {

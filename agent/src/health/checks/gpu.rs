@@ -56,6 +56,11 @@ pub struct GpuSpec {
     /// NVML must load (NHC's `check_nvsmi_healthmon`: nvidia-smi fails without the
     /// driver): "no GPU" fails too.
     pub require: bool,
+    /// Fabric Manager must run at the driver's version: `None` (the default) on NVSwitch
+    /// instance types only ([`has_nvswitch`]), `Some(true)` always, `Some(false)` never.
+    pub fabric_manager: Option<bool>,
+    /// The Fabric Manager program asked for its version (`<program> --version`).
+    pub fabric_manager_program: String,
 }
 
 impl Default for GpuSpec {
@@ -72,6 +77,8 @@ impl Default for GpuSpec {
             nvlink: false,
             library: None,
             require: false,
+            fabric_manager: None,
+            fabric_manager_program: FABRIC_MANAGER_PROGRAM.into(),
         }
     }
 }
@@ -89,6 +96,151 @@ pub fn parse_xid(line: &str) -> Option<(String, u32)> {
         .take_while(char::is_ascii_digit)
         .collect();
     Some((dev, code.parse().ok()?))
+}
+
+/// NVIDIA Fabric Manager's program (Debian and Ubuntu's `nvidia-fabricmanager-<branch>`,
+/// the RHEL family's `nvidia-fabric-manager`), also its process name.
+pub const FABRIC_MANAGER_PROGRAM: &str = "/usr/bin/nv-fabricmanager";
+
+/// How long Fabric Manager may take to say its version.
+pub const FABRIC_MANAGER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether instances of this type have NVSwitches, whose GPUs need NVIDIA Fabric Manager
+/// (at the driver's exact version) before CUDA can use them: p4d, p4de, p5, p5e, p5en,
+/// p6-b200.
+pub fn has_nvswitch(instance_type: &str) -> bool {
+    let family = instance_type.split('.').next().unwrap_or_default();
+    matches!(family, "p4d" | "p4de" | "p5" | "p5e" | "p5en" | "p6-b200")
+}
+
+/// The version in Fabric Manager's `--version` output (`Fabric Manager version is :
+/// 590.48.01`): the last dotted number on a line that says "version".
+pub fn parse_fabric_manager_version(out: &str) -> Option<String> {
+    let is_version = |w: &&str| {
+        w.contains('.')
+            && w.split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+    };
+    out.lines()
+        .filter(|l| l.to_ascii_lowercase().contains("version"))
+        .filter_map(|l| {
+            l.split(|c: char| c.is_whitespace() || c == ':')
+                .rev()
+                .find(is_version)
+        })
+        .next_back()
+        .map(str::to_string)
+}
+
+/// What Fabric Manager answered to `--version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricManagerAnswer {
+    /// Its version.
+    Version(String),
+    /// It exited without a version in its output.
+    NoVersion(String),
+    /// Nothing within the timeout (killed).
+    Silent,
+    /// It could not be started.
+    NotStarted(String),
+}
+
+/// Runs `<program> --version` (never through a shell), killing it after `timeout`.
+pub fn ask_fabric_manager(program: &str, timeout: std::time::Duration) -> FabricManagerAnswer {
+    use std::process::{Command, Stdio};
+    let mut child = match Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return FabricManagerAnswer::NotStarted(e.to_string()),
+    };
+    let start = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < timeout => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return FabricManagerAnswer::Silent;
+            }
+        }
+    }
+    let out = match child.wait_with_output() {
+        Ok(o) => o,
+        Err(e) => return FabricManagerAnswer::NotStarted(e.to_string()),
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match parse_fabric_manager_version(&text) {
+        Some(v) => FabricManagerAnswer::Version(v),
+        None => FabricManagerAnswer::NoVersion(text.trim().chars().take(200).collect()),
+    }
+}
+
+/// Whether a process named `nv-fabricmanager` runs (`<proc>/<pid>/comm`).
+pub fn fabric_manager_running(proc_dir: &std::path::Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(proc_dir) else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
+        .any(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "nv-fabricmanager")
+        })
+}
+
+/// The Fabric Manager problem, if any: not running, silent, without a version, or at
+/// another version than the NVIDIA driver's (`driver`), naming both (NVIDIA's own words
+/// for it: "fabric manager NVIDIA GPU driver interface version X don't match with driver
+/// version Y", NVIDIA/gpu-driver-container #735).
+pub fn fabric_manager_problem(
+    running: bool,
+    answer: impl FnOnce() -> FabricManagerAnswer,
+    driver: &str,
+    program: &str,
+) -> Option<String> {
+    if !running {
+        return Some(format!(
+            "NVIDIA Fabric Manager is not running (no nv-fabricmanager process; NVIDIA driver \
+             {driver}): the NVSwitch GPUs cannot be used"
+        ));
+    }
+    match answer() {
+        FabricManagerAnswer::Version(v) if v == driver => None,
+        FabricManagerAnswer::Version(v) => Some(format!(
+            "NVIDIA Fabric Manager {v} does not match the NVIDIA driver {driver}: install and \
+             hold both at one version"
+        )),
+        FabricManagerAnswer::Silent => Some(format!(
+            "NVIDIA Fabric Manager answered nothing within {}s ({program} --version; driver \
+             {driver})",
+            FABRIC_MANAGER_TIMEOUT.as_secs()
+        )),
+        FabricManagerAnswer::NoVersion(out) => Some(format!(
+            "NVIDIA Fabric Manager gave no version ({program} --version said {out:?}; driver \
+             {driver})"
+        )),
+        FabricManagerAnswer::NotStarted(e) => Some(format!(
+            "NVIDIA Fabric Manager's version is unknown ({program} --version: {e}; driver \
+             {driver})"
+        )),
+    }
 }
 
 /// The Xid that a GPU "fallen off the bus" counts as: NVIDIA's Xid 79 ("GPU has fallen off
@@ -296,6 +448,24 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
         }
     }
     let mut problems = Vec::new();
+    // NVSwitch instance types: Fabric Manager at the driver's version.
+    let fm_wanted = spec.fabric_manager.unwrap_or_else(|| {
+        super::hw::detect_instance_type(facts).is_some_and(|t| has_nvswitch(&t))
+    });
+    if fm_wanted {
+        let driver = nvml
+            .sys_driver_version()
+            .unwrap_or_else(|e| format!("unknown ({e})"));
+        let program = spec.fabric_manager_program.as_str();
+        if let Some(p) = fabric_manager_problem(
+            fabric_manager_running(&facts.host.proc_dir),
+            || ask_fabric_manager(program, FABRIC_MANAGER_TIMEOUT),
+            &driver,
+            program,
+        ) {
+            problems.push(p);
+        }
+    }
     // A GPU the kernel has on PCI that NVML lost (fallen off the bus, a driver that gave
     // up on it): the kernel's count is the one the instance has.
     let kernel = kernel_gpus(&facts.host.sys_dir);
@@ -492,6 +662,75 @@ mod tests {
             KmsgScanner::default().feed("4,1,2,-;NVRM: Xid (PCI:0000:00:1e): 48, DBE"),
             Some(("0000:00:1e".to_string(), 48))
         );
+    }
+
+    #[test]
+    fn fabric_manager_at_another_version_than_the_driver_fails_naming_both() {
+        assert!(has_nvswitch("p5.48xlarge") && has_nvswitch("p4d.24xlarge"));
+        assert!(has_nvswitch("p6-b200.48xlarge") && !has_nvswitch("g6.48xlarge"));
+        assert_eq!(
+            parse_fabric_manager_version("Fabric Manager version is : 590.48.01\n").as_deref(),
+            Some("590.48.01")
+        );
+        assert_eq!(
+            parse_fabric_manager_version("usage: nv-fabricmanager [options]"),
+            None
+        );
+        let v = |s: &'static str| move || FabricManagerAnswer::Version(s.to_string());
+        let p = "/usr/bin/nv-fabricmanager";
+        assert_eq!(
+            fabric_manager_problem(true, v("580.126.09"), "580.126.09", p),
+            None
+        );
+        let e = fabric_manager_problem(true, v("590.48.01"), "580.126.09", p).unwrap();
+        assert!(e.contains("590.48.01") && e.contains("580.126.09"), "{e}");
+        let e = fabric_manager_problem(false, v("580.126.09"), "580.126.09", p).unwrap();
+        assert!(e.contains("not running"), "{e}");
+        let e =
+            fabric_manager_problem(true, || FabricManagerAnswer::Silent, "580.126.09", p).unwrap();
+        assert!(e.contains("answered nothing"), "{e}");
+    }
+
+    #[test]
+    fn fabric_manager_is_asked_directly_and_a_silent_one_is_killed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p.display().to_string()
+        };
+        let ok = script(
+            "fm-ok",
+            "#!/bin/sh\necho 'Fabric Manager version is : 580.126.09'\n",
+        );
+        assert_eq!(
+            ask_fabric_manager(&ok, std::time::Duration::from_secs(10)),
+            FabricManagerAnswer::Version("580.126.09".into())
+        );
+        let silent = script("fm-silent", "#!/bin/sh\nexec sleep 30\n");
+        let start = std::time::Instant::now();
+        assert_eq!(
+            ask_fabric_manager(&silent, std::time::Duration::from_millis(300)),
+            FabricManagerAnswer::Silent
+        );
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
+        assert!(matches!(
+            ask_fabric_manager(
+                "/nonexistent/nv-fabricmanager",
+                std::time::Duration::from_secs(1)
+            ),
+            FabricManagerAnswer::NotStarted(_)
+        ));
+        // The process is found by its name in /proc.
+        let proc_dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc_dir.path().join("4242")).unwrap();
+        std::fs::write(proc_dir.path().join("4242/comm"), "sshd\n").unwrap();
+        assert!(!fabric_manager_running(proc_dir.path()));
+        std::fs::create_dir_all(proc_dir.path().join("4243")).unwrap();
+        std::fs::write(proc_dir.path().join("4243/comm"), "nv-fabricmanager\n").unwrap();
+        assert!(fabric_manager_running(proc_dir.path()));
     }
 
     #[test]

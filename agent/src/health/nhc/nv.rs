@@ -57,6 +57,9 @@ pub(super) fn healthmon(name: &str, args: &[String], cx: &Cx) -> Result<Built, N
             nvlink: false,
             library: None,
             require: true,
+            // check_nvsmi_healthmon: NVML answers, nothing more (nvidia-smi's own check).
+            fabric_manager: Some(false),
+            ..GpuSpec::default()
         }
     };
     Ok(one(CheckKind::Gpu(spec), cx.timeout))
