@@ -129,7 +129,7 @@ variable "lustre_client" {
 
 variable "nvidia_driver_version" {
   type        = string
-  description = "NVIDIA driver branch or version to install; empty leaves the driver out."
+  description = "NVIDIA driver branch (550) or exact version (580.126.09: the driver and Fabric Manager pinned and held at it); empty leaves the driver out."
   default     = ""
 }
 

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 
 const TOOLS: &[&str] = &[
     "apt-get",
+    "apt-mark",
     "dpkg-query",
     "dpkg",
     "dnf",
@@ -556,7 +557,9 @@ fn nvidia_step_sets_up_fabric_manager_persistenced_and_device_nodes_before_slurm
         let env = [
             ("IMAGE_OS", os),
             ("IMAGE_ARCH", "x86_64"),
-            ("NVIDIA_DRIVER_VERSION", "550.127.05"),
+            // A bare branch: the branch's newest driver and Fabric Manager (an exact version
+            // is pinned and held: the next test).
+            ("NVIDIA_DRIVER_VERSION", "550"),
             ("NVIDIA_DCGM", "true"),
         ];
         let (out, written) = step(&s, "60-nvidia.sh", &env);
@@ -591,6 +594,68 @@ fn nvidia_step_sets_up_fabric_manager_persistenced_and_device_nodes_before_slurm
             written.read("/etc/systemd/system/nvidia-fabricmanager.service.d/slurm-image.conf");
         assert!(fm.contains("nvidia-nvswitch"), "{fm}");
     }
+}
+
+#[test]
+fn an_exact_nvidia_version_pins_and_holds_the_driver_and_fabric_manager_and_acceptance_compares_them(
+) {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    let s = StandIn::new();
+    let env = [
+        ("IMAGE_OS", "ubuntu-22.04"),
+        ("IMAGE_ARCH", "x86_64"),
+        ("NVIDIA_DRIVER_VERSION", "580.126.09"),
+    ];
+    let (out, _) = step(&s, "60-nvidia.sh", &env);
+    assert!(out.status.success(), "{}", text(&out));
+    let installed = s.lines("installed");
+    for want in [
+        "nvidia-driver-580-server-open=580.126.09-*",
+        "nvidia-fabricmanager-580=580.126.09-*",
+    ] {
+        assert!(
+            installed.iter().any(|i| i == want),
+            "{want} not in {installed:?}"
+        );
+    }
+    assert_eq!(
+        s.lines("held"),
+        vec!["nvidia-driver-580-server-open", "nvidia-fabricmanager-580"]
+    );
+    let accept = |s: &StandIn| {
+        let (out, _) = step(
+            s,
+            "99-acceptance.sh",
+            &[
+                ("IMAGE_OS", "ubuntu-22.04"),
+                ("NVIDIA_DRIVER_VERSION", "580.126.09"),
+                ("ACCEPTANCE_CLEANUP_CHECK", "false"),
+            ],
+        );
+        text(&out)
+    };
+    let t = accept(&s);
+    assert!(
+        t.contains("NVIDIA driver and Fabric Manager packages both at 580.126.09")
+            && t.contains("package nvidia-fabricmanager-580 held"),
+        "{t}"
+    );
+    // A Fabric Manager of another version (gpu-driver-container #735's pair): named.
+    std::fs::create_dir_all(s.dir.path().join("versions")).unwrap();
+    std::fs::write(
+        s.dir.path().join("versions/nvidia-fabricmanager-580"),
+        "590.48.01-1",
+    )
+    .unwrap();
+    let t = accept(&s);
+    assert!(
+        t.contains("Fabric Manager nvidia-fabricmanager-580 '590.48.01'")
+            && t.contains("both must be 580.126.09"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -20,6 +20,12 @@ if [ -z "${NVIDIA_DRIVER_VERSION:-}" ]; then
 fi
 NAME="NVIDIA CUDA repository"
 branch=${NVIDIA_DRIVER_VERSION%%.*}
+# An exact version (branch.minor[.patch]) pins the driver and Fabric Manager to it; a bare
+# branch (550) takes the branch's newest of both.
+exact=
+case $NVIDIA_DRIVER_VERSION in
+*.*) exact=$NVIDIA_DRIVER_VERSION ;;
+esac
 case ${IMAGE_ARCH:-x86_64} in
 x86_64) narch=x86_64 ;;
 arm64) narch=sbsa ;;
@@ -48,18 +54,33 @@ else
 			pkg_run "installing the CUDA repository keyring" dpkg -i "$keyring"
 		fi
 		pkg_install "linux-headers-$(uname -r)"
-		# Fabric Manager and the driver from the same branch of the same repository.
-		pkg_install "nvidia-driver-$branch-server-open" "nvidia-fabricmanager-$branch" nvidia-modprobe
+		# Fabric Manager and the driver from the same branch of the same repository; with an
+		# exact version (550.127.05), both at that version (apt's `pkg=version` with the
+		# packaging revision left open), held so that no upgrade moves one without the other:
+		# a Fabric Manager of another version than the driver refuses to start, and the
+		# NVSwitch GPUs are then unusable.
+		if [ -n "$exact" ]; then
+			pkg_install "nvidia-driver-$branch-server-open=$exact-*" "nvidia-fabricmanager-$branch=$exact-*" nvidia-modprobe
+			pkg_run "holding the NVIDIA driver and Fabric Manager at $exact" apt-mark hold "nvidia-driver-$branch-server-open" "nvidia-fabricmanager-$branch"
+		else
+			pkg_install "nvidia-driver-$branch-server-open" "nvidia-fabricmanager-$branch" nvidia-modprobe
+		fi
 	else
 		pkg_install dnf-plugins-core "kernel-devel-$(uname -r)"
 		compgen -G "/etc/yum.repos.d/cuda-*.repo" >/dev/null || dnf config-manager --add-repo "$repo/cuda-$(basename "$(dirname "$repo")").repo"
 		# The module stream pins the driver branch; Fabric Manager and nvidia-persistenced
 		# come from the same stream, so their versions match the driver's.
 		pkg_run "installing the NVIDIA driver $branch" dnf_cmd module install -y -q "nvidia-driver:$branch-open"
-		pkg_install nvidia-fabric-manager nvidia-persistenced nvidia-modprobe
+		if [ -n "$exact" ]; then
+			pkg_install "nvidia-fabric-manager-$exact" nvidia-persistenced nvidia-modprobe python3-dnf-plugin-versionlock
+			pkg_run "holding the NVIDIA driver and Fabric Manager at $exact" dnf_cmd versionlock add "nvidia-driver-$exact" "nvidia-fabric-manager-$exact"
+		else
+			pkg_install nvidia-fabric-manager nvidia-persistenced nvidia-modprobe
+		fi
 	fi
 	mkdir -p /etc/slurm-image
 	echo "$branch" >/etc/slurm-image/nvidia-branch
+	[ -z "$exact" ] || echo "$exact" >/etc/slurm-image/nvidia-version
 fi
 
 # Device nodes before slurmd: slurmd (and the agent's GPU count) need /dev/nvidia<N>,

@@ -212,6 +212,35 @@ else
 		state=$(systemctl is-enabled "$u" 2>/dev/null || true)
 		if [ "$state" = enabled ]; then pass "unit $u enabled"; else fail "unit $u is '${state:-unknown}', expected enabled"; fi
 	done
+	# The packages, with or without GPUs: an exact driver version pins and holds the driver
+	# and Fabric Manager at it (60-nvidia.sh).
+	case $NVIDIA_DRIVER_VERSION in
+	*.*)
+		br=${NVIDIA_DRIVER_VERSION%%.*}
+		if [ "$(os_family)" = deb ]; then
+			pkgs=("nvidia-driver-$br-server-open" "nvidia-fabricmanager-$br")
+			held=$(apt-mark showhold 2>/dev/null || true)
+		else
+			pkgs=(nvidia-driver nvidia-fabric-manager)
+			held=$(dnf versionlock list 2>/dev/null || true)
+		fi
+		vers=()
+		for p in "${pkgs[@]}"; do
+			if [ "$(os_family)" = deb ]; then
+				v=$(dpkg-query -W -f='${Version}' "$p" 2>/dev/null || true)
+			else
+				v=$(rpm -q --qf '%{VERSION}' "$p" 2>/dev/null || true)
+			fi
+			vers+=("${v%%-*}")
+			if grep -q -- "$p" <<<"$held"; then pass "package $p held"; else fail "package $p is not held: an upgrade could move it away from the other"; fi
+		done
+		if [ "${vers[0]}" = "$NVIDIA_DRIVER_VERSION" ] && [ "${vers[1]}" = "$NVIDIA_DRIVER_VERSION" ]; then
+			pass "NVIDIA driver and Fabric Manager packages both at $NVIDIA_DRIVER_VERSION"
+		else
+			fail "NVIDIA driver package ${pkgs[0]} is '${vers[0]:-none}' and Fabric Manager ${pkgs[1]} '${vers[1]:-none}': both must be $NVIDIA_DRIVER_VERSION"
+		fi
+		;;
+	esac
 	if ! compgen -G "/proc/driver/nvidia/gpus/*" >/dev/null; then
 		not_checked "nvidia devices, Fabric Manager version and DCGM: no GPU on this builder"
 	else
