@@ -320,6 +320,7 @@ impl Imds {
             self.get_bytes_optional("/latest/user-data"),
         )?;
         let mut tags = BTreeMap::new();
+        let tags_available = tag_keys.is_some();
         let keys: Vec<String> = tag_keys
             .unwrap_or_default()
             .lines()
@@ -342,6 +343,7 @@ impl Imds {
             ami_id: ami_id.trim().to_string(),
             spot: life_cycle.is_some_and(|l| l.trim() == "spot"),
             tags,
+            tags_available,
             user_data,
         })
     }
@@ -598,6 +600,10 @@ pub struct InstanceIdentity {
     pub spot: bool,
     /// Instance tags (empty unless the launch template allows tags in metadata).
     pub tags: BTreeMap<String, String>,
+    /// Whether instance metadata serves tags at all (`tags/instance` answered; 404 when
+    /// the instance's `InstanceMetadataTags` is off): no tags there means "unavailable",
+    /// not "none".
+    pub tags_available: bool,
     /// The user data as served (bytes: text, gzip, anything), if any.
     pub user_data: Option<Vec<u8>>,
 }

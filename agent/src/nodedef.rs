@@ -314,6 +314,17 @@ pub enum TemplateError {
         /// The tag key.
         tag: String,
     },
+    /// `{tag:<key>}` on an instance whose metadata serves no tags at all.
+    #[error(
+        "instance tag {tag:?} cannot be read: this instance's metadata serves no tags \
+         (InstanceMetadataTags is off in its launch template or metadata options; EC2 refuses \
+         to turn it on while any tag key holds '/' or a space): turn it on, or use another \
+         placeholder"
+    )]
+    TagsUnavailable {
+        /// The tag key.
+        tag: String,
+    },
     /// A placeholder that is none of the known ones.
     #[error("unknown placeholder {{{placeholder}}} in {template:?}")]
     UnknownPlaceholder {
@@ -460,6 +471,11 @@ pub fn expand_template(template: &str, id: &InstanceIdentity) -> Result<String, 
             }
             "local_ipv4_dashed" => id.local_ipv4.replace('.', "-"),
             other => match other.strip_prefix("tag:") {
+                Some(key) if !id.tags_available && id.tags.is_empty() => {
+                    return Err(TemplateError::TagsUnavailable {
+                        tag: key.to_string(),
+                    })
+                }
                 Some(key) => id
                     .tags
                     .get(key)
@@ -646,6 +662,7 @@ mod tests {
             ami_id: "ami-0123456789abcdef0".into(),
             spot: true,
             tags: [("Queue".to_string(), "gpu".to_string())].into(),
+            tags_available: true,
             user_data: None,
         }
     }
@@ -686,10 +703,21 @@ mod tests {
             e.contains("IPv6-only") && e.contains("{local_ipv4_dashed}"),
             "{e}"
         );
-        assert!(expand_template("{tag:Missing}", &id())
+        let e = expand_template("{tag:Missing}", &id())
             .unwrap_err()
-            .to_string()
-            .contains("Missing"));
+            .to_string();
+        assert!(e.contains("\"Missing\" is not set"), "{e}");
+        // Tags off in metadata: said so, not "not set".
+        let off = InstanceIdentity {
+            tags: Default::default(),
+            tags_available: false,
+            ..id()
+        };
+        let e = expand_template("{tag:Name}", &off).unwrap_err().to_string();
+        assert!(
+            e.contains("serves no tags") && e.contains("InstanceMetadataTags"),
+            "{e}"
+        );
         // The raw hostname is an FQDN: refused, never used by accident.
         let e = expand_template("{instance_type}", &id())
             .unwrap_err()

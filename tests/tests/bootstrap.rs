@@ -1107,3 +1107,30 @@ fn a_login_role_on_an_image_without_sackd_or_before_23_11_is_a_settings_error() 
     );
     assert!(!env.key_path().exists(), "a key file was written");
 }
+
+#[test]
+fn a_tag_placeholder_on_an_instance_without_tags_in_metadata_says_tags_are_unavailable() {
+    // InstanceMetadataTags off: meta-data/tags/ is absent (404), which is not "no tags".
+    let env = NodeEnv::start("").unwrap();
+    env.imds.clear_tags();
+    dropin(
+        &env,
+        "40-name.toml",
+        "[node]\nname_template = \"{tag:Name}\"\n",
+    );
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("node.name_template")
+            && err.contains("\"Name\" cannot be read")
+            && err.contains("InstanceMetadataTags"),
+        "{err}"
+    );
+    // With tags served but that one missing: "not set", as before.
+    env.imds.set_tag("Queue", "gpu");
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("\"Name\" is not set"), "{err}");
+}

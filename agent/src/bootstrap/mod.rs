@@ -515,6 +515,7 @@ async fn read_instance_metadata(early: &Settings) -> Result<InstanceIdentity, Bo
         availability_zone = %id.availability_zone,
         spot = id.spot,
         tags = id.tags.len(),
+        tags_available = id.tags_available,
         "instance metadata read"
     );
     Ok(id)
