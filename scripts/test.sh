@@ -65,7 +65,8 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			cargo test -p slurm-e2e --test fleet --locked -- --exact \
 			nodes_booted_at_once_all_join_idle_and_run_a_job_across_all \
 			maintenance_reboot_drains_early_reboots_and_returns_to_service \
-			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node
+			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node \
+			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge
 		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
 	done
 	scripts/slurm-build.sh "$suite_version" >/dev/null

@@ -108,6 +108,19 @@ impl CtldMachine {
     fn client_enter(&self) -> Vec<String> {
         vec![format!("--net={}", self.clients_netns.display())]
     }
+
+    /// [`CtldMachine::client_enter`], and the machine's mount namespace too: an auth/slurm
+    /// client makes its credentials at slurmctld's `/run/slurmctld/sack.socket`, which
+    /// Slurm before 25.05 looks for at that fixed path only (no `SLURM_SACK_SOCKET`).
+    fn client_enter_with_run(&self) -> Vec<String> {
+        let mut v = self.client_enter();
+        if let Some(i) = self.enter.iter().position(|a| a == "-t") {
+            if let Some(pid) = self.enter.get(i + 1) {
+                v.splice(0..0, ["-t".to_string(), pid.clone(), "-m".to_string()]);
+            }
+        }
+        v
+    }
 }
 
 impl SlurmctldBuilder {
@@ -208,7 +221,10 @@ impl SlurmctldBuilder {
         root.subdir("state")?;
         root.subdir("spool")?;
         let enter = self.machine.as_ref().map(|m| m.enter.as_slice());
-        let clients = self.machine.as_ref().map(CtldMachine::client_enter);
+        let clients = self.machine.as_ref().map(|m| match self.auth_slurm {
+            true => m.client_enter_with_run(),
+            false => m.client_enter(),
+        });
         let sack = self
             .auth_slurm
             .then(|| sack_socket(root.path(), self.machine.as_ref()));
@@ -370,7 +386,10 @@ impl Slurmctld {
 
     /// `nsenter` options of the client commands (`None`: run directly).
     fn client_enter(&self) -> Option<Vec<String>> {
-        self.machine.as_ref().map(CtldMachine::client_enter)
+        self.machine.as_ref().map(|m| match self.auth_slurm {
+            true => m.client_enter_with_run(),
+            false => m.client_enter(),
+        })
     }
 
     /// `SlurmctldPort`.
