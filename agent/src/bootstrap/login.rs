@@ -42,17 +42,7 @@ pub(super) async fn run(
 
     // The key and the connection to systemd together, as on a compute node.
     let persist = managed.map(|m| tokio::task::spawn_blocking(m.persist(&s.agent.state_dir)));
-    let key = async {
-        let prefetched = match prefetch {
-            Some(p) => p.take().await,
-            None => None,
-        };
-        if let Some(task) = persist {
-            let written = task.await.map_err(BootstrapError::KeyTask)?;
-            return Ok::<_, BootstrapError>(written?);
-        }
-        Ok(authkey::install_from(&s.auth, &cx.id.region, prefetched).await?)
-    };
+    let key = super::install_key(cx, prefetch, persist);
     let connect = async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) };
     let (key_changed, systemd) = tokio::try_join!(key, connect)?;
     t.done("auth_key");

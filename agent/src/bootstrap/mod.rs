@@ -562,17 +562,7 @@ async fn define_node_and_install_key(
                 DefinitionError::Setting(e) => cx.key_error(e.key(), e.to_string()),
             })
     });
-    let key = timed(async {
-        let prefetched = match prefetch {
-            Some(p) => p.take().await,
-            None => None,
-        };
-        if let Some(task) = persist {
-            let written = task.await.map_err(BootstrapError::KeyTask)?;
-            return Ok::<_, BootstrapError>(written?);
-        }
-        Ok::<_, BootstrapError>(authkey::install_from(&s.auth, &cx.id.region, prefetched).await?)
-    });
+    let key = timed(install_key(cx, prefetch, persist));
     let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
     let ((def, def_time), (key_changed, key_time), (systemd, _)) =
         tokio::try_join!(node_definition, key, connect)?;
@@ -580,6 +570,25 @@ async fn define_node_and_install_key(
     t.record("node_definition", def_time);
     t.record("auth_key", key_time);
     Ok((def, key_changed, systemd))
+}
+
+/// The key step of both roles: the registration's key and record written on a blocking
+/// thread (`persist`, the managed mode), else the key fetched (or `prefetch`ed), checked
+/// and written ([`authkey::install_from`]). Returns whether the key file changed.
+async fn install_key(
+    cx: &Steps<'_>,
+    prefetch: Option<Prefetch>,
+    persist: Option<tokio::task::JoinHandle<Result<bool, crate::pcs::PcsError>>>,
+) -> Result<bool, BootstrapError> {
+    let prefetched = match prefetch {
+        Some(p) => p.take().await,
+        None => None,
+    };
+    if let Some(task) = persist {
+        let written = task.await.map_err(BootstrapError::KeyTask)?;
+        return Ok(written?);
+    }
+    Ok(authkey::install_from(&cx.s.auth, &cx.id.region, prefetched).await?)
 }
 
 /// What [`prepare_slurmd`] leaves for slurmd's start and the join.

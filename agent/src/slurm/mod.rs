@@ -87,6 +87,15 @@ impl Classified for SlurmSettings {
 }
 
 impl SlurmSettings {
+    /// `conf_servers` parsed (checked by [`SlurmSettings::validate`]; one that does not
+    /// parse is left out), in priority order.
+    pub fn servers(&self) -> Vec<ConfServer> {
+        self.conf_servers
+            .iter()
+            .filter_map(|c| ConfServer::parse(c).ok())
+            .collect()
+    }
+
     /// Checks the values: the configless servers, the unit names, the join deadline and
     /// the paths.
     ///

@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{ConfServer, OptionsFileError, SlurmSettings, SlurmVersion};
+use super::{OptionsFileError, SlurmSettings, SlurmVersion};
 use crate::systemd::{Systemd, SystemdError};
 
 /// The first Slurm with sackd (and auth/slurm).
@@ -114,11 +114,7 @@ pub async fn prepare(
     key_changed: bool,
     systemd: &Systemd,
 ) -> Result<bool, SackdError> {
-    let servers: Vec<ConfServer> = slurm
-        .conf_servers
-        .iter()
-        .filter_map(|c| ConfServer::parse(c).ok())
-        .collect();
+    let servers = slurm.servers();
     let args = super::options::sackd_args(&servers);
     let changed = super::options::write_sackd_options(&options_file(slurm), &args, sack_key)?;
     let restart = changed || key_changed;

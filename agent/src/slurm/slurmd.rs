@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{ConfServer, InstanceArgs, OptionsFileError, SlurmSettings, SlurmVersion};
+use super::{InstanceArgs, OptionsFileError, SlurmSettings, SlurmVersion};
 use crate::nodedef::NodeDefinition;
 use crate::systemd::{Systemd, SystemdError};
 
@@ -55,11 +55,7 @@ pub async fn prepare(
     key_changed: bool,
     systemd: &Systemd,
 ) -> Result<Prepared, PrepareError> {
-    let servers: Vec<ConfServer> = slurm
-        .conf_servers
-        .iter()
-        .filter_map(|c| ConfServer::parse(c).ok())
-        .collect();
+    let servers = slurm.servers();
     let options_file = if slurm.slurmd_options_file.as_os_str().is_empty() {
         super::options::default_options_file()
     } else {
