@@ -474,7 +474,9 @@ fn upgrade_drain_waits_for_the_job_then_reboots_through_slurm() {
         st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
         "job must still run: {st}"
     );
-    assert_eq!(w.status()["phase"], "draining");
+    // The agent records its phase right after slurmctld took the drain (two writes, one
+    // after the other): waited for, not read at once, as load may come between them.
+    w.wait_phase("draining");
 
     // The job completes; only then does Slurm run the RebootProgram.
     wait_until("reboot program", WAIT, Duration::from_millis(100), || {
