@@ -168,22 +168,16 @@ impl CloudInit {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
 
     /// A stand-in `cloud-init`: records its arguments and PID, prints, exits with `rc`
     /// after `sleep` seconds.
     fn standin(dir: &Path, rc: i32, sleep: u32) -> PathBuf {
         let p = dir.join("cloud-init");
-        std::fs::write(
-            &p,
-            format!(
+        crate::fsutil::write_test_program(&p, &format!(
                 "#!/bin/sh\necho \"$*\" > {d}/args\necho $$ > {d}/pid\necho 'status: done'\n[ {sleep} -eq 0 ] || exec sleep {sleep}\nexit {rc}\n",
                 d = dir.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            ),);
         p
     }
 

@@ -347,6 +347,28 @@ pub fn report_corrupt(path: &Path, problem: &str) {
     );
 }
 
+/// Test support: writes `text` as an executable program at `path` (mode 0755) without this
+/// process ever holding a writable descriptor of it. A test that writes a script itself
+/// races with other test threads forking: a child that inherited the open descriptor until
+/// its own exec makes `exec` of the script fail with ETXTBSY ("Text file busy"). So the
+/// text goes to `<path>.src` and `install` (another process) writes the program.
+///
+/// # Panics
+/// When either write fails (tests only).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn write_test_program(path: &Path, text: &str) {
+    let src = path.with_extension("src");
+    std::fs::write(&src, text).unwrap();
+    let status = std::process::Command::new("install")
+        .args(["-m", "0755"])
+        .arg(&src)
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "install {} failed", path.display());
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -781,11 +781,10 @@ mod tests {
     /// A stand-in for scontrol in `dir`: `show node` prints `dir/record` (or "not found"
     /// when there is none); every call is appended to `dir/calls`.
     fn fake_scontrol(dir: &Path) -> Scontrol {
-        use std::os::unix::fs::PermissionsExt;
         let program = dir.join("scontrol");
-        std::fs::write(
+        crate::fsutil::write_test_program(
             &program,
-            format!(
+            &format!(
                 "#!/bin/sh
 d={d}
 echo \"$*\" >> $d/calls
@@ -796,9 +795,7 @@ fi
 ",
                 d = dir.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         Scontrol::new(dir)
     }
 

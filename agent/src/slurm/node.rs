@@ -1259,12 +1259,10 @@ mod tests {
     /// that is not a NodeName never does (a newline there would start a second command).
     #[tokio::test]
     async fn a_ready_scontrol_is_given_only_a_node_name() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         // Stands in for scontrol: keeps what it is given on its standard input.
         let program = dir.path().join("scontrol");
-        std::fs::write(&program, "#!/bin/sh\nexec cat >> \"$0.stdin\"\n").unwrap();
-        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::fsutil::write_test_program(&program, "#!/bin/sh\nexec cat >> \"$0.stdin\"\n");
         let given = dir.path().join("scontrol.stdin");
         let sc = Scontrol {
             program,

@@ -163,7 +163,6 @@ mod tests {
 
     #[tokio::test]
     async fn sackd_of_a_slurm_before_23_11_is_refused() {
-        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         let sbin = dir.path().join("sbin");
         std::fs::create_dir_all(dir.path().join("bin")).unwrap();
@@ -172,9 +171,7 @@ mod tests {
             ("sackd", "#!/bin/sh\nexit 0\n"),
             ("slurmd", "#!/bin/sh\necho 'slurm 22.05.8'\n"),
         ] {
-            std::fs::write(sbin.join(name), body).unwrap();
-            std::fs::set_permissions(sbin.join(name), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
+            crate::fsutil::write_test_program(&sbin.join(name), body);
         }
         let slurm = SlurmSettings {
             bin_dir: dir.path().join("bin"),
@@ -189,7 +186,10 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("22.05.8"), "{e}");
-        std::fs::write(sbin.join("slurmd"), "#!/bin/sh\necho 'slurm 25.11.6'\n").unwrap();
+        crate::fsutil::write_test_program(
+            &sbin.join("slurmd"),
+            "#!/bin/sh\necho 'slurm 25.11.6'\n",
+        );
         assert_eq!(
             check_login(&slurm).await.unwrap(),
             Some(SlurmVersion::new(25, 11, 6))

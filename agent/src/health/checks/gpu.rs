@@ -693,12 +693,10 @@ mod tests {
 
     #[test]
     fn fabric_manager_is_asked_directly_and_a_silent_one_is_killed() {
-        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
         let script = |name: &str, body: &str| {
             let p = dir.path().join(name);
-            std::fs::write(&p, body).unwrap();
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            crate::fsutil::write_test_program(&p, body);
             p.display().to_string()
         };
         let ok = script(
