@@ -55,12 +55,8 @@ impl Recorded {
     /// settings tags and user data parts it read.
     pub fn of(id: &InstanceIdentity, def: &crate::nodedef::NodeDefinition) -> Recorded {
         Recorded {
-            node_name: def.node_name.clone(),
-            instance_id: id.instance_id.clone(),
-            ami_id: id.ami_id.clone(),
             dynamic_conf: def.dynamic_conf.clone(),
-            setting_tags: setting_tags(id),
-            user_data_settings: user_data_settings(id).unwrap_or_default(),
+            ..Recorded::of_login(id, &def.node_name)
         }
     }
 

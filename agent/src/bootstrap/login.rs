@@ -158,9 +158,9 @@ async fn wait_ready(
     loop {
         let svc = systemd.service_info(unit).await.ok();
         if slurm::has_client_config(&s.slurm) {
-            match scontrol.run(&["ping"]).await {
-                Ok(out) if out.contains("is UP") => return Ok(out.trim().to_string()),
-                Ok(out) => last_error = format!("scontrol ping: {}", out.trim()),
+            match scontrol.ping().await {
+                Ok(out) if out.contains("is UP") => return Ok(out),
+                Ok(out) => last_error = format!("scontrol ping: {out}"),
                 Err(e) => last_error = e.to_string(),
             }
         } else if let Some(v) = &svc {

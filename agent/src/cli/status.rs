@@ -107,11 +107,8 @@ async fn login_status(
         None
     } else {
         Some(
-            match crate::slurm::Scontrol::new(&s.slurm.bin_dir)
-                .run(&["ping"])
-                .await
-            {
-                Ok(out) => serde_json::json!({ "ping": out.trim() }),
+            match crate::slurm::Scontrol::new(&s.slurm.bin_dir).ping().await {
+                Ok(out) => serde_json::json!({ "ping": out }),
                 Err(e) => {
                     let e = crate::imds::error_chain(&e);
                     slurm_error = Some(e.clone());

@@ -694,6 +694,14 @@ impl Scontrol {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `scontrol ping`: slurmctld's answer (`Slurmctld(primary) at ctld is UP`), trimmed.
+    ///
+    /// # Errors
+    /// [`ScontrolError`]: scontrol failed, or could not be run.
+    pub async fn ping(&self) -> Result<String, ScontrolError> {
+        Ok(self.run(&["ping"]).await?.trim().to_string())
+    }
+
     /// The node, or `None` when the controller does not know it (yet).
     ///
     /// # Errors
