@@ -21,6 +21,9 @@ APT_PACKAGES=(
   systemd dbus dbus-user-session
   # unshare, flock, mount, losetup; ip and network namespaces; ps.
   util-linux mount iproute2 procps
+  # Node-local scratch on instance storage (agent/src/scratch): btrfs, striped over several
+  # loop devices that the tests present as instance store disks (this kernel has no md).
+  btrfs-progs
   # Image building and checks: packer, mmdebstrap, ext4 and qcow2 images, FUSE.
   packer mmdebstrap e2fsprogs qemu-utils fuse3
   # Fleet tests (tests/tests/fleet.rs): node containers with systemd as PID 1, the fleet's
