@@ -204,6 +204,37 @@ pub struct InvalidUnitName {
     pub name: String,
 }
 
+/// A connection to the systemd Manager made at its first use, for one pass of periodic
+/// work that needs the Manager only when something must change (the daemon's mounts pass):
+/// the connection closes when this is dropped. A connection kept open between passes is
+/// subscribed (job signals, [`Systemd::connect`]) and would wake the daemon for every job
+/// and unit change on the node.
+#[derive(Debug)]
+pub struct OnDemand {
+    bus: String,
+    conn: tokio::sync::OnceCell<Systemd>,
+}
+
+impl OnDemand {
+    /// Nothing connected yet; `bus` as [`Systemd::connect`] takes it.
+    pub fn new(bus: &str) -> OnDemand {
+        OnDemand {
+            bus: bus.to_string(),
+            conn: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The connection, made now when it is the first use.
+    ///
+    /// # Errors
+    /// [`SystemdError::Connect`] (and a later call tries again).
+    pub async fn get(&self) -> Result<&Systemd, SystemdError> {
+        self.conn
+            .get_or_try_init(|| Systemd::connect(&self.bus))
+            .await
+    }
+}
+
 /// A connection to the systemd Manager.
 #[derive(Debug, Clone)]
 pub struct Systemd {

@@ -396,6 +396,8 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     let w = World::start();
     let env = w.env();
     let systemd = w.systemd().await;
+    // The daemon's pass connects only when a mount must be made again.
+    let on_demand = slurm_node_agent::systemd::OnDemand::new(&w.sd.bus_address());
     let ctld = Slurmctld::start("mounts").unwrap();
     let _node = Slurmd::dynamic(&ctld, "mnt1", "CPUs=1 RealMemory=500").unwrap();
     ctld.wait_node_idle("mnt1", Duration::from_secs(30))
@@ -442,7 +444,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     let state = |ctld: &Slurmctld| ctld.node_state("mnt1").unwrap().unwrap_or_default();
 
     // Not mounted yet: mounted, nothing to do to the node.
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
@@ -451,7 +453,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     // The file system goes away and cannot come back: drained, naming the mount.
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.failing.len(), 1);
@@ -469,14 +471,14 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         "{shown}"
     );
     // A second pass changes nothing.
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);
 
     // It comes back: mounted again and the agent's own drain lifted.
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
@@ -494,7 +496,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     .unwrap();
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert!(
@@ -502,7 +504,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         "{r:?}"
     );
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &systemd, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);

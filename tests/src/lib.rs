@@ -33,6 +33,7 @@ pub mod fleet_scenarios;
 pub mod install;
 pub mod moto;
 pub mod munge;
+pub mod noise;
 pub mod process;
 pub mod slurm;
 pub mod systemd;

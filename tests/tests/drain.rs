@@ -581,7 +581,7 @@ fn maintenance_drains_ahead_and_cancel_resumes_but_never_an_admin_drain() {
     let w = World::start(
         "mnt1",
         &[],
-        "[events]\ninterval = \"200ms\"\nmaintenance_lead = \"2h\"\n",
+        "[events]\ninterval = \"200ms\"\nmaintenance_interval = \"200ms\"\nmaintenance_lead = \"2h\"\n",
     );
     let mut d = w.daemon("agent", None);
     // Weeks ahead: nothing happens.
@@ -658,7 +658,7 @@ fn a_completed_reboot_event_in_history_is_lifted_once_slurmd_registered_again() 
     let mut w = World::start(
         "mnt2",
         &[],
-        "[events]\ninterval = \"500ms\"\nmaintenance_lead = \"2h\"\n",
+        "[events]\ninterval = \"500ms\"\nmaintenance_interval = \"500ms\"\nmaintenance_lead = \"2h\"\n",
     );
     let mut d = w.daemon("agent", None);
     let event = format!(
@@ -1192,7 +1192,8 @@ fn bench_drain() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
     let w = World::start("bench1", &[], "");
-    // Defaults for everything that matters: spot every 1 s, others every 5 s.
+    // Defaults for everything that matters: spot every 1 s, the other notices every 30 s
+    // and 5 min.
     fs::write(
         w.path("agent.toml"),
         format!(
@@ -1301,6 +1302,149 @@ fn bench_drain() {
         kib("VmHWM:") / 1024.0,
         w.imds.request_count()
     );
+    d.stop().unwrap();
+}
+
+/// `scripts/bench-noise.sh` runs this (release build): the idle daemon as operating-system
+/// noise, beside slurmd on the same node (the floor every node pays). With default
+/// settings, no notices and checks passing, after the daemon settled: its periodic jobs
+/// (from its own log), then per minute the wake-ups of all its threads, its metadata
+/// requests and CPU time, the same for slurmd, and a selfish-detour loop pinned to CPU 0
+/// with the daemon on that CPU ÷ the daemon on another (slurmd on CPU 0 in both). Prints
+/// numbers and asserts no timing.
+#[test]
+#[ignore = "benchmark: run through scripts/bench-noise.sh"]
+fn bench_noise() {
+    use slurm_e2e::noise;
+    let env_u64 = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let idle_secs = env_u64("BENCH_IDLE_SECS", 60);
+    let detour_secs = env_u64("BENCH_DETOUR_SECS", 10);
+    let rounds = env_u64("BENCH_DETOUR_ROUNDS", 3);
+    let mut w = World::start("noise1", &[], "");
+    // Default settings for everything the daemon does periodically.
+    fs::write(
+        w.path("agent.toml"),
+        format!(
+            "[node]\nname = \"noise1\"\n[slurm]\nbin_dir = \"{}\"\n[imds]\nendpoint = \"{}\"\n\
+             [agent]\nstate_dir = \"{}\"\n",
+            slurm_e2e::install::bin_dir().display(),
+            w.imds.endpoint(),
+            w.path("state").display()
+        ),
+    )
+    .unwrap();
+    let mut c = w.agent(&["run"]);
+    // As under systemd (WatchdogSec=60s): the watchdog is one of its periodic jobs.
+    c.env("WATCHDOG_USEC", "60000000");
+    let mut d = Daemon::spawn("agent-noise", c, w.root.path()).unwrap();
+    w.wait_phase("active");
+    // Settled: the first health pass and its look at slurmctld are over.
+    std::thread::sleep(Duration::from_secs(10));
+    let log = fs::read_to_string(d.log_path()).unwrap();
+    let schedule = log
+        .lines()
+        .find(|l| l.contains("periodic jobs"))
+        .and_then(|l| l.split("schedule=").nth(1))
+        .map(|s| s.trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("no schedule in the log:\n{}", d.log_tail(20)));
+    println!("BENCH the daemon's periodic jobs (all on one tick):");
+    for job in schedule.split("; ") {
+        println!("BENCH   {job}");
+    }
+    let agent = d.pid();
+    let slurmd = w.slurmd.as_mut().unwrap().daemon().pid();
+    let r0 = w.imds.request_count();
+    let f = noise::Sampler::new(&[agent, slurmd])
+        .run(Duration::from_secs(idle_secs))
+        .unwrap();
+    let requests = (w.imds.request_count() - r0) as f64 * 60.0 / f[0].secs;
+    println!(
+        "BENCH idle daemon, per minute over {:.0} s: wake-ups {:.0} (goal <= 120), instance metadata requests {:.0} (goal <= 70), CPU {:.0} ms",
+        f[0].secs,
+        f[0].wakeups_per_min(),
+        requests,
+        f[0].cpu_ms_per_min()
+    );
+    println!(
+        "BENCH slurmd on the same node (the floor), per minute: wake-ups {:.0}, CPU {:.0} ms",
+        f[1].wakeups_per_min(),
+        f[1].cpu_ms_per_min()
+    );
+    let per_thread = |f: &noise::Figures| {
+        f.threads
+            .iter()
+            .map(|(n, w)| format!("{n} {:.0}", *w as f64 * 60.0 / f.secs))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "BENCH   daemon's wake-ups a minute by thread: {}",
+        per_thread(&f[0])
+    );
+    println!(
+        "BENCH   slurmd's wake-ups a minute by thread: {}",
+        per_thread(&f[1])
+    );
+    // slurmd idles with next to no wake-ups (slurmctld's pings, SlurmdTimeout / 3): a
+    // ratio to it would divide by about zero.
+    let ratio = |a: f64, b: f64| {
+        if b >= 1.0 {
+            format!("{:.1}", a / b)
+        } else {
+            "n/a (slurmd below 1 a minute)".into()
+        }
+    };
+    println!(
+        "BENCH daemon / slurmd: wake-ups {}, CPU {}",
+        ratio(f[0].wakeups_per_min(), f[1].wakeups_per_min()),
+        ratio(f[0].cpu_ms_per_min(), f[1].cpu_ms_per_min())
+    );
+
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    if cpus < 2 {
+        println!("BENCH selfish detour: skipped (one CPU)");
+    } else {
+        // The loop owns CPU 0; this process's other threads (the metadata emulator: off
+        // the node on EC2) stay on CPU 1.
+        noise::pin_process(std::process::id(), 1).unwrap();
+        let mut with = noise::Detour::default();
+        let mut without = noise::Detour::default();
+        let mut bare = noise::Detour::default();
+        let span = Duration::from_secs(detour_secs);
+        for _ in 0..rounds {
+            // Nothing of ours on CPU 0.
+            noise::pin_process(slurmd, 1).unwrap();
+            noise::pin_process(agent, 1).unwrap();
+            bare.add(noise::detour(0, span).unwrap());
+            // slurmd on CPU 0, the daemon away.
+            noise::pin_process(slurmd, 0).unwrap();
+            without.add(noise::detour(0, span).unwrap());
+            // Both on CPU 0.
+            noise::pin_process(agent, 0).unwrap();
+            with.add(noise::detour(0, span).unwrap());
+        }
+        let line = |name: &str, x: &noise::Detour| {
+            println!(
+                "BENCH selfish detour on CPU 0, {name}: {:.1} us lost per second in {:.1} detours per second (> {} us each)",
+                x.lost_us_per_sec(),
+                x.detours as f64 / x.secs,
+                noise::DETOUR_THRESHOLD.as_micros()
+            );
+        };
+        line("nothing of the node's", &bare);
+        line("slurmd", &without);
+        line("slurmd and the daemon", &with);
+        println!(
+            "BENCH selfish detour, daemon on the loop's CPU / daemon away: {:.2} (slurmd there in both); slurmd there / nothing: {:.2}",
+            with.lost_us_per_sec() / without.lost_us_per_sec().max(1e-9),
+            without.lost_us_per_sec() / bare.lost_us_per_sec().max(1e-9)
+        );
+    }
     d.stop().unwrap();
 }
 

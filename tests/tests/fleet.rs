@@ -311,7 +311,7 @@ fn controller_away_drains_nothing_and_a_node_booting_meanwhile_joins() {
 #[test]
 fn maintenance_reboot_drains_early_reboots_and_returns_to_service() {
     let mut fleet = Fleet::builder()
-        .agent_toml("[events]\ninterval = \"1s\"\nmaintenance_lead = \"2h\"\n")
+        .agent_toml("[events]\ninterval = \"1s\"\nmaintenance_interval = \"1s\"\nmaintenance_lead = \"2h\"\n")
         .start()
         .unwrap();
     let names: Vec<String> = vec!["node001".into(), "node002".into()];

@@ -323,23 +323,14 @@ pub fn parse_or_exit_code<P: Parser>() -> Result<P, ExitCode> {
     }
 }
 
-/// Worker threads of the daemon's runtime: the main loop, and child tasks that may block
-/// one thread each (health, drain, events, upgrade) without starving it.
-const DAEMON_WORKER_THREADS: usize = 4;
-
 impl Cli {
     /// Runs the command and returns the process exit code.
     pub fn run(self) -> ExitCode {
-        // The daemon's main loop must keep answering the watchdog while its child tasks
-        // work, some of which block a thread for a while (the state lock's wait, statfs):
-        // a few worker threads. The one-shot commands need one.
-        let mut builder = if matches!(self.command, Command::Run(_)) {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(DAEMON_WORKER_THREADS);
-            b
-        } else {
-            tokio::runtime::Builder::new_current_thread()
-        };
+        // One thread for every command. The daemon's main loop, watchdog and metadata
+        // polls run on it too; its work that may block a thread for a while (the state
+        // lock's wait, statfs, health checks) runs on a runtime of its own (daemon.rs,
+        // `WorkRuntime`), so that an idle daemon wakes once per tick.
+        let mut builder = tokio::runtime::Builder::new_current_thread();
         block_on(&mut builder, async {
             match self.command {
                 Command::Bootstrap(a) => a.run().await,

@@ -17,6 +17,7 @@
 
 pub mod notify;
 pub mod rollout;
+pub mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use crate::retry::Backoff;
 use crate::settings::{self, Layer, Settings, SettingsError};
 use notify::Notifier;
 use rollout::Check;
+use schedule::{Job, Schedule};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,9 @@ pub enum DaemonError {
     /// Signals could not be set up (exit 71).
     #[error("signal handler: {0}")]
     Signal(std::io::Error),
+    /// The work runtime's threads or the tick's timerfd could not be made (exit 71).
+    #[error("starting the daemon's work threads or tick: {0}")]
+    Runtime(std::io::Error),
     /// The state could not be read (exit 74).
     #[error(transparent)]
     Drain(#[from] DrainError),
@@ -58,7 +63,7 @@ impl DaemonError {
         match self {
             DaemonError::Settings(_) => Exit::Config,
             DaemonError::Identity(e) => e.exit(),
-            DaemonError::Signal(_) => Exit::OsErr,
+            DaemonError::Signal(_) | DaemonError::Runtime(_) => Exit::OsErr,
             DaemonError::Drain(e) => e.exit(),
         }
     }
@@ -159,7 +164,6 @@ struct Ctx {
     engine: Engine,
     imds: Arc<Imds>,
     aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
-    mounts_systemd: Option<crate::systemd::Systemd>,
     mount_env: crate::mounts::MountEnv,
     scontrol: crate::slurm::Scontrol,
     health_env: crate::health::RunEnv,
@@ -195,6 +199,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     };
     let files = settings::file_layers(&opts.paths)?;
     let early = crate::bootstrap::resolve(&files, None, &opts.flag_layers)?;
+    let work_rt = WorkRuntime::new().map_err(DaemonError::Runtime)?;
     let watchdog = notify::watchdog_interval();
     let mut watchdog_tick = interval_at(
         Instant::now(),
@@ -238,7 +243,15 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let s = resolved.settings;
     let node = ident.node_name.clone();
     if s.node.role == crate::nodedef::Role::Login {
-        login_loop(&s, &node, &notifier, &mut term, watchdog, watchdog_tick).await;
+        login_loop(
+            &s,
+            &node,
+            &notifier,
+            &mut term,
+            (watchdog, watchdog_tick),
+            work_rt.handle(),
+        )
+        .await;
         return Ok(());
     }
     let engine = s.drain_engine(&node).with_instance(&ident.instance_id);
@@ -285,43 +298,15 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let mut last_status = status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), "");
     notifier.status(&last_status);
 
-    let start = Instant::now();
-    let events_on = s.events.enabled;
-    let mut spot_tick = interval_at(start, s.events.spot_interval.0);
-    let mut events_tick = interval_at(start, s.events.interval.0);
-    let mut progress_tick = interval_at(start, s.drain.check_interval.0);
-    let mut health_tick = interval_at(start, s.health.interval.0);
-    let mut mounts_tick = interval_at(start, MOUNTS_INTERVAL);
-    for t in [
-        &mut spot_tick,
-        &mut events_tick,
-        &mut progress_tick,
-        &mut health_tick,
-        &mut mounts_tick,
-    ] {
-        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    }
     // Shared file systems: remount what went away, drain while a required one is missing,
-    // lift only that drain when it is back (mounts::reconcile).
-    let mounts_systemd = if s.mounts.is_empty() {
-        None
-    } else {
-        match crate::systemd::Systemd::connect(&s.systemd.bus).await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!("mounts will not be watched: {e}");
-                None
-            }
-        }
-    };
+    // lift only that drain when it is back (mounts::reconcile), every MOUNTS_INTERVAL when
+    // there are `[[mounts]]`.
     // Health checks on the daemon's own schedule (`health.interval`), the same checks and
     // drain/resume rules as `slurm-node-agent check`. The files are read again at each
     // pass, as Slurm's HealthCheckProgram reads them at each run: an edited or fixed check
     // file counts from the next pass for both, so they never judge by different checks.
     let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
-    let upgrade_sleep = tokio::time::sleep_until(start);
-    tokio::pin!(upgrade_sleep);
     let ctx = Arc::new(Ctx {
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
         scontrol: crate::slurm::Scontrol::configured(&s.slurm),
@@ -331,7 +316,6 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             &ident.instance_id,
         ),
         health_env,
-        mounts_systemd,
         aws,
         imds,
         engine,
@@ -342,15 +326,18 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         health_looked: std::sync::atomic::AtomicBool::new(false),
     });
     let s = &ctx.s;
+    let start = Instant::now();
+    let mut schedule = daemon_schedule(s, watchdog, ctx.aws.is_some(), start);
+    tracing::info!(schedule = %schedule.describe().join("; "), "periodic jobs");
+    let mut ticker = schedule::Ticker::new(schedule.tick()).map_err(DaemonError::Runtime)?;
     let mut tasks: JoinSet<Outcome> = JoinSet::new();
     let mut running: HashMap<tokio::task::Id, Work> = HashMap::new();
     let busy =
         |running: &HashMap<tokio::task::Id, Work>, w: Work| running.values().any(|r| *r == w);
 
     loop {
-        let work = tokio::select! {
+        let due = tokio::select! {
             _ = term.recv() => break,
-            _ = watchdog_tick.tick(), if watchdog.is_some() => { notifier.watchdog(); continue; }
             Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
                 let (task, outcome) = match joined {
                     Ok((task, o)) => (task, Some(o)),
@@ -368,7 +355,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                             }
                             _ => s.upgrade.interval.0,
                         };
-                        upgrade_sleep.as_mut().reset(Instant::now() + next);
+                        schedule.arm(Job::Upgrade, Instant::now() + next);
                         if let Some(c) = &o.upgrade {
                             upgrade_status = describe(c);
                         }
@@ -377,7 +364,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                         tracing::warn!("{e}");
                     }
                 } else if work == Some(Work::Upgrade) {
-                    upgrade_sleep.as_mut().reset(Instant::now() + s.upgrade.interval.0);
+                    schedule.arm(Job::Upgrade, Instant::now() + s.upgrade.interval.0);
                 }
                 if let Ok(st) = ctx.engine.load() {
                     let line = status_line(
@@ -390,29 +377,61 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                         notifier.status(&line);
                         last_status = line;
                     }
-                    // A new drain: look at the node again soon rather than a full interval later.
+                    // A new drain: look at the node again at the next tick rather than a
+                    // full interval later.
                     if st.phase != last_phase {
                         last_phase = st.phase;
-                        progress_tick.reset_immediately();
+                        schedule.arm(Job::Progress, Instant::now());
                     }
                 }
                 continue;
             }
-            _ = spot_tick.tick(), if events_on && !busy(&running, Work::Spot) => Work::Spot,
-            _ = events_tick.tick(), if events_on && !busy(&running, Work::Events) => Work::Events,
-            _ = &mut upgrade_sleep, if ctx.aws.is_some() && !busy(&running, Work::Upgrade) => Work::Upgrade,
-            _ = progress_tick.tick(), if !busy(&running, Work::Progress) => Work::Progress,
-            _ = mounts_tick.tick(), if ctx.mounts_systemd.is_some() && !busy(&running, Work::Mounts) => Work::Mounts,
-            _ = health_tick.tick(), if !busy(&running, Work::Health) => Work::Health,
+            now = ticker.tick() => match now {
+                Ok(now) => schedule.due(now),
+                Err(e) => {
+                    tracing::error!("the daemon's tick failed: {e}; stopping");
+                    break;
+                }
+            },
         };
-        if work == Work::Upgrade {
-            // Re-armed when the check ends; until then this branch is off (busy).
-            upgrade_sleep
-                .as_mut()
-                .reset(Instant::now() + s.upgrade.interval.0);
+        for job in due {
+            let work = match job {
+                Job::Watchdog => {
+                    notifier.watchdog();
+                    continue;
+                }
+                // The drain state is a small file: read here, and a child task only when a
+                // drain is in progress (an operator's `drain` command writes it too).
+                Job::Progress => match ctx.engine.load() {
+                    Ok(st) if st.phase == Phase::Active => continue,
+                    _ => Work::Progress,
+                },
+                Job::Spot => Work::Spot,
+                Job::Notices => Work::Notices,
+                Job::Maintenance => Work::Maintenance,
+                Job::Health => Work::Health,
+                Job::Mounts => Work::Mounts,
+                Job::Upgrade => {
+                    // Armed again when the check ends.
+                    schedule.disarm(Job::Upgrade);
+                    Work::Upgrade
+                }
+            };
+            if busy(&running, work) {
+                continue;
+            }
+            // The metadata polls are non-blocking I/O on this (the main) thread; every
+            // other piece of work runs on the work runtime's threads (see `WorkRuntime`).
+            let handle = if work.polls_metadata() {
+                tasks.spawn(do_work(ctx.clone(), work, work_rt.handle().clone()))
+            } else {
+                tasks.spawn_on(
+                    do_work(ctx.clone(), work, work_rt.handle().clone()),
+                    work_rt.handle(),
+                )
+            };
+            running.insert(handle.id(), work);
         }
-        let handle = tasks.spawn(do_work(ctx.clone(), work));
-        running.insert(handle.id(), work);
     }
     tracing::info!("stop signal received; stopping");
     notifier.stopping();
@@ -432,8 +451,8 @@ async fn login_loop(
     node: &str,
     notifier: &Notifier,
     term: &mut Term,
-    watchdog: Option<Duration>,
-    mut watchdog_tick: tokio::time::Interval,
+    (watchdog, mut watchdog_tick): (Option<Duration>, tokio::time::Interval),
+    work_rt: &tokio::runtime::Handle,
 ) {
     tracing::info!(login_node = %node, health_interval = %s.health.interval, "agent running on a login node: health checks reported, never acted on");
     notifier.status("login node: sackd; health checks not run yet");
@@ -454,7 +473,7 @@ async fn login_loop(
             }
             _ = health_tick.tick(), if pass.is_none() => {
                 let (s, env, node) = (s.clone(), env.clone(), node.to_string());
-                pass = Some(tokio::spawn(async move { login_health_pass(&s, &env, &node).await }));
+                pass = Some(work_rt.spawn(async move { login_health_pass(&s, &env, &node).await }));
             }
         }
     }
@@ -513,12 +532,15 @@ async fn wait_for_slurm_config(slurm: &crate::slurm::SlurmSettings, limit: Durat
     }
 }
 
-/// One piece of work, run as a child task of the main loop.
-async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
+/// One piece of work, run as a child task of the main loop: the metadata polls on the
+/// main thread, the rest on `work` (the work runtime). A poll's decisions are applied on
+/// `work` too (taking the state lock may block a thread).
+async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> Outcome {
     let s = &ctx.s;
     let engine = &ctx.engine;
     let mut upgrade = None;
     let current = engine.load().ok();
+    let cur = current.as_ref().and_then(|c| c.cause.as_ref());
     let result = match work {
         Work::Spot => match events::poll_spot(&ctx.imds).await {
             Ok(o) => {
@@ -527,39 +549,49 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
                     spot: Some(o),
                     ..Default::default()
                 };
-                let cur = current.as_ref().and_then(|c| c.cause.as_ref());
                 let d = events::decide(&s.events, &obs, cur, crate::time::now());
-                apply(engine, d).await
+                apply_on(&work_rt, &ctx, d).await
             }
             Err(e) => {
                 lock_outage(&ctx).fail(&e);
                 Ok(())
             }
         },
-        Work::Events => {
-            let (rb, mt, mh, lc) = tokio::join!(
+        Work::Notices => {
+            let (rb, lc) = tokio::join!(
                 events::poll_rebalance(&ctx.imds),
-                events::poll_maintenance(&ctx.imds),
-                events::poll_maintenance_history(&ctx.imds),
                 events::poll_lifecycle(&ctx.imds)
             );
             let obs = {
                 let mut outage = lock_outage(&ctx);
                 Observations {
-                    spot: None,
                     rebalance: keep(&mut outage, rb, events::notice::REBALANCE_PATH),
+                    lifecycle: keep(&mut outage, lc, events::notice::LIFECYCLE_PATH),
+                    ..Default::default()
+                }
+            };
+            let d = events::decide(&s.events, &obs, cur, crate::time::now());
+            apply_on(&work_rt, &ctx, d).await
+        }
+        Work::Maintenance => {
+            let (mt, mh) = tokio::join!(
+                events::poll_maintenance(&ctx.imds),
+                events::poll_maintenance_history(&ctx.imds)
+            );
+            let obs = {
+                let mut outage = lock_outage(&ctx);
+                Observations {
                     maintenance: keep(&mut outage, mt, events::notice::MAINTENANCE_PATH),
                     maintenance_history: keep(
                         &mut outage,
                         mh,
                         events::notice::MAINTENANCE_HISTORY_PATH,
                     ),
-                    lifecycle: keep(&mut outage, lc, events::notice::LIFECYCLE_PATH),
+                    ..Default::default()
                 }
             };
-            let cur = current.as_ref().and_then(|c| c.cause.as_ref());
             let d = events::decide(&s.events, &obs, cur, crate::time::now());
-            apply(engine, d).await
+            apply_on(&work_rt, &ctx, d).await
         }
         Work::Upgrade => match &ctx.aws {
             None => Ok(()),
@@ -625,20 +657,20 @@ async fn do_work(ctx: Arc<Ctx>, work: Work) -> Outcome {
             Ok(())
         }
         Work::Mounts => {
-            if let Some(systemd) = &ctx.mounts_systemd {
-                let pass = crate::mounts::reconcile(
-                    &s.mounts,
-                    &ctx.id.region,
-                    &ctx.mount_env,
-                    systemd,
-                    &ctx.scontrol,
-                    &ctx.node,
-                    &ctx.engine.instance_id,
-                );
-                match pass.await {
-                    Ok(report) => tracing::debug!(?report, "mounts checked"),
-                    Err(e) => tracing::warn!("mounts: {e}"),
-                }
+            // Connected only when a mount must be made again; closed after the pass.
+            let systemd = crate::systemd::OnDemand::new(&s.systemd.bus);
+            let pass = crate::mounts::reconcile(
+                &s.mounts,
+                &ctx.id.region,
+                &ctx.mount_env,
+                &systemd,
+                &ctx.scontrol,
+                &ctx.node,
+                &ctx.engine.instance_id,
+            );
+            match pass.await {
+                Ok(report) => tracing::debug!(?report, "mounts checked"),
+                Err(e) => tracing::warn!("mounts: {e}"),
             }
             Ok(())
         }
@@ -673,11 +705,107 @@ fn keep<T>(outage: &mut Outage, r: Result<T, ImdsError>, path: &str) -> Option<T
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Work {
     Spot,
-    Events,
+    Notices,
+    Maintenance,
     Upgrade,
     Progress,
     Mounts,
     Health,
+}
+
+impl Work {
+    /// Only non-blocking instance metadata requests: run on the main thread.
+    fn polls_metadata(self) -> bool {
+        matches!(self, Work::Spot | Work::Notices | Work::Maintenance)
+    }
+}
+
+/// [`apply`] on the work runtime (taking the state lock may block a thread); nothing to do
+/// when there is no decision (every idle poll).
+async fn apply_on(
+    work_rt: &tokio::runtime::Handle,
+    ctx: &Arc<Ctx>,
+    decisions: Vec<Decision>,
+) -> Result<(), DrainError> {
+    if decisions.is_empty() {
+        return Ok(());
+    }
+    let ctx = ctx.clone();
+    match work_rt
+        .spawn(async move { apply(&ctx.engine, decisions).await })
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("applying the notices' decisions failed: {e}");
+            Ok(())
+        }
+    }
+}
+
+/// The threads that run the daemon's work that may block a thread for a while (the state
+/// lock's wait, statfs on a shared file system, health checks, slurmctld, SSM and EC2):
+/// a multi-threaded runtime of its own, whose threads sleep while there is no such work.
+/// The main loop, the watchdog and the metadata polls run on the daemon's main thread
+/// (a current-thread runtime), so that an idle node's daemon wakes once per tick instead
+/// of handing every poll from thread to thread.
+struct WorkRuntime(Option<tokio::runtime::Runtime>);
+
+/// Threads of the work runtime: health, drain, mounts and upgrade work at once without
+/// one blocking the others.
+const WORK_THREADS: usize = 2;
+
+impl WorkRuntime {
+    fn new() -> std::io::Result<WorkRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(WORK_THREADS)
+            .thread_name("agent-work")
+            .enable_all()
+            .build()?;
+        Ok(WorkRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("until dropped").handle()
+    }
+}
+
+impl Drop for WorkRuntime {
+    fn drop(&mut self) {
+        // Called from the main runtime's thread: never block it waiting for work.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The daemon's periodic jobs ([`schedule`]): the notices when `events.enabled`, the drain
+/// state, the health pass, the mounts, the watchdog when systemd asked for one, and the
+/// desired image when `upgrade.parameter` is set.
+fn daemon_schedule(
+    s: &Settings,
+    watchdog: Option<Duration>,
+    upgrade: bool,
+    start: Instant,
+) -> Schedule {
+    let mut jobs = Vec::new();
+    if s.events.enabled {
+        jobs.push((Job::Spot, s.events.spot_interval.0));
+        jobs.push((Job::Notices, s.events.interval.0));
+        jobs.push((Job::Maintenance, s.events.maintenance_interval.0));
+    }
+    jobs.push((Job::Progress, s.drain.check_interval.0));
+    jobs.push((Job::Health, s.health.interval.0));
+    if !s.mounts.is_empty() {
+        jobs.push((Job::Mounts, MOUNTS_INTERVAL));
+    }
+    if let Some(w) = watchdog {
+        jobs.push((Job::Watchdog, w));
+    }
+    if upgrade {
+        jobs.push((Job::Upgrade, s.upgrade.interval.0));
+    }
+    Schedule::new(start, &jobs)
 }
 
 /// How often the daemon checks the `[[mounts]]`: a lost file system drains the node within
@@ -725,4 +853,52 @@ async fn apply(engine: &Engine, decisions: Vec<Decision>) -> Result<(), DrainErr
         }
     }
     first_err.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Metadata paths each job reads.
+    fn paths(job: Job) -> usize {
+        match job {
+            Job::Spot => 1,
+            Job::Notices | Job::Maintenance => 2,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn the_default_schedule_stays_within_the_noise_budget() {
+        let s = Settings::default();
+        let t0 = Instant::now();
+        let mut sched = daemon_schedule(&s, Some(Duration::from_secs(30)), true, t0);
+        assert_eq!(sched.tick(), Duration::from_secs(1));
+        let (mut requests, mut wakeups) = (0, 0);
+        // Ten minutes after the first tick, which serves everything at once.
+        sched.due(t0);
+        for k in 1..=600 {
+            let due = sched.due(t0 + Duration::from_secs(k));
+            wakeups += usize::from(!due.is_empty());
+            requests += due.iter().map(|j| paths(*j)).sum::<usize>();
+        }
+        // A minute: 60 interruption polls, 2 x 2 rebalance and lifecycle, 2 / 5 maintenance.
+        assert_eq!(requests, 600 + 40 + 4, "requests in 10 minutes");
+        assert!(requests / 10 <= 70);
+        // One tick a second serves every job: nothing wakes the loop between ticks.
+        assert_eq!(wakeups, 600);
+    }
+
+    #[test]
+    fn without_notices_the_tick_is_the_drain_check_and_the_watchdog_rides_on_it() {
+        let mut s = Settings::default();
+        s.events.enabled = false;
+        let sched = daemon_schedule(&s, Some(Duration::from_secs(30)), false, Instant::now());
+        assert_eq!(sched.tick(), s.drain.check_interval.0);
+        let jobs = sched.describe().join("; ");
+        assert!(!jobs.contains("spot"), "{jobs}");
+        assert!(jobs.contains("systemd watchdog every 30s"), "{jobs}");
+        assert!(!jobs.contains("desired image"), "{jobs}");
+    }
 }

@@ -4,16 +4,23 @@
 //! - `spot/instance-action` (every `events.spot_interval`, 1 s): drain at once. The path
 //!   being present is the notice: a body that cannot be parsed still drains (deadline two
 //!   minutes from now, as AWS promises), and the parse error is logged.
-//! - `events/recommendations/rebalance` (every `events.interval`, 5 s): drain when
+//! - `events/recommendations/rebalance` (every `events.interval`, 30 s): drain when
 //!   `events.rebalance = "drain"` (default `"ignore"`: logged only); running jobs continue.
-//! - `events/maintenance/scheduled` and `events/maintenance/history` (5 s): an `active`
+//! - `events/maintenance/scheduled` and `events/maintenance/history` (every
+//!   `events.maintenance_interval`, 5 min: EC2 announces events days ahead): an `active`
 //!   event (or one in an unknown state) drains once `NotBefore - events.maintenance_lead`
 //!   has come. The drain it caused is undone when the event is canceled (at once), or
 //!   completed, past its `NotAfter`, gone from `scheduled` or moved to `history` (EC2 moves
 //!   completed and canceled events there): at once for a code that leaves the instance
 //!   running, and for one that takes it down (`system-reboot`, `instance-reboot`,
 //!   `instance-stop`, `instance-retirement`) once slurmd has registered again.
-//! - `autoscaling/target-lifecycle-state` (5 s): `Terminated` drains.
+//! - `autoscaling/target-lifecycle-state` (every `events.interval`, 30 s): `Terminated`
+//!   drains (a termination lifecycle hook holds the instance for its heartbeat timeout,
+//!   an hour by default).
+//!
+//! Each notice is polled as often as its deadline needs and no more (a node's daemon is
+//! operating-system noise for the jobs on it): 64 metadata requests a minute with the
+//! defaults, 60 of them the interruption notice.
 //!
 //! A failed poll (IMDS 401 after a token refresh, 5xx after retries, unreachable) is never
 //! read as "the notice is gone": the last good observation stands and nothing is undone.
@@ -53,10 +60,16 @@ pub enum RebalancePolicy {
 pub struct EventsSettings {
     /// Watch notices at all.
     pub enabled: bool,
-    /// Poll interval of `spot/instance-action`.
+    /// Poll interval of `spot/instance-action` (default 1s: an interruption gives two
+    /// minutes, and 1 s keeps the notice-to-DRAIN p99 under 2 s). Also the daemon's tick:
+    /// every other periodic job runs on these ticks.
     pub spot_interval: HumanDuration,
-    /// Poll interval of rebalance, scheduled maintenance and lifecycle state.
+    /// Poll interval of the rebalance recommendation and the target lifecycle state
+    /// (default 30s: both leave minutes).
     pub interval: HumanDuration,
+    /// Poll interval of scheduled maintenance events and their history (default 5m: EC2
+    /// announces them days ahead; a canceled event's drain is lifted within this long).
+    pub maintenance_interval: HumanDuration,
     /// `drain` or `ignore` (default) rebalance recommendations.
     pub rebalance: RebalancePolicy,
     /// With `rebalance = "drain"`: a recommendation older than this (by its `noticeTime`)
@@ -85,7 +98,8 @@ impl Default for EventsSettings {
         EventsSettings {
             enabled: true,
             spot_interval: HumanDuration(Duration::from_secs(1)),
-            interval: HumanDuration(Duration::from_secs(5)),
+            interval: HumanDuration(Duration::from_secs(30)),
+            maintenance_interval: HumanDuration(Duration::from_secs(300)),
             rebalance: RebalancePolicy::Ignore,
             rebalance_window: HumanDuration(Duration::from_secs(3600)),
             maintenance_lead: HumanDuration(Duration::from_secs(24 * 3600)),
@@ -107,6 +121,7 @@ impl crate::section::Classified for EventsSettings {
             K::user_data("enabled"),
             K::user_data("spot_interval"),
             K::user_data("interval"),
+            K::user_data("maintenance_interval"),
             K::user_data("rebalance"),
             K::user_data("rebalance_window"),
             K::user_data("maintenance_lead"),
@@ -149,6 +164,9 @@ impl EventsSettings {
         }
         if self.interval.0.is_zero() {
             return e("interval", "must be more than 0");
+        }
+        if self.maintenance_interval.0.is_zero() {
+            return e("maintenance_interval", "must be more than 0");
         }
         let sig = self.spot_job_signal.trim_start_matches("SIG");
         let numeric = sig.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n));

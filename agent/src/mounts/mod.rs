@@ -396,6 +396,15 @@ pub enum MountError {
     /// Reloading the Manager failed.
     #[error("systemd reload after writing mount units: {0}")]
     Reload(#[source] Box<crate::systemd::SystemdError>),
+    /// No connection to the systemd Manager to mount through.
+    #[error("mount {mount_point}: {source}")]
+    Manager {
+        /// The mount point that needed it.
+        mount_point: String,
+        /// The connection error.
+        #[source]
+        source: Box<crate::systemd::SystemdError>,
+    },
     /// The mount failed (after retries).
     #[error("mount {mount_point} ({fs_type} {what}) failed after {attempts} attempt(s): {reason}")]
     Failed {
@@ -824,7 +833,9 @@ pub struct ReconcileError {
 
 /// One pass for the daemon (call it periodically, e.g. every 30 s): mounts back what is
 /// missing (one attempt each), then drains the node naming the first failing required
-/// mount, or lifts the agent's own mount drain when all are back. A drain whose reason
+/// mount, or lifts the agent's own mount drain when all are back. The systemd Manager is
+/// connected to only when a mount must be made again (`systemd`,
+/// [`crate::systemd::OnDemand`]). A drain whose reason
 /// is not the agent's `mount` reason (an admin's, a health check's) is never
 /// lifted nor overwritten. A hung mount is not touched (unmounting a hung Lustre client
 /// needs a person); it only drains.
@@ -835,7 +846,7 @@ pub async fn reconcile(
     mounts: &[MountSettings],
     instance_region: &str,
     env: &MountEnv,
-    systemd: &Systemd,
+    systemd: &crate::systemd::OnDemand,
     scontrol: &Scontrol,
     node: &str,
     instance_id: &str,
@@ -866,16 +877,26 @@ pub async fn reconcile(
             };
             let written = install_unit(&once, env);
             let replaced = matches!(written, Ok(UnitWrite::Replaced));
+            let manager = systemd.get().await.map_err(|e| MountError::Manager {
+                mount_point: spec.mount_point.clone(),
+                source: Box::new(e),
+            });
             let mut r = written.map(drop);
-            if replaced && !reloaded {
-                reloaded = true;
-                r = systemd
-                    .reload()
-                    .await
-                    .map_err(|e| MountError::Reload(Box::new(e)));
-            }
-            if r.is_ok() {
-                r = mount_with_retries(&once, env, systemd).await.1;
+            match (&r, manager) {
+                (Err(_), _) => {}
+                (Ok(()), Err(e)) => r = Err(e),
+                (Ok(()), Ok(systemd)) => {
+                    if replaced && !reloaded {
+                        reloaded = true;
+                        r = systemd
+                            .reload()
+                            .await
+                            .map_err(|e| MountError::Reload(Box::new(e)));
+                    }
+                    if r.is_ok() {
+                        r = mount_with_retries(&once, env, systemd).await.1;
+                    }
+                }
             }
             if r.is_ok() {
                 tracing::info!(mount_point = %spec.mount_point, "mounted again");

@@ -1,0 +1,304 @@
+//! The daemon's periodic jobs on one shared tick (operating-system noise).
+//!
+//! Every periodic job of the daemon (the notices, the drain's progress, the health pass,
+//! the mounts, the watchdog, the desired-image check) is due on the ticks of one timer
+//! whose period is the shortest job's (`events.spot_interval`, 1 s, by default). A job
+//! whose period is longer is due on the first tick at or after its time, so its
+//! effective period is rounded up to whole ticks: each wake-up of the daemon serves every
+//! job due then, instead of one timer per job waking the daemon at its own phase.
+//!
+//! The tick itself is a timerfd ([`Ticker`]), not a tokio timer: tokio's hierarchical
+//! timer wheel parks the thread until the start of the coarse slot that holds a deadline
+//! more than 64 ms away, then again until the deadline (two or three wake-ups per one-
+//! second tick, measured with strace); the kernel's periodic timer wakes it once.
+//!
+//! Floor 10 (roof): part of the `run` loop.
+
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use rustix::time::{Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags, Timespec};
+use tokio::io::unix::AsyncFd;
+use tokio::time::Instant;
+
+/// A periodic tick from a `CLOCK_MONOTONIC` timerfd (timerfd_create(2)), read through
+/// tokio's I/O driver: one wake-up of the thread per tick.
+#[derive(Debug)]
+pub struct Ticker {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Ticker {
+    /// A tick every `period` (at least 1 ms), the first one at once.
+    ///
+    /// # Errors
+    /// The timerfd cannot be made or armed, or registered with tokio (outside a runtime).
+    pub fn new(period: Duration) -> std::io::Result<Ticker> {
+        let fd = rustix::time::timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )?;
+        let period = period.max(Duration::from_millis(1));
+        let spec = |d: Duration| Timespec {
+            tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(d.subsec_nanos()),
+        };
+        rustix::time::timerfd_settime(
+            &fd,
+            TimerfdTimerFlags::empty(),
+            &Itimerspec {
+                it_interval: spec(period),
+                // Zero would disarm it: the first tick 1 ns from now.
+                it_value: spec(Duration::from_nanos(1)),
+            },
+        )?;
+        // SAFETY: the AsyncFd owns the OwnedFd: the descriptor stays open and the same
+        // until the AsyncFd is dropped, and OwnedFd::as_raw_fd always returns it.
+        #[allow(unsafe_code)]
+        let fd = unsafe { AsyncFd::register(fd) }.map_err(std::io::Error::from)?;
+        Ok(Ticker { fd })
+    }
+
+    /// Waits for the next tick (ticks missed meanwhile count as one) and returns the time.
+    ///
+    /// # Errors
+    /// Reading the timerfd failed (not expected).
+    pub async fn tick(&mut self) -> std::io::Result<Instant> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            match guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(Ok(_)) => return Ok(Instant::now()),
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Ok(Err(e)) => return Err(e),
+                // Not readable after all: wait again.
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+/// A periodic job of the daemon's main loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Job {
+    /// `spot/instance-action` (`events.spot_interval`).
+    Spot,
+    /// Rebalance recommendation and the auto scaling target lifecycle state
+    /// (`events.interval`).
+    Notices,
+    /// Scheduled maintenance events and their history (`events.maintenance_interval`).
+    Maintenance,
+    /// A look at the drain state, and a step of the drain when one is in progress
+    /// (`drain.check_interval`).
+    Progress,
+    /// A health pass (`health.interval`).
+    Health,
+    /// The `[[mounts]]` (every 30 s).
+    Mounts,
+    /// `WATCHDOG=1` (half of systemd's `WatchdogSec`).
+    Watchdog,
+    /// The desired image (`upgrade.interval`, or the budget's wait; set by the loop).
+    Upgrade,
+}
+
+impl Job {
+    /// The job's name in the schedule's description.
+    pub fn name(self) -> &'static str {
+        match self {
+            Job::Spot => "spot interruption notice",
+            Job::Notices => "rebalance recommendation and target lifecycle state",
+            Job::Maintenance => "scheduled maintenance events",
+            Job::Progress => "drain state",
+            Job::Health => "health checks",
+            Job::Mounts => "mounts",
+            Job::Watchdog => "systemd watchdog",
+            Job::Upgrade => "desired image",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    job: Job,
+    period: Duration,
+    next: Instant,
+    /// Off until [`Schedule::arm`]: a job the loop re-arms itself (the upgrade check,
+    /// whose next time depends on what the last check said).
+    armed: bool,
+}
+
+/// The jobs, their periods and their next times, served on one tick.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    tick: Duration,
+    entries: Vec<Entry>,
+}
+
+impl Schedule {
+    /// A schedule whose jobs are first due at `start`. The tick is the shortest period
+    /// (at least 1 ms); a zero period is read as 1 ms.
+    pub fn new(start: Instant, jobs: &[(Job, Duration)]) -> Schedule {
+        let entries: Vec<Entry> = jobs
+            .iter()
+            .map(|&(job, period)| Entry {
+                job,
+                period: period.max(Duration::from_millis(1)),
+                next: start,
+                armed: true,
+            })
+            .collect();
+        let tick = entries
+            .iter()
+            .map(|e| e.period)
+            .min()
+            .unwrap_or(Duration::from_secs(1));
+        Schedule { tick, entries }
+    }
+
+    /// The period of the one timer that serves every job.
+    pub fn tick(&self) -> Duration {
+        self.tick
+    }
+
+    /// The jobs due at `now`, each moved to its next time (whole periods after the last
+    /// one, never in the past: a tick that came late does not make a job run twice).
+    pub fn due(&mut self, now: Instant) -> Vec<Job> {
+        let mut due = Vec::new();
+        for e in self.entries.iter_mut().filter(|e| e.armed && e.next <= now) {
+            due.push(e.job);
+            e.next += e.period;
+            if e.next <= now {
+                e.next = now + e.period;
+            }
+        }
+        due
+    }
+
+    /// Makes `job` next due at `at` (the first tick at or after it), and from then on every
+    /// period; a job not in the schedule is ignored.
+    pub fn arm(&mut self, job: Job, at: Instant) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.job == job) {
+            e.next = at;
+            e.armed = true;
+        }
+    }
+
+    /// Keeps `job` from being due until [`Schedule::arm`].
+    pub fn disarm(&mut self, job: Job) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.job == job) {
+            e.armed = false;
+        }
+    }
+
+    /// One line per job: its name and period (`humantime`), the tick first; for the log
+    /// at start and the noise benchmark (`scripts/bench-noise.sh`).
+    pub fn describe(&self) -> Vec<String> {
+        let h = |d: Duration| humantime::format_duration(d).to_string();
+        let mut lines = vec![format!("tick every {}", h(self.tick))];
+        for e in &self.entries {
+            lines.push(format!("{} every {}", e.job.name(), h(e.period)));
+        }
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn the_tick_is_the_shortest_period_and_longer_jobs_ride_on_it() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(
+            t0,
+            &[
+                (Job::Spot, secs(1)),
+                (Job::Notices, secs(30)),
+                (Job::Watchdog, secs(30)),
+                (Job::Health, secs(60)),
+            ],
+        );
+        assert_eq!(s.tick(), secs(1));
+        // Everything is due at the start.
+        assert_eq!(s.due(t0).len(), 4);
+        let mut counts = std::collections::HashMap::new();
+        let mut wakeups_with_work = 0;
+        for k in 1..=120 {
+            let d = s.due(t0 + secs(k));
+            if !d.is_empty() {
+                wakeups_with_work += 1;
+            }
+            for j in d {
+                *counts.entry(j).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(counts[&Job::Spot], 120);
+        assert_eq!(counts[&Job::Notices], 4);
+        assert_eq!(counts[&Job::Watchdog], 4);
+        assert_eq!(counts[&Job::Health], 2);
+        // Every job rides on a spot tick: no wake-up serves a lone slow job.
+        assert_eq!(wakeups_with_work, 120);
+    }
+
+    #[test]
+    fn a_late_tick_runs_a_job_once_and_keeps_its_period_from_then() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(t0, &[(Job::Spot, secs(1)), (Job::Health, secs(10))]);
+        s.due(t0);
+        // The loop was held up for 35 s: Health runs once, then 10 s later.
+        assert_eq!(s.due(t0 + secs(35)), vec![Job::Spot, Job::Health]);
+        assert_eq!(s.due(t0 + secs(44)), vec![Job::Spot]);
+        assert_eq!(s.due(t0 + secs(45)), vec![Job::Spot, Job::Health]);
+    }
+
+    #[test]
+    fn a_disarmed_job_waits_for_its_arm_and_is_due_at_the_first_tick_after() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(t0, &[(Job::Spot, secs(1)), (Job::Upgrade, secs(300))]);
+        assert_eq!(s.due(t0), vec![Job::Spot, Job::Upgrade]);
+        s.disarm(Job::Upgrade);
+        for k in 1..=400 {
+            assert_eq!(s.due(t0 + secs(k)), vec![Job::Spot], "tick {k}");
+        }
+        s.arm(Job::Upgrade, t0 + Duration::from_millis(400_500));
+        assert_eq!(s.due(t0 + secs(401)), vec![Job::Spot, Job::Upgrade]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_ticker_ticks_at_once_then_every_period() {
+        let mut t = Ticker::new(Duration::from_millis(20)).unwrap();
+        let first = t.tick().await.unwrap();
+        let start = std::time::Instant::now();
+        for _ in 0..3 {
+            t.tick().await.unwrap();
+        }
+        // Three more periods: never sooner (a timerfd does not fire early).
+        assert!(
+            start.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(first <= Instant::now());
+    }
+
+    #[test]
+    fn the_description_names_each_job_and_its_period() {
+        let s = Schedule::new(
+            Instant::now(),
+            &[(Job::Spot, secs(1)), (Job::Maintenance, secs(300))],
+        );
+        assert_eq!(
+            s.describe(),
+            vec![
+                "tick every 1s",
+                "spot interruption notice every 1s",
+                "scheduled maintenance events every 5m"
+            ]
+        );
+    }
+}
