@@ -129,7 +129,7 @@ impl Exit {
                 "temporary: node not registered by `slurm.join_deadline`; state lock busy; `--wait` timed out; resume while the upgrade action runs"
             }
             Exit::NoPerm => {
-                "permission: access to the key denied; `resume` of an admin's drain without `--force`"
+                "permission: access to the key denied; `ec2:DescribeTags` denied (`imds.tags = \"describe-tags\"`); `resume` of an admin's drain without `--force`"
             }
             Exit::Config => {
                 "invalid settings (`auth.type = \"slurm\"` with a Slurm older than 23.11); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
@@ -148,7 +148,7 @@ impl Exit {
             Exit::MountFailed => "`bootstrap`",
             Exit::IoErr => "`bootstrap`, `run`, `drain`, `resume`, `status`, `check`",
             Exit::TempFail => "`bootstrap`, `drain`, `resume`, `run`",
-            Exit::NoPerm => "`bootstrap`, `resume`",
+            Exit::NoPerm => "`bootstrap`, `resume`, `drain`, `status`, `config show`",
         }
     }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::imds::{Imds, ImdsError, InstanceIdentity};
+use crate::imds::{Imds, ImdsError, InstanceIdentity, TagSource};
 use crate::reason::{is_valid_instance_id, ReasonCause, UNKNOWN_INSTANCE};
 use crate::settings::{self, Layer, Resolved, SettingsError, Source};
 use crate::userdata::SettingsPart;
@@ -213,6 +213,71 @@ pub fn resolve_settings(
     Resolved::merge_with(&layers, enforce)
 }
 
+/// Why the instance could not be read ([`read_instance`]).
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// Instance metadata unavailable (exit 69).
+    #[error(transparent)]
+    Imds(#[from] ImdsError),
+    /// The settings that choose the tag source are invalid (exit 78).
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// `imds.tags = "describe-tags"` and EC2's `DescribeTags` failed (exit 77 when access
+    /// is denied, else 69).
+    #[error(transparent)]
+    Tags(#[from] crate::ec2tags::DescribeTagsError),
+}
+
+impl InstanceError {
+    /// The exit code.
+    pub fn exit(&self) -> crate::exit::Exit {
+        match self {
+            InstanceError::Imds(_) => crate::exit::Exit::Unavailable,
+            InstanceError::Settings(_) => crate::exit::Exit::Config,
+            InstanceError::Tags(e) => e.exit(),
+        }
+    }
+}
+
+/// Reads the instance from `imds` ([`Imds::identity`]) with its tags from the source
+/// `imds.tags` names: the one way bootstrap, the daemon and the commands read it.
+///
+/// `imds.tags` is image or user data trust, so it is resolved from the files, the user
+/// data part and the flags, without tags; with `describe-tags`, the tags are then EC2's
+/// `DescribeTags` answer ([`crate::ec2tags::instance_tags`], in the instance's region),
+/// replacing whatever metadata served, and `tags_available` is true. The tags then set
+/// settings and fill placeholders exactly as metadata tags do.
+///
+/// # Errors
+/// [`InstanceError`]: IMDS, the settings (`enforce` as for the final resolution), or
+/// `DescribeTags`.
+pub async fn read_instance(
+    imds: &Imds,
+    file_layers: &[Layer],
+    flag_layers: &[Layer],
+    enforce: settings::Enforce,
+) -> Result<InstanceIdentity, InstanceError> {
+    let mut id = imds.identity().await?;
+    let mut layers: Vec<Layer> = file_layers.to_vec();
+    layers.extend(metadata_layers(
+        &user_data_settings(&id)?,
+        &BTreeMap::new(),
+        enforce,
+    )?);
+    layers.extend(flag_layers.iter().cloned());
+    let source = Resolved::merge_with(&layers, enforce)?.settings.imds.tags;
+    if source == TagSource::DescribeTags {
+        id.tags = crate::ec2tags::instance_tags(&id.region, &id.instance_id).await?;
+        id.tags_available = true;
+        tracing::debug!(
+            instance_id = %id.instance_id,
+            tags = id.tags.len(),
+            "instance tags read through EC2 DescribeTags (imds.tags)"
+        );
+    }
+    Ok(id)
+}
+
 /// Where the NodeName came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -267,6 +332,16 @@ pub enum IdentityError {
         #[source]
         source: ImdsError,
     },
+    /// No record, `imds.tags = "describe-tags"` and `DescribeTags` failed, and nothing
+    /// else names the node (exit 77 when access is denied, else 69).
+    #[error("the node name is unknown: no bootstrap record ({record}), and {source}")]
+    Tags {
+        /// The record's path.
+        record: String,
+        /// Why `DescribeTags` failed.
+        #[source]
+        source: crate::ec2tags::DescribeTagsError,
+    },
     /// No way to know the node name (exit 78).
     #[error("the node name is unknown: pass --node-name, set node.name, or run bootstrap first (it writes {})", record.display())]
     NoName {
@@ -289,6 +364,7 @@ impl IdentityError {
             | IdentityError::NoName { .. }
             | IdentityError::BadEnvName { .. } => crate::exit::Exit::Config,
             IdentityError::Imds { .. } => crate::exit::Exit::Unavailable,
+            IdentityError::Tags { source, .. } => source.exit(),
         }
     }
 }
@@ -339,19 +415,32 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         (None, None, Lookup::RecordThenImds) => {
             let imds = Imds::new(&prep.early.settings.imds);
             let named = prep.flag_name.is_some() || !prep.early.settings.node.name.is_empty();
-            match tokio::time::timeout(req.imds_timeout, imds.identity()).await {
+            let read = read_instance(
+                &imds,
+                &prep.files,
+                req.flag_layers,
+                settings::Enforce::WarnAndIgnore,
+            );
+            match tokio::time::timeout(req.imds_timeout, read).await {
                 Ok(Ok(f)) => {
                     facts_owned = f;
                     Some(&facts_owned)
                 }
-                Ok(Err(e)) if !named => {
+                Ok(Err(InstanceError::Settings(e))) => return Err(e.into()),
+                Ok(Err(InstanceError::Imds(e))) if !named => {
                     return Err(IdentityError::Imds {
                         record: prep.record_path,
                         source: e,
                     })
                 }
+                Ok(Err(InstanceError::Tags(e))) if !named => {
+                    return Err(IdentityError::Tags {
+                        record: prep.record_path,
+                        source: e,
+                    })
+                }
                 Ok(Err(e)) => {
-                    tracing::warn!("instance metadata: {e}; using the files and flags only");
+                    tracing::warn!("{e}; using the files and flags only");
                     None
                 }
                 Err(_) if !named => {

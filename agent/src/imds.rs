@@ -67,6 +67,45 @@ pub struct ImdsSettings {
     pub attempts: i64,
     /// Session token TTL.
     pub token_ttl: HumanDuration,
+    /// Where the instance's tags come from: `metadata` (instance metadata,
+    /// `tags/instance/`, when the instance's `InstanceMetadataTags` is on) or
+    /// `describe-tags` (EC2's `DescribeTags` API, through the instance profile, which then
+    /// needs `ec2:DescribeTags`). EC2 refuses to turn tags in metadata on while any tag key
+    /// holds `/` or a space; `describe-tags` reads such keys too. Either way the tags set
+    /// the same `slurm-node-agent:<key>` settings and `{tag:<key>}` placeholders. Not
+    /// settable by a tag.
+    pub tags: TagSource,
+}
+
+/// `imds.tags`: where the instance's tags come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TagSource {
+    /// Instance metadata (`/latest/meta-data/tags/instance/`): no AWS API call and no IAM
+    /// permission, but only when tags in metadata are on; when they are off the tags are
+    /// unavailable (not none).
+    #[default]
+    Metadata,
+    /// EC2's `DescribeTags` (filters `resource-id` = the instance id, `resource-type` =
+    /// `instance`) in the instance's region, with the SDK's default credentials (the
+    /// instance profile; `ec2:DescribeTags`).
+    DescribeTags,
+}
+
+impl TagSource {
+    /// The setting's word: `metadata`, `describe-tags`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TagSource::Metadata => "metadata",
+            TagSource::DescribeTags => "describe-tags",
+        }
+    }
+}
+
+impl std::fmt::Display for TagSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl Default for ImdsSettings {
@@ -76,11 +115,13 @@ impl Default for ImdsSettings {
             timeout: HumanDuration(Duration::from_secs(1)),
             attempts: 4,
             token_ttl: HumanDuration(Duration::from_secs(21_600)),
+            tags: TagSource::Metadata,
         }
     }
 }
 
-/// How user data and tags are read cannot come from them.
+/// How user data and tags are read cannot come from them; user data may choose where the
+/// tags come from (it is read before them), a tag may not.
 impl Classified for ImdsSettings {
     const SECTION: &'static str = "imds";
     const TRUST: &'static [KeyTrust] = &[
@@ -88,6 +129,7 @@ impl Classified for ImdsSettings {
         KeyTrust::image("timeout"),
         KeyTrust::image("attempts"),
         KeyTrust::image("token_ttl"),
+        KeyTrust::user_data("tags"),
     ];
 }
 
@@ -598,11 +640,13 @@ pub struct InstanceIdentity {
     pub ami_id: String,
     /// `instance-life-cycle` is `spot`.
     pub spot: bool,
-    /// Instance tags (empty unless the launch template allows tags in metadata).
+    /// Instance tags, key to value: from instance metadata (empty unless the instance's
+    /// `InstanceMetadataTags` is on), or from EC2's `DescribeTags` with
+    /// `imds.tags = "describe-tags"` (read by the `identity` module, which fills this in).
     pub tags: BTreeMap<String, String>,
-    /// Whether instance metadata serves tags at all (`tags/instance` answered; 404 when
-    /// the instance's `InstanceMetadataTags` is off): no tags there means "unavailable",
-    /// not "none".
+    /// Whether the tags could be read at all: instance metadata serves them
+    /// (`tags/instance` answered; 404 when `InstanceMetadataTags` is off), or
+    /// `DescribeTags` answered. When false, no tags means "unavailable", not "none".
     pub tags_available: bool,
     /// The user data as served (bytes: text, gzip, anything), if any.
     pub user_data: Option<Vec<u8>>,

@@ -20,7 +20,7 @@
 //! | 5 | [`drain`], [`node_lifecycle`] |
 //! | 4 | [`health`], [`mounts`], [`pcs`], [`upgrade`] |
 //! | 3 | [`slurm`] |
-//! | 2 | [`authkey`], [`nodedef`] |
+//! | 2 | [`authkey`], [`ec2tags`], [`nodedef`] |
 //! | 1 | [`cloudinit`], [`imds`], [`systemd`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
@@ -41,7 +41,8 @@
 //!   options, `scontrol` calls and the parsers of their output; [`authkey`], the cluster's
 //!   munge / auth/slurm key from SSM, Secrets Manager or a file; [`nodedef`], the Slurm
 //!   node definition (NodeName, dynamic `--conf` line) from host facts; [`imds`], the EC2
-//!   instance metadata service (IMDSv2 only), through aws-config's client; [`systemd`], the
+//!   instance metadata service (IMDSv2 only), through aws-config's client; [`ec2tags`], the
+//!   instance's tags through EC2's `DescribeTags` (`imds.tags = "describe-tags"`); [`systemd`], the
 //!   systemd Manager API over D-Bus (zbus); [`cloudinit`], the bounded wait for cloud-init.
 //! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
 //!   the agent's drain reasons in Slurm and whose a record or a drain is; [`time`], Unix
@@ -63,6 +64,7 @@ pub mod cli;
 pub mod cloudinit;
 pub mod daemon;
 pub mod drain;
+pub mod ec2tags;
 pub mod events;
 pub mod exit;
 pub mod fsutil;

@@ -318,8 +318,9 @@ pub enum TemplateError {
     #[error(
         "instance tag {tag:?} cannot be read: this instance's metadata serves no tags \
          (InstanceMetadataTags is off in its launch template or metadata options; EC2 refuses \
-         to turn it on while any tag key holds '/' or a space): turn it on, or use another \
-         placeholder"
+         to turn it on while any tag key holds '/' or a space): turn it on, read the tags \
+         through EC2 with imds.tags = \"describe-tags\" (needs ec2:DescribeTags), or use \
+         another placeholder"
     )]
     TagsUnavailable {
         /// The tag key.

@@ -217,6 +217,30 @@ impl Moto {
         Ok((number, xml_value(&body, "imageId")?))
     }
 
+    /// `ec2:RunInstances` of one `t3.micro` from `image`: the instance's id.
+    pub fn run_instance(&self, image: &str) -> Result<String> {
+        let body = self.ec2(&format!(
+            "Action=RunInstances&ImageId={image}&InstanceType=t3.micro&MinCount=1&MaxCount=1"
+        ))?;
+        xml_value(&body, "instanceId")
+    }
+
+    /// `ec2:CreateTags` on `resource` (an instance id): keys and values as given (`/`,
+    /// spaces and any other character are percent-encoded here).
+    pub fn create_tags(&self, resource: &str, tags: &[(&str, &str)]) -> Result<()> {
+        let mut params = format!("Action=CreateTags&ResourceId.1={}", url_encode(resource));
+        for (i, (k, v)) in tags.iter().enumerate() {
+            let n = i + 1;
+            params.push_str(&format!(
+                "&Tag.{n}.Key={}&Tag.{n}.Value={}",
+                url_encode(k),
+                url_encode(v)
+            ));
+        }
+        self.ec2(&params)?;
+        Ok(())
+    }
+
     /// One Query API call of `service` (its SigV4 signing name); `params` must hold
     /// `Version=`.
     fn query(&self, service: &str, params: &str) -> Result<String> {
@@ -504,6 +528,18 @@ fn parse_response(raw: &[u8]) -> Result<Parsed> {
         out.extend_from_slice(&rest[..size]);
         rest = &rest[size + 2..];
     }
+}
+
+/// `s` percent-encoded for a form body (everything but unreserved characters).
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The text of the first `<tag>...</tag>` in an XML answer.

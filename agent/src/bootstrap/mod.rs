@@ -45,6 +45,10 @@ pub enum BootstrapError {
     /// Instance metadata unavailable (exit 69, EX_UNAVAILABLE).
     #[error(transparent)]
     Imds(#[from] ImdsError),
+    /// `imds.tags = "describe-tags"` and EC2's `DescribeTags` failed (exit 77, EX_NOPERM,
+    /// when access is denied; else 69).
+    #[error(transparent)]
+    Tags(#[from] crate::ec2tags::DescribeTagsError),
     /// Auth key missing, empty, unreadable or malformed (exit 65, EX_DATAERR; 77,
     /// EX_NOPERM, when access is denied).
     #[error("auth key: {0}")]
@@ -198,6 +202,7 @@ impl BootstrapError {
             BootstrapError::Settings(_) => Exit::Config,
             BootstrapError::Imds(_) | BootstrapError::Gpu(_) => Exit::Unavailable,
             BootstrapError::Key(e) => e.exit(),
+            BootstrapError::Tags(e) => e.exit(),
             BootstrapError::Invalid { .. }
             | BootstrapError::Refused { .. }
             | BootstrapError::UnknownNode { .. } => Exit::DataErr,
@@ -211,6 +216,16 @@ impl BootstrapError {
             BootstrapError::Pcs(e) => e.exit(),
             BootstrapError::Lifecycle(e) => e.exit(),
             BootstrapError::CloudInit(e) => e.exit(),
+        }
+    }
+}
+
+impl From<crate::identity::InstanceError> for BootstrapError {
+    fn from(e: crate::identity::InstanceError) -> Self {
+        match e {
+            crate::identity::InstanceError::Imds(e) => BootstrapError::Imds(e),
+            crate::identity::InstanceError::Settings(e) => BootstrapError::Settings(e),
+            crate::identity::InstanceError::Tags(e) => BootstrapError::Tags(e),
         }
     }
 }
@@ -364,7 +379,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // the files and flags; each is used only if the final settings ask the same.
     let prefetch = Prefetch::start(&early.settings.auth, &early.settings.imds);
     let early_registration = start_early_registration(&early.settings);
-    let id = read_instance_metadata(&early.settings).await?;
+    let id = read_instance_metadata(&early.settings, &file_layers, &opts.flag_layers).await?;
     let resolved = resolve(&file_layers, Some(&id), &opts.flag_layers)?;
     t.done("instance_metadata");
 
@@ -506,9 +521,16 @@ fn start_early_registration(
     })
 }
 
-/// The instance's identity, tags and user data from IMDS (`imds` of the files and flags).
-async fn read_instance_metadata(early: &Settings) -> Result<InstanceIdentity, BootstrapError> {
-    let id = Imds::new(&early.imds).identity().await?;
+/// The instance's identity, tags and user data from IMDS (`imds` of the files and flags),
+/// the tags from EC2 with `imds.tags = "describe-tags"` ([`crate::identity::read_instance`]).
+async fn read_instance_metadata(
+    early: &Settings,
+    file_layers: &[Layer],
+    flag_layers: &[Layer],
+) -> Result<InstanceIdentity, BootstrapError> {
+    let imds = Imds::new(&early.imds);
+    let id =
+        crate::identity::read_instance(&imds, file_layers, flag_layers, Enforce::Refuse).await?;
     tracing::info!(
         instance_id = %id.instance_id,
         instance_type = %id.instance_type,

@@ -57,7 +57,9 @@ impl ShowArgs {
             if self.no_imds {
                 return Ok::<_, bootstrap::BootstrapError>(early);
             }
-            let id = Imds::new(&early.settings.imds).identity().await?;
+            let imds = Imds::new(&early.settings.imds);
+            let id = crate::identity::read_instance(&imds, &files, &flags, Enforce::WarnAndIgnore)
+                .await?;
             Ok(bootstrap::resolve_with(
                 &files,
                 Some(&id),

@@ -117,14 +117,24 @@ impl Term {
     }
 }
 
-/// Waits for the instance identity, retrying IMDS with capped backoff for as long as it
-/// takes (a child task of the daemon: the main loop keeps answering the watchdog and
-/// signals meanwhile), and says so in `STATUS=`.
-async fn wait_identity(imds: Arc<Imds>, notifier: Arc<Notifier>) -> InstanceIdentity {
+/// Waits for the instance identity ([`crate::identity::read_instance`]: IMDS, and EC2's
+/// `DescribeTags` with `imds.tags = "describe-tags"`), retrying with capped backoff for as
+/// long as it takes (a child task of the daemon: the main loop keeps answering the
+/// watchdog and signals meanwhile), and says so in `STATUS=`. Invalid settings are no
+/// reason to wait: they are returned.
+async fn wait_identity(
+    imds: Arc<Imds>,
+    files: Vec<settings::Layer>,
+    flags: Vec<settings::Layer>,
+    notifier: Arc<Notifier>,
+) -> Result<InstanceIdentity, SettingsError> {
     let mut attempt = 0;
     loop {
-        match imds.identity().await {
-            Ok(id) => return id,
+        let read =
+            crate::identity::read_instance(&imds, &files, &flags, settings::Enforce::WarnAndIgnore);
+        match read.await {
+            Ok(id) => return Ok(id),
+            Err(crate::identity::InstanceError::Settings(e)) => return Err(e),
             Err(e) => {
                 let wait = Backoff {
                     base: Duration::from_secs(1),
@@ -209,7 +219,12 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     notifier.ready("running; waiting for instance metadata");
 
     let early_imds = Arc::new(Imds::new(&early.settings.imds));
-    let mut identity = tokio::spawn(wait_identity(early_imds, notifier.clone()));
+    let mut identity = tokio::spawn(wait_identity(
+        early_imds,
+        files.clone(),
+        opts.flag_layers.clone(),
+        notifier.clone(),
+    ));
     let id = loop {
         tokio::select! {
             _ = term.recv() => {
@@ -219,7 +234,11 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             }
             _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
             r = &mut identity => match r {
-                Ok(id) => break id,
+                Ok(Ok(id)) => break id,
+                Ok(Err(e)) => {
+                    notifier.stopping();
+                    return Err(e.into());
+                }
                 Err(e) => {
                     // The task cannot fail but by a panic; there is nothing to go on.
                     tracing::error!("waiting for instance metadata: {e}");

@@ -518,7 +518,9 @@ pub struct EarlyRegistration {
 /// to start beside the instance metadata read: only when `pcs.enabled` is set there; the
 /// cluster id from `pcs.cluster_id`, else the tag `aws:pcs:cluster-id` read on its own;
 /// region and credentials from IMDS. `None` when it cannot be made or fails (logged at
-/// debug level): [`register`] then registers (and retries) itself.
+/// debug level): [`register`] then registers (and retries) itself, with the cluster id from
+/// the identity's tags (EC2's `DescribeTags` with `imds.tags = "describe-tags"`, where
+/// metadata serves no tags and this attempt finds none).
 pub async fn register_early(pcs: &PcsSettings, imds: &ImdsSettings) -> Option<EarlyRegistration> {
     if !pcs.enabled {
         return None;

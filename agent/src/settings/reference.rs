@@ -98,6 +98,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("imds.timeout", r#""2s""#),
     ("imds.attempts", "6"),
     ("imds.token_ttl", r#""1h""#),
+    ("imds.tags", r#""describe-tags""#),
     ("systemd.bus", r#""unix:path=/run/user/0/bus""#),
     ("agent.state_dir", r#""/var/lib/slurm-node-agent""#),
     (
