@@ -207,7 +207,11 @@ pub fn content(disk: &Disk, runner: &super::assemble::Runner) -> Result<Content,
         }
     }
     let dev = disk.device.to_string_lossy().into_owned();
-    let out = runner.run("blkid", &["-p", "-o", "export", &dev], &[disk.clone()])?;
+    let out = runner.run(
+        "blkid",
+        &["-p", "-o", "export", &dev],
+        std::slice::from_ref(disk),
+    )?;
     match out.status {
         // blkid: 2 means nothing was found.
         2 => Ok(Content::Blank),
@@ -222,7 +226,7 @@ pub fn content(disk: &Disk, runner: &super::assemble::Runner) -> Result<Content,
                 .unwrap_or_else(|| "a signature".into());
             Ok(Content::Other(what))
         }
-        _ => Err(out.failed("blkid", &[disk.clone()])),
+        _ => Err(out.failed("blkid", std::slice::from_ref(disk))),
     }
 }
 
@@ -280,6 +284,7 @@ pub fn size_bytes(probe: &Probe, disk: &Disk) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

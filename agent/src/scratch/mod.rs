@@ -537,6 +537,7 @@ pub fn tmp_disk_mismatch(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
