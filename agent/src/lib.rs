@@ -17,7 +17,7 @@
 //! | 8 | [`identity`] |
 //! | 7 | [`settings`] |
 //! | 6 | [`events`] |
-//! | 5 | [`drain`], [`node_lifecycle`] |
+//! | 5 | [`drain`], [`node_lifecycle`], [`scratch`] |
 //! | 4 | [`health`], [`mounts`], [`pcs`], [`upgrade`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`ec2tags`], [`nodedef`] |
@@ -33,7 +33,8 @@
 //!   command.
 //! - **Subsystems (4 to 6)**, each owning its settings section: [`events`], IMDS
 //!   interruption and maintenance notices; [`drain`], the one drain state machine;
-//!   [`node_lifecycle`], the lifecycle scripts; [`health`], node health checks (`check`,
+//!   [`node_lifecycle`], the lifecycle scripts; [`scratch`], node-local scratch striped
+//!   over the instance store disks; [`health`], node health checks (`check`,
 //!   `HealthCheckProgram`); [`mounts`], FSx for Lustre, EFS and NFS mounts through systemd
 //!   `.mount` units; [`pcs`], the managed join (AWS Parallel Computing Service
 //!   registration); [`upgrade`], rolling image upgrades and their actions.
@@ -79,6 +80,7 @@ pub mod nodedef;
 pub mod pcs;
 pub mod reason;
 pub mod retry;
+pub mod scratch;
 pub mod section;
 pub mod settings;
 pub mod slurm;

@@ -511,6 +511,22 @@ pub struct NodeDefinition {
     pub dynamic_conf: Option<String>,
 }
 
+impl NodeDefinition {
+    /// Adds `TmpDisk=<mib>` (Slurm's `TmpDisk`, MiB: the size of the node-local scratch
+    /// its `TmpFS` names) to a dynamic node's `--conf` line, replacing one already there.
+    /// A node pre-declared in slurm.conf is unchanged: its `TmpDisk` is slurm.conf's.
+    pub fn with_tmp_disk(mut self, mib: u64) -> NodeDefinition {
+        if let Some(conf) = self.dynamic_conf.as_mut() {
+            let kept: Vec<&str> = conf
+                .split(' ')
+                .filter(|w| !w.starts_with("TmpDisk="))
+                .collect();
+            *conf = format!("{} TmpDisk={mib}", kept.join(" "));
+        }
+        self
+    }
+}
+
 /// RealMemory to declare: physical memory less the larger of the two reserves.
 pub fn real_memory_mib(memory_mib: u64, reserve_percent: u64, reserve_mib: u64) -> u64 {
     let by_percent = memory_mib * reserve_percent.min(100) / 100;
@@ -781,6 +797,24 @@ mod tests {
         for bad in ["a b", "a=b", "a,b", "a\nb", "a|b", "a&b", "é", "[x]", ""] {
             assert!(validate_feature(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn tmp_disk_in_the_conf_line() {
+        let d = NodeDefinition {
+            node_name: "n1".into(),
+            dynamic_conf: Some("CPUs=4 Weight=1".into()),
+        };
+        let d = d.with_tmp_disk(7000).with_tmp_disk(7100);
+        assert_eq!(
+            d.dynamic_conf.as_deref(),
+            Some("CPUs=4 Weight=1 TmpDisk=7100")
+        );
+        let fixed = NodeDefinition {
+            node_name: "n1".into(),
+            dynamic_conf: None,
+        };
+        assert_eq!(fixed.with_tmp_disk(7000).dynamic_conf, None);
     }
 
     #[test]

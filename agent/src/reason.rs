@@ -52,11 +52,13 @@ pub enum ReasonCause {
     Operator,
     /// A script or hook acting through the agent.
     Script,
+    /// Node-local scratch on instance storage is not in place (bootstrap's scratch step).
+    Scratch,
 }
 
 impl ReasonCause {
     /// Every cause, in the order `docs/operator-guide.md` ("Drain reasons") lists them.
-    pub const ALL: [ReasonCause; 11] = [
+    pub const ALL: [ReasonCause; 12] = [
         ReasonCause::Health,
         ReasonCause::Mount,
         ReasonCause::Spot,
@@ -68,6 +70,7 @@ impl ReasonCause {
         ReasonCause::Upgrade,
         ReasonCause::Operator,
         ReasonCause::Script,
+        ReasonCause::Scratch,
     ];
 
     /// The word in the reason: `health`, `mount`, `spot`...
@@ -84,6 +87,7 @@ impl ReasonCause {
             ReasonCause::Upgrade => "upgrade",
             ReasonCause::Operator => "operator",
             ReasonCause::Script => "script",
+            ReasonCause::Scratch => "scratch",
         }
     }
 

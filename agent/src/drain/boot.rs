@@ -49,6 +49,8 @@ pub fn found_drain(
         | ReasonCause::Maintenance
         | ReasonCause::Rebalance
         | ReasonCause::Lifecycle => true,
+        // Bootstrap puts scratch in place at every boot, and drains again when it fails.
+        ReasonCause::Scratch => true,
         // This instance's upgrade drain is the upgrade's to finish; another instance's is
         // over unless this replacement still runs an image other than the desired one (then
         // the daemon's loop check owns it: lifting it would drain and power off again).

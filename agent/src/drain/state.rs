@@ -230,7 +230,9 @@ pub fn is_our_reason(reason: &str, kind: Option<&str>) -> bool {
         ReasonCause::Maintenance => Some("maintenance"),
         ReasonCause::Upgrade => Some("upgrade"),
         ReasonCause::Rebalance => Some("rebalance"),
-        ReasonCause::Health | ReasonCause::Mount | ReasonCause::Script => None,
+        ReasonCause::Health | ReasonCause::Mount | ReasonCause::Script | ReasonCause::Scratch => {
+            None
+        }
     };
     match (kind_of(r.cause), kind) {
         (Some(k), Some(want)) => k == want,

@@ -38,6 +38,8 @@ pub struct Settings {
     pub pcs: crate::pcs::PcsSettings,
     /// `[node_lifecycle]`: the image's lifecycle scripts and the `TERMINATE` shutdown unit.
     pub node_lifecycle: crate::node_lifecycle::NodeLifecycleSettings,
+    /// `[scratch]`: node-local scratch on the instance store disks.
+    pub scratch: crate::scratch::ScratchSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -101,6 +103,7 @@ impl Settings {
         self.drain.validate()?;
         self.health.validate()?;
         self.node_lifecycle.validate()?;
+        self.scratch.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }

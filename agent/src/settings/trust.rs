@@ -21,7 +21,7 @@ impl Source {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 13] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 14] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -39,6 +39,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 13] {
         s::<crate::health::HealthSettings>(),
         s::<crate::pcs::PcsSettings>(),
         s::<crate::node_lifecycle::NodeLifecycleSettings>(),
+        s::<crate::scratch::ScratchSettings>(),
     ]
 }
 
