@@ -41,9 +41,11 @@ write_if_changed /usr/local/sbin/slurm-image-acceptance 0755 <<'EOS'
 exec bash /usr/local/lib/slurm-image/99-acceptance.sh "$@"
 EOS
 
-# dbus: the system bus, through which the agent and systemctl reach systemd.
+# dbus: the system bus, through which the agent and systemctl reach systemd. btrfs-progs:
+# node-local scratch striped over the instance store disks (the agent's [scratch]; RHEL 9
+# and Amazon Linux 2023 ship no btrfs, and 70-agent.sh turns scratch off there).
 if [ "$(os_family)" = deb ]; then
-	pkg_install ca-certificates curl tar bzip2 gzip xz-utils procps kmod systemd util-linux dbus
+	pkg_install ca-certificates curl tar bzip2 gzip xz-utils procps kmod systemd util-linux dbus btrfs-progs
 else
 	pkg_install ca-certificates tar bzip2 gzip xz procps-ng kmod systemd util-linux dbus
 	command -v curl >/dev/null 2>&1 || pkg_install curl-minimal

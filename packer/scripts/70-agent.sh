@@ -144,6 +144,19 @@ type = "${SLURM_AUTH:-munge}"
 [slurm]
 bin_dir = "$bin_dir"
 TOML
+# Node-local scratch is btrfs over the instance store disks: an image without mkfs.btrfs
+# (RHEL 9, Amazon Linux 2023) leaves the disks alone rather than drain every node that has
+# some.
+if command -v mkfs.btrfs >/dev/null 2>&1; then
+	rm -f /etc/slurm-node-agent/conf.d/11-scratch.toml
+else
+	log "mkfs.btrfs not in this image: node-local scratch turned off (scratch.enabled = false)"
+	write_if_changed /etc/slurm-node-agent/conf.d/11-scratch.toml 0644 <<'TOML'
+# Written by packer/scripts/70-agent.sh: this image has no mkfs.btrfs (btrfs-progs).
+[scratch]
+enabled = false
+TOML
+fi
 install -d -m 0755 /var/lib/slurm-node-agent
 # The health checks' folder (health.checks_dir): empty, where a site drops its *.toml.
 install -d -m 0755 /etc/slurm-node-agent/checks.d

@@ -61,8 +61,9 @@ pub struct ScratchSettings {
     /// path outside the system's own folders. Point Slurm's `TmpFS` here.
     pub mount_point: PathBuf,
     /// How many instance store disks to wait for (the instance type's count). `0`: those
-    /// present once the set stops changing for 2 s. Fewer within `scratch.wait` drains the
-    /// node, naming the ones found.
+    /// present once the set stops changing for 2 s (none at the first look: no instance
+    /// storage, no wait). Fewer within `scratch.wait` drains the node, naming the ones
+    /// found.
     pub disks: u32,
     /// The longest bootstrap waits for the disks to appear (and for every member of an
     /// existing array).
@@ -392,8 +393,13 @@ fn wait_for_disks(
         last = Some((found.clone(), since));
         let enough = s.disks == 0 || found.len() >= s.disks as usize;
         // With `scratch.disks` set, the count decides; else the set staying the same (or
-        // the bound: a set still changing then is taken as it is).
-        let settled = s.disks > 0 || now.duration_since(since) >= env.settle || now >= deadline;
+        // the bound: a set still changing then is taken as it is). None at all: an instance
+        // type without instance storage (the kernel has named its NVMe disks long before
+        // bootstrap runs), and no wait added to its boot.
+        let settled = s.disks > 0
+            || found.is_empty()
+            || now.duration_since(since) >= env.settle
+            || now >= deadline;
         if enough && settled {
             let contents = found
                 .iter()
