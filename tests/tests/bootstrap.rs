@@ -28,6 +28,8 @@ fn bootstrap_brings_a_dynamic_node_to_idle_and_runs_a_job_then_converges() {
             "instance_metadata",
             "node_definition",
             "auth_key",
+            // Node-local scratch, beside the key: nothing on this host (no instance storage).
+            "scratch",
             "munge",
             "mounts",
             "slurmd",
