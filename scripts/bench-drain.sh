@@ -5,6 +5,9 @@
 # and RSS (goal <= 20 MiB) over BENCH_IDLE_SECS (default 60). Release build. Prints the
 # numbers; asserts nothing about them.
 #
+# BENCH_DRAIN_TESTS: the drain tests' benchmarks to run, in order (default bench_drain;
+# scripts/bench-noise.sh adds bench_noise).
+#
 # Needs what the e2e tests need: slurmctld, slurmd, munge (Debian packages), root.
 set -eu
 cd "$(dirname "$0")/.."
@@ -13,5 +16,7 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_d
 SLURM_NODE_AGENT_BIN="${SLURM_NODE_AGENT_BIN:-$target_dir/release/slurm-node-agent}"
 export SLURM_NODE_AGENT_BIN
 echo "agent: $SLURM_NODE_AGENT_BIN"
-cargo test --release --locked --workspace --test drain -- --ignored --exact bench_drain --nocapture 2>&1 |
+# shellcheck disable=SC2086 # test names are words
+cargo test --release --locked --workspace --test drain -- --ignored --exact ${BENCH_DRAIN_TESTS:-bench_drain} \
+    --test-threads=1 --nocapture 2>&1 |
     grep -E '^BENCH|panicked|error' | sed 's/^BENCH //'

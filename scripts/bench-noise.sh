@@ -15,11 +15,4 @@
 # Needs what the e2e tests need: slurmctld, slurmd, munge, root; two CPUs for the detour.
 set -eu
 cd "$(dirname "$0")/.."
-cargo build --release --locked --workspace --bins
-target_dir=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-SLURM_NODE_AGENT_BIN="${SLURM_NODE_AGENT_BIN:-$target_dir/release/slurm-node-agent}"
-export SLURM_NODE_AGENT_BIN
-echo "agent: $SLURM_NODE_AGENT_BIN"
-cargo test --release --locked --workspace --test drain -- --ignored --exact bench_noise bench_drain \
-    --test-threads=1 --nocapture 2>&1 |
-    grep -E '^BENCH|panicked|error' | sed 's/^BENCH //'
+BENCH_DRAIN_TESTS="bench_noise bench_drain" exec scripts/bench-drain.sh

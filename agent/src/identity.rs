@@ -258,14 +258,15 @@ pub async fn read_instance(
     enforce: settings::Enforce,
 ) -> Result<InstanceIdentity, InstanceError> {
     let mut id = imds.identity().await?;
-    let mut layers: Vec<Layer> = file_layers.to_vec();
-    layers.extend(metadata_layers(
-        &user_data_settings(&id)?,
-        &BTreeMap::new(),
-        enforce,
-    )?);
-    layers.extend(flag_layers.iter().cloned());
-    let source = Resolved::merge_with(&layers, enforce)?.settings.imds.tags;
+    // The tag source is never a tag's to choose: resolved as bootstrap does, tags left out.
+    let untagged = InstanceIdentity {
+        tags: BTreeMap::new(),
+        ..id.clone()
+    };
+    let source = resolve_settings(file_layers, Some(&untagged), flag_layers, enforce)?
+        .settings
+        .imds
+        .tags;
     if source == TagSource::DescribeTags {
         id.tags = crate::ec2tags::instance_tags(&id.region, &id.instance_id).await?;
         id.tags_available = true;

@@ -88,6 +88,20 @@ impl World {
         fs::write(self.path("agent.toml"), text).unwrap();
     }
 
+    /// Settings with the defaults for everything the daemon does periodically (for the
+    /// benchmarks): only the node, Slurm, the emulator and the state folder.
+    fn write_default_settings(&self) {
+        let text = format!(
+            "[node]\nname = \"{}\"\n[slurm]\nbin_dir = \"{}\"\n[imds]\nendpoint = \"{}\"\n\
+             [agent]\nstate_dir = \"{}\"\n",
+            self.node,
+            slurm_e2e::install::bin_dir().display(),
+            self.imds.endpoint(),
+            self.path("state").display()
+        );
+        fs::write(self.path("agent.toml"), text).unwrap();
+    }
+
     fn agent(&self, args: &[&str]) -> Command {
         let mut c = Command::new(agent_binary().unwrap());
         c.args(args)
@@ -858,6 +872,51 @@ fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
     d.stop().unwrap();
 }
 
+/// The daemon's `STATUS=` follows what an operator's `drain` and `resume` commands wrote
+/// (another process than the daemon): the drain, then `active` again after the resume.
+#[test]
+fn an_operators_drain_and_resume_show_in_the_running_daemons_status() {
+    let w = World::start("opst1", &[], "");
+    let notify_path = w.path("notify.sock");
+    let sock = UnixDatagram::bind(&notify_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut d = w.daemon("agent", Some(&notify_path));
+    w.wait_phase("active");
+    let mut seen = Vec::new();
+    let mut wait_status = |prefix: &str| {
+        wait_until(
+            &format!("STATUS={prefix}"),
+            WAIT,
+            Duration::from_millis(50),
+            || {
+                seen.extend(notifications(&sock));
+                Ok(seen
+                    .iter()
+                    .any(|m| m.starts_with(&format!("STATUS={prefix}")))
+                    .then_some(()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}: {seen:?}\n{}", d.log_tail(20)));
+        seen.clear();
+    };
+    let out = w.run_agent(&["drain", "--reason", "kernel update"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_status("drain");
+    let out = w.run_agent(&["resume"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_status("active");
+    d.stop().unwrap();
+}
+
 #[test]
 fn drain_resume_commands_are_idempotent_and_respect_foreign_drains() {
     let w = World::start("cmd1", &[], "");
@@ -1194,17 +1253,7 @@ fn bench_drain() {
     let w = World::start("bench1", &[], "");
     // Defaults for everything that matters: spot every 1 s, the other notices every 30 s
     // and 5 min.
-    fs::write(
-        w.path("agent.toml"),
-        format!(
-            "[node]\nname = \"bench1\"\n[slurm]\nbin_dir = \"{}\"\n[imds]\nendpoint = \"{}\"\n\
-             [agent]\nstate_dir = \"{}\"\n",
-            slurm_e2e::install::bin_dir().display(),
-            w.imds.endpoint(),
-            w.path("state").display()
-        ),
-    )
-    .unwrap();
+    w.write_default_settings();
     let mut d = w.daemon("agent", None);
     w.wait_phase("active");
     let base = std::time::SystemTime::now()
@@ -1327,17 +1376,7 @@ fn bench_noise() {
     let rounds = env_u64("BENCH_DETOUR_ROUNDS", 3);
     let mut w = World::start("noise1", &[], "");
     // Default settings for everything the daemon does periodically.
-    fs::write(
-        w.path("agent.toml"),
-        format!(
-            "[node]\nname = \"noise1\"\n[slurm]\nbin_dir = \"{}\"\n[imds]\nendpoint = \"{}\"\n\
-             [agent]\nstate_dir = \"{}\"\n",
-            slurm_e2e::install::bin_dir().display(),
-            w.imds.endpoint(),
-            w.path("state").display()
-        ),
-    )
-    .unwrap();
+    w.write_default_settings();
     let mut c = w.agent(&["run"]);
     // As under systemd (WatchdogSec=60s): the watchdog is one of its periodic jobs.
     c.env("WATCHDOG_USEC", "60000000");

@@ -184,10 +184,39 @@ struct Ctx {
     health_looked: std::sync::atomic::AtomicBool,
 }
 
+/// What `STATUS=` last said, and the phase it was for.
+struct Shown {
+    phase: Phase,
+    status: String,
+}
+
+impl Shown {
+    /// Sends `STATUS=` when `st` (with the upgrade watch's words) reads differently from
+    /// the last one; returns whether the phase changed.
+    fn observe(
+        &mut self,
+        st: &crate::drain::DrainState,
+        upgrade: &str,
+        notifier: &Notifier,
+    ) -> bool {
+        let line = status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), upgrade);
+        if line != self.status {
+            notifier.status(&line);
+            self.status = line;
+        }
+        let changed = st.phase != self.phase;
+        self.phase = st.phase;
+        changed
+    }
+}
+
 /// What a child task did.
 struct Outcome {
     result: Result<(), DrainError>,
     upgrade: Option<Check>,
+    /// Whether it may have changed the drain state (false: a metadata poll that decided
+    /// nothing, which the main loop need not read the state again for).
+    acted: bool,
 }
 
 /// Runs until SIGTERM/SIGINT.
@@ -313,9 +342,11 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         "agent running"
     );
     let mut upgrade_status = String::new();
-    let mut last_phase = st.phase;
-    let mut last_status = status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), "");
-    notifier.status(&last_status);
+    let mut shown = Shown {
+        phase: st.phase,
+        status: status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), ""),
+    };
+    notifier.status(&shown.status);
 
     // Shared file systems: remount what went away, drain while a required one is missing,
     // lift only that drain when it is back (mounts::reconcile), every MOUNTS_INTERVAL when
@@ -366,6 +397,8 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     }
                 };
                 let work = running.remove(&task);
+                // An idle poll (once a second) changed nothing: no state to read again.
+                let acted = outcome.as_ref().is_none_or(|o| o.acted);
                 if let Some(o) = outcome {
                     if work == Some(Work::Upgrade) {
                         let next = match &o.upgrade {
@@ -385,21 +418,10 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                 } else if work == Some(Work::Upgrade) {
                     schedule.arm(Job::Upgrade, Instant::now() + s.upgrade.interval.0);
                 }
-                if let Ok(st) = ctx.engine.load() {
-                    let line = status_line(
-                        st.phase,
-                        st.cause.as_ref(),
-                        st.reason.as_deref(),
-                        &upgrade_status,
-                    );
-                    if line != last_status {
-                        notifier.status(&line);
-                        last_status = line;
-                    }
+                if let Some(st) = acted.then(|| ctx.engine.load().ok()).flatten() {
                     // A new drain: look at the node again at the next tick rather than a
                     // full interval later.
-                    if st.phase != last_phase {
-                        last_phase = st.phase;
+                    if shown.observe(&st, &upgrade_status, &notifier) {
                         schedule.arm(Job::Progress, Instant::now());
                     }
                 }
@@ -419,11 +441,18 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     notifier.watchdog();
                     continue;
                 }
-                // The drain state is a small file: read here, and a child task only when a
-                // drain is in progress (an operator's `drain` command writes it too).
+                // The drain state is a small file: read here (an operator's `drain` and
+                // `resume` write it too: `STATUS=` follows), and a child task only when a
+                // drain is in progress.
                 Job::Progress => match ctx.engine.load() {
-                    Ok(st) if st.phase == Phase::Active => continue,
-                    _ => Work::Progress,
+                    Ok(st) => {
+                        shown.observe(&st, &upgrade_status, &notifier);
+                        if st.phase == Phase::Active {
+                            continue;
+                        }
+                        Work::Progress
+                    }
+                    Err(_) => Work::Progress,
                 },
                 Job::Spot => Work::Spot,
                 Job::Notices => Work::Notices,
@@ -568,8 +597,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     spot: Some(o),
                     ..Default::default()
                 };
-                let d = events::decide(&s.events, &obs, cur, crate::time::now());
-                apply_on(&work_rt, &ctx, d).await
+                return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
             }
             Err(e) => {
                 lock_outage(&ctx).fail(&e);
@@ -589,8 +617,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     ..Default::default()
                 }
             };
-            let d = events::decide(&s.events, &obs, cur, crate::time::now());
-            apply_on(&work_rt, &ctx, d).await
+            return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
         }
         Work::Maintenance => {
             let (mt, mh) = tokio::join!(
@@ -609,8 +636,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     ..Default::default()
                 }
             };
-            let d = events::decide(&s.events, &obs, cur, crate::time::now());
-            apply_on(&work_rt, &ctx, d).await
+            return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
         }
         Work::Upgrade => match &ctx.aws {
             None => Ok(()),
@@ -701,7 +727,28 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             }
         }
     };
-    Outcome { result, upgrade }
+    Outcome {
+        result,
+        upgrade,
+        acted: true,
+    }
+}
+
+/// The notices' decisions ([`events::decide`]) over what a poll observed, applied on the
+/// work runtime ([`apply_on`]). An idle poll (no decision) reports that it changed nothing.
+async fn decide_and_apply(
+    ctx: &Arc<Ctx>,
+    work_rt: &tokio::runtime::Handle,
+    obs: &Observations,
+    current: Option<&Cause>,
+) -> Outcome {
+    let d = events::decide(&ctx.s.events, obs, current, crate::time::now());
+    let acted = !d.is_empty();
+    Outcome {
+        result: apply_on(work_rt, ctx, d).await,
+        upgrade: None,
+        acted,
+    }
 }
 
 fn lock_outage(ctx: &Ctx) -> std::sync::MutexGuard<'_, Outage> {

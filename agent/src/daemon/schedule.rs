@@ -272,7 +272,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn the_ticker_ticks_at_once_then_every_period() {
         let mut t = Ticker::new(Duration::from_millis(20)).unwrap();
-        let first = t.tick().await.unwrap();
+        t.tick().await.unwrap();
         let start = std::time::Instant::now();
         for _ in 0..3 {
             t.tick().await.unwrap();
@@ -283,7 +283,6 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
-        assert!(first <= Instant::now());
     }
 
     #[test]
