@@ -34,6 +34,9 @@ pub enum Exit {
     IoErr,
     /// 75, EX_TEMPFAIL: try again later (the join deadline, a busy lock, `--wait`).
     TempFail,
+    /// 76, EX_PROTOCOL: slurmctld refuses this node's Slurm release (a controller older
+    /// than slurmd): bootstrap does not start slurmd.
+    Protocol,
     /// 77, EX_NOPERM: permission denied (the key; `resume` of an admin's drain).
     NoPerm,
     /// 78, EX_CONFIG: invalid settings; no node name. (A check file that cannot be used is
@@ -43,7 +46,7 @@ pub enum Exit {
 
 impl Exit {
     /// Every code, in order.
-    pub const ALL: [Exit; 11] = [
+    pub const ALL: [Exit; 12] = [
         Exit::Ok,
         Exit::Unhealthy,
         Exit::Usage,
@@ -53,6 +56,7 @@ impl Exit {
         Exit::MountFailed,
         Exit::IoErr,
         Exit::TempFail,
+        Exit::Protocol,
         Exit::NoPerm,
         Exit::Config,
     ];
@@ -69,6 +73,7 @@ impl Exit {
             Exit::MountFailed => 72,
             Exit::IoErr => 74,
             Exit::TempFail => 75,
+            Exit::Protocol => 76,
             Exit::NoPerm => 77,
             Exit::Config => 78,
         }
@@ -84,6 +89,7 @@ impl Exit {
             Exit::MountFailed => Some("EX_OSFILE"),
             Exit::IoErr => Some("EX_IOERR"),
             Exit::TempFail => Some("EX_TEMPFAIL"),
+            Exit::Protocol => Some("EX_PROTOCOL"),
             Exit::NoPerm => Some("EX_NOPERM"),
             Exit::Config => Some("EX_CONFIG"),
         }
@@ -128,6 +134,9 @@ impl Exit {
             Exit::TempFail => {
                 "temporary: node not registered by `slurm.join_deadline`; state lock busy; `--wait` timed out; resume while the upgrade action runs"
             }
+            Exit::Protocol => {
+                "version skew: slurmctld refuses the protocol of this node's Slurm release (a controller older than the node's slurmd, which never accepts a newer one): slurmd is not started"
+            }
             Exit::NoPerm => {
                 "permission: access to the key denied; `ec2:DescribeTags` denied (`imds.tags = \"describe-tags\"`); `resume` of an admin's drain without `--force`"
             }
@@ -145,7 +154,7 @@ impl Exit {
             Exit::DataErr => "`bootstrap`",
             Exit::Unavailable => "`bootstrap`, `run`, `drain`, `resume`, `status`, `config show`",
             Exit::OsErr => "`bootstrap`, `run`, any",
-            Exit::MountFailed => "`bootstrap`",
+            Exit::MountFailed | Exit::Protocol => "`bootstrap`",
             Exit::IoErr => "`bootstrap`, `run`, `drain`, `resume`, `status`, `check`",
             Exit::TempFail => "`bootstrap`, `drain`, `resume`, `run`",
             Exit::NoPerm => "`bootstrap`, `resume`, `drain`, `status`, `config show`",
@@ -164,6 +173,7 @@ impl Exit {
             Exit::MountFailed => "bootstrap: a required mount is not in place",
             Exit::IoErr => "I/O error",
             Exit::TempFail => "temporary failure: retry (join deadline, busy state lock, --wait)",
+            Exit::Protocol => "bootstrap: slurmctld refuses this node's Slurm release",
             Exit::NoPerm => "permission denied",
             Exit::Config => "invalid settings",
         }

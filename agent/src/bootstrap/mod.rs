@@ -32,6 +32,7 @@ use crate::nodedef::{DefinitionError, NodeDefinition};
 use crate::pcs::{EarlyRegistration, Managed};
 use crate::reason::RecordHolder;
 use crate::settings::{self, Enforce, Layer, Resolved, Settings, SettingsError};
+use crate::slurm::skew::Refusal;
 use crate::slurm::slurmd::{self, PrepareError};
 use crate::slurm::{self as slurm_mod, record, InstanceArgs, SlurmVersion};
 use crate::systemd::{Systemd, SystemdError};
@@ -79,7 +80,9 @@ pub enum BootstrapError {
          give the node the controller's AuthType and key. {daemon} ran {}s without its \
          configuration while slurmctld accepted connections; {daemon}'s log \
          (journalctl -u {unit}) says `{}` for this, slurmctld's `authentication error` (a \
-         controller without SlurmctldParameters=enable_configless refuses too)",
+         controller without SlurmctldParameters=enable_configless refuses too). A slurmctld \
+         of 24.11 or older refuses a newer release's {daemon} the same way: compare with \
+         SLURM_VERSION in `scontrol show config` on the controller",
         auth_type.setting(),
         auth_type.plugin(),
         key_path.display(),
@@ -108,6 +111,30 @@ pub enum BootstrapError {
         unit: String,
         /// How long the daemon ran without its configuration.
         ran: Duration,
+    },
+    /// slurmctld refused the protocol of this node's Slurm release at the look before
+    /// slurmd's start (exit 76, EX_PROTOCOL): the controller runs an older release than
+    /// slurmd, and a controller never accepts a newer one ([`crate::slurm::skew`]). slurmd
+    /// is not started.
+    #[error(
+        "node {node_name}: slurmctld at {controller} refuses the protocol of this node's \
+         Slurm{} (scontrol: `{evidence}`): a slurmctld accepts slurmd of its own release and \
+         of up to three older ones (two before 24.11), never a newer one, so the controller \
+         runs a release older than {}. slurmd is not started. Build the image with the \
+         controller's release (slurm_version) or upgrade the controller first; \
+         `scontrol show config` on the controller prints its SLURM_VERSION",
+        node_version.map(|v| format!(" {v}")).unwrap_or_default(),
+        node_version.map_or_else(|| "this node's".to_string(), |v| format!("{}.{:02}", v.major, v.minor))
+    )]
+    VersionSkew {
+        /// NodeName.
+        node_name: String,
+        /// The controller that refused (`host:port`), or how it was found.
+        controller: String,
+        /// `slurmd -V` on this node.
+        node_version: Option<SlurmVersion>,
+        /// scontrol's line that shows the refusal.
+        evidence: String,
     },
     /// A node that is not dynamic whose NodeName slurmctld does not know, while slurmd
     /// exits each time (exit 65): a mistyped `node.name`, or a nodeID the cluster's
@@ -209,6 +236,7 @@ impl BootstrapError {
             BootstrapError::Systemd(_) | BootstrapError::DaemonExits { .. } => Exit::OsErr,
             BootstrapError::Join { .. } | BootstrapError::Busy { .. } => Exit::TempFail,
             BootstrapError::Mounts(_) => Exit::MountFailed,
+            BootstrapError::VersionSkew { .. } => Exit::Protocol,
             BootstrapError::File(_)
             | BootstrapError::Record(_)
             | BootstrapError::Options(_)
@@ -798,9 +826,16 @@ async fn prepare_slurmd(
     }
     t.record("mounts", mounts_time);
     // Whose record slurmctld holds for the NodeName, from the one look before slurmd
-    // (re)starts; a slurmd that keeps running registered it already.
+    // (re)starts; a slurmd that keeps running registered it already. A slurmd that is not
+    // running starts too (a run that stopped before its start, e.g. at a version skew,
+    // left its options file in place): looked at the same way.
     let mut holder = RecordHolder::Unknown;
-    if prepared.restart {
+    let starts = prepared.restart
+        || !systemd
+            .active_state(&s.slurm.slurmd_unit)
+            .await
+            .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
+    if starts {
         // Only once munge runs: scontrol authenticates through it, and a call made while
         // munged was still starting waited in Slurm's authentication retries.
         let record_start = Instant::now();
@@ -812,6 +847,16 @@ async fn prepare_slurmd(
             &id.instance_id,
         )
         .await;
+        if let Some((Refusal::Protocol, evidence)) = found.refusal {
+            return Err(BootstrapError::VersionSkew {
+                node_name: def.node_name.clone(),
+                controller: slurm_mod::diagnose::controller_accepting(&s.slurm)
+                    .await
+                    .unwrap_or_else(|| slurm_mod::diagnose::controller_words(&s.slurm)),
+                node_version: prepared.version,
+                evidence,
+            });
+        }
         record::wait_for_next_second(found.slurmd_start_time).await;
         time += record_start.elapsed();
         holder = found.holder;

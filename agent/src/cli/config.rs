@@ -1,5 +1,8 @@
 //! `slurm-node-agent config show`: the merged settings with the source and the trust class
-//! of each value; `config reference`: every key's documentation (`docs/settings.md`).
+//! of each value, then this node's and the controller's Slurm releases (observed, not
+//! settings: text `# Node Slurm: ...` lines; JSON `_observed.slurm_releases`, as
+//! [`crate::slurm::skew::Releases::to_json`]); `config reference`: every key's
+//! documentation (`docs/settings.md`).
 
 use clap::{Args, Subcommand};
 
@@ -30,6 +33,10 @@ pub struct ShowArgs {
     /// Do not read instance tags and user data from IMDS (files and flags only).
     #[arg(long)]
     pub no_imds: bool,
+    /// Do not ask slurmctld its release (`scontrol show config`); this node's is still
+    /// shown.
+    #[arg(long)]
+    pub no_slurm: bool,
     /// Result format.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -85,6 +92,14 @@ impl ShowArgs {
             }
         };
         let entries = resolved.entries();
+        // Both Slurm releases, observed (not settings): this node's slurmd and the
+        // controller's (one `scontrol show config`).
+        let releases = if self.no_slurm {
+            crate::slurm::skew::Releases::look_local(&resolved.settings.slurm).await
+        } else {
+            crate::slurm::skew::Releases::look(&resolved.settings.slurm).await
+        }
+        .to_json();
         match self.output {
             Output::Json => {
                 let obj: serde_json::Map<String, serde_json::Value> = entries
@@ -97,11 +112,19 @@ impl ShowArgs {
                         )
                     })
                     .collect();
+                let mut obj = obj;
+                obj.insert(
+                    "_observed".into(),
+                    serde_json::json!({ "slurm_releases": releases }),
+                );
                 println!("{}", serde_json::Value::Object(obj));
             }
             Output::Text => {
                 for (k, v, s, t) in entries {
                     println!("{k} = {v}    # {s}; trust: {t}");
+                }
+                for (k, v) in super::status::release_lines(&releases) {
+                    println!("# {k}: {v}    (observed, not a setting)");
                 }
             }
         }

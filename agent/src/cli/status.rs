@@ -55,7 +55,14 @@ impl StatusArgs {
         report.instance_id = Some(id.instance_id.clone());
         let mut slurm_error = None;
         if !self.no_slurm {
-            report.slurm = Some(match engine.ops.scontrol.show_node(&node).await {
+            // Slurm's record of the node and both releases (slurmd -V; the controller's
+            // `scontrol show config`), asked together.
+            let (looked, releases) = futures_lite::future::zip(
+                engine.ops.scontrol.show_node(&node),
+                crate::slurm::skew::Releases::look(&s.slurm),
+            )
+            .await;
+            let mut view = match looked {
                 Ok(Some(n)) => slurm_view(&n, &id.instance_id),
                 Ok(None) => {
                     let e = "node not known to slurmctld".to_string();
@@ -67,7 +74,11 @@ impl StatusArgs {
                     slurm_error = Some(e.clone());
                     serde_json::json!({ "error": e })
                 }
-            });
+            };
+            if let Some(o) = view.as_object_mut() {
+                o.insert("releases".into(), releases.to_json());
+            }
+            report.slurm = Some(view);
         }
         match self.output {
             Output::Json => report.print(Output::Json),
@@ -171,6 +182,29 @@ pub fn slurm_view(n: &NodeInfo, instance_id: &str) -> serde_json::Value {
     })
 }
 
+/// `Node Slurm` and `Controller Slurm` from the report's `slurm.releases`
+/// ([`crate::slurm::skew::Releases::to_json`]).
+pub(super) fn release_lines(r: &serde_json::Value) -> Vec<(&'static str, String)> {
+    let field = |k: &str| r.get(k).and_then(|s| s.as_str());
+    let node = field("node").unwrap_or("unknown (slurmd -V gave no version)");
+    let controller = match (field("controller"), field("acceptance")) {
+        (Some(c), Some(a)) => format!("{c} ({a})"),
+        (Some(c), None) => c.to_string(),
+        // scontrol's last line says it (`scontrol: fatal: ...`): one line per field.
+        (None, _) => format!(
+            "unknown: {}",
+            field("controller_error")
+                .and_then(|e| e.lines().rfind(|l| !l.trim().is_empty()))
+                .unwrap_or("not asked")
+                .trim()
+        ),
+    };
+    vec![
+        ("Node Slurm", node.to_string()),
+        ("Controller Slurm", controller),
+    ]
+}
+
 /// The text rendering: one `Field: value` line each, fields that are not set left out.
 pub fn render_text(r: &Report) -> String {
     let mut lines: Vec<(&str, String)> = vec![("NodeName", r.node.clone())];
@@ -198,6 +232,9 @@ pub fn render_text(r: &Report) -> String {
     match &r.slurm {
         None => lines.push(("Slurm", "not asked (--no-slurm)".to_string())),
         Some(v) => {
+            if let Some(r) = v.get("releases") {
+                lines.extend(release_lines(r));
+            }
             if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
                 lines.push(("Slurm", format!("unavailable: {e}")));
             } else {
@@ -256,6 +293,54 @@ mod tests {
             shown.is_some_and(|l| l.ends_with(" ADMIN  SHUTDOWN")),
             "{t}"
         );
+    }
+
+    /// Both releases and the controller's verdict, one line each; a refusal's scontrol
+    /// error on one line.
+    #[test]
+    fn both_slurm_releases_are_shown_with_what_the_controller_makes_of_the_nodes() {
+        use crate::slurm::skew::{ControllerReleaseError, Releases};
+        let v = |s: &str| crate::slurm::SlurmVersion::parse(s);
+        let shown = |r: Releases| {
+            let mut rep = Report::new("d1", "status", DrainState::default());
+            rep.slurm = Some(serde_json::json!({ "error": "x", "releases": r.to_json() }));
+            render_text(&rep)
+        };
+        let t = shown(Releases {
+            node: v("25.11.6"),
+            controller: Ok(v("26.05.3").expect("version")),
+        });
+        assert!(t.contains("Node Slurm:") && t.contains(" 25.11.6\n"), "{t}");
+        assert!(t.contains(" 26.05.3 (accepted)\n"), "{t}");
+        let t = shown(Releases {
+            node: v("26.05.3"),
+            controller: Ok(v("25.11.6").expect("version")),
+        });
+        assert!(
+            t.contains("25.11.6 (refused: slurmd 26.05.3 is newer than slurmctld 25.11.6"),
+            "{t}"
+        );
+        let t = shown(Releases {
+            node: v("26.05.3"),
+            controller: Err(ControllerReleaseError::Protocol {
+                line: "slurm_load_node error: Insane message length".into(),
+                older_than: "26.05".into(),
+            }),
+        });
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("Controller Slurm:"))
+            .expect("line");
+        assert!(
+            line.ends_with("(slurm_load_node error: Insane message length): older than 26.05"),
+            "{t}"
+        );
+        let t = shown(Releases {
+            node: None,
+            controller: Err(ControllerReleaseError::NotAsked),
+        });
+        assert!(t.contains("unknown (slurmd -V gave no version)"), "{t}");
+        assert!(t.contains("unknown: not asked (--no-slurm)"), "{t}");
     }
 
     #[test]

@@ -94,3 +94,13 @@ pub async fn controller_accepting(slurm: &SlurmSettings) -> Option<String> {
     }
     None
 }
+
+/// The controller as the settings name it, for an error when none accepted a connection:
+/// `slurm.conf_servers` (`10.0.0.5:6817`), or the DNS SRV record when that is empty.
+pub fn controller_words(slurm: &SlurmSettings) -> String {
+    if slurm.conf_servers.is_empty() {
+        "the controller of the DNS SRV record _slurmctld._tcp".to_string()
+    } else {
+        slurm.conf_servers.join(",")
+    }
+}

@@ -14,6 +14,7 @@ pub mod options;
 pub mod readyz;
 pub mod record;
 pub mod sackd;
+pub mod skew;
 pub mod slurmd;
 pub mod version;
 

@@ -73,6 +73,9 @@ pub struct FoundRecord {
     pub slurmd_start_time: Option<i64>,
     /// Whose record it was: this instance's, a predecessor's, or Slurm does not say.
     pub holder: RecordHolder,
+    /// The look failed because slurmctld refused this node's protocol
+    /// ([`super::skew::refusal_of`]): how, and scontrol's line that shows it.
+    pub refusal: Option<(super::skew::Refusal, String)>,
 }
 
 impl FoundRecord {
@@ -90,6 +93,7 @@ impl FoundRecord {
         FoundRecord {
             slurmd_start_time: record.and_then(NodeInfo::slurmd_start_time),
             holder,
+            refusal: None,
         }
     }
 }
@@ -113,14 +117,19 @@ pub async fn look_before_start(
         Some(r) => r.show_node(node_name).await,
         None => scontrol.show_node(node_name).await,
     };
+    let mut refusal = None;
     let node = match looked {
         Ok(n) => n,
         Err(e) => {
             tracing::debug!("slurmctld's record before slurmd starts: {e}");
+            refusal = super::skew::refusal_of(&e);
             None
         }
     };
-    let found = FoundRecord::new(node_name, node.as_ref(), instance_id);
+    let found = FoundRecord {
+        refusal,
+        ..FoundRecord::new(node_name, node.as_ref(), instance_id)
+    };
     let (Some(node), Some(conf)) = (node, conf) else {
         return found;
     };
