@@ -19,9 +19,11 @@
 #                      empty: none). Runs only when no cargo test arguments are given.
 #                      scripts/test-matrix.sh runs every scenario on every version.
 #   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario (default 4)
-#                      Before the matrix, the version-skew test: a node on the matrix's
+#                      Before the matrix, the version-skew tests: a node on the matrix's
 #                      newest release (when newer than the suite's) against the suite's
-#                      controller (bootstrap exits 76 before slurmd starts).
+#                      controller (bootstrap exits 76 before slurmd starts), and an image
+#                      with the oldest, the suite's and the newest release (slurmd starts
+#                      with the suite's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,13 +61,19 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 		exit 1
 	fi
 	suite_version=$SLURM_E2E_VERSION
-	# Version skew (issue 23): a node whose Slurm is newer than the suite's controller, with
-	# the newest release of the matrix, when it is newer than the suite's.
-	newest=$(printf '%s\n' $SLURM_E2E_FLEET_MATRIX | sort -V | tail -n1)
+	# Version skew (issue 23): a node whose Slurm is newer than the suite's controller (the
+	# matrix's newest release, when newer than the suite's), and an image with three
+	# releases (the matrix's oldest, the suite's, the newest) choosing the suite's.
+	newest=$(tr ' ' '\n' <<<"$SLURM_E2E_FLEET_MATRIX" | sed '/^$/d' | sort -V | tail -n1)
+	oldest=$(tr ' ' '\n' <<<"$SLURM_E2E_FLEET_MATRIX" | sed '/^$/d' | sort -V | head -n1)
 	if [ "$(printf '%s\n' "$newest" "$SLURM_E2E_VERSION" | sort -V | tail -n1)" != "$SLURM_E2E_VERSION" ]; then
+		skew_tests=(a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases)
+		if [ "$(printf '%s\n' "$oldest" "$SLURM_E2E_VERSION" | sort -V | head -n1)" = "$oldest" ] && [ "$oldest" != "$SLURM_E2E_VERSION" ]; then
+			skew_tests+=(of_several_installed_releases_slurmd_starts_with_the_newest_the_controller_accepts)
+		fi
 		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
-			cargo test -p slurm-e2e --test bootstrap --locked -- --ignored --exact \
-			a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases
+			SLURM_E2E_OLDER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$oldest" 2>/dev/null | tail -n1) \
+			cargo test -p slurm-e2e --test bootstrap --locked -- --ignored --exact "${skew_tests[@]}"
 	fi
 	for v in $SLURM_E2E_FLEET_MATRIX; do
 		start=$(date +%s)

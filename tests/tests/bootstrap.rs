@@ -1137,28 +1137,62 @@ fn a_tag_placeholder_on_an_instance_without_tags_in_metadata_says_tags_are_unava
     assert!(err.contains("\"Name\" is not set"), "{err}");
 }
 
-/// `cmd` run in a private mount namespace where `newer` (a Slurm tree built for
-/// /opt/slurm) is bind-mounted on the suite's /opt/slurm: the node's slurmd, scontrol and
-/// plugins are the newer release's, the controller (started outside) keeps the suite's.
-fn in_newer_slurm(cmd: &std::process::Command, newer: &std::path::Path) -> std::process::Command {
+/// `cmd` run in a private mount namespace prepared by the shell `setup` (given `params` as
+/// `$1`...): the node's Slurm there differs from the controller's (started outside).
+fn in_namespace(
+    cmd: &std::process::Command,
+    setup: &str,
+    params: &[&std::ffi::OsStr],
+) -> std::process::Command {
     let mut c = std::process::Command::new("/usr/bin/unshare");
-    c.args([
-        "-m",
-        "--",
-        "/bin/sh",
-        "-c",
-        "mount --bind \"$0\" /opt/slurm && exec \"$@\"",
-    ])
-    .arg(newer)
-    .arg(cmd.get_program())
-    .args(cmd.get_args())
-    .env_clear();
+    let script = format!("set -e\n{setup}\nshift {}\nexec \"$@\"", params.len());
+    c.args(["-m", "--", "/bin/sh", "-c", &script, "setup"])
+        .args(params)
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .env_clear();
     for (k, v) in cmd.get_envs() {
         if let Some(v) = v {
             c.env(k, v);
         }
     }
     c
+}
+
+/// `cmd` with `newer` (a Slurm tree built for /opt/slurm) bind-mounted on the suite's
+/// /opt/slurm: the node's slurmd, scontrol and plugins are the newer release's.
+fn in_newer_slurm(cmd: &std::process::Command, newer: &std::path::Path) -> std::process::Command {
+    in_namespace(cmd, "mount --bind \"$1\" /opt/slurm", &[newer.as_os_str()])
+}
+
+/// A Slurm build from the cache (`slurm-<version>-<key>.tar`, scripts/slurm-build.sh)
+/// named by the environment variable `var`, unpacked under `into`: its release and its
+/// /opt/slurm tree, with the image builder's marker (`.slurm-build`, `version=`).
+fn unpack_build(var: &str, into: &std::path::Path) -> (String, std::path::PathBuf) {
+    let tar = std::path::PathBuf::from(std::env::var_os(var).unwrap_or_else(|| panic!("{var}")));
+    let version = tar
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("slurm-"))
+        .and_then(|n| n.split('-').next())
+        .unwrap()
+        .to_string();
+    std::fs::create_dir_all(into).unwrap();
+    let x = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(into)
+        .status()
+        .unwrap();
+    assert!(x.success());
+    let prefix = into.join("opt/slurm");
+    std::fs::write(
+        prefix.join(".slurm-build"),
+        format!("key=test\nversion={version}\n"),
+    )
+    .unwrap();
+    (version, prefix)
 }
 
 fn output_within(cmd: std::process::Command, secs: u64) -> std::process::Output {
@@ -1174,32 +1208,13 @@ fn output_within(cmd: std::process::Command, secs: u64) -> std::process::Output 
 #[test]
 #[ignore = "needs SLURM_E2E_NEWER_SLURM_TAR (a newer Slurm build): run by scripts/test.sh"]
 fn a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases() {
-    let tar = std::path::PathBuf::from(
-        std::env::var_os("SLURM_E2E_NEWER_SLURM_TAR").expect("SLURM_E2E_NEWER_SLURM_TAR"),
-    );
     assert_eq!(
         slurm_e2e::install::prefix(),
         std::path::Path::new("/opt/slurm"),
         "the newer tree is built for /opt/slurm: the suite's Slurm must be there"
     );
-    // The cache names its builds slurm-<version>-<key>.tar (scripts/slurm-build.sh).
-    let newer = tar
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("slurm-"))
-        .and_then(|n| n.split('-').next())
-        .unwrap()
-        .to_string();
     let tree = tempfile::tempdir().unwrap();
-    let x = std::process::Command::new("tar")
-        .arg("-xf")
-        .arg(&tar)
-        .arg("-C")
-        .arg(tree.path())
-        .status()
-        .unwrap();
-    assert!(x.success());
-    let newer_prefix = tree.path().join("opt/slurm");
+    let (newer, newer_prefix) = unpack_build("SLURM_E2E_NEWER_SLURM_TAR", tree.path());
     let env = NodeEnv::start("").unwrap();
     let suite = env.ctld.scontrol_ok(&["show", "config"]).unwrap();
     let ctld_version = suite
@@ -1280,4 +1295,107 @@ fn a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases() {
             && l.contains(&format!("{ctld_version} (accepted)"))),
         "{text}"
     );
+}
+
+/// Issue 23 §2, the node's side: an image with three releases (an older one the default,
+/// the suite's, a newer one) against the suite's controller. Bootstrap points /opt/slurm
+/// at the newest, the controller refuses it, then at the suite's release, which it accepts:
+/// slurmd starts with it and the node joins; the older default is never tried. A run again
+/// with slurmd running changes nothing. Needs `SLURM_E2E_NEWER_SLURM_TAR` and
+/// `SLURM_E2E_OLDER_SLURM_TAR` (scripts/test.sh).
+#[test]
+#[ignore = "needs SLURM_E2E_NEWER_SLURM_TAR and SLURM_E2E_OLDER_SLURM_TAR: run by scripts/test.sh"]
+fn of_several_installed_releases_slurmd_starts_with_the_newest_the_controller_accepts() {
+    assert_eq!(
+        slurm_e2e::install::prefix(),
+        std::path::Path::new("/opt/slurm")
+    );
+    let tree = tempfile::tempdir().unwrap();
+    let (newer, newer_prefix) =
+        unpack_build("SLURM_E2E_NEWER_SLURM_TAR", &tree.path().join("newer"));
+    let (older, older_prefix) =
+        unpack_build("SLURM_E2E_OLDER_SLURM_TAR", &tree.path().join("older"));
+    let suite = std::fs::read_to_string("/opt/slurm/.slurm-build").unwrap();
+    let suite = suite
+        .lines()
+        .find_map(|l| l.strip_prefix("version="))
+        .unwrap()
+        .to_string();
+    let host = tree.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    // /opt in the namespace: a tmpfs with the three prefixes and /opt/slurm -> `$5`.
+    let setup = r#"mount --bind /opt/slurm "$1"
+mount -t tmpfs tmpfs /opt
+for p in "$2" "$3" "$4"; do mkdir "/opt/slurm-${p##*=}"; mount --bind "${p%=*}" "/opt/slurm-${p##*=}"; done
+ln -s "slurm-$5" /opt/slurm"#;
+    let node = |default: &str| {
+        [
+            host.clone().into_os_string(),
+            format!("{}={newer}", newer_prefix.display()).into(),
+            format!("{}={suite}", host.display()).into(),
+            format!("{}={older}", older_prefix.display()).into(),
+            default.into(),
+        ]
+    };
+    let env = NodeEnv::start("").unwrap();
+    let params = node(&older);
+    let params: Vec<&std::ffi::OsStr> = params.iter().map(|p| p.as_os_str()).collect();
+    let out = output_within(
+        in_namespace(
+            &env.agent_command(&["bootstrap", "--output", "json"])
+                .unwrap(),
+            setup,
+            &params,
+        ),
+        180,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{err}");
+    let r = report(&out).unwrap();
+    let release = &r["slurm_release"];
+    assert_eq!(release["chosen"], suite.as_str(), "{r}");
+    assert_eq!(
+        release["installed"],
+        serde_json::json!([newer, suite, older]),
+        "{r}"
+    );
+    let refused = release["refused"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "{r}");
+    assert_eq!(refused[0]["version"], newer.as_str(), "{r}");
+    assert!(
+        refused[0]["scontrol"]
+            .as_str()
+            .unwrap()
+            .contains("Insane message length"),
+        "{r}"
+    );
+    assert!(
+        err.contains(&format!(
+            "starting slurmd {suite}: the newest installed release slurmctld accepts (it refused {newer}"
+        )),
+        "{err}"
+    );
+    let line = env
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", DEFAULT_NODE_NAME])
+        .unwrap();
+    assert!(line.contains(&format!("Version={suite}")), "{line}");
+    // Run again, /opt/slurm where the first run left it: slurmd runs, nothing switches.
+    let pid = env.slurmd_pid().unwrap();
+    let params = node(&suite);
+    let params: Vec<&std::ffi::OsStr> = params.iter().map(|p| p.as_os_str()).collect();
+    let out = output_within(
+        in_namespace(
+            &env.agent_command(&["bootstrap", "--output", "json"])
+                .unwrap(),
+            setup,
+            &params,
+        ),
+        180,
+    );
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert!(r.get("slurm_release").is_none(), "{r}");
+    assert_eq!(r["slurmd_restarted"], false, "{r}");
+    assert_eq!(env.slurmd_pid().unwrap(), pid);
 }

@@ -105,6 +105,7 @@ pub(super) async fn run(
 
     Recorded::of_login(cx.id, &name).write(&s.agent.state_dir)?;
     Ok(Report {
+        slurm_release: None,
         role: crate::nodedef::Role::Login,
         node_name: name,
         state: LOGIN_READY.into(),

@@ -112,13 +112,17 @@ pub enum BootstrapError {
         /// How long the daemon ran without its configuration.
         ran: Duration,
     },
+    /// `/opt/slurm` could not be pointed at the release chosen among several installed
+    /// (exit 74).
+    #[error(transparent)]
+    SlurmRelease(#[from] slurm_mod::installed::SwitchError),
     /// slurmctld refused the protocol of this node's Slurm release at the look before
     /// slurmd's start (exit 76, EX_PROTOCOL): the controller runs an older release than
     /// slurmd, and a controller never accepts a newer one ([`crate::slurm::skew`]). slurmd
     /// is not started.
     #[error(
         "node {node_name}: slurmctld at {controller} refuses the protocol of this node's \
-         Slurm{} (scontrol: `{evidence}`): a slurmctld accepts slurmd of its own release and \
+         Slurm{} (scontrol: `{evidence}`){others}: a slurmctld accepts slurmd of its own release and \
          of up to three older ones (two before 24.11), never a newer one, so the controller \
          runs a release older than {}. slurmd is not started. Build the image with the \
          controller's release (slurm_version) or upgrade the controller first; \
@@ -135,6 +139,9 @@ pub enum BootstrapError {
         node_version: Option<SlurmVersion>,
         /// scontrol's line that shows the refusal.
         evidence: String,
+        /// With several releases installed: `; it refused every release installed
+        /// (26.05.3, 25.11.6)`; empty otherwise.
+        others: String,
     },
     /// A node that is not dynamic whose NodeName slurmctld does not know, while slurmd
     /// exits each time (exit 65): a mistyped `node.name`, or a nodeID the cluster's
@@ -238,6 +245,7 @@ impl BootstrapError {
             BootstrapError::Mounts(_) => Exit::MountFailed,
             BootstrapError::VersionSkew { .. } => Exit::Protocol,
             BootstrapError::File(_)
+            | BootstrapError::SlurmRelease(_)
             | BootstrapError::Record(_)
             | BootstrapError::Options(_)
             | BootstrapError::KeyTask(_) => Exit::IoErr,
@@ -312,6 +320,10 @@ pub struct Report {
     pub steps: Vec<Step>,
     /// Total milliseconds.
     pub total_ms: u64,
+    /// With several Slurm releases in the image: which one slurmd started with and why
+    /// (absent with one release, or when slurmd kept running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_release: Option<ReleaseChoice>,
     /// Lifecycle scripts of both stages, in the order they were considered (absent when
     /// there are none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -473,6 +485,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         sackd_restarted: false,
         drain: kept_drain,
         replaced_instance_id: prepared.holder.replaced().map(str::to_string),
+        slurm_release: prepared.release,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
         steps: t.steps,
         lifecycle: scripts,
@@ -743,6 +756,8 @@ struct SlurmdPrepared {
     holder: RecordHolder,
     /// The time the preparation took (reported with slurmd's start).
     time: Duration,
+    /// Which of several installed releases slurmd starts with, and why.
+    release: Option<ReleaseChoice>,
 }
 
 /// munge, the mounts, slurmd's preparation (options file; stopping an old slurmd) and
@@ -757,6 +772,22 @@ async fn prepare_slurmd(
     t: &mut Timer,
 ) -> Result<SlurmdPrepared, BootstrapError> {
     let (s, id) = (cx.s, cx.id);
+    let running = systemd
+        .active_state(&s.slurm.slurmd_unit)
+        .await
+        .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
+    // Several Slurm releases in the image (issue 23 §2): the newest is tried first, unless
+    // a slurmd runs (its programs must keep finding their own release under /opt/slurm).
+    let installed = if running {
+        None
+    } else {
+        slurm_mod::installed::installed(&s.slurm.bin_dir)
+    };
+    if let Some(inst) = &installed {
+        if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
+            tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
+        }
+    }
     // munge's job is queued before anything else here: munged's own start is the longest
     // step, and the work below (files written and fsynced, programs spawned) runs on this
     // thread, which would otherwise hold back the request that starts it.
@@ -787,29 +818,7 @@ async fn prepare_slurmd(
             .await
             .map_err(BootstrapError::from)
     });
-    let slurmd_prep = timed(async {
-        let instance = InstanceArgs {
-            instance_id: id.instance_id.clone(),
-            instance_type: id.instance_type.clone(),
-        };
-        let sack_key = (s.auth.auth_type == AuthType::Slurm)
-            .then(|| authkey::KeyTarget::from_settings(&s.auth).path);
-        slurmd::prepare(
-            &s.slurm,
-            def,
-            &s.node.topology,
-            instance,
-            sack_key.as_deref(),
-            key_changed,
-            systemd,
-        )
-        .await
-        .map_err(|e| match e {
-            e @ PrepareError::Topology { .. } => cx.key_error("node.topology", e.to_string()),
-            PrepareError::Options(e) => BootstrapError::Options(e),
-            PrepareError::Systemd(e) => BootstrapError::Systemd(e),
-        })
-    });
+    let slurmd_prep = timed(prepare_options(cx, def, key_changed, systemd));
     // A site's user-data scripts (cloud-init) prepare the node before it takes jobs:
     // waited for here, not by unit ordering (cloud-final is after multi-user.target on
     // Debian and Ubuntu, so `After=` would be a cycle). No cloud-init: nothing to wait for.
@@ -830,12 +839,9 @@ async fn prepare_slurmd(
     // running starts too (a run that stopped before its start, e.g. at a version skew,
     // left its options file in place): looked at the same way.
     let mut holder = RecordHolder::Unknown;
-    let starts = prepared.restart
-        || !systemd
-            .active_state(&s.slurm.slurmd_unit)
-            .await
-            .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
-    if starts {
+    let mut prepared = prepared;
+    let mut release = None;
+    if prepared.restart || !running {
         // Only once munge runs: scontrol authenticates through it, and a call made while
         // munged was still starting waited in Slurm's authentication retries.
         let record_start = Instant::now();
@@ -847,6 +853,12 @@ async fn prepare_slurmd(
             &id.instance_id,
         )
         .await;
+        let mut found = found;
+        if let Some(inst) = &installed {
+            let chosen = choose_release(cx, def, key_changed, systemd, inst, found).await?;
+            (found, release) = (chosen.found, Some(chosen.choice));
+            prepared = chosen.prepared.unwrap_or(prepared);
+        }
         if let Some((Refusal::Protocol, evidence)) = found.refusal {
             return Err(BootstrapError::VersionSkew {
                 node_name: def.node_name.clone(),
@@ -855,6 +867,13 @@ async fn prepare_slurmd(
                     .unwrap_or_else(|| slurm_mod::diagnose::controller_words(&s.slurm)),
                 node_version: prepared.version,
                 evidence,
+                others: match &release {
+                    Some(r) if r.refused.len() > 1 => format!(
+                        "; it refused every release installed ({})",
+                        r.installed.join(", ")
+                    ),
+                    _ => String::new(),
+                },
             });
         }
         record::wait_for_next_second(found.slurmd_start_time).await;
@@ -866,6 +885,140 @@ async fn prepare_slurmd(
         version: prepared.version,
         holder,
         time,
+        release,
+    })
+}
+
+/// slurmd's options for the release `/opt/slurm` points at now ([`slurmd::prepare`]).
+async fn prepare_options(
+    cx: &Steps<'_>,
+    def: &NodeDefinition,
+    key_changed: bool,
+    systemd: &Systemd,
+) -> Result<slurmd::Prepared, BootstrapError> {
+    let (s, id) = (cx.s, cx.id);
+    let instance = InstanceArgs {
+        instance_id: id.instance_id.clone(),
+        instance_type: id.instance_type.clone(),
+    };
+    let sack_key = (s.auth.auth_type == AuthType::Slurm)
+        .then(|| authkey::KeyTarget::from_settings(&s.auth).path);
+    slurmd::prepare(
+        &s.slurm,
+        def,
+        &s.node.topology,
+        instance,
+        sack_key.as_deref(),
+        key_changed,
+        systemd,
+    )
+    .await
+    .map_err(|e| match e {
+        e @ PrepareError::Topology { .. } => cx.key_error("node.topology", e.to_string()),
+        PrepareError::Options(e) => BootstrapError::Options(e),
+        PrepareError::Systemd(e) => BootstrapError::Systemd(e),
+    })
+}
+
+/// Which of several installed Slurm releases slurmd starts with, and why (the report's
+/// `slurm_release`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReleaseChoice {
+    /// The release `/opt/slurm` points at for slurmd's start.
+    pub chosen: String,
+    /// Every whole installation, newest first.
+    pub installed: Vec<String>,
+    /// The newer releases slurmctld refused, each with scontrol's line that showed it.
+    pub refused: Vec<RefusedRelease>,
+}
+
+/// A release slurmctld refused ([`ReleaseChoice::refused`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RefusedRelease {
+    /// The release.
+    pub version: String,
+    /// scontrol's line that showed the refusal.
+    pub scontrol: String,
+}
+
+/// What [`choose_release`] settled on.
+struct Chosen {
+    /// The look made with the chosen release.
+    found: record::FoundRecord,
+    /// slurmd's options prepared again for it (`None`: the newest's stand).
+    prepared: Option<slurmd::Prepared>,
+    choice: ReleaseChoice,
+}
+
+/// With several releases installed, the newest the controller accepts. `found` is the look
+/// made with the newest; while slurmctld refuses the protocol of the one tried
+/// ([`crate::slurm::skew::Refusal`]), `/opt/slurm` is pointed at the next older one, slurmd's
+/// options are prepared for it and the look is made again with its scontrol (one connection
+/// slurmctld refuses per release skipped, and no RPC it serves). When every release is
+/// refused for a reason that may be the key (`Protocol authentication error`), the newest
+/// stands, as with one release; when each refusal is of the protocol, the oldest's refusal
+/// is returned for [`BootstrapError::VersionSkew`].
+async fn choose_release(
+    cx: &Steps<'_>,
+    def: &NodeDefinition,
+    key_changed: bool,
+    systemd: &Systemd,
+    inst: &slurm_mod::installed::Installed,
+    mut found: record::FoundRecord,
+) -> Result<Chosen, BootstrapError> {
+    let s = cx.s;
+    let mut prepared = None;
+    let mut refused = Vec::new();
+    let mut tried = 0;
+    let mut every_protocol = true;
+    while let Some((refusal, line)) = found.refusal.clone() {
+        every_protocol &= refusal == Refusal::Protocol;
+        refused.push(RefusedRelease {
+            version: inst.releases[tried].0.to_string(),
+            scontrol: line,
+        });
+        let Some((next, prefix)) = inst.releases.get(tried + 1) else {
+            break;
+        };
+        tried += 1;
+        slurm_mod::installed::point_at(&inst.link, prefix)?;
+        tracing::info!(refused = %inst.releases[tried - 1].0, trying = %next, "slurmctld refuses Slurm {}: trying {next}", inst.releases[tried - 1].0);
+        prepared = Some(prepare_options(cx, def, key_changed, systemd).await?);
+        found = record::look_before_start(
+            &s.slurm,
+            &def.node_name,
+            def.dynamic_conf.as_deref(),
+            None,
+            &cx.id.instance_id,
+        )
+        .await;
+    }
+    if found.refusal.is_some() && !every_protocol && tried > 0 {
+        // Perhaps the key: the newest stands, and the join names both causes.
+        slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)?;
+        prepared = Some(prepare_options(cx, def, key_changed, systemd).await?);
+        tried = 0;
+    }
+    let chosen = inst.releases[tried].0;
+    let choice = ReleaseChoice {
+        chosen: chosen.to_string(),
+        installed: inst.releases.iter().map(|(v, _)| v.to_string()).collect(),
+        refused,
+    };
+    if found.refusal.is_none() {
+        match choice.refused.as_slice() {
+            [] => {
+                tracing::info!(release = %chosen, installed = ?choice.installed, "starting slurmd {chosen}: the newest installed release, accepted by slurmctld")
+            }
+            r => {
+                tracing::info!(release = %chosen, installed = ?choice.installed, "starting slurmd {chosen}: the newest installed release slurmctld accepts (it refused {})", r.iter().map(|x| format!("{} ({})", x.version, x.scontrol)).collect::<Vec<_>>().join(", "))
+            }
+        }
+    }
+    Ok(Chosen {
+        found,
+        prepared,
+        choice,
     })
 }
 

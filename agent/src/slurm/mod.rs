@@ -9,6 +9,7 @@
 
 pub mod diagnose;
 pub mod healthcheck;
+pub mod installed;
 pub mod node;
 pub mod options;
 pub mod readyz;
