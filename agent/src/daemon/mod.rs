@@ -214,6 +214,9 @@ impl Shown {
 struct Outcome {
     result: Result<(), DrainError>,
     upgrade: Option<Check>,
+    /// The desired-image check's read of the cluster's size bound (on the work runtime: a
+    /// slurm.conf on a network file system must not hold up the main loop).
+    bound: Option<crate::slurm::NodeBound>,
     /// Whether it may have changed the drain state (false: a metadata poll that decided
     /// nothing, which the main loop need not read the state again for).
     acted: bool,
@@ -377,8 +380,24 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     });
     let s = &ctx.s;
     let start = Instant::now();
-    let mut schedule = daemon_schedule(s, watchdog, ctx.aws.is_some(), start);
-    tracing::info!(schedule = %schedule.describe().join("; "), "periodic jobs");
+    let mut upgrade_poll = schedule::UpgradePoll::new(&s.upgrade);
+    upgrade_poll.set_bound(crate::slurm::local_node_bound(&s.slurm));
+    let mut schedule = daemon_schedule(
+        s,
+        watchdog,
+        ctx.aws.is_some().then(|| upgrade_poll.interval()),
+        start,
+    );
+    if ctx.aws.is_some() {
+        upgrade_poll.arm_first(&mut schedule, start);
+        tracing::info!(
+            schedule = %schedule.describe().join("; "),
+            upgrade_poll = %upgrade_poll.describe(),
+            "periodic jobs"
+        );
+    } else {
+        tracing::info!(schedule = %schedule.describe().join("; "), "periodic jobs");
+    }
     let mut ticker = schedule::Ticker::new(schedule.tick()).map_err(DaemonError::Runtime)?;
     let mut tasks: JoinSet<Outcome> = JoinSet::new();
     let mut running: HashMap<tokio::task::Id, Work> = HashMap::new();
@@ -399,24 +418,29 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                 let work = running.remove(&task);
                 // An idle poll (once a second) changed nothing: no state to read again.
                 let acted = outcome.as_ref().is_none_or(|o| o.acted);
+                if work == Some(Work::Upgrade) {
+                    // The cluster may have grown (or slurmd fetched its configuration); a
+                    // slurm.conf unreadable for a moment (slurmd rewriting its cache) keeps
+                    // the last bound.
+                    let bound = outcome.as_ref().and_then(|o| o.bound.clone());
+                    if bound.is_some() && upgrade_poll.set_bound(bound) {
+                        tracing::info!(upgrade_poll = %upgrade_poll.describe(), "upgrade poll resized");
+                    }
+                    match outcome.as_ref().and_then(|o| o.upgrade.as_ref()) {
+                        Some(c) if c.wants_retry_soon() => schedule.arm(
+                            Job::Upgrade,
+                            Instant::now() + crate::upgrade::jittered(s.upgrade.budget_wait.0),
+                        ),
+                        _ => upgrade_poll.checked(&mut schedule, Instant::now()),
+                    }
+                }
                 if let Some(o) = outcome {
-                    if work == Some(Work::Upgrade) {
-                        let next = match &o.upgrade {
-                            Some(c) if c.wants_retry_soon() => {
-                                crate::upgrade::jittered(s.upgrade.budget_wait.0)
-                            }
-                            _ => s.upgrade.interval.0,
-                        };
-                        schedule.arm(Job::Upgrade, Instant::now() + next);
-                        if let Some(c) = &o.upgrade {
-                            upgrade_status = describe(c);
-                        }
+                    if let Some(c) = &o.upgrade {
+                        upgrade_status = describe(c);
                     }
                     if let Err(e) = o.result {
                         tracing::warn!("{e}");
                     }
-                } else if work == Some(Work::Upgrade) {
-                    schedule.arm(Job::Upgrade, Instant::now() + s.upgrade.interval.0);
                 }
                 if let Some(st) = acted.then(|| ctx.engine.load().ok()).flatten() {
                     // A new drain: look at the node again at the next tick rather than a
@@ -460,8 +484,19 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                 Job::Health => Work::Health,
                 Job::Mounts => Work::Mounts,
                 Job::Upgrade => {
+                    // The first check waits for the interval of the bound read now (once
+                    // on this thread; later ones are read by the check).
+                    let bound = upgrade_poll
+                        .first_pending()
+                        .then(|| crate::slurm::local_node_bound(&s.slurm))
+                        .flatten();
+                    if bound.is_some() && upgrade_poll.set_bound(bound) {
+                        tracing::info!(upgrade_poll = %upgrade_poll.describe(), "upgrade poll resized");
+                    }
                     // Armed again when the check ends.
-                    schedule.disarm(Job::Upgrade);
+                    if !upgrade_poll.due(&mut schedule, start, Instant::now()) {
+                        continue;
+                    }
                     Work::Upgrade
                 }
             };
@@ -587,6 +622,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
     let s = &ctx.s;
     let engine = &ctx.engine;
     let mut upgrade = None;
+    let mut bound = None;
     let current = engine.load().ok();
     let cur = current.as_ref().and_then(|c| c.cause.as_ref());
     let result = match work {
@@ -640,13 +676,12 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
         }
         Work::Upgrade => match &ctx.aws {
             None => Ok(()),
-            Some((ssm, ec2)) => match rollout::check(engine, ssm, ec2, &ctx.id.ami_id).await {
-                Ok(c) => {
-                    upgrade = Some(c);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            },
+            Some((ssm, ec2)) => {
+                bound = crate::slurm::local_node_bound(&s.slurm);
+                rollout::check(engine, ssm, ec2, &ctx.id.ami_id)
+                    .await
+                    .map(|c| upgrade = Some(c))
+            }
         },
         Work::Health => {
             let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(&ctx.node)) {
@@ -730,6 +765,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
     Outcome {
         result,
         upgrade,
+        bound,
         acted: true,
     }
 }
@@ -747,6 +783,7 @@ async fn decide_and_apply(
     Outcome {
         result: apply_on(work_rt, ctx, d).await,
         upgrade: None,
+        bound: None,
         acted,
     }
 }
@@ -847,11 +884,13 @@ impl Drop for WorkRuntime {
 
 /// The daemon's periodic jobs ([`schedule`]): the notices when `events.enabled`, the drain
 /// state, the health pass, the mounts, the watchdog when systemd asked for one, and the
-/// desired image when `upgrade.parameter` is set.
+/// desired image (`upgrade`: its interval, [`schedule::UpgradePoll`]) when
+/// `upgrade.parameter` is set. Every job is first due at `start`; the loop arms the
+/// desired image's first check itself.
 fn daemon_schedule(
     s: &Settings,
     watchdog: Option<Duration>,
-    upgrade: bool,
+    upgrade: Option<Duration>,
     start: Instant,
 ) -> Schedule {
     let mut jobs = Vec::new();
@@ -868,8 +907,8 @@ fn daemon_schedule(
     if let Some(w) = watchdog {
         jobs.push((Job::Watchdog, w));
     }
-    if upgrade {
-        jobs.push((Job::Upgrade, s.upgrade.interval.0));
+    if let Some(every) = upgrade {
+        jobs.push((Job::Upgrade, every));
     }
     Schedule::new(start, &jobs)
 }
@@ -939,7 +978,12 @@ mod tests {
     fn the_default_schedule_stays_within_the_noise_budget() {
         let s = Settings::default();
         let t0 = Instant::now();
-        let mut sched = daemon_schedule(&s, Some(Duration::from_secs(30)), true, t0);
+        let mut sched = daemon_schedule(
+            &s,
+            Some(Duration::from_secs(30)),
+            Some(s.upgrade.interval.0),
+            t0,
+        );
         assert_eq!(sched.tick(), Duration::from_secs(1));
         let (mut requests, mut wakeups) = (0, 0);
         // Ten minutes after the first tick, which serves everything at once.
@@ -960,11 +1004,189 @@ mod tests {
     fn without_notices_the_tick_is_the_drain_check_and_the_watchdog_rides_on_it() {
         let mut s = Settings::default();
         s.events.enabled = false;
-        let sched = daemon_schedule(&s, Some(Duration::from_secs(30)), false, Instant::now());
+        let sched = daemon_schedule(&s, Some(Duration::from_secs(30)), None, Instant::now());
         assert_eq!(sched.tick(), s.drain.check_interval.0);
         let jobs = sched.describe().join("; ");
         assert!(!jobs.contains("spot"), "{jobs}");
         assert!(jobs.contains("systemd watchdog every 30s"), "{jobs}");
         assert!(!jobs.contains("desired image"), "{jobs}");
+    }
+
+    /// Benchmark (issue 25 §2), run by `scripts/bench-upgrade-poll.sh`: every periodic AWS
+    /// call of an idle node's daemon, and the fleet's desired-image checks against SSM
+    /// Parameter Store's standard quota, from the daemon's own schedule ([`daemon_schedule`],
+    /// [`schedule::UpgradePoll`]) with today's fixed 300 s beside it. Prints; asserts
+    /// nothing about the figures.
+    #[test]
+    #[ignore = "benchmark: scripts/bench-upgrade-poll.sh"]
+    fn bench_upgrade_poll() {
+        use schedule::tests::{bound, check_times};
+        const QUOTA: f64 = 40.0;
+        let fleets = [1u64, 1000, 10_000];
+        let mut s = Settings::default();
+        s.upgrade.parameter = "/slurm/compute/image-id".into();
+        let h =
+            |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs())).to_string();
+        println!(
+            "BENCH desired-image poll: upgrade.interval {}, upgrade.fleet_rate {}/s, jitter x{}-{}; \
+             quota: SSM Parameter Store standard throughput, {QUOTA} TPS shared by GetParameter, \
+             GetParameters and GetParametersByPath",
+            h(s.upgrade.interval.0),
+            s.upgrade.fleet_rate,
+            schedule::UpgradePoll::JITTER.0,
+            schedule::UpgradePoll::JITTER.1
+        );
+
+        // An idle node: every job of the daemon's schedule over 24 h of one-second ticks,
+        // the desired image re-armed as the loop does, each run's AWS calls counted.
+        println!("BENCH idle node, AWS API calls per hour by job (24 h of 1 s ticks; IMDS and slurmctld are not AWS APIs):");
+        for &n in &fleets {
+            let t0 = Instant::now();
+            let mut poll = schedule::UpgradePoll::seeded(&s.upgrade, n);
+            poll.set_bound(bound(n));
+            let mut sched =
+                daemon_schedule(&s, Some(Duration::from_secs(30)), Some(poll.interval()), t0);
+            poll.arm_first(&mut sched, t0);
+            let mut calls: std::collections::BTreeMap<&str, u64> = Default::default();
+            let hours = 24;
+            for k in 0..=hours * 3600 {
+                let now = t0 + Duration::from_secs(k);
+                for job in sched.due(now) {
+                    if job == Job::Upgrade {
+                        if !poll.due(&mut sched, t0, now) {
+                            continue;
+                        }
+                        poll.checked(&mut sched, now);
+                    }
+                    for call in job.idle_aws_calls() {
+                        *calls.entry(call).or_default() += 1;
+                    }
+                }
+            }
+            let per_hour: Vec<String> = calls
+                .iter()
+                .map(|(c, k)| format!("{c} {:.2}/h", *k as f64 / hours as f64))
+                .collect();
+            println!(
+                "BENCH   cluster of {n:>6} nodes: {} (check every {}); no other job calls AWS",
+                per_hour.join(", "),
+                h(poll.interval())
+            );
+        }
+
+        {
+            // Today's idle node: the same schedule with the fixed 300 s period.
+            let t0 = Instant::now();
+            let mut sched = Schedule::new(t0, &[(Job::Upgrade, Duration::from_secs(300))]);
+            let calls: usize = (0..24 * 3600)
+                .flat_map(|k| sched.due(t0 + Duration::from_secs(k)))
+                .map(|j| j.idle_aws_calls().len())
+                .sum();
+            println!(
+                "BENCH   today (fixed 300 s), any cluster: ssm:GetParameter {:.2}/h",
+                calls as f64 / 24.0
+            );
+        }
+
+        // The fleet: N nodes launched at the same instant, N jitter streams.
+        println!("BENCH fleet launched at once (N independent jitter streams); publish -> first node's check over 100000 random publish times:");
+        println!(
+            "BENCH   {:<26} {:>6} {:>10} {:>9} {:>10} {:>8} {:>11} {:>9} {:>9}",
+            "schedule",
+            "nodes",
+            "interval",
+            "calls/s",
+            "of 40 TPS",
+            "peak/s",
+            "first mean",
+            "first p99",
+            "first max"
+        );
+        let mut rng: rand::rngs::StdRng = rand::SeedableRng::seed_from_u64(25);
+        let mut row = |name: &str,
+                       n: u64,
+                       interval: Duration,
+                       times: &mut Vec<f64>,
+                       horizon: f64| {
+            times.sort_by(f64::total_cmp);
+            let rate = times.len() as f64 / horizon;
+            let mut per_second = std::collections::HashMap::new();
+            for t in times.iter() {
+                *per_second.entry(t.floor() as u64).or_insert(0u64) += 1;
+            }
+            let peak = per_second.values().max().copied().unwrap_or(0);
+            // Publish times past the launch's first two intervals and before the end's.
+            let (lo, hi) = (
+                2.0 * interval.as_secs_f64(),
+                horizon - 2.0 * interval.as_secs_f64(),
+            );
+            let mut delays: Vec<f64> = (0..100_000)
+                .filter_map(|_| {
+                    let p = rand::Rng::random_range(&mut rng, lo..hi);
+                    let i = times.partition_point(|t| *t < p);
+                    times.get(i).map(|t| t - p)
+                })
+                .collect();
+            delays.sort_by(f64::total_cmp);
+            let mean = delays.iter().sum::<f64>() / delays.len() as f64;
+            let p99 = delays[delays.len() * 99 / 100];
+            let max = delays.last().copied().unwrap_or(0.0);
+            println!(
+                "BENCH   {name:<26} {n:>6} {:>10} {rate:>9.3} {:>9.1}% {peak:>8} {:>10.1}s {:>8.1}s {:>8.1}s",
+                h(interval),
+                100.0 * rate / QUOTA,
+                mean,
+                p99,
+                max
+            );
+        };
+        for &n in &fleets {
+            let mut p = schedule::UpgradePoll::seeded(&s.upgrade, 0);
+            p.set_bound(bound(n));
+            let interval = p.interval();
+            // At least 20 intervals and 100,000 checks in all.
+            let intervals = 20.max(100_000 / n);
+            let horizon = interval * u32::try_from(intervals).unwrap();
+            let t0 = Instant::now();
+            let mut times = Vec::new();
+            for node in 0..n {
+                let mut p = schedule::UpgradePoll::seeded(&s.upgrade, node.wrapping_mul(7919) + n);
+                p.set_bound(bound(n));
+                times.extend(check_times(p, t0, horizon));
+            }
+            row(
+                "jittered (this build)",
+                n,
+                interval,
+                &mut times,
+                horizon.as_secs_f64(),
+            );
+        }
+        // Today's: every node first checks at start and then every 300 s, not jittered (the
+        // schedule's own period, re-armed at each check), so a fleet launched at once
+        // checks in the same second forever; every node's times are the same.
+        let today = Duration::from_secs(300);
+        for &n in &fleets {
+            let horizon = today * 2000;
+            let t0 = Instant::now();
+            let mut sched = Schedule::new(t0, &[(Job::Upgrade, today)]);
+            let mut one = Vec::new();
+            while let Some(now) = sched.next_due().filter(|t| *t <= t0 + horizon) {
+                if sched.due(now).contains(&Job::Upgrade) {
+                    one.push((now - t0).as_secs_f64());
+                }
+            }
+            let mut times: Vec<f64> = one
+                .iter()
+                .flat_map(|t| std::iter::repeat_n(*t, usize::try_from(n).unwrap()))
+                .collect();
+            row(
+                "today (fixed 300 s)",
+                n,
+                today,
+                &mut times,
+                horizon.as_secs_f64(),
+            );
+        }
     }
 }

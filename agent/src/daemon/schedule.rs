@@ -78,6 +78,144 @@ impl Ticker {
     }
 }
 
+/// The desired-image check's times: the one periodic call of an idle node's daemon to an
+/// AWS API (SSM GetParameter; the other jobs read the instance metadata, which is local,
+/// or ask slurmctld).
+///
+/// Each node checks every `I = max(upgrade.interval, nodes / upgrade.fleet_rate)`, `nodes`
+/// being the cluster's size bound from the slurm.conf the node reads
+/// ([`crate::slurm::node_bound`]; none: `upgrade.interval`), so the whole cluster makes
+/// about `fleet_rate` calls a second however large it grows, and a small one still sees a
+/// new image within `1.2 * upgrade.interval`. The first check comes at a random point of
+/// the first interval (a fraction drawn once, of the interval the bound gives when the
+/// check comes due: a bound that appears later, once slurmd has fetched its
+/// configuration, moves it), each next one `I` times a random factor in
+/// [`UpgradePoll::JITTER`] after the last ended: a fleet launched at once spreads over the
+/// first interval, and the independent factors keep it spread.
+#[derive(Debug)]
+pub struct UpgradePoll {
+    every: Duration,
+    fleet_rate: f64,
+    rng: rand::rngs::StdRng,
+    /// The fraction of the first interval at which the first check comes; `None` once
+    /// it ran.
+    first: Option<f64>,
+    bound: Option<crate::slurm::NodeBound>,
+}
+
+impl UpgradePoll {
+    /// The factor each interval is multiplied by, drawn uniformly: ±20 %, so a node's gap
+    /// stays within 1.2 intervals (12 min at the default 10 min, under the 15 min a
+    /// published image may take to reach the first node's drain).
+    pub const JITTER: (f64, f64) = (0.8, 1.2);
+
+    /// The longest interval, however large the bound: a day.
+    pub const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
+
+    /// For `upgrade.interval` and `upgrade.fleet_rate`, drawing from the operating system's
+    /// randomness.
+    pub fn new(s: &crate::upgrade::UpgradeSettings) -> UpgradePoll {
+        UpgradePoll::with_rng(s, rand::SeedableRng::from_os_rng())
+    }
+
+    /// The same with a fixed seed: the same times every run (tests, benchmarks).
+    pub fn seeded(s: &crate::upgrade::UpgradeSettings, seed: u64) -> UpgradePoll {
+        UpgradePoll::with_rng(s, rand::SeedableRng::seed_from_u64(seed))
+    }
+
+    fn with_rng(s: &crate::upgrade::UpgradeSettings, mut rng: rand::rngs::StdRng) -> UpgradePoll {
+        let first = rand::Rng::random_range(&mut rng, 0.0..1.0);
+        UpgradePoll {
+            every: s.interval.0,
+            fleet_rate: s.fleet_rate,
+            rng,
+            first: Some(first),
+            bound: None,
+        }
+    }
+
+    /// Takes the cluster's size bound read now; `true` when it differs from the last.
+    pub fn set_bound(&mut self, bound: Option<crate::slurm::NodeBound>) -> bool {
+        let changed = bound != self.bound;
+        self.bound = bound;
+        changed
+    }
+
+    /// Whether the first check has not run yet.
+    pub fn first_pending(&self) -> bool {
+        self.first.is_some()
+    }
+
+    /// The mean interval between one node's checks for the bound it holds.
+    pub fn interval(&self) -> Duration {
+        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
+        // u64 -> f64 is exact below 2^53 nodes.
+        #[allow(clippy::cast_precision_loss)]
+        let fleet = Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
+            .unwrap_or(UpgradePoll::MAX_INTERVAL);
+        self.every
+            .max(fleet)
+            .min(UpgradePoll::MAX_INTERVAL.max(self.every))
+    }
+
+    /// What the log says at start: the interval and where it came from.
+    pub fn describe(&self) -> String {
+        let h = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
+        match &self.bound {
+            Some(b) => format!(
+                "desired image every {} ±20 % per node: max(upgrade.interval {}, {} nodes / upgrade.fleet_rate {}/s); nodes: {}",
+                h(self.interval()),
+                h(self.every),
+                b.nodes,
+                self.fleet_rate,
+                b.source
+            ),
+            None => format!(
+                "desired image every {} ±20 % per node (upgrade.interval; no slurm.conf to size the cluster by yet)",
+                h(self.interval())
+            ),
+        }
+    }
+
+    /// Arms the first check in `schedule`, at the drawn fraction of the interval after
+    /// `start` (the daemon's start).
+    pub fn arm_first(&self, schedule: &mut Schedule, start: Instant) {
+        if let Some(f) = self.first {
+            schedule.arm(Job::Upgrade, start + self.interval().mul_f64(f));
+        }
+    }
+
+    /// The check came due at `now`: `true` to run it (disarmed until [`Self::checked`]),
+    /// `false` when the first check moved later (the bound grew since it was armed; armed
+    /// at its new time).
+    pub fn due(&mut self, schedule: &mut Schedule, start: Instant, now: Instant) -> bool {
+        schedule.disarm(Job::Upgrade);
+        if let Some(f) = self.first {
+            let at = start + self.interval().mul_f64(f);
+            if at > now {
+                schedule.arm(Job::Upgrade, at);
+                return false;
+            }
+            self.first = None;
+        }
+        true
+    }
+
+    /// A check ended at `now`: the next one a jittered interval later.
+    pub fn checked(&mut self, schedule: &mut Schedule, now: Instant) {
+        let wait = self.next_wait();
+        schedule.arm(Job::Upgrade, now + wait);
+    }
+
+    /// The wait until the next check: the interval times a factor drawn from
+    /// [`Self::JITTER`].
+    pub fn next_wait(&mut self) -> Duration {
+        let (lo, hi) = UpgradePoll::JITTER;
+        let f = rand::Rng::random_range(&mut self.rng, lo..hi);
+        self.interval().mul_f64(f)
+    }
+}
+
 /// A periodic job of the daemon's main loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Job {
@@ -102,6 +240,22 @@ pub enum Job {
 }
 
 impl Job {
+    /// The calls to AWS APIs (not the instance metadata, which is local) one run of the
+    /// job makes on an idle node: one whose running image is the desired one (a rollout
+    /// adds EC2 DescribeImages, and Slurm's commands).
+    pub fn idle_aws_calls(self) -> &'static [&'static str] {
+        match self {
+            Job::Upgrade => &["ssm:GetParameter"],
+            Job::Spot
+            | Job::Notices
+            | Job::Maintenance
+            | Job::Progress
+            | Job::Health
+            | Job::Mounts
+            | Job::Watchdog => &[],
+        }
+    }
+
     /// The job's name in the schedule's description.
     pub fn name(self) -> &'static str {
         match self {
@@ -183,6 +337,16 @@ impl Schedule {
         }
     }
 
+    /// The earliest time an armed job is due (a simulation's next event; the loop waits
+    /// for ticks).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.entries
+            .iter()
+            .filter(|e| e.armed)
+            .map(|e| e.next)
+            .min()
+    }
+
     /// Keeps `job` from being due until [`Schedule::arm`].
     pub fn disarm(&mut self, job: Job) {
         if let Some(e) = self.entries.iter_mut().find(|e| e.job == job) {
@@ -203,9 +367,149 @@ impl Schedule {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A bound of `nodes` nodes.
+    pub(in crate::daemon) fn bound(nodes: u64) -> Option<crate::slurm::NodeBound> {
+        Some(crate::slurm::NodeBound {
+            nodes,
+            source: format!("{nodes} nodes declared (test)"),
+        })
+    }
+
+    /// The times (seconds after `start`) of every desired-image check of one node started
+    /// at `start`, until `horizon`, through the daemon's own [`Schedule`] and
+    /// [`UpgradePoll`] (checks take no time; the tick's rounding, at most one tick, is
+    /// left out: the simulation jumps to each due time).
+    pub(in crate::daemon) fn check_times(
+        mut poll: UpgradePoll,
+        start: Instant,
+        horizon: Duration,
+    ) -> Vec<f64> {
+        let mut s = Schedule::new(start, &[(Job::Upgrade, poll.interval())]);
+        poll.arm_first(&mut s, start);
+        let mut times = Vec::new();
+        while let Some(now) = s.next_due().filter(|t| *t <= start + horizon) {
+            for job in s.due(now) {
+                assert_eq!(job, Job::Upgrade);
+                if poll.due(&mut s, start, now) {
+                    times.push((now - start).as_secs_f64());
+                    poll.checked(&mut s, now);
+                }
+            }
+        }
+        times
+    }
+
+    #[test]
+    fn the_interval_grows_with_the_cluster_to_keep_the_fleet_under_a_quarter_of_ssms_quota() {
+        let s = crate::upgrade::UpgradeSettings::default();
+        let mut p = UpgradePoll::seeded(&s, 1);
+        // No slurm.conf yet: upgrade.interval.
+        assert_eq!(p.interval(), s.interval.0);
+        // One node: a published image reaches it within 15 minutes, jitter included.
+        p.set_bound(bound(1));
+        assert!(
+            p.interval().mul_f64(UpgradePoll::JITTER.1) <= secs(900),
+            "{:?}",
+            p.interval()
+        );
+        // 10,000 declared nodes: under 25 % of SSM's 40 TPS, whatever the jitter draws.
+        assert!(p.set_bound(bound(10_000)));
+        assert!(!p.set_bound(bound(10_000)));
+        let fleet_tps = 10_000.0 / p.interval().mul_f64(UpgradePoll::JITTER.0).as_secs_f64();
+        assert!(fleet_tps < 0.25 * 40.0, "{fleet_tps} calls a second");
+        assert_eq!(p.interval(), secs(2500));
+        for _ in 0..1000 {
+            let w = p.next_wait();
+            assert!(w >= secs(2000) && w <= secs(3000), "{w:?}");
+        }
+        // A huge bound or a tiny rate: at most a day.
+        let mut tiny = s.clone();
+        tiny.fleet_rate = 1e-9;
+        let mut p = UpgradePoll::seeded(&tiny, 1);
+        p.set_bound(bound(u64::MAX));
+        assert_eq!(p.interval(), UpgradePoll::MAX_INTERVAL);
+        assert!(
+            p.describe().contains("upgrade.fleet_rate"),
+            "{}",
+            p.describe()
+        );
+    }
+
+    #[test]
+    fn a_fleet_started_at_once_spreads_and_stays_spread() {
+        let s = crate::upgrade::UpgradeSettings::default();
+        let t0 = Instant::now();
+        let mut fifth = Vec::new();
+        for seed in 0..1000 {
+            let mut p = UpgradePoll::seeded(&s, seed);
+            p.set_bound(bound(1000));
+            let times = check_times(p, t0, secs(6 * 3600));
+            assert!(times.len() >= 20, "node {seed}: {} checks", times.len());
+            fifth.push(times[4]);
+            // Every gap within the jitter: never two checks in a row, never a long silence.
+            for w in times.windows(2) {
+                assert!((480.0..=720.0).contains(&(w[1] - w[0])), "{w:?}");
+            }
+        }
+        // The 5th checks of 1,000 nodes started at the same instant: no second holds more
+        // than 2 % of them (all at once was the fixed interval's way).
+        let mut per_second = std::collections::HashMap::new();
+        for t in &fifth {
+            *per_second.entry(t.floor() as u64).or_insert(0) += 1;
+        }
+        let busiest = per_second.values().max().copied().unwrap_or(0);
+        assert!(
+            busiest <= 20,
+            "{busiest} of 1000 fifth checks in one second"
+        );
+        let (lo, hi) = fifth
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), t| (lo.min(*t), hi.max(*t)));
+        assert!(hi - lo > 600.0, "fifth checks between {lo} and {hi} s");
+    }
+
+    #[test]
+    fn the_first_check_moves_later_when_a_larger_bound_appears() {
+        let s = crate::upgrade::UpgradeSettings::default();
+        let t0 = Instant::now();
+        let mut p = UpgradePoll::seeded(&s, 7);
+        let mut sched = Schedule::new(t0, &[(Job::Spot, secs(1)), (Job::Upgrade, p.interval())]);
+        p.arm_first(&mut sched, t0);
+        let first = sched.next_due().unwrap();
+        let due_at = sched
+            .entries
+            .iter()
+            .find(|e| e.job == Job::Upgrade)
+            .map(|e| e.next)
+            .unwrap();
+        assert!(due_at >= first && due_at < t0 + s.interval.0);
+        let fraction = (due_at - t0).as_secs_f64() / s.interval.0.as_secs_f64();
+        // slurmd fetched its configuration meanwhile: 10,000 nodes.
+        assert!(p.first_pending());
+        p.set_bound(bound(10_000));
+        assert!(!p.due(&mut sched, t0, due_at));
+        let moved = sched
+            .entries
+            .iter()
+            .find(|e| e.job == Job::Upgrade)
+            .map(|e| e.next)
+            .unwrap();
+        let expected = 2500.0 * fraction;
+        assert!(
+            ((moved - t0).as_secs_f64() - expected).abs() < 0.01,
+            "{moved:?}"
+        );
+        assert!(p.due(&mut sched, t0, moved));
+        assert!(!p.first_pending());
+        // Disarmed until the check ends.
+        assert!(!sched.due(moved + secs(1)).contains(&Job::Upgrade));
+        p.checked(&mut sched, moved + secs(1));
+        assert!(sched.due(moved + secs(3100)).contains(&Job::Upgrade));
+    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)

@@ -302,6 +302,11 @@ impl Layer {
                 .parse::<i64>()
                 .map(toml::Value::Integer)
                 .map_err(|_| key_err(format!("expected an integer, got {value:?}")))?,
+            Kind::Float => value
+                .trim()
+                .parse::<f64>()
+                .map(toml::Value::Float)
+                .map_err(|_| key_err(format!("expected a number, got {value:?}")))?,
             Kind::Bool => match value.trim() {
                 "true" => toml::Value::Boolean(true),
                 "false" => toml::Value::Boolean(false),
@@ -381,6 +386,8 @@ fn key_lines(
 enum Kind {
     String,
     Integer,
+    /// A number (`upgrade.fleet_rate`): whole or with a fraction.
+    Float,
     Bool,
     List,
 }
@@ -417,6 +424,7 @@ fn key_kind(key: &str) -> Option<Kind> {
         .map(|(_, v)| match v {
             toml::Value::String(_) => Kind::String,
             toml::Value::Integer(_) => Kind::Integer,
+            toml::Value::Float(_) => Kind::Float,
             toml::Value::Boolean(_) => Kind::Bool,
             _ => Kind::List,
         })

@@ -123,6 +123,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("events.spot_job_action_lead", r#""90s""#),
     ("upgrade.parameter", r#""/slurm/compute/image-id""#),
     ("upgrade.interval", r#""10m""#),
+    ("upgrade.fleet_rate", "2.5"),
     ("upgrade.action", r#""reboot""#),
     ("upgrade.poweroff_unit", r#""poweroff.target""#),
     ("upgrade.hook", r#"["/usr/local/sbin/site-upgrade", "--quick"]"#),

@@ -455,6 +455,9 @@ fn huge_and_zero_durations_are_clear_errors() {
         ),
         ("[drain]\nlock_timeout = \"0s\"\n", "drain.lock_timeout"),
         ("[upgrade]\nhook_timeout = \"0s\"\n", "upgrade.hook_timeout"),
+        ("[upgrade]\nfleet_rate = 0\n", "upgrade.fleet_rate"),
+        ("[upgrade]\nfleet_rate = -4.0\n", "upgrade.fleet_rate"),
+        ("[upgrade]\ninterval = \"0s\"\n", "upgrade.interval"),
         ("[agent]\nstate_dir = \"\"\n", "agent.state_dir"),
         (
             "[node]\nreal_memory_reserve_mib = 9223372036854775807\n",
@@ -620,4 +623,31 @@ fn the_managed_join_uses_auth_slurm_unless_told_otherwise() {
     let told = file("[pcs]\nenabled = true\n[auth]\ntype = \"munge\"\n");
     let r = Resolved::merge(&[told]).unwrap();
     assert_eq!(r.settings.auth.auth_type, AuthType::Munge);
+}
+
+/// `upgrade.fleet_rate` is a number: a whole one in TOML or on the command line counts too.
+#[test]
+fn the_fleet_rate_takes_whole_and_fractional_numbers() {
+    for text in [
+        "[upgrade]\nfleet_rate = 8\n",
+        "[upgrade]\nfleet_rate = 8.0\n",
+    ] {
+        let r =
+            Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+                .unwrap();
+        assert_eq!(r.settings.upgrade.fleet_rate, 8.0, "{text}");
+    }
+    let r = Resolved::merge(&[
+        Layer::from_key_value(Source::Flag, "upgrade.fleet_rate", "0.5").unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(r.settings.upgrade.fleet_rate, 0.5);
+    let e =
+        Resolved::merge(&[Layer::from_key_value(Source::Flag, "upgrade.fleet_rate", "0").unwrap()])
+            .unwrap_err()
+            .to_string();
+    assert!(
+        e.contains("upgrade.fleet_rate") && e.contains("more than 0"),
+        "{e}"
+    );
 }

@@ -228,6 +228,122 @@ pub fn has_client_config(slurm: &SlurmSettings) -> bool {
     client_config(&slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).is_some()
 }
 
+/// An upper bound of the cluster's node count, read from the slurm.conf this node reads:
+/// what the fleet's periodic calls are sized by (`upgrade.fleet_rate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBound {
+    /// At least 1.
+    pub nodes: u64,
+    /// Where it came from, for the log: `1000 nodes declared by NodeName lines of
+    /// /run/slurm/conf/slurm.conf (2 files), MaxNodeCount=2000`.
+    pub source: String,
+}
+
+/// What one slurm.conf file says about the node count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfNodes {
+    /// Names of its `NodeName=` lines (hostlists counted, `NodeName=DEFAULT` not).
+    pub declared: u64,
+    /// Its `MaxNodeCount` (the last one).
+    pub max_node_count: Option<u64>,
+    /// The files its `Include` lines name, as written.
+    pub includes: Vec<String>,
+}
+
+/// Reads the node count out of slurm.conf text (slurm.conf(5)): the names of every
+/// `NodeName=` line (`queue1-dy-c5-[1-1000]`, `a,b`; the `DEFAULT` line sets defaults and
+/// declares no node), `MaxNodeCount` (nodes the controller may hold, dynamic ones
+/// included), and the `Include` lines. Keys are case-insensitive; `#` starts a comment.
+pub fn conf_nodes(text: &str) -> ConfNodes {
+    let mut out = ConfNodes::default();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if first.eq_ignore_ascii_case("include") {
+            if let Some(file) = words.next() {
+                out.includes.push(file.trim_matches('"').to_string());
+            }
+            continue;
+        }
+        let Some((k, v)) = first.split_once('=') else {
+            continue;
+        };
+        if k.eq_ignore_ascii_case("NodeName") {
+            let v = v.trim_matches('"');
+            if !v.eq_ignore_ascii_case("DEFAULT") {
+                out.declared = out.declared.saturating_add(node::count_hostlist(v));
+            }
+        } else if k.eq_ignore_ascii_case("MaxNodeCount") {
+            if let Ok(n) = v.trim_matches('"').parse::<u64>() {
+                out.max_node_count = Some(n);
+            }
+        }
+    }
+    out
+}
+
+/// The cluster's node count bound from `conf` and the files it includes (at most 16; a
+/// relative path is read beside `conf`, and an absolute one that is not on this node too,
+/// by its file name: slurmd's configless cache keeps the included files beside slurm.conf):
+/// the larger of the declared nodes and `MaxNodeCount` (slurm.conf(5): `MaxNodeCount` is
+/// ignored when below the declared count). `None` when `conf` cannot be read or declares
+/// no node; an include that cannot be read is left out.
+pub fn node_bound(conf: &Path) -> Option<NodeBound> {
+    let dir = conf.parent().unwrap_or(Path::new("/"));
+    let mut queue = vec![conf.to_path_buf()];
+    let (mut declared, mut max_node_count, mut files) = (0u64, None, 0usize);
+    while let Some(path) = queue.pop() {
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            if files == 0 {
+                return None;
+            }
+            continue;
+        };
+        files += 1;
+        let c = conf_nodes(&text);
+        declared = declared.saturating_add(c.declared);
+        max_node_count = c.max_node_count.or(max_node_count);
+        for inc in c.includes {
+            if files + queue.len() >= 16 {
+                break;
+            }
+            let p = Path::new(&inc);
+            let beside = p.file_name().map(|n| dir.join(n));
+            let p = if p.is_relative() {
+                dir.join(p)
+            } else if !p.exists() && beside.as_ref().is_some_and(|b| b.exists()) {
+                beside.unwrap_or_default()
+            } else {
+                p.to_path_buf()
+            };
+            queue.push(p);
+        }
+    }
+    let nodes = declared.max(max_node_count.unwrap_or(0));
+    if nodes == 0 {
+        return None;
+    }
+    let mut source = format!(
+        "{declared} nodes declared by NodeName lines of {}",
+        conf.display()
+    );
+    if files > 1 {
+        source.push_str(&format!(" ({files} files)"));
+    }
+    if let Some(m) = max_node_count {
+        source.push_str(&format!(", MaxNodeCount={m}"));
+    }
+    Some(NodeBound { nodes, source })
+}
+
+/// [`node_bound`] of the slurm.conf the agent's Slurm commands read now
+/// ([`client_config`]); `None` when there is none yet.
+pub fn local_node_bound(slurm: &SlurmSettings) -> Option<NodeBound> {
+    let env_conf = std::env::var_os("SLURM_CONF");
+    client_config(&slurm.bin_dir, env_conf.as_deref(), |p| p.exists()).and_then(|c| node_bound(&c))
+}
+
 /// Default slurmctld port (slurm.conf `SlurmctldPort`).
 pub const DEFAULT_SLURMCTLD_PORT: u16 = 6817;
 
@@ -355,6 +471,74 @@ mod tests {
         );
         assert_eq!(health_check_timeout(None).0.as_secs(), 60);
         assert_eq!(conf_value("A=1\nB = 2\n", "b").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn node_counts_follow_slurm_conf_forms() {
+        // A ParallelCluster-style partition file: zero padding, ranges, comma lists, a
+        // DEFAULT line, lower-case keys, comments.
+        let c = conf_nodes(
+            "NodeName=DEFAULT CPUs=4 State=CLOUD\n\
+             NodeName=q1-st-c5-[001-128] CPUs=4 # static\n\
+             NodeName=q1-dy-c5-[1-1000],q1-dy-m5-[1-10,20] Feature=dynamic\n\
+             nodename=gpu01,gpu02 Gres=gpu:8\n\
+             # NodeName=old-[1-99999]\n\
+             NodeName=r[1-2]n[1-4]\n\
+             NodeSet=all Nodes=ALL\n\
+             PartitionName=q1 Nodes=q1-st-c5-[001-128] Default=YES\n\
+             DownNodes=q1-st-c5-001 State=DOWN\n\
+             MaxNodeCount=5000\n\
+             include /etc/slurm/pcluster/slurm_parallelcluster_q2.conf\n",
+        );
+        assert_eq!(c.declared, 128 + 1000 + 11 + 2 + 8);
+        assert_eq!(c.max_node_count, Some(5000));
+        assert_eq!(
+            c.includes,
+            vec!["/etc/slurm/pcluster/slurm_parallelcluster_q2.conf"]
+        );
+        assert_eq!(
+            conf_nodes("NodeName=DEFAULT CPUs=2\nNodeName=n1\n").declared,
+            1
+        );
+
+        // Files: an include beside slurm.conf (relative, or absolute as the configless cache
+        // flattens it), MaxNodeCount below the declared count ignored, above it the bound.
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("slurm.conf");
+        std::fs::write(
+            dir.path().join("q2.conf"),
+            "NodeName=q2-dy-[1-500] State=CLOUD\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("q3.conf"),
+            "NodeName=q3-[1-9]\nMaxNodeCount=10\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &conf,
+            "ClusterName=c\nNodeName=n[1-10]\nInclude q2.conf\ninclude /no/such/dir/q3.conf\nInclude missing.conf\n",
+        )
+        .unwrap();
+        let b = node_bound(&conf).unwrap();
+        assert_eq!(b.nodes, 519);
+        assert!(
+            b.source.contains("519 nodes declared") && b.source.contains("(3 files)"),
+            "{}",
+            b.source
+        );
+        std::fs::write(&conf, "NodeName=n[1-10]\nMaxNodeCount=10000\n").unwrap();
+        assert_eq!(node_bound(&conf).unwrap().nodes, 10_000);
+        // Only dynamic nodes: MaxNodeCount alone.
+        std::fs::write(&conf, "ClusterName=c\nMaxNodeCount=64\n").unwrap();
+        assert_eq!(node_bound(&conf).unwrap().nodes, 64);
+        // Nothing to size by: no bound.
+        std::fs::write(&conf, "ClusterName=c\nNodeName=DEFAULT CPUs=1\n").unwrap();
+        assert_eq!(node_bound(&conf), None);
+        assert_eq!(node_bound(&dir.path().join("none.conf")), None);
+        // An include loop stops after 16 files.
+        std::fs::write(&conf, "NodeName=n1\nInclude slurm.conf\n").unwrap();
+        assert_eq!(node_bound(&conf).unwrap().nodes, 16);
     }
 
     #[test]

@@ -1125,10 +1125,10 @@ pub fn parse_nodes_json(text: &str) -> Result<Vec<NodeState>, NodesJsonError> {
     Err(NodesJsonError::NoListing)
 }
 
-/// Expands a simple hostlist: `n[1-3,7]`, `gpu[01-02]`, `a,b` (one bracket per name).
-pub fn expand_hostlist(list: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut depth = 0;
+/// The names of a hostlist, `a[1-2],b` -> `a[1-2]`, `b`: split at the commas outside
+/// brackets.
+fn hostlist_parts(list: &str) -> Vec<&str> {
+    let mut depth = 0i32;
     let mut start = 0;
     let mut parts = Vec::new();
     for (i, c) in list.char_indices() {
@@ -1143,7 +1143,13 @@ pub fn expand_hostlist(list: &str) -> Vec<String> {
         }
     }
     parts.push(&list[start..]);
-    for p in parts {
+    parts
+}
+
+/// Expands a simple hostlist: `n[1-3,7]`, `gpu[01-02]`, `a,b` (one bracket per name).
+pub fn expand_hostlist(list: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in hostlist_parts(list) {
         let (Some(o), Some(c)) = (p.find('['), p.find(']')) else {
             if !p.is_empty() {
                 out.push(p.to_string());
@@ -1164,6 +1170,39 @@ pub fn expand_hostlist(list: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// How many names a hostlist as slurm.conf writes it holds, without expanding it:
+/// `queue1-dy-c5-[1-1000]` (1000), `n[001-128,200]` (129), `a,b` (2), `r[1-2]n[1-4]`
+/// (8: every bracket multiplies, as Slurm's hostlist does). A range written backwards or a
+/// bracket that is not a range counts as one name. Saturates at `u64::MAX`.
+pub fn count_hostlist(list: &str) -> u64 {
+    let mut total = 0u64;
+    for p in hostlist_parts(list) {
+        if p.is_empty() {
+            continue;
+        }
+        let mut names = 1u64;
+        let mut rest = p;
+        while let Some(o) = rest.find('[') {
+            let Some(c) = rest[o..].find(']').map(|c| o + c) else {
+                break;
+            };
+            let mut in_bracket = 0u64;
+            for r in rest[o + 1..c].split(',') {
+                let (a, b) = r.split_once('-').unwrap_or((r, r));
+                in_bracket =
+                    in_bracket.saturating_add(match (a.parse::<u64>(), b.parse::<u64>()) {
+                        (Ok(lo), Ok(hi)) if lo <= hi => hi - lo + 1,
+                        _ => 1,
+                    });
+            }
+            names = names.saturating_mul(in_bracket);
+            rest = &rest[c + 1..];
+        }
+        total = total.saturating_add(names);
+    }
+    total
 }
 
 impl Scontrol {
@@ -1733,5 +1772,17 @@ mod tests {
             expand_hostlist("gpu[01-02],n[1-2,5],x"),
             vec!["gpu01", "gpu02", "n1", "n2", "n5", "x"]
         );
+        for list in [
+            "gpu[01-02],n[1-2,5],x",
+            "n[001-128]",
+            "a",
+            "q-dy-c5-[1-7],q-st-[1-2]",
+        ] {
+            assert_eq!(
+                count_hostlist(list),
+                expand_hostlist(list).len() as u64,
+                "{list}"
+            );
+        }
     }
 }

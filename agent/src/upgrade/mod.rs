@@ -63,8 +63,22 @@ pub enum UpgradeAction {
 pub struct UpgradeSettings {
     /// SSM parameter holding the desired AMI id. Empty: upgrades are off.
     pub parameter: String,
-    /// How often to read it.
+    /// How often a node reads it in a small cluster: a published image reaches the first
+    /// node within 1.2 times this. A larger cluster reads it less often (`fleet_rate`).
+    /// Each wait is the node's interval times a random factor of 0.8 to 1.2, the first a
+    /// random part of the first interval, so that nodes launched at once spread out and
+    /// stay spread.
     pub interval: HumanDuration,
+    /// Reads of the parameter (SSM GetParameter) a second the whole cluster may make:
+    /// each node reads it every `interval`, or every `nodes / fleet_rate` seconds when that
+    /// is longer, `nodes` being an upper bound of the cluster's size from the slurm.conf
+    /// the node reads (its `NodeName` lines, or `MaxNodeCount` when larger; without one,
+    /// `interval`). The default 4 is a tenth of SSM Parameter Store's standard quota (40
+    /// transactions a second for GetParameter, GetParameters and GetParametersByPath
+    /// together, per account and region), leaving the rest to the site's own tools: at
+    /// 10,000 nodes each reads every 41 min 40 s, and the first of them sees a new image
+    /// within seconds.
+    pub fleet_rate: f64,
     /// `poweroff`, `reboot`, `hook` or `none`.
     pub action: UpgradeAction,
     /// Unit started for `poweroff` (`poweroff.target`; systemd's bus is `systemd.bus`).
@@ -93,7 +107,8 @@ impl Default for UpgradeSettings {
     fn default() -> Self {
         UpgradeSettings {
             parameter: String::new(),
-            interval: HumanDuration(Duration::from_secs(300)),
+            interval: HumanDuration(Duration::from_secs(600)),
+            fleet_rate: 4.0,
             action: UpgradeAction::Poweroff,
             poweroff_unit: "poweroff.target".into(),
             hook: Vec::new(),
@@ -116,6 +131,7 @@ impl crate::section::Classified for UpgradeSettings {
         &[
             K::user_data("parameter"),
             K::user_data("interval"),
+            K::user_data("fleet_rate"),
             K::user_data("action"),
             K::image("poweroff_unit"),
             K::image("hook"),
@@ -195,6 +211,15 @@ impl UpgradeSettings {
             if d.0.is_zero() {
                 return e(k, "must be more than 0".into());
             }
+        }
+        if !(self.fleet_rate.is_finite() && self.fleet_rate > 0.0) {
+            return e(
+                "fleet_rate",
+                format!(
+                    "must be a number of calls a second more than 0 (4 is a tenth of SSM's standard quota), got {}",
+                    self.fleet_rate
+                ),
+            );
         }
         if let Err(m) = crate::systemd::validate_unit_name(&self.poweroff_unit) {
             return e("poweroff_unit", m.to_string());
@@ -556,6 +581,15 @@ mod tests {
         assert!(s.validate().is_ok());
         s.max_unavailable = "lots".into();
         assert_eq!(s.validate().unwrap_err().key, "upgrade.max_unavailable");
+        let mut s = UpgradeSettings::default();
+        for bad in [0.0, -4.0, f64::NAN, f64::INFINITY] {
+            s.fleet_rate = bad;
+            let err = s.validate().unwrap_err();
+            assert_eq!(err.key, "upgrade.fleet_rate", "{bad}");
+        }
+        s.fleet_rate = 0.5;
+        s.interval = HumanDuration(Duration::ZERO);
+        assert_eq!(s.validate().unwrap_err().key, "upgrade.interval");
     }
 
     #[test]
