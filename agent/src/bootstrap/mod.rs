@@ -81,7 +81,8 @@ pub enum BootstrapError {
          configuration while slurmctld accepted connections; {daemon}'s log \
          (journalctl -u {unit}) says `{}` for this, slurmctld's `authentication error` (a \
          controller without SlurmctldParameters=enable_configless refuses too). A slurmctld \
-         of 24.11 or older refuses a newer release's {daemon} the same way: compare with \
+         of 24.11 or older refuses a {daemon} of a newer release the same way, and any \
+         slurmctld one more than three releases older (two before 24.11): compare with \
          SLURM_VERSION in `scontrol show config` on the controller",
         auth_type.setting(),
         auth_type.plugin(),
@@ -124,8 +125,9 @@ pub enum BootstrapError {
         "node {node_name}: slurmctld at {controller} refuses the protocol of this node's \
          Slurm{} (scontrol: `{evidence}`){others}: a slurmctld accepts slurmd of its own release and \
          of up to three older ones (two before 24.11), never a newer one, so the controller \
-         runs a release older than {}. slurmd is not started. Build the image with the \
-         controller's release (slurm_version) or upgrade the controller first; \
+         runs a release older than {} (or one more than three releases newer). slurmd is not started. \
+         Build the image with the controller's release (slurm_version) or upgrade the \
+         controller first; \
          `scontrol show config` on the controller prints its SLURM_VERSION",
         node_version.map(|v| format!(" {v}")).unwrap_or_default(),
         node_version.map_or_else(|| "this node's".to_string(), |v| format!("{}.{:02}", v.major, v.minor))

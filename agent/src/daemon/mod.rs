@@ -429,7 +429,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                     match outcome.as_ref().and_then(|o| o.upgrade.as_ref()) {
                         Some(c) if c.wants_retry_soon() => schedule.arm(
                             Job::Upgrade,
-                            Instant::now() + crate::upgrade::jittered(s.upgrade.budget_wait.0),
+                            Instant::now() + upgrade_poll.retry_wait(s.upgrade.budget_wait.0),
                         ),
                         _ => upgrade_poll.checked(&mut schedule, Instant::now()),
                     }

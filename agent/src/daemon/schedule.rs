@@ -207,6 +207,22 @@ impl UpgradePoll {
         schedule.arm(Job::Upgrade, now + wait);
     }
 
+    /// The wait before a check that found the upgrade budget used up asks again:
+    /// `upgrade.budget_wait`, or the cluster's size bound over `upgrade.fleet_rate` when
+    /// that is longer, jittered ±50 % ([`crate::upgrade::jittered`]). During a rollout every
+    /// node that waits for a slot asks again: at 10,000 nodes and a budget of 1, 60 s would
+    /// be 167 GetParameter calls a second, four times SSM's standard quota; paced by the
+    /// fleet it stays within twice `fleet_rate`, and a freed slot is still taken within
+    /// about a second.
+    pub fn retry_wait(&self, budget_wait: Duration) -> Duration {
+        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
+        #[allow(clippy::cast_precision_loss)]
+        let fleet = Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
+            .unwrap_or(UpgradePoll::MAX_INTERVAL)
+            .min(UpgradePoll::MAX_INTERVAL);
+        crate::upgrade::jittered(budget_wait.max(fleet))
+    }
+
     /// The wait until the next check: the interval times a factor drawn from
     /// [`Self::JITTER`].
     pub fn next_wait(&mut self) -> Duration {
@@ -437,6 +453,33 @@ pub(super) mod tests {
             "{}",
             p.describe()
         );
+    }
+
+    /// A rollout's budget retries stay within twice `fleet_rate` for the whole cluster at
+    /// 10,000 nodes (under a quarter of SSM's 40 TPS); a small cluster keeps
+    /// `upgrade.budget_wait`.
+    #[test]
+    fn budget_retries_are_paced_by_the_cluster_too() {
+        let s = crate::upgrade::UpgradeSettings::default();
+        let mut p = UpgradePoll::seeded(&s, 1);
+        p.set_bound(bound(8));
+        for _ in 0..200 {
+            let w = p.retry_wait(s.budget_wait.0);
+            assert!(
+                w >= s.budget_wait.0 / 2 && w <= s.budget_wait.0 * 3 / 2,
+                "{w:?}"
+            );
+        }
+        p.set_bound(bound(10_000));
+        for _ in 0..200 {
+            let w = p.retry_wait(s.budget_wait.0);
+            let fleet_tps = 10_000.0 / w.as_secs_f64();
+            assert!(
+                fleet_tps <= 2.0 * s.fleet_rate + 1e-9,
+                "{w:?}: {fleet_tps}/s"
+            );
+            assert!(fleet_tps < 0.25 * 40.0, "{fleet_tps}/s");
+        }
     }
 
     #[test]

@@ -94,7 +94,9 @@ pub struct UpgradeSettings {
     pub max_unavailable: String,
     /// Partition the budget counts. Empty: the node's first partition.
     pub budget_partition: String,
-    /// Wait before counting again when the budget is used up (randomized ±50 %).
+    /// Wait before counting again when the budget is used up (randomized ±50 %); the
+    /// daemon waits the cluster's size over `fleet_rate` instead when that is longer, so a
+    /// large cluster's retries stay within SSM's quota.
     pub budget_wait: HumanDuration,
     /// Before `poweroff`, delete this node's record from slurmctld (`scontrol delete
     /// nodename=`) when it is a dynamic node with no job. Off by default: a replacement
