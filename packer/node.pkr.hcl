@@ -67,11 +67,15 @@ locals {
   ami_name      = "${var.image_name_prefix}-${var.os}-${var.arch}-slurm-${var.slurm_version}-${local.timestamp}"
   staging       = "/tmp/slurm-image"
 
+  # Every Slurm version of the image, space-separated (slurm_version alone without a list).
+  slurm_versions = length(var.slurm_versions) > 0 ? join(" ", [for s in var.slurm_versions : s.version]) : var.slurm_version
+
   # Every version that went into the image, on the AMI, its snapshots and in the manifest.
   version_tags = {
     "slurm-image:os"                    = var.os
     "slurm-image:arch"                  = var.arch
     "slurm-image:slurm-version"         = var.slurm_version
+    "slurm-image:slurm-versions"        = local.slurm_versions
     "slurm-image:slurm-source"          = var.slurm_source
     "slurm-image:auth"                  = var.auth
     "slurm-image:efa-installer-version" = var.efa_installer_version
@@ -83,7 +87,18 @@ locals {
   }
   tags = merge(var.tags, local.version_tags, { Name = local.ami_name })
 
-  step_env = [
+  # SLURM_VERSIONS and SLURM_DEFAULT, and each version's tarball as SLURM_URL_<version>
+  # and SLURM_SHA256_<version> (other than letters and digits as underscores:
+  # SLURM_URL_25_11_6), for 30-slurm.sh.
+  slurm_versions_env = concat(
+    ["SLURM_VERSIONS=${local.slurm_versions}", "SLURM_DEFAULT=${var.slurm_version}"],
+    flatten([for s in var.slurm_versions : [
+      "SLURM_URL_${regex_replace(s.version, "[^0-9A-Za-z]", "_")}=${s.url}",
+      "SLURM_SHA256_${regex_replace(s.version, "[^0-9A-Za-z]", "_")}=${s.sha256}",
+    ]]),
+  )
+
+  step_env = concat([
     "IMAGE_STAGING=${local.staging}",
     "IMAGE_OS=${var.os}",
     "IMAGE_ARCH=${var.arch}",
@@ -105,7 +120,7 @@ locals {
     "IMAGE_REGION=${var.region}",
     "AGENT_VERSION=${var.agent_version}",
     "ALLOW_SKIPS=${var.allow_skips}",
-  ]
+  ], local.slurm_versions_env)
 }
 
 source "amazon-ebs" "node" {

@@ -58,7 +58,17 @@ variable "image_name_prefix" {
 
 variable "slurm_version" {
   type        = string
-  description = "Slurm version, e.g. 24.11.7. With slurm_source = distro it is the version the distribution must ship."
+  description = "Slurm version, e.g. 24.11.7; with slurm_versions, the default one. With slurm_source = distro it is the version the distribution must ship."
+}
+
+variable "slurm_versions" {
+  type = list(object({
+    version = string
+    url     = string
+    sha256  = string
+  }))
+  description = "Every Slurm version of the image with its pinned tarball (from sources.toml). Two or more (slurm_source = tarball): each is installed in /opt/slurm-<version> and /opt/slurm is a symlink to slurm_version's, the default. Empty or one entry: slurm_version alone in /opt/slurm."
+  default     = []
 }
 
 variable "slurm_source" {

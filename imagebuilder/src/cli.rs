@@ -102,9 +102,17 @@ pub struct RecipeArgs {
     /// Architecture: x86_64 or arm64.
     #[arg(long)]
     pub arch: Option<String>,
-    /// Slurm version (default: sources.toml's, or Debian 12's 22.05.8 locally).
-    #[arg(long)]
-    pub slurm_version: Option<String>,
+    /// Slurm version (default: sources.toml's, or Debian 12's 22.05.8 locally): a pinned
+    /// version (25.11.6) or a release series (25.11: its newest pinned version). Repeat it,
+    /// or give a comma list, to install several side by side (tarball only), each in
+    /// /opt/slurm-<version>, with /opt/slurm a symlink to the default's.
+    #[arg(long = "slurm-version", value_name = "V", value_delimiter = ',')]
+    pub slurm_versions: Vec<String>,
+    /// Which --slurm-version /opt/slurm points at in the image, whose units are installed
+    /// and which names the AMI (default: the first). A node switches to the version its
+    /// controller accepts at boot.
+    #[arg(long, value_name = "V")]
+    pub slurm_default: Option<String>,
     /// Slurm from the pinned source tarball, Debian's own source package (built the same
     /// way, offline from the pins), or the distribution's packages.
     #[arg(long, value_parser = ["tarball", "debian-source", "distro"])]
@@ -306,7 +314,8 @@ impl Cli {
         let req = Request {
             os: args.os.clone(),
             arch: args.arch.clone(),
-            slurm_version: args.slurm_version.clone(),
+            slurm_versions: args.slurm_versions.clone(),
+            slurm_default: args.slurm_default.clone(),
             slurm_source: args.slurm_source.clone(),
             auth: args.auth.clone(),
             efa_version: args.efa_version.clone(),
@@ -340,6 +349,13 @@ impl Cli {
             "OS:            {} ({})\nArchitecture:  {}\nSlurm:         {} from {}\nAuth:          {}\n",
             recipe.os, recipe.family, recipe.arch, recipe.slurm_version, recipe.slurm_source, recipe.auth
         );
+        if recipe.slurm_versions.len() > 1 {
+            text.push_str(&format!(
+                "Slurm versions: {} (default {}; each in /opt/slurm-<version>, /opt/slurm a symlink to the default's)\n",
+                recipe.slurm_versions_words(),
+                recipe.slurm_version
+            ));
+        }
         text.push_str(&format!(
             "EFA installer: {}\nLustre client: {}\nNVIDIA driver: {}{}\nAgent:         {}\n",
             none_if_empty(&recipe.efa_version),

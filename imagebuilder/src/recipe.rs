@@ -111,8 +111,12 @@ pub struct Request {
     pub os: Option<String>,
     /// `x86_64` or `arm64`.
     pub arch: Option<String>,
-    /// Slurm version.
-    pub slurm_version: Option<String>,
+    /// Slurm versions to install side by side, as given (`25.11`, `25.11.6`); empty: the
+    /// default version alone. Two or more need `slurm_source = tarball`.
+    pub slurm_versions: Vec<String>,
+    /// Which of `slurm_versions` `/opt/slurm` points at in the image (and whose units the
+    /// image installs); `None`: the first.
+    pub slurm_default: Option<String>,
     /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: Option<String>,
     /// `munge` or `slurm`.
@@ -146,12 +150,17 @@ pub struct Recipe {
     pub arch: String,
     /// Package family of the OS.
     pub family: String,
-    /// Slurm version.
+    /// The default Slurm version: the one `/opt/slurm` points at in the image, in the AMI
+    /// name and tags, and the only one of a single-version image.
     pub slurm_version: String,
     /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: String,
-    /// Slurm tarball pin (tarball builds).
+    /// Slurm tarball pin of the default version (tarball builds).
     pub slurm: Option<Pin>,
+    /// Every Slurm version of the image, in the order asked for (one entry for a
+    /// single-version image). With two or more, each is installed in
+    /// `/opt/slurm-<version>` and `/opt/slurm` is a symlink to the default's.
+    pub slurm_versions: Vec<SlurmRelease>,
     /// `munge` or `slurm`.
     pub auth: String,
     /// MUNGE version and pin (when the OS has no package).
@@ -178,6 +187,155 @@ pub struct Recipe {
     pub ami_regions: Vec<String>,
     /// Where the pins came from.
     pub sources_file: PathBuf,
+}
+
+/// One Slurm version of a recipe, resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlurmRelease {
+    /// The entry as given (`25.11` or `25.11.6`).
+    pub entry: String,
+    /// The version it resolved to (a key of `[slurm]` in sources.toml for tarball builds).
+    pub version: String,
+    /// The pinned tarball (tarball builds).
+    pub pin: Option<Pin>,
+}
+
+/// The version a Slurm entry names: the entry itself when pinned, else for a release
+/// series (`MAJOR.MINOR`, e.g. `25.11`) the newest version of it pinned in `table`; else
+/// the entry unchanged, which [`pinned`] then refuses naming the pinned versions.
+fn slurm_entry_version(entry: &str, table: &BTreeMap<String, Pin>) -> String {
+    if table.contains_key(entry) || entry.split('.').count() != 2 {
+        return entry.to_string();
+    }
+    let series = format!("{entry}.");
+    table
+        .keys()
+        .filter(|k| {
+            k.strip_prefix(&series)
+                .is_some_and(|micro| !micro.contains('.'))
+        })
+        .max_by_key(|k| version_key(k))
+        .cloned()
+        .unwrap_or_else(|| entry.to_string())
+}
+
+/// A version as numbers, for ordering (`25.11.10` after `25.11.9`).
+fn version_key(version: &str) -> Vec<u64> {
+    version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0))
+        .collect()
+}
+
+/// Whether `v` is `MAJOR.MINOR.MICRO` in digits: the name of a versioned prefix
+/// (`/opt/slurm-25.11.6`).
+fn release_form(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Resolve the Slurm entries of a request: each to its version and pin; one of them
+/// the default. Errors name the entry.
+fn resolve_slurm(
+    req: &Request,
+    slurm_source: &str,
+    fallback: String,
+    sources: &Sources,
+    sources_file: &Path,
+) -> Result<(Vec<SlurmRelease>, usize)> {
+    let entries: Vec<String> = if !req.slurm_versions.is_empty() {
+        req.slurm_versions.clone()
+    } else if let Some(d) = &req.slurm_default {
+        vec![d.clone()]
+    } else {
+        vec![fallback]
+    };
+    if entries.len() == 1 && entries[0].is_empty() {
+        return Err(Error::BadInput(format!(
+            "no Slurm version: pass --slurm-version or set [defaults] slurm in {}",
+            sources_file.display()
+        )));
+    }
+    let several = entries.len() > 1;
+    if several && slurm_source != "tarball" {
+        return Err(Error::BadInput(format!(
+            "Slurm source '{slurm_source}' installs one Slurm version, not {} ({}): \
+             it is the distribution's {} of one version; use --slurm-source tarball for several",
+            entries.len(),
+            entries.join(", "),
+            if slurm_source == "distro" {
+                "packages"
+            } else {
+                "source package"
+            },
+        )));
+    }
+    let mut releases: Vec<SlurmRelease> = Vec::new();
+    for entry in &entries {
+        if entry.is_empty() {
+            return Err(Error::BadInput(format!(
+                "an empty Slurm version in slurm_versions ({})",
+                entries.join(", ")
+            )));
+        }
+        let (version, pin) = if slurm_source == "tarball" {
+            let version = slurm_entry_version(entry, &sources.slurm);
+            let pin =
+                pinned("Slurm", &version, &sources.slurm, sources_file).map_err(|e| match e {
+                    Error::BadInput(m) if several => {
+                        Error::BadInput(format!("slurm_versions entry '{entry}': {m}"))
+                    }
+                    e => e,
+                })?;
+            (version, Some(pin))
+        } else {
+            (entry.clone(), None)
+        };
+        if several && !release_form(&version) {
+            return Err(Error::BadInput(format!(
+                "slurm_versions entry '{entry}': version '{version}' is not MAJOR.MINOR.MICRO \
+                 (it names the prefix /opt/slurm-<version>)"
+            )));
+        }
+        if let Some(first) = releases.iter().find(|r| r.version == version) {
+            return Err(Error::BadInput(format!(
+                "slurm_versions entries '{}' and '{entry}' are both Slurm {version}: list each version once",
+                first.entry
+            )));
+        }
+        releases.push(SlurmRelease {
+            entry: entry.clone(),
+            version,
+            pin,
+        });
+    }
+    let default = match &req.slurm_default {
+        None => 0,
+        Some(d) => {
+            let version = if slurm_source == "tarball" {
+                slurm_entry_version(d, &sources.slurm)
+            } else {
+                d.clone()
+            };
+            releases
+                .iter()
+                .position(|r| r.entry == *d || r.version == version)
+                .ok_or_else(|| {
+                    Error::BadInput(format!(
+                        "default Slurm '{d}' is not in slurm_versions ({}): add it with --slurm-version {d} or name one of them",
+                        releases
+                            .iter()
+                            .map(|r| r.version.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?
+        }
+    };
+    Ok((releases, default))
 }
 
 fn valid_sha256(s: &str) -> bool {
@@ -273,27 +431,13 @@ impl Recipe {
             .slurm_source
             .clone()
             .unwrap_or_else(|| if req.local { "distro" } else { "tarball" }.to_string());
-        let slurm_version = req.slurm_version.clone().unwrap_or_else(|| {
-            if req.local || slurm_source == "debian-source" {
-                DEBIAN_12_SLURM.to_string()
-            } else {
-                sources.defaults.slurm.clone()
-            }
-        });
-        if slurm_version.is_empty() {
-            return Err(Error::BadInput(format!(
-                "no Slurm version: pass --slurm-version or set [defaults] slurm in {}",
-                sources_file.display()
-            )));
-        }
-        let slurm = match slurm_source.as_str() {
-            "tarball" => Some(pinned(
-                "Slurm",
-                &slurm_version,
-                &sources.slurm,
-                sources_file,
-            )?),
-            "distro" => None,
+        let fallback = if req.local || slurm_source == "debian-source" {
+            DEBIAN_12_SLURM.to_string()
+        } else {
+            sources.defaults.slurm.clone()
+        };
+        match slurm_source.as_str() {
+            "tarball" | "distro" => {}
             // Debian's own source package: apt verifies it against the signed Sources
             // index of the root's mirror, so there is no pin of ours.
             "debian-source" if family != "deb" => {
@@ -301,22 +445,36 @@ impl Recipe {
                     "Slurm source 'debian-source' needs a Debian-family OS, not {os}: use tarball"
                 )))
             }
-            "debian-source" => None,
+            "debian-source" => {}
             other => {
                 return Err(Error::BadInput(format!(
                     "unknown Slurm source '{other}' (supported: tarball, debian-source, distro)"
                 )))
             }
-        };
+        }
+        let (slurm_versions, default) =
+            resolve_slurm(req, &slurm_source, fallback, sources, sources_file)?;
+        let slurm_version = slurm_versions[default].version.clone();
+        let slurm = slurm_versions[default].pin.clone();
 
         let auth = req.auth.clone().unwrap_or_else(|| "munge".to_string());
         match auth.as_str() {
             "munge" => {}
-            "slurm" if version_at_least(&slurm_version, 23, 11) => {}
             "slurm" => {
-                return Err(Error::BadInput(format!(
-                    "auth 'slurm' needs Slurm 23.11 or later, not {slurm_version}: use --auth munge"
-                )))
+                if let Some(old) = slurm_versions
+                    .iter()
+                    .find(|r| !version_at_least(&r.version, 23, 11))
+                {
+                    let entry = if slurm_versions.len() > 1 {
+                        format!(" (slurm_versions entry '{}')", old.entry)
+                    } else {
+                        String::new()
+                    };
+                    return Err(Error::BadInput(format!(
+                        "auth 'slurm' needs Slurm 23.11 or later, not {}{entry}: use --auth munge",
+                        old.version
+                    )));
+                }
             }
             other => {
                 return Err(Error::BadInput(format!(
@@ -378,6 +536,7 @@ impl Recipe {
             slurm_version,
             slurm_source,
             slurm,
+            slurm_versions,
             auth,
             munge_version,
             munge,
@@ -413,6 +572,21 @@ impl Recipe {
         v.insert("slurm_source".into(), json!(self.slurm_source));
         v.insert("slurm_url".into(), json!(pin_url(&self.slurm)));
         v.insert("slurm_sha256".into(), json!(pin_sha(&self.slurm)));
+        v.insert(
+            "slurm_versions".into(),
+            Json::Array(
+                self.slurm_versions
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "version": r.version,
+                            "url": pin_url(&r.pin),
+                            "sha256": pin_sha(&r.pin),
+                        })
+                    })
+                    .collect(),
+            ),
+        );
         v.insert("auth".into(), json!(self.auth));
         v.insert("munge_version".into(), json!(self.munge_version));
         v.insert("munge_url".into(), json!(pin_url(&self.munge)));
@@ -455,17 +629,41 @@ impl Recipe {
             ("IMAGE_REGION", self.region.clone()),
             ("AGENT_VERSION", self.agent_version.clone()),
             ("ALLOW_SKIPS", allow_skips.to_string()),
+            ("SLURM_VERSIONS", self.slurm_versions_words()),
+            ("SLURM_DEFAULT", self.slurm_version.clone()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(self.slurm_versions.iter().flat_map(|r| {
+            let suffix = r
+                .version
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect::<String>();
+            [
+                (format!("SLURM_URL_{suffix}"), pin_url(&r.pin)),
+                (format!("SLURM_SHA256_{suffix}"), pin_sha(&r.pin)),
+            ]
+        }))
         .collect()
+    }
+
+    /// The versions of the image, space-separated (`SLURM_VERSIONS`).
+    pub fn slurm_versions_words(&self) -> String {
+        self.slurm_versions
+            .iter()
+            .map(|r| r.version.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Every pinned download of this recipe: (name, pin).
     pub fn downloads(&self) -> Vec<(String, Pin)> {
         let mut out = Vec::new();
-        if let Some(p) = &self.slurm {
-            out.push((format!("Slurm {} source", self.slurm_version), p.clone()));
+        for r in &self.slurm_versions {
+            if let Some(p) = &r.pin {
+                out.push((format!("Slurm {} source", r.version), p.clone()));
+            }
         }
         if self.auth == "munge" && self.os == "al2023" {
             if let Some(p) = &self.munge {
@@ -569,6 +767,195 @@ pub fn check_values(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::{OsEntry, Pin, Recipe, Request, Sources};
+    use crate::error::Error;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    fn pin(v: &str, n: u8) -> Pin {
+        Pin {
+            url: format!("https://example.invalid/slurm-{v}.tar.gz"),
+            sha256: format!("{n:x}").repeat(64),
+        }
+    }
+
+    /// Pins of 23.02.7, 24.11.7, 25.11.5, 25.11.6 and 26.05.3; default 24.11.7.
+    fn sources() -> Sources {
+        let mut s = Sources::default();
+        for (i, v) in ["23.02.7", "24.11.7", "25.11.5", "25.11.6", "26.05.3"]
+            .iter()
+            .enumerate()
+        {
+            s.slurm.insert(v.to_string(), pin(v, i as u8 + 1));
+        }
+        s.defaults.slurm = "24.11.7".into();
+        s
+    }
+
+    fn catalog() -> BTreeMap<String, OsEntry> {
+        let mut c = BTreeMap::new();
+        c.insert(
+            "ubuntu-24.04".to_string(),
+            OsEntry {
+                family: "deb".into(),
+                owner: "099720109477".into(),
+                ami_name: [("x86_64".to_string(), "ubuntu-*".to_string())].into(),
+            },
+        );
+        c
+    }
+
+    fn request(versions: &[&str], default: Option<&str>) -> Request {
+        Request {
+            os: Some("ubuntu-24.04".into()),
+            slurm_versions: versions.iter().map(|v| v.to_string()).collect(),
+            slurm_default: default.map(String::from),
+            efa_version: Some(String::new()),
+            ..Request::default()
+        }
+    }
+
+    fn resolve(req: &Request) -> Result<Recipe, String> {
+        Recipe::resolve(req, &sources(), Path::new("sources.toml"), &catalog()).map_err(|e| match e
+        {
+            Error::BadInput(m) => m,
+            other => panic!("not a bad-input error: {other}"),
+        })
+    }
+
+    #[test]
+    fn a_list_of_versions_resolves_each_to_its_pin_and_the_first_is_the_default() {
+        let r = resolve(&request(&["25.11", "26.05.3"], None)).unwrap();
+        let got: Vec<(&str, &str)> = r
+            .slurm_versions
+            .iter()
+            .map(|v| (v.entry.as_str(), v.version.as_str()))
+            .collect();
+        // A release series resolves to its newest pinned version.
+        assert_eq!(got, [("25.11", "25.11.6"), ("26.05.3", "26.05.3")]);
+        assert_eq!(r.slurm_version, "25.11.6");
+        assert_eq!(r.slurm, Some(pin("25.11.6", 4)));
+        assert_eq!(r.slurm_versions[1].pin, Some(pin("26.05.3", 5)));
+        let vars = r.variables();
+        assert_eq!(vars["slurm_version"], "25.11.6");
+        assert_eq!(vars["slurm_sha256"], pin("25.11.6", 4).sha256);
+        assert_eq!(vars["slurm_versions"][1]["version"], "26.05.3");
+        assert_eq!(vars["slurm_versions"][1]["url"], pin("26.05.3", 5).url);
+        assert_eq!(
+            vars["slurm_versions"][1]["sha256"],
+            pin("26.05.3", 5).sha256
+        );
+        let env: BTreeMap<String, String> = r.step_env("/s", false).into_iter().collect();
+        assert_eq!(env["SLURM_VERSIONS"], "25.11.6 26.05.3");
+        assert_eq!(env["SLURM_DEFAULT"], "25.11.6");
+        assert_eq!(env["SLURM_VERSION"], "25.11.6");
+        assert_eq!(env["SLURM_URL_26_05_3"], pin("26.05.3", 5).url);
+        assert_eq!(env["SLURM_SHA256_25_11_6"], pin("25.11.6", 4).sha256);
+        let names: Vec<String> = r.downloads().into_iter().map(|(n, _)| n).collect();
+        assert!(
+            names.contains(&"Slurm 25.11.6 source".to_string()),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&"Slurm 26.05.3 source".to_string()),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn the_default_is_named_by_its_entry_or_its_series() {
+        for d in ["26.05", "26.05.3"] {
+            let r = resolve(&request(&["25.11.6", "26.05.3"], Some(d))).unwrap();
+            assert_eq!(r.slurm_version, "26.05.3", "{d}");
+            assert_eq!(r.slurm, Some(pin("26.05.3", 5)), "{d}");
+        }
+        // Alone, --slurm-default is the one version.
+        let r = resolve(&request(&[], Some("25.11"))).unwrap();
+        assert_eq!(r.slurm_version, "25.11.6");
+        assert_eq!(r.slurm_versions.len(), 1);
+    }
+
+    #[test]
+    fn a_single_version_resolves_as_before() {
+        let r = resolve(&request(&[], None)).unwrap();
+        assert_eq!(r.slurm_version, "24.11.7");
+        assert_eq!(r.slurm_versions.len(), 1);
+        let r = resolve(&request(&["25.11.5"], None)).unwrap();
+        assert_eq!(r.slurm_version, "25.11.5");
+        assert_eq!(r.slurm, Some(pin("25.11.5", 3)));
+        let e = resolve(&request(&["25.05.9"], None)).unwrap_err();
+        assert!(e.starts_with("Slurm 25.05.9 has no pinned source"), "{e}");
+    }
+
+    #[test]
+    fn an_entry_without_a_pin_is_refused_naming_it_and_the_pinned_versions() {
+        for entry in ["25.05", "25.05.1"] {
+            let e = resolve(&request(&["25.11.6", entry], None)).unwrap_err();
+            assert!(
+                e.contains(&format!("slurm_versions entry '{entry}'"))
+                    && e.contains("has no pinned source")
+                    && e.contains("23.02.7, 24.11.7, 25.11.5, 25.11.6, 26.05.3")
+                    && e.contains("sources.toml"),
+                "{e}"
+            );
+        }
+        let e = resolve(&request(&["25.11.6", ""], None)).unwrap_err();
+        assert!(e.contains("an empty Slurm version"), "{e}");
+    }
+
+    #[test]
+    fn two_entries_of_one_version_are_refused_naming_both() {
+        let e = resolve(&request(&["25.11", "26.05.3", "25.11.6"], None)).unwrap_err();
+        assert!(
+            e.contains("entries '25.11' and '25.11.6' are both Slurm 25.11.6"),
+            "{e}"
+        );
+        let e = resolve(&request(&["26.05.3", "26.05.3"], None)).unwrap_err();
+        assert!(
+            e.contains("entries '26.05.3' and '26.05.3' are both Slurm 26.05.3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_default_not_in_the_list_is_refused_naming_the_list() {
+        let e = resolve(&request(&["25.11.6", "26.05.3"], Some("24.11"))).unwrap_err();
+        assert!(
+            e.contains("default Slurm '24.11' is not in slurm_versions (25.11.6, 26.05.3)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn several_versions_need_the_tarball_source() {
+        for source in ["distro", "debian-source"] {
+            let mut req = request(&["22.05.8", "24.11.7"], None);
+            req.slurm_source = Some(source.into());
+            let e = resolve(&req).unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "Slurm source '{source}' installs one Slurm version, not 2 (22.05.8, 24.11.7)"
+                )) && e.contains("--slurm-source tarball"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn auth_slurm_refuses_any_version_before_23_11_naming_the_entry() {
+        let mut req = request(&["25.11", "23.02"], None);
+        req.auth = Some("slurm".into());
+        let e = resolve(&req).unwrap_err();
+        assert!(
+            e.contains("auth 'slurm' needs Slurm 23.11 or later, not 23.02.7 (slurm_versions entry '23.02')"),
+            "{e}"
+        );
+        let mut req = request(&["25.11", "26.05"], None);
+        req.auth = Some("slurm".into());
+        assert!(resolve(&req).is_ok());
+    }
+
     #[test]
     fn slurm_versions_compare() {
         assert!(super::version_at_least("23.11.4", 23, 11));

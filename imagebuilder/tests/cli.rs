@@ -1088,3 +1088,50 @@ fn validate_reads_the_signing_key_pins_as_the_build_does() {
         "{t}"
     );
 }
+
+#[test]
+fn plan_takes_several_slurm_versions_and_refuses_one_listed_twice() {
+    let out = run(sib().args([
+        "--output",
+        "json",
+        "plan",
+        "--slurm-version",
+        "25.11,26.05",
+        "--slurm-default",
+        "26.05",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let j = json(&out);
+    let vars = &j["variables"];
+    assert_eq!(vars["slurm_version"], "26.05.3");
+    assert!(vars["slurm_url"]
+        .as_str()
+        .unwrap()
+        .ends_with("slurm-26-05-3-1.tar.gz"));
+    let list = vars["slurm_versions"].as_array().unwrap();
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["version"], "25.11.6");
+    assert_eq!(list[0]["sha256"].as_str().unwrap().len(), 64);
+    assert_eq!(list[1]["version"], "26.05.3");
+
+    let out = run(sib().args([
+        "plan",
+        "--slurm-version",
+        "25.11",
+        "--slurm-version",
+        "25.11.6",
+    ]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("entries '25.11' and '25.11.6' are both Slurm 25.11.6"),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args(["plan", "--slurm-version", "25.11,25.05"]));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("slurm_versions entry '25.05': Slurm 25.05 has no pinned source"),
+        "{}",
+        text(&out)
+    );
+}

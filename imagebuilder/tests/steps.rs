@@ -1442,3 +1442,327 @@ fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
         text(&out)
     );
 }
+
+/// A finished Slurm tree as `make install DESTDIR=<stage>` leaves it (built for
+/// /opt/slurm): a `slurmd` that prints `slurm VERSION` and a reference unit.
+fn fake_slurm_stage(stage: &Path, version: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let sbin = stage.join("opt/slurm/sbin");
+    std::fs::create_dir_all(&sbin).unwrap();
+    std::fs::create_dir_all(stage.join("opt/slurm/bin")).unwrap();
+    let slurmd = sbin.join("slurmd");
+    std::fs::write(&slurmd, format!("#!/bin/sh\necho 'slurm {version}'\n")).unwrap();
+    std::fs::set_permissions(&slurmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let units = stage.join("usr/lib/systemd/system");
+    std::fs::create_dir_all(&units).unwrap();
+    std::fs::write(
+        units.join("slurmd.service"),
+        format!("# slurmd {version}\n[Service]\nExecStart=/opt/slurm/sbin/slurmd --systemd\n"),
+    )
+    .unwrap();
+}
+
+/// Runs `install_slurm_versions DEFAULT VERSIONS...` of lib-slurm.sh with SLURM_OPT_ROOT at
+/// `root/opt`; the caller's `slurm_build_version` places the fake stage of the version
+/// (`stages/<version>`, made by [`fake_slurm_stage`]) and records the version in
+/// `root/built`.
+fn install_versions(root: &Path, default: &str, versions: &str) -> Output {
+    let script = format!(
+        ". packer/scripts/lib.sh; . packer/scripts/lib-slurm.sh\n\
+         slurm_build_version() {{ echo \"$1\" >>\"$ROOT/built\"; place_slurm_tree \"$ROOT/stages/$1\" \"key-$1\" \"$2\" \"$1\"; }}\n\
+         install_slurm_versions {default} {versions}\n"
+    );
+    Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(repo())
+        .env("ROOT", root)
+        .env("SLURM_OPT_ROOT", root.join("opt"))
+        .env("STEP", "test")
+        .output()
+        .unwrap()
+}
+
+fn read_link(p: &Path) -> String {
+    std::fs::read_link(p)
+        .map(|t| t.display().to_string())
+        .unwrap_or_else(|e| format!("not a symlink: {e}"))
+}
+
+fn opt_entries(opt: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(opt)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn slurmd_through_link(opt: &Path) -> String {
+    let out = Command::new(opt.join("slurm/sbin/slurmd"))
+        .arg("-V")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Issue 23 §2: several Slurm versions side by side. Each finished tree goes to
+/// /opt/slurm-<version> with its marker written last, /opt/slurm is a relative symlink to
+/// the default's; an interrupted install (a prefix without marker, a leftover swap tree
+/// or temporary symlink) is repaired by the next run, which builds only what is missing;
+/// an earlier single-version /opt/slurm folder is replaced by the symlink; a version listed
+/// twice, a default not listed, a tree reporting another version are refused by name.
+#[test]
+fn several_slurm_versions_go_side_by_side_behind_a_symlink_and_a_broken_install_is_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let opt = root.join("opt");
+    for v in ["25.11.6", "26.05.3", "24.11.7"] {
+        fake_slurm_stage(&root.join("stages").join(v), v);
+    }
+    let built = || {
+        let b = std::fs::read_to_string(root.join("built")).unwrap_or_default();
+        std::fs::remove_file(root.join("built")).ok();
+        b.lines().map(String::from).collect::<Vec<_>>()
+    };
+
+    // Both versions, default 25.11.6.
+    let out = install_versions(root, "25.11.6", "25.11.6 26.05.3");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(built(), ["25.11.6", "26.05.3"]);
+    assert_eq!(
+        opt_entries(&opt),
+        ["slurm", "slurm-25.11.6", "slurm-26.05.3"]
+    );
+    for v in ["25.11.6", "26.05.3"] {
+        let p = opt.join(format!("slurm-{v}"));
+        assert_eq!(
+            std::fs::read_to_string(p.join(".slurm-build")).unwrap(),
+            format!("key=key-{v}\nversion={v}\n")
+        );
+        let unit = std::fs::read_to_string(p.join("lib/systemd/system/slurmd.service")).unwrap();
+        assert!(unit.contains(&format!("# slurmd {v}")), "{unit}");
+    }
+    assert_eq!(read_link(&opt.join("slurm")), "slurm-25.11.6");
+    assert_eq!(slurmd_through_link(&opt), "slurm 25.11.6");
+    // Each version was checked through the symlink, which went back to the default.
+    let t = text(&out);
+    assert!(
+        t.contains("slurm 26.05.3 in") && t.contains("slurmd -V reports 26.05.3"),
+        "{t}"
+    );
+
+    // Interrupted: 26.05.3's marker never written (and a stray file in its prefix), a swap
+    // tree and a temporary symlink left behind. The next run removes them and installs
+    // 26.05.3 again, and only it.
+    std::fs::remove_file(opt.join("slurm-26.05.3/.slurm-build")).unwrap();
+    std::fs::write(opt.join("slurm-26.05.3/half"), "").unwrap();
+    std::fs::create_dir_all(opt.join("slurm-25.11.6.new.999/sbin")).unwrap();
+    std::os::unix::fs::symlink("slurm-26.05.3", opt.join(".slurm.link.999")).unwrap();
+    let out = install_versions(root, "25.11.6", "25.11.6 26.05.3");
+    assert!(out.status.success(), "{}", text(&out));
+    let t = text(&out);
+    assert!(
+        t.contains("slurm-26.05.3: half-installed (no marker")
+            && t.contains("slurm-25.11.6.new.999, left by an interrupted install")
+            && t.contains("slurm 25.11.6 already installed"),
+        "{t}"
+    );
+    assert_eq!(built(), ["26.05.3"]);
+    assert_eq!(
+        opt_entries(&opt),
+        ["slurm", "slurm-25.11.6", "slurm-26.05.3"]
+    );
+    assert!(!opt.join("slurm-26.05.3/half").exists());
+    assert!(opt.join("slurm-26.05.3/.slurm-build").exists());
+    assert_eq!(read_link(&opt.join("slurm")), "slurm-25.11.6");
+
+    // Another default: the symlink moves, nothing is built; a version no longer listed goes.
+    let out = install_versions(root, "26.05.3", "26.05.3 24.11.7");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(built(), ["24.11.7"]);
+    assert_eq!(
+        opt_entries(&opt),
+        ["slurm", "slurm-24.11.7", "slurm-26.05.3"]
+    );
+    assert_eq!(read_link(&opt.join("slurm")), "slurm-26.05.3");
+    assert_eq!(slurmd_through_link(&opt), "slurm 26.05.3");
+
+    // Refused before anything is touched: a version twice, a default not listed, a version
+    // that is not MAJOR.MINOR.MICRO.
+    for (default, versions, want) in [
+        (
+            "25.11.6",
+            "25.11.6 26.05.3 25.11.6",
+            "SLURM_VERSIONS (25.11.6 26.05.3 25.11.6) lists Slurm 25.11.6 twice",
+        ),
+        (
+            "24.11.7",
+            "25.11.6 26.05.3",
+            "the default Slurm 24.11.7 is not in SLURM_VERSIONS (25.11.6 26.05.3)",
+        ),
+        ("25.11", "25.11 26.05.3", "'25.11' is not MAJOR.MINOR.MICRO"),
+    ] {
+        let out = install_versions(root, default, versions);
+        assert!(!out.status.success(), "{versions}: {}", text(&out));
+        assert!(text(&out).contains(want), "{versions}: {}", text(&out));
+        assert_eq!(built(), Vec::<String>::new(), "{versions}");
+        assert_eq!(
+            opt_entries(&opt),
+            ["slurm", "slurm-24.11.7", "slurm-26.05.3"],
+            "{versions}"
+        );
+    }
+
+    // A tree that reports another version than the one it was built for: refused by name,
+    // its prefix removed, the symlink back at the default.
+    fake_slurm_stage(&root.join("stages/25.11.6"), "25.11.5");
+    let out = install_versions(root, "26.05.3", "26.05.3 25.11.6");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("the Slurm built for 25.11.6 reports 25.11.5"),
+        "{}",
+        text(&out)
+    );
+    assert!(!opt.join("slurm-25.11.6").exists());
+    assert_eq!(read_link(&opt.join("slurm")), "slurm-26.05.3");
+
+    // An earlier single-version install (/opt/slurm a folder) is replaced by the symlink.
+    let dir2 = tempfile::tempdir().unwrap();
+    let root2 = dir2.path();
+    let opt2 = root2.join("opt");
+    std::fs::create_dir_all(opt2.join("slurm/sbin")).unwrap();
+    std::fs::write(opt2.join("slurm/.slurm-build"), "key=k\nversion=24.11.7\n").unwrap();
+    for v in ["25.11.6", "26.05.3"] {
+        fake_slurm_stage(&root2.join("stages").join(v), v);
+    }
+    let out = install_versions(root2, "26.05.3", "25.11.6 26.05.3");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        opt_entries(&opt2),
+        ["slurm", "slurm-25.11.6", "slurm-26.05.3"]
+    );
+    assert_eq!(read_link(&opt2.join("slurm")), "slurm-26.05.3");
+    assert_eq!(slurmd_through_link(&opt2), "slurm 26.05.3");
+}
+
+/// 30-slurm.sh with two versions (issue 23 §2): each pinned tarball is verified, built
+/// (stand-in source trees) and installed in /opt/slurm-<version>; /opt/slurm, the host's
+/// real folder below the overlay, becomes a symlink to the default's, whose units are the
+/// image's; a second run builds nothing; a version listed twice is refused by the step.
+#[test]
+fn slurm_step_installs_several_versions_side_by_side() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    let s = StandIn::new();
+    let staging = s.path().join("staging");
+    std::fs::create_dir_all(staging.join("sources")).unwrap();
+    let inc = s.path().join("root/usr-local/include");
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::write(inc.join("pmix.h"), "/* stand-in */\n").unwrap();
+    let mut env: Vec<(String, String)> = vec![
+        ("IMAGE_OS".into(), "debian-12".into()),
+        ("IMAGE_ARCH".into(), "x86_64".into()),
+        ("IMAGE_STAGING".into(), staging.display().to_string()),
+        ("SLURM_VERSION".into(), "24.05.8".into()),
+        ("SLURM_DEFAULT".into(), "24.05.8".into()),
+        ("SLURM_VERSIONS".into(), "23.11.4 24.05.8".into()),
+        ("SLURM_SOURCE".into(), "tarball".into()),
+        ("SLURM_AUTH".into(), "munge".into()),
+        (
+            "SLURM_BUILD_CACHE".into(),
+            s.path().join("cache").display().to_string(),
+        ),
+    ];
+    for v in ["23.11.4", "24.05.8"] {
+        let file = format!("slurm-{}-1.tar.gz", v.replace('.', "-"));
+        let sha = fake_slurm_tarball(
+            &staging.join("sources").join(&file),
+            v,
+            &["mpi_pmix.so"],
+            &s.path().join(format!("configure-{v}")),
+        );
+        let suffix = v.replace('.', "_");
+        env.push((
+            format!("SLURM_URL_{suffix}"),
+            format!("https://github.com/SchedMD/slurm/archive/{file}"),
+        ));
+        env.push((format!("SLURM_SHA256_{suffix}"), sha));
+    }
+    let env_ref = |extra: &[(&str, &str)]| -> Vec<(String, String)> {
+        let mut e = env.clone();
+        for (k, v) in extra {
+            e.retain(|(n, _)| n != k);
+            e.push((k.to_string(), v.to_string()));
+        }
+        e
+    };
+    let run_step = |e: &[(String, String)]| {
+        let pairs: Vec<(&str, &str)> = e.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        step(&s, "30-slurm.sh", &pairs)
+    };
+    let opt = s.path().join("root/opt");
+
+    let (out, _) = run_step(&env_ref(&[]));
+    assert!(out.status.success(), "{}", text(&out));
+    for v in ["23.11.4", "24.05.8"] {
+        // Each was configured for /opt/slurm, as a single version is (same cache keys).
+        let args = std::fs::read_to_string(s.path().join(format!("configure-{v}"))).unwrap();
+        assert!(
+            args.lines().any(|a| a == "--prefix=/opt/slurm"),
+            "{v}: {args}"
+        );
+        let marker = std::fs::read_to_string(opt.join(format!("slurm-{v}/.slurm-build"))).unwrap();
+        assert!(
+            marker.starts_with("key=") && marker.ends_with(&format!("\nversion={v}\n")),
+            "{v}: {marker}"
+        );
+    }
+    assert_eq!(read_link(&opt.join("slurm")), "slurm-24.05.8");
+    let t = text(&out);
+    assert!(
+        t.contains("slurmd -V reports 23.11.4") && t.contains("slurm 23.11.4 24.05.8 installed"),
+        "{t}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.path().join("root/etc/ld.so.conf.d/slurm.conf")).unwrap(),
+        "/opt/slurm/lib\n"
+    );
+    assert_eq!(
+        std::fs::read_link(s.path().join("root/usr-local/bin/slurmd")).unwrap(),
+        Path::new("/opt/slurm/sbin/slurmd")
+    );
+
+    // Again: both prefixes are whole, nothing is fetched or built.
+    std::fs::remove_file(s.path().join("configure-23.11.4")).unwrap();
+    let (out, _) = run_step(&env_ref(&[]));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("slurm 23.11.4 already installed"),
+        "{}",
+        text(&out)
+    );
+    assert!(!s.path().join("configure-23.11.4").exists());
+
+    // A version twice: refused by the step, naming it.
+    let (out, _) = run_step(&env_ref(&[("SLURM_VERSIONS", "24.05.8 23.11.4 24.05.8")]));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("lists Slurm 24.05.8 twice"),
+        "{}",
+        text(&out)
+    );
+    // Several versions from the distribution's packages: refused.
+    let (out, _) = run_step(&env_ref(&[("SLURM_SOURCE", "distro")]));
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("installs one Slurm version, not 2 (23.11.4 24.05.8)"),
+        "{}",
+        text(&out)
+    );
+}

@@ -8,6 +8,11 @@
 #   the same configure flags. This is how the source build is proven where upstream
 #   tarballs cannot be fetched;
 # - SLURM_SOURCE=distro: the distribution's packages, which must ship SLURM_VERSION.
+# With two or more versions in SLURM_VERSIONS (tarball only; SLURM_DEFAULT, default
+# SLURM_VERSION, names the default; each version's pin in SLURM_URL_<v> and
+# SLURM_SHA256_<v>, v with underscores for dots: SLURM_URL_25_11_6), each is built the same
+# way into /opt/slurm-<version> and /opt/slurm is a symlink to the default's
+# (install_slurm_versions in lib-slurm.sh); the units and PATH name /opt/slurm.
 # Source builds enable PMIx (`srun --mpi=pmix`), hwloc, JWT and slurmrestd, and NVML
 # (`AutoDetect=nvml`) when NVIDIA's development files are installed.
 set -Eeuo pipefail
@@ -83,8 +88,62 @@ SRC
 	apt_get update >/dev/null 2>&1 || true
 }
 
+# slurm_build_version VERSION DEST: one of several versions: its pinned tarball fetched
+# and verified, built (or reused from the build cache) and placed in DEST
+# (install_slurm_versions calls it for each version not installed yet).
+slurm_build_version() {
+	local v=$1 dest=$2 var url sha tarball build rc=0
+	var=${v//[!0-9A-Za-z]/_}
+	url=SLURM_URL_$var
+	sha=SLURM_SHA256_$var
+	url=${!url:-}
+	sha=${!sha:-}
+	if [ -z "$url" ] || [ -z "$sha" ]; then die "Slurm $v has no pinned source: SLURM_URL_$var and SLURM_SHA256_$var must be set (slurm-image-builder passes each version's pin from sources.toml)"; fi
+	if [ "$build_deps_installed" != true ]; then
+		install_build_deps
+		build_deps_installed=true
+	fi
+	build=$(mktemp -d /var/tmp/slurm-build.XXXXXX)
+	tarball=/var/cache/slurm-image/slurm-$v.tar.gz
+	fetch_verified "Slurm $v source" "$url" "$sha" "$tarball" || rc=$?
+	[ "$rc" -eq 0 ] || die "Slurm $v source unreachable: $url. Pre-fetch it into sources_dir or fix the network path."
+	tar -xaf "$tarball" -C "$build" --strip-components=1
+	SLURM_VERSION=$v build_slurm "$build" "$sha" "$dest"
+	rm -rf "$build"
+}
+build_deps_installed=false
+
+# profile_and_links: PATH for login shells and the programs in /usr/local/bin, through
+# $PREFIX (a symlink with several versions, so they follow it).
+profile_and_links() {
+	write_if_changed /etc/profile.d/slurm.sh 0644 <<'PROFILE'
+# Slurm built by packer/scripts/30-slurm.sh
+case ":$PATH:" in *:/opt/slurm/bin:*) ;; *) PATH=/opt/slurm/bin:/opt/slurm/sbin:$PATH ;; esac
+PROFILE
+	local b
+	for b in "$PREFIX"/bin/* "$PREFIX"/sbin/*; do
+		ln -sfn "$b" "/usr/local/bin/$(basename "$b")"
+	done
+}
+
+read -r -a slurm_versions <<<"${SLURM_VERSIONS:-}"
 have=$(installed_version)
-if [ "$have" = "$SLURM_VERSION" ]; then
+if [ "${#slurm_versions[@]}" -gt 1 ]; then
+	SLURM_DEFAULT=${SLURM_DEFAULT:-$SLURM_VERSION}
+	[ "$SLURM_DEFAULT" = "$SLURM_VERSION" ] || die "SLURM_DEFAULT ($SLURM_DEFAULT) and SLURM_VERSION ($SLURM_VERSION) differ: SLURM_VERSION is the default version"
+	[ "$SLURM_SOURCE" = tarball ] || die "slurm_source = $SLURM_SOURCE installs one Slurm version, not ${#slurm_versions[@]} (${slurm_versions[*]}): use slurm_source = tarball"
+	install_slurm_versions "$SLURM_DEFAULT" "${slurm_versions[@]}"
+	# The reference units of the default version: one set, naming /opt/slurm.
+	if [ "${SLURM_INSTALL_UNITS:-true}" = true ] && compgen -G "$PREFIX/lib/systemd/system/*.service" >/dev/null; then
+		install -d -m 0755 /usr/lib/systemd/system
+		install -m 0644 "$PREFIX"/lib/systemd/system/*.service /usr/lib/systemd/system/
+	fi
+	echo "$PREFIX/lib" >/etc/ld.so.conf.d/slurm.conf
+	ldconfig
+	profile_and_links
+	have=$(installed_version)
+	[ "$have" = "$SLURM_VERSION" ] || die "$PREFIX reports Slurm ${have:-nothing}, expected the default $SLURM_VERSION"
+elif [ "$have" = "$SLURM_VERSION" ]; then
 	log "slurm $SLURM_VERSION already installed"
 elif [ "$SLURM_SOURCE" = distro ]; then
 	case $(os_family)/${IMAGE_OS:-} in
@@ -114,13 +173,7 @@ elif [ "$SLURM_SOURCE" = tarball ] || [ "$SLURM_SOURCE" = debian-source ]; then
 	fi
 	build_slurm "$build" "${src_sha:?}"
 	rm -rf "$build"
-	write_if_changed /etc/profile.d/slurm.sh 0644 <<'PROFILE'
-# Slurm built by packer/scripts/30-slurm.sh
-case ":$PATH:" in *:/opt/slurm/bin:*) ;; *) PATH=/opt/slurm/bin:/opt/slurm/sbin:$PATH ;; esac
-PROFILE
-	for b in "$PREFIX"/bin/* "$PREFIX"/sbin/*; do
-		ln -sfn "$b" "/usr/local/bin/$(basename "$b")"
-	done
+	profile_and_links
 	have=$(installed_version)
 	[ "$have" = "$SLURM_VERSION" ] || die "built Slurm reports ${have:-nothing}, expected $SLURM_VERSION: check the source pinned for $SLURM_VERSION"
 else
@@ -136,4 +189,8 @@ getent group slurm >/dev/null || groupadd -r slurm
 getent passwd slurm >/dev/null || useradd -r -g slurm -d /var/lib/slurm -s /sbin/nologin slurm
 install -d -m 0755 /etc/slurm
 install -d -m 0755 -o slurm -g slurm /var/spool/slurmd /var/log/slurm
-log "slurm $(installed_version) installed"
+if [ "${#slurm_versions[@]}" -gt 1 ]; then
+	log "slurm ${slurm_versions[*]} installed in $(slurm_version_prefix '<version>'); $PREFIX -> $(readlink "$PREFIX")"
+else
+	log "slurm $(installed_version) installed"
+fi

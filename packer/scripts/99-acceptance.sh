@@ -91,6 +91,48 @@ else
 	fail "slurmd -V reports '${got:-nothing}', expected '${SLURM_VERSION:-}'"
 fi
 
+# Several Slurm versions side by side: each in /opt/slurm-<version> with its marker, and
+# /opt/slurm a symlink to one of them (the default in the image; on a booted node, with
+# ACCEPTANCE_CLEANUP_CHECK=false, the one the agent chose). Each version's slurmd -V is run
+# while /opt/slurm points at it, then the symlink goes back, unless slurmd is running:
+# the symlink is never switched under a running slurmd.
+read -r -a slurm_versions <<<"${SLURM_VERSIONS:-}"
+if [ "${#slurm_versions[@]}" -gt 1 ]; then
+	slurm_default=${SLURM_DEFAULT:-${SLURM_VERSION:-}}
+	link=$(readlink /opt/slurm 2>/dev/null || true)
+	if [ "$link" = "slurm-$slurm_default" ]; then
+		pass "/opt/slurm -> $link (the default of ${slurm_versions[*]})"
+	elif [ "${ACCEPTANCE_CLEANUP_CHECK:-true}" = false ] && [[ " ${slurm_versions[*]} " == *" ${link#slurm-} "* ]]; then
+		pass "/opt/slurm -> $link (chosen at boot; the image's default is $slurm_default)"
+	else
+		fail "/opt/slurm is ${link:+a symlink to }${link:-not a symlink}, expected a symlink to slurm-$slurm_default"
+	fi
+	for v in "${slurm_versions[@]}"; do
+		if grep -qx "version=$v" "/opt/slurm-$v/.slurm-build" 2>/dev/null; then
+			pass "slurm $v: /opt/slurm-$v has its marker"
+		else
+			fail "slurm $v: /opt/slurm-$v has no marker .slurm-build naming $v (half-installed or missing)"
+		fi
+	done
+	if pgrep -x slurmd >/dev/null 2>&1; then
+		not_checked "slurmd -V of each version (slurmd is running; /opt/slurm is not switched under it)"
+	elif [ -n "$link" ]; then
+		switch_to() {
+			ln -sfn "$1" /opt/.slurm.link.acceptance
+			mv -T /opt/.slurm.link.acceptance /opt/slurm
+		}
+		trap 'switch_to "$link"' EXIT
+		for v in "${slurm_versions[@]}"; do
+			[ -d "/opt/slurm-$v" ] || continue
+			switch_to "slurm-$v"
+			got=$(/opt/slurm/sbin/slurmd -V 2>/dev/null | awk '{print $2}' || true)
+			if [ "$got" = "$v" ]; then pass "slurm $v: slurmd -V through /opt/slurm reports $got"; else fail "slurm $v: slurmd -V through /opt/slurm reports '${got:-nothing}'"; fi
+		done
+		switch_to "$link"
+		trap - EXIT
+	fi
+fi
+
 # Slurm's build features: PMIx (`srun --mpi=pmix`), hwloc, JWT, slurmrestd and NVML
 # (`AutoDetect=nvml`). Required of source builds (tarball, debian-source); reported for the
 # distribution's packages, which decide them. `srun --mpi=list` and starting slurmrestd

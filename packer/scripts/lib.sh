@@ -6,6 +6,8 @@
 # /etc/slurm-image/build-info so that acceptance checks can run on demand):
 #   IMAGE_STAGING  folder with scripts/, files/, agent/ and sources/ (pre-fetched tarballs)
 #   IMAGE_OS IMAGE_ARCH SLURM_VERSION SLURM_SOURCE SLURM_URL SLURM_SHA256 SLURM_AUTH
+#   SLURM_VERSIONS SLURM_DEFAULT SLURM_URL_<version> SLURM_SHA256_<version> (several
+#   versions side by side; <version> with underscores: SLURM_URL_25_11_6)
 #   EFA_INSTALLER_VERSION EFA_INSTALLER_URL EFA_INSTALLER_SHA256 LUSTRE_CLIENT
 #   NVIDIA_DRIVER_VERSION NVIDIA_DCGM CLOUDWATCH_AGENT IMAGE_REGION AGENT_VERSION ALLOW_SKIPS
 #
