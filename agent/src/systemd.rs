@@ -449,9 +449,18 @@ impl Systemd {
     /// It does wait (up to 5 s) until systemd has dispatched the job, that is until the
     /// unit has left `inactive` or the job has ended, so that a caller reading the unit's
     /// state next never takes the moment before for a slurmd that is not running. A job
-    /// that ended in failure is that error, as with a waited start.
+    /// whose result is `failed` ran the unit's process, which exited during its start:
+    /// dispatched like any other, so `Ok` whichever of the two was seen first (the caller
+    /// finds the unit `failed` and restarts it); any other result that is not `done`
+    /// (`dependency`, `canceled`, `timeout`, ...) is that error.
     pub async fn start_no_wait(&self, unit: &str) -> Result<(), SystemdError> {
         let job = self.queue("StartUnit", unit).await?;
+        let job = async {
+            match job.wait().await {
+                Err(SystemdError::Job { result, .. }) if result == "failed" => Ok(()),
+                r => r,
+            }
+        };
         let dispatched = async {
             loop {
                 if self.active_state(unit).await.is_ok_and(|s| s != "inactive") {
@@ -461,7 +470,7 @@ impl Systemd {
             }
         };
         tokio::select! {
-            r = job.wait() => r,
+            r = job => r,
             () = dispatched => Ok(()),
             () = tokio::time::sleep(Duration::from_secs(5)) => Ok(()),
         }

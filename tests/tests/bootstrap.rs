@@ -1338,17 +1338,21 @@ ln -s "slurm-$5" /opt/slurm"#;
         ]
     };
     let env = NodeEnv::start("").unwrap();
-    let params = node(&older);
-    let params: Vec<&std::ffi::OsStr> = params.iter().map(|p| p.as_os_str()).collect();
-    let out = output_within(
-        in_namespace(
-            &env.agent_command(&["bootstrap", "--output", "json"])
-                .unwrap(),
-            setup,
-            &params,
-        ),
-        180,
-    );
+    // Bootstrap on the node with /opt/slurm pointing at `default`.
+    let bootstrap = |default: &str| {
+        let params = node(default);
+        let params: Vec<&std::ffi::OsStr> = params.iter().map(|p| p.as_os_str()).collect();
+        output_within(
+            in_namespace(
+                &env.agent_command(&["bootstrap", "--output", "json"])
+                    .unwrap(),
+                setup,
+                &params,
+            ),
+            180,
+        )
+    };
+    let out = bootstrap(&older);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "stderr:\n{err}");
     let r = report(&out).unwrap();
@@ -1382,17 +1386,7 @@ ln -s "slurm-$5" /opt/slurm"#;
     assert!(line.contains(&format!("Version={suite}")), "{line}");
     // Run again, /opt/slurm where the first run left it: slurmd runs, nothing switches.
     let pid = env.slurmd_pid().unwrap();
-    let params = node(&suite);
-    let params: Vec<&std::ffi::OsStr> = params.iter().map(|p| p.as_os_str()).collect();
-    let out = output_within(
-        in_namespace(
-            &env.agent_command(&["bootstrap", "--output", "json"])
-                .unwrap(),
-            setup,
-            &params,
-        ),
-        180,
-    );
+    let out = bootstrap(&suite);
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", stderr(&out));
     let r = report(&out).unwrap();
     assert!(r.get("slurm_release").is_none(), "{r}");
