@@ -1139,13 +1139,21 @@ fn a_tag_placeholder_on_an_instance_without_tags_in_metadata_says_tags_are_unava
 
 /// `cmd` run in a private mount namespace prepared by the shell `setup` (given `params` as
 /// `$1`...): the node's Slurm there differs from the controller's (started outside).
+/// `after`, when not empty, runs in the namespace once `cmd` has ended (its exit status is
+/// kept).
 fn in_namespace(
     cmd: &std::process::Command,
     setup: &str,
     params: &[&std::ffi::OsStr],
+    after: &str,
 ) -> std::process::Command {
     let mut c = std::process::Command::new("/usr/bin/unshare");
-    let script = format!("set -e\n{setup}\nshift {}\nexec \"$@\"", params.len());
+    let run = if after.is_empty() {
+        "exec \"$@\"".to_string()
+    } else {
+        format!("set +e\n\"$@\"\nrc=$?\n{after}\nexit $rc")
+    };
+    let script = format!("set -e\n{setup}\nshift {}\n{run}", params.len());
     c.args(["-m", "--", "/bin/sh", "-c", &script, "setup"])
         .args(params)
         .arg(cmd.get_program())
@@ -1162,7 +1170,12 @@ fn in_namespace(
 /// `cmd` with `newer` (a Slurm tree built for /opt/slurm) bind-mounted on the suite's
 /// /opt/slurm: the node's slurmd, scontrol and plugins are the newer release's.
 fn in_newer_slurm(cmd: &std::process::Command, newer: &std::path::Path) -> std::process::Command {
-    in_namespace(cmd, "mount --bind \"$1\" /opt/slurm", &[newer.as_os_str()])
+    in_namespace(
+        cmd,
+        "mount --bind \"$1\" /opt/slurm",
+        &[newer.as_os_str()],
+        "",
+    )
 }
 
 /// A Slurm build from the cache (`slurm-<version>-<key>.tar`, scripts/slurm-build.sh)
@@ -1222,9 +1235,13 @@ fn a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases() {
         .find_map(|l| l.strip_prefix("SLURM_VERSION"))
         .map(|v| v.trim_start_matches([' ', '=']).trim().to_string())
         .unwrap();
+    let release = |v: &str| -> (u32, u32) {
+        let mut p = v.split('.').map(|x| x.parse::<u32>().unwrap());
+        (p.next().unwrap(), p.next().unwrap())
+    };
     assert!(
-        newer.as_str() > ctld_version.as_str(),
-        "{newer} is not newer than the controller's {ctld_version}"
+        release(&newer) > release(&ctld_version),
+        "{newer} is not a release newer than the controller's {ctld_version}"
     );
     let (major_minor, _) = newer.rsplit_once('.').unwrap();
     for run in 1..=2 {
@@ -1348,6 +1365,9 @@ ln -s "slurm-$5" /opt/slurm"#;
                     .unwrap(),
                 setup,
                 &params,
+                // Where the node's /opt/slurm points once bootstrap has ended, and the
+                // release of the slurmd it names.
+                "echo \"LINK $(readlink /opt/slurm) $(/opt/slurm/sbin/slurmd -V)\" >&2",
             ),
             180,
         )
@@ -1379,6 +1399,13 @@ ln -s "slurm-$5" /opt/slurm"#;
         )),
         "{err}"
     );
+    assert!(
+        err.contains(&format!("LINK slurm-{suite} slurm {suite}\n")),
+        "{err}"
+    );
+    // The slurmd that registered is started by the tests' systemd Manager, in its own
+    // mount namespace where /opt/slurm is the suite's build: its Version proves the join,
+    // not the choice (the link above does).
     let line = env
         .ctld
         .scontrol_ok(&["show", "node", "-o", DEFAULT_NODE_NAME])
@@ -1388,6 +1415,11 @@ ln -s "slurm-$5" /opt/slurm"#;
     let pid = env.slurmd_pid().unwrap();
     let out = bootstrap(&suite);
     assert_eq!(out.status.code(), Some(0), "stderr:\n{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("LINK slurm-{suite} slurm {suite}\n")),
+        "{}",
+        stderr(&out)
+    );
     let r = report(&out).unwrap();
     assert!(r.get("slurm_release").is_none(), "{r}");
     assert_eq!(r["slurmd_restarted"], false, "{r}");

@@ -18,6 +18,7 @@ use crate::retry::Backoff;
 use crate::settings::Settings;
 use crate::slurm::diagnose::why_not_registered;
 use crate::slurm::record::registered_by;
+use crate::slurm::skew::{self, Refusal};
 use crate::slurm::{self, slurmd, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
 use crate::systemd::Systemd;
 
@@ -143,7 +144,22 @@ pub(super) async fn join(
                     .unwrap_or_else(|| "an unknown time".into())
             ),
             Ok(None) => "slurmctld does not know the node yet".into(),
-            Err(e) => e.to_string(),
+            Err(e) => {
+                // slurmctld refuses this release's protocol (the look before slurmd's start
+                // got no answer, so it could not tell): slurmd never registers.
+                if let Some((Refusal::Protocol, evidence)) = skew::refusal_of(&e) {
+                    return Err(BootstrapError::VersionSkew {
+                        node_name: def.node_name.clone(),
+                        controller: slurm::diagnose::controller_accepting(&s.slurm)
+                            .await
+                            .unwrap_or_else(|| slurm::diagnose::controller_words(&s.slurm)),
+                        node_version: version,
+                        evidence,
+                        others: String::new(),
+                    });
+                }
+                e.to_string()
+            }
         };
         if !registered {
             if let Some(e) = refused(s, def, svc.as_ref(), version).await {

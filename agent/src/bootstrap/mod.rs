@@ -81,9 +81,9 @@ pub enum BootstrapError {
          configuration while slurmctld accepted connections; {daemon}'s log \
          (journalctl -u {unit}) says `{}` for this, slurmctld's `authentication error` (a \
          controller without SlurmctldParameters=enable_configless refuses too). A slurmctld \
-         of 24.11 or older refuses a {daemon} of a newer release the same way, and any \
-         slurmctld one more than three releases older (two before 24.11): compare with \
-         SLURM_VERSION in `scontrol show config` on the controller",
+         of 24.11 or older refuses a {daemon} of a newer release the same way, as any \
+         slurmctld refuses one more than three releases older than itself (two before \
+         24.11): compare with SLURM_VERSION in `scontrol show config` on the controller",
         auth_type.setting(),
         auth_type.plugin(),
         key_path.display(),
@@ -125,12 +125,13 @@ pub enum BootstrapError {
         "node {node_name}: slurmctld at {controller} refuses the protocol of this node's \
          Slurm{} (scontrol: `{evidence}`){others}: a slurmctld accepts slurmd of its own release and \
          of up to three older ones (two before 24.11), never a newer one, so the controller \
-         runs a release older than {} (or one more than three releases newer). slurmd is not started. \
+         runs a release older than {} (or one more than three releases newer, or what \
+         answers at {controller} is not slurmctld). slurmd is not started. \
          Build the image with the controller's release (slurm_version) or upgrade the \
          controller first; \
          `scontrol show config` on the controller prints its SLURM_VERSION",
         node_version.map(|v| format!(" {v}")).unwrap_or_default(),
-        node_version.map_or_else(|| "this node's".to_string(), |v| format!("{}.{:02}", v.major, v.minor))
+        node_version.map_or_else(|| "this node's".to_string(), SlurmVersion::release)
     )]
     VersionSkew {
         /// NodeName.
@@ -774,22 +775,6 @@ async fn prepare_slurmd(
     t: &mut Timer,
 ) -> Result<SlurmdPrepared, BootstrapError> {
     let (s, id) = (cx.s, cx.id);
-    let running = systemd
-        .active_state(&s.slurm.slurmd_unit)
-        .await
-        .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
-    // Several Slurm releases in the image (issue 23 §2): the newest is tried first, unless
-    // a slurmd runs (its programs must keep finding their own release under /opt/slurm).
-    let installed = if running {
-        None
-    } else {
-        slurm_mod::installed::installed(&s.slurm.bin_dir)
-    };
-    if let Some(inst) = &installed {
-        if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
-            tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
-        }
-    }
     // munge's job is queued before anything else here: munged's own start is the longest
     // step, and the work below (files written and fsynced, programs spawned) runs on this
     // thread, which would otherwise hold back the request that starts it.
@@ -799,6 +784,22 @@ async fn prepare_slurmd(
         AuthType::Munge => Some(systemd.queue_start(&s.slurm.munge_unit).await?),
         _ => None,
     };
+    let running = systemd
+        .active_state(&s.slurm.slurmd_unit)
+        .await
+        .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
+    // Several Slurm releases in the image (issue 23 §2): the newest is tried first, unless
+    // slurmd's unit has processes (or systemd cannot say): their programs must keep finding
+    // their own release under /opt/slurm.
+    let mut installed = None;
+    if !running && !slurmd_busy(s, systemd).await {
+        installed = slurm_mod::installed::installed(&s.slurm.bin_dir);
+    }
+    if let Some(inst) = &installed {
+        if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
+            tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
+        }
+    }
     // The look at slurmctld's record that follows munge's start, started now: it loads
     // while munged starts, and asks once munged answers. Not on a configless node that has
     // no configuration yet: that scontrol would fetch it from slurmctld as it starts,
@@ -847,6 +848,24 @@ async fn prepare_slurmd(
         // Only once munge runs: scontrol authenticates through it, and a call made while
         // munged was still starting waited in Slurm's authentication retries.
         let record_start = Instant::now();
+        let mut record_look = record_look;
+        // A slurmd the preparation stopped (new options or key) chooses its release too, once
+        // nothing of it runs.
+        if installed.is_none() && prepared.restart && !slurmd_busy(s, systemd).await {
+            installed = slurm_mod::installed::installed(&s.slurm.bin_dir);
+            if let Some(inst) = &installed {
+                if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
+                    tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
+                    // The scontrol started ahead is the earlier release's.
+                    record_look = None;
+                    let again = prepare_options(cx, def, key_changed, systemd).await?;
+                    prepared = slurmd::Prepared {
+                        restart: true,
+                        version: again.version,
+                    };
+                }
+            }
+        }
         let found = record::look_before_start(
             &s.slurm,
             &def.node_name,
@@ -859,9 +878,19 @@ async fn prepare_slurmd(
         if let Some(inst) = &installed {
             let chosen = choose_release(cx, def, key_changed, systemd, inst, found).await?;
             (found, release) = (chosen.found, Some(chosen.choice));
-            prepared = chosen.prepared.unwrap_or(prepared);
+            if let Some(p) = chosen.prepared {
+                prepared = slurmd::Prepared {
+                    restart: prepared.restart || p.restart,
+                    version: p.version,
+                };
+            }
         }
         if let Some((Refusal::Protocol, evidence)) = found.refusal {
+            if let Some(inst) = &installed {
+                // Nothing starts: /opt/slurm back at the newest, as the image's tools and the
+                // next boot expect to find it.
+                slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)?;
+            }
             return Err(BootstrapError::VersionSkew {
                 node_name: def.node_name.clone(),
                 controller: slurm_mod::diagnose::controller_accepting(&s.slurm)
@@ -889,6 +918,23 @@ async fn prepare_slurmd(
         time,
         release,
     })
+}
+
+/// Whether anything of slurmd's unit runs (slurmd, or job steps a `KillMode=process` stop
+/// left behind), or systemd cannot say: then `/opt/slurm` is not switched to another
+/// release, whose programs and plugins those processes would load next.
+async fn slurmd_busy(s: &Settings, systemd: &Systemd) -> bool {
+    match systemd.unit_processes(&s.slurm.slurmd_unit).await {
+        Ok(p) if p.is_empty() => false,
+        Ok(p) => {
+            tracing::info!(processes = p.len(), unit = %s.slurm.slurmd_unit, "slurmd's unit still has processes: /opt/slurm keeps its release");
+            true
+        }
+        Err(e) => {
+            tracing::warn!("{e}: /opt/slurm keeps its release");
+            true
+        }
+    }
 }
 
 /// slurmd's options for the release `/opt/slurm` points at now ([`slurmd::prepare`]).
@@ -971,10 +1017,10 @@ async fn choose_release(
     let s = cx.s;
     let mut prepared = None;
     let mut refused = Vec::new();
+    let mut how = Vec::new();
     let mut tried = 0;
-    let mut every_protocol = true;
     while let Some((refusal, line)) = found.refusal.clone() {
-        every_protocol &= refusal == Refusal::Protocol;
+        how.push(refusal);
         refused.push(RefusedRelease {
             version: inst.releases[tried].0.to_string(),
             scontrol: line,
@@ -995,11 +1041,19 @@ async fn choose_release(
         )
         .await;
     }
-    if found.refusal.is_some() && !every_protocol && tried > 0 {
-        // Perhaps the key: the newest stands, and the join names both causes.
-        slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)?;
-        prepared = Some(prepare_options(cx, def, key_changed, systemd).await?);
-        tried = 0;
+    // Every release refused, one of them perhaps for its key (`Protocol authentication
+    // error`): the newest of those stands (never one whose protocol was refused for
+    // certain), and the join names both causes.
+    if found.refusal.is_some() {
+        if let Some(i) = how.iter().position(|r| *r == Refusal::ProtocolOrKey) {
+            if i != tried {
+                slurm_mod::installed::point_at(&inst.link, &inst.releases[i].1)?;
+                prepared = Some(prepare_options(cx, def, key_changed, systemd).await?);
+            }
+            let r = refused.remove(i);
+            found.refusal = Some((Refusal::ProtocolOrKey, r.scontrol));
+            tried = i;
+        }
     }
     let chosen = inst.releases[tried].0;
     let choice = ReleaseChoice {
@@ -1007,7 +1061,9 @@ async fn choose_release(
         installed: inst.releases.iter().map(|(v, _)| v.to_string()).collect(),
         refused,
     };
-    if found.refusal.is_none() {
+    if !found.answered {
+        tracing::warn!(release = %chosen, installed = ?choice.installed, "starting slurmd {chosen} without knowing whether slurmctld accepts it: its look at slurmctld got no answer (the join stops with exit 76 if slurmctld refuses the protocol)");
+    } else if found.refusal.is_none() {
         match choice.refused.as_slice() {
             [] => {
                 tracing::info!(release = %chosen, installed = ?choice.installed, "starting slurmd {chosen}: the newest installed release, accepted by slurmctld")

@@ -148,14 +148,20 @@ impl UpgradePoll {
 
     /// The mean interval between one node's checks for the bound it holds.
     pub fn interval(&self) -> Duration {
+        self.every
+            .max(self.fleet_interval())
+            .min(UpgradePoll::MAX_INTERVAL.max(self.every))
+    }
+
+    /// The bound over `upgrade.fleet_rate`, at most [`Self::MAX_INTERVAL`]: the interval at
+    /// which the whole cluster makes `fleet_rate` calls a second.
+    fn fleet_interval(&self) -> Duration {
         let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
         // u64 -> f64 is exact below 2^53 nodes.
         #[allow(clippy::cast_precision_loss)]
-        let fleet = Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
-            .unwrap_or(UpgradePoll::MAX_INTERVAL);
-        self.every
-            .max(fleet)
-            .min(UpgradePoll::MAX_INTERVAL.max(self.every))
+        Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
+            .unwrap_or(UpgradePoll::MAX_INTERVAL)
+            .min(UpgradePoll::MAX_INTERVAL)
     }
 
     /// What the log says at start: the interval and where it came from.
@@ -215,12 +221,7 @@ impl UpgradePoll {
     /// fleet it stays within twice `fleet_rate`, and a freed slot is still taken within
     /// about a second.
     pub fn retry_wait(&self, budget_wait: Duration) -> Duration {
-        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
-        #[allow(clippy::cast_precision_loss)]
-        let fleet = Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
-            .unwrap_or(UpgradePoll::MAX_INTERVAL)
-            .min(UpgradePoll::MAX_INTERVAL);
-        crate::upgrade::jittered(budget_wait.max(fleet))
+        crate::upgrade::jittered(budget_wait.max(self.fleet_interval()))
     }
 
     /// The wait until the next check: the interval times a factor drawn from

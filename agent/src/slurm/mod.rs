@@ -257,7 +257,8 @@ pub struct ConfNodes {
 pub fn conf_nodes(text: &str) -> ConfNodes {
     let mut out = ConfNodes::default();
     for line in text.lines() {
-        let line = line.split('#').next().unwrap_or_default().trim();
+        // `NodeName = a[1-4]` is `NodeName=a[1-4]` to Slurm's parser.
+        let line = tighten_equals(line.split('#').next().unwrap_or_default().trim());
         let mut words = line.split_whitespace();
         let Some(first) = words.next() else { continue };
         if first.eq_ignore_ascii_case("include") {
@@ -278,6 +279,26 @@ pub fn conf_nodes(text: &str) -> ConfNodes {
             if let Ok(n) = v.trim_matches('"').parse::<u64>() {
                 out.max_node_count = Some(n);
             }
+        }
+    }
+    out
+}
+
+/// `line` without the blanks around each `=`.
+fn tighten_equals(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '=' {
+            while out.ends_with([' ', '\t']) {
+                out.pop();
+            }
+            out.push('=');
+            while chars.peek().is_some_and(|n| *n == ' ' || *n == '\t') {
+                chars.next();
+            }
+        } else {
+            out.push(c);
         }
     }
     out
@@ -484,14 +505,20 @@ mod tests {
              nodename=gpu01,gpu02 Gres=gpu:8\n\
              # NodeName=old-[1-99999]\n\
              NodeName=r[1-2]n[1-4]\n\
+             NodeName = spaced-[1-3] CPUs = 2\n\
              NodeSet=all Nodes=ALL\n\
              PartitionName=q1 Nodes=q1-st-c5-[001-128] Default=YES\n\
              DownNodes=q1-st-c5-001 State=DOWN\n\
              MaxNodeCount=5000\n\
              include /etc/slurm/pcluster/slurm_parallelcluster_q2.conf\n",
         );
-        assert_eq!(c.declared, 128 + 1000 + 11 + 2 + 8);
+        assert_eq!(c.declared, 128 + 1000 + 11 + 2 + 8 + 3);
         assert_eq!(c.max_node_count, Some(5000));
+        assert_eq!(conf_nodes("MaxNodeCount =\t70\n").max_node_count, Some(70));
+        assert_eq!(
+            conf_nodes("NodeName=x[0-18446744073709551615]\n").declared,
+            u64::MAX
+        );
         assert_eq!(
             c.includes,
             vec!["/etc/slurm/pcluster/slurm_parallelcluster_q2.conf"]

@@ -1193,7 +1193,7 @@ pub fn count_hostlist(list: &str) -> u64 {
                 let (a, b) = r.split_once('-').unwrap_or((r, r));
                 in_bracket =
                     in_bracket.saturating_add(match (a.parse::<u64>(), b.parse::<u64>()) {
-                        (Ok(lo), Ok(hi)) if lo <= hi => hi - lo + 1,
+                        (Ok(lo), Ok(hi)) if lo <= hi => (hi - lo).saturating_add(1),
                         _ => 1,
                     });
             }

@@ -76,6 +76,8 @@ pub struct FoundRecord {
     /// The look failed because slurmctld refused this node's protocol
     /// ([`super::skew::refusal_of`]): how, and scontrol's line that shows it.
     pub refusal: Option<(super::skew::Refusal, String)>,
+    /// slurmctld answered the look (the record, or that it has none).
+    pub answered: bool,
 }
 
 impl FoundRecord {
@@ -94,6 +96,7 @@ impl FoundRecord {
             slurmd_start_time: record.and_then(NodeInfo::slurmd_start_time),
             holder,
             refusal: None,
+            answered: record.is_some(),
         }
     }
 }
@@ -118,6 +121,7 @@ pub async fn look_before_start(
         None => scontrol.show_node(node_name).await,
     };
     let mut refusal = None;
+    let answered = looked.is_ok();
     let node = match looked {
         Ok(n) => n,
         Err(e) => {
@@ -128,6 +132,7 @@ pub async fn look_before_start(
     };
     let found = FoundRecord {
         refusal,
+        answered,
         ..FoundRecord::new(node_name, node.as_ref(), instance_id)
     };
     let (Some(node), Some(conf)) = (node, conf) else {

@@ -227,10 +227,7 @@ impl Releases {
         let controller = controller.map_err(|e| match refusal_of(&e) {
             Some((Refusal::Protocol, line)) => ControllerReleaseError::Protocol {
                 line,
-                older_than: node.map_or_else(
-                    || "this node's".into(),
-                    |v| format!("{}.{:02}", v.major, v.minor),
-                ),
+                older_than: node.map_or_else(|| "this node's".into(), SlurmVersion::release),
             },
             Some((Refusal::ProtocolOrKey, line)) => ControllerReleaseError::ProtocolOrKey { line },
             None => ControllerReleaseError::Scontrol(e),

@@ -41,6 +41,11 @@ impl SlurmVersion {
         Some(SlurmVersion::new(major, minor, micro))
     }
 
+    /// The release without its maintenance number: `26.05`.
+    pub fn release(self) -> String {
+        format!("{}.{:02}", self.major, self.minor)
+    }
+
     /// At least `major.minor`.
     pub fn at_least(self, major: u32, minor: u32) -> bool {
         (self.major, self.minor) >= (major, minor)
