@@ -75,7 +75,8 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 		[ "$(printf '%s\n' 25.11 "$suite_release" | sort -V | head -n1)" = 25.11 ]; then
 		skew_tests=(a_node_newer_than_its_controller_stops_before_slurmd_naming_both_releases)
 		if [ "$(printf '%s\n' "$oldest" "$suite_release" | sort -V | head -n1)" = "$oldest" ] && [ "$oldest" != "$suite_release" ]; then
-			skew_tests+=(of_several_installed_releases_slurmd_starts_with_the_newest_the_controller_accepts)
+			skew_tests+=(of_several_installed_releases_slurmd_starts_with_the_newest_the_controller_accepts
+				of_several_releases_with_a_key_that_differs_one_refused_for_its_protocol_never_starts)
 		fi
 		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
 			SLURM_E2E_OLDER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$oldest" 2>/dev/null | tail -n1) \
