@@ -916,6 +916,21 @@ fn dropin(env: &NodeEnv, name: &str, text: &str) {
     std::fs::write(env.config_dir().join(name), text).unwrap();
 }
 
+/// The node on auth/slurm with a key of its own in Secrets Manager, not the controller's:
+/// the `--auth-key-source` that names it.
+fn auth_slurm_with_another_key(env: &NodeEnv) -> &'static str {
+    use base64::Engine;
+    let other = slurm_e2e::slurm::random_key(64).unwrap();
+    env.moto
+        .create_secret_string(
+            "cluster/other-key",
+            &base64::engine::general_purpose::STANDARD.encode(&other),
+        )
+        .unwrap();
+    dropin(env, "40-auth.toml", "[auth]\ntype = \"slurm\"\n");
+    "secretsmanager:cluster/other-key"
+}
+
 #[test]
 fn auth_slurm_key_lands_where_slurmd_reads_it_and_a_job_runs_without_munge() {
     if !has_auth_slurm() {
@@ -1001,18 +1016,10 @@ fn a_key_that_differs_from_the_controllers_stops_bootstrap_within_a_minute() {
         return;
     }
     let mut env = NodeEnv::start_auth_slurm(&[], "").unwrap();
-    use base64::Engine;
-    let other = slurm_e2e::slurm::random_key(64).unwrap();
-    env.moto
-        .create_secret_string(
-            "cluster/other-key",
-            &base64::engine::general_purpose::STANDARD.encode(&other),
-        )
-        .unwrap();
-    dropin(&env, "40-auth.toml", "[auth]\ntype = \"slurm\"\n");
+    let other_key = auth_slurm_with_another_key(&env);
     let err = refused_within_a_minute(
         &mut env,
-        &["--auth-key-source", "secretsmanager:cluster/other-key"],
+        &["--auth-key-source", other_key],
         "decode_jwt: jwt_decode (with key) failure",
     );
     assert!(err.contains("auth.type = \"slurm\": auth/slurm"), "{err}");
@@ -1467,25 +1474,13 @@ fn of_several_releases_with_a_key_that_differs_one_refused_for_its_protocol_neve
     }
     let r = ThreeReleases::new();
     let env = NodeEnv::start_auth_slurm(&[], "").unwrap();
-    use base64::Engine;
-    let other = slurm_e2e::slurm::random_key(64).unwrap();
-    env.moto
-        .create_secret_string(
-            "cluster/other-key",
-            &base64::engine::general_purpose::STANDARD.encode(&other),
-        )
-        .unwrap();
-    dropin(&env, "40-auth.toml", "[auth]\ntype = \"slurm\"\n");
+    let other_key = auth_slurm_with_another_key(&env);
     dropin(
         &env,
         "90-deadline.toml",
         "[slurm]\njoin_deadline = \"10m\"\n",
     );
-    let out = r.bootstrap(
-        &env,
-        &r.older,
-        &["--auth-key-source", "secretsmanager:cluster/other-key"],
-    );
+    let out = r.bootstrap(&env, &r.older, &["--auth-key-source", other_key]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(65), "stderr:\n{err}");
     assert!(

@@ -148,15 +148,7 @@ pub(super) async fn join(
                 // slurmctld refuses this release's protocol (the look before slurmd's start
                 // got no answer, so it could not tell): slurmd never registers.
                 if let Some((Refusal::Protocol, evidence)) = skew::refusal_of(&e) {
-                    return Err(BootstrapError::VersionSkew {
-                        node_name: def.node_name.clone(),
-                        controller: slurm::diagnose::controller_accepting(&s.slurm)
-                            .await
-                            .unwrap_or_else(|| slurm::diagnose::controller_words(&s.slurm)),
-                        node_version: version,
-                        evidence,
-                        others: String::new(),
-                    });
+                    return Err(super::version_skew(s, def, version, evidence, String::new()).await);
                 }
                 e.to_string()
             }

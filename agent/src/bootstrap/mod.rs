@@ -788,17 +788,10 @@ async fn prepare_slurmd(
         .active_state(&s.slurm.slurmd_unit)
         .await
         .is_ok_and(|state| matches!(state.as_str(), "active" | "activating" | "reloading"));
-    // Several Slurm releases in the image (issue 23 §2): the newest is tried first, unless
-    // slurmd's unit has processes (or systemd cannot say): their programs must keep finding
-    // their own release under /opt/slurm.
+    // Several Slurm releases in the image (issue 23 §2): the newest is tried first.
     let mut installed = None;
-    if !running && !slurmd_busy(s, systemd).await {
-        installed = slurm_mod::installed::installed(&s.slurm.bin_dir);
-    }
-    if let Some(inst) = &installed {
-        if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
-            tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
-        }
+    if !running {
+        installed = newest_release(s, systemd).await?.map(|(inst, _)| inst);
     }
     // The look at slurmctld's record that follows munge's start, started now: it loads
     // while munged starts, and asks once munged answers. Not on a configless node that has
@@ -851,11 +844,9 @@ async fn prepare_slurmd(
         let mut record_look = record_look;
         // A slurmd the preparation stopped (new options or key) chooses its release too, once
         // nothing of it runs.
-        if installed.is_none() && prepared.restart && !slurmd_busy(s, systemd).await {
-            installed = slurm_mod::installed::installed(&s.slurm.bin_dir);
-            if let Some(inst) = &installed {
-                if slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)? {
-                    tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, "several Slurm releases installed: trying the newest first");
+        if installed.is_none() && prepared.restart {
+            if let Some((inst, switched)) = newest_release(s, systemd).await? {
+                if switched {
                     // The scontrol started ahead is the earlier release's.
                     record_look = None;
                     let again = prepare_options(cx, def, key_changed, systemd).await?;
@@ -864,9 +855,10 @@ async fn prepare_slurmd(
                         version: again.version,
                     };
                 }
+                installed = Some(inst);
             }
         }
-        let found = record::look_before_start(
+        let mut found = record::look_before_start(
             &s.slurm,
             &def.node_name,
             def.dynamic_conf.as_deref(),
@@ -874,7 +866,6 @@ async fn prepare_slurmd(
             &id.instance_id,
         )
         .await;
-        let mut found = found;
         if let Some(inst) = &installed {
             let chosen = choose_release(cx, def, key_changed, systemd, inst, found).await?;
             (found, release) = (chosen.found, Some(chosen.choice));
@@ -891,21 +882,14 @@ async fn prepare_slurmd(
                 // next boot expect to find it.
                 slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)?;
             }
-            return Err(BootstrapError::VersionSkew {
-                node_name: def.node_name.clone(),
-                controller: slurm_mod::diagnose::controller_accepting(&s.slurm)
-                    .await
-                    .unwrap_or_else(|| slurm_mod::diagnose::controller_words(&s.slurm)),
-                node_version: prepared.version,
-                evidence,
-                others: match &release {
-                    Some(r) if r.refused.len() > 1 => format!(
-                        "; it refused every release installed ({})",
-                        r.installed.join(", ")
-                    ),
-                    _ => String::new(),
-                },
-            });
+            let others = match &release {
+                Some(r) if r.refused.len() > 1 => format!(
+                    "; it refused every release installed ({})",
+                    r.installed.join(", ")
+                ),
+                _ => String::new(),
+            };
+            return Err(version_skew(s, def, prepared.version, evidence, others).await);
         }
         record::wait_for_next_second(found.slurmd_start_time).await;
         time += record_start.elapsed();
@@ -918,6 +902,46 @@ async fn prepare_slurmd(
         time,
         release,
     })
+}
+
+/// [`BootstrapError::VersionSkew`] for the controller that refused `evidence` (the first
+/// configless server accepting connections, else the settings' words for it).
+pub(super) async fn version_skew(
+    s: &Settings,
+    def: &NodeDefinition,
+    node_version: Option<SlurmVersion>,
+    evidence: String,
+    others: String,
+) -> BootstrapError {
+    BootstrapError::VersionSkew {
+        node_name: def.node_name.clone(),
+        controller: slurm_mod::diagnose::controller_accepting(&s.slurm)
+            .await
+            .unwrap_or_else(|| slurm_mod::diagnose::controller_words(&s.slurm)),
+        node_version,
+        evidence,
+        others,
+    }
+}
+
+/// With several Slurm releases installed beside `/opt/slurm` and nothing of slurmd's unit
+/// running ([`slurmd_busy`]), `/opt/slurm` pointed at the newest: the releases, and whether
+/// the link was switched. `None` with one release (systemd is then not asked).
+async fn newest_release(
+    s: &Settings,
+    systemd: &Systemd,
+) -> Result<Option<(slurm_mod::installed::Installed, bool)>, BootstrapError> {
+    let Some(inst) = slurm_mod::installed::installed(&s.slurm.bin_dir) else {
+        return Ok(None);
+    };
+    if slurmd_busy(s, systemd).await {
+        return Ok(None);
+    }
+    let switched = slurm_mod::installed::point_at(&inst.link, &inst.releases[0].1)?;
+    if switched {
+        tracing::info!(link = %inst.link.display(), release = %inst.releases[0].0, previous = ?inst.current.map(|v| v.to_string()), "several Slurm releases installed: trying the newest first");
+    }
+    Ok(Some((inst, switched)))
 }
 
 /// Whether anything of slurmd's unit runs (slurmd, or job steps a `KillMode=process` stop
