@@ -422,6 +422,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         program: wrapper,
         timeout: Duration::from_secs(10),
         conf_server: String::new(),
+        look: None,
     };
 
     let img = w.path("fs.img");

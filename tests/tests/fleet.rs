@@ -600,11 +600,12 @@ fn a_replacement_with_a_new_definition_replaces_the_stale_record_without_an_srv_
         },
     )
     .unwrap();
-    // A node with no configuration yet fetches it twice: slurmd, and bootstrap's look at a
-    // stale record before slurmd starts. No `scontrol` of the agent's fetches it while
-    // slurmd does (the join's looks, the daemon's first health look).
+    // A node with no configuration yet fetches it once: slurmd (issue 25 §2). Bootstrap's
+    // look at a stale record before slurmd starts reads the agent's few lines
+    // (`slurm::look`: the controller is given), and no `scontrol` of the agent's fetches
+    // it while slurmd does (the join's looks, the daemon's first health look).
     let fetched = config_fetches(&fleet) - fetched_before;
-    assert!(fetched <= 2, "{fetched} REQUEST_CONFIG for one node's boot");
+    assert_eq!(fetched, 1, "REQUEST_CONFIG for one node's boot");
     let first = features(&fleet);
     assert!(first.split(',').any(|f| f == "first"), "{first}");
     let first_id = fleet.instance_id(name).unwrap();
@@ -987,6 +988,7 @@ fn a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_mung
     // The managed service's way: AuthType=auth/slurm, no munge anywhere.
     let mut fleet = Fleet::builder().auth_slurm(true).start().unwrap();
     let names = vec!["node001".to_string(), "node002".to_string()];
+    let fetched_before = fleet.ctld.rpc_counts().unwrap();
     fleet.launch_all(&["node001", "node002"]).unwrap();
     let mut login = fleet.new_launch("login1");
     login.agent_toml.push_str("\n[node]\nrole = \"login\"\n");
@@ -994,6 +996,16 @@ fn a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_mung
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
     wait_bootstrap_exit(&fleet, "login1");
     let diag = || fleet.diagnostics(&["login1".to_string()]);
+    // One configuration fetch per daemon: each slurmd's and the login node's sackd. The
+    // agent's looks before slurmd starts read its own lines with the auth/slurm key
+    // (`slurm::look`), never fetching (before issue 25 §2: 5).
+    let fetches =
+        |c: &std::collections::BTreeMap<String, u64>| c.get("REQUEST_CONFIG").copied().unwrap_or(0);
+    let fetched = fetches(&fleet.ctld.rpc_counts().unwrap()) - fetches(&fetched_before);
+    assert!(
+        fetched <= 3,
+        "{fetched} REQUEST_CONFIG for 2 slurmd and 1 sackd"
+    );
 
     // Bootstrap of the login node succeeded, with sackd and without slurmd or munge.
     assert_eq!(

@@ -763,6 +763,31 @@ struct SlurmdPrepared {
     release: Option<ReleaseChoice>,
 }
 
+/// The `scontrol` of the look at slurmctld's record before slurmd starts: on a node without
+/// a client configuration yet, through [`slurm_mod::look`]'s slurm.conf when the
+/// controllers are given (written to `agent.state_dir`; a failure to write it is logged and
+/// the look fetches the configuration, as without it).
+fn look_scontrol(s: &Settings) -> slurm_mod::Scontrol {
+    let scontrol = slurm_mod::Scontrol::configured(&s.slurm);
+    if join::client_has_config(s) {
+        return scontrol;
+    }
+    let target = authkey::KeyTarget::from_settings(&s.auth);
+    let sack_key = (s.auth.auth_type == AuthType::Slurm).then_some(target.path.as_path());
+    match slurm_mod::look::write(
+        &s.agent.state_dir,
+        &s.slurm.conf_servers,
+        target.plugin,
+        sack_key,
+    ) {
+        Ok(look) => slurm_mod::Scontrol { look, ..scontrol },
+        Err(e) => {
+            tracing::warn!("{e}; the look at slurmctld fetches its configuration");
+            scontrol
+        }
+    }
+}
+
 /// munge, the mounts, slurmd's preparation (options file; stopping an old slurmd) and
 /// cloud-init run together; then slurmctld's record is looked at once (through munge)
 /// before slurmd (re)starts ([`record::look_before_start`]). slurmd starts later: it needs
@@ -797,8 +822,11 @@ async fn prepare_slurmd(
     // while munged starts, and asks once munged answers. Not on a configless node that has
     // no configuration yet: that scontrol would fetch it from slurmctld as it starts,
     // through a munged that is not up yet, and wait in munge's connection retries.
-    let record_look = join::client_has_config(s)
-        .then(|| slurm_mod::Scontrol::configured(&s.slurm).spawn_ready().ok())
+    // A node without a configuration yet looks through the agent's few lines (no fetch;
+    // `slurm::look`) when the controllers are given.
+    let look_scontrol = look_scontrol(s);
+    let record_look = (join::client_has_config(s) || look_scontrol.look.is_some())
+        .then(|| look_scontrol.spawn_ready().ok())
         .flatten();
     let munge = async {
         if let Some(job) = munge_job {
@@ -859,7 +887,7 @@ async fn prepare_slurmd(
             }
         }
         let mut found = record::look_before_start(
-            &s.slurm,
+            &look_scontrol,
             &def.node_name,
             def.dynamic_conf.as_deref(),
             record_look,
@@ -1057,7 +1085,7 @@ async fn choose_release(
         tracing::info!(refused = %inst.releases[tried - 1].0, trying = %next, "slurmctld refuses Slurm {}: trying {next}", inst.releases[tried - 1].0);
         prepared = Some(prepare_options(cx, def, key_changed, systemd).await?);
         found = record::look_before_start(
-            &s.slurm,
+            &look_scontrol(s),
             &def.node_name,
             def.dynamic_conf.as_deref(),
             None,

@@ -10,6 +10,7 @@
 pub mod diagnose;
 pub mod healthcheck;
 pub mod installed;
+pub mod look;
 pub mod node;
 pub mod options;
 pub mod readyz;

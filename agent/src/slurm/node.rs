@@ -626,6 +626,11 @@ pub struct Scontrol {
     /// lookup of `_slurmctld._tcp`, when it finds no configuration on the node and must
     /// fetch it (configless; see [`crate::slurm::client_config`]). Empty: not given.
     pub conf_server: String,
+    /// The slurm.conf of bootstrap's look at slurmctld before slurmd has a configuration
+    /// ([`crate::slurm::look`]), given as `SLURM_CONF` (and its key as `SLURM_SACK_KEY`) in
+    /// place of `conf_server`: no `REQUEST_CONFIG`. `None`: the node's own configuration,
+    /// or a fetch.
+    pub look: Option<super::look::LookConf>,
 }
 
 impl Scontrol {
@@ -635,6 +640,7 @@ impl Scontrol {
             program: bin_dir.join("scontrol"),
             timeout: Duration::from_secs(10),
             conf_server: String::new(),
+            look: None,
         }
     }
 
@@ -651,7 +657,12 @@ impl Scontrol {
     fn env(&self, cmd: &mut tokio::process::Command) {
         // Times (SlurmdStartTime, the reason's time) in UTC whatever the host's zone.
         cmd.env("TZ", "UTC");
-        if !self.conf_server.is_empty() {
+        if let Some(look) = &self.look {
+            cmd.env("SLURM_CONF", &look.conf);
+            if let Some(key) = &look.sack_key {
+                cmd.env(super::options::SACK_KEY_VAR, key);
+            }
+        } else if !self.conf_server.is_empty() {
             cmd.env("SLURM_CONF_SERVER", &self.conf_server);
         }
     }
@@ -1315,6 +1326,7 @@ mod tests {
             program,
             timeout: Duration::from_secs(10),
             conf_server: String::new(),
+            look: None,
         };
         for bad in ["n1\ndelete NodeName=n2", "n1 n2", "", "n1;x"] {
             let err = sc.spawn_ready().unwrap().show_node(bad).await.unwrap_err();

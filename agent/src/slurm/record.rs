@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{NodeInfo, ReadyScontrol, Scontrol, SlurmSettings};
+use super::{NodeInfo, ReadyScontrol, Scontrol};
 use crate::reason::RecordHolder;
 use crate::systemd::ServiceInfo;
 
@@ -105,21 +105,34 @@ impl FoundRecord {
 /// [`FoundRecord`]), and, for a dynamic node, deletes it (`scontrol delete NodeName=`) when
 /// its definition differs from `conf`, so that the registration that follows creates it
 /// anew. Never a record with a job on it, nor one whose reason is not the agent's (an
-/// admin's drain survives); a failure is logged and bootstrap carries on.
+/// admin's drain survives); a failure is logged and bootstrap carries on. `scontrol`: the
+/// look's ([`Scontrol::configured`]; on a configless node without a configuration yet,
+/// with [`crate::slurm::look`]'s); `ready`: the same, started ahead.
 pub async fn look_before_start(
-    slurm: &SlurmSettings,
+    scontrol: &Scontrol,
     node_name: &str,
     conf: Option<&str>,
     ready: Option<ReadyScontrol>,
     instance_id: &str,
 ) -> FoundRecord {
-    let scontrol = Scontrol::configured(slurm);
     // Through the scontrol started while munged started (it first needs munge for this
     // command, so it answers as one started now would).
-    let looked = match ready {
+    let mut looked = match ready {
         Some(r) => r.show_node(node_name).await,
         None => scontrol.show_node(node_name).await,
     };
+    // Through the agent's few-line slurm.conf (no fetch): anything but slurmctld's own
+    // answer is asked again the configless way, which fetches the configuration.
+    if let (Some(look), Err(e)) = (&scontrol.look, &looked) {
+        if needs_fetch(e) {
+            tracing::info!(conf = %look.conf.display(), "slurmctld not reached with the agent's client configuration ({e}); looking with the controller's configuration (REQUEST_CONFIG)");
+            let configless = Scontrol {
+                look: None,
+                ..scontrol.clone()
+            };
+            looked = configless.show_node(node_name).await;
+        }
+    }
     let mut refusal = None;
     let answered = looked.is_ok();
     let node = match looked {
@@ -160,6 +173,25 @@ pub async fn look_before_start(
     found
 }
 
+/// Whether a look through [`crate::slurm::look`]'s configuration that failed with `e`
+/// is made again with the controller's configuration: not when slurmctld answered with a
+/// refusal of the protocol or key ([`super::skew::refusal_of`]: the same words either way),
+/// nor when no slurmctld could be reached or answered in time (the fetch would not reach
+/// it either, and would double the wait).
+fn needs_fetch(e: &super::ScontrolError) -> bool {
+    if super::skew::refusal_of(e).is_some() {
+        return false;
+    }
+    match e {
+        super::ScontrolError::Timeout { .. } => false,
+        super::ScontrolError::Failed { stderr, stdout, .. } => {
+            !(stderr.contains("Unable to contact slurm controller")
+                || stdout.contains("Unable to contact slurm controller"))
+        }
+        _ => true,
+    }
+}
+
 /// Whether the node record shows a registration by the slurmd now running: its
 /// `SlurmdStartTime` (whole seconds) is not before the start of the unit's main process
 /// (systemd's `ExecMainStartTimestamp`, floored to the second). A record left by an earlier
@@ -174,6 +206,42 @@ pub fn registered_by(node: &NodeInfo, svc: &ServiceInfo) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn failed(stderr: &str) -> super::super::ScontrolError {
+        super::super::ScontrolError::Failed {
+            program: "scontrol".into(),
+            args: "show node -o n1".into(),
+            code: 1,
+            stderr: stderr.into(),
+            stdout: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_look_through_the_agents_lines_is_fetched_again_only_past_slurmctlds_answer() {
+        // slurmctld's own answers: the same through a fetched configuration.
+        for answer in [
+            "slurm_load_node error: Insane message length",
+            "slurm_load_node error: Protocol authentication error",
+            "slurm_load_node error: Unable to contact slurm controller (connect failure)",
+        ] {
+            assert!(!needs_fetch(&failed(answer)), "{answer}");
+        }
+        let timeout = super::super::ScontrolError::Timeout {
+            program: "scontrol".into(),
+            args: String::new(),
+            timeout: Duration::from_secs(10),
+        };
+        assert!(!needs_fetch(&timeout));
+        // What the few lines may lack (e.g. a controller that wants TLS), or a file Slurm
+        // cannot read: asked again with the controller's configuration.
+        for other in [
+            "scontrol: error: ClusterName needs to be specified",
+            "slurm_load_node error: Zero Bytes were transmitted or received",
+        ] {
+            assert!(needs_fetch(&failed(other)), "{other}");
+        }
+    }
 
     #[test]
     fn definition_differences_name_what_changed() {
