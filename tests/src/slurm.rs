@@ -571,6 +571,21 @@ impl Slurmctld {
         Ok(counts)
     }
 
+    /// The release slurmctld runs (`SLURM_VERSION` of `scontrol show config`, which
+    /// slurmctld answers), not the client's.
+    ///
+    /// # Errors
+    /// scontrol failing, or no version in its answer.
+    pub fn server_version(&self) -> Result<crate::install::Version> {
+        let out = self.scontrol_ok(&["show", "config"])?;
+        out.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k.trim() == "SLURM_VERSION").then(|| crate::install::Version::parse(v.trim()))?
+            })
+            .with_context(|| format!("no SLURM_VERSION in scontrol show config:\n{out}"))
+    }
+
     /// Runs `scontrol args...` (deadline [`CLIENT_TIMEOUT`]); a non-zero exit is returned,
     /// not an error.
     pub fn scontrol(&self, args: &[&str]) -> Result<Output> {
