@@ -1336,21 +1336,20 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
                 .unwrap(),
         );
     }
-    let running = |fleet: &Fleet| -> Vec<String> {
+    let running = |fleet: &Fleet| -> anyhow::Result<Vec<String>> {
         let mut c = fleet.ctld.command("squeue");
         c.args(["-h", "-t", "RUNNING", "-o", "%i"]);
-        slurm_e2e::run_ok(c, Duration::from_secs(60))
-            .unwrap()
+        Ok(slurm_e2e::run_ok(c, Duration::from_secs(60))?
             .lines()
             .map(str::to_string)
-            .collect()
+            .collect())
     };
     slurm_e2e::wait_until(
         "every job to run",
         Duration::from_secs(120),
         Duration::from_millis(200),
         || {
-            let now = running(&fleet);
+            let now = running(&fleet)?;
             Ok(jobs.iter().all(|j| now.contains(j)).then_some(()))
         },
     )
@@ -1369,7 +1368,7 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
         String::from_utf8_lossy(&host.stdout).trim(),
         format!("slurm {suite}")
     );
-    let now = running(&fleet);
+    let now = running(&fleet).unwrap();
     assert!(
         jobs.iter().all(|j| now.contains(j)),
         "jobs {jobs:?} did not all run on across the upgrade: running {now:?}"
