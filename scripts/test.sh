@@ -23,7 +23,10 @@
 #                      newest release (when newer than the suite's) against the suite's
 #                      controller (bootstrap exits 76 before slurmd starts), and an image
 #                      with the oldest, the suite's and the newest release (slurmd starts
-#                      with the suite's).
+#                      with the suite's); then a fleet of nodes from an image with the
+#                      suite's and the newest release joining on the suite's, whose
+#                      controller is upgraded to the newest under running jobs, and whose
+#                      replacement nodes join on the newest (issue 23 §2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -81,6 +84,12 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
 			SLURM_E2E_OLDER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$oldest" 2>/dev/null | tail -n1) \
 			cargo test -p slurm-e2e --test bootstrap --locked -- --ignored --exact "${skew_tests[@]}"
+		# The controller upgraded to the newest release under running jobs (issue 23 §2):
+		# nodes from an image with both releases join on the suite's, replacements on the
+		# newest. The newest build is bound over /opt/slurm on the controller machine only.
+		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
+			cargo test -p slurm-e2e --test fleet --locked -- --ignored --exact \
+			the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_on_its_release
 	fi
 	for v in $SLURM_E2E_FLEET_MATRIX; do
 		start=$(date +%s)

@@ -151,6 +151,13 @@ pub enum ImageRecipe {
     /// from Debian's own Slurm source package (`--slurm-source debian-source`): several
     /// minutes of compiling, cached like the default image.
     DebianSourceSlurm,
+    /// Two Slurm releases side by side, as an image made for a controller upgrade
+    /// (issue 23 §2): the one under test and `newer` (`--slurm-version <suite>,<newer>
+    /// --slurm-default <suite>`), each from its pinned tarball and the shared build cache
+    /// (the newer one's built there by `scripts/slurm-build.sh --cache-only`).
+    /// `/opt/slurm-<release>` each, `/opt/slurm` at the suite's. Needs a source build under
+    /// test (not Debian's packages).
+    SuiteAndNewer(crate::install::Version),
 }
 
 impl ImageRecipe {
@@ -159,6 +166,7 @@ impl ImageRecipe {
         match self {
             ImageRecipe::Default => "image-",
             ImageRecipe::DebianSourceSlurm => "srcimage-",
+            ImageRecipe::SuiteAndNewer(_) => "twoslurm-",
         }
     }
 
@@ -187,6 +195,27 @@ impl ImageRecipe {
             }
             ImageRecipe::Default => Vec::new(),
             ImageRecipe::DebianSourceSlurm => vec!["--slurm-source".into(), "debian-source".into()],
+            ImageRecipe::SuiteAndNewer(newer) => {
+                if crate::install::prefix() == Path::new("/usr") {
+                    bail!("an image with two Slurm releases needs a source build under test, not Debian's packages");
+                }
+                let suite = crate::install::version()?;
+                if newer <= suite {
+                    bail!("Slurm {newer} is not newer than the {suite} under test");
+                }
+                vec![
+                    "--slurm-source".into(),
+                    "tarball".into(),
+                    "--slurm-version".into(),
+                    format!("{suite},{newer}"),
+                    "--slurm-default".into(),
+                    suite.to_string(),
+                    "--sources-dir".into(),
+                    sources_dir().display().to_string(),
+                    "--slurm-build-cache".into(),
+                    slurm_build_cache().display().to_string(),
+                ]
+            }
         })
     }
 }
@@ -456,7 +485,7 @@ impl Image {
         // A source build compiles Slurm: 4 minutes on a quiet 2-core machine, much longer
         // beside a loaded test run.
         let deadline = match recipe {
-            ImageRecipe::Default => Duration::from_secs(1200),
+            ImageRecipe::Default | ImageRecipe::SuiteAndNewer(_) => Duration::from_secs(1200),
             ImageRecipe::DebianSourceSlurm => Duration::from_secs(3600),
         };
         let out = run_with_timeout(c, deadline)?;
@@ -483,7 +512,8 @@ impl Image {
             let mut others: Vec<(std::time::SystemTime, PathBuf)> = rd
                 .flatten()
                 .filter(|e| {
-                    // The prefixes are disjoint: "srcimage-" does not start with "image-".
+                    // The prefixes are disjoint: "srcimage-" and "twoslurm-" do not start
+                    // with "image-".
                     e.file_name().to_string_lossy().starts_with(prefix) && e.path() != done
                 })
                 .map(|e| {
@@ -798,6 +828,35 @@ impl ControllerMachine {
     /// Its own `/run` as the host sees it: `/proc/<holder>/root/run`.
     pub fn run_dir(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/root/run", self.holder.pid()))
+    }
+
+    /// Binds `tree` (an unpacked build configured for the prefix under test, see
+    /// [`crate::install::unpack_build`]) over that prefix in this machine's mount namespace
+    /// alone: the programs started here from then on (slurmctld) are that build's, with its
+    /// libraries and plugins; the host's prefix and the nodes' images stay as they are.
+    ///
+    /// # Errors
+    /// `mount` failing.
+    pub fn bind_slurm(&self, tree: &Path) -> Result<()> {
+        let mut c = Command::new("nsenter");
+        c.args([
+            "-t",
+            &self.holder.pid().to_string(),
+            "-m",
+            "--",
+            "mount",
+            "--bind",
+        ])
+        .arg(tree)
+        .arg(crate::install::prefix());
+        run_ok(c, CMD_TIMEOUT).with_context(|| {
+            format!(
+                "binding {} over {} on the controller machine",
+                tree.display(),
+                crate::install::prefix().display()
+            )
+        })?;
+        Ok(())
     }
 
     /// Its address, [`CTLD_ADDR`].
@@ -1496,6 +1555,29 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// Upgrades the controller in place: stops slurmctld (it saves its state), binds
+    /// `tree`, another Slurm build unpacked by [`crate::install::unpack_build`], over the
+    /// prefix on the controller machine ([`ControllerMachine::bind_slurm`]), and starts
+    /// that build's slurmctld on the same slurm.conf, ports and StateSaveLocation,
+    /// recovering the nodes and jobs it saved; waits until it answers `scontrol ping`. The
+    /// test's client commands stay the host's (an older client is accepted), and the nodes
+    /// keep running what they run.
+    ///
+    /// # Errors
+    /// Any step; a slurmctld that does not come back (with its log's tail).
+    pub fn upgrade_controller(&mut self, tree: &Path) -> Result<()> {
+        self.ctld.stop()?;
+        self.controller.bind_slurm(tree)?;
+        let r = self.ctld.restart();
+        r.with_context(|| {
+            format!(
+                "slurmctld from {} on the old state:\n{}",
+                tree.display(),
+                self.ctld.daemon().log_tail(30)
+            )
+        })
+    }
+
     /// A builder with the defaults (controller found by address, no extra settings).
     pub fn builder() -> FleetBuilder {
         FleetBuilder {

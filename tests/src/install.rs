@@ -154,6 +154,39 @@ pub fn version() -> Result<Version> {
     .map_err(anyhow::Error::msg)
 }
 
+/// A Slurm build of the cache (`slurm-<release>-<key>.tar`, made by `scripts/slurm-build.sh
+/// --cache-only`, configured for the prefix `/opt/slurm`) unpacked under `into`: its
+/// release (from the tar's name) and its tree (`<into>/opt/slurm`). Its programs find their
+/// libraries and plugins at `/opt/slurm` (compiled in), so they run only where that path is
+/// this tree, e.g. bound there in a mount namespace of their own.
+///
+/// # Errors
+/// A name that is not a cache tar's, or tar failing.
+pub fn unpack_build(tar: &Path, into: &Path) -> Result<(Version, PathBuf)> {
+    let version = tar
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("slurm-"))
+        .and_then(|n| n.split('-').next())
+        .and_then(Version::parse)
+        .with_context(|| {
+            format!(
+                "{}: not a Slurm build cache tar (slurm-<release>-<key>.tar)",
+                tar.display()
+            )
+        })?;
+    std::fs::create_dir_all(into).with_context(|| format!("creating {}", into.display()))?;
+    let mut c = Command::new("tar");
+    c.arg("-xf").arg(tar).arg("-C").arg(into).arg("./opt/slurm");
+    crate::process::run_ok(c, std::time::Duration::from_secs(300))
+        .with_context(|| format!("unpacking {}", tar.display()))?;
+    let tree = into.join("opt/slurm");
+    if !tree.join("sbin/slurmctld").is_file() {
+        bail!("{} holds no opt/slurm/sbin/slurmctld", tar.display());
+    }
+    Ok((version, tree))
+}
+
 /// Fails unless the installation is at least `major.minor`, naming both.
 ///
 /// # Errors

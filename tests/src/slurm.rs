@@ -571,6 +571,17 @@ impl Slurmctld {
         Ok(counts)
     }
 
+    /// The release slurmctld runs (`SLURM_VERSION` of `scontrol show config`, which
+    /// slurmctld answers), not the client's.
+    ///
+    /// # Errors
+    /// scontrol failing, or no version in its answer.
+    pub fn server_version(&self) -> Result<crate::install::Version> {
+        let out = self.scontrol_ok(&["show", "config"])?;
+        config_version(&out)
+            .with_context(|| format!("no SLURM_VERSION in scontrol show config:\n{out}"))
+    }
+
     /// Runs `scontrol args...` (deadline [`CLIENT_TIMEOUT`]); a non-zero exit is returned,
     /// not an error.
     pub fn scontrol(&self, args: &[&str]) -> Result<Output> {
@@ -693,6 +704,14 @@ fn ctld_command(enter: Option<&[String]>, private_run: Option<&Path>) -> Command
             c
         }
     }
+}
+
+/// `SLURM_VERSION` of `scontrol show config`'s text (`SLURM_VERSION           = 26.05.3`).
+fn config_version(text: &str) -> Option<crate::install::Version> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "SLURM_VERSION").then(|| crate::install::Version::parse(v.trim()))?
+    })
 }
 
 /// Whether a Slurm node state string means usable and idle: `IDLE`, `IDLE+DYNAMIC_NORM`,
@@ -821,7 +840,21 @@ impl Slurmd {
 
 #[cfg(test)]
 mod tests {
-    use super::is_idle;
+    use super::{config_version, is_idle};
+
+    #[test]
+    fn the_controllers_release_is_read_from_show_config() {
+        let text = "Configuration data as of 2026-12-04T03:25:33\n\
+                    AccountingStorageBackupHost = (null)\n\
+                    SLURM_CONF              = /tmp/x/slurm.conf\n\
+                    SLURM_VERSION           = 26.05.3\n\
+                    SlurmUser               = root(0)\n";
+        assert_eq!(
+            config_version(text).map(|v| v.to_string()),
+            Some("26.05.3".to_string())
+        );
+        assert_eq!(config_version("SLURM_CONF = /etc/slurm/slurm.conf\n"), None);
+    }
 
     #[test]
     fn idle_means_schedulable_now() {
