@@ -353,11 +353,7 @@ async fn handle(shared: Shared, req: Request<Incoming>) -> Result<Resp, hyper::E
     let (allowed, upstream) = {
         let mut s = lock(&shared);
         let now = Instant::now();
-        let quota = s
-            .config
-            .quotas
-            .iter()
-            .position(|q| q.apis.contains(&api));
+        let quota = s.config.quotas.iter().position(|q| q.apis.contains(&api));
         let allowed = match quota {
             Some(i) => s.buckets[i].take(now),
             None => true,
