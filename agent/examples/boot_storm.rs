@@ -169,9 +169,7 @@ fn report(a: &Args, policy: &str, ideal: f64, results: &[NodeResult], requests: 
     };
     let ok: Vec<&NodeResult> = results.iter().filter(|r| r.error.is_none()).collect();
     let gave_up = results.len() - ok.len();
-    if let Some(e) = results.iter().find_map(|r| r.error.as_deref()) {
-        println!("  first node to give up: {e}");
-    }
+
     let last = ok
         .iter()
         .map(|r| r.done_at.as_secs_f64())
@@ -193,4 +191,7 @@ fn report(a: &Args, policy: &str, ideal: f64, results: &[NodeResult], requests: 
         a.nodes,
         requests as f64 / a.nodes as f64
     );
+    if let Some(e) = results.iter().find_map(|r| r.error.as_deref()) {
+        println!("  first node to give up: {e}");
+    }
 }
