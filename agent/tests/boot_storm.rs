@@ -189,3 +189,55 @@ fn a_zero_quota_stops_the_key_fetch_with_the_api_and_quota_named_after_one_log_l
         warned[0]
     );
 }
+
+#[test]
+fn the_front_sends_pcs_calls_to_the_pcs_emulator_and_throttles_them_with_429() {
+    let pcs = imds_emulator::pcs::PcsEmulator::start().unwrap();
+    let pcs_addr = pcs
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let f = Front::start(FrontConfig {
+        // Nothing here goes to moto.
+        moto: "127.0.0.1:9".parse().unwrap(),
+        pcs: Some(pcs_addr),
+        quotas: vec![Quota::new(
+            "PCS RegisterComputeNodeGroupInstance",
+            &["pcs:RegisterComputeNodeGroupInstance"],
+            0.001,
+        )],
+    })
+    .unwrap();
+    let register = || {
+        moto::request(
+            port(&f),
+            "POST",
+            "/",
+            &[
+                ("Content-Type", "application/x-amz-json-1.0"),
+                (
+                    "X-Amz-Target",
+                    "AWSParallelComputingService.RegisterComputeNodeGroupInstance",
+                ),
+            ],
+            br#"{"clusterIdentifier":"pcs_a","bootstrapId":"b"}"#,
+        )
+        .unwrap()
+    };
+    // The emulator's own answer (an unsigned request), then the front's.
+    let (status, _, body) = register();
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert!(
+        !body.contains("Rate exceeded") && status != 429,
+        "{status} {body}"
+    );
+    assert_eq!(pcs.requests().len(), 1);
+    let (status, _, body) = register();
+    assert_eq!(status, 429);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#
+    );
+    assert_eq!(pcs.requests().len(), 1);
+}
