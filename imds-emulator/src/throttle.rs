@@ -26,7 +26,7 @@
 //!   for `GetParametersByPath`) ("AWS Systems Manager endpoints and quotas");
 //! - Secrets Manager `GetSecretValue`: 10,000 per second ("AWS Secrets Manager quotas");
 //! - S3: 5,500 GET/HEAD and 3,500 PUT/POST/DELETE requests per second per prefix (taken
-//!   here per bucket) ("Best practices design patterns: optimizing Amazon S3 performance");
+//!   here as one bucket for all of S3: a stricter front) ("Best practices design patterns: optimizing Amazon S3 performance");
 //! - PCS `RegisterComputeNodeGroupInstance`: AWS publishes no rate; a setting of the front,
 //!   20 per second by default ([`PCS_REGISTER_DEFAULT_TPS`]).
 //!
