@@ -9,6 +9,14 @@
 //!
 //! The `[auth]` settings section ([`AuthSettings`]) is this module's.
 //!
+//! A fleet launched at once asks SSM or Secrets Manager for the key at once, and Parameter
+//! Store serves 40 `GetParameter`s per second by default (issue 25 §1, boot storms). The
+//! AWS fetch ([`fetch_in_region`]) therefore makes its own retries, the SDK none (so the two
+//! never multiply): a throttled attempt is tried again after a wait drawn uniformly from
+//! `[0, auth.throttle_spread]` until `auth.fetch_window` has passed, logged once with the
+//! API and the quota it hit ([`crate::retry::quota_of`]); a network error or a 5xx is tried
+//! [`TRANSIENT_ATTEMPTS`] times, as the SDK's standard mode did.
+//!
 //! The key never appears in a log line, an error or `config show`: it lives in [`Key`],
 //! whose `Debug` prints only its length.
 //!
@@ -21,7 +29,18 @@ use std::path::{Path, PathBuf};
 use crate::exit::Exit;
 use crate::fsutil::{self, Owner};
 use crate::location::Location;
-use crate::section::{Classified, InvalidKey, KeyTrust, Refused};
+use crate::retry::{Backoff, ThrottlePolicy};
+use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust, Refused};
+
+/// Attempts at a key fetch that failed for the network or a 5xx answer (not throttling):
+/// the SDK's standard retry mode's 3, which the agent's own retries replace.
+pub const TRANSIENT_ATTEMPTS: u32 = 3;
+
+/// Waits between those attempts: the SDK standard mode's (1 s base, 20 s cap, full jitter).
+pub const TRANSIENT_BACKOFF: Backoff = Backoff {
+    base: std::time::Duration::from_secs(1),
+    cap: std::time::Duration::from_secs(20),
+};
 
 /// Slurm's authentication plugin, which decides the key file and its owner.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +76,7 @@ impl AuthType {
 }
 
 /// `[auth]`: the cluster key.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     /// Plugin: `munge` (`AuthType=auth/munge`) or `slurm` (`AuthType=auth/slurm`, Slurm
@@ -83,6 +102,33 @@ pub struct AuthSettings {
     /// Accept a key from an SSM parameter of type `String` (stored unencrypted, readable by
     /// anyone with `ssm:GetParameter`), with a warning. Off: such a parameter is refused.
     pub allow_string_parameter: bool,
+    /// How long a key fetch from SSM or Secrets Manager that AWS throttles is tried again,
+    /// from the first attempt; then bootstrap stops with exit 69, naming the API and its
+    /// quota.
+    pub fetch_window: HumanDuration,
+    /// Longest wait after a throttled key fetch: each wait is drawn uniformly from
+    /// `[0, throttle_spread]` (full jitter, without growth), which spreads a fleet's
+    /// retries over that time. Size it as the nodes launched together ÷ the API's quota,
+    /// less the launch's own spread: the default 20 s fits 1,000 nodes launched within
+    /// 10 s against Parameter Store's standard 40 TPS (every node has its key within about
+    /// 1.2 × the 25 s that quota needs, with fewer than 2 requests per node). A node that
+    /// is not throttled never waits.
+    pub throttle_spread: HumanDuration,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        AuthSettings {
+            auth_type: AuthType::default(),
+            key_source: String::new(),
+            key_path: PathBuf::new(),
+            key_owner: String::new(),
+            key_encoding: KeyEncoding::default(),
+            allow_string_parameter: false,
+            fetch_window: HumanDuration(std::time::Duration::from_secs(10 * 60)),
+            throttle_spread: HumanDuration(std::time::Duration::from_secs(20)),
+        }
+    }
 }
 
 /// The key's destination, owner and plugin are the image's; user data may pick which
@@ -96,6 +142,8 @@ impl Classified for AuthSettings {
         KeyTrust::image("key_owner"),
         KeyTrust::user_data("key_encoding"),
         KeyTrust::image("allow_string_parameter"),
+        KeyTrust::user_data("fetch_window"),
+        KeyTrust::user_data("throttle_spread"),
     ];
 }
 
@@ -379,7 +427,34 @@ pub enum KeyError {
         /// What is wrong (field names only, never values).
         message: String,
     },
-    /// Any other failure (network, throttling, I/O).
+    /// AWS throttled the fetch ([`crate::retry::is_throttling`]) until `auth.fetch_window`
+    /// ended (exit 69).
+    #[error(
+        "{source_}: {api} throttled ({message}) {attempts} times in {waited:?} \
+         (auth.fetch_window); quota: {}",
+        crate::retry::quota_of(api)
+    )]
+    Throttled {
+        /// The source.
+        source_: KeySource,
+        /// The API, IAM's spelling (`ssm:GetParameter`).
+        api: &'static str,
+        /// AWS's code and message (`ThrottlingException: Rate exceeded`).
+        message: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Time from the first attempt to the last answer.
+        waited: std::time::Duration,
+    },
+    /// A network error, a timeout or a 5xx answer, [`TRANSIENT_ATTEMPTS`] times (exit 69).
+    #[error("{source_}: {message}")]
+    Transient {
+        /// The source.
+        source_: KeySource,
+        /// What happened (the last attempt).
+        message: String,
+    },
+    /// Any other failure (an AWS error, I/O).
     #[error("{source_}: {message}")]
     Other {
         /// The source.
@@ -409,7 +484,9 @@ impl KeyError {
             KeyError::InvalidSource(_) => Exit::Config,
             KeyError::AccessDenied { .. } => Exit::NoPerm,
             KeyError::Write(_) => Exit::IoErr,
-            KeyError::Other { .. } => Exit::Unavailable,
+            KeyError::Other { .. } | KeyError::Throttled { .. } | KeyError::Transient { .. } => {
+                Exit::Unavailable
+            }
             KeyError::NotFound { .. }
             | KeyError::Empty { .. }
             | KeyError::Decode { .. }
@@ -626,7 +703,7 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<St
                         ),
                     })
                 }
-                Err(e) => Err(sdk_error(src(), e, |se| {
+                Err(e) => Err(sdk_error(src(), "ssm:GetParameter", e, |se| {
                     matches!(se, SsmErr::ParameterNotFound(_))
                 })),
             }
@@ -642,7 +719,7 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<St
                     },
                     unencrypted_parameter: false,
                 }),
-                Err(e) => Err(sdk_error(src(), e, |se| {
+                Err(e) => Err(sdk_error(src(), "secretsmanager:GetSecretValue", e, |se| {
                     matches!(se, SmErr::ResourceNotFoundException(_))
                 })),
             }
@@ -650,16 +727,34 @@ pub async fn fetch(source: &KeySource, sdk: &aws_config::SdkConfig) -> Result<St
     }
 }
 
-/// Classifies an AWS SDK error: not found, access denied (by error code, or HTTP 403 when
-/// the body carries no code the SDK can read), or anything else.
+/// Classifies an AWS SDK error of `api`: not found, access denied (by error code, or HTTP
+/// 403 when the body carries no code the SDK can read), throttled, transient (no answer, a
+/// timeout, a 5xx), or anything else.
 fn sdk_error<E>(
     source: KeySource,
+    api: &'static str,
     e: aws_smithy_runtime_api::client::result::SdkError<E, aws_smithy_runtime_api::http::Response>,
     not_found: impl Fn(&E) -> bool,
 ) -> KeyError
 where
     E: aws_smithy_types::error::metadata::ProvideErrorMetadata + std::error::Error + 'static,
 {
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.as_service_error().and_then(|se| se.code());
+    if crate::retry::is_throttling(code, status) {
+        let message = e.as_service_error().and_then(|se| se.message());
+        return KeyError::Throttled {
+            source_: source,
+            api,
+            message: match (code, message) {
+                (Some(c), Some(m)) => format!("{c}: {m}"),
+                (Some(c), None) => c.to_string(),
+                _ => format!("HTTP {}", status.unwrap_or_default()),
+            },
+            attempts: 1,
+            waited: std::time::Duration::ZERO,
+        };
+    }
     if let Some(se) = e.as_service_error() {
         if not_found(se) {
             return KeyError::NotFound { source_: source };
@@ -677,9 +772,16 @@ where
             message: "HTTP 403 Forbidden".into(),
         };
     }
+    let message = aws_smithy_types::error::display::DisplayErrorContext(&e).to_string();
+    if e.as_service_error().is_none() || status.is_some_and(|s| s >= 500) {
+        return KeyError::Transient {
+            source_: source,
+            message,
+        };
+    }
     KeyError::Other {
         source_: source,
-        message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+        message,
     }
 }
 
@@ -746,6 +848,7 @@ impl Prefetch {
     /// work that blocks whichever thread does it.
     pub fn start(auth: &AuthSettings, imds: &crate::imds::ImdsSettings) -> Option<Prefetch> {
         let source = KeySource::parse(&auth.key_source).ok()?;
+        let policy = throttle_policy(auth);
         let imds_settings = imds.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let fetch = move || {
@@ -758,7 +861,7 @@ impl Prefetch {
                 let imds = crate::imds::Imds::new(&imds_settings);
                 let region = imds.get("/latest/meta-data/placement/region").await.ok()?;
                 tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: region read");
-                let stored = fetch_in_region(&source, region.trim()).await;
+                let stored = fetch_in_region(&source, region.trim(), &policy).await;
                 tracing::debug!(elapsed = ?t.elapsed(), "key prefetch: key fetched");
                 Some((source, stored))
             })
@@ -781,23 +884,112 @@ impl Prefetch {
     }
 }
 
+/// `auth.throttle_spread` and `auth.fetch_window`.
+pub fn throttle_policy(auth: &AuthSettings) -> ThrottlePolicy {
+    ThrottlePolicy {
+        spread: auth.throttle_spread.0,
+        window: auth.fetch_window.0,
+    }
+}
+
+/// The AWS SDK configuration of the key fetch: the default credentials chain in `region`,
+/// without the SDK's retries ([`fetch_with_retries`] makes them).
+pub async fn sdk_config(region: &str) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()))
+        .retry_config(aws_config::retry::RetryConfig::disabled())
+        .load()
+        .await
+}
+
 /// Fetches the stored (still encoded) key bytes; AWS sources use the SDK's default
-/// credentials chain in `region`.
+/// credentials chain in `region` ([`sdk_config`]) and `policy`'s retries
+/// ([`fetch_with_retries`]).
 ///
 /// # Errors
-/// As [`fetch`].
-pub async fn fetch_in_region(source: &KeySource, region: &str) -> Result<Stored, KeyError> {
+/// As [`fetch_with_retries`].
+pub async fn fetch_in_region(
+    source: &KeySource,
+    region: &str,
+    policy: &ThrottlePolicy,
+) -> Result<Stored, KeyError> {
     match source {
         KeySource::File(_) => fetch(source, &aws_config::SdkConfig::builder().build()).await,
         _ => {
             let t = std::time::Instant::now();
-            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-                .region(aws_config::Region::new(region.to_string()))
-                .load()
-                .await;
+            let sdk = sdk_config(region).await;
             tracing::debug!(elapsed = ?t.elapsed(), "AWS SDK configuration loaded");
-            fetch(source, &sdk).await
+            fetch_with_retries(source, &sdk, policy).await
         }
+    }
+}
+
+/// [`fetch`] with the agent's retries (see the module docs): a throttled attempt again
+/// after `policy`'s jittered wait until its window has passed (the first throttle logged
+/// at warning level with the API and the quota, the others at debug level), a transient
+/// failure up to [`TRANSIENT_ATTEMPTS`] times. `sdk` should have the SDK's retries off
+/// ([`sdk_config`]), or the two multiply.
+///
+/// # Errors
+/// [`KeyError::Throttled`] once the window has passed, else as [`fetch`].
+pub async fn fetch_with_retries(
+    source: &KeySource,
+    sdk: &aws_config::SdkConfig,
+    policy: &ThrottlePolicy,
+) -> Result<Stored, KeyError> {
+    let start = std::time::Instant::now();
+    let mut attempts = 0u32;
+    let mut transient = 0u32;
+    loop {
+        attempts += 1;
+        let err = match fetch(source, sdk).await {
+            Ok(stored) => {
+                if attempts > 1 {
+                    tracing::info!(attempts, elapsed = ?start.elapsed(), "{source}: fetched after retries");
+                }
+                return Ok(stored);
+            }
+            Err(e) => e,
+        };
+        let left = policy.window.saturating_sub(start.elapsed());
+        let wait = match err {
+            KeyError::Throttled {
+                source_,
+                api,
+                message,
+                ..
+            } => {
+                if left.is_zero() {
+                    return Err(KeyError::Throttled {
+                        source_,
+                        api,
+                        message,
+                        attempts,
+                        waited: start.elapsed(),
+                    });
+                }
+                if attempts - transient == 1 {
+                    tracing::warn!(
+                        "{source_}: {api} throttled ({message}; quota: {}); trying again after \
+                         waits of up to {:?} (auth.throttle_spread) for {:?} \
+                         (auth.fetch_window)",
+                        crate::retry::quota_of(api),
+                        policy.spread,
+                        policy.window
+                    );
+                } else {
+                    tracing::debug!(attempts, "{source_}: {api} throttled again ({message})");
+                }
+                policy.delay(left)
+            }
+            KeyError::Transient { .. } if transient + 1 < TRANSIENT_ATTEMPTS => {
+                tracing::warn!(attempt = attempts, "key fetch failed: {err}");
+                transient += 1;
+                TRANSIENT_BACKOFF.delay(transient - 1)
+            }
+            e => return Err(e),
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -822,7 +1014,7 @@ pub async fn install_from(
     let owner = resolve_owner(&target.owner)?;
     let stored = match prefetched {
         Some((early, result)) if early == source => result?,
-        _ => fetch_in_region(&source, region).await?,
+        _ => fetch_in_region(&source, region, &throttle_policy(auth)).await?,
     };
     if stored.unencrypted_parameter {
         if !auth.allow_string_parameter {

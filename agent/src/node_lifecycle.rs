@@ -870,10 +870,13 @@ pub fn terminate_reason(instance_id: &str, t: &Terminate) -> String {
     )
 }
 
-/// The SDK's configuration in `region` (default credentials chain: the instance profile).
+/// The SDK's configuration in `region` (default credentials chain: the instance profile),
+/// without the SDK's retries: [`fetch`] makes [`FETCH_ATTEMPTS`] itself, and the two would
+/// multiply (3 × 3 requests per script when S3 throttles a booting fleet, issue 25 §1).
 async fn sdk(region: &str) -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new(region.to_string()))
+        .retry_config(aws_config::retry::RetryConfig::disabled())
         .load()
         .await
 }
@@ -1016,6 +1019,7 @@ fn check(source: &ScriptSource, bytes: &[u8]) -> Result<(), FetchError> {
 /// not retried: the object is what it is).
 async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, FetchError> {
     let mut attempt = 0;
+    let mut throttled = false;
     loop {
         if attempt > 0 {
             tokio::time::sleep(FETCH_BACKOFF.delay(attempt - 1)).await;
@@ -1026,7 +1030,21 @@ async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, FetchError> {
                 return Ok(bytes);
             }
             Err(e) => {
-                tracing::warn!(script = %script.name, attempt = attempt + 1, "fetching the script failed: {e}");
+                let slow_down = matches!(&e, FetchError::S3Code { code, .. }
+                    if crate::retry::is_throttling(Some(code), None));
+                if slow_down && throttled {
+                    tracing::debug!(script = %script.name, attempt = attempt + 1, "S3 throttled the script's download again: {e}");
+                } else if slow_down {
+                    throttled = true;
+                    tracing::warn!(
+                        script = %script.name,
+                        attempt = attempt + 1,
+                        "s3:GetObject throttled ({e}; quota: {}); backing off",
+                        crate::retry::quota_of("s3:GetObject")
+                    );
+                } else {
+                    tracing::warn!(script = %script.name, attempt = attempt + 1, "fetching the script failed: {e}");
+                }
                 attempt += 1;
                 if attempt >= FETCH_ATTEMPTS {
                     return Err(FetchError::Attempts {

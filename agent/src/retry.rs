@@ -1,5 +1,7 @@
 //! Capped exponential backoff with full jitter, for calls to outside systems that may not be
-//! ready yet (the controller during boot, a mount, IMDS).
+//! ready yet (the controller during boot, a mount, IMDS); and what an AWS API's throttling
+//! looks like ([`is_throttling`]) and which request-rate quota it hit ([`quota_of`]), for
+//! the boot-time AWS calls a whole fleet makes at once (issue 25 §1).
 //!
 //! Floor 0 (ground): uses no other module of the crate.
 
@@ -38,6 +40,72 @@ impl Backoff {
     }
 }
 
+/// Whether an AWS error code (or, for an answer without one, the HTTP status) says the
+/// request was throttled: the codes aws-smithy's retry classifier takes as throttling
+/// (`aws-runtime`'s `THROTTLING_ERRORS`), S3's `SlowDown` (503) and HTTP 429.
+pub fn is_throttling(code: Option<&str>, status: Option<u16>) -> bool {
+    match code {
+        Some(c) => matches!(
+            c,
+            "Throttling"
+                | "ThrottlingException"
+                | "ThrottledException"
+                | "RequestThrottledException"
+                | "TooManyRequestsException"
+                | "ProvisionedThroughputExceededException"
+                | "TransactionInProgressException"
+                | "RequestLimitExceeded"
+                | "BandwidthLimitExceeded"
+                | "LimitExceededException"
+                | "RequestThrottled"
+                | "SlowDown"
+                | "PriorRequestNotComplete"
+                | "EC2ThrottledException"
+        ),
+        None => status == Some(429),
+    }
+}
+
+/// The request-rate quota an API (`<service>:<operation>`, IAM's spelling) is held to by
+/// default, as AWS documents it, for the log line and the error of a throttled call.
+pub fn quota_of(api: &str) -> &'static str {
+    match api {
+        "ssm:GetParameter" | "ssm:GetParameters" | "ssm:GetParametersByPath" => {
+            "Parameter Store: 40 TPS standard throughput, shared by GetParameter, GetParameters \
+             and GetParametersByPath; 3,000 with higher throughput"
+        }
+        "secretsmanager:GetSecretValue" => "Secrets Manager GetSecretValue: 10,000 TPS",
+        "s3:GetObject" => "S3: 5,500 GET/HEAD requests per second per prefix",
+        "pcs:RegisterComputeNodeGroupInstance" => {
+            "PCS RegisterComputeNodeGroupInstance: the account's request rate (no published quota)"
+        }
+        _ => "the API's request rate quota",
+    }
+}
+
+/// How a call that AWS throttles is tried again: waits drawn uniformly from `[0, spread]`
+/// (full jitter, without growth: the spread is sized for the fleet, see
+/// `auth.throttle_spread`) until `window` has passed since the first attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThrottlePolicy {
+    /// Longest wait after a throttled attempt.
+    pub spread: Duration,
+    /// How long to keep trying, from the first attempt.
+    pub window: Duration,
+}
+
+impl ThrottlePolicy {
+    /// A wait after a throttled attempt, at most `left`.
+    pub fn delay(&self, left: Duration) -> Duration {
+        Backoff {
+            base: self.spread,
+            cap: self.spread,
+        }
+        .delay(0)
+        .min(left)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +122,24 @@ mod tests {
         assert_eq!(b.ceiling(400), Duration::from_secs(2));
         for attempt in 0..50 {
             assert!(b.delay(attempt) <= b.ceiling(attempt));
+        }
+    }
+
+    #[test]
+    fn throttling_by_code_or_status() {
+        assert!(is_throttling(Some("ThrottlingException"), Some(400)));
+        assert!(is_throttling(Some("SlowDown"), Some(503)));
+        assert!(is_throttling(None, Some(429)));
+        assert!(!is_throttling(Some("ParameterNotFound"), Some(400)));
+        assert!(!is_throttling(None, Some(503)));
+        assert!(quota_of("ssm:GetParameter").contains("40 TPS"));
+        let p = ThrottlePolicy {
+            spread: Duration::from_secs(20),
+            window: Duration::from_secs(60),
+        };
+        for _ in 0..50 {
+            assert!(p.delay(Duration::from_secs(30)) <= Duration::from_secs(20));
+            assert!(p.delay(Duration::from_secs(1)) <= Duration::from_secs(1));
         }
     }
 }

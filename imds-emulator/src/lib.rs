@@ -36,6 +36,7 @@
 mod fault;
 pub mod pcs;
 mod server;
+pub mod throttle;
 mod tree;
 
 use std::collections::HashMap;

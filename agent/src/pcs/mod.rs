@@ -666,6 +666,7 @@ async fn register_with_retries(
     let start = Instant::now();
     let window = pcs.register_window.0;
     let mut attempts = 0u32;
+    let mut throttled = 0u32;
     loop {
         attempts += 1;
         let result = client
@@ -674,7 +675,7 @@ async fn register_with_retries(
             .bootstrap_id(bootstrap_id)
             .send()
             .await;
-        let (code, message) = match result {
+        let (code, message, status) = match result {
             Ok(out) => return Ok((out, attempts)),
             Err(e) => {
                 let code = e.code().map(str::to_string);
@@ -682,7 +683,7 @@ async fn register_with_retries(
                     Some(m) => m.to_string(),
                     None => crate::imds::error_chain(&e),
                 };
-                (code, message)
+                (code, message, e.raw_response().map(|r| r.status().as_u16()))
             }
         };
         if !retryable(code.as_deref()) {
@@ -706,11 +707,33 @@ async fn register_with_retries(
             });
         }
         let wait = REGISTER_BACKOFF.delay(attempts - 1).min(left);
-        tracing::warn!(
-            attempt = attempts,
-            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            "PCS registration failed: {last}"
-        );
+        let retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        if crate::retry::is_throttling(code.as_deref(), status) {
+            // A throttle is logged once (issue 25 §1), not once per retry.
+            throttled += 1;
+            if throttled == 1 {
+                const API: &str = "pcs:RegisterComputeNodeGroupInstance";
+                tracing::warn!(
+                    attempt = attempts,
+                    retry_in_ms,
+                    "{API} throttled ({last}; quota: {}); backing off for up to \
+                     pcs.register_window",
+                    crate::retry::quota_of(API)
+                );
+            } else {
+                tracing::debug!(
+                    attempt = attempts,
+                    retry_in_ms,
+                    "PCS registration throttled again: {last}"
+                );
+            }
+        } else {
+            tracing::warn!(
+                attempt = attempts,
+                retry_in_ms,
+                "PCS registration failed: {last}"
+            );
+        }
         tokio::time::sleep(wait).await;
     }
 }

@@ -94,6 +94,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("auth.key_owner", r#""munge""#),
     ("auth.key_encoding", r#""raw""#),
     ("auth.allow_string_parameter", "true"),
+    ("auth.fetch_window", r#""30m""#),
+    ("auth.throttle_spread", r#""60s""#),
     ("imds.endpoint", r#""http://127.0.0.1:1338""#),
     ("imds.timeout", r#""2s""#),
     ("imds.attempts", "6"),

@@ -1,0 +1,243 @@
+//! Boot storms (issue 25 §1): the throttling front (`imds_emulator::throttle`) answers as
+//! AWS does once an API's quota is spent, and the agent's key fetch, against moto behind
+//! it, stops with the API and the quota named when the quota is zero, having logged the
+//! throttle once.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use imds_emulator::throttle::{Front, FrontConfig, Quota};
+use slurm_e2e::moto::{self, Moto, REGION};
+use slurm_node_agent::authkey::{self, KeyError, KeySource};
+use slurm_node_agent::retry::ThrottlePolicy;
+
+fn front(moto: &Moto, quotas: Vec<Quota>) -> Front {
+    Front::start(FrontConfig {
+        moto: format!("127.0.0.1:{}", moto.port()).parse().unwrap(),
+        pcs: None,
+        quotas,
+    })
+    .unwrap()
+}
+
+fn port(front: &Front) -> u16 {
+    front
+        .endpoint()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_front_throttles_as_aws_once_the_quota_is_spent() {
+    let moto = Moto::start().unwrap();
+    moto.put_secure_string("/storm/k", "value").unwrap();
+    moto.create_bucket("storm", false).unwrap();
+    moto.put_object("storm", "scripts/a.sh", b"#!/bin/sh\n")
+        .unwrap();
+    // A bucket of one request that refills once in 1,000 s: the first served, the second
+    // throttled, whatever the pace; S3 at zero: always SlowDown.
+    let f = front(
+        &moto,
+        vec![
+            Quota::ssm_standard(0.001),
+            Quota::new("S3 GET", &["s3:GetObject"], 0.0),
+        ],
+    );
+    let auth = format!(
+        "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/ssm/aws4_request, \
+         SignedHeaders=content-type;host;x-amz-target, Signature=0"
+    );
+    let get = || {
+        moto::request(
+            port(&f),
+            "POST",
+            "/",
+            &[
+                ("Content-Type", "application/x-amz-json-1.1"),
+                ("X-Amz-Target", "AmazonSSM.GetParameter"),
+                ("Authorization", &auth),
+            ],
+            br#"{"Name":"/storm/k","WithDecryption":true}"#,
+        )
+        .unwrap()
+    };
+    let (status, _, body) = get();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("\"value\""));
+    let (status, headers, body) = get();
+    assert_eq!(status, 400);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#
+    );
+    assert!(headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("x-amzn-errortype") && v == "ThrottlingException"));
+
+    let s3_auth = format!(
+        "AWS4-HMAC-SHA256 Credential=testing/20240101/{REGION}/s3/aws4_request, \
+         SignedHeaders=host, Signature=0"
+    );
+    let (status, _, body) = moto::request(
+        port(&f),
+        "GET",
+        "/storm/scripts/a.sh",
+        &[("Authorization", &s3_auth)],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(status, 503);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("<Code>SlowDown</Code>")
+            && body.contains("<Message>Please reduce your request rate.</Message>"),
+        "{body}"
+    );
+
+    let stats = f.stats();
+    assert_eq!(stats["ssm:GetParameter"].served, 1);
+    assert_eq!(stats["ssm:GetParameter"].throttled, 1);
+    assert_eq!(stats["s3:GetObject"].throttled, 1);
+    assert_eq!(stats["s3:GetObject"].served, 0);
+}
+
+/// A writer the test's log lines go to.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_zero_quota_stops_the_key_fetch_with_the_api_and_quota_named_after_one_log_line() {
+    let moto = Moto::start().unwrap();
+    moto.put_secure_string("/storm/munge", "unused").unwrap();
+    let f = front(&moto, vec![Quota::ssm_standard(0.0)]);
+    // The only test of this file that sets the environment the SDK's default chain reads.
+    for (k, v) in moto.env() {
+        std::env::set_var(k, v);
+    }
+    std::env::set_var("AWS_ENDPOINT_URL", f.endpoint());
+    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let policy = ThrottlePolicy {
+        spread: Duration::from_millis(200),
+        window: Duration::from_secs(2),
+    };
+    let source = KeySource::parse("ssm:/storm/munge").unwrap();
+    let e = rt
+        .block_on(authkey::fetch_in_region(&source, REGION, &policy))
+        .unwrap_err();
+    let KeyError::Throttled {
+        api,
+        attempts,
+        waited,
+        ..
+    } = &e
+    else {
+        panic!("not a throttle: {e}");
+    };
+    println!("stopped after {attempts} attempts in {waited:?} (window 2 s)");
+    assert_eq!(*api, "ssm:GetParameter");
+    assert!(*attempts > 1, "{e}");
+    assert_eq!(e.exit().code(), 69);
+    let text = e.to_string();
+    assert!(
+        text.starts_with("SSM parameter /storm/munge: ssm:GetParameter throttled (ThrottlingException: Rate exceeded)")
+            && text.contains("(auth.fetch_window); quota: Parameter Store: 40 TPS standard throughput"),
+        "{text}"
+    );
+    // The SDK retried nothing: every attempt is one request.
+    assert_eq!(
+        f.stats()["ssm:GetParameter"].throttled,
+        u64::from(*attempts)
+    );
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warned: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("throttled"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{logs}");
+    assert!(
+        warned[0].contains("ssm:GetParameter throttled (ThrottlingException: Rate exceeded; quota: Parameter Store: 40 TPS"),
+        "{}",
+        warned[0]
+    );
+}
+
+#[test]
+fn the_front_sends_pcs_calls_to_the_pcs_emulator_and_throttles_them_with_429() {
+    let pcs = imds_emulator::pcs::PcsEmulator::start().unwrap();
+    let pcs_addr = pcs
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let f = Front::start(FrontConfig {
+        // Nothing here goes to moto.
+        moto: "127.0.0.1:9".parse().unwrap(),
+        pcs: Some(pcs_addr),
+        quotas: vec![Quota::new(
+            "PCS RegisterComputeNodeGroupInstance",
+            &["pcs:RegisterComputeNodeGroupInstance"],
+            0.001,
+        )],
+    })
+    .unwrap();
+    let register = || {
+        moto::request(
+            port(&f),
+            "POST",
+            "/",
+            &[
+                ("Content-Type", "application/x-amz-json-1.0"),
+                (
+                    "X-Amz-Target",
+                    "AWSParallelComputingService.RegisterComputeNodeGroupInstance",
+                ),
+            ],
+            br#"{"clusterIdentifier":"pcs_a","bootstrapId":"b"}"#,
+        )
+        .unwrap()
+    };
+    // The emulator's own answer (an unsigned request), then the front's.
+    let (status, _, body) = register();
+    let body = String::from_utf8_lossy(&body).to_string();
+    assert!(
+        !body.contains("Rate exceeded") && status != 429,
+        "{status} {body}"
+    );
+    assert_eq!(pcs.requests().len(), 1);
+    let (status, _, body) = register();
+    assert_eq!(status, 429);
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#
+    );
+    assert_eq!(pcs.requests().len(), 1);
+}
