@@ -402,6 +402,13 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         o.max_unavailable,
         o.jobs
     );
+    println!(
+        "  overlap at one sample (budget {budget}): {} upgrade drains (drain to power-off), {} powered off awaiting a replacement IDLE on the new image, {} drains withdrawn later; {} out of service for the upgrade (drain to replacement IDLE)",
+        o.overlap.draining,
+        o.overlap.awaiting_replacement,
+        o.overlap.withdrawn_drains,
+        o.overlap.held
+    );
     Ok(())
 }
 
