@@ -457,7 +457,7 @@ impl Engine {
     }
 
     /// Withdraws the drain with key `key` whatever its kind, if it is still `draining` or
-    /// `drained` (an upgrade drain beyond the budget backs off this way).
+    /// `drained`.
     ///
     /// # Errors
     /// [`DrainError`].
