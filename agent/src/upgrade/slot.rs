@@ -250,6 +250,7 @@ pub async fn release(scontrol: &Scontrol, node: &str) -> Result<Vec<String>, Sco
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     /// `scontrol show reservation -o` of slurmctld 25.11.6 with two slots and an admin's
@@ -278,6 +279,65 @@ ReservationName=slurm-node-agent-upgrade-slot-2 StartTime=2026-12-04T03:12:09 En
         assert!(!is_slot_of("slurm-node-agent-upgrade-main-slot-1x", "main"));
         assert!(!is_slot("upgrade-slot-1"));
         assert!(parse_slots("No reservations in the system\n").is_empty());
+    }
+
+    /// Stands in for scontrol: `show reservation` prints `listed`; `create reservation`
+    /// refuses a name in `taken` as slurmctld does, else takes it and notes the call.
+    const FAKE: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+"show reservation") cat "$d/listed" 2>/dev/null; exit 0 ;;
+"create reservation")
+  name=${3#ReservationName=}
+  if grep -qx "$name" "$d/taken" 2>/dev/null; then
+    echo "Error creating the reservation: Duplicate reservation name" >&2; exit 1
+  fi
+  echo "$name" >> "$d/taken"; echo "$*" >> "$d/created"; echo "Reservation created: $name" ;;
+*) exit 1 ;;
+esac
+"#;
+
+    #[tokio::test]
+    async fn take_skips_slots_taken_meanwhile_and_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("scontrol");
+        crate::fsutil::write_test_program(&program, FAKE);
+        let sc = Scontrol {
+            program,
+            timeout: Duration::from_secs(10),
+            conf_server: String::new(),
+        };
+        let listed = "ReservationName=slurm-node-agent-upgrade-main-slot-1 Nodes=c1 State=ACTIVE Comment=slurm-node-agent/upgrade@i-1\n";
+        std::fs::write(dir.path().join("listed"), listed).unwrap();
+        // slot-2 was taken by another node after the list: slurmctld refuses the name.
+        std::fs::write(
+            dir.path().join("taken"),
+            "slurm-node-agent-upgrade-main-slot-1\nslurm-node-agent-upgrade-main-slot-2\n",
+        )
+        .unwrap();
+        let t = Duration::from_secs(1800);
+        let full = take(&sc, "main", 2, "c2", "i-2", t).await.unwrap();
+        assert!(matches!(&full, Taken::Full(h) if h.len() == 1), "{full:?}");
+        let new = take(&sc, "main", 3, "c2", "i-2", t).await.unwrap();
+        assert_eq!(
+            new,
+            Taken::New("slurm-node-agent-upgrade-main-slot-3".into())
+        );
+        let created = std::fs::read_to_string(dir.path().join("created")).unwrap();
+        assert_eq!(
+            created.trim(),
+            "create reservation ReservationName=slurm-node-agent-upgrade-main-slot-3 \
+             StartTime=now Duration=30 Nodes=c2 Users=root Flags=IGNORE_JOBS,OVERLAP \
+             Comment=slurm-node-agent/upgrade@i-2"
+        );
+        // The NodeName holding a slot keeps it (a restart, a replacement under that name).
+        let held = take(&sc, "main", 1, "c1", "i-3", t).await.unwrap();
+        assert_eq!(
+            held,
+            Taken::Held("slurm-node-agent-upgrade-main-slot-1".into())
+        );
+        // Never a name that is not one node.
+        assert!(take(&sc, "main", 1, "c[1-2]", "i-3", t).await.is_err());
     }
 
     #[test]
