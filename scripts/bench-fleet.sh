@@ -7,7 +7,8 @@
 #   - a spot storm on all N nodes: notice -> DRAIN p50/p99 (goal p99 <= 2 s);
 #   - N nodes to all IDLE with the agent / the same image with a plain static slurmd
 #     (goal <= 1.2);
-#   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3).
+#   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3), and
+#     the overlap of each kind against the budget (at most 2 out of service at once).
 #
 #   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
 #   FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh   # only the lone node's boots and bootstrap's steps

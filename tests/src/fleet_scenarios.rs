@@ -22,17 +22,20 @@ pub struct UpgradeOutcome {
     /// The image published (registered in moto).
     pub new_image: String,
     /// The most upgrade drains at once among those that went on to power their instance
-    /// off (from the drain's first sight to its "powered off" reason): what
-    /// `upgrade.max_unavailable` bounds. A drain that started together with others beyond
-    /// the budget and was withdrawn before any action is not counted here but in
-    /// [`UpgradeOutcome::withdrawn`] (the agent's coordination-free budget allows those by
-    /// design; see `agent/src/upgrade/mod.rs`).
+    /// off (from the drain's first sight to its "powered off" reason). Withdrawn drains are
+    /// in [`UpgradeOutcome::withdrawn`], the time each node is out of service until its
+    /// replacement is available in [`UpgradeOutcome::overlap`].
     pub max_upgrading: usize,
     /// The most nodes seen at once with an upgrade drain of a running instance, withdrawn
     /// ones included.
     pub max_upgrade_drains_seen: usize,
     /// Upgrade drains withdrawn before any action, per instance id.
     pub withdrawn: BTreeMap<String, u32>,
+    /// The overlap of each kind, the most seen at one sample: upgrade drains of a running
+    /// instance (until its power-off), nodes whose instance powered off for the upgrade and
+    /// whose replacement is not yet IDLE and available on the new image, and drains that
+    /// were later withdrawn (counted among the first kind too).
+    pub overlap: Overlap,
     /// The most nodes seen at once not available for jobs for any reason (drained,
     /// powered off and not yet replaced, replacement still booting).
     pub max_unavailable: usize,
@@ -49,6 +52,21 @@ pub struct UpgradeOutcome {
     pub timeline: Vec<String>,
     /// Jobs that ran (one per node, all completed with exit 0).
     pub jobs: usize,
+}
+
+/// The most nodes of each kind seen at one sample of a rolling upgrade.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overlap {
+    /// Upgrade drains of a running instance (drain to power-off, or to withdrawal).
+    pub draining: usize,
+    /// Powered off for the upgrade, replacement not yet IDLE and available on the new image.
+    pub awaiting_replacement: usize,
+    /// Upgrade drains that were withdrawn later.
+    pub withdrawn_drains: usize,
+    /// The first two together at one sample: nodes out of service because of the upgrade,
+    /// from the upgrade drain until the replacement is IDLE on the new image (what
+    /// `upgrade.max_unavailable` bounds).
+    pub held: usize,
 }
 
 /// The SSM parameter the fleet's nodes watch in [`rolling_upgrade`].
@@ -144,6 +162,12 @@ pub fn rolling_upgrade(
     let mut replace_times = Vec::new();
     let mut timeline = Vec::new();
     let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut overlap = Overlap::default();
+    // Nodes whose instance powered off for the upgrade, replacement not yet on the new
+    // image and available; the open drains of each sample; the withdrawn drains.
+    let mut awaiting: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut samples: Vec<Vec<(String, Instant)>> = Vec::new();
+    let mut withdrawn_drains: Vec<(String, Instant)> = Vec::new();
     loop {
         if started.elapsed() > timeout {
             bail!(
@@ -163,11 +187,14 @@ pub fn rolling_upgrade(
                 ));
                 last.insert(name.clone(), (state.clone(), reason.clone()));
             }
+            // A node in a maintenance or other reservation takes no other job either.
             let available = !state.is_empty()
                 && !state.contains("DRAIN")
                 && !state.starts_with("DOWN")
                 && !state.ends_with('*')
-                && !state.contains("NOT_RESPONDING");
+                && !state.contains("NOT_RESPONDING")
+                && !state.contains("MAINT")
+                && !state.contains("RESERVED");
             if !available {
                 unavailable += 1;
             }
@@ -193,6 +220,7 @@ pub fn rolling_upgrade(
                             *drains.entry(oid).or_default() += 1;
                             powered_off.push((start, now));
                         }
+                        awaiting.insert(name.clone());
                     }
                 }
                 _ => {
@@ -204,21 +232,34 @@ pub fn rolling_upgrade(
                             && fleet.instance_id(name).is_ok_and(|i| i == oid);
                         if same {
                             *withdrawn.entry(oid).or_default() += 1;
+                            withdrawn_drains.push((name.clone(), start));
                         } else {
                             *drains.entry(oid).or_default() += 1;
                             powered_off.push((start, now));
+                            awaiting.insert(name.clone());
                         }
                     }
                 }
             }
             let on_new = fleet.ami_id(name)? == new_image;
-            if on_new && is_idle(&state) {
+            if on_new && is_idle(&state) && available {
                 if let Some(t) = replaced_at.remove(name) {
                     replace_times.push(t.elapsed());
                 }
+                awaiting.remove(name);
             }
-            done &= on_new && is_idle(&state);
+            done &= on_new && is_idle(&state) && available;
         }
+        samples.push(
+            open.iter()
+                .map(|(n, (_, start))| (n.clone(), *start))
+                .collect(),
+        );
+        overlap.draining = overlap.draining.max(open.len());
+        overlap.awaiting_replacement = overlap.awaiting_replacement.max(awaiting.len());
+        overlap.held = overlap
+            .held
+            .max(open.len() + awaiting.iter().filter(|n| !open.contains_key(*n)).count());
         max_seen = max_seen.max(upgrading);
         max_unavailable = max_unavailable.max(unavailable);
         if done {
@@ -247,6 +288,11 @@ pub fn rolling_upgrade(
         })
         .max()
         .unwrap_or(0);
+    overlap.withdrawn_drains = samples
+        .iter()
+        .map(|s| s.iter().filter(|d| withdrawn_drains.contains(d)).count())
+        .max()
+        .unwrap_or(0);
     fleet.wait_no_jobs(Duration::from_secs(120))?;
     fleet.check_no_job_killed(nodes)?;
     Ok(UpgradeOutcome {
@@ -255,6 +301,7 @@ pub fn rolling_upgrade(
         max_upgrading,
         max_upgrade_drains_seen: max_seen,
         withdrawn,
+        overlap,
         max_unavailable,
         drains,
         reasons,

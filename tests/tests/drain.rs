@@ -1635,6 +1635,112 @@ fn a_powered_off_node_record_holds_no_budget_slot() {
     d.stop().unwrap();
 }
 
+/// The reservations that are upgrade budget slots: `(name, nodes, comment)`.
+fn slots(w: &World) -> Vec<(String, String, String)> {
+    let out = w
+        .ctld
+        .scontrol_ok(&["show", "reservation", "-o"])
+        .unwrap_or_default();
+    out.lines()
+        .filter(|l| l.contains("ReservationName=slurm-node-agent-upgrade-"))
+        .map(|l| {
+            let f = |k| field(l, k).unwrap_or_default().to_string();
+            (f("ReservationName"), f("Nodes"), f("Comment"))
+        })
+        .collect()
+}
+
+/// Issue 25 §4: a slot left by a node that died while holding it (its instance gone, the
+/// record not responding) keeps the budget of 1 used up only until the reservation ends on
+/// slurmctld's clock; then this node takes the slot, drains, upgrades in place (a hook) and,
+/// back in service on the new image, releases it. Meanwhile the node never drained.
+#[test]
+fn a_slot_left_by_a_dead_node_ends_and_the_upgrade_proceeds_then_the_slot_is_released() {
+    let w = World::start(
+        "slot1",
+        &[
+            "SlurmdTimeout=6".into(),
+            "NodeName=dead1 NodeAddr=127.0.0.2 CPUs=1 RealMemory=100 State=UNKNOWN".into(),
+        ],
+        "",
+    )
+    .with_moto();
+    let hook = w.script("hook.sh", "exit 0");
+    w.write_settings(&format!(
+        "[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\naction = \"hook\"\n\
+         hook = [\"{}\"]\nmax_unavailable = \"1\"\nbudget_wait = \"300ms\"\n\
+         slot_timeout = \"2m\"\n",
+        hook.display()
+    ));
+    // The only slot, taken by an instance of dead1 that no longer exists, for one minute.
+    w.ctld
+        .scontrol_ok(&[
+            "create",
+            "reservation",
+            "ReservationName=slurm-node-agent-upgrade-main-slot-1",
+            "StartTime=now",
+            "Duration=1",
+            "Nodes=dead1",
+            "Users=root",
+            "Flags=IGNORE_JOBS,OVERLAP",
+            "Comment=slurm-node-agent/upgrade@i-0deaddeaddeaddead",
+        ])
+        .unwrap();
+    let desired = w.new_image("node-v2");
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/desired", &desired, "String")
+        .unwrap();
+    let mut d = w.daemon("agent", None);
+    wait_until(
+        "waiting for a slot",
+        WAIT,
+        Duration::from_millis(200),
+        || Ok((log_count(&d, "every upgrade budget slot is held") >= 2).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(!w.state().contains("DRAIN"), "{}", w.state());
+    // The dead node's slot ends (Duration=1: within a minute and slurmctld's next pass);
+    // this node takes it and drains.
+    let mut seen = Vec::new();
+    wait_until(
+        "slot1 holds the slot",
+        Duration::from_secs(180),
+        Duration::from_millis(300),
+        || {
+            // Slot first, then the drain: drained (read first) implies the slot held.
+            let drained = w.state().contains("DRAIN");
+            seen = slots(&w);
+            let held = seen.iter().any(|s| s.1 == "slot1");
+            assert!(!drained || held, "drained without a slot: {seen:?}");
+            Ok(held.then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {seen:?}\n{}", d.log_tail(40)));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, "slurm-node-agent-upgrade-main-slot-1");
+    assert!(
+        seen[0].2.starts_with("slurm-node-agent/upgrade@"),
+        "{seen:?}"
+    );
+    // The hook ran and resumed the node: up to date and in service, it releases the slot.
+    wait_until(
+        "the slot released",
+        WAIT,
+        Duration::from_millis(200),
+        || Ok(slots(&w).is_empty().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", slots(&w), d.log_tail(40)));
+    assert!(!w.state().contains("DRAIN"), "{}", w.state());
+    assert!(
+        d.log_tail(400).contains("released the upgrade budget slot"),
+        "{}",
+        d.log_tail(40)
+    );
+    d.stop().unwrap();
+}
+
 #[test]
 fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop() {
     let sd = slurm_e2e::UserSystemd::start().unwrap();

@@ -922,8 +922,9 @@ fn describe(c: &Check) -> String {
         Check::UpToDate { image } => format!("up to date ({image})"),
         Check::Busy => "another drain in progress".into(),
         Check::ForeignDrain => "node drained by someone else; not upgrading".into(),
-        Check::Waiting { used, limit } => format!("waiting for the budget ({used}/{limit})"),
-        Check::BackedOff => "backed off (budget)".into(),
+        Check::Waiting { used, limit } => {
+            format!("waiting for a budget slot ({used}/{limit} held)")
+        }
         Check::Started { current, desired } => format!("{current} -> {desired}"),
         Check::Error(e) => format!("error: {e}"),
         Check::Stuck {

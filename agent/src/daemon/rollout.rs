@@ -1,9 +1,11 @@
 //! One upgrade check, the daemon's (its only caller): desired image vs running image, the
-//! image exists, no replacement loop, the budget, and the drain request. It drives the
-//! drain engine ([`crate::drain`]) with what [`crate::upgrade`] knows about images and
-//! upgrade reasons, so it sits above both.
+//! image exists, no replacement loop, a budget slot ([`crate::upgrade::slot`]), and the
+//! drain request; and, once the node is back in service on the desired image, the slot's
+//! release. It drives the drain engine ([`crate::drain`]) with what [`crate::upgrade`]
+//! knows about images, upgrade reasons and slots, so it sits above both.
 
 use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
+use crate::upgrade::slot::{self, Taken};
 use crate::upgrade::{
     check_image, desired_image, parse_upgrade_reason, upgrade_reason, DesiredImageError, STUCK,
 };
@@ -20,15 +22,13 @@ pub enum Check {
     Busy,
     /// The node was drained by someone else: not upgraded now.
     ForeignDrain,
-    /// The budget is used up: try again later.
+    /// Every slot of the budget is held: try again later.
     Waiting {
-        /// Nodes drained for an upgrade.
+        /// Slots held.
         used: usize,
         /// The limit.
         limit: usize,
     },
-    /// Beyond the budget after a simultaneous start: this node withdrew its drain.
-    BackedOff,
     /// The drain started.
     Started {
         /// From.
@@ -55,13 +55,15 @@ pub enum Check {
 impl Check {
     /// Whether the next check should come after the budget wait rather than the interval.
     pub fn wants_retry_soon(&self) -> bool {
-        matches!(self, Check::Waiting { .. } | Check::BackedOff)
+        matches!(self, Check::Waiting { .. })
     }
 }
 
 /// Compares the desired image in SSM parameter `upgrade.parameter` with `running` (IMDS
 /// `ami-id`, or the image recorded by the last in-place upgrade), and starts an upgrade
-/// drain within the budget.
+/// drain once it holds a budget slot ([`slot::take`]). A node up to date and back in
+/// service releases the slot its NodeName holds ([`slot::release`]): a replacement, or the
+/// node itself after an in-place upgrade or a drain that ended without one.
 ///
 /// Before any drain, the desired image must exist in EC2 ([`check_image`]), and the node's
 /// record must not show that a previous instance of this NodeName already drained for the
@@ -98,6 +100,10 @@ pub async fn check(
         }
         return Ok(Check::UpToDate { image: current });
     }
+    if st.phase == Phase::Active && st.handled.contains(&cause_key(&current, &desired)) {
+        // The drain for this upgrade ended without it (withdrawn, resumed by an operator).
+        release_when_back(engine).await?;
+    }
     if let Err(e) = check_image(ec2, &desired, &engine.upgrade.parameter).await {
         tracing::error!("{e}");
         return Ok(Check::Error(e.to_string()));
@@ -121,43 +127,67 @@ pub async fn check(
         return Ok(Check::ForeignDrain);
     }
     let (partition, count, limit) = engine.upgrade_budget(&node).await?;
-    let others = count
-        .upgrading
-        .iter()
-        .filter(|n| **n != engine.node)
-        .count();
-    if others >= limit {
-        tracing::info!(
-            partition,
-            used = others,
-            limit,
-            "upgrade budget used up; waiting"
-        );
-        return Ok(Check::Waiting {
-            used: others,
-            limit,
-        });
-    }
-    let key = cause.key();
+    let taken = slot::take(
+        &engine.ops.scontrol,
+        &partition,
+        limit,
+        &engine.node,
+        &engine.instance_id,
+        engine.upgrade.slot_timeout.0,
+    )
+    .await?;
+    let name = match taken {
+        Taken::Full(held) => {
+            let holders: Vec<&str> = held.iter().map(|s| s.node.as_str()).collect();
+            tracing::info!(
+                partition,
+                used = held.len(),
+                limit,
+                ?holders,
+                nodes = count.total,
+                "every upgrade budget slot is held; waiting"
+            );
+            return Ok(Check::Waiting {
+                used: held.len(),
+                limit,
+            });
+        }
+        Taken::New(name) | Taken::Held(name) => name,
+    };
+    engine.slot_renewed_now();
     let r = engine.request(cause).await?;
     if !matches!(r.begin, Begin::Started) {
+        // Another drain came first: the slot goes back at once.
+        slot::release(&engine.ops.scontrol, &engine.node).await?;
         return Ok(Check::Busy);
     }
-    // Count again: a node that started at the same moment may have taken the last slot.
-    let after = engine.ops.count_upgrading(&partition).await?;
-    let rank = after.upgrading.iter().position(|n| *n == engine.node);
-    if rank.is_some_and(|r| r >= limit) {
-        tracing::info!(
-            partition,
-            ?rank,
-            limit,
-            "over the upgrade budget after a simultaneous start; backing off"
-        );
-        engine.withdraw(&key).await?;
-        return Ok(Check::BackedOff);
-    }
-    tracing::info!(%current, %desired, "upgrade drain started");
+    tracing::info!(%current, %desired, slot = %name, "upgrade drain started");
     Ok(Check::Started { current, desired })
+}
+
+/// The drain key of the upgrade `current -> desired`.
+fn cause_key(current: &str, desired: &str) -> String {
+    Cause::Upgrade {
+        current: current.to_string(),
+        desired: desired.to_string(),
+    }
+    .key()
+}
+
+/// Releases the slot this NodeName holds once the node takes jobs again (not drained,
+/// responding): the end of its time out of service for an upgrade.
+async fn release_when_back(engine: &Engine) -> Result<(), DrainError> {
+    let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
+        return Ok(());
+    };
+    if !node.is_available() {
+        return Ok(());
+    }
+    let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
+    if !released.is_empty() {
+        tracing::info!(node = %engine.node, ?released, state = node.state(), "back in service: released the upgrade budget slot");
+    }
+    Ok(())
 }
 
 /// slurmctld's record of this node (`scontrol show node`); a node it does not know is
@@ -234,6 +264,8 @@ async fn replacement_loop(
     if !ours {
         engine.ops.scontrol.drain(&engine.node, &stuck).await?;
     }
+    // Out of service because of the upgrade: the slot its NodeName holds stays held.
+    engine.renew_slot_if_due().await;
     Ok(Some(Check::Stuck {
         current: current.to_string(),
         desired: desired.to_string(),
@@ -242,7 +274,8 @@ async fn replacement_loop(
 }
 
 /// Up to date: an upgrade drain the agent left on the node (an earlier instance's, or a
-/// stuck replacement's) no longer applies; lift it.
+/// stuck replacement's) no longer applies; lift it. A node in service releases the
+/// upgrade budget slot its NodeName holds (the next check, after a lift).
 async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<(), DrainError> {
     let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
         return Ok(());
@@ -255,6 +288,11 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
     if leftover {
         tracing::info!(node = %engine.node, %current, %desired, reason = ?node.reason(), "the node runs the desired image; lifting the upgrade drain left on it");
         engine.ops.scontrol.resume(&engine.node).await?;
+    } else if node.is_available() {
+        let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
+        if !released.is_empty() {
+            tracing::info!(node = %engine.node, image = %current, ?released, state = node.state(), "up to date and in service: released the upgrade budget slot");
+        }
     }
     Ok(())
 }

@@ -198,6 +198,9 @@ pub struct Engine {
     pub systemd_bus: String,
     /// Where the metrics go (resolved).
     pub metrics_file: PathBuf,
+    /// When this process last renewed the upgrade budget slot this node holds (monotonic:
+    /// the renewals follow elapsed time, not the clock).
+    slot_renewed: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// Whether the node's slurmd started after `since` (Unix seconds) and the node responds.
@@ -250,10 +253,6 @@ pub fn found_state(st: &DrainState, instance_id: &str, holder: &RecordHolder) ->
     }
 }
 
-/// Seconds after an upgrade drain began before its action may run: long enough for every
-/// drain that started at the same moment on another node to be visible in Slurm.
-pub const UPGRADE_BUDGET_SETTLE_SECS: i64 = 5;
-
 impl Engine {
     /// An engine for `node`: its state under `state_dir` (`agent.state_dir`), Slurm's
     /// programs in `bin_dir` (`slurm.bin_dir`), its own section, the upgrade's, the spot job
@@ -283,6 +282,7 @@ impl Engine {
             instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
             systemd_bus: systemd_bus.to_string(),
             metrics_file,
+            slot_renewed: std::sync::Arc::default(),
         }
     }
 
@@ -457,7 +457,7 @@ impl Engine {
     }
 
     /// Withdraws the drain with key `key` whatever its kind, if it is still `draining` or
-    /// `drained` (an upgrade drain beyond the budget backs off this way).
+    /// `drained`.
     ///
     /// # Errors
     /// [`DrainError`].
@@ -557,56 +557,53 @@ impl Engine {
         let phase = self.store.load()?.phase;
         match phase {
             Phase::Active => Ok(Phase::Active),
-            Phase::Draining => self.progress_draining().await,
-            Phase::Drained | Phase::Acting => self.progress_action().await,
+            Phase::Draining => {
+                self.renew_upgrade_slot().await;
+                self.progress_draining().await
+            }
+            Phase::Drained => {
+                self.renew_upgrade_slot().await;
+                self.progress_action().await
+            }
+            Phase::Acting => self.progress_action().await,
             Phase::Done => self.progress_done().await,
         }
     }
 
-    /// An upgrade drain in `phase`, once every drain that started together with it is
-    /// visible (`UPGRADE_BUDGET_SETTLE_SECS` after it began): ranked beyond the budget
-    /// (Slurm's reason time, then name: the same order on every node), it withdraws.
-    /// Checked while the node still runs jobs too, not only before the action: a draining
-    /// node is unavailable for new work, so drains beyond the budget must end early.
-    /// Returns the phase after a withdrawal.
-    async fn withdraw_if_over_budget(
-        &self,
-        n: &NodeInfo,
-        phase: Phase,
-    ) -> Result<Option<Phase>, DrainError> {
-        let st = self.store.load()?;
-        if st.phase != phase {
-            return Ok(None);
+    /// Notes that the upgrade budget slot was taken or renewed now.
+    pub fn slot_renewed_now(&self) {
+        if let Ok(mut t) = self.slot_renewed.lock() {
+            *t = Some(std::time::Instant::now());
         }
-        let Some(cause @ Cause::Upgrade { .. }) = &st.cause else {
-            return Ok(None);
-        };
-        if time::now() < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
-            return Ok(None);
+    }
+
+    /// Renews the upgrade budget slot this node holds ([`crate::upgrade::slot::renew`]) when
+    /// a third of `upgrade.slot_timeout` has passed since this process last took or renewed
+    /// it (at once after a restart): each renewal adds that third to the reservation, so
+    /// its end stays between two and three thirds ahead while the node lives. A failure is
+    /// logged and tried again at the next step.
+    pub async fn renew_slot_if_due(&self) {
+        let every = self.upgrade.slot_timeout.0 / 3;
+        let due = self
+            .slot_renewed
+            .lock()
+            .map_or(true, |t| t.is_none_or(|t| t.elapsed() >= every));
+        if !due {
+            return;
         }
-        let (_, count, limit) = self.upgrade_budget(n).await?;
-        let rank = count.upgrading.iter().position(|x| *x == self.node);
-        if rank.is_some_and(|r| r >= limit) {
-            tracing::warn!(
-                node = %self.node,
-                ?rank,
-                limit,
-                phase = phase.as_str(),
-                "over the upgrade budget (drains that started together); withdrawing"
-            );
-            self.withdraw(&cause.key()).await?;
-            return Ok(Some(self.store.load()?.phase));
+        match crate::upgrade::slot::renew(&self.ops.scontrol, &self.node, every).await {
+            Ok(renewed) => {
+                if !renewed.is_empty() {
+                    tracing::info!(node = %self.node, ?renewed, "renewed the upgrade budget slot");
+                }
+                self.slot_renewed_now();
+            }
+            Err(e) => tracing::warn!(node = %self.node, "renewing the upgrade budget slot: {e}"),
         }
-        Ok(None)
     }
 
     async fn progress_draining(&self) -> Result<Phase, DrainError> {
         let node = self.node_info().await?;
-        if node.is_drained() {
-            if let Some(p) = self.withdraw_if_over_budget(&node, Phase::Draining).await? {
-                return Ok(p);
-            }
-        }
         let _lock = self.lock()?;
         let mut st = self.store.load()?;
         if st.phase != Phase::Draining {
@@ -658,6 +655,17 @@ impl Engine {
         Ok(st.phase)
     }
 
+    /// An upgrade drain renews its budget slot ([`Engine::renew_slot_if_due`]).
+    async fn renew_upgrade_slot(&self) {
+        let upgrade = self
+            .store
+            .load()
+            .is_ok_and(|st| matches!(st.cause, Some(Cause::Upgrade { .. })));
+        if upgrade {
+            self.renew_slot_if_due().await;
+        }
+    }
+
     fn action_of(st: &DrainState, up: &UpgradeSettings) -> Option<UpgradeAction> {
         match st.cause {
             Some(Cause::Upgrade { .. }) => Some(up.action),
@@ -666,9 +674,9 @@ impl Engine {
     }
 
     /// The upgrade budget of this node's partition: `(partition, count, limit)`, where the
-    /// partition is `upgrade.budget_partition` or the node's first one, `count` the nodes
-    /// upgrading now there (oldest drain first) and `limit` `upgrade.max_unavailable` of
-    /// its nodes.
+    /// partition is `upgrade.budget_partition` or the node's first one, `count` its nodes
+    /// (and those with an upgrade reason, for the log) and `limit` `upgrade.max_unavailable`
+    /// of its nodes: the number of slots ([`crate::upgrade::slot`]).
     ///
     /// # Errors
     /// [`DrainError`] from scontrol.
@@ -705,23 +713,6 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        // The budget once more before an upgrade action, after every drain that started
-        // together with ours is visible in Slurm (UPGRADE_BUDGET_SETTLE after ours began):
-        // two nodes that counted before either had drained both went ahead at their first
-        // count; this count ranks them the same way on every node (Slurm's reason time,
-        // then name), so the ones beyond the budget withdraw before anything is powered
-        // off or rebooted.
-        if let Some(n) = &node {
-            let st = self.store.load()?;
-            if st.phase == Phase::Drained && matches!(st.cause, Some(Cause::Upgrade { .. })) {
-                if time::now() < st.started.unwrap_or(st.since) + UPGRADE_BUDGET_SETTLE_SECS {
-                    return Ok(st.phase);
-                }
-                if let Some(p) = self.withdraw_if_over_budget(n, Phase::Drained).await? {
-                    return Ok(p);
-                }
-            }
-        }
         let (cause, reason, current_phase, foreign);
         {
             let _lock = self.lock()?;

@@ -1,7 +1,8 @@
 //! The Slurm calls a drain needs besides `scontrol update` (which [`Scontrol`] has): the
 //! jobs on the node (`squeue`), signalling (`scancel --signal`) and requeueing
-//! (`scontrol requeue`) them, and counting the nodes of a partition that carry an upgrade
-//! reason (the upgrade actions' own calls, `scontrol reboot` and `delete`, are
+//! (`scontrol requeue`) them, and counting the nodes of a partition (the upgrade budget's
+//! size; its slots are [`crate::upgrade::slot`]'s) and those that carry an upgrade reason
+//! (the upgrade actions' own calls, `scontrol reboot` and `delete`, are
 //! [`crate::upgrade::action`]'s). Programs run by absolute path from `slurm.bin_dir`, arguments as
 //! separate words, never through a shell.
 

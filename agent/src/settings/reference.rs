@@ -134,6 +134,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("upgrade.max_unavailable", r#""10%""#),
     ("upgrade.budget_partition", r#""compute""#),
     ("upgrade.budget_wait", r#""2m""#),
+    ("upgrade.slot_timeout", r#""45m""#),
     ("upgrade.delete_node_record", "true"),
     ("drain.check_interval", r#""5s""#),
     (

@@ -2,27 +2,29 @@
 //! (published by the image builder); when it differs from the running image the node
 //! drains, waits until no job runs, and performs `upgrade.action`.
 //!
-//! A budget bounds the disruption without a coordinator: before draining, the agent counts
-//! the nodes of the partition whose Slurm reason is the agent's upgrade reason (`slurm-node-agent/upgrade@...`) and
-//! waits its turn (with jitter) when `upgrade.max_unavailable` are already drained. Two
-//! nodes that decide at the same moment both drain, then both count again: the ones beyond
-//! the budget in the order of Slurm's reason time (then name) resume and wait again.
+//! A budget bounds the disruption exactly, with slurmctld as the referee: before draining,
+//! the node takes one of `upgrade.max_unavailable` slots of its partition, a Slurm
+//! reservation under a fixed name that only one node can create ([`slot`]). It holds the
+//! slot from its upgrade drain until the node of that name is back in service on the new
+//! image (the replacement, or the node itself after a reboot or hook, releases it), so at
+//! no moment are more nodes out of service for the upgrade than the budget: draining,
+//! powered off, or replaced and still booting. A node that finds every slot held waits
+//! (`upgrade.budget_wait`, with jitter) and tries again; a slot whose holder died ends at
+//! its reservation's end, `upgrade.slot_timeout` after the holder last renewed it.
 //!
 //! An upgrade drain never kills a job: the action only runs in `drained`, i.e. when Slurm
-//! shows no job on the node.
+//! shows no job on the node; a slot's reservation lets running jobs run to their end.
 //!
 //! Upgrades finish:
 //! - the desired image must exist and be `available` (EC2 DescribeImages) before any node
 //!   drains for it; a value naming a missing image drains nothing and is logged each
 //!   interval;
-//! - the budget counts only nodes unavailable *because of* an upgrade now: a record whose
-//!   instance powered off for the upgrade (the agent rewrites the reason to
-//!   `... powered off for image upgrade A -> B` just before it powers off; optionally
-//!   deletes its dynamic record, `upgrade.delete_node_record`), or one that no longer
-//!   responds and runs no job, holds no slot;
+//! - the agent rewrites the reason to `... powered off for image upgrade A -> B` just before
+//!   it powers off (optionally deleting its dynamic record, `upgrade.delete_node_record`),
+//!   so that a replacement that reuses the NodeName sees what happened;
 //! - a replacement that still runs another image than the one a previous incarnation of the
 //!   same NodeName powered off for (the launch template does not follow the parameter) does
-//!   not power off again: it stays drained with a reason saying so, which holds a slot, so
+//!   not power off again: it stays drained with a reason saying so and keeps the slot, so
 //!   the rollout stops after the budget (the daemon's rollout check, `daemon::rollout`).
 //!
 //! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
@@ -31,6 +33,7 @@
 //! Floor 4 (subsystems): below `drain`, which runs its actions.
 
 pub mod action;
+pub mod slot;
 
 use std::time::Duration;
 
@@ -90,18 +93,27 @@ pub struct UpgradeSettings {
     /// After a successful hook, resume the node and record the desired image as applied.
     pub resume_after_hook: bool,
     /// At most this many nodes (`2`) or this share (`10%`, at least one node) of the
-    /// partition drained for an upgrade at once.
+    /// partition out of service for an upgrade at once, each from its upgrade drain until
+    /// its replacement is available on the new image: the number of slots, Slurm
+    /// reservations named `slurm-node-agent-upgrade-<partition>-slot-<k>`.
     pub max_unavailable: String,
     /// Partition the budget counts. Empty: the node's first partition.
     pub budget_partition: String,
-    /// Wait before counting again when the budget is used up (randomized ±50 %); the
+    /// Wait before trying the slots again when every one is held (randomized ±50 %); the
     /// daemon waits the cluster's size over `fleet_rate` instead when that is longer, so a
     /// large cluster's retries stay within SSM's quota.
     pub budget_wait: HumanDuration,
+    /// How long a slot outlives its holder's last renewal: a draining node renews its slot
+    /// every third of this; after the poweroff, the replacement must be available within
+    /// it, or the slot ends (on slurmctld's clock) and another node may start. Whole
+    /// minutes (a reservation's unit), at least 2 minutes.
+    pub slot_timeout: HumanDuration,
     /// Before `poweroff`, delete this node's record from slurmctld (`scontrol delete
     /// nodename=`) when it is a dynamic node with no job. Off by default: a replacement
     /// that reuses the NodeName then cannot see that a previous instance already powered
-    /// off for the same image. Either way the record holds no upgrade budget slot.
+    /// off for the same image; and slurmctld refuses to delete a record that a reservation
+    /// names, such as the node's own budget slot (logged; the record stays, marked powered
+    /// off).
     pub delete_node_record: bool,
 }
 
@@ -119,6 +131,7 @@ impl Default for UpgradeSettings {
             max_unavailable: "1".into(),
             budget_partition: String::new(),
             budget_wait: HumanDuration(Duration::from_secs(60)),
+            slot_timeout: HumanDuration(Duration::from_secs(1800)),
             delete_node_record: false,
         }
     }
@@ -142,6 +155,7 @@ impl crate::section::Classified for UpgradeSettings {
             K::user_data("max_unavailable"),
             K::user_data("budget_partition"),
             K::user_data("budget_wait"),
+            K::user_data("slot_timeout"),
             K::user_data("delete_node_record"),
         ]
     };
@@ -213,6 +227,15 @@ impl UpgradeSettings {
             if d.0.is_zero() {
                 return e(k, "must be more than 0".into());
             }
+        }
+        if self.slot_timeout.0 < Duration::from_secs(120) {
+            return e(
+                "slot_timeout",
+                format!(
+                    "must be at least 2 minutes (a reservation counts in whole minutes), got {}",
+                    self.slot_timeout
+                ),
+            );
         }
         if !(self.fleet_rate.is_finite() && self.fleet_rate > 0.0) {
             return e(
@@ -592,6 +615,9 @@ mod tests {
         s.fleet_rate = 0.5;
         s.interval = HumanDuration(Duration::ZERO);
         assert_eq!(s.validate().unwrap_err().key, "upgrade.interval");
+        let mut s = UpgradeSettings::default();
+        s.slot_timeout = HumanDuration(Duration::from_secs(60));
+        assert_eq!(s.validate().unwrap_err().key, "upgrade.slot_timeout");
     }
 
     #[test]

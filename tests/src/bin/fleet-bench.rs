@@ -12,7 +12,10 @@
 //! 6. Rolling upgrade of 8 busy nodes with a budget of 2 and 30 s jobs
 //!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
 //!    image and IDLE, ÷ the ideal nodes/budget × (job + replacement), the replacement
-//!    being the measured mean from power-off to the new instance IDLE.
+//!    being the measured mean from power-off to the new instance IDLE; and the overlap of
+//!    each kind at one sample (upgrade drains, nodes powered off awaiting a replacement
+//!    IDLE on the new image, withdrawn drains, and the nodes out of service for the
+//!    upgrade in all), to set against the budget.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -401,6 +404,13 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         o.max_upgrading,
         o.max_unavailable,
         o.jobs
+    );
+    println!(
+        "  overlap at one sample (budget {budget}): {} upgrade drains (drain to power-off), {} powered off awaiting a replacement IDLE on the new image, {} drains withdrawn later; {} out of service for the upgrade (drain to replacement IDLE)",
+        o.overlap.draining,
+        o.overlap.awaiting_replacement,
+        o.overlap.withdrawn_drains,
+        o.overlap.held
     );
     Ok(())
 }

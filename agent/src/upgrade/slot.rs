@@ -1,0 +1,352 @@
+//! The upgrade budget's slots: Slurm reservations named
+//! `slurm-node-agent-upgrade-<partition>-slot-<k>`, `k` in `1..=limit` (`limit` being
+//! `upgrade.max_unavailable` of the partition's nodes). slurmctld is the referee: creating a
+//! reservation under a name that exists fails with `Duplicate reservation name`, so two
+//! nodes can never take the same slot, and at most `limit` nodes of a partition hold one.
+//!
+//! A slot is taken before the upgrade drain (`scontrol create reservation
+//! ReservationName=<slot> StartTime=now Duration=<upgrade.slot_timeout> Nodes=<node>
+//! Users=root Flags=IGNORE_JOBS,OVERLAP Comment=slurm-node-agent/upgrade@<instance-id>`):
+//! - `Nodes=<node>` names the holder; the node is draining anyway, so the reservation keeps
+//!   nothing else from running; `IGNORE_JOBS` lets it start over the jobs still running
+//!   there (they run to their end: a reservation never stops a running job), `OVERLAP`
+//!   over an administrator's reservation of the node. No `MAINT`: a maintenance
+//!   reservation makes the node unavailable to the replacement's join.
+//! - it is held until the node of that name is back in service on the desired image: the
+//!   replacement (same NodeName) deletes it once it is up to date and available
+//!   ([`release`], the daemon's upgrade check), as does an in-place upgrade (reboot,
+//!   hook) once the node is back, or any node whose upgrade drain ended without an upgrade
+//!   (withdrawn, resumed by an operator);
+//! - while its holder drains it renews it (`Duration+=`, [`renew`]); a holder that dies
+//!   stops renewing, and slurmctld ends the reservation at its `EndTime`, by slurmctld's
+//!   clock: a slot left by a dead node is free again at most `upgrade.slot_timeout` after
+//!   its last renewal, whatever the nodes' clocks do. A node whose clock is far behind
+//!   slurmctld's cannot take a slot (`StartTime=now` in the past: `Invalid time
+//!   specified`), one whose clock is ahead takes one that starts later (the name is held
+//!   from its creation): both err on the side of the budget.
+//!
+//! A replacement with another NodeName cannot see the slot of the node it replaces: that
+//! slot ends at its `EndTime`.
+
+use std::time::Duration;
+
+use crate::slurm::{Scontrol, ScontrolError};
+
+/// Start of every slot's name.
+pub const SLOT_PREFIX: &str = "slurm-node-agent-upgrade-";
+
+/// The name of slot `k` of `partition` (every node when empty).
+pub fn slot_name(partition: &str, k: usize) -> String {
+    if partition.is_empty() {
+        format!("{SLOT_PREFIX}slot-{k}")
+    } else {
+        format!("{SLOT_PREFIX}{partition}-slot-{k}")
+    }
+}
+
+/// Whether `name` is a slot of `partition`.
+pub fn is_slot_of(name: &str, partition: &str) -> bool {
+    let prefix = slot_name(partition, 0);
+    let prefix = prefix.trim_end_matches('0');
+    name.strip_prefix(prefix)
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether `name` is a slot of any partition.
+pub fn is_slot(name: &str) -> bool {
+    name.strip_prefix(SLOT_PREFIX)
+        .and_then(|r| r.rsplit_once("slot-"))
+        .is_some_and(|(p, k)| {
+            (p.is_empty() || p.ends_with('-'))
+                && !k.is_empty()
+                && k.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
+/// The comment a slot carries: the instance that took it.
+pub fn slot_comment(instance_id: &str) -> String {
+    format!("slurm-node-agent/upgrade@{instance_id}")
+}
+
+/// A slot as `scontrol show reservation -o` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// `ReservationName`.
+    pub name: String,
+    /// `Nodes`: the holder's NodeName.
+    pub node: String,
+    /// `Comment` (`slurm-node-agent/upgrade@<instance-id>`), empty when none.
+    pub comment: String,
+    /// `EndTime`, as slurmctld prints it.
+    pub end_time: String,
+}
+
+/// The slots (of any partition) in `scontrol show reservation -o` output; other
+/// reservations are left out.
+pub fn parse_slots(show: &str) -> Vec<Slot> {
+    show.lines()
+        .filter(|l| l.starts_with("ReservationName="))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let name = field("ReservationName");
+            is_slot(&name).then(|| Slot {
+                node: field("Nodes"),
+                comment: field("Comment"),
+                end_time: field("EndTime"),
+                name,
+            })
+        })
+        .collect()
+}
+
+/// What [`take`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// This NodeName already holds this slot (an earlier run, a previous instance of the
+    /// same NodeName): kept.
+    Held(String),
+    /// Created now.
+    New(String),
+    /// Every slot of the partition is held (by these).
+    Full(Vec<Slot>),
+}
+
+/// Whether a failed `create reservation` says the name is taken.
+fn duplicate(e: &ScontrolError) -> bool {
+    matches!(e, ScontrolError::Failed { stderr, stdout, .. }
+        if stderr.contains("Duplicate reservation name") || stdout.contains("Duplicate reservation name"))
+}
+
+/// Whole minutes, at least one: reservations' durations are in minutes.
+pub fn minutes(d: Duration) -> u64 {
+    d.as_secs().div_ceil(60).max(1)
+}
+
+/// `scontrol show reservation -o`: every slot.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn list(scontrol: &Scontrol) -> Result<Vec<Slot>, ScontrolError> {
+    match scontrol.run(&["show", "reservation", "-o"]).await {
+        Ok(out) => Ok(parse_slots(&out)),
+        // "No reservations in the system" is not an error on any version, but be lenient.
+        Err(ScontrolError::Failed { stdout, stderr, .. })
+            if stdout.contains("No reservations") || stderr.contains("No reservations") =>
+        {
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes a slot of `partition` (`limit` of them) for `node`, incarnation `instance_id`,
+/// for `timeout`: keeps one this NodeName holds already, else creates the first free one;
+/// a name taken meanwhile by another node (`Duplicate reservation name`) is skipped.
+///
+/// # Errors
+/// [`ScontrolError`]: any other refusal (an unknown node, `Invalid time specified` from a
+/// clock far behind slurmctld's), or no answer.
+pub async fn take(
+    scontrol: &Scontrol,
+    partition: &str,
+    limit: usize,
+    node: &str,
+    instance_id: &str,
+    timeout: Duration,
+) -> Result<Taken, ScontrolError> {
+    if !crate::slurm::node::is_plain_node_name(node) {
+        return Err(ScontrolError::NotOneNode {
+            node: node.to_string(),
+        });
+    }
+    let slots = list(scontrol).await?;
+    if let Some(s) = slots
+        .iter()
+        .find(|s| s.node == node && is_slot_of(&s.name, partition))
+    {
+        return Ok(Taken::Held(s.name.clone()));
+    }
+    let duration = format!("Duration={}", minutes(timeout));
+    let nodes = format!("Nodes={node}");
+    let comment = format!("Comment={}", slot_comment(instance_id));
+    for k in 1..=limit {
+        let name = slot_name(partition, k);
+        if slots.iter().any(|s| s.name == name) {
+            continue;
+        }
+        let r = scontrol
+            .run(&[
+                "create",
+                "reservation",
+                &format!("ReservationName={name}"),
+                "StartTime=now",
+                &duration,
+                &nodes,
+                "Users=root",
+                "Flags=IGNORE_JOBS,OVERLAP",
+                &comment,
+            ])
+            .await;
+        match r {
+            Ok(_) => return Ok(Taken::New(name)),
+            Err(e) if duplicate(&e) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let held = list(scontrol)
+        .await?
+        .into_iter()
+        .filter(|s| is_slot_of(&s.name, partition))
+        .collect();
+    Ok(Taken::Full(held))
+}
+
+/// Extends each slot `node` holds by `by` (`Duration+=`, whole minutes, on slurmctld's
+/// clock). Returns the slots renewed.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn renew(
+    scontrol: &Scontrol,
+    node: &str,
+    by: Duration,
+) -> Result<Vec<String>, ScontrolError> {
+    let mut renewed = Vec::new();
+    for s in list(scontrol).await?.into_iter().filter(|s| s.node == node) {
+        scontrol
+            .run(&[
+                "update",
+                &format!("ReservationName={}", s.name),
+                &format!("Duration+={}", minutes(by)),
+            ])
+            .await?;
+        renewed.push(s.name);
+    }
+    Ok(renewed)
+}
+
+/// Deletes every slot `node` holds (`scontrol delete reservation <slot>`); one that ended
+/// meanwhile is no error. Returns the slots released.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn release(scontrol: &Scontrol, node: &str) -> Result<Vec<String>, ScontrolError> {
+    let mut released = Vec::new();
+    for s in list(scontrol).await?.into_iter().filter(|s| s.node == node) {
+        match scontrol.run(&["delete", "reservation", &s.name]).await {
+            Ok(_) => released.push(s.name),
+            Err(ScontrolError::Failed { stderr, .. })
+                if stderr.contains("Requested reservation is invalid") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// `scontrol show reservation -o` of slurmctld 25.11.6 with two slots and an admin's
+    /// reservation.
+    const SHOW: &str = "\
+ReservationName=slurm-node-agent-upgrade-main-slot-1 StartTime=2026-12-04T03:12:09 EndTime=2026-12-04T03:42:09 Duration=00:30:00 Nodes=c1 NodeCnt=1 CoreCnt=1 Features=(null) PartitionName=(null) Flags=OVERLAP,IGNORE_JOBS,SPEC_NODES TRES=cpu=1 AllowedPartitions=(null) QOS=(null) Users=root Groups=(null) Accounts=(null) Licenses=(null) State=ACTIVE BurstBuffer=(null) MaxStartDelay=(null) Comment=slurm-node-agent/upgrade@i-0123456789abcdef0
+ReservationName=maint StartTime=2026-12-05T00:00:00 EndTime=2026-12-05T04:00:00 Duration=04:00:00 Nodes=c[1-8] NodeCnt=8 CoreCnt=8 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES TRES=cpu=8 Users=root State=INACTIVE
+ReservationName=slurm-node-agent-upgrade-slot-2 StartTime=2026-12-04T03:12:09 EndTime=2026-12-04T03:42:09 Duration=00:30:00 Nodes=g1 NodeCnt=1 Flags=OVERLAP,IGNORE_JOBS,SPEC_NODES Users=root State=ACTIVE
+";
+
+    #[test]
+    fn slots_are_told_from_other_reservations() {
+        let s = parse_slots(SHOW);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].name, "slurm-node-agent-upgrade-main-slot-1");
+        assert_eq!(s[0].node, "c1");
+        assert_eq!(s[0].comment, "slurm-node-agent/upgrade@i-0123456789abcdef0");
+        assert_eq!(s[0].end_time, "2026-12-04T03:42:09");
+        assert_eq!(s[1].node, "g1");
+        assert!(s[1].comment.is_empty());
+        assert!(is_slot_of(&s[0].name, "main"));
+        assert!(!is_slot_of(&s[0].name, "gpu"));
+        assert!(!is_slot_of(&s[0].name, ""));
+        assert!(is_slot_of(&s[1].name, ""));
+        assert!(!is_slot_of("slurm-node-agent-upgrade-main-slot-", "main"));
+        assert!(!is_slot_of("slurm-node-agent-upgrade-main-slot-1x", "main"));
+        assert!(!is_slot("upgrade-slot-1"));
+        assert!(parse_slots("No reservations in the system\n").is_empty());
+    }
+
+    /// Stands in for scontrol: `show reservation` prints `listed`; `create reservation`
+    /// refuses a name in `taken` as slurmctld does, else takes it and notes the call.
+    const FAKE: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+"show reservation") cat "$d/listed" 2>/dev/null; exit 0 ;;
+"create reservation")
+  name=${3#ReservationName=}
+  if grep -qx "$name" "$d/taken" 2>/dev/null; then
+    echo "Error creating the reservation: Duplicate reservation name" >&2; exit 1
+  fi
+  echo "$name" >> "$d/taken"; echo "$*" >> "$d/created"; echo "Reservation created: $name" ;;
+*) exit 1 ;;
+esac
+"#;
+
+    #[tokio::test]
+    async fn take_skips_slots_taken_meanwhile_and_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("scontrol");
+        crate::fsutil::write_test_program(&program, FAKE);
+        let sc = Scontrol {
+            program,
+            timeout: Duration::from_secs(10),
+            conf_server: String::new(),
+        };
+        let listed = "ReservationName=slurm-node-agent-upgrade-main-slot-1 Nodes=c1 State=ACTIVE Comment=slurm-node-agent/upgrade@i-1\n";
+        std::fs::write(dir.path().join("listed"), listed).unwrap();
+        // slot-2 was taken by another node after the list: slurmctld refuses the name.
+        std::fs::write(
+            dir.path().join("taken"),
+            "slurm-node-agent-upgrade-main-slot-1\nslurm-node-agent-upgrade-main-slot-2\n",
+        )
+        .unwrap();
+        let t = Duration::from_secs(1800);
+        let full = take(&sc, "main", 2, "c2", "i-2", t).await.unwrap();
+        assert!(matches!(&full, Taken::Full(h) if h.len() == 1), "{full:?}");
+        let new = take(&sc, "main", 3, "c2", "i-2", t).await.unwrap();
+        assert_eq!(
+            new,
+            Taken::New("slurm-node-agent-upgrade-main-slot-3".into())
+        );
+        let created = std::fs::read_to_string(dir.path().join("created")).unwrap();
+        assert_eq!(
+            created.trim(),
+            "create reservation ReservationName=slurm-node-agent-upgrade-main-slot-3 \
+             StartTime=now Duration=30 Nodes=c2 Users=root Flags=IGNORE_JOBS,OVERLAP \
+             Comment=slurm-node-agent/upgrade@i-2"
+        );
+        // The NodeName holding a slot keeps it (a restart, a replacement under that name).
+        let held = take(&sc, "main", 1, "c1", "i-3", t).await.unwrap();
+        assert_eq!(
+            held,
+            Taken::Held("slurm-node-agent-upgrade-main-slot-1".into())
+        );
+        // Never a name that is not one node.
+        assert!(take(&sc, "main", 1, "c[1-2]", "i-3", t).await.is_err());
+    }
+
+    #[test]
+    fn names_and_minutes() {
+        assert_eq!(slot_name("main", 2), "slurm-node-agent-upgrade-main-slot-2");
+        assert_eq!(slot_name("", 1), "slurm-node-agent-upgrade-slot-1");
+        assert_eq!(minutes(Duration::from_secs(1)), 1);
+        assert_eq!(minutes(Duration::from_secs(1800)), 30);
+        assert_eq!(minutes(Duration::from_secs(1801)), 31);
+        assert_eq!(minutes(Duration::ZERO), 1);
+    }
+}
