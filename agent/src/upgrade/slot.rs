@@ -306,6 +306,7 @@ esac
             program,
             timeout: Duration::from_secs(10),
             conf_server: String::new(),
+            look: None,
         };
         let listed = "ReservationName=slurm-node-agent-upgrade-main-slot-1 Nodes=c1 State=ACTIVE Comment=slurm-node-agent/upgrade@i-1\n";
         std::fs::write(dir.path().join("listed"), listed).unwrap();
