@@ -544,31 +544,22 @@ impl Slurmctld {
     /// # Errors
     /// `sdiag` cannot run or fails.
     pub fn rpc_counts(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        Ok(self
+            .rpc_stats()?
+            .into_iter()
+            .map(|(k, v)| (k, v.count))
+            .collect())
+    }
+
+    /// slurmctld's RPC statistics by message type since it started (`sdiag`'s "Remote
+    /// Procedure Call statistics by message type": `count`, and `total_time` in
+    /// microseconds of slurmctld's time handling them).
+    ///
+    /// # Errors
+    /// `sdiag` cannot run or fails.
+    pub fn rpc_stats(&self) -> Result<std::collections::BTreeMap<String, RpcStat>> {
         let text = run_ok(self.command("sdiag"), CLIENT_TIMEOUT)?;
-        let mut counts = std::collections::BTreeMap::new();
-        let mut in_rpc = false;
-        for l in text.lines() {
-            if l.starts_with("Remote Procedure Call statistics by message type") {
-                in_rpc = true;
-                continue;
-            }
-            if l.starts_with("Remote Procedure Call statistics by user") {
-                break;
-            }
-            // `	REQUEST_NODE_INFO ( 2007) count:12 ave_time:...`
-            let Some((name, rest)) = l.trim().split_once(' ').filter(|_| in_rpc) else {
-                continue;
-            };
-            if let Some(c) = rest.split("count:").nth(1) {
-                let c = c
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                counts.insert(name.to_string(), c);
-            }
-        }
-        Ok(counts)
+        Ok(parse_sdiag_by_type(&text))
     }
 
     /// The release slurmctld runs (`SLURM_VERSION` of `scontrol show config`, which
@@ -838,9 +829,55 @@ impl Slurmd {
     }
 }
 
+/// One message type's line of `sdiag`'s "Remote Procedure Call statistics by message type".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RpcStat {
+    /// `count`: RPCs of this type slurmctld handled.
+    pub count: u64,
+    /// `total_time`: microseconds slurmctld spent handling them (from the message's
+    /// arrival until its answer was sent).
+    pub total_time_us: u64,
+}
+
+/// The "by message type" section of `sdiag` output
+/// (`\tREQUEST_NODE_INFO ( 2007) count:12 ave_time:341 total_time:4092`).
+pub fn parse_sdiag_by_type(text: &str) -> std::collections::BTreeMap<String, RpcStat> {
+    let mut stats = std::collections::BTreeMap::new();
+    let mut in_rpc = false;
+    for l in text.lines() {
+        if l.starts_with("Remote Procedure Call statistics by message type") {
+            in_rpc = true;
+            continue;
+        }
+        if l.starts_with("Remote Procedure Call statistics by user") {
+            break;
+        }
+        let Some((name, rest)) = l.trim().split_once(' ').filter(|_| in_rpc) else {
+            continue;
+        };
+        let field = |k: &str| {
+            rest.split(k)
+                .nth(1)
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if let Some(count) = field("count:") {
+            let total_time_us = field("total_time:").unwrap_or(0);
+            stats.insert(
+                name.to_string(),
+                RpcStat {
+                    count,
+                    total_time_us,
+                },
+            );
+        }
+    }
+    stats
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{config_version, is_idle};
+    use super::{config_version, is_idle, parse_sdiag_by_type, RpcStat};
 
     #[test]
     fn the_controllers_release_is_read_from_show_config() {
@@ -871,5 +908,30 @@ mod tests {
         ] {
             assert!(!is_idle(s), "{s}");
         }
+    }
+
+    #[test]
+    fn sdiag_by_type_reads_count_and_total_time_and_stops_at_the_users() {
+        // sdiag 25.11's layout (src/sdiag/sdiag.c: `\t%-40s(%5u) count:%-6u ave_time:%-6lu
+        // total_time:%lu`), the RPC queue's longer form, and the per-user section.
+        let text = "\
+Remote Procedure Call statistics by message type
+\tREQUEST_CONFIG                          ( 2016) count:16     ave_time:412    total_time:6592
+\tMESSAGE_NODE_REGISTRATION_STATUS        ( 1002) count:32     ave_time:1503   total_time:48096        queued:0      cycle_last:0      cycle_max:0      dropped:0
+
+Remote Procedure Call statistics by user
+\troot            (       0) count:99     ave_time:10     total_time:990
+";
+        let s = parse_sdiag_by_type(text);
+        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!(
+            s["REQUEST_CONFIG"],
+            RpcStat {
+                count: 16,
+                total_time_us: 6592
+            }
+        );
+        assert_eq!(s["MESSAGE_NODE_REGISTRATION_STATUS"].total_time_us, 48096);
+        assert!(!s.contains_key("root"));
     }
 }

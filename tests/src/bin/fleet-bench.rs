@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use slurm_e2e::fleet::Fleet;
+use slurm_e2e::slurm::RpcStat;
 
 fn main() -> ExitCode {
     let n = std::env::args()
@@ -222,6 +223,56 @@ fn rpc_growth(
         .join(", ")
 }
 
+/// The message types the benchmark itself sends while it watches a boot (its IDLE polls and
+/// `sdiag`), left out of a booting node's own RPCs.
+const BENCH_OWN_RPCS: [&str; 2] = ["REQUEST_NODE_INFO", "REQUEST_STATS_INFO"];
+
+/// Joins to model: nodes, and the seconds they join in (issue 25 §2: 1,000 nodes in a
+/// minute).
+const MODEL_NODES: f64 = 1000.0;
+const MODEL_SECS: f64 = 60.0;
+
+/// slurmctld's side of a boot, modelled at [`MODEL_NODES`] joining in [`MODEL_SECS`]: the
+/// RPCs per booting node measured in this boot of `n` nodes (per message type, the
+/// benchmark's own left out) × the join rate, beside slurmctld's cost per RPC of that type
+/// measured in the same boot (`sdiag`'s `total_time` ÷ `count`, on this machine), and the
+/// product: slurmctld's busy time per second of the join, as a share of one thread.
+fn print_modelled_join(
+    before: &std::collections::BTreeMap<String, RpcStat>,
+    after: &std::collections::BTreeMap<String, RpcStat>,
+    n: usize,
+) {
+    let joins_per_sec = MODEL_NODES / MODEL_SECS;
+    let mut rows = Vec::new();
+    let (mut rate_all, mut busy_all) = (0.0, 0.0);
+    for (k, a) in after {
+        if BENCH_OWN_RPCS.contains(&k.as_str()) {
+            continue;
+        }
+        let b = before.get(k).copied().unwrap_or_default();
+        let count = a.count.saturating_sub(b.count);
+        if count == 0 {
+            continue;
+        }
+        let per_node = count as f64 / n as f64;
+        let cost_us = a.total_time_us.saturating_sub(b.total_time_us) as f64 / count as f64;
+        let rate = per_node * joins_per_sec;
+        rate_all += rate;
+        busy_all += rate * cost_us;
+        rows.push((
+            rate,
+            format!("{k} {per_node:.2}/node -> {rate:.1}/s x {cost_us:.0} us"),
+        ));
+    }
+    rows.sort_by(|x, y| y.0.total_cmp(&x.0));
+    println!(
+        "  modelled: {MODEL_NODES:.0} nodes joining in {MODEL_SECS:.0} s send slurmctld {rate_all:.1} RPCs/s; at this machine's measured cost per RPC that is {:.1} ms of slurmctld's time per second ({:.1} % of one thread): {}",
+        busy_all / 1000.0,
+        busy_all / 10_000.0,
+        rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join(", ")
+    );
+}
+
 fn bench(n: usize, idle_secs: u64) -> Result<()> {
     println!(
         "fleet benchmark: {n} nodes; {} CPUs on this machine",
@@ -269,9 +320,13 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
     }
     let mut fleet = Fleet::builder().start()?;
     let all = names("node", n);
-    let rpc_before = sdiag_by_type(&fleet)?;
+    let stats_before = fleet.ctld.rpc_stats()?;
     let wall = boot(&mut fleet, &all)?;
-    let rpc_after = sdiag_by_type(&fleet)?;
+    let stats_after = fleet.ctld.rpc_stats()?;
+    let counts = |s: &std::collections::BTreeMap<String, RpcStat>| {
+        s.iter().map(|(k, v)| (k.clone(), v.count)).collect()
+    };
+    let (rpc_before, rpc_after) = (counts(&stats_before), counts(&stats_after));
     let mut agent = Vec::new();
     let mut sd = Vec::new();
     for x in &all {
@@ -292,6 +347,7 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
          REQUEST_NODE_INFO per 20 ms for all nodes, included): {}",
         rpc_growth(&rpc_before, &rpc_after, n)
     );
+    print_modelled_join(&stats_before, &stats_after, n);
 
     let before = sdiag_total(&fleet)?;
     let t = Instant::now();
