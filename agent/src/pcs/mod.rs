@@ -9,8 +9,10 @@
 //! 2. takes this boot's `bootstrapId` (made once per boot, kept in `pcs.bootstrap_id_file`
 //!    with the kernel's boot id, so every retry of this boot sends the same one);
 //! 3. calls the service with `aws-sdk-pcs`, signed with the instance profile's credentials
-//!    from IMDS (aws-config's IMDS credentials provider), retrying AccessDenied, throttling,
-//!    5xx and connection errors with capped, jittered backoff for `pcs.register_window`;
+//!    from IMDS (aws-config's IMDS credentials provider), the SDK's retries off, retrying
+//!    AccessDenied, 5xx and connection errors with capped, jittered backoff and throttling
+//!    after a wait drawn from `[0, pcs.throttle_spread]` (a booting fleet's retries spread
+//!    over that time, issue 25 §1), for `pcs.register_window`;
 //! 4. decodes and checks `sharedSecret` as every key source's key (`auth.type` decides the
 //!    path and owner) and returns a [`Managed`]: [`Managed::persist`] installs the key
 //!    through the same key writer and keeps the answer, without the secret, in
