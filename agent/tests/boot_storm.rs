@@ -1,7 +1,7 @@
 //! Boot storms (issue 25 §1): the throttling front (`imds_emulator::throttle`) answers as
-//! AWS does once an API's quota is spent, and the agent's key fetch, against moto behind
-//! it, stops with the API and the quota named when the quota is zero, having logged the
-//! throttle once.
+//! AWS does once an API's quota is spent, and the agent's key fetch (against moto behind
+//! it) and PCS registration (against the registration emulator behind it) stop with the
+//! API and the quota named when the quota is zero, having logged the throttle once.
 
 #![allow(clippy::unwrap_used)]
 
@@ -107,6 +107,17 @@ fn the_front_throttles_as_aws_once_the_quota_is_spent() {
     assert_eq!(stats["s3:GetObject"].served, 0);
 }
 
+fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
 /// A writer the test's log lines go to.
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);
@@ -133,14 +144,7 @@ fn a_zero_quota_stops_the_key_fetch_with_the_api_and_quota_named_after_one_log_l
     std::env::set_var("AWS_ENDPOINT_URL", f.endpoint());
     std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
 
-    let logs = Logs::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -240,4 +244,134 @@ fn the_front_sends_pcs_calls_to_the_pcs_emulator_and_throttles_them_with_429() {
         r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#
     );
     assert_eq!(pcs.requests().len(), 1);
+}
+
+#[test]
+fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_one_log_line() {
+    use imds_emulator::pcs::{PcsCluster, PcsEmulator, PcsEndpoint, PcsGroup, PcsInstance};
+    use slurm_node_agent::authkey::{AuthSettings, AuthType};
+    use slurm_node_agent::pcs::{self, PcsError, PcsSettings};
+    use slurm_node_agent::section::HumanDuration;
+
+    let pcs_emulator = PcsEmulator::start().unwrap();
+    pcs_emulator.add_cluster(PcsCluster {
+        id: "pcs_zero".into(),
+        name: "zero".into(),
+        region: REGION.into(),
+        shared_secret: "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNERUY=".into(),
+        endpoints: vec![PcsEndpoint {
+            endpoint_type: "SLURMCTLD".into(),
+            private_ip_address: "10.0.0.10".into(),
+            port: "6817".into(),
+        }],
+        groups: vec![PcsGroup {
+            id: "pcs_zerogrp".into(),
+            name: "zero".into(),
+            nodes: vec!["zero-1".into()],
+            lifecycle_actions: None,
+        }],
+    });
+    pcs_emulator.add_instance(PcsInstance {
+        instance_id: "i-0000000000000000a".into(),
+        role: "AWSPCS-zero".into(),
+        access_key_id: "ASIAZERO".into(),
+        secret_access_key: "secret".into(),
+        session_token: None,
+        cluster_id: "pcs_zero".into(),
+        group_id: "pcs_zerogrp".into(),
+    });
+    let f = Front::start(FrontConfig {
+        // Nothing here goes to moto.
+        moto: "127.0.0.1:9".parse().unwrap(),
+        pcs: Some(
+            pcs_emulator
+                .endpoint()
+                .trim_start_matches("http://")
+                .parse()
+                .unwrap(),
+        ),
+        quotas: vec![Quota::new(
+            "PCS RegisterComputeNodeGroupInstance",
+            &["pcs:RegisterComputeNodeGroupInstance"],
+            0.0,
+        )],
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let settings = PcsSettings {
+        enabled: true,
+        cluster_id: "pcs_zero".into(),
+        endpoint: f.endpoint(),
+        register_window: HumanDuration(Duration::from_secs(2)),
+        throttle_spread: HumanDuration(Duration::from_millis(200)),
+        bootstrap_id_file: dir.path().join("bootstrap-id"),
+        ..PcsSettings::default()
+    };
+    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .unwrap()
+        .unwrap()
+        .name;
+    let auth = AuthSettings {
+        auth_type: AuthType::Slurm,
+        key_owner: me,
+        key_path: dir.path().join("slurm.key"),
+        ..AuthSettings::default()
+    };
+    let id = slurm_node_agent::imds::InstanceIdentity {
+        instance_id: "i-0000000000000000a".into(),
+        region: REGION.into(),
+        ..Default::default()
+    };
+    let creds = aws_sdk_pcs::config::SharedCredentialsProvider::new(
+        aws_sdk_pcs::config::Credentials::new("ASIAZERO", "secret", None, None, "test"),
+    );
+
+    let (logs, _guard) = capture_logs();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let e = rt
+        .block_on(pcs::register_with_credentials(
+            &settings, creds, &auth, &id, None,
+        ))
+        .map(|_| ())
+        .unwrap_err();
+    let PcsError::Throttled {
+        attempts, waited, ..
+    } = &e
+    else {
+        panic!("not a throttle: {e}");
+    };
+    println!("stopped after {attempts} attempts in {waited:?} (window 2 s)");
+    assert!(*attempts > 1, "{e}");
+    assert_eq!(e.exit().code(), 69);
+    let text = e.to_string();
+    assert!(
+        text.starts_with(
+            "PCS RegisterComputeNodeGroupInstance for cluster pcs_zero: \
+             pcs:RegisterComputeNodeGroupInstance throttled (ThrottlingException: Rate exceeded)"
+        ) && text.contains("(pcs.register_window); quota: PCS RegisterComputeNodeGroupInstance"),
+        "{text}"
+    );
+    // The SDK retried nothing: every attempt is one request, none reached the service.
+    assert_eq!(
+        f.stats()["pcs:RegisterComputeNodeGroupInstance"].throttled,
+        u64::from(*attempts)
+    );
+    assert!(pcs_emulator.requests().is_empty());
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let warned: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("throttled"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{logs}");
+    assert!(
+        warned[0].contains(
+            "pcs:RegisterComputeNodeGroupInstance throttled (ThrottlingException: Rate exceeded; \
+             quota: PCS RegisterComputeNodeGroupInstance"
+        ),
+        "{}",
+        warned[0]
+    );
 }

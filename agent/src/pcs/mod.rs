@@ -9,8 +9,10 @@
 //! 2. takes this boot's `bootstrapId` (made once per boot, kept in `pcs.bootstrap_id_file`
 //!    with the kernel's boot id, so every retry of this boot sends the same one);
 //! 3. calls the service with `aws-sdk-pcs`, signed with the instance profile's credentials
-//!    from IMDS (aws-config's IMDS credentials provider), retrying AccessDenied, throttling,
-//!    5xx and connection errors with capped, jittered backoff for `pcs.register_window`;
+//!    from IMDS (aws-config's IMDS credentials provider), the SDK's retries off, retrying
+//!    AccessDenied, 5xx and connection errors with capped, jittered backoff and throttling
+//!    after a wait drawn from `[0, pcs.throttle_spread]` (a booting fleet's retries spread
+//!    over that time, issue 25 §1), for `pcs.register_window`;
 //! 4. decodes and checks `sharedSecret` as every key source's key (`auth.type` decides the
 //!    path and owner) and returns a [`Managed`]: [`Managed::persist`] installs the key
 //!    through the same key writer and keeps the answer, without the secret, in
@@ -42,6 +44,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use aws_sdk_pcs::config::SharedCredentialsProvider;
 use serde::{Deserialize, Serialize};
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
@@ -71,6 +74,9 @@ pub const REGISTER_BACKOFF: Backoff = Backoff {
     cap: Duration::from_secs(20),
 };
 
+/// The registration's API, IAM's spelling (log lines, [`PcsError::Throttled`]).
+pub const API: &str = "pcs:RegisterComputeNodeGroupInstance";
+
 /// `[pcs]`: the managed join mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -90,6 +96,15 @@ pub struct PcsSettings {
     pub register_window: HumanDuration,
     /// This boot's `bootstrapId` (with the kernel's boot id), so retries reuse it.
     pub bootstrap_id_file: PathBuf,
+    /// Longest wait after a throttled registration: each wait is drawn uniformly from
+    /// `[0, throttle_spread]` (full jitter, without growth), which spreads a fleet's
+    /// retries over that time, until `register_window` has passed (then exit 69 naming
+    /// the API). Size it as the nodes launched together ÷ the call's rate, less the
+    /// launch's own spread. AWS publishes no rate for `RegisterComputeNodeGroupInstance`:
+    /// the default 45 s fits 1,000 nodes launched within 10 s at 20 registrations a second
+    /// (the boot-storm benchmark's assumption). Other failures (AccessDenied, 5xx) back off
+    /// from 1 s to 20 s.
+    pub throttle_spread: HumanDuration,
 }
 
 /// Which cluster and group the node joins is the launch's choice (user data); the API
@@ -106,6 +121,7 @@ impl crate::section::Classified for PcsSettings {
             K::image("endpoint"),
             K::user_data("register_window"),
             K::image("bootstrap_id_file"),
+            K::user_data("throttle_spread"),
         ]
     };
 }
@@ -119,6 +135,7 @@ impl Default for PcsSettings {
             endpoint: String::new(),
             register_window: HumanDuration(Duration::from_secs(30 * 60)),
             bootstrap_id_file: PathBuf::from("/run/slurm-node-agent/pcs-bootstrap-id"),
+            throttle_spread: HumanDuration(Duration::from_secs(45)),
         }
     }
 }
@@ -158,6 +175,22 @@ pub enum PcsError {
         waited: Duration,
         /// The last error.
         last: String,
+    },
+    /// The service throttled the call until `pcs.register_window` ended (exit 69).
+    #[error(
+        "PCS RegisterComputeNodeGroupInstance for cluster {cluster}: {API} throttled \
+         ({message}) {attempts} times in {waited:?} (pcs.register_window); quota: {}",
+        crate::retry::quota_of(API)
+    )]
+    Throttled {
+        /// Cluster identifier sent.
+        cluster: String,
+        /// AWS's code and message (`ThrottlingException: Rate exceeded`).
+        message: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Time from the first attempt to the last answer.
+        waited: Duration,
     },
     /// The answer is unusable (exit 65): an unsafe nodeID, no SLURMCTLD endpoint.
     #[error("PCS registration answer: {0}")]
@@ -215,7 +248,7 @@ impl PcsError {
     pub fn exit(&self) -> Exit {
         match self {
             PcsError::Config { .. } | PcsError::Rejected { .. } => Exit::Config,
-            PcsError::Unavailable { .. } => Exit::Unavailable,
+            PcsError::Unavailable { .. } | PcsError::Throttled { .. } => Exit::Unavailable,
             PcsError::Answer(_) => Exit::DataErr,
             PcsError::Folder(_) | PcsError::Write(_) | PcsError::Encode(_) => Exit::IoErr,
             PcsError::Key(e) => e.exit(),
@@ -486,13 +519,23 @@ fn retryable(code: Option<&str>) -> bool {
 /// The service's answer.
 type Answer = aws_sdk_pcs::operation::register_compute_node_group_instance::RegisterComputeNodeGroupInstanceOutput;
 
-/// The PCS client: `region`, the instance profile's credentials from IMDS (aws-config's
-/// IMDS credentials provider, through the agent's IMDS settings), `pcs.endpoint` when set,
-/// and no SDK retries (the callers retry).
-async fn client(pcs: &PcsSettings, imds: &ImdsSettings, region: &str) -> aws_sdk_pcs::Client {
-    let creds = aws_config::imds::credentials::ImdsCredentialsProvider::builder()
-        .imds_client(crate::imds::build_client(imds))
-        .build();
+/// The instance profile's credentials from IMDS (aws-config's IMDS credentials provider,
+/// through the agent's IMDS settings): what the registration is signed with.
+fn instance_credentials(imds: &ImdsSettings) -> SharedCredentialsProvider {
+    SharedCredentialsProvider::new(
+        aws_config::imds::credentials::ImdsCredentialsProvider::builder()
+            .imds_client(crate::imds::build_client(imds))
+            .build(),
+    )
+}
+
+/// The PCS client: `region`, `creds` (the instance profile's, [`instance_credentials`]),
+/// `pcs.endpoint` when set, and no SDK retries (the callers retry).
+async fn client(
+    pcs: &PcsSettings,
+    creds: SharedCredentialsProvider,
+    region: &str,
+) -> aws_sdk_pcs::Client {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .region(aws_config::Region::new(region.to_string()))
         .credentials_provider(creds)
@@ -544,7 +587,7 @@ pub async fn register_early(pcs: &PcsSettings, imds: &ImdsSettings) -> Option<Ea
         return None;
     }
     let bootstrap_id = bootstrap_id(&pcs.bootstrap_id_file).ok()?;
-    let sent = client(pcs, client_settings, &region)
+    let sent = client(pcs, instance_credentials(client_settings), &region)
         .await
         .register_compute_node_group_instance()
         .cluster_identifier(&cluster)
@@ -582,6 +625,22 @@ pub async fn register(
     id: &InstanceIdentity,
     early: Option<EarlyRegistration>,
 ) -> Result<Managed, PcsError> {
+    register_with_credentials(pcs, instance_credentials(imds), auth, id, early).await
+}
+
+/// [`register`] signed with `creds` instead of the instance profile's credentials from
+/// IMDS: the boot-storm benchmark's seam (many simulated instances in one process, each
+/// with its own role session and client).
+///
+/// # Errors
+/// [`PcsError`].
+pub async fn register_with_credentials(
+    pcs: &PcsSettings,
+    creds: SharedCredentialsProvider,
+    auth: &AuthSettings,
+    id: &InstanceIdentity,
+    early: Option<EarlyRegistration>,
+) -> Result<Managed, PcsError> {
     let (cluster, group) = cluster_and_group(pcs, &id.tags)?;
     let bootstrap_id = bootstrap_id(&pcs.bootstrap_id_file)?;
     let early = early.filter(|e| {
@@ -596,7 +655,7 @@ pub async fn register(
             (e.answer, 1)
         }
         None => {
-            register_with_retries(pcs, imds, id, &cluster, &bootstrap_id, group.as_deref()).await?
+            register_with_retries(pcs, creds, id, &cluster, &bootstrap_id, group.as_deref()).await?
         }
     };
     let registration = Registration {
@@ -649,22 +708,28 @@ pub async fn register(
     })
 }
 
-/// The service's call with retries: transient failures (see [`retryable`]) are tried again
-/// with [`REGISTER_BACKOFF`] until `pcs.register_window` has passed. Returns the answer and
-/// the number of attempts.
+/// The service's call with retries, the SDK's off (so the two never multiply): a throttled
+/// attempt is tried again after a wait drawn uniformly from `[0, pcs.throttle_spread]`
+/// (logged once with the API and its quota, later ones at debug level), other transient
+/// failures (see [`retryable`]) with [`REGISTER_BACKOFF`], until `pcs.register_window` has
+/// passed. Returns the answer and the number of attempts.
 async fn register_with_retries(
     pcs: &PcsSettings,
-    imds: &ImdsSettings,
+    creds: SharedCredentialsProvider,
     id: &InstanceIdentity,
     cluster: &str,
     bootstrap_id: &str,
     group: Option<&str>,
 ) -> Result<(Answer, u32), PcsError> {
     use aws_sdk_pcs::error::ProvideErrorMetadata;
-    let client = client(pcs, imds, &id.region).await;
+    let client = client(pcs, creds, &id.region).await;
     tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
     let start = Instant::now();
     let window = pcs.register_window.0;
+    let throttle = crate::retry::ThrottlePolicy {
+        spread: pcs.throttle_spread.0,
+        window,
+    };
     let mut attempts = 0u32;
     let mut throttled = 0u32;
     loop {
@@ -697,34 +762,50 @@ async fn register_with_retries(
             Some(c) => format!("{c}: {message}"),
             None => message,
         };
+        let is_throttle = crate::retry::is_throttling(code.as_deref(), status);
         let left = window.saturating_sub(start.elapsed());
         if left.is_zero() {
-            return Err(PcsError::Unavailable {
-                cluster: cluster.to_string(),
-                attempts,
-                waited: start.elapsed(),
-                last,
+            let waited = start.elapsed();
+            return Err(if is_throttle {
+                PcsError::Throttled {
+                    cluster: cluster.to_string(),
+                    message: last,
+                    attempts,
+                    waited,
+                }
+            } else {
+                PcsError::Unavailable {
+                    cluster: cluster.to_string(),
+                    attempts,
+                    waited,
+                    last,
+                }
             });
         }
-        let wait = REGISTER_BACKOFF.delay(attempts - 1).min(left);
+        let wait = if is_throttle {
+            throttle.delay(left)
+        } else {
+            REGISTER_BACKOFF.delay(attempts - throttled - 1).min(left)
+        };
         let retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-        if crate::retry::is_throttling(code.as_deref(), status) {
+        if is_throttle {
             // A throttle is logged once (issue 25 §1), not once per retry.
             throttled += 1;
             if throttled == 1 {
-                const API: &str = "pcs:RegisterComputeNodeGroupInstance";
                 tracing::warn!(
                     attempt = attempts,
                     retry_in_ms,
-                    "{API} throttled ({last}; quota: {}); backing off for up to \
-                     pcs.register_window",
-                    crate::retry::quota_of(API)
+                    "{API} throttled ({last}; quota: {}); retrying within {:?} \
+                     (pcs.throttle_spread) until {:?} (pcs.register_window)",
+                    crate::retry::quota_of(API),
+                    throttle.spread,
+                    window
                 );
             } else {
                 tracing::debug!(
                     attempt = attempts,
                     retry_in_ms,
-                    "PCS registration throttled again: {last}"
+                    "{API} throttled again: {last}"
                 );
             }
         } else {

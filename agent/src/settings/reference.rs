@@ -164,6 +164,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "pcs.bootstrap_id_file",
         r#""/run/slurm-node-agent/pcs-bootstrap-id""#,
     ),
+    ("pcs.throttle_spread", r#""90s""#),
     ("node_lifecycle.poweroff_unit", r#""poweroff.target""#),
     ("node_lifecycle.script_caching_policy", r#""CACHE_ONCE""#),
     (
