@@ -2,15 +2,30 @@
 # Fleet benchmark: the project's image booted as N nodes (default 16), figures printed as
 # ratios, never asserted (see tests/src/bin/fleet-bench.rs for what is measured):
 #   - one node alone: container start -> IDLE, and the agent's share of it (goal <= 10 %);
-#   - N nodes at once: the agent's part per node / the lone node's (goal <= 1.5);
+#   - N nodes at once: all IDLE, the agent's part per node / the lone node's (goal <= 1.5),
+#     each node's memory (PSS) and what it takes of the host limits, and one job across
+#     all N nodes (srun -N N);
 #   - controller load with N idle nodes: RPCs per node per minute from sdiag (goal <= 2);
 #   - a spot storm on all N nodes: notice -> DRAIN p50/p99 (goal p99 <= 2 s);
 #   - N nodes to all IDLE with the agent / the same image with a plain static slurmd
-#     (goal <= 1.2);
+#     (goal <= 1.2), and the memory per node with no agent;
 #   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3), and
 #     the overlap of each kind against the budget (at most 2 out of service at once).
 #
+# NODES may pass 64: the fleets hold max(NODES, 64) (slurmctld's MaxNodeCount), and the
+# harness raises the host limits a large fleet outgrows (inotify instances first: about 18
+# nodes with the defaults), saying so on stderr, and puts them back afterwards (as root).
+#
 #   sudo scripts/bench-fleet.sh [NODES] [IDLE_SECONDS]
+#   FLEET_BENCH_PHASES=boot,static scripts/bench-fleet.sh 64
+#                       # only the N-node figures: all IDLE, the job across all, memory per
+#                       # node, agent / static slurmd (skips the lone node's 10 boots, the
+#                       # idle load, the spot storm and the rolling upgrade). Phases, comma-
+#                       # separated: solo boot load storm static upgrade (default all; load
+#                       # and storm run on boot's fleet; the N-at-once / alone ratio needs solo)
+#   FLEET_BENCH_PHASES=upgrade FLEET_BENCH_UPGRADE_NODES=32 scripts/bench-fleet.sh
+#                       # the rolling upgrade alone, of 32 busy nodes (FLEET_BENCH_UPGRADE_BUDGET:
+#                       # its budget, default 2)
 #   FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh   # only the lone node's boots and bootstrap's steps
 #   BENCH_SLURM_VERSIONS="24.11 25.11 26.05" FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh
 #                                                    # per Slurm version, side by side

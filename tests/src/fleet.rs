@@ -17,7 +17,8 @@
 //!   namespace of its own joined to the bridge by a veth, at [`CTLD_ADDR`] (10.77.0.2),
 //!   host name `ctld` (a UTS namespace), a private mount namespace (its own `/run`,
 //!   `/etc/hosts` and `/etc/resolv.conf`), its own munged with the cluster key, and
-//!   slurmctld (`SlurmctldHost=ctld(10.77.0.2)`, `MaxNodeCount=64`, `jobcomp/filetxt`) of
+//!   slurmctld (`SlurmctldHost=ctld(10.77.0.2)`, `MaxNodeCount` the fleet's
+//!   [`FleetBuilder::max_nodes`], 64 by default, `jobcomp/filetxt`) of
 //!   the Slurm under test, the build the image carries. The nodes find it by address
 //!   (`conf_servers`) or SRV and reach it through the bridge as they reach each other:
 //!   its own link, address and name, nothing of the gateway's. Started through `nsenter`
@@ -48,6 +49,9 @@
 //! Images are cached under [`CACHE_ENV`] (default `/var/tmp/slurm-e2e-fleet`), keyed on
 //! the contents of `packer/`, `units/` and the agent binary; a rebuild says so on stderr.
 //!
+//! Host limits a large fleet outgrows (inotify instances and watches, pid_max, the ARP
+//! table) are raised while it runs and put back on drop: [`crate::host_limits`].
+//!
 //! One fleet at a time in a process (a process-wide lock) and on the machine (a file lock
 //! in the cache folder): fleets are heavy on 2 cores.
 
@@ -68,6 +72,7 @@ use anyhow::{bail, Context, Result};
 use imds_emulator::{Config as ImdsConfig, Emulator};
 
 use crate::agent::agent_binary;
+use crate::host_limits::HostLimits;
 use crate::munge::Munge;
 use crate::process::{pid_of, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot};
 use crate::slurm::{CtldMachine, Slurmctld};
@@ -1239,9 +1244,24 @@ pub struct FleetBuilder {
     recipe: ImageRecipe,
     shared: bool,
     auth_slurm: bool,
+    max_nodes: usize,
 }
 
+/// [`FleetBuilder::max_nodes`]'s default.
+pub const DEFAULT_MAX_NODES: usize = 64;
+
 impl FleetBuilder {
+    /// The most nodes the fleet holds at once (default [`DEFAULT_MAX_NODES`], 64): the
+    /// controller's `MaxNodeCount` (every node of the fleet registers as a dynamic node,
+    /// the static baseline's `slurmd -Z` too), and what the host's limits are raised for
+    /// ([`crate::host_limits`]) once the nodes launched need more than they allow.
+    /// [`Fleet::launch`] refuses a node beyond it. A replacement under a new name while
+    /// the old record is still in slurmctld counts twice there: give such a fleet room.
+    pub fn max_nodes(mut self, n: usize) -> Self {
+        self.max_nodes = n.max(1);
+        self
+    }
+
     /// Adds a slurm.conf line for the controller.
     pub fn ctld_line(mut self, line: impl Into<String>) -> Self {
         self.ctld_lines.push(line.into());
@@ -1319,6 +1339,9 @@ impl FleetBuilder {
         fs::create_dir_all(cache_dir())?;
         let machine_lock = FileLock::acquire(&cache_dir().join("fleet.lock"))?;
         let image = Image::cached_recipe(self.recipe)?;
+        // What the host holds before the first node, for the limits its nodes may need
+        // raised (nothing is changed before a launch needs it).
+        let limits = HostLimits::start(self.max_nodes);
         let root = TempRoot::new("slurm-e2e-fleet-")?;
         let name = unique_name("sef");
         let netns = NetNs::create(&name)?;
@@ -1348,7 +1371,7 @@ impl FleetBuilder {
                 clients_netns: netns.path(),
                 run_dir: controller.run_dir(),
             })
-            .max_node_count(64)
+            .max_node_count(u32::try_from(self.max_nodes).unwrap_or(u32::MAX))
             .line("JobCompType=jobcomp/filetxt")
             .line(format!("JobCompLoc={}", jobcomp.display()))
             // Paths inside the nodes (configless: the nodes read these lines too).
@@ -1413,6 +1436,7 @@ impl FleetBuilder {
             seq: AtomicU32::new(1),
             netns,
             root,
+            limits,
             _machine_lock: machine_lock,
             _lock: lock,
         };
@@ -1550,6 +1574,8 @@ pub struct Fleet {
     seq: AtomicU32,
     netns: NetNs,
     root: TempRoot,
+    /// Host limits raised for the nodes: put back once everything above is gone.
+    limits: HostLimits,
     _machine_lock: FileLock,
     _lock: MutexGuard<'static, ()>,
 }
@@ -1587,6 +1613,7 @@ impl Fleet {
             extra_toml: String::new(),
             moto: false,
             recipe: ImageRecipe::Default,
+            max_nodes: DEFAULT_MAX_NODES,
             shared: false,
             auth_slurm: false,
         }
@@ -1863,11 +1890,25 @@ impl Fleet {
     /// Launches one node: network, metadata, disk, container (not waited for).
     ///
     /// # Errors
-    /// Any step; a name already in the fleet.
+    /// Any step; a name already in the fleet; a node beyond [`FleetBuilder::max_nodes`]; a
+    /// host limit too low for one more node that cannot be raised (not root).
     pub fn launch(&mut self, launch: Launch) -> Result<()> {
-        if self.lock_nodes().contains_key(&launch.name) {
-            bail!("node {} is already in the fleet", launch.name);
+        let held = {
+            let nodes = self.lock_nodes();
+            if nodes.contains_key(&launch.name) {
+                bail!("node {} is already in the fleet", launch.name);
+            }
+            nodes.len()
+        };
+        let max = self.builder.max_nodes;
+        if held >= max {
+            bail!(
+                "node {}: the fleet holds {held} nodes, its most (FleetBuilder::max_nodes, \
+                 slurmctld's MaxNodeCount) is {max}",
+                launch.name
+            );
         }
+        self.limits.ensure(held + 1)?;
         // Unique per incarnation (names of the node's namespace and veth).
         let index = self.seq.fetch_add(1, Ordering::Relaxed);
         let addr = self.free_address();

@@ -30,6 +30,7 @@
 pub mod agent;
 pub mod fleet;
 pub mod fleet_scenarios;
+pub mod host_limits;
 pub mod install;
 pub mod moto;
 pub mod munge;

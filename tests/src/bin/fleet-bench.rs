@@ -3,32 +3,86 @@
 //! 1. One node alone (median of 5 boots): container start → IDLE, split into systemd's
 //!    boot (until bootstrap starts) and the agent's part (bootstrap's run, which ends once
 //!    slurmctld reports the node available: key, munge, slurmd start → IDLE).
-//! 2. N nodes booting at once: the agent's part per node, mean ÷ the lone node's.
+//! 2. N nodes booting at once: all IDLE, the agent's part per node, mean ÷ the lone
+//!    node's; each node's memory (PSS of its container's processes, and the host's
+//!    `MemAvailable` lost per node), what each node takes of the host limits the fleet
+//!    raises ([`slurm_e2e::host_limits`]), and one job across all N nodes (`srun -N N`).
 //! 3. Controller load: RPCs per node per minute in `sdiag` while the N nodes sit idle
 //!    with the daemon running.
 //! 4. Spot notices on every node at once → DRAIN seen by slurmctld, per node.
 //! 5. The same N nodes booting the same image without the agent (a plain slurmd from a
-//!    static configuration): whole fleet to all IDLE, agent ÷ static.
-//! 6. Rolling upgrade of 8 busy nodes with a budget of 2 and 30 s jobs
+//!    static configuration): whole fleet to all IDLE, agent ÷ static; its memory per node.
+//! 6. Rolling upgrade of 8 busy nodes (`FLEET_BENCH_UPGRADE_NODES`) with a budget of 2
+//!    (`FLEET_BENCH_UPGRADE_BUDGET`) and 30 s jobs
 //!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
 //!    image and IDLE, ÷ the ideal nodes/budget × (job + replacement), the replacement
 //!    being the measured mean from power-off to the new instance IDLE; and the overlap of
 //!    each kind at one sample (upgrade drains, nodes powered off awaiting a replacement
 //!    IDLE on the new image, withdrawn drains, and the nodes out of service for the
 //!    upgrade in all), to set against the budget.
+//!
+//! `FLEET_BENCH_PHASES` (comma-separated: `solo`, `boot`, `load`, `storm`, `static`,
+//! `upgrade`; default all) runs only those: `boot,static` is the N-node figure (all IDLE,
+//! the job across all, memory, agent ÷ static) without the rest. `load` and `storm` run on
+//! `boot`'s fleet; the ratio of 2. needs `solo`. `FLEET_BENCH_SOLO_ONLY=1` is `solo`.
+//! The fleets hold up to max(N, 64) nodes ([`slurm_e2e::fleet::FleetBuilder::max_nodes`]).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use slurm_e2e::fleet::Fleet;
+use anyhow::{bail, Context, Result};
+use slurm_e2e::fleet::{Fleet, FleetBuilder, DEFAULT_MAX_NODES};
+use slurm_e2e::host_limits::HostUsage;
 use slurm_e2e::slurm::RpcStat;
+
+/// The phases of the benchmark (see the module's documentation).
+const PHASES: [&str; 6] = ["solo", "boot", "load", "storm", "static", "upgrade"];
+
+/// The phases to run: `FLEET_BENCH_PHASES`, or `solo` alone with `FLEET_BENCH_SOLO_ONLY`,
+/// else all.
+fn phases() -> Result<Vec<String>> {
+    if std::env::var_os("FLEET_BENCH_SOLO_ONLY").is_some() {
+        return Ok(vec!["solo".into()]);
+    }
+    let Ok(v) = std::env::var("FLEET_BENCH_PHASES") else {
+        return Ok(PHASES.map(str::to_string).to_vec());
+    };
+    let v: Vec<String> = v
+        .split(',')
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect();
+    if let Some(bad) = v.iter().find(|p| !PHASES.contains(&p.as_str())) {
+        bail!(
+            "FLEET_BENCH_PHASES: no phase {bad:?} (phases: {})",
+            PHASES.join(", ")
+        );
+    }
+    Ok(v)
+}
+
+/// A number from the environment, or `default`.
+fn env_usize(name: &str, default: usize) -> Result<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .with_context(|| format!("{name}={v:?}: not a number of at least 1")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// A fleet for `n` nodes: room for max(n, 64).
+fn fleet_for(n: usize) -> FleetBuilder {
+    Fleet::builder().max_nodes(n.max(DEFAULT_MAX_NODES))
+}
 
 fn main() -> ExitCode {
     let n = std::env::args()
         .nth(1)
         .and_then(|a| a.parse::<usize>().ok())
-        .filter(|n| (1..=60).contains(n))
+        .filter(|n| (1..=999).contains(n))
         .unwrap_or(16);
     let idle_secs = std::env::args()
         .nth(2)
@@ -223,6 +277,16 @@ fn rpc_growth(
         .join(", ")
 }
 
+/// The host's `MemAvailable` in bytes (`/proc/meminfo`).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// The message types the benchmark itself sends while it watches a boot (its IDLE polls and
 /// `sdiag`), left out of a booting node's own RPCs.
 const BENCH_OWN_RPCS: [&str; 2] = ["REQUEST_NODE_INFO", "REQUEST_STATS_INFO"];
@@ -273,134 +337,224 @@ fn print_modelled_join(
     );
 }
 
-fn bench(n: usize, idle_secs: u64) -> Result<()> {
-    println!(
-        "fleet benchmark: {n} nodes; {} CPUs on this machine",
-        num_cpus()
-    );
-    // One node alone, SOLO_RUNS times (a fresh fleet each): the medians, since one boot of
-    // half a second on a shared machine varies by tens of percent.
-    let mut solo = Vec::new();
-    for _ in 0..SOLO_RUNS {
-        let mut fleet = Fleet::builder().start()?;
-        let one = names("solo", 1);
-        let wall = boot(&mut fleet, &one)?;
-        let (sd, agent) = split(&fleet, &one[0])?;
-        solo.push((wall, sd, agent));
-        if solo.len() == SOLO_RUNS {
-            print_bootstrap_steps(&fleet, &one[0]);
-        }
-    }
-    let median = |f: fn(&(f64, f64, f64)) -> f64| {
-        let mut v: Vec<f64> = solo.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (alone_wall, alone_sd, alone_agent) = (median(|x| x.0), median(|x| x.1), median(|x| x.2));
-    println!(
-        "one node alone (median of {SOLO_RUNS}): container start -> IDLE {alone_wall:.2} s; systemd boot until bootstrap {alone_sd:.2} s; agent (bootstrap run, incl. slurmd start -> IDLE) {alone_agent:.2} s = {:.1} % of the whole (goal <= 10 %)",
-        100.0 * alone_agent / alone_wall
-    );
+const MIB: f64 = 1024.0 * 1024.0;
 
-    let mut floor: Vec<(f64, f64)> = (0..SOLO_RUNS)
-        .map(|_| static_solo("solo001"))
-        .collect::<Result<_>>()?;
-    floor.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let static_wall = floor[floor.len() / 2].0;
-    floor.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let static_part = floor[floor.len() / 2].1;
-    println!(
-        "one node alone, no agent (medians of {SOLO_RUNS}, each figure its own): container start -> IDLE {static_wall:.2} s; slurmd.service start -> IDLE {static_part:.2} s = {:.1} % of the whole (the floor of the agent's share above); the agent's boot / this one = {:.2}",
-        100.0 * static_part / static_wall,
-        alone_wall / static_wall
-    );
-
-    if std::env::var_os("FLEET_BENCH_SOLO_ONLY").is_some() {
-        return Ok(());
+/// Each node's PSS: (mean, min, max) in MiB.
+fn pss_per_node(fleet: &Fleet, names: &[String]) -> Result<(f64, f64, f64)> {
+    let mut v = Vec::new();
+    for x in names {
+        v.push(fleet.memory_footprint(x)? as f64 / MIB);
     }
-    let mut fleet = Fleet::builder().start()?;
-    let all = names("node", n);
-    let stats_before = fleet.ctld.rpc_stats()?;
-    let wall = boot(&mut fleet, &all)?;
-    let stats_after = fleet.ctld.rpc_stats()?;
-    let counts = |s: &std::collections::BTreeMap<String, RpcStat>| {
-        s.iter().map(|(k, v)| (k.clone(), v.count)).collect()
-    };
-    let (rpc_before, rpc_after) = (counts(&stats_before), counts(&stats_after));
-    let mut agent = Vec::new();
-    let mut sd = Vec::new();
-    for x in &all {
-        let (s, a) = split(&fleet, x)?;
-        sd.push(s);
-        agent.push(a);
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    println!(
-        "{n} nodes at once: all IDLE after {wall:.2} s; mean systemd boot until bootstrap {:.2} s; mean agent part {:.2} s (max {:.2} s); agent part {n} at once / alone = {:.2} (goal <= 1.5)",
-        mean(&sd),
-        mean(&agent),
-        agent.iter().cloned().fold(0.0, f64::max),
-        mean(&agent) / alone_agent
-    );
-    println!(
-        "  slurmctld RPCs during that boot, per node (the bench's own IDLE polls, one \
-         REQUEST_NODE_INFO per 20 ms for all nodes, included): {}",
-        rpc_growth(&rpc_before, &rpc_after, n)
-    );
-    print_modelled_join(&stats_before, &stats_after, n);
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(0.0, f64::max);
+    Ok((mean, min, max))
+}
 
-    let before = sdiag_total(&fleet)?;
+/// One job across every node in `names` (`srun -N <n> --ntasks-per-node=1 hostname`):
+/// seconds from submission to its end, or why it failed (each node must answer once under
+/// its own name).
+fn job_across(fleet: &Fleet, names: &[String]) -> Result<f64> {
     let t = Instant::now();
-    std::thread::sleep(Duration::from_secs(idle_secs));
-    let after = sdiag_total(&fleet)?;
-    let per = (after.saturating_sub(before)) as f64 / n as f64 / (t.elapsed().as_secs_f64() / 60.0);
-    println!(
-        "controller load, {n} idle nodes over {idle_secs} s: {per:.2} RPCs per node per minute (goal <= 2)"
-    );
-
-    // Spot storm: every node gets a notice at once; time until slurmctld shows DRAIN.
-    let t = Instant::now();
-    let when = "2099-01-01T00:00:00Z";
-    for x in &all {
-        fleet.imds(x, |e| e.set_spot_instance_action("terminate", when))?;
-    }
-    let mut lat = Vec::new();
-    let mut pending: Vec<String> = all.clone();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !pending.is_empty() && Instant::now() < deadline {
-        pending.retain(|x| {
-            let drained = fleet
-                .ctld
-                .node_state(x)
-                .ok()
-                .flatten()
-                .is_some_and(|s| s.contains("DRAIN"));
-            if drained {
-                lat.push(t.elapsed().as_secs_f64());
-            }
-            !drained
-        });
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    lat.sort_by(f64::total_cmp);
-    if lat.is_empty() {
-        println!("spot storm: no node drained within 300 s");
-    } else {
-        let p = |q: f64| lat[((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1];
-        println!(
-            "spot storm, {n} notices at once: {} drained; notice -> DRAIN p50 {:.2} s, p99 {:.2} s (goal p99 <= 2 s; one storm, {} samples)",
-            lat.len(),
-            p(0.5),
-            p(0.99),
-            lat.len()
+    let nn = format!("-N{}", names.len());
+    let out = fleet
+        .ctld
+        .run_job("srun", &[&nn, "--ntasks-per-node=1", "hostname"])?;
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!(
+            "srun {nn} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    drop(fleet);
+    let mut hosts: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    hosts.sort();
+    if hosts != names {
+        bail!(
+            "srun {nn}: {} tasks answered, not one per node: {hosts:?}",
+            hosts.len()
+        );
+    }
+    Ok(secs)
+}
+
+fn bench(n: usize, idle_secs: u64) -> Result<()> {
+    let phases = phases()?;
+    let run = |p: &str| phases.iter().any(|x| x == p);
+    println!(
+        "fleet benchmark: {n} nodes; {} CPUs on this machine; {:.1} GiB available; phases {}",
+        num_cpus(),
+        mem_available() as f64 / MIB / 1024.0,
+        phases.join(",")
+    );
+    // Figures the phases leave for the later ones, and whether any failed.
+    let mut alone_agent = None;
+    let mut static_part = None;
+    let mut agent_wall = None;
+    let mut agent_pss = None;
+    let mut failed = Vec::new();
+    if run("solo") {
+        // One node alone, SOLO_RUNS times (a fresh fleet each): the medians, since one boot of
+        // half a second on a shared machine varies by tens of percent.
+        let mut solo = Vec::new();
+        for _ in 0..SOLO_RUNS {
+            let mut fleet = fleet_for(1).start()?;
+            let one = names("solo", 1);
+            let wall = boot(&mut fleet, &one)?;
+            let (sd, agent) = split(&fleet, &one[0])?;
+            solo.push((wall, sd, agent));
+            if solo.len() == SOLO_RUNS {
+                print_bootstrap_steps(&fleet, &one[0]);
+            }
+        }
+        let median = |f: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = solo.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (alone_wall, alone_sd, alone) = (median(|x| x.0), median(|x| x.1), median(|x| x.2));
+        println!(
+            "one node alone (median of {SOLO_RUNS}): container start -> IDLE {alone_wall:.2} s; systemd boot until bootstrap {alone_sd:.2} s; agent (bootstrap run, incl. slurmd start -> IDLE) {alone:.2} s = {:.1} % of the whole (goal <= 10 %)",
+            100.0 * alone / alone_wall
+        );
+
+        let mut floor: Vec<(f64, f64)> = (0..SOLO_RUNS)
+            .map(|_| static_solo("solo001"))
+            .collect::<Result<_>>()?;
+        floor.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let static_wall = floor[floor.len() / 2].0;
+        floor.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let static_alone = floor[floor.len() / 2].1;
+        println!(
+            "one node alone, no agent (medians of {SOLO_RUNS}, each figure its own): container start -> IDLE {static_wall:.2} s; slurmd.service start -> IDLE {static_alone:.2} s = {:.1} % of the whole (the floor of the agent's share above); the agent's boot / this one = {:.2}",
+            100.0 * static_alone / static_wall,
+            alone_wall / static_wall
+        );
+
+        alone_agent = Some(alone);
+        static_part = Some(static_alone);
+    }
+
+    let all = names("node", n);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    if run("boot") || run("load") || run("storm") {
+        let mut fleet = fleet_for(n).start()?;
+        let stats_before = fleet.ctld.rpc_stats()?;
+        let (usage_before, mem_before) = (HostUsage::now(), mem_available());
+        let wall = boot(&mut fleet, &all)?;
+        let stats_after = fleet.ctld.rpc_stats()?;
+        let counts = |s: &std::collections::BTreeMap<String, RpcStat>| {
+            s.iter().map(|(k, v)| (k.clone(), v.count)).collect()
+        };
+        let (rpc_before, rpc_after) = (counts(&stats_before), counts(&stats_after));
+        agent_wall = Some(wall);
+        let mut agent = Vec::new();
+        let mut sd = Vec::new();
+        for x in &all {
+            let (s, a) = split(&fleet, x)?;
+            sd.push(s);
+            agent.push(a);
+        }
+        println!(
+            "{n} nodes at once: all IDLE after {wall:.2} s; mean systemd boot until bootstrap {:.2} s; mean agent part {:.2} s (max {:.2} s){}",
+            mean(&sd),
+            mean(&agent),
+            agent.iter().cloned().fold(0.0, f64::max),
+            alone_agent.map_or(String::new(), |a| format!(
+                "; agent part {n} at once / alone = {:.2} (goal <= 1.5)",
+                mean(&agent) / a
+            ))
+        );
+        println!(
+            "  slurmctld RPCs during that boot, per node (the bench's own IDLE polls, one \
+             REQUEST_NODE_INFO per 20 ms for all nodes, included): {}",
+            rpc_growth(&rpc_before, &rpc_after, n)
+        );
+        print_modelled_join(&stats_before, &stats_after, n);
+        let (pss, lo, hi) = pss_per_node(&fleet, &all)?;
+        agent_pss = Some(pss);
+        let lost = mem_before.saturating_sub(mem_available()) as f64 / MIB / n as f64;
+        println!(
+            "  memory per node, IDLE with the agent's daemon: PSS {pss:.1} MiB (min {lo:.1}, max {hi:.1}; {:.0} MiB for all {n}); host MemAvailable lost {lost:.1} MiB per node (page tables, kernel objects, tmpfs and page cache too)",
+            pss * n as f64
+        );
+        let [inst, watches, keys, key_bytes, tasks] = HostUsage::now().per_node(&usage_before, n);
+        println!(
+            "  host resources per node (the most any one user gained): {inst:.1} inotify instances, {watches:.0} inotify watches, {keys:.1} keys ({key_bytes:.0} bytes), {tasks:.1} processes and threads"
+        );
+        match job_across(&fleet, &all) {
+            Ok(secs) => println!(
+                "  a job across all {n} nodes (srun -N{n} --ntasks-per-node=1 hostname): completed in {secs:.2} s, one task on each node"
+            ),
+            Err(e) => {
+                println!("  a job across all {n} nodes: FAILED: {e:#}");
+                failed.push(format!("the job across all {n} nodes"));
+            }
+        }
+
+        if run("load") {
+            let before = sdiag_total(&fleet)?;
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_secs(idle_secs));
+            let after = sdiag_total(&fleet)?;
+            let per = (after.saturating_sub(before)) as f64
+                / n as f64
+                / (t.elapsed().as_secs_f64() / 60.0);
+            println!(
+                "controller load, {n} idle nodes over {idle_secs} s: {per:.2} RPCs per node per minute (goal <= 2)"
+            );
+        }
+
+        if run("storm") {
+            // Spot storm: every node gets a notice at once; time until slurmctld shows DRAIN.
+            let t = Instant::now();
+            let when = "2099-01-01T00:00:00Z";
+            for x in &all {
+                fleet.imds(x, |e| e.set_spot_instance_action("terminate", when))?;
+            }
+            let mut lat = Vec::new();
+            let mut pending: Vec<String> = all.clone();
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while !pending.is_empty() && Instant::now() < deadline {
+                pending.retain(|x| {
+                    let drained = fleet
+                        .ctld
+                        .node_state(x)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| s.contains("DRAIN"));
+                    if drained {
+                        lat.push(t.elapsed().as_secs_f64());
+                    }
+                    !drained
+                });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            lat.sort_by(f64::total_cmp);
+            if lat.is_empty() {
+                println!("spot storm: no node drained within 300 s");
+            } else {
+                let p =
+                    |q: f64| lat[((lat.len() as f64 * q).ceil() as usize).clamp(1, lat.len()) - 1];
+                println!(
+                    "spot storm, {n} notices at once: {} drained; notice -> DRAIN p50 {:.2} s, p99 {:.2} s (goal p99 <= 2 s; one storm, {} samples)",
+                    lat.len(),
+                    p(0.5),
+                    p(0.99),
+                    lat.len()
+                );
+            }
+        }
+    }
 
     // The same fleet booting the same image without the agent: a plain slurmd started by
     // systemd from a static configuration (see `Launch::static_slurmd`).
-    let (static_wall, static_parts, static_rpcs) = {
-        let mut fleet = Fleet::builder().start()?;
+    if run("static") {
+        let mut fleet = fleet_for(n).start()?;
         let rpc_before = sdiag_by_type(&fleet)?;
         let (t, t_us) = (Instant::now(), monotonic_us());
         for x in &all {
@@ -408,11 +562,11 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
             l.static_slurmd = true;
             fleet.launch(l)?;
         }
-        let (wall, first) = until_each_idle(&fleet, &all, t)?;
-        let rpcs = rpc_growth(&rpc_before, &sdiag_by_type(&fleet)?, n);
+        let (static_wall, first) = until_each_idle(&fleet, &all, t)?;
+        let static_rpcs = rpc_growth(&rpc_before, &sdiag_by_type(&fleet)?, n);
         // Each node's slurmd.service start -> first seen IDLE: the part of each boot that
         // the agent's part includes, with no agent at all.
-        let mut parts = Vec::new();
+        let mut static_parts = Vec::new();
         for x in &all {
             let started = prop_us(
                 &fleet,
@@ -420,54 +574,88 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
                 Some("slurmd.service"),
                 "ExecMainStartTimestampMonotonic",
             )?;
-            let idle_at = t_us + (first.get(x).copied().unwrap_or(wall) * 1e6) as u64;
-            parts.push(idle_at.saturating_sub(started) as f64 / 1e6);
+            let idle_at = t_us + (first.get(x).copied().unwrap_or(static_wall) * 1e6) as u64;
+            static_parts.push(idle_at.saturating_sub(started) as f64 / 1e6);
         }
-        (wall, parts, rpcs)
-    };
-    println!(
-        "{n} nodes at once, agent vs a static slurmd on the same image: all IDLE after {wall:.2} s vs {static_wall:.2} s; ratio {:.2} (goal <= 1.2)",
-        wall / static_wall
-    );
-    println!(
-        "  with no agent, {n} at once: mean slurmd.service start -> IDLE {:.2} s vs {static_part:.2} s alone = {:.2} (the same ratio as the agent part's above, for slurmd's own part of it)",
-        mean(&static_parts),
-        mean(&static_parts) / static_part
-    );
-    println!("  slurmctld RPCs during the boot with no agent, per node (as above): {static_rpcs}");
+        match agent_wall {
+            Some(wall) => println!(
+                "{n} nodes at once, agent vs a static slurmd on the same image: all IDLE after {wall:.2} s vs {static_wall:.2} s; ratio {:.2} (goal <= 1.2)",
+                wall / static_wall
+            ),
+            None => println!(
+                "{n} nodes at once, a static slurmd on the same image (no agent): all IDLE after {static_wall:.2} s"
+            ),
+        }
+        println!(
+            "  with no agent, {n} at once: mean slurmd.service start -> IDLE {:.2} s{}",
+            mean(&static_parts),
+            static_part.map_or(String::new(), |p| format!(
+                " vs {p:.2} s alone = {:.2} (the same ratio as the agent part's above, for slurmd's own part of it)",
+                mean(&static_parts) / p
+            ))
+        );
+        println!(
+            "  slurmctld RPCs during the boot with no agent, per node (as above): {static_rpcs}"
+        );
+        let (pss, lo, hi) = pss_per_node(&fleet, &all)?;
+        println!(
+            "  memory per node with no agent: PSS {pss:.1} MiB (min {lo:.1}, max {hi:.1}){}",
+            agent_pss.map_or(String::new(), |a| format!(
+                "; the agent's daemon and its units cost {:.1} MiB per node",
+                a - pss
+            ))
+        );
+        match job_across(&fleet, &all) {
+            Ok(secs) => {
+                println!("  a job across all {n} nodes with no agent: completed in {secs:.2} s")
+            }
+            Err(e) => {
+                println!("  a job across all {n} nodes with no agent: FAILED: {e:#}");
+                failed.push(format!("the job across all {n} nodes with no agent"));
+            }
+        }
+    }
 
-    let (up_nodes, budget, job) = (8, 2, 30);
-    let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
-        up_nodes,
-        budget,
-        job,
-        Duration::from_secs(1800),
-    )?;
-    let replace = if o.replace_times.is_empty() {
-        0.0
-    } else {
-        o.replace_times
-            .iter()
-            .map(Duration::as_secs_f64)
-            .sum::<f64>()
-            / o.replace_times.len() as f64
-    };
-    let ideal = up_nodes.div_ceil(budget) as f64 * (job as f64 + replace);
-    println!(
-        "rolling upgrade, {up_nodes} busy nodes, budget {budget}, {job} s jobs: {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} upgrading and {} unavailable at once; {} jobs completed",
-        o.total.as_secs_f64(),
-        o.total.as_secs_f64() / ideal,
-        o.max_upgrading,
-        o.max_unavailable,
-        o.jobs
-    );
-    println!(
-        "  overlap at one sample (budget {budget}): {} upgrade drains (drain to power-off), {} powered off awaiting a replacement IDLE on the new image, {} drains withdrawn later; {} out of service for the upgrade (drain to replacement IDLE)",
-        o.overlap.draining,
-        o.overlap.awaiting_replacement,
-        o.overlap.withdrawn_drains,
-        o.overlap.held
-    );
+    if run("upgrade") {
+        let up_nodes = env_usize("FLEET_BENCH_UPGRADE_NODES", 8)?;
+        let budget = env_usize("FLEET_BENCH_UPGRADE_BUDGET", 2)?;
+        let job = 30;
+        let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
+            up_nodes,
+            budget,
+            job,
+            // 30 minutes, or 3 minutes a round of `budget` nodes if that is longer.
+            Duration::from_secs(1800.max(up_nodes.div_ceil(budget) as u64 * 180)),
+        )?;
+        let replace = if o.replace_times.is_empty() {
+            0.0
+        } else {
+            o.replace_times
+                .iter()
+                .map(Duration::as_secs_f64)
+                .sum::<f64>()
+                / o.replace_times.len() as f64
+        };
+        let ideal = up_nodes.div_ceil(budget) as f64 * (job as f64 + replace);
+        println!(
+            "rolling upgrade, {up_nodes} busy nodes, budget {budget}, {job} s jobs: {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} upgrading and {} unavailable at once; {} jobs completed",
+            o.total.as_secs_f64(),
+            o.total.as_secs_f64() / ideal,
+            o.max_upgrading,
+            o.max_unavailable,
+            o.jobs
+        );
+        println!(
+            "  overlap at one sample (budget {budget}): {} upgrade drains (drain to power-off), {} powered off awaiting a replacement IDLE on the new image, {} drains withdrawn later; {} out of service for the upgrade (drain to replacement IDLE)",
+            o.overlap.draining,
+            o.overlap.awaiting_replacement,
+            o.overlap.withdrawn_drains,
+            o.overlap.held
+        );
+    }
+    if !failed.is_empty() {
+        bail!("failed: {}", failed.join("; "));
+    }
     Ok(())
 }
 

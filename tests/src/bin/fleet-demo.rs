@@ -6,15 +6,15 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use slurm_e2e::fleet::Fleet;
+use slurm_e2e::fleet::{Fleet, DEFAULT_MAX_NODES};
 
 fn main() -> ExitCode {
     let n = std::env::args()
         .nth(1)
         .and_then(|a| a.parse::<usize>().ok())
-        .filter(|n| (1..=60).contains(n));
+        .filter(|n| (1..=999).contains(n));
     let Some(n) = n else {
-        eprintln!("usage: fleet-demo NODES (1 to 60)");
+        eprintln!("usage: fleet-demo NODES (1 to 999)");
         return ExitCode::from(2);
     };
     match demo(n) {
@@ -32,7 +32,9 @@ fn say(s: &str) {
 
 fn demo(n: usize) -> anyhow::Result<()> {
     say("image root, fleet network, slurmctld and DNS");
-    let mut fleet = Fleet::builder().start()?;
+    let mut fleet = Fleet::builder()
+        .max_nodes(n.max(DEFAULT_MAX_NODES))
+        .start()?;
     println!(
         "    image      {} ({})",
         fleet.image().root.display(),
