@@ -773,8 +773,9 @@ pub enum FetchError {
         /// `checksum`.
         expected: String,
     },
-    /// Every download attempt failed: the last one's error.
-    #[error("{last} ({attempts} attempts)")]
+    /// Every download attempt failed: the last one's error (and, when S3 throttled it, the
+    /// API and the quota it hit).
+    #[error("{last} ({attempts} attempts{})", throttled_quota(.last))]
     Attempts {
         /// Attempts made ([`FETCH_ATTEMPTS`]).
         attempts: u32,
@@ -782,6 +783,20 @@ pub enum FetchError {
         #[source]
         last: Box<FetchError>,
     },
+}
+
+/// `; throttled: s3:GetObject, quota: …` when `e` is S3's `SlowDown` (or another throttling
+/// code), else nothing: a download given up under throttling names what it hit.
+fn throttled_quota(e: &FetchError) -> String {
+    match e {
+        FetchError::S3Code { code, .. } if crate::retry::is_throttling(Some(code), None) => {
+            format!(
+                "; throttled: s3:GetObject, quota: {}",
+                crate::retry::quota_of("s3:GetObject")
+            )
+        }
+        _ => String::new(),
+    }
 }
 
 /// Why a lifecycle script failed ([`ScriptResult::detail`], [`Terminate::message`]).

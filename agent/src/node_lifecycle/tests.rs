@@ -423,6 +423,23 @@ async fn fetch_and_record_errors_name_the_location_or_path() {
         e.to_string(),
         "s3://b/k (version v1): S3 GetObject failed: HTTP 500 (3 attempts)"
     );
+    // Given up under S3's SlowDown: the API and its quota are named.
+    let e = FetchError::Attempts {
+        attempts: FETCH_ATTEMPTS,
+        last: Box::new(FetchError::S3Code {
+            at: ScriptAt {
+                location: "s3://b/k".into(),
+                version: None,
+            },
+            code: "SlowDown".into(),
+            message: Some("Please reduce your request rate.".into()),
+        }),
+    };
+    assert_eq!(
+        e.to_string(),
+        "s3://b/k: S3 GetObject failed: SlowDown: Please reduce your request rate. (3 attempts; \
+         throttled: s3:GetObject, quota: S3: 5,500 GET/HEAD requests per second per prefix)"
+    );
     // A state folder that is a file: the record names the folder it could not make.
     let file = d.path().join("state");
     std::fs::write(&file, "").unwrap();
