@@ -177,6 +177,7 @@ fn until_each_idle(
         // The time of the look that sees them all IDLE is when it was asked, not when its
         // answer was read.
         let asked = t.elapsed().as_secs_f64();
+        IDLE_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let out = fleet.ctld.scontrol(&["show", "nodes", "-o"])?;
         let text = String::from_utf8_lossy(&out.stdout);
         let idle: Vec<&str> = text
@@ -288,9 +289,17 @@ fn mem_available() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// The message types the benchmark itself sends while it watches a boot (its IDLE polls and
-/// `sdiag`), left out of a booting node's own RPCs.
-const BENCH_OWN_RPCS: [&str; 2] = ["REQUEST_NODE_INFO", "REQUEST_STATS_INFO"];
+/// The benchmark's IDLE polls so far: each `scontrol show nodes` is one REQUEST_NODE_INFO
+/// and one REQUEST_PARTITION_INFO (scontrol's `scontrol_print_node_list` loads both), taken
+/// off those counts to leave a booting node's own (its agent's look at its record makes the
+/// same pair).
+static IDLE_POLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The message types of one IDLE poll ([`IDLE_POLLS`]).
+const POLL_RPCS: [&str; 2] = ["REQUEST_NODE_INFO", "REQUEST_PARTITION_INFO"];
+
+/// The benchmark's `sdiag`: left out of a booting node's RPCs.
+const BENCH_OWN_RPCS: [&str; 1] = ["REQUEST_STATS_INFO"];
 
 /// Joins to model: nodes, and the seconds they join in (issue 25 §2: 1,000 nodes in a
 /// minute).
@@ -299,12 +308,14 @@ const MODEL_SECS: f64 = 60.0;
 
 /// slurmctld's side of a boot, modelled at [`MODEL_NODES`] joining in [`MODEL_SECS`]: the
 /// RPCs per booting node measured in this boot of `n` nodes (per message type, the
-/// benchmark's own left out) × the join rate, beside slurmctld's cost per RPC of that type
-/// measured in the same boot (`sdiag`'s `total_time` ÷ `count`, on this machine), and the
+/// benchmark's own left out: `polls` IDLE polls, [`IDLE_POLLS`], and its `sdiag`) × the
+/// join rate, beside slurmctld's cost per RPC of that type measured in the same boot
+/// (`sdiag`'s `total_time` ÷ `count`, the polls included, on this machine), and the
 /// product: slurmctld's busy time per second of the join, as a share of one thread.
 fn print_modelled_join(
     before: &std::collections::BTreeMap<String, RpcStat>,
     after: &std::collections::BTreeMap<String, RpcStat>,
+    polls: u64,
     n: usize,
 ) {
     let joins_per_sec = MODEL_NODES / MODEL_SECS;
@@ -315,12 +326,17 @@ fn print_modelled_join(
             continue;
         }
         let b = before.get(k).copied().unwrap_or_default();
-        let count = a.count.saturating_sub(b.count);
+        let all = a.count.saturating_sub(b.count);
+        let count = if POLL_RPCS.contains(&k.as_str()) {
+            all.saturating_sub(polls)
+        } else {
+            all
+        };
         if count == 0 {
             continue;
         }
         let per_node = count as f64 / n as f64;
-        let cost_us = a.total_time_us.saturating_sub(b.total_time_us) as f64 / count as f64;
+        let cost_us = a.total_time_us.saturating_sub(b.total_time_us) as f64 / all as f64;
         let rate = per_node * joins_per_sec;
         rate_all += rate;
         busy_all += rate * cost_us;
@@ -331,7 +347,7 @@ fn print_modelled_join(
     }
     rows.sort_by(|x, y| y.0.total_cmp(&x.0));
     println!(
-        "  modelled: {MODEL_NODES:.0} nodes joining in {MODEL_SECS:.0} s send slurmctld {rate_all:.1} RPCs/s; at this machine's measured cost per RPC that is {:.1} ms of slurmctld's time per second ({:.1} % of one thread): {}",
+        "  modelled (the bench's {polls} IDLE polls and its sdiag taken off): {MODEL_NODES:.0} nodes joining in {MODEL_SECS:.0} s send slurmctld {rate_all:.1} RPCs/s; at this machine's measured cost per RPC that is {:.1} ms of slurmctld's time per second ({:.1} % of one thread): {}",
         busy_all / 1000.0,
         busy_all / 10_000.0,
         rows.into_iter().map(|r| r.1).collect::<Vec<_>>().join(", ")
@@ -445,9 +461,11 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
     if run("boot") || run("load") || run("storm") {
         let mut fleet = fleet_for(n).start()?;
         let stats_before = fleet.ctld.rpc_stats()?;
+        let polls_before = IDLE_POLLS.load(std::sync::atomic::Ordering::Relaxed);
         let (usage_before, mem_before) = (HostUsage::now(), mem_available());
         let wall = boot(&mut fleet, &all)?;
         let stats_after = fleet.ctld.rpc_stats()?;
+        let polls = IDLE_POLLS.load(std::sync::atomic::Ordering::Relaxed) - polls_before;
         let counts = |s: &std::collections::BTreeMap<String, RpcStat>| {
             s.iter().map(|(k, v)| (k.clone(), v.count)).collect()
         };
@@ -472,10 +490,10 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
         );
         println!(
             "  slurmctld RPCs during that boot, per node (the bench's own IDLE polls, one \
-             REQUEST_NODE_INFO per 20 ms for all nodes, included): {}",
+             REQUEST_NODE_INFO and one REQUEST_PARTITION_INFO per 20 ms for all nodes, included): {}",
             rpc_growth(&rpc_before, &rpc_after, n)
         );
-        print_modelled_join(&stats_before, &stats_after, n);
+        print_modelled_join(&stats_before, &stats_after, polls, n);
         let (pss, lo, hi) = pss_per_node(&fleet, &all)?;
         agent_pss = Some(pss);
         let lost = mem_before.saturating_sub(mem_available()) as f64 / MIB / n as f64;
