@@ -122,6 +122,20 @@ fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
+impl Logs {
+    /// The captured lines that warn of a throttled call, and all of the log (for a
+    /// failure's message).
+    fn throttle_warnings(&self) -> (Vec<String>, String) {
+        let logs = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        let warned = logs
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains("throttled"))
+            .map(str::to_string)
+            .collect();
+        (warned, logs)
+    }
+}
+
 impl Write for Logs {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(buf);
@@ -181,11 +195,7 @@ fn a_zero_quota_stops_the_key_fetch_with_the_api_and_quota_named_after_one_log_l
         f.stats()["ssm:GetParameter"].throttled,
         u64::from(*attempts)
     );
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let warned: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains(" WARN ") && l.contains("throttled"))
-        .collect();
+    let (warned, logs) = logs.throttle_warnings();
     assert_eq!(warned.len(), 1, "{logs}");
     assert!(
         warned[0].contains("ssm:GetParameter throttled (ThrottlingException: Rate exceeded; quota: Parameter Store: 40 TPS"),
@@ -360,11 +370,7 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         u64::from(*attempts)
     );
     assert!(pcs_emulator.requests().is_empty());
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let warned: Vec<&str> = logs
-        .lines()
-        .filter(|l| l.contains(" WARN ") && l.contains("throttled"))
-        .collect();
+    let (warned, logs) = logs.throttle_warnings();
     assert_eq!(warned.len(), 1, "{logs}");
     assert!(
         warned[0].contains(
