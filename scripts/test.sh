@@ -15,10 +15,12 @@
 #   SLURM_E2E_FLEET_MATRIX
 #                      after the whole suite, the fleet matrix: the core fleet scenarios
 #                      (boot and join, a job across nodes, a drain and its lift, the
-#                      HealthCheckProgram) once per version listed (default "24.11 26.05";
+#                      HealthCheckProgram, a login node on auth/slurm, the rolling upgrade
+#                      within its budget) once per version listed (default "24.11 26.05";
 #                      empty: none). Runs only when no cargo test arguments are given.
 #                      scripts/test-matrix.sh runs every scenario on every version.
-#   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario (default 4)
+#   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario, and the
+#                      rolling upgrade's nodes there (default 4)
 #                      Before the matrix, the version-skew tests: a node on the matrix's
 #                      newest release (when newer than the suite's) against the suite's
 #                      controller (bootstrap exits 76 before slurmd starts), and an image

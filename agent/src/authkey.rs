@@ -160,7 +160,9 @@ pub enum KeyEncoding {
 
 impl AuthSettings {
     /// Checks the values: the key path absolute, the key source one this agent reads
-    /// ([`KeySource::parse`]), the owner a user name.
+    /// ([`KeySource::parse`]), the owner a user name, `throttle_spread` above zero (a zero
+    /// spread would retry a throttled fetch at once, over and over, for the whole
+    /// `fetch_window`: the retry storm the spread exists to prevent).
     ///
     /// # Errors
     /// [`InvalidKey`]: the dotted key and what is wrong.
@@ -189,9 +191,18 @@ impl AuthSettings {
                 format!("not a user name: {:?}", self.key_owner),
             );
         }
+        if self.throttle_spread.0.is_zero() {
+            return e("throttle_spread", ZERO_SPREAD.into());
+        }
         Ok(())
     }
 }
+
+/// Why a `throttle_spread` of zero is refused (`auth.throttle_spread`,
+/// `pcs.throttle_spread`).
+pub const ZERO_SPREAD: &str = "must be more than 0s: a throttled call would be tried again at \
+     once, over and over, until its window ends (size it as the nodes launched together / \
+     the API's quota)";
 
 /// Where the key comes from (`auth.key_source`).
 #[derive(Debug, Clone, PartialEq, Eq)]

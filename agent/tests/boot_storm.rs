@@ -332,19 +332,34 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         region: REGION.into(),
         ..Default::default()
     };
-    let creds = aws_sdk_pcs::config::SharedCredentialsProvider::new(
-        aws_sdk_pcs::config::Credentials::new("ASIAZERO", "secret", None, None, "test"),
+    // The instance's metadata: its region and its instance profile's credentials, as
+    // bootstrap reads them.
+    let imds = imds_emulator::Emulator::start(imds_emulator::Config::default()).unwrap();
+    imds.set("placement/region", REGION);
+    imds.set_role_credentials(
+        "AWSPCS-zero",
+        "ASIAZERO",
+        "secret",
+        "token",
+        "2999-01-01T00:00:00Z",
     );
+    let imds_settings = slurm_node_agent::imds::ImdsSettings {
+        endpoint: imds.endpoint(),
+        ..Default::default()
+    };
 
     let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    // As bootstrap: the early attempt beside the metadata read, then the registration.
+    // The early one is throttled too: it is kept as such, not dropped and asked again at
+    // once (two requests back to back per node in a storm).
+    let early = rt.block_on(pcs::register_early(&settings, &imds_settings));
+    assert!(early.is_some(), "the early attempt was not made");
     let e = rt
-        .block_on(pcs::register_with_credentials(
-            &settings, creds, &auth, &id, None,
-        ))
+        .block_on(pcs::register(&settings, &imds_settings, &auth, &id, early))
         .map(|_| ())
         .unwrap_err();
     let PcsError::Throttled {
@@ -364,7 +379,8 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         ) && text.contains("(pcs.register_window); quota: PCS RegisterComputeNodeGroupInstance"),
         "{text}"
     );
-    // The SDK retried nothing: every attempt is one request, none reached the service.
+    // The SDK retried nothing: every attempt is one request (the early one counted), none
+    // reached the service.
     assert_eq!(
         f.stats()["pcs:RegisterComputeNodeGroupInstance"].throttled,
         u64::from(*attempts)
@@ -376,7 +392,7 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         warned[0].contains(
             "pcs:RegisterComputeNodeGroupInstance throttled (ThrottlingException: Rate exceeded; \
              quota: PCS RegisterComputeNodeGroupInstance"
-        ),
+        ) && warned[0].contains("; the early attempt)"),
         "{}",
         warned[0]
     );

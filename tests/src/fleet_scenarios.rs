@@ -119,7 +119,11 @@ pub fn rolling_upgrade(
         "[upgrade]\nparameter = \"{UPGRADE_PARAMETER}\"\ninterval = \"2s\"\n\
          max_unavailable = \"{budget}\"\nbudget_wait = \"3s\"\naction = \"poweroff\"\n"
     );
-    let mut fleet = Fleet::builder().moto(true).agent_toml(toml).start()?;
+    let mut fleet = Fleet::builder()
+        .moto(true)
+        .agent_toml(toml)
+        .max_nodes(nodes.max(crate::fleet::DEFAULT_MAX_NODES))
+        .start()?;
     let names: Vec<String> = (1..=nodes).map(|i| format!("node{i:03}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     fleet.launch_all(&refs)?;

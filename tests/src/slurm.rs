@@ -852,9 +852,11 @@ pub fn parse_sdiag_by_type(text: &str) -> std::collections::BTreeMap<String, Rpc
         if l.starts_with("Remote Procedure Call statistics by user") {
             break;
         }
-        let Some((name, rest)) = l.trim().split_once(' ').filter(|_| in_rpc) else {
+        // `\t%-40s(%5u) count:...`: a name of 40 characters or more meets its `(`.
+        let Some((name, rest)) = l.trim().split_once('(').filter(|_| in_rpc) else {
             continue;
         };
+        let name = name.trim_end();
         let field = |k: &str| {
             rest.split(k)
                 .nth(1)
@@ -918,12 +920,14 @@ mod tests {
 Remote Procedure Call statistics by message type
 \tREQUEST_CONFIG                          ( 2016) count:16     ave_time:412    total_time:6592
 \tMESSAGE_NODE_REGISTRATION_STATUS        ( 1002) count:32     ave_time:1503   total_time:48096        queued:0      cycle_last:0      cycle_max:0      dropped:0
+\tREQUEST_A_MESSAGE_TYPE_NAMED_IN_FORTY_CHARS( 9999) count:2      ave_time:5      total_time:10
 
 Remote Procedure Call statistics by user
 \troot            (       0) count:99     ave_time:10     total_time:990
 ";
         let s = parse_sdiag_by_type(text);
-        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert_eq!(s["REQUEST_A_MESSAGE_TYPE_NAMED_IN_FORTY_CHARS"].count, 2);
         assert_eq!(
             s["REQUEST_CONFIG"],
             RpcStat {

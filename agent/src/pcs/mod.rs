@@ -66,7 +66,8 @@ pub const GROUP_ID_TAG: &str = "aws:pcs:compute-node-group-id";
 /// File under `agent.state_dir` keeping the registration answer (without `sharedSecret`).
 pub const RECORD_FILE: &str = "pcs-registration.json";
 
-/// Backoff between registration attempts: a denied or throttled call is usually one the
+/// Backoff between registration attempts that failed for anything but throttling (a
+/// throttled one waits within `pcs.throttle_spread`): a denied call is usually one the
 /// service will accept seconds to minutes later (role propagation, the instance not yet
 /// known to the group), so start at 1 s and cap at 20 s.
 pub const REGISTER_BACKOFF: Backoff = Backoff {
@@ -124,6 +125,22 @@ impl crate::section::Classified for PcsSettings {
             K::user_data("throttle_spread"),
         ]
     };
+}
+
+impl PcsSettings {
+    /// Checks the values: `throttle_spread` above zero ([`authkey::ZERO_SPREAD`]).
+    ///
+    /// # Errors
+    /// [`crate::section::InvalidKey`]: the dotted key and what is wrong.
+    pub fn validate(&self) -> Result<(), crate::section::InvalidKey> {
+        if self.throttle_spread.0.is_zero() {
+            return Err(crate::section::InvalidKey::new(
+                "pcs.throttle_spread",
+                authkey::ZERO_SPREAD,
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for PcsSettings {
@@ -187,7 +204,7 @@ pub enum PcsError {
         cluster: String,
         /// AWS's code and message (`ThrottlingException: Rate exceeded`).
         message: String,
-        /// Attempts made.
+        /// Attempts that AWS throttled (others may have failed otherwise).
         attempts: u32,
         /// Time from the first attempt to the last answer.
         waited: Duration,
@@ -547,20 +564,32 @@ async fn client(
 }
 
 /// One answer from an attempt made before the instance's metadata was fully read, with
-/// what it asked; see the module docs.
+/// what it asked, or the fact that AWS throttled it; see the module docs.
 #[derive(Debug)]
 pub struct EarlyRegistration {
     cluster: String,
     bootstrap_id: String,
     region: String,
     endpoint: String,
-    answer: Answer,
+    answer: EarlyAnswer,
+}
+
+/// What the early attempt got.
+#[derive(Debug)]
+enum EarlyAnswer {
+    /// The service's answer (boxed: the answer is large beside the other variant).
+    Registered(Box<Answer>),
+    /// AWS throttled it (its code and message): [`register`] then waits within
+    /// `pcs.throttle_spread` before its own first attempt, as after any throttled
+    /// attempt, instead of asking again at once.
+    Throttled(String),
 }
 
 /// One registration attempt with the image's settings (files and flags: `[pcs]`, `[imds]`), for bootstrap
 /// to start beside the instance metadata read: only when `pcs.enabled` is set there; the
 /// cluster id from `pcs.cluster_id`, else the tag `aws:pcs:cluster-id` read on its own;
-/// region and credentials from IMDS. `None` when it cannot be made or fails (logged at
+/// region and credentials from IMDS. A throttled attempt is kept as such (see
+/// [`EarlyRegistration`]). `None` when it cannot be made or fails otherwise (logged at
 /// debug level): [`register`] then registers (and retries) itself, with the cluster id from
 /// the identity's tags (EC2's `DescribeTags` with `imds.tags = "describe-tags"`, where
 /// metadata serves no tags and this attempt finds none).
@@ -594,14 +623,30 @@ pub async fn register_early(pcs: &PcsSettings, imds: &ImdsSettings) -> Option<Ea
         .bootstrap_id(&bootstrap_id)
         .send()
         .await;
+    let early = |answer| EarlyRegistration {
+        cluster: cluster.clone(),
+        bootstrap_id: bootstrap_id.clone(),
+        region: region.clone(),
+        endpoint: pcs.endpoint.clone(),
+        answer,
+    };
     match sent {
-        Ok(answer) => Some(EarlyRegistration {
-            cluster,
-            bootstrap_id,
-            region,
-            endpoint: pcs.endpoint.clone(),
-            answer,
-        }),
+        Ok(answer) => Some(early(EarlyAnswer::Registered(Box::new(answer)))),
+        Err(e)
+            if crate::retry::is_throttling(
+                aws_sdk_pcs::error::ProvideErrorMetadata::code(&e),
+                e.raw_response().map(|r| r.status().as_u16()),
+            ) =>
+        {
+            use aws_sdk_pcs::error::ProvideErrorMetadata;
+            let message = format!(
+                "{}: {}",
+                e.code().unwrap_or("throttled"),
+                e.message().unwrap_or("no message")
+            );
+            tracing::debug!("the early PCS registration attempt was throttled: {message}");
+            Some(early(EarlyAnswer::Throttled(message)))
+        }
         Err(e) => {
             tracing::debug!(
                 "the early PCS registration attempt failed (bootstrap registers itself): {}",
@@ -650,12 +695,20 @@ pub async fn register_with_credentials(
             && e.endpoint == pcs.endpoint
     });
     let (out, attempts) = match early {
-        Some(e) => {
+        Some(EarlyRegistration {
+            answer: EarlyAnswer::Registered(answer),
+            ..
+        }) => {
             tracing::info!(%cluster, %bootstrap_id, group = ?group, "registered with PCS beside the instance metadata read");
-            (e.answer, 1)
+            (*answer, 1)
         }
-        None => {
-            register_with_retries(pcs, creds, id, &cluster, &bootstrap_id, group.as_deref()).await?
+        early => {
+            let early_throttled = early.and_then(|e| match e.answer {
+                EarlyAnswer::Throttled(m) => Some(m),
+                EarlyAnswer::Registered(_) => None,
+            });
+            let ids = (cluster.as_str(), bootstrap_id.as_str(), group.as_deref());
+            register_with_retries(pcs, creds, id, ids, early_throttled).await?
         }
     };
     let registration = Registration {
@@ -712,16 +765,20 @@ pub async fn register_with_credentials(
 /// attempt is tried again after a wait drawn uniformly from `[0, pcs.throttle_spread]`
 /// (logged once with the API and its quota, later ones at debug level), other transient
 /// failures (see [`retryable`]) with [`REGISTER_BACKOFF`], until `pcs.register_window` has
-/// passed. Returns the answer and the number of attempts.
+/// passed. `early_throttled`: AWS's words when bootstrap's early attempt
+/// ([`register_early`]) was throttled, so the first attempt here waits as after any
+/// throttled one. `ids`: the cluster, the
+/// `bootstrapId` and the compute node group (logged). Returns the answer and the number of
+/// attempts, the early one included.
 async fn register_with_retries(
     pcs: &PcsSettings,
     creds: SharedCredentialsProvider,
     id: &InstanceIdentity,
-    cluster: &str,
-    bootstrap_id: &str,
-    group: Option<&str>,
+    ids: (&str, &str, Option<&str>),
+    early_throttled: Option<String>,
 ) -> Result<(Answer, u32), PcsError> {
     use aws_sdk_pcs::error::ProvideErrorMetadata;
+    let (cluster, bootstrap_id, group) = ids;
     let client = client(pcs, creds, &id.region).await;
     tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
     let start = Instant::now();
@@ -732,6 +789,21 @@ async fn register_with_retries(
     };
     let mut attempts = 0u32;
     let mut throttled = 0u32;
+    if let Some(last) = early_throttled {
+        attempts = 1;
+        throttled = 1;
+        let wait = throttle.delay(window);
+        tracing::warn!(
+            attempt = attempts,
+            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            "{API} throttled ({last}; quota: {}; the early attempt); retrying within {:?} \
+             (pcs.throttle_spread) until {:?} (pcs.register_window)",
+            crate::retry::quota_of(API),
+            throttle.spread,
+            window
+        );
+        tokio::time::sleep(wait).await;
+    }
     loop {
         attempts += 1;
         let result = client
@@ -770,7 +842,7 @@ async fn register_with_retries(
                 PcsError::Throttled {
                     cluster: cluster.to_string(),
                     message: last,
-                    attempts,
+                    attempts: throttled + 1,
                     waited,
                 }
             } else {
@@ -848,6 +920,23 @@ fn write_record(state_dir: &Path, r: &Registration) -> Result<(), PcsError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_zero_throttle_spread_is_refused_naming_the_key() {
+        let mut s = PcsSettings::default();
+        assert_eq!(s.validate(), Ok(()));
+        s.throttle_spread = HumanDuration(Duration::ZERO);
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.key, "pcs.throttle_spread");
+        assert!(e.to_string().contains("must be more than 0s"), "{e}");
+        let mut a = AuthSettings {
+            throttle_spread: HumanDuration(Duration::ZERO),
+            ..AuthSettings::default()
+        };
+        assert_eq!(a.validate().unwrap_err().key, "auth.throttle_spread");
+        a.throttle_spread = HumanDuration(Duration::from_millis(1));
+        assert_eq!(a.validate(), Ok(()));
+    }
 
     #[test]
     fn cluster_from_settings_or_tag() {

@@ -97,6 +97,7 @@ impl Settings {
         self.slurm.validate()?;
         self.agent.validate()?;
         self.auth.validate()?;
+        self.pcs.validate()?;
         self.imds.validate()?;
         self.events.validate()?;
         self.upgrade.validate()?;

@@ -80,11 +80,16 @@ fn fleet_for(n: usize) -> FleetBuilder {
 }
 
 fn main() -> ExitCode {
-    let n = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse::<usize>().ok())
-        .filter(|n| (1..=999).contains(n))
-        .unwrap_or(16);
+    let n = match std::env::args().nth(1) {
+        None => 16,
+        Some(a) => match a.parse::<usize>() {
+            Ok(n) if (1..=999).contains(&n) => n,
+            _ => {
+                eprintln!("fleet bench: NODES {a:?}: expected a number from 1 to 999");
+                return ExitCode::from(2);
+            }
+        },
+    };
     let idle_secs = std::env::args()
         .nth(2)
         .and_then(|a| a.parse::<u64>().ok())
