@@ -1,7 +1,8 @@
 //! Boot storms (issue 25 §1): the throttling front (`imds_emulator::throttle`) answers as
 //! AWS does once an API's quota is spent, and the agent's key fetch (against moto behind
 //! it) and PCS registration (against the registration emulator behind it) stop with the
-//! API and the quota named when the quota is zero, having logged the throttle once.
+//! API and the quota named when the quota is zero, having logged the throttle once; a
+//! registration whose early attempt was throttled asks once more, after a spread wait.
 
 #![allow(clippy::unwrap_used)]
 
@@ -107,6 +108,44 @@ fn the_front_throttles_as_aws_once_the_quota_is_spent() {
     assert_eq!(stats["s3:GetObject"].served, 0);
 }
 
+/// The process environment that the SDK's default chain reads, and aws-config's IMDS
+/// credentials provider (`AWS_EC2_METADATA_DISABLED`): one test sets it while it runs and
+/// takes it off again, holding [`SDK_ENV`]; the tests whose calls read it hold that lock
+/// too ([`SdkEnv::untouched`]), whatever order the test threads run in.
+static SDK_ENV: Mutex<()> = Mutex::new(());
+
+/// Holds [`SDK_ENV`]; the variables it set are removed on drop (a failing test's too).
+struct SdkEnv {
+    set: Vec<String>,
+    _lock: std::sync::MutexGuard<'static, ()>,
+}
+
+impl SdkEnv {
+    fn untouched() -> SdkEnv {
+        SdkEnv::set(Vec::new())
+    }
+
+    fn set(vars: Vec<(String, String)>) -> SdkEnv {
+        let lock = SDK_ENV
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut set = Vec::new();
+        for (k, v) in vars {
+            std::env::set_var(&k, v);
+            set.push(k);
+        }
+        SdkEnv { set, _lock: lock }
+    }
+}
+
+impl Drop for SdkEnv {
+    fn drop(&mut self) {
+        for k in &self.set {
+            std::env::remove_var(k);
+        }
+    }
+}
+
 fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
     let writer = logs.clone();
@@ -152,11 +191,10 @@ fn a_zero_quota_stops_the_key_fetch_with_the_api_and_quota_named_after_one_log_l
     moto.put_secure_string("/storm/munge", "unused").unwrap();
     let f = front(&moto, vec![Quota::ssm_standard(0.0)]);
     // The only test of this file that sets the environment the SDK's default chain reads.
-    for (k, v) in moto.env() {
-        std::env::set_var(k, v);
-    }
-    std::env::set_var("AWS_ENDPOINT_URL", f.endpoint());
-    std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+    let mut env = moto.env();
+    env.push(("AWS_ENDPOINT_URL".into(), f.endpoint()));
+    env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+    let _env = SdkEnv::set(env);
 
     let (logs, _guard) = capture_logs();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -256,45 +294,143 @@ fn the_front_sends_pcs_calls_to_the_pcs_emulator_and_throttles_them_with_429() {
     assert_eq!(pcs.requests().len(), 1);
 }
 
+/// One PCS cluster of one group on a registration emulator, one instance of it whose
+/// metadata (region, instance profile credentials) an IMDS emulator serves, and the
+/// agent's settings for it (`endpoint`: where the agent sends the registration).
+struct PcsNode {
+    pcs: imds_emulator::pcs::PcsEmulator,
+    _imds: imds_emulator::Emulator,
+    settings: slurm_node_agent::pcs::PcsSettings,
+    imds_settings: slurm_node_agent::imds::ImdsSettings,
+    auth: slurm_node_agent::authkey::AuthSettings,
+    id: slurm_node_agent::imds::InstanceIdentity,
+    _dir: tempfile::TempDir,
+}
+
+impl PcsNode {
+    fn start() -> PcsNode {
+        use imds_emulator::pcs::{PcsCluster, PcsEmulator, PcsEndpoint, PcsGroup, PcsInstance};
+        use slurm_node_agent::authkey::{AuthSettings, AuthType};
+        use slurm_node_agent::pcs::PcsSettings;
+        use slurm_node_agent::section::HumanDuration;
+
+        let pcs = PcsEmulator::start().unwrap();
+        pcs.add_cluster(PcsCluster {
+            id: "pcs_zero".into(),
+            name: "zero".into(),
+            region: REGION.into(),
+            shared_secret: "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNERUY=".into(),
+            endpoints: vec![PcsEndpoint {
+                endpoint_type: "SLURMCTLD".into(),
+                private_ip_address: "10.0.0.10".into(),
+                port: "6817".into(),
+            }],
+            groups: vec![PcsGroup {
+                id: "pcs_zerogrp".into(),
+                name: "zero".into(),
+                nodes: vec!["zero-1".into()],
+                lifecycle_actions: None,
+            }],
+        });
+        pcs.add_instance(PcsInstance {
+            instance_id: "i-0000000000000000a".into(),
+            role: "AWSPCS-zero".into(),
+            access_key_id: "ASIAZERO".into(),
+            secret_access_key: "secret".into(),
+            // What the IMDS emulator below serves the instance.
+            session_token: Some("token".into()),
+            cluster_id: "pcs_zero".into(),
+            group_id: "pcs_zerogrp".into(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let settings = PcsSettings {
+            enabled: true,
+            cluster_id: "pcs_zero".into(),
+            endpoint: pcs.endpoint(),
+            register_window: HumanDuration(Duration::from_secs(2)),
+            throttle_spread: HumanDuration(Duration::from_millis(200)),
+            bootstrap_id_file: dir.path().join("bootstrap-id"),
+            ..PcsSettings::default()
+        };
+        let me = nix::unistd::User::from_uid(nix::unistd::getuid())
+            .unwrap()
+            .unwrap()
+            .name;
+        let auth = AuthSettings {
+            auth_type: AuthType::Slurm,
+            key_owner: me,
+            key_path: dir.path().join("slurm.key"),
+            ..AuthSettings::default()
+        };
+        let id = slurm_node_agent::imds::InstanceIdentity {
+            instance_id: "i-0000000000000000a".into(),
+            region: REGION.into(),
+            ..Default::default()
+        };
+        // The instance's metadata: its region and its instance profile's credentials, as
+        // bootstrap reads them.
+        let imds = imds_emulator::Emulator::start(imds_emulator::Config::default()).unwrap();
+        imds.set("placement/region", REGION);
+        imds.set_role_credentials(
+            "AWSPCS-zero",
+            "ASIAZERO",
+            "secret",
+            "token",
+            "2999-01-01T00:00:00Z",
+        );
+        let imds_settings = slurm_node_agent::imds::ImdsSettings {
+            endpoint: imds.endpoint(),
+            ..Default::default()
+        };
+        PcsNode {
+            pcs,
+            _imds: imds,
+            settings,
+            imds_settings,
+            auth,
+            id,
+            _dir: dir,
+        }
+    }
+
+    /// As bootstrap: the early attempt beside the metadata read, then the registration.
+    fn bootstrap_registration(
+        &self,
+    ) -> Result<slurm_node_agent::pcs::Managed, slurm_node_agent::pcs::PcsError> {
+        use slurm_node_agent::pcs;
+        // The instance profile's credentials come from IMDS, which the key-fetch test's
+        // `AWS_EC2_METADATA_DISABLED` would turn off.
+        let _env = SdkEnv::untouched();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let early = rt.block_on(pcs::register_early(&self.settings, &self.imds_settings));
+        assert!(
+            early.is_some(),
+            "the early attempt was not made: {:?}",
+            self.pcs.requests()
+        );
+        rt.block_on(pcs::register(
+            &self.settings,
+            &self.imds_settings,
+            &self.auth,
+            &self.id,
+            early,
+        ))
+    }
+}
+
 #[test]
 fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_one_log_line() {
-    use imds_emulator::pcs::{PcsCluster, PcsEmulator, PcsEndpoint, PcsGroup, PcsInstance};
-    use slurm_node_agent::authkey::{AuthSettings, AuthType};
-    use slurm_node_agent::pcs::{self, PcsError, PcsSettings};
-    use slurm_node_agent::section::HumanDuration;
+    use slurm_node_agent::pcs::PcsError;
 
-    let pcs_emulator = PcsEmulator::start().unwrap();
-    pcs_emulator.add_cluster(PcsCluster {
-        id: "pcs_zero".into(),
-        name: "zero".into(),
-        region: REGION.into(),
-        shared_secret: "QUJDREVGR0hJSktMTU5PUFFSU1RVVldYWVpBQkNERUY=".into(),
-        endpoints: vec![PcsEndpoint {
-            endpoint_type: "SLURMCTLD".into(),
-            private_ip_address: "10.0.0.10".into(),
-            port: "6817".into(),
-        }],
-        groups: vec![PcsGroup {
-            id: "pcs_zerogrp".into(),
-            name: "zero".into(),
-            nodes: vec!["zero-1".into()],
-            lifecycle_actions: None,
-        }],
-    });
-    pcs_emulator.add_instance(PcsInstance {
-        instance_id: "i-0000000000000000a".into(),
-        role: "AWSPCS-zero".into(),
-        access_key_id: "ASIAZERO".into(),
-        secret_access_key: "secret".into(),
-        session_token: None,
-        cluster_id: "pcs_zero".into(),
-        group_id: "pcs_zerogrp".into(),
-    });
+    let mut node = PcsNode::start();
     let f = Front::start(FrontConfig {
         // Nothing here goes to moto.
         moto: "127.0.0.1:9".parse().unwrap(),
         pcs: Some(
-            pcs_emulator
+            node.pcs
                 .endpoint()
                 .trim_start_matches("http://")
                 .parse()
@@ -307,61 +443,12 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         )],
     })
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let settings = PcsSettings {
-        enabled: true,
-        cluster_id: "pcs_zero".into(),
-        endpoint: f.endpoint(),
-        register_window: HumanDuration(Duration::from_secs(2)),
-        throttle_spread: HumanDuration(Duration::from_millis(200)),
-        bootstrap_id_file: dir.path().join("bootstrap-id"),
-        ..PcsSettings::default()
-    };
-    let me = nix::unistd::User::from_uid(nix::unistd::getuid())
-        .unwrap()
-        .unwrap()
-        .name;
-    let auth = AuthSettings {
-        auth_type: AuthType::Slurm,
-        key_owner: me,
-        key_path: dir.path().join("slurm.key"),
-        ..AuthSettings::default()
-    };
-    let id = slurm_node_agent::imds::InstanceIdentity {
-        instance_id: "i-0000000000000000a".into(),
-        region: REGION.into(),
-        ..Default::default()
-    };
-    // The instance's metadata: its region and its instance profile's credentials, as
-    // bootstrap reads them.
-    let imds = imds_emulator::Emulator::start(imds_emulator::Config::default()).unwrap();
-    imds.set("placement/region", REGION);
-    imds.set_role_credentials(
-        "AWSPCS-zero",
-        "ASIAZERO",
-        "secret",
-        "token",
-        "2999-01-01T00:00:00Z",
-    );
-    let imds_settings = slurm_node_agent::imds::ImdsSettings {
-        endpoint: imds.endpoint(),
-        ..Default::default()
-    };
+    node.settings.endpoint = f.endpoint();
 
     let (logs, _guard) = capture_logs();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // As bootstrap: the early attempt beside the metadata read, then the registration.
     // The early one is throttled too: it is kept as such, not dropped and asked again at
     // once (two requests back to back per node in a storm).
-    let early = rt.block_on(pcs::register_early(&settings, &imds_settings));
-    assert!(early.is_some(), "the early attempt was not made");
-    let e = rt
-        .block_on(pcs::register(&settings, &imds_settings, &auth, &id, early))
-        .map(|_| ())
-        .unwrap_err();
+    let e = node.bootstrap_registration().map(|_| ()).unwrap_err();
     let PcsError::Throttled {
         attempts, waited, ..
     } = &e
@@ -385,7 +472,7 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         f.stats()["pcs:RegisterComputeNodeGroupInstance"].throttled,
         u64::from(*attempts)
     );
-    assert!(pcs_emulator.requests().is_empty());
+    assert!(node.pcs.requests().is_empty());
     let (warned, logs) = logs.throttle_warnings();
     assert_eq!(warned.len(), 1, "{logs}");
     assert!(
@@ -396,4 +483,33 @@ fn a_zero_quota_stops_the_pcs_registration_with_the_api_and_quota_named_after_on
         "{}",
         warned[0]
     );
+}
+
+/// A storm's usual node: its early attempt is throttled, and the registration, after one
+/// wait within `pcs.throttle_spread`, is answered: two requests in all (no back-to-back
+/// retry, no SDK retry), the record counts both, and the one warning names the early
+/// attempt.
+#[test]
+fn an_early_attempt_throttled_once_is_followed_by_one_registration_after_a_spread_wait() {
+    use imds_emulator::pcs::PcsFault;
+
+    let node = PcsNode::start();
+    node.pcs.fail_next(PcsFault::Throttling, 1);
+    let (logs, _guard) = capture_logs();
+    let managed = node.bootstrap_registration().unwrap();
+    assert_eq!(managed.registration.attempts, 2);
+    assert_eq!(managed.registration.node_id, "zero-1");
+    let answered: Vec<(u16, Option<String>)> = node
+        .pcs
+        .requests()
+        .into_iter()
+        .map(|r| (r.status, r.error))
+        .collect();
+    assert_eq!(
+        answered,
+        [(429, Some("ThrottlingException".to_string())), (200, None)]
+    );
+    let (warned, logs) = logs.throttle_warnings();
+    assert_eq!(warned.len(), 1, "{logs}");
+    assert!(warned[0].contains("; the early attempt)"), "{}", warned[0]);
 }

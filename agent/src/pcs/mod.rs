@@ -630,31 +630,85 @@ pub async fn register_early(pcs: &PcsSettings, imds: &ImdsSettings) -> Option<Ea
         endpoint: pcs.endpoint.clone(),
         answer,
     };
-    match sent {
-        Ok(answer) => Some(early(EarlyAnswer::Registered(Box::new(answer)))),
-        Err(e)
-            if crate::retry::is_throttling(
-                aws_sdk_pcs::error::ProvideErrorMetadata::code(&e),
-                e.raw_response().map(|r| r.status().as_u16()),
-            ) =>
-        {
-            use aws_sdk_pcs::error::ProvideErrorMetadata;
-            let message = format!(
-                "{}: {}",
-                e.code().unwrap_or("throttled"),
-                e.message().unwrap_or("no message")
-            );
-            tracing::debug!("the early PCS registration attempt was throttled: {message}");
-            Some(early(EarlyAnswer::Throttled(message)))
-        }
-        Err(e) => {
-            tracing::debug!(
-                "the early PCS registration attempt failed (bootstrap registers itself): {}",
-                crate::imds::error_chain(&e)
-            );
-            None
+    let failure = match sent {
+        Ok(answer) => return Some(early(EarlyAnswer::Registered(Box::new(answer)))),
+        Err(e) => Failure::of(&e),
+    };
+    if failure.is_throttle() {
+        tracing::debug!(
+            "the early PCS registration attempt was throttled: {}",
+            failure.last()
+        );
+        Some(early(EarlyAnswer::Throttled(failure.last())))
+    } else {
+        tracing::debug!(
+            "the early PCS registration attempt failed (bootstrap registers itself): {}",
+            failure.last()
+        );
+        None
+    }
+}
+
+/// The service's error answer to one registration call, as the retries read it.
+struct Failure {
+    /// AWS's error code (`ThrottlingException`, `AccessDeniedException`...), when it sent one.
+    code: Option<String>,
+    /// AWS's message, else the error's chain (a connection error).
+    message: String,
+    /// The HTTP status, when an answer came.
+    status: Option<u16>,
+}
+
+impl Failure {
+    fn of(
+        e: &aws_sdk_pcs::error::SdkError<
+            aws_sdk_pcs::operation::register_compute_node_group_instance::RegisterComputeNodeGroupInstanceError,
+        >,
+    ) -> Failure {
+        use aws_sdk_pcs::error::ProvideErrorMetadata;
+        Failure {
+            code: e.code().map(str::to_string),
+            message: match e.message() {
+                Some(m) => m.to_string(),
+                None => crate::imds::error_chain(e),
+            },
+            status: e.raw_response().map(|r| r.status().as_u16()),
         }
     }
+
+    /// AWS throttled the call (its code, or HTTP 429).
+    fn is_throttle(&self) -> bool {
+        crate::retry::is_throttling(self.code.as_deref(), self.status)
+    }
+
+    /// `code: message`, or the message alone.
+    fn last(&self) -> String {
+        match &self.code {
+            Some(c) => format!("{c}: {}", self.message),
+            None => self.message.clone(),
+        }
+    }
+}
+
+/// The one warning of a throttled registration (issue 25 §1: once, not once per retry;
+/// `early`: it was bootstrap's early attempt that AWS throttled).
+fn warn_throttled(
+    attempt: u32,
+    wait: Duration,
+    last: &str,
+    early: bool,
+    throttle: &crate::retry::ThrottlePolicy,
+) {
+    tracing::warn!(
+        attempt,
+        retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        "{API} throttled ({last}; quota: {}{}); retrying within {:?} (pcs.throttle_spread) \
+         until {:?} (pcs.register_window)",
+        crate::retry::quota_of(API),
+        if early { "; the early attempt" } else { "" },
+        throttle.spread,
+        throttle.window
+    );
 }
 
 /// Registers with PCS (or takes `early`'s answer when it asked the same) and checks the
@@ -777,7 +831,6 @@ async fn register_with_retries(
     ids: (&str, &str, Option<&str>),
     early_throttled: Option<String>,
 ) -> Result<(Answer, u32), PcsError> {
-    use aws_sdk_pcs::error::ProvideErrorMetadata;
     let (cluster, bootstrap_id, group) = ids;
     let client = client(pcs, creds, &id.region).await;
     tracing::info!(%cluster, %bootstrap_id, group = ?group, "registering with PCS");
@@ -793,15 +846,7 @@ async fn register_with_retries(
         attempts = 1;
         throttled = 1;
         let wait = throttle.delay(window);
-        tracing::warn!(
-            attempt = attempts,
-            retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            "{API} throttled ({last}; quota: {}; the early attempt); retrying within {:?} \
-             (pcs.throttle_spread) until {:?} (pcs.register_window)",
-            crate::retry::quota_of(API),
-            throttle.spread,
-            window
-        );
+        warn_throttled(attempts, wait, &last, true, &throttle);
         tokio::time::sleep(wait).await;
     }
     loop {
@@ -812,29 +857,19 @@ async fn register_with_retries(
             .bootstrap_id(bootstrap_id)
             .send()
             .await;
-        let (code, message, status) = match result {
+        let failure = match result {
             Ok(out) => return Ok((out, attempts)),
-            Err(e) => {
-                let code = e.code().map(str::to_string);
-                let message = match e.message() {
-                    Some(m) => m.to_string(),
-                    None => crate::imds::error_chain(&e),
-                };
-                (code, message, e.raw_response().map(|r| r.status().as_u16()))
-            }
+            Err(e) => Failure::of(&e),
         };
-        if !retryable(code.as_deref()) {
+        if !retryable(failure.code.as_deref()) {
             return Err(PcsError::Rejected {
                 cluster: cluster.to_string(),
-                code: code.unwrap_or_default(),
-                message,
+                code: failure.code.unwrap_or_default(),
+                message: failure.message,
             });
         }
-        let last = match &code {
-            Some(c) => format!("{c}: {message}"),
-            None => message,
-        };
-        let is_throttle = crate::retry::is_throttling(code.as_deref(), status);
+        let last = failure.last();
+        let is_throttle = failure.is_throttle();
         let left = window.saturating_sub(start.elapsed());
         if left.is_zero() {
             let waited = start.elapsed();
@@ -864,15 +899,7 @@ async fn register_with_retries(
             // A throttle is logged once (issue 25 §1), not once per retry.
             throttled += 1;
             if throttled == 1 {
-                tracing::warn!(
-                    attempt = attempts,
-                    retry_in_ms,
-                    "{API} throttled ({last}; quota: {}); retrying within {:?} \
-                     (pcs.throttle_spread) until {:?} (pcs.register_window)",
-                    crate::retry::quota_of(API),
-                    throttle.spread,
-                    window
-                );
+                warn_throttled(attempts, wait, &last, false, &throttle);
             } else {
                 tracing::debug!(
                     attempt = attempts,
