@@ -146,18 +146,21 @@ impl Exit {
         }
     }
 
-    /// The commands that end with it, as that table says.
-    pub const fn commands(self) -> &'static str {
-        match self {
-            Exit::Ok | Exit::Usage | Exit::Config => "all",
-            Exit::Unhealthy => "`check`, `slurm-node-agent-healthcheck`",
-            Exit::DataErr => "`bootstrap`",
-            Exit::Unavailable => "`bootstrap`, `run`, `drain`, `resume`, `status`, `config show`",
-            Exit::OsErr => "`bootstrap`, `run`, any",
-            Exit::MountFailed | Exit::Protocol => "`bootstrap`",
-            Exit::IoErr => "`bootstrap`, `run`, `drain`, `resume`, `status`, `check`",
-            Exit::TempFail => "`bootstrap`, `drain`, `resume`, `run`",
-            Exit::NoPerm => "`bootstrap`, `resume`, `drain`, `status`, `config show`",
+    /// The commands that end with it, as that table says: from [`COMMANDS`], `all` when
+    /// every command may.
+    pub fn commands(self) -> String {
+        let with: Vec<&str> = COMMANDS
+            .iter()
+            .filter(|(_, codes)| codes.contains(&self))
+            .map(|(name, _)| *name)
+            .collect();
+        if with.len() == COMMANDS.len() {
+            "all".to_string()
+        } else {
+            with.iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     }
 
@@ -193,6 +196,105 @@ impl Exit {
         s
     }
 }
+
+/// Each command, as `docs/exit-codes.md` heads its section ("Each command"), with every
+/// code it can end with: what its error types map to (`exit()`), 2 for a usage error (clap)
+/// and 71 when the async runtime cannot start (any command). The table of all commands is
+/// made from this, and a test checks each command's own table against it.
+pub const COMMANDS: [(&str, &[Exit]); 7] = [
+    (
+        "bootstrap",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::DataErr,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::MountFailed,
+            Exit::IoErr,
+            Exit::TempFail,
+            Exit::Protocol,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    // The daemon: its identity (IMDS, `DescribeTags`), the drain state, signals.
+    (
+        "run",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::TempFail,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    // The operator commands: their identity and the drain state machine's errors.
+    (
+        "drain",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::TempFail,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    (
+        "resume",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::TempFail,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    (
+        "status",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    // `check` never asks IMDS (Slurm runs it often): no 69 nor 77.
+    (
+        "check",
+        &[
+            Exit::Ok,
+            Exit::Unhealthy,
+            Exit::Usage,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::Config,
+        ],
+    ),
+    (
+        "config show",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+];
 
 impl fmt::Display for Exit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -247,6 +349,70 @@ mod tests {
             "{} (\"All commands\") differs from the code's exit codes (src/exit.rs); make it:\n\n{code}",
             path.display()
         );
+    }
+
+    /// Each command's own table in `docs/exit-codes.md` lists exactly the codes
+    /// [`COMMANDS`] gives it, in order.
+    #[test]
+    fn docs_exit_codes_md_each_commands_table_lists_its_codes() {
+        let (path, text) = repo_file("docs/exit-codes.md");
+        for (name, codes) in COMMANDS {
+            let head = format!("### `slurm-node-agent {name}`");
+            let start = text
+                .find(&head)
+                .unwrap_or_else(|| panic!("{}: no section {head}", path.display()));
+            let table = text[start..]
+                .find("| code | cause |")
+                .map(|i| start + i)
+                .unwrap_or_else(|| panic!("{}: {head} has no table", path.display()));
+            let written: Vec<u8> = text[table..]
+                .lines()
+                .skip(2)
+                .take_while(|l| l.starts_with('|'))
+                .map(|l| {
+                    let c = l
+                        .trim_start_matches('|')
+                        .split('|')
+                        .next()
+                        .unwrap_or("")
+                        .trim();
+                    c.parse()
+                        .unwrap_or_else(|e| panic!("{}: {head}: {l:?}: {e}", path.display()))
+                })
+                .collect();
+            let declared: Vec<u8> = codes.iter().map(|e| e.code()).collect();
+            assert_eq!(
+                written,
+                declared,
+                "{}: {head}'s table lists codes {written:?}; src/exit.rs's COMMANDS says {declared:?}",
+                path.display()
+            );
+        }
+    }
+
+    /// The daemon's unit restarts it after anything but what a person must fix: its own
+    /// codes that are not temporary (usage, permission, settings).
+    #[test]
+    fn the_daemon_unit_stops_on_what_a_person_must_fix() {
+        let (path, text) = repo_file("units/slurm-node-agent.service");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
+            .unwrap_or_else(|| panic!("{}: no RestartPreventExitStatus=", path.display()));
+        let prevented: Vec<u8> = line
+            .split_whitespace()
+            .map(|c| c.parse().unwrap_or_else(|e| panic!("{c:?}: {e}")))
+            .collect();
+        let (_, run) = COMMANDS
+            .iter()
+            .find(|(c, _)| *c == "run")
+            .unwrap_or_else(|| panic!("no run in COMMANDS"));
+        let permanent: Vec<u8> = run
+            .iter()
+            .filter(|e| e.code() > 1 && !e.is_temporary())
+            .map(|e| e.code())
+            .collect();
+        assert_eq!(prevented, permanent, "{}", path.display());
     }
 
     /// The bootstrap unit retries exactly the temporary codes.

@@ -241,3 +241,24 @@ fn agent_rejects_bad_drain_arguments() {
     assert!(parse(&["resume", "--force", "--output", "json"]).is_ok());
     assert!(parse(&["status", "--output", "yaml"]).is_err());
 }
+
+/// The drain document tells the operator the reason Slurm will show: the agent's own
+/// reason for an operator's drain.
+#[test]
+fn the_drain_document_names_the_reason_slurm_shows() {
+    use slurm_node_agent::reason::{reason_head, ReasonCause};
+    let docs = documents();
+    let (_, drain) = docs
+        .iter()
+        .find(|(n, _)| n == "SlurmNodeAgent-Drain.json")
+        .unwrap();
+    let said = drain["parameters"]["reason"]["description"]
+        .as_str()
+        .unwrap();
+    let id = "i-0123456789abcdef0";
+    let head = reason_head(ReasonCause::Operator, id).replace(id, "<instance-id>");
+    assert!(
+        said.contains(&format!("{head}<reason>")),
+        "SlurmNodeAgent-Drain.json's reason says {said:?}; the agent writes {head}<reason>"
+    );
+}

@@ -119,3 +119,48 @@ fn every_example_is_accepted() {
         );
     }
 }
+
+/// The operator guide's "Who may set what" says every key that names a path is the image's
+/// but the paths it lists as user data's: the reference's path keys agree, both ways.
+#[test]
+fn the_guide_names_every_path_key_user_data_may_set() {
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operator-guide.md"),
+    )
+    .unwrap();
+    let at = guide
+        .find("Paths user data may set:")
+        .expect("docs/operator-guide.md: no \"Paths user data may set:\" in \"Who may set what\"");
+    let sentence = &guide[at..at + guide[at..].find('(').unwrap_or(guide.len() - at)];
+    let mut listed: Vec<String> = sentence
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    listed.sort();
+    let mut not_image: Vec<String> = Vec::new();
+    for s in reference::sections() {
+        for k in &s.keys {
+            let paths: Vec<(String, &str)> = if k.entry.is_empty() {
+                vec![(k.dotted.clone(), k.ty.as_str())]
+            } else {
+                k.entry
+                    .iter()
+                    .map(|e| (format!("{}[].{}", k.dotted, e.dotted), e.ty.as_str()))
+                    .collect()
+            };
+            for (name, ty) in paths {
+                if ty.contains("path") && k.trust.trust != slurm_node_agent::section::Trust::Image {
+                    not_image.push(name);
+                }
+            }
+        }
+    }
+    not_image.sort();
+    assert_eq!(
+        listed, not_image,
+        "docs/operator-guide.md's \"Paths user data may set\" lists {listed:?}; the settings \
+         whose type is a path and whose class is not image are {not_image:?}"
+    );
+}
