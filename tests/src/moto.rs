@@ -175,6 +175,26 @@ impl Moto {
         ))
     }
 
+    /// `iam:CreateUser` `user`, `iam:PutUserPolicy` with `policy` (a policy document, JSON)
+    /// and `iam:CreateAccessKey`: the access key id and secret. Three actions (count them in
+    /// `INITIAL_NO_AUTH_ACTION_COUNT`): with IAM enforced, the user may do what the policy
+    /// allows.
+    ///
+    /// # Errors
+    /// When moto refuses a call.
+    pub fn create_user_with_policy(&self, user: &str, policy: &str) -> Result<(String, String)> {
+        self.iam(&format!("Action=CreateUser&UserName={user}"))?;
+        self.iam(&format!(
+            "Action=PutUserPolicy&UserName={user}&PolicyName={user}-policy&PolicyDocument={}",
+            form_encode(policy)
+        ))?;
+        let key = self.iam(&format!("Action=CreateAccessKey&UserName={user}"))?;
+        Ok((
+            xml_value(&key, "AccessKeyId")?,
+            xml_value(&key, "SecretAccessKey")?,
+        ))
+    }
+
     /// One IAM Query API call (form-encoded); returns the XML body of a 200.
     fn iam(&self, params: &str) -> Result<String> {
         self.query("iam", &format!("{params}&Version=2010-05-08"))
@@ -554,6 +574,20 @@ fn xml_value(xml: &str, tag: &str) -> Result<String> {
         .with_context(|| format!("no </{tag}> in {xml}"))?
         + start;
     Ok(xml[start..end].to_string())
+}
+
+/// `application/x-www-form-urlencoded` value: unreserved characters as they are, every
+/// other byte `%XX` (RFC 3986 section 2.3).
+fn form_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() * 3);
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1492,3 +1492,123 @@ fn of_several_releases_with_a_key_that_differs_one_refused_for_its_protocol_neve
         "{err}"
     );
 }
+
+/// The README's fenced block that follows `marker` in its first-cluster section.
+fn readme_block_after(marker: &str) -> String {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .unwrap();
+    let start = readme
+        .find("## A first cluster in a page")
+        .expect("README.md has no first-cluster section");
+    let from = start
+        + readme[start..]
+            .find(marker)
+            .unwrap_or_else(|| panic!("README.md's first cluster lacks {marker:?}"));
+    let open = from + readme[from..].find("```").unwrap();
+    let body = open + readme[open..].find('\n').unwrap() + 1;
+    let close = body + readme[body..].find("```").unwrap();
+    readme[body..close].to_string()
+}
+
+/// README step 1's controller lines and step 5's user data, with step 2's secret name and the
+/// actions of `docs/iam/instance-role.json` as the node's only permissions: the node joins
+/// and is IDLE. moto enforces actions, not resources or conditions, so the policy given is
+/// the file's actions on `*`; what the docs say the agent calls is what it needs.
+#[test]
+fn the_readmes_first_cluster_joins_with_the_documented_instance_role() {
+    // Step 1: what the nodes need from the controller. The test controller keeps its own
+    // ports, partition and health check; RebootProgram would reboot this machine.
+    let conf = readme_block_after("**1. The controller.**");
+    let wanted = [
+        "MaxNodeCount",
+        "TreeWidth",
+        "ReturnToService",
+        "GresTypes",
+        "RebootProgram",
+        "SrunPortRange",
+    ];
+    let mut lines = Vec::new();
+    for line in conf.lines().map(str::trim).filter(|l| !l.starts_with('#')) {
+        let Some((key, _)) = line.split_once('=') else {
+            continue;
+        };
+        if wanted.contains(&key) {
+            lines.push(if key == "RebootProgram" {
+                "RebootProgram=/bin/true".to_string()
+            } else {
+                line.to_string()
+            });
+        }
+    }
+    assert_eq!(
+        lines.len(),
+        wanted.len(),
+        "README step 1 lacks one of {wanted:?}: {lines:?}"
+    );
+    let env = NodeEnv::start_with(&lines, "").unwrap();
+
+    // Step 2: the key in Secrets Manager as slurm/munge-key; a principal with the instance
+    // role's actions only. moto enforces IAM after the secret and the user's three calls.
+    let moto = slurm_e2e::Moto::start_with_env(&[("INITIAL_NO_AUTH_ACTION_COUNT", "4")]).unwrap();
+    use base64::Engine;
+    let key = slurm_e2e::Munge::shared().unwrap().key().unwrap();
+    moto.create_secret_string(
+        "slurm/munge-key",
+        &base64::engine::general_purpose::STANDARD.encode(&key),
+    )
+    .unwrap();
+    let role: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/iam/instance-role.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let actions: Vec<serde_json::Value> = role["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["Action"].as_array().unwrap().clone())
+        .collect();
+    assert!(
+        actions.iter().any(|a| a == "secretsmanager:GetSecretValue"),
+        "{actions:?}"
+    );
+    let policy = serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}]
+    });
+    let (key_id, secret) = moto
+        .create_user_with_policy("slurm-node", &policy.to_string())
+        .unwrap();
+
+    // Step 5: the user data as written; the controller is this test's.
+    let user_data = readme_block_after("Save this as `user-data.txt`");
+    assert!(
+        user_data.contains("secretsmanager:slurm/munge-key"),
+        "{user_data}"
+    );
+    env.imds.set_user_data(user_data);
+    let mut cmd = env
+        .agent_command(&[
+            "bootstrap",
+            "--output",
+            "json",
+            "--conf-server",
+            &env.ctld.conf_server(),
+        ])
+        .unwrap();
+    cmd.env("AWS_ENDPOINT_URL", moto.endpoint())
+        .env("AWS_ACCESS_KEY_ID", key_id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
+    let out = slurm_e2e::run_with_timeout(cmd, std::time::Duration::from_secs(120)).unwrap();
+    assert!(out.status.success(), "bootstrap failed:\n{}", stderr(&out));
+    let r = report(&out).unwrap();
+    assert!(r["state"].as_str().unwrap().starts_with("IDLE"), "{r}");
+    let state = env.ctld.node_state(DEFAULT_NODE_NAME).unwrap().unwrap();
+    assert!(state.starts_with("IDLE"), "{state}");
+    // The key came from the README's secret through the role's permissions.
+    assert_eq!(std::fs::read(env.key_path()).unwrap(), key);
+}
