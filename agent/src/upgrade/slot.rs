@@ -25,8 +25,14 @@
 //!   specified`), one whose clock is ahead takes one that starts later (the name is held
 //!   from its creation): both err on the side of the budget.
 //!
-//! A replacement with another NodeName cannot see the slot of the node it replaces: that
-//! slot ends at its `EndTime`.
+//! A replacement under another NodeName (the default `node.name` is the host name, so an
+//! Auto Scaling replacement has a new one) cannot tell which slot is its predecessor's.
+//! It is counted by the partition instead: once up to date and in service, a node that
+//! holds no slot and has not yet released one releases one slot of its partition whose
+//! holder is gone ([`release_for_replacement`]): its record deleted, or showing the same
+//! instance's `powered off for image upgrade` reason and out of service. One new node in
+//! service for one node powered off: the budget is kept, and the slot does not wait for
+//! its `EndTime`.
 
 use std::time::Duration;
 
@@ -102,6 +108,75 @@ pub fn parse_slots(show: &str) -> Vec<Slot> {
             })
         })
         .collect()
+}
+
+impl Slot {
+    /// The instance that took the slot, from its comment (`slurm-node-agent/upgrade@<id>`).
+    pub fn instance_id(&self) -> Option<&str> {
+        self.comment
+            .strip_prefix("slurm-node-agent/upgrade@")
+            .filter(|id| !id.is_empty())
+    }
+}
+
+/// A slot released by a replacement under another NodeName ([`release_for_replacement`]).
+#[derive(Debug, Clone)]
+pub struct Reclaimed {
+    /// The slot.
+    pub slot: Slot,
+    /// Its holder's record as it was (`None`: deleted).
+    pub holder: Option<crate::slurm::NodeInfo>,
+}
+
+/// Whether the holder of `slot` is gone for good: its record deleted, or out of service
+/// with the reason the same instance wrote just before it powered off for the upgrade.
+fn holder_gone(slot: &Slot, holder: Option<&crate::slurm::NodeInfo>) -> bool {
+    let Some(record) = holder else {
+        return true;
+    };
+    let powered_off_by_holder = record
+        .reason()
+        .and_then(super::parse_upgrade_reason)
+        .is_some_and(|r| {
+            r.powered_off() && r.instance_id.is_some() && r.instance_id == slot.instance_id()
+        });
+    powered_off_by_holder && !record.is_available()
+}
+
+/// Releases one slot of `partition` whose holder is gone (see the module's docs), for
+/// `node`, a node up to date and in service that holds none: the oldest by `EndTime`.
+/// `None` when there is none. The caller releases at most one per instance.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn release_for_replacement(
+    scontrol: &Scontrol,
+    partition: &str,
+    node: &str,
+) -> Result<Option<Reclaimed>, ScontrolError> {
+    let mut slots: Vec<Slot> = list(scontrol)
+        .await?
+        .into_iter()
+        .filter(|s| is_slot_of(&s.name, partition) && s.node != node)
+        .collect();
+    slots.sort_by(|a, b| a.end_time.cmp(&b.end_time));
+    for slot in slots {
+        if !crate::slurm::node::is_plain_node_name(&slot.node) {
+            continue;
+        }
+        let holder = scontrol.show_node(&slot.node).await?;
+        if !holder_gone(&slot, holder.as_ref()) {
+            continue;
+        }
+        match scontrol.run(&["delete", "reservation", &slot.name]).await {
+            Ok(_) => return Ok(Some(Reclaimed { slot, holder })),
+            // Ended, or released by another replacement meanwhile: try the next.
+            Err(ScontrolError::Failed { stderr, .. })
+                if stderr.contains("Requested reservation is invalid") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
 }
 
 /// What [`take`] did.
@@ -339,6 +414,136 @@ esac
         );
         // Never a name that is not one node.
         assert!(take(&sc, "main", 1, "c[1-2]", "i-3", t).await.is_err());
+    }
+
+    /// Stands in for scontrol: `show reservation` prints `listed`, `show node X` prints
+    /// `node-X` (or "not found"), `delete reservation R` notes R in `deleted`, refusing a
+    /// name in `gone` as slurmctld does for one that ended.
+    const FAKE_RECORDS: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+"show reservation") cat "$d/listed"; exit 0 ;;
+"show node")
+  if [ -f "$d/node-$4" ]; then cat "$d/node-$4"; exit 0; fi
+  echo "Node $4 not found" >&2; exit 1 ;;
+"delete reservation")
+  if grep -qx "$3" "$d/gone" 2>/dev/null; then echo "Requested reservation is invalid" >&2; exit 1; fi
+  echo "$3" >> "$d/deleted" ;;
+*) exit 1 ;;
+esac
+"#;
+
+    #[tokio::test]
+    async fn a_replacement_under_a_new_name_releases_one_slot_of_a_holder_that_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("scontrol");
+        crate::fsutil::write_test_program(&program, FAKE_RECORDS);
+        let sc = Scontrol {
+            program,
+            timeout: Duration::from_secs(10),
+            conf_server: String::new(),
+            look: None,
+        };
+        let slot = |k: u32, node: &str, iid: &str, end: &str| {
+            format!(
+                "ReservationName=slurm-node-agent-upgrade-main-slot-{k} EndTime={end} Nodes={node} State=ACTIVE Comment=slurm-node-agent/upgrade@{iid}\n"
+            )
+        };
+        let listed = [
+            // Still draining (its jobs run): not gone.
+            slot(1, "ip-10-0-0-1", "i-0000000000000000a", "2026-12-04T03:40:00"),
+            // Powered off by the instance that took the slot: gone.
+            slot(2, "ip-10-0-0-2", "i-0000000000000000b", "2026-12-04T03:50:00"),
+            // Record deleted: gone, and its slot ends first.
+            slot(3, "ip-10-0-0-3", "i-0000000000000000c", "2026-12-04T03:45:00"),
+            // Powered off, but the reason is another instance's (a replacement of the same
+            // name came and is itself out): not this slot's holder.
+            slot(4, "ip-10-0-0-4", "i-0000000000000000d", "2026-12-04T03:30:00"),
+            // Another partition's.
+            "ReservationName=slurm-node-agent-upgrade-gpu-slot-1 EndTime=2026-12-04T03:00:00 Nodes=g1 Comment=slurm-node-agent/upgrade@i-0000000000000000f\n".to_string(),
+        ]
+        .concat();
+        std::fs::write(dir.path().join("listed"), listed).unwrap();
+        let off = "slurm-node-agent/upgrade@{iid}: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
+        let record = |name: &str, state: &str, reason: &str| {
+            std::fs::write(
+                dir.path().join(format!("node-{name}")),
+                format!(
+                    "NodeName={name} State={state} Reason={reason} [root@2026-12-04T03:10:00]\n"
+                ),
+            )
+            .unwrap();
+        };
+        record(
+            "ip-10-0-0-1",
+            "MIXED+DRAIN",
+            "slurm-node-agent/upgrade@i-0000000000000000a: image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0",
+        );
+        record(
+            "ip-10-0-0-2",
+            "IDLE+DRAIN+NOT_RESPONDING",
+            &off.replace("{iid}", "i-0000000000000000b"),
+        );
+        record(
+            "ip-10-0-0-4",
+            "IDLE+DRAIN+NOT_RESPONDING",
+            &off.replace("{iid}", "i-0000000000000004d"),
+        );
+        std::fs::write(dir.path().join("gone"), "").unwrap();
+
+        let first = release_for_replacement(&sc, "main", "ip-10-0-0-9")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.slot.name, "slurm-node-agent-upgrade-main-slot-3");
+        assert!(first.holder.is_none());
+        // slot-3 ended meanwhile (another replacement released it): the next gone one.
+        std::fs::write(
+            dir.path().join("gone"),
+            "slurm-node-agent-upgrade-main-slot-3\n",
+        )
+        .unwrap();
+        let next = release_for_replacement(&sc, "main", "ip-10-0-0-9")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.slot.name, "slurm-node-agent-upgrade-main-slot-2");
+        assert_eq!(next.slot.instance_id(), Some("i-0000000000000000b"));
+        let deleted = std::fs::read_to_string(dir.path().join("deleted")).unwrap();
+        assert_eq!(
+            deleted,
+            "slurm-node-agent-upgrade-main-slot-3\nslurm-node-agent-upgrade-main-slot-2\n"
+        );
+        // No slot of a holder that is still there, nor of another partition, nor its own.
+        std::fs::write(
+            dir.path().join("listed"),
+            [
+                slot(
+                    1,
+                    "ip-10-0-0-1",
+                    "i-0000000000000000a",
+                    "2026-12-04T03:40:00",
+                ),
+                slot(
+                    4,
+                    "ip-10-0-0-4",
+                    "i-0000000000000000d",
+                    "2026-12-04T03:30:00",
+                ),
+                slot(
+                    5,
+                    "ip-10-0-0-9",
+                    "i-0000000000000000f",
+                    "2026-12-04T03:20:00",
+                ),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert!(release_for_replacement(&sc, "main", "ip-10-0-0-9")
+            .await
+            .unwrap()
+            .is_none());
     }
 
     #[test]
