@@ -18,7 +18,7 @@ pub const EXIT_CODES: &str = "Exit codes:
   1    unexpected failure (I/O, a bug)
   2    bad input: unknown OS or architecture, version without checksum, undeclared or mistyped variable, bad command line
   3    template check failed (packer fmt -check, packer validate)
-  4    Packer missing, or older than the template's required_version
+  4    Packer missing, older than the template's required_version, or packer init could not install the template's plugins
   5    a source is unreachable or its checksum does not match
   6    the build failed (Packer, a provisioning step, the acceptance checks)
   7    publishing to SSM failed
@@ -57,11 +57,14 @@ pub enum Output {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Print the resolved recipe: OS, versions, checksums, Packer variables.
+    /// Print the resolved recipe (OS, versions, checksums, Packer variables) and, for an AMI,
+    /// the build's prerequisites; refuses a Packer older than the template's
+    /// required_version. Downloads nothing (no packer init).
     Plan(RecipeArgs),
     /// Check the template: variables passed exist with the right type, the signing-key
-    /// pins in files/keys/, packer fmt -check, packer validate where the installed Packer is
-    /// new enough.
+    /// pins in files/keys/, the HCL2 schema; then refuses a Packer older than the
+    /// template's required_version, and runs packer init, packer fmt -check and packer
+    /// validate.
     Validate(ValidateArgs),
     /// Build the image: an AMI with Packer, or a local Debian 12 root, tarball and qcow2.
     Build(BuildArgs),
@@ -375,15 +378,76 @@ impl Cli {
         for (k, v) in &vars {
             text.push_str(&format!("  {k} = {v}\n"));
         }
-        Ok(Report {
-            json: json!({
-                "recipe": recipe,
-                "sources": recipe.downloads().into_iter().map(|(n, p)| json!({"name": n, "url": p.url, "sha256": p.sha256})).collect::<Vec<_>>(),
-                "template": template.path,
-                "variables": vars,
-            }),
-            text,
-        })
+        let mut json = json!({
+            "recipe": recipe,
+            "sources": recipe.downloads().into_iter().map(|(n, p)| json!({"name": n, "url": p.url, "sha256": p.sha256})).collect::<Vec<_>>(),
+            "template": template.path,
+            "variables": vars,
+        });
+        if args.target == Target::Amazon {
+            // The build would stop here too: the same refusal, before anything else.
+            let packer = self.packer_for(&template).await?;
+            let prerequisites = amazon_prerequisites(&recipe, &template, &vars);
+            text.push_str(&format!(
+                "Packer:        {} ({}){}\n",
+                packer.version,
+                packer.program.display(),
+                template
+                    .required_version
+                    .as_deref()
+                    .map(|r| format!(", meets the template's required_version {r}"))
+                    .unwrap_or_default()
+            ));
+            text.push_str(
+                "Prerequisites of the build (plan checks none of them and downloads nothing):\n",
+            );
+            for p in &prerequisites {
+                text.push_str(&format!("  {}: {}\n", p.name, p.detail));
+            }
+            json["packer"] = json!({
+                "program": packer.program,
+                "version": packer.version.to_string(),
+                "required_version": template.required_version,
+            });
+            json["required_plugins"] = json!(template.required_plugins);
+            json["plugin_dir"] = json!(packer::plugin_dir());
+            json["prerequisites"] = json!(prerequisites);
+        }
+        Ok(Report { json, text })
+    }
+
+    /// Find Packer and refuse one older than the template's `required_version` (exit 4):
+    /// the same check, with the same message, in plan, validate and build.
+    async fn packer_for(&self, template: &Template) -> Result<packer::Packer> {
+        let required = template.required_version.clone().unwrap_or_default();
+        let packer = packer::locate(&self.packer, &required).await?;
+        packer.require(template.required_version.as_deref(), &template.path)?;
+        Ok(packer)
+    }
+
+    /// `packer init` on the template when it names `required_plugins` (validate and build
+    /// need them installed); what happened, in words.
+    async fn init(&self, packer: &packer::Packer, template: &Template) -> Result<String> {
+        if template.required_plugins.is_empty() {
+            return Ok(format!(
+                "not needed ({} names no required_plugins)",
+                template.path.display()
+            ));
+        }
+        let printed = packer
+            .init(&absolute(&template.path)?, &template.required_plugins)
+            .await?;
+        let plugins = template
+            .required_plugins
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut words = format!("ok: {plugins} in {}", packer::plugin_dir());
+        for line in printed {
+            words.push_str(&format!("\n  {line}"));
+        }
+        Ok(words)
     }
 
     async fn validate(&self, args: &ValidateArgs) -> Result<Report> {
@@ -391,26 +455,19 @@ impl Cli {
         check_variables(&template, &vars)?;
         let pins = crate::keys::check(&self.packer_dir())?;
         let schema = schema_check(&template)?;
-        let required = template.required_version.clone().unwrap_or_default();
-        let packer = packer::locate(&self.packer, &required).await?;
+        let packer = self.packer_for(&template).await?;
+        let init = self.init(&packer, &template).await?;
         packer.fmt_check(&template.path).await?;
-        let validate = match template.required_version.as_deref() {
-            Some(req) if packer.version.satisfies(req) != Some(true) => format!(
-                "skipped: the installed Packer {} ({}) is older than the template's required_version {req}; only the schema check ran",
-                packer.version,
-                packer.program.display()
-            ),
-            _ => {
-                let dir = tempfile_dir()?;
-                let var_file = dir.join("validate.pkrvars.hcl");
-                let mut vars = vars.clone();
-                staging_dirs(&dir, &mut vars)?;
-                write_atomic(&var_file, &pkrvars(&vars))?;
-                let r = packer.validate(&template.path, &var_file).await;
-                let _ = std::fs::remove_dir_all(&dir);
-                r?;
-                "ok".to_string()
-            }
+        let validate = {
+            let dir = tempfile_dir()?;
+            let var_file = dir.join("validate.pkrvars.hcl");
+            let mut vars = vars.clone();
+            staging_dirs(&dir, &mut vars)?;
+            write_atomic(&var_file, &pkrvars(&vars))?;
+            let r = packer.validate(&template.path, &var_file).await;
+            let _ = std::fs::remove_dir_all(&dir);
+            r?;
+            "ok".to_string()
         };
         let mut fetched = Vec::new();
         if args.check_sources {
@@ -437,8 +494,9 @@ impl Cli {
             ));
         }
         text.push_str(&format!(
-            "packer fmt -check: ok (Packer {})\npacker validate: {validate}\n",
-            packer.version
+            "packer: {} ({})\npacker init: {init}\npacker fmt -check: ok\npacker validate: {validate}\n",
+            packer.version,
+            packer.program.display()
         ));
         for f in &fetched {
             text.push_str(&format!(
@@ -454,6 +512,7 @@ impl Cli {
                 "template": template.path,
                 "variables": vars.len(),
                 "packer": {"program": packer.program, "version": packer.version.to_string()},
+                "init": init,
                 "fmt": "ok",
                 "schema": {"result": "ok", "schemas": schema.schemas, "warnings": schema.warnings},
                 "validate": validate,
@@ -484,6 +543,21 @@ impl Cli {
         let manifest_path = work.join("manifest.json");
         let agent_dir = work.join("agent");
         let sources_dir = work.join("sources");
+        for (k, v) in [
+            ("manifest_path", json!(manifest_path)),
+            ("agent_dir", json!(agent_dir)),
+            ("sources_dir", json!(sources_dir)),
+            ("allow_skips", json!(args.allow_skips)),
+        ] {
+            vars.entry(k.to_string()).or_insert(v);
+        }
+        check_variables(&template, &vars)?;
+
+        // Packer and its plugins before anything is staged or downloaded: version, then
+        // `packer init`, then (below) `packer build`.
+        let packer = self.packer_for(&template).await?;
+        let init = self.init(&packer, &template).await?;
+
         let assembled = assemble_agent(
             &agent_dir,
             args.agent_bin.as_deref(),
@@ -498,19 +572,6 @@ impl Cli {
                 sources::fetch_verified(&name, &pin, &sources_dir).await?;
             }
         }
-        for (k, v) in [
-            ("manifest_path", json!(manifest_path)),
-            ("agent_dir", json!(agent_dir)),
-            ("sources_dir", json!(sources_dir)),
-            ("allow_skips", json!(args.allow_skips)),
-        ] {
-            vars.entry(k.to_string()).or_insert(v);
-        }
-        check_variables(&template, &vars)?;
-
-        let required = template.required_version.clone().unwrap_or_default();
-        let packer = packer::locate(&self.packer, &required).await?;
-        packer.require(template.required_version.as_deref(), &template.path)?;
 
         let var_file = work.join("recipe.pkrvars.hcl");
         write_atomic(&var_file, &pkrvars(&vars))?;
@@ -577,6 +638,7 @@ impl Cli {
                 "target": "amazon",
                 "amis": amis,
                 "amis_from": from,
+                "init": init,
                 "log_file": log_path,
                 "manifest": manifest_path,
                 "var_file": var_file,
@@ -748,6 +810,104 @@ fn none_if_empty(s: &str) -> &str {
     } else {
         s
     }
+}
+
+/// One thing an AMI build needs that `plan` states but cannot check without AWS or the
+/// network (printed by `plan`, in its JSON as `prerequisites`).
+#[derive(Debug, serde::Serialize)]
+struct Prerequisite {
+    /// Short name: `plugins`, `aws-credentials`, `network`, `outbound-access`.
+    name: &'static str,
+    /// What is needed, with this recipe's values.
+    detail: String,
+}
+
+/// The AMI build's prerequisites for this recipe: Packer's plugins, AWS credentials, a
+/// default VPC or `subnet_id`, and outbound access for the sources the steps download.
+fn amazon_prerequisites(
+    recipe: &Recipe,
+    template: &Template,
+    vars: &BTreeMap<String, Json>,
+) -> Vec<Prerequisite> {
+    let var = |name: &str| vars.get(name).and_then(Json::as_str).unwrap_or("");
+    let region = var("region");
+    let copies: Vec<&str> = vars
+        .get("ami_regions")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    if !template.required_plugins.is_empty() {
+        out.push(Prerequisite {
+            name: "plugins",
+            detail: format!(
+                "{}: validate and build run `packer init` first, which installs them into {} \
+                 (downloaded from their source over HTTPS unless already there)",
+                template
+                    .required_plugins
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                packer::plugin_dir()
+            ),
+        });
+    }
+    out.push(Prerequisite {
+        name: "aws-credentials",
+        detail: format!(
+            "Packer's amazon plugin takes them from the AWS SDK's default chain \
+             (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws/config, \
+             SSO, an instance profile); they need the EC2 permissions of an EBS-backed build \
+             in {region}{}",
+            if copies.is_empty() {
+                String::new()
+            } else {
+                format!(" and ec2:CopyImage to {}", copies.join(", "))
+            }
+        ),
+    });
+    let subnet = var("subnet_id");
+    out.push(Prerequisite {
+        name: "network",
+        detail: if subnet.is_empty() {
+            format!(
+                "a default VPC in {region}: subnet_id is empty, so Packer launches the build \
+                 instance in the default VPC (without one, pass --var subnet_id=subnet-...); \
+                 Packer reaches the instance over SSH (port 22) from this machine"
+            )
+        } else {
+            format!(
+                "subnet {subnet} in {region} (subnet_id): the build instance starts there; \
+                 Packer reaches it over SSH (port 22) from this machine, so it needs a public \
+                 IP address or a route from here"
+            )
+        },
+    });
+    let urls: Vec<String> = recipe
+        .downloads()
+        .into_iter()
+        .map(|(name, pin)| format!("{name} {}", pin.url))
+        .collect();
+    out.push(Prerequisite {
+        name: "outbound-access",
+        detail: format!(
+            "the build instance downloads {}; and its OS's package repositories, plus AWS's \
+             and NVIDIA's download sites as the recipe asks (docs/image-builder.md, \
+             \"Prerequisites\"){}",
+            if urls.is_empty() {
+                "no pinned source".to_string()
+            } else {
+                format!("the pinned sources of {}: {}", recipe.sources_file.display(), urls.join(", "))
+            },
+            if urls.is_empty() {
+                ""
+            } else {
+                " (build --prefetch-sources fetches and verifies the pinned sources here and uploads them instead)"
+            }
+        ),
+    });
+    out
 }
 
 /// What the schema check found, when it found no error.

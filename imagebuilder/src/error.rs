@@ -8,7 +8,7 @@
 //! | 1 | unexpected failure (I/O, a bug) |
 //! | 2 | bad input: command line, unknown OS or architecture, version without checksum, undeclared or mistyped variable |
 //! | 3 | template check failed (`packer fmt -check` or `packer validate`) |
-//! | 4 | Packer missing, or older than the template's `required_version` |
+//! | 4 | Packer missing, older than the template's `required_version`, or `packer init` could not install the template's plugins |
 //! | 5 | a source is unreachable or its checksum does not match |
 //! | 6 | the build failed (Packer, a provisioning step, or the acceptance checks) |
 //! | 7 | publishing to SSM failed |
@@ -22,7 +22,7 @@ pub const EXIT_FAILURE: u8 = 1;
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// Exit code: template check failed.
 pub const EXIT_TEMPLATE: u8 = 3;
-/// Exit code: Packer missing or too old.
+/// Exit code: Packer missing or too old, or its plugins could not be installed.
 pub const EXIT_PACKER: u8 = 4;
 /// Exit code: source unreachable or checksum mismatch.
 pub const EXIT_SOURCE: u8 = 5;
@@ -91,8 +91,9 @@ pub enum Error {
         /// The version the template needs.
         required: String,
     },
-    /// Packer is older than the template needs.
-    #[error("Packer {found} ({program}) is too old for {template}: it requires Packer {required}")]
+    /// Packer is older than the template needs (the same refusal in plan, validate and
+    /// build).
+    #[error("Packer {found} ({program}) is too old for {template}: it requires Packer {required} (packer.required_version); install a Packer that meets it and pass --packer PATH (or set SIB_PACKER), or put it first on PATH")]
     PackerTooOld {
         /// Version found.
         found: String,
@@ -102,6 +103,21 @@ pub enum Error {
         program: String,
         /// Template folder.
         template: PathBuf,
+    },
+    /// `packer init` failed: the template's plugins are not installed.
+    #[error("packer init {template} failed ({status}): could not install {plugins} into {plugin_dir}:\n{output}\n(`packer init` downloads each plugin from its source over HTTPS; without outbound access install it by hand with `packer plugins install <source> <version>` into that folder)")]
+    PackerInit {
+        /// Template folder or file.
+        template: PathBuf,
+        /// The plugin(s) named in Packer's output, else every required plugin, each with
+        /// its constraint.
+        plugins: String,
+        /// Where the plugins were to go (PACKER_PLUGIN_PATH or Packer's default).
+        plugin_dir: String,
+        /// `exit status N` or the signal that ended it.
+        status: String,
+        /// The last lines Packer printed (stderr, else stdout).
+        output: String,
     },
     /// A source could not be downloaded.
     #[error("{name}: source unreachable: {url}: {reason}")]
@@ -170,7 +186,9 @@ impl Error {
             | Error::UndeclaredVariable { .. }
             | Error::VariableType { .. } => EXIT_BAD_INPUT,
             Error::TemplateCheck { .. } => EXIT_TEMPLATE,
-            Error::PackerMissing { .. } | Error::PackerTooOld { .. } => EXIT_PACKER,
+            Error::PackerMissing { .. } | Error::PackerTooOld { .. } | Error::PackerInit { .. } => {
+                EXIT_PACKER
+            }
             Error::SourceUnreachable { .. } | Error::ChecksumMismatch { .. } => EXIT_SOURCE,
             Error::Build(_) => EXIT_BUILD,
             Error::Cancelled { .. } => EXIT_CANCELLED,

@@ -1,6 +1,10 @@
 //! Running Packer: finding the binary and its version, checking a template's
-//! `required_version`, `packer fmt -check`, `packer validate`, and `packer build
-//! -machine-readable` with a full log, progress, and clean cancellation.
+//! `required_version`, `packer init` (the template's `required_plugins`), `packer fmt
+//! -check`, `packer validate`, and `packer build -machine-readable` with a full log,
+//! progress, and clean cancellation.
+//!
+//! Packer runs with this program's environment, so `PACKER_PLUGIN_PATH` (where `packer
+//! init` installs plugins and where validate and build look for them) reaches every call.
 //!
 //! Cancellation: Packer (1.6.6 at least) runs as a wrapper process and a child; the wrapper
 //! does not forward a SIGINT sent to it alone, Packer expects the terminal's SIGINT to the
@@ -11,6 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::machine_readable::{parse_line, Event, RunSummary, UiLevel};
+use crate::template::RequiredPlugin;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -23,6 +28,19 @@ use tokio::process::Command;
 /// the SIGINT before its process group is killed. Cleaning up an EC2 build takes a few
 /// minutes at worst; killing earlier would leave instances behind.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(600);
+
+/// How many of Packer's last output lines a failed `packer init` reports.
+const INIT_TAIL_LINES: usize = 20;
+
+/// Where `packer init` installs plugins and Packer looks for them, in words: the
+/// `PACKER_PLUGIN_PATH` environment variable when set, else Packer's default folder
+/// (Packer docs, "packer init": `$HOME/.config/packer/plugins` on Unix).
+pub fn plugin_dir() -> String {
+    match std::env::var_os("PACKER_PLUGIN_PATH").filter(|v| !v.is_empty()) {
+        Some(dir) => format!("PACKER_PLUGIN_PATH={}", dir.to_string_lossy()),
+        None => "Packer's default plugin folder (~/.config/packer/plugins; PACKER_PLUGIN_PATH is not set)".into(),
+    }
+}
 
 /// A semantic-ish version `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -173,6 +191,56 @@ impl Packer {
         }
     }
 
+    /// `packer init <template>`: install the template's `required_plugins` (Packer ≥ 1.7;
+    /// call it after [`Packer::require`]). Returns what Packer printed (its "Installed
+    /// plugin ..." lines; nothing when all were there already). A failure is
+    /// [`Error::PackerInit`] naming the plugin(s), the exit status and the last lines
+    /// Packer printed.
+    pub async fn init(&self, template: &Path, plugins: &[RequiredPlugin]) -> Result<Vec<String>> {
+        let out = packer_command(&self.program)
+            .arg("init")
+            .arg(template)
+            .output()
+            .await
+            .map_err(|e| Error::io(format!("running {} init", self.program.display()), e))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return Ok(stdout
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect());
+        }
+        let printed = format!("{stdout}\n{stderr}");
+        let named: Vec<&RequiredPlugin> = plugins
+            .iter()
+            .filter(|p| printed.contains(&p.source))
+            .collect();
+        let failed: Vec<String> = if named.is_empty() {
+            plugins.iter().map(ToString::to_string).collect()
+        } else {
+            named.iter().map(ToString::to_string).collect()
+        };
+        let shown = if stderr.trim().is_empty() {
+            &stdout
+        } else {
+            &stderr
+        };
+        Err(Error::PackerInit {
+            template: template.to_path_buf(),
+            plugins: if failed.is_empty() {
+                "the template's plugins".into()
+            } else {
+                format!("the plugin {}", failed.join(", "))
+            },
+            plugin_dir: plugin_dir(),
+            status: exit_words(out.status),
+            output: tail(shown, INIT_TAIL_LINES),
+        })
+    }
+
     /// `packer fmt -check <template>`: Ok, or the files that need formatting.
     pub async fn fmt_check(&self, template: &Path) -> Result<()> {
         let out = packer_command(&self.program)
@@ -218,6 +286,26 @@ impl Packer {
             ),
         })
     }
+}
+
+/// `exit status 1`, or the signal that ended a process.
+fn exit_words(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+/// The last `n` non-empty lines of `text`, each trimmed at the end.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// What became of a build run.
@@ -483,7 +571,14 @@ impl Drop for PackerGroup {
 
 #[cfg(test)]
 mod tests {
-    use super::Version;
+    use super::{tail, Version};
+
+    #[test]
+    fn tail_keeps_the_last_non_empty_lines() {
+        assert_eq!(tail("a\n\nb  \nc\n\n", 2), "b\nc");
+        assert_eq!(tail("only\n", 20), "only");
+        assert_eq!(tail("", 3), "");
+    }
 
     #[test]
     fn versions_and_constraints() {

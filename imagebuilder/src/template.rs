@@ -1,5 +1,6 @@
 //! Reading Packer HCL2 templates (with hcl-rs): declared variables and their types, the
-//! `packer { required_version }` constraint, and literal `locals` such as the OS catalog;
+//! `packer { required_version, required_plugins }` constraints, and literal `locals` such
+//! as the OS catalog;
 //! checking values against the declarations; writing a `.pkrvars.hcl` file.
 //!
 //! Packer loads every `*.pkr.hcl` file of a folder as one template (Packer docs, "HCL
@@ -107,6 +108,27 @@ pub struct Variable {
     pub file: PathBuf,
 }
 
+/// One entry of `packer { required_plugins { NAME = { source, version } } }`: what
+/// `packer init` installs (Packer docs, "Specifying plugin requirements").
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RequiredPlugin {
+    /// The local name (`amazon`).
+    pub name: String,
+    /// Where it comes from (`github.com/hashicorp/amazon`).
+    pub source: String,
+    /// Its version constraint (`>= 1.3.0`), if any.
+    pub version: Option<String>,
+}
+
+impl fmt::Display for RequiredPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.version {
+            Some(v) => write!(f, "{} {v}", self.source),
+            None => f.write_str(&self.source),
+        }
+    }
+}
+
 /// What this crate reads from a template.
 #[derive(Debug, Clone, Default)]
 pub struct Template {
@@ -116,6 +138,8 @@ pub struct Template {
     pub variables: BTreeMap<String, Variable>,
     /// `packer { required_version = "..." }`, if any.
     pub required_version: Option<String>,
+    /// `packer { required_plugins { ... } }`, in the order written.
+    pub required_plugins: Vec<RequiredPlugin>,
     /// Literal `locals` values (non-literal expressions are left out).
     pub locals: BTreeMap<String, Json>,
 }
@@ -196,6 +220,19 @@ impl Template {
                             }
                         }
                     }
+                    for plugins in block
+                        .body()
+                        .blocks()
+                        .filter(|b| b.identifier() == "required_plugins")
+                    {
+                        for attr in plugins.body().attributes() {
+                            self.required_plugins.push(required_plugin(
+                                file,
+                                attr.key(),
+                                attr.expr(),
+                            )?);
+                        }
+                    }
                 }
                 "locals" => {
                     for attr in block.body().attributes() {
@@ -267,6 +304,30 @@ impl Template {
             .map(|(n, _)| n.clone())
             .collect()
     }
+}
+
+/// One `NAME = { source = "...", version = "..." }` of `required_plugins`; an entry
+/// without a literal `source` is refused naming the file and the plugin.
+fn required_plugin(file: &Path, name: &str, expr: &hcl::Expression) -> Result<RequiredPlugin> {
+    let entry = literal(expr);
+    let field = |key: &str| {
+        entry
+            .as_ref()
+            .and_then(|e| e.get(key))
+            .and_then(Json::as_str)
+            .map(str::to_string)
+    };
+    let source = field("source").ok_or_else(|| Error::File {
+        path: file.to_path_buf(),
+        message: format!(
+            "packer.required_plugins.{name}: expected {{ source = \"...\", version = \"...\" }} with a literal source"
+        ),
+    })?;
+    Ok(RequiredPlugin {
+        name: name.to_string(),
+        source,
+        version: field("version"),
+    })
 }
 
 /// The value of a literal expression (strings, numbers, bools, lists, objects, null);
@@ -380,6 +441,37 @@ mod tests {
         );
         assert!(!t.variables["a"].has_default);
         assert_eq!(t.variables["b"].ty, VarType::Map(Box::new(VarType::String)));
+    }
+
+    #[test]
+    fn required_plugins_are_read_and_one_without_a_source_is_refused() {
+        let body = hcl::parse(
+            "packer {\n required_version = \">= 1.10.0\"\n required_plugins {\n  amazon = {\n   version = \">= 1.3.0\"\n   source = \"github.com/hashicorp/amazon\"\n  }\n  ansible = {\n   source = \"github.com/hashicorp/ansible\"\n  }\n }\n}\n",
+        )
+        .unwrap();
+        let mut t = Template::default();
+        t.absorb(Path::new("x.pkr.hcl"), &body).unwrap();
+        assert_eq!(t.required_version.as_deref(), Some(">= 1.10.0"));
+        let names: Vec<String> = t.required_plugins.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "github.com/hashicorp/amazon >= 1.3.0",
+                "github.com/hashicorp/ansible"
+            ]
+        );
+
+        let body =
+            hcl::parse("packer {\n required_plugins {\n  amazon = { version = \">= 1\" }\n }\n}\n")
+                .unwrap();
+        let err = Template::default()
+            .absorb(Path::new("x.pkr.hcl"), &body)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("x.pkr.hcl: packer.required_plugins.amazon: expected"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! The binary end to end with real components: Debian's Packer 1.6.6, moto's EC2 and SSM
-//! on 127.0.0.1, shellcheck; and every bad input of issue 5, each with its exit code.
+//! The binary end to end with real components: Debian's Packer 1.6.6 (builds of the test
+//! templates, `packer fmt`, and its refusal by packer/'s `required_version`), moto's EC2 and
+//! SSM on 127.0.0.1, shellcheck; and every bad input of issue 5, each with its exit code.
+//! Commands on packer/ itself run a stand-in Packer new enough for it (`common::sib`).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -61,19 +63,13 @@ fn provisioning_scripts_are_shellcheck_clean() {
 }
 
 #[test]
-fn validate_checks_variables_and_format_and_says_why_packer_validate_is_skipped() {
+fn validate_checks_variables_schema_format_and_refuses_debians_packer_1_6_6() {
     let out = run(sib().args(["--output", "json", "validate"]));
     assert!(out.status.success(), "{}", text(&out));
     let v = json(&out);
     assert_eq!(v["fmt"], "ok");
-    assert_eq!(v["packer"]["version"], "1.6.6");
-    let validate = v["validate"].as_str().unwrap();
-    assert!(
-        validate.contains("1.6.6")
-            && validate.contains(">= 1.10.0")
-            && validate.contains("only the schema check ran"),
-        "{validate}"
-    );
+    assert_eq!(v["packer"]["version"], "1.11.2");
+    assert_eq!(v["validate"], "ok");
     assert_eq!(v["schema"]["result"], "ok");
     assert_eq!(
         v["schema"]["schemas"],
@@ -82,6 +78,23 @@ fn validate_checks_variables_and_format_and_says_why_packer_validate_is_skipped(
             "Packer v1.10.0 + amazon v1.3.0"
         ])
     );
+
+    // Debian's Packer is older than the template requires: refused (it was once "skipped"
+    // with exit 0), naming the version, the constraint and the template, after the checks
+    // that need no Packer.
+    let out = run(sib_debian_packer().args(["--output", "json", "validate"]));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let v = json(&out);
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("Packer 1.6.6 (")
+            && error.contains(&format!(
+                "is too old for {}: it requires Packer >= 1.10.0",
+                repo().join("packer").display()
+            )),
+        "{error}"
+    );
+    assert!(!text(&out).contains("skipped"), "{}", text(&out));
 }
 
 #[test]
@@ -426,7 +439,7 @@ fn undeclared_or_mistyped_variable_is_refused() {
 
 #[test]
 fn packer_missing_is_reported_with_the_path_searched() {
-    let out = run(sib()
+    let out = run(sib_debian_packer()
         .env("PATH", "/nonexistent-bin")
         .args(["build"])
         .args(OFFLINE));
@@ -441,7 +454,7 @@ fn packer_missing_is_reported_with_the_path_searched() {
 #[test]
 fn packer_too_old_names_both_versions() {
     let work = tempfile::tempdir().unwrap();
-    let out = run(sib()
+    let out = run(sib_debian_packer()
         .args(["build", "--work-dir"])
         .arg(work.path())
         .args(OFFLINE));
@@ -458,7 +471,7 @@ fn build_against_moto_extracts_amis_and_publish_keeps_history() {
     let moto = Moto::start();
     let source_ami = moto.amazon_ami();
     let work = tempfile::tempdir().unwrap();
-    let out = run(sib()
+    let out = run(sib_debian_packer()
         .args([
             "--output",
             "json",
@@ -594,7 +607,7 @@ fn sigterm_cancels_packer_cleanly_with_exit_130_and_no_stray_process() {
     use std::os::unix::process::CommandExt;
     let work = tempfile::tempdir().unwrap();
     let log = work.path().join("packer.log");
-    let mut child = sib()
+    let mut child = sib_debian_packer()
         .args(["build", "--template", "imagebuilder/tests/fixtures/sleep"])
         .args(OFFLINE)
         .arg("--work-dir")
@@ -787,9 +800,11 @@ fn packer_folder_is_found_without_the_repository_as_working_directory() {
     for f in ["node.pkr.hcl", "variables.pkr.hcl", "sources.toml"] {
         std::fs::copy(repo().join("packer").join(f), share.join(f)).unwrap();
     }
+    let standin = StandinPacker::shared();
     let out = run(std::process::Command::new(bin.join("slurm-image-builder"))
         .current_dir("/")
         .env_remove("SIB_PACKER_DIR")
+        .env("SIB_PACKER", &standin.program)
         .args(["--output", "json", "plan"]));
     assert!(out.status.success(), "{}", text(&out));
     assert!(
@@ -802,51 +817,22 @@ fn packer_folder_is_found_without_the_repository_as_working_directory() {
     );
 }
 
-/// A stand-in Packer new enough for the template: records each `validate` call's variables
-/// file and whether the folders it names exist at that moment (what real Packer checks for
-/// the file provisioners' sources).
-fn fake_packer(dir: &std::path::Path) -> std::path::PathBuf {
-    let p = dir.join("packer");
-    std::fs::write(
-        &p,
-        format!(
-            r#"#!/bin/bash
-log={log}
-case $1 in
-version) echo "Packer v1.11.2" ;;
-fmt) exit 0 ;;
-validate)
-  vf=${{2#-var-file=}}
-  cp "$vf" {log}.vars
-  for name in agent_dir sources_dir; do
-    path=$(sed -n "s/^$name = \"\(.*\)\"$/\1/p" "$vf")
-    case $path in /*) ;; *) echo "$name not absolute: $path" >>"$log" ;; esac
-    [ -d "$path" ] || echo "$name missing: $path" >>"$log"
-  done
-  echo validated >>"$log" ;;
-esac
-"#,
-            log = dir.join("calls").display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    p
-}
-
 #[test]
 fn packer_validate_gets_absolute_existing_upload_folders() {
     let dir = tempfile::tempdir().unwrap();
-    let packer = fake_packer(dir.path());
+    let packer = StandinPacker::new(dir.path(), "1.11.2");
     let out = run(sib()
         .arg("--packer")
-        .arg(&packer)
+        .arg(&packer.program)
         .args(["--output", "json", "validate"]));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(json(&out)["validate"], "ok");
-    let calls = std::fs::read_to_string(dir.path().join("calls")).unwrap();
-    assert_eq!(calls.trim(), "validated", "{calls}");
+    // Every call is recorded: nothing said that an upload folder is missing or relative.
+    let calls = packer.calls();
+    assert!(
+        calls.len() == 4 && calls[3].starts_with("validate -var-file="),
+        "{calls:?}"
+    );
     let vars = std::fs::read_to_string(dir.path().join("calls.vars")).unwrap();
     assert!(vars.contains("agent_dir = \"/"), "{vars}");
 }

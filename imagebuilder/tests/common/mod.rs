@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests: paths, running the binary, moto, a tiny HTTP
-//! file server on 127.0.0.1, free ports.
+//! Helpers shared by the integration tests: paths, running the binary, a stand-in Packer,
+//! moto, a tiny HTTP file server on 127.0.0.1, free ports.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{Read, Write};
@@ -16,16 +16,180 @@ pub fn repo() -> PathBuf {
 }
 
 /// The binary under test, run from the workspace root with a clean Packer checkpoint.
+///
+/// Its Packer is the shared [`StandinPacker`] (v1.11.2, `SIB_PACKER`), with plugins in a
+/// folder of its own (`PACKER_PLUGIN_PATH`): Debian's Packer 1.6.6 is older than
+/// packer/node.pkr.hcl's `required_version`, and plan, validate and build refuse it
+/// (exit 4). The stand-in's `fmt` is Debian's `packer fmt`. Tests that run Debian's Packer
+/// itself (builds against moto, cancellation) use [`sib_debian_packer`].
 pub fn sib() -> Command {
+    let standin = StandinPacker::shared();
+    let mut cmd = sib_debian_packer();
+    cmd.env("SIB_PACKER", &standin.program)
+        .env("PACKER_PLUGIN_PATH", standin.dir.join("plugins"));
+    cmd
+}
+
+/// The binary under test with Debian's Packer (`packer` on PATH), for templates without
+/// `required_version` (the test fixtures) and for its refusal of packer/.
+pub fn sib_debian_packer() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_slurm-image-builder"));
     cmd.current_dir(repo())
         .env("CHECKPOINT_DISABLE", "1")
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
         .env_remove("AWS_PROFILE")
+        .env_remove("SIB_PACKER")
+        .env_remove("PACKER_PLUGIN_PATH")
         .stdin(Stdio::null());
     cmd
 }
+
+/// A stand-in `packer` (a bash script), new enough for packer/'s `required_version`, that
+/// behaves as Packer does where the builder depends on it:
+///
+/// - `version` prints `Packer v<version>`;
+/// - `init <template>` installs each `github.com/...` plugin the template's
+///   `required_plugins` name into `PACKER_PLUGIN_PATH` (else `~/.config/packer/plugins`),
+///   laid out as Packer lays them out, printing "Installed plugin ..." for each new one; or,
+///   after [`StandinPacker::init_fails`], prints that text on stderr and exits 1;
+/// - `fmt` is Debian's `packer fmt`;
+/// - `validate` and `build` fail with Packer's "Missing plugins" error while a required
+///   plugin is not installed there; `validate` keeps its variables file as `calls.vars`
+///   and notes in `calls` an upload folder (`agent_dir`, `sources_dir`) that is not
+///   absolute or does not exist; `build` prints the machine-readable lines of one AMI in
+///   the variables file's region.
+///
+/// Each call is one line of `<dir>/calls`: the arguments, then `PACKER_PLUGIN_PATH=<value>`
+/// (`<unset>` when not set).
+pub struct StandinPacker {
+    /// Its folder (`packer`, `calls`, `init-fails`; `plugins/` for the shared one).
+    pub dir: PathBuf,
+    /// The program.
+    pub program: PathBuf,
+}
+
+impl StandinPacker {
+    /// A stand-in reporting `version`, in `dir`.
+    pub fn new(dir: &Path, version: &str) -> StandinPacker {
+        let program = dir.join("packer");
+        let real = debian_packer();
+        let script = STANDIN
+            .replace("@DIR@", &dir.display().to_string())
+            .replace("@VERSION@", version)
+            .replace("@REAL@", &real.display().to_string());
+        // Written aside and renamed: test processes may make the shared one at once.
+        let tmp = dir.join(format!(".packer.{}", std::process::id()));
+        std::fs::write(&tmp, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::rename(&tmp, &program).unwrap();
+        StandinPacker {
+            dir: dir.to_path_buf(),
+            program,
+        }
+    }
+
+    /// The one [`sib`] uses (v1.11.2), below the crate's target temporary folder.
+    pub fn shared() -> StandinPacker {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("standin-packer");
+        std::fs::create_dir_all(dir.join("plugins")).unwrap();
+        StandinPacker::new(&dir, "1.11.2")
+    }
+
+    /// From now on `init` fails: prints `stderr` there and exits 1.
+    pub fn init_fails(&self, stderr: &str) {
+        std::fs::write(self.dir.join("init-fails"), stderr).unwrap();
+    }
+
+    /// The calls so far, one per line.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Debian's `packer` on PATH (not a stand-in).
+pub fn debian_packer() -> PathBuf {
+    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|d| d.join("packer"))
+        .find(|p| p.is_file() && !std::fs::read(p).unwrap_or_default().starts_with(b"#!"))
+        .expect("Debian's packer on PATH (apt-get install packer)")
+}
+
+const STANDIN: &str = r#"#!/bin/bash
+# Stand-in Packer of imagebuilder/tests/common (StandinPacker).
+dir='@DIR@'
+echo "$* PACKER_PLUGIN_PATH=${PACKER_PLUGIN_PATH-<unset>}" >>"$dir/calls"
+plugins=${PACKER_PLUGIN_PATH:-$HOME/.config/packer/plugins}
+template=${!#}
+required() {
+	local files=("$template")
+	[ -d "$template" ] && files=("$template"/*.pkr.hcl)
+	sed -n 's|^ *source *= *"\(github\.com/[^"]*\)".*|\1|p' "${files[@]}"
+}
+missing() {
+	local src
+	for src in $(required); do
+		compgen -G "$plugins/$src/packer-plugin-${src##*/}_v*" >/dev/null || echo "$src"
+	done
+}
+refuse_missing() {
+	local m
+	m=$(missing)
+	[ -z "$m" ] && return
+	printf 'Error: Missing plugins
+
+The following plugins are required, but not installed:
+
+%s
+
+Did you run packer init for this project ?
+' "$m" >&2
+	exit 1
+}
+case $1 in
+version) echo "Packer v@VERSION@" ;;
+init)
+	if [ -e "$dir/init-fails" ]; then
+		cat "$dir/init-fails" >&2
+		exit 1
+	fi
+	for src in $(required); do
+		f="$plugins/$src/packer-plugin-${src##*/}_v1.8.2_x5.0_linux_amd64"
+		[ -e "$f" ] && continue
+		mkdir -p "${f%/*}"
+		printf '#!/bin/sh
+' >"$f"
+		echo "Installed plugin $src v1.8.2 in "$f""
+	done
+	;;
+fmt)
+	shift
+	exec '@REAL@' fmt "$@"
+	;;
+validate)
+	refuse_missing
+	vf=${2#-var-file=}
+	cp "$vf" "$dir/calls.vars"
+	for name in agent_dir sources_dir; do
+		path=$(sed -n "s/^$name = \"\(.*\)\"\$/\1/p" "$vf")
+		case $path in /*) ;; *) echo "$name not absolute: $path" >>"$dir/calls" ;; esac
+		[ -d "$path" ] || echo "$name missing: $path" >>"$dir/calls"
+	done
+	;;
+build)
+	refuse_missing
+	vf=${3#-var-file=}
+	region=$(sed -n 's/^region = "\(.*\)"$/\1/p' "$vf")
+	echo "1795982894,amazon-ebs.node,artifact,0,id,$region:ami-0123456789abcdef0"
+	echo "1795982894,,ui,say,Build 'amazon-ebs.node' finished."
+	;;
+esac
+"#;
 
 /// Run and capture.
 pub fn run(cmd: &mut Command) -> Output {
