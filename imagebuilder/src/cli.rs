@@ -138,7 +138,8 @@ pub struct RecipeArgs {
     /// Install the CloudWatch agent, shipping the journal of slurmd and slurm-node-agent.
     #[arg(long)]
     pub cloudwatch_agent: bool,
-    /// Version of slurm-node-agent recorded in tags and build-info.
+    /// Version of slurm-node-agent recorded in tags and build-info (build: default what the
+    /// staged agent binary's --version prints; 0.0.0-dev without one).
     #[arg(long)]
     pub agent_version: Option<String>,
     /// Build region.
@@ -533,7 +534,7 @@ impl Cli {
     }
 
     async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
-        let (recipe, template, mut vars) = self.resolve(&args.recipe)?;
+        let (mut recipe, template, mut vars) = self.resolve(&args.recipe)?;
         let work = absolute(
             &args
                 .work_dir
@@ -558,13 +559,21 @@ impl Cli {
         let packer = self.packer_for(&template).await?;
         let init = self.init(&packer, &template).await?;
 
-        let assembled = assemble_agent(
+        let mut assembled = assemble_agent(
             &agent_dir,
             args.agent_bin.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
         )?;
+        let var_given = vars.get("agent_version").and_then(Json::as_str)
+            != Some(crate::recipe::DEFAULT_AGENT_VERSION);
+        if let Some(v) =
+            staged_agent_version(&agent_dir, &recipe, &mut assembled).filter(|_| !var_given)
+        {
+            vars.insert("agent_version".into(), json!(v));
+            recipe.agent_version = v;
+        }
         std::fs::create_dir_all(&sources_dir)
             .map_err(|e| Error::io(format!("creating {}", sources_dir.display()), e))?;
         if args.prefetch_sources {
@@ -650,7 +659,7 @@ impl Cli {
     }
 
     async fn build_local(&self, args: &BuildArgs) -> Result<Report> {
-        let (recipe, _template, _vars) = self.resolve(&args.recipe)?;
+        let (mut recipe, _template, _vars) = self.resolve(&args.recipe)?;
         let work = absolute(
             &args
                 .work_dir
@@ -658,13 +667,16 @@ impl Cli {
                 .unwrap_or_else(|| PathBuf::from("build/local")),
         )?;
         let agent_dir = work.join("agent");
-        let assembled = assemble_agent(
+        let mut assembled = assemble_agent(
             &agent_dir,
             args.agent_bin.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
         )?;
+        if let Some(v) = staged_agent_version(&agent_dir, &recipe, &mut assembled) {
+            recipe.agent_version = v;
+        }
         let log_path = args
             .log_file
             .clone()
@@ -1045,6 +1057,55 @@ fn assemble_agent(
             .map_err(|e| Error::io(format!("copying {}", settings.display()), e))?;
     }
     Ok(notes)
+}
+
+/// The version recorded on the image when `--agent-version` was not given: what the staged
+/// agent says of itself (`slurm-node-agent --version` prints `slurm-node-agent X.Y.Z`), so
+/// that an image's tags and build-info name the agent it carries. `None` when a version
+/// was given (`--agent-version` or `--var agent_version=`), no agent is staged, or it
+/// cannot run here (another architecture: a note says so and the default stays).
+fn staged_agent_version(
+    agent_dir: &Path,
+    recipe: &crate::recipe::Recipe,
+    notes: &mut Vec<String>,
+) -> Option<String> {
+    if recipe.agent_version != crate::recipe::DEFAULT_AGENT_VERSION {
+        return None;
+    }
+    let bin = agent_dir.join("slurm-node-agent");
+    if !bin.is_file() {
+        return None;
+    }
+    let out = match std::process::Command::new(&bin)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => {
+            notes.push(format!(
+                "{} --version failed ({}): the image records agent version {} (pass --agent-version)",
+                bin.display(),
+                out.status,
+                recipe.agent_version
+            ));
+            return None;
+        }
+        Err(e) => {
+            notes.push(format!(
+                "{} --version could not run here ({e}; another architecture?): the image records agent version {} (pass --agent-version)",
+                bin.display(),
+                recipe.agent_version
+            ));
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.split_whitespace().nth(1).filter(|v| {
+        v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
+    })?;
+    Some(version.to_string())
 }
 
 /// The file provisioners upload `var.agent_dir` and `var.sources_dir`, and Packer checks

@@ -141,6 +141,10 @@ pub struct Request {
     pub local: bool,
 }
 
+/// The agent version a recipe records when none is given; `build` replaces it with what
+/// the staged agent's `--version` says.
+pub const DEFAULT_AGENT_VERSION: &str = "0.0.0-dev";
+
 /// A fully resolved recipe.
 #[derive(Debug, Clone, Serialize)]
 pub struct Recipe {
@@ -549,7 +553,7 @@ impl Recipe {
             agent_version: req
                 .agent_version
                 .clone()
-                .unwrap_or_else(|| "0.0.0-dev".to_string()),
+                .unwrap_or_else(|| DEFAULT_AGENT_VERSION.to_string()),
             region: req
                 .region
                 .clone()

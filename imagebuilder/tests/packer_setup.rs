@@ -351,3 +351,49 @@ fn exit_code_tables_agree() {
         assert!(text.contains("packer init"), "{what}: {text}");
     }
 }
+
+/// The image records the agent it carries: without `--agent-version`, the version the
+/// staged binary prints (`slurm-node-agent --version`), not `0.0.0-dev`; a given
+/// `--agent-version` or `--var agent_version=` wins.
+#[test]
+fn the_image_records_the_version_of_the_agent_binary_it_carries() {
+    let agent =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slurm-node-agent");
+    if !agent.is_file() {
+        eprintln!(
+            "skipped: {} not built (cargo build -p slurm-node-agent)",
+            agent.display()
+        );
+        return;
+    }
+    let printed = run(std::process::Command::new(&agent).arg("--version"));
+    let version = String::from_utf8_lossy(&printed.stdout)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    assert_ne!(version, "0.0.0-dev");
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let packer = StandinPacker::new(dir.path(), "1.11.2");
+    let recorded = |extra: &[&str]| {
+        let work = tempfile::tempdir().unwrap();
+        let out = run(sib_with(&packer, plugins.path())
+            .args(["--output", "json", "build", "--agent-bin"])
+            .arg(&agent)
+            .args(OFFLINE)
+            .args(extra)
+            .args(["--region", "eu-west-1", "--work-dir"])
+            .arg(work.path()));
+        assert!(out.status.success(), "{}", text(&out));
+        let vars = std::fs::read_to_string(work.path().join("recipe.pkrvars.hcl")).unwrap();
+        vars.lines()
+            .find_map(|l| l.strip_prefix("agent_version = "))
+            .unwrap_or_else(|| panic!("no agent_version in {vars}"))
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(recorded(&[]), version);
+    assert_eq!(recorded(&["--agent-version", "1.2.3-site"]), "1.2.3-site");
+    assert_eq!(recorded(&["--var", "agent_version=4.5.6"]), "4.5.6");
+}
