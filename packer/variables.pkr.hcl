@@ -91,8 +91,8 @@ variable "slurm_sha256" {
 
 variable "auth" {
   type        = string
-  description = "Slurm authentication: munge or slurm (auth/slurm needs Slurm 23.11 or later)."
-  default     = "munge"
+  description = "The auth plugins the image can join with: munge (auth/munge only), slurm (auth/slurm only, no MUNGE) or munge+slurm (both; each node's join picks). auth/slurm needs Slurm 23.11 or later."
+  default     = "munge+slurm"
 }
 
 variable "munge_version" {

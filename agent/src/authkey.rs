@@ -80,11 +80,15 @@ impl AuthType {
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     /// Plugin: `munge` (`AuthType=auth/munge`) or `slurm` (`AuthType=auth/slurm`, Slurm
-    /// 23.11 or later: an older slurmd is refused with exit 78). Not set: `munge`, except in
-    /// the managed join (`pcs.enabled`), where it is `slurm` as the managed service runs
-    /// every cluster with auth/slurm. It must be the controller's `AuthType`: a node whose
-    /// type or key differs stops with exit 65 once slurmctld has refused slurmd's
-    /// configuration requests for 25 s.
+    /// 23.11 or later). Not set: the join decides: `slurm` in the managed join
+    /// (`pcs.enabled`), as the managed service runs every cluster with auth/slurm; `munge`
+    /// otherwise. An image that can do only one sets it (the image builder's `--auth munge`
+    /// or `--auth slurm`). Bootstrap refuses with exit 78, before it registers or writes
+    /// anything and naming where the value came from: a managed join with `munge`; `slurm`
+    /// with a slurmd older than 23.11; a type whose plugin (`auth_munge.so`,
+    /// `auth_slurm.so`) Slurm's plugin folder lacks. It must be the controller's
+    /// `AuthType`: a node whose type or key differs stops with exit 65 once slurmctld has
+    /// refused slurmd's configuration requests for 25 s.
     #[serde(rename = "type")]
     pub auth_type: AuthType,
     /// Where the key comes from: `ssm:<parameter name>` (SecureString, decrypted),

@@ -141,7 +141,7 @@ impl Exit {
                 "permission: access to the key denied; `ec2:DescribeTags` denied (`imds.tags = \"describe-tags\"`); `resume` of an admin's drain without `--force`"
             }
             Exit::Config => {
-                "invalid settings (`auth.type = \"slurm\"` with a Slurm older than 23.11); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
+                "invalid settings (an `auth.type` the join or the image's Slurm cannot use: munge in the managed join, auth/slurm with a Slurm older than 23.11 or without its plugin); no node name (`check` without a name still runs its checks, reports \"node name unknown\" and acts on nothing)"
             }
         }
     }

@@ -159,7 +159,7 @@ async fn gpu(lib: &Path, name: &str, extra: &str, env: &RunEnv) -> (Status, Stri
     let set = health::checksd::parse(
         &toml,
         Path::new("/test/gpu.toml"),
-        Some("node1"),
+        &health::Target::for_node(Some("node1")),
         &nhc::Defaults {
             timeout: Duration::from_secs(20),
             slurm_bin_dir: std::path::PathBuf::new(),

@@ -277,7 +277,7 @@ async fn inner_mount_checks() {
     let set = health::checksd::parse(
         &toml,
         Path::new("/test/a.toml"),
-        Some("node1"),
+        &health::Target::for_node(Some("node1")),
         &nhc::Defaults {
             timeout: Duration::from_secs(2),
             slurm_bin_dir: std::path::PathBuf::new(),

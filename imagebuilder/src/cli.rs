@@ -120,7 +120,10 @@ pub struct RecipeArgs {
     /// way, offline from the pins), or the distribution's packages.
     #[arg(long, value_parser = ["tarball", "debian-source", "distro"])]
     pub slurm_source: Option<String>,
-    /// Slurm authentication: munge or slurm.
+    /// The auth plugins the image can join with: munge (auth/munge only), slurm (auth/slurm
+    /// only: Slurm built --without-munge, no MUNGE), or munge+slurm (MUNGE and both plugins;
+    /// each node's join picks: auth/slurm for the managed service, munge otherwise).
+    /// Default: munge+slurm where every Slurm version is 23.11 or later, else munge.
     #[arg(long)]
     pub auth: Option<String>,
     /// EFA installer version; "" leaves EFA out.

@@ -16,6 +16,11 @@ pub const LOCAL_OS: &str = "debian-12";
 /// Slurm version of Debian 12's packages (slurm-wlm 22.05.8), the default locally.
 pub const DEBIAN_12_SLURM: &str = "22.05.8";
 
+/// `--auth` for an image that can join with either plugin: MUNGE installed and Slurm built
+/// with auth/munge and auth/slurm (23.11+), the node's `auth.type` left to its join. The
+/// default where every Slurm version of the image has auth/slurm.
+pub const AUTH_BOTH: &str = "munge+slurm";
+
 /// A download pinned by URL and sha256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,7 +124,8 @@ pub struct Request {
     pub slurm_default: Option<String>,
     /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: Option<String>,
-    /// `munge` or `slurm`.
+    /// `munge`, `slurm` or `munge+slurm`; `None`: `munge+slurm` where every Slurm version
+    /// is 23.11 or later, else `munge`.
     pub auth: Option<String>,
     /// EFA installer version; `Some("")` leaves EFA out.
     pub efa_version: Option<String>,
@@ -165,7 +171,11 @@ pub struct Recipe {
     /// single-version image). With two or more, each is installed in
     /// `/opt/slurm-<version>` and `/opt/slurm` is a symlink to the default's.
     pub slurm_versions: Vec<SlurmRelease>,
-    /// `munge` or `slurm`.
+    /// The auth plugins the image can join with: `munge` (auth/munge only: the image's
+    /// agent settings say `auth.type = "munge"`), `slurm` (auth/slurm only, Slurm built
+    /// `--without-munge`, no MUNGE: `auth.type = "slurm"`), or [`AUTH_BOTH`] (MUNGE and
+    /// both plugins; `auth.type` left to the node's join: auth/slurm in the managed join,
+    /// munge otherwise).
     pub auth: String,
     /// MUNGE version and pin (when the OS has no package).
     pub munge_version: String,
@@ -461,35 +471,42 @@ impl Recipe {
         let slurm_version = slurm_versions[default].version.clone();
         let slurm = slurm_versions[default].pin.clone();
 
-        let auth = req.auth.clone().unwrap_or_else(|| "munge".to_string());
+        // Which auth plugins the image can join with. Not asked: both (MUNGE installed,
+        // Slurm with auth/munge and auth/slurm, the node's auth.type left to its join)
+        // where every version has auth/slurm (23.11+), else munge.
+        let no_auth_slurm = slurm_versions
+            .iter()
+            .find(|r| !version_at_least(&r.version, 23, 11));
+        let auth = match (req.auth.as_deref(), no_auth_slurm) {
+            (None, None) => AUTH_BOTH.to_string(),
+            (None, Some(_)) => "munge".to_string(),
+            (Some(a), _) => a.to_string(),
+        };
         match auth.as_str() {
             "munge" => {}
-            "slurm" => {
-                if let Some(old) = slurm_versions
-                    .iter()
-                    .find(|r| !version_at_least(&r.version, 23, 11))
-                {
+            "slurm" | AUTH_BOTH => {
+                if let Some(old) = no_auth_slurm {
                     let entry = if slurm_versions.len() > 1 {
                         format!(" (slurm_versions entry '{}')", old.entry)
                     } else {
                         String::new()
                     };
                     return Err(Error::BadInput(format!(
-                        "auth 'slurm' needs Slurm 23.11 or later, not {}{entry}: use --auth munge",
+                        "auth '{auth}' needs Slurm 23.11 or later, not {}{entry}: use --auth munge",
                         old.version
                     )));
                 }
             }
             other => {
                 return Err(Error::BadInput(format!(
-                    "unknown auth '{other}' (supported: munge, slurm)"
+                    "unknown auth '{other}' (supported: munge, slurm, {AUTH_BOTH})"
                 )))
             }
         }
 
         // MUNGE from source only where the OS has no package (Amazon Linux 2023).
         let munge_version = sources.defaults.munge.clone();
-        let munge = if auth == "munge" && os == "al2023" {
+        let munge = if auth != "slurm" && os == "al2023" {
             if munge_version.is_empty() {
                 return Err(Error::BadInput(format!(
                     "{os} has no munge package, so MUNGE is built from source: set [defaults] munge and pin it in {}",
@@ -669,7 +686,7 @@ impl Recipe {
                 out.push((format!("Slurm {} source", r.version), p.clone()));
             }
         }
-        if self.auth == "munge" && self.os == "al2023" {
+        if self.auth != "slurm" && self.os == "al2023" {
             if let Some(p) = &self.munge {
                 out.push((format!("MUNGE {} source", self.munge_version), p.clone()));
             }
@@ -958,6 +975,42 @@ mod tests {
         let mut req = request(&["25.11", "26.05"], None);
         req.auth = Some("slurm".into());
         assert!(resolve(&req).is_ok());
+    }
+
+    /// Not asked, an image joins with either plugin where every version has auth/slurm, and
+    /// with munge where one has not; asked, the choice is kept and checked.
+    #[test]
+    fn auth_defaults_to_both_plugins_where_slurm_has_auth_slurm() {
+        let r = resolve(&request(&["25.11", "26.05"], None)).unwrap();
+        assert_eq!(r.auth, super::AUTH_BOTH);
+        let env = r.step_env("/tmp/slurm-image", false);
+        assert_eq!(
+            env.iter().find(|(k, _)| k == "SLURM_AUTH").unwrap().1,
+            "munge+slurm"
+        );
+        let r = resolve(&request(&["25.11", "23.02"], None)).unwrap();
+        assert_eq!(r.auth, "munge");
+        for asked in ["munge", "slurm", "munge+slurm"] {
+            let mut req = request(&["25.11"], None);
+            req.auth = Some(asked.into());
+            assert_eq!(resolve(&req).unwrap().auth, asked);
+        }
+        let mut req = request(&["23.02"], None);
+        req.auth = Some("munge+slurm".into());
+        let e = resolve(&req).unwrap_err();
+        assert!(
+            e.contains(
+                "auth 'munge+slurm' needs Slurm 23.11 or later, not 23.02.7: use --auth munge"
+            ),
+            "{e}"
+        );
+        let mut req = request(&["25.11"], None);
+        req.auth = Some("jwt".into());
+        let e = resolve(&req).unwrap_err();
+        assert!(
+            e.contains("unknown auth 'jwt' (supported: munge, slurm, munge+slurm)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1443,6 +1443,141 @@ fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
     );
 }
 
+/// The image's `auth.type` (issue 37 §3): an image that can join with both plugins (the
+/// builder's default `munge+slurm`) leaves it to the node's join, so the managed join takes
+/// auth/slurm; `--auth munge` and `--auth slurm` say it; `munge+slurm` over a Slurm whose
+/// plugin folder has no `auth_slurm.so` is narrowed to munge and says why. The plugin
+/// folder the step looks at, `/opt/slurm/lib/slurm`, is the overlay's: the plugins a case
+/// needs are written there (and one the host has is hidden by a whiteout).
+#[test]
+fn agent_step_leaves_auth_to_the_join_unless_the_image_can_do_only_one() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    struct Case {
+        auth: &'static str,
+        plugins: &'static [&'static str],
+        hidden: &'static [&'static str],
+        auth_type: Option<&'static str>,
+        munge: bool,
+    }
+    let cases = [
+        Case {
+            auth: "munge+slurm",
+            plugins: &["auth_munge.so", "auth_slurm.so"],
+            hidden: &[],
+            auth_type: None,
+            munge: true,
+        },
+        Case {
+            auth: "munge",
+            plugins: &["auth_munge.so", "auth_slurm.so"],
+            hidden: &[],
+            auth_type: Some("munge"),
+            munge: true,
+        },
+        Case {
+            auth: "slurm",
+            plugins: &["auth_slurm.so"],
+            hidden: &["auth_munge.so"],
+            auth_type: Some("slurm"),
+            munge: false,
+        },
+        Case {
+            auth: "munge+slurm",
+            plugins: &["auth_munge.so"],
+            hidden: &["auth_slurm.so"],
+            auth_type: Some("munge"),
+            munge: true,
+        },
+    ];
+    for c in cases {
+        let s = StandIn::new();
+        let staging = agent_staging(&s);
+        let plugins = s.path().join("root/opt/slurm/lib/slurm");
+        std::fs::create_dir_all(&plugins).unwrap();
+        for p in c.plugins {
+            std::fs::write(plugins.join(p), "").unwrap();
+        }
+        for p in c.hidden {
+            // An overlay whiteout: a 0/0 character device in the upper folder.
+            let st = Command::new("mknod")
+                .arg(plugins.join(p))
+                .args(["c", "0", "0"])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        let staging = staging.to_str().unwrap();
+        let env = [
+            ("IMAGE_OS", "debian-12"),
+            ("IMAGE_STAGING", staging),
+            ("SLURM_AUTH", c.auth),
+        ];
+        let (out, written) = step(&s, "70-agent.sh", &env);
+        let log = text(&out);
+        assert!(out.status.success(), "{}: {log}", c.auth);
+        let dropin = written.read("/etc/slurm-node-agent/conf.d/10-image.toml");
+        let t: toml::Table =
+            toml::from_str(&dropin).unwrap_or_else(|e| panic!("{}: {e}\n{dropin}", c.auth));
+        let got = t
+            .get("auth")
+            .and_then(|a| a.get("type"))
+            .and_then(|v| v.as_str());
+        assert_eq!(
+            got, c.auth_type,
+            "{} over {:?}: {dropin}",
+            c.auth, c.plugins
+        );
+        assert!(
+            t.get("slurm").and_then(|s| s.get("bin_dir")).is_some(),
+            "{dropin}"
+        );
+        let enabled = s.lines("enabled");
+        assert_eq!(
+            enabled.iter().any(|u| u == "munge.service"),
+            c.munge,
+            "{}: {enabled:?}",
+            c.auth
+        );
+        assert_eq!(
+            !written
+                .read("/etc/systemd/system/munge.service.d/slurm-node-agent.conf")
+                .is_empty(),
+            c.munge,
+            "{}: munge's drop-in",
+            c.auth
+        );
+        let narrowed = c.auth == "munge+slurm" && c.auth_type.is_some();
+        assert_eq!(
+            log.contains("no auth_slurm.so: this image joins with munge only"),
+            narrowed,
+            "{log}"
+        );
+    }
+
+    // A value the builder never passes stops the step, naming it.
+    let s = StandIn::new();
+    let staging = agent_staging(&s);
+    let staging = staging.to_str().unwrap();
+    let (out, _) = step(
+        &s,
+        "70-agent.sh",
+        &[
+            ("IMAGE_OS", "debian-12"),
+            ("IMAGE_STAGING", staging),
+            ("SLURM_AUTH", "jwt"),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("SLURM_AUTH must be munge, slurm or munge+slurm, not 'jwt'"),
+        "{}",
+        text(&out)
+    );
+}
+
 /// A finished Slurm tree as `make install DESTDIR=<stage>` leaves it (built for
 /// /opt/slurm): a `slurmd` that prints `slurm VERSION` and a reference unit.
 fn fake_slurm_stage(stage: &Path, version: &str) {

@@ -11,7 +11,7 @@ done
 . "$lib"
 require_root
 
-if [ "${SLURM_AUTH:-munge}" != munge ]; then
+if [ "${SLURM_AUTH:-munge}" = slurm ]; then
 	log "auth is ${SLURM_AUTH}: MUNGE not needed, nothing to do"
 	exit 0
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # 70-agent: slurm-node-agent, its man pages and shell completions, its systemd units, the
-# slurmd drop-in, tmpfiles and default settings, from $IMAGE_STAGING/agent (the agent
-# build) and $IMAGE_STAGING/files.
+# slurmd drop-in, tmpfiles, default settings and default health checks, from
+# $IMAGE_STAGING/agent (the agent build) and $IMAGE_STAGING/files.
 # Expected layout of $IMAGE_STAGING/agent:
 #   slurm-node-agent                                 the binary
 #   slurm-node-agent-healthcheck                     HealthCheckProgram (same build)
@@ -107,8 +107,30 @@ else
 	log "no sackd.service in this image: it cannot make login nodes (node.role = \"login\")"
 fi
 
+# The auth plugins this image can join with: SLURM_AUTH is the builder's --auth (munge,
+# slurm, or munge+slurm: MUNGE installed and Slurm with both plugins). munge+slurm is
+# narrowed here to what the Slurm installed really has (auth_slurm.so needs 23.11 and
+# libjwt).
+SLURM_AUTH=${SLURM_AUTH:-munge}
+case $SLURM_AUTH in
+munge | slurm | munge+slurm) ;;
+*) die "SLURM_AUTH must be munge, slurm or munge+slurm, not '$SLURM_AUTH'" ;;
+esac
+auth_plugin_dir=
+for d in /opt/slurm/lib/slurm /usr/lib64/slurm /usr/lib/*-linux-*/slurm-wlm /usr/lib/slurm; do
+	if compgen -G "$d/auth_*.so" >/dev/null; then
+		auth_plugin_dir=$d
+		break
+	fi
+done
+image_auth=$SLURM_AUTH
+if [ "$SLURM_AUTH" = munge+slurm ] && [ -n "$auth_plugin_dir" ] && [ ! -f "$auth_plugin_dir/auth_slurm.so" ]; then
+	log "Slurm's plugins ($auth_plugin_dir) have no auth_slurm.so: this image joins with munge only (auth.type = \"munge\")"
+	image_auth=munge
+fi
+
 # munge's drop-in: no start (and no failed unit) at boot before bootstrap wrote the key.
-if [ "${SLURM_AUTH:-munge}" = munge ]; then
+if [ "$SLURM_AUTH" != slurm ]; then
 	if [ -f "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" ]; then
 		place "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" "$UNIT_DIR/munge.service.d/slurm-node-agent.conf" 0644
 		clear_skip "agent: munge drop-in"
@@ -133,17 +155,29 @@ else
 	absent "settings" "$IMAGE_STAGING/files/agent.toml"
 fi
 
-# What this image knows better than the defaults: the auth plugin and where Slurm lives.
+# What this image knows better than the defaults: the auth plugin when it can do only one
+# (else the join picks: auth/slurm for the managed service, munge for a controller of the
+# site's), and where Slurm lives.
 bin_dir=/usr/bin
 [ -x /opt/slurm/bin/scontrol ] && bin_dir=/opt/slurm/bin
+case $image_auth in
+munge+slurm)
+	auth_toml="# auth.type not set: this image has MUNGE and Slurm's auth/munge and auth/slurm, so
+# the join decides (auth/slurm in the managed join, pcs.enabled; munge otherwise)."
+	;;
+*)
+	auth_toml="[auth]
+type = \"$image_auth\""
+	;;
+esac
 write_if_changed /etc/slurm-node-agent/conf.d/10-image.toml 0644 <<TOML
 # Written by packer/scripts/70-agent.sh for this image; later drop-ins override it.
-[auth]
-type = "${SLURM_AUTH:-munge}"
+$auth_toml
 
 [slurm]
 bin_dir = "$bin_dir"
 TOML
+log "auth: ${image_auth} (conf.d/10-image.toml)"
 # Node-local scratch is btrfs over the instance store disks: an image without mkfs.btrfs
 # (RHEL 9, Amazon Linux 2023) leaves the disks alone rather than drain every node that has
 # some.
@@ -158,8 +192,16 @@ enabled = false
 TOML
 fi
 install -d -m 0755 /var/lib/slurm-node-agent
-# The health checks' folder (health.checks_dir): empty, where a site drops its *.toml.
+# The health checks' folder (health.checks_dir) with the image's default checks; a site
+# adds its own *.toml there, and a check of the same name in a later file replaces the
+# default one (docs/health-checks.md).
 install -d -m 0755 /etc/slurm-node-agent/checks.d
+if [ -f "$IMAGE_STAGING/files/checks.d/10-defaults.toml" ]; then
+	place "$IMAGE_STAGING/files/checks.d/10-defaults.toml" /etc/slurm-node-agent/checks.d/10-defaults.toml 0644
+	clear_skip "agent: default health checks"
+else
+	absent "default health checks" "$IMAGE_STAGING/files/checks.d/10-defaults.toml"
+fi
 
 # Enable the units (works offline: systemctl only writes the links in a chroot).
 to_enable=()
@@ -167,7 +209,7 @@ for u in "${units[@]}"; do
 	[ -f "$UNIT_DIR/$u" ] && to_enable+=("$u")
 done
 for u in slurmd.service munge.service; do
-	[ "$u" = munge.service ] && [ "${SLURM_AUTH:-munge}" != munge ] && continue
+	[ "$u" = munge.service ] && [ "$SLURM_AUTH" = slurm ] && continue
 	to_enable+=("$u")
 done
 for u in "${to_enable[@]}"; do

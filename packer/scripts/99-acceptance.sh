@@ -162,8 +162,10 @@ else
 	"$feature_missing" "slurm feature: nvml (no gpu_nvml plugin)"
 fi
 
-# Auth: a munge round trip through a private munged (temporary key, removed after).
-if [ "${SLURM_AUTH:-munge}" = munge ]; then
+# Auth: a munge round trip through a private munged (temporary key, removed after), unless
+# the image is auth/slurm only; the auth/slurm plugin unless it is auth/munge only (or the
+# agent step found none in this Slurm and said so: auth.type = "munge" in the drop-in).
+if [ "${SLURM_AUTH:-munge}" != slurm ]; then
 	if ! command -v munged >/dev/null 2>&1; then
 		fail "munge: munged not installed"
 	else
@@ -190,9 +192,36 @@ if [ "${SLURM_AUTH:-munge}" = munge ]; then
 		fi
 		rm -rf "$d"
 	fi
-else
-	if [ -n "$(find /usr/lib* /opt/slurm/lib -name auth_slurm.so 2>/dev/null || true)" ]; then pass "auth/slurm plugin present"; else fail "auth/slurm plugin missing"; fi
 fi
+if [ "${SLURM_AUTH:-munge}" != munge ]; then
+	if [ -n "$(find /usr/lib* /opt/slurm/lib -name auth_slurm.so 2>/dev/null || true)" ]; then
+		pass "auth/slurm plugin present"
+	elif [ "$SLURM_AUTH" = munge+slurm ] && grep -qx 'type = "munge"' /etc/slurm-node-agent/conf.d/10-image.toml 2>/dev/null; then
+		not_checked "auth/slurm plugin (none in this Slurm: the image joins with munge only)"
+	else
+		fail "auth/slurm plugin missing"
+	fi
+fi
+
+# checks_load WHAT CMD...: the health checks run by CMD (`--output json` added) load: every
+# check file of the image can be used (no check of family "config") and the run ends with
+# 0 or 1. The image's default checks judge a booted node (slurmd and munged running, the
+# cluster key written), so checks that fail here are listed, not judged.
+checks_load() {
+	local what=$1 out rc=0 total failing
+	shift
+	out=$("$@" --output json 2>/dev/null) || rc=$?
+	if [ "$rc" -gt 1 ]; then
+		fail "$what: exit $rc: $("$@" 2>&1 | tail -n 5)"
+	elif printf '%s' "$out" | grep -q '"family":"config"'; then
+		fail "$what: a check file cannot be used ($(printf '%s' "$out" | grep -o '"family":"config","origin":"[^"]*"' | head -n 1))"
+	else
+		total=$(printf '%s' "$out" | grep -o '"status":"' | wc -l)
+		failing=$(printf '%s' "$out" | grep -o '"name":"[^"]*","family":"[^"]*","origin":"[^"]*","status":"\(fail\|timeout\)"' |
+			sed 's/^"name":"\([^"]*\)".*/\1/' | paste -sd, - || true)
+		pass "$what: $total checks load${failing:+; before boot these do not pass yet: $failing}"
+	fi
+}
 
 # The agent.
 if reason=$(skipped_reason "agent: slurm-node-agent binary"); then
@@ -201,21 +230,16 @@ elif ! command -v slurm-node-agent >/dev/null 2>&1; then
 	fail "slurm-node-agent not installed"
 else
 	if out=$(slurm-node-agent --version 2>&1); then pass "slurm-node-agent --version: $out"; else fail "slurm-node-agent --version: $out"; fi
-	if out=$(slurm-node-agent check --no-act 2>&1); then
-		pass "slurm-node-agent check --no-act"
-	else
-		fail "slurm-node-agent check --no-act: $(printf '%s' "$out" | tail -n 5)"
-	fi
+	checks_load "slurm-node-agent check --no-act" slurm-node-agent check --no-act
 fi
 # Slurm's HealthCheckProgram: run as slurmd runs it (no arguments, an empty environment).
 if reason=$(skipped_reason "agent: slurm-node-agent-healthcheck binary"); then
 	not_checked "slurm-node-agent-healthcheck ($reason)"
 elif [ ! -x /usr/local/bin/slurm-node-agent-healthcheck ]; then
 	fail "slurm-node-agent-healthcheck not installed at /usr/local/bin"
-elif out=$(env -i SLURMD_NODENAME=acceptance /usr/local/bin/slurm-node-agent-healthcheck --no-act 2>&1); then
-	pass "slurm-node-agent-healthcheck --no-act (as slurmd runs it)"
 else
-	fail "slurm-node-agent-healthcheck --no-act: $(printf '%s' "$out" | tail -n 5)"
+	checks_load "slurm-node-agent-healthcheck --no-act (as slurmd runs it)" \
+		env -i SLURMD_NODENAME=acceptance /usr/local/bin/slurm-node-agent-healthcheck --no-act
 fi
 
 # Operator services (65-services.sh).
@@ -309,7 +333,7 @@ fi
 
 # Units enabled.
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service slurmd.service)
-[ "${SLURM_AUTH:-munge}" = munge ] && units+=(munge.service)
+[ "${SLURM_AUTH:-munge}" != slurm ] && units+=(munge.service)
 for u in "${units[@]}"; do
 	if reason=$(skipped_reason "agent: unit $u"); then
 		not_checked "unit $u ($reason)"

@@ -6,7 +6,8 @@
 #
 # Environment:
 #   PREFIX             installation prefix (default /opt/slurm)
-#   SLURM_AUTH         munge (default) or slurm (auth/slurm only: --without-munge)
+#   SLURM_AUTH         munge (default), munge+slurm (both: the same build) or slurm
+#                      (auth/slurm only: --without-munge)
 #   SLURM_BUILD_CACHE  folder of finished builds (optional). A build is kept there as
 #                      slurm-<version>-<key>.tar, key = sha256 of the source's sha256, the
 #                      configure flags, the OS and the architecture, and reused instead of
@@ -29,7 +30,7 @@ SLURM_BUILD_RECIPE=3
 # build_slurm, as packages of the OS family.
 install_build_deps() {
 	local munge_dev=
-	if [ "$SLURM_AUTH" = munge ]; then
+	if [ "$SLURM_AUTH" != slurm ]; then
 		if [ "$(os_family)" = deb ]; then munge_dev=libmunge-dev; else munge_dev=munge-devel; fi
 	fi
 	if [ "$(os_family)" = deb ]; then

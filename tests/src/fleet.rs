@@ -1244,6 +1244,7 @@ pub struct FleetBuilder {
     recipe: ImageRecipe,
     shared: bool,
     auth_slurm: bool,
+    auth_by_join: bool,
     max_nodes: usize,
 }
 
@@ -1316,6 +1317,15 @@ impl FleetBuilder {
     /// drop-in wants `/etc/munge/munge.key`, which nothing writes). Default: auth/munge.
     pub fn auth_slurm(mut self, yes: bool) -> Self {
         self.auth_slurm = yes;
+        self
+    }
+
+    /// With [`FleetBuilder::auth_slurm`]: the nodes' drop-in leaves `auth.type` out, so the
+    /// image's own settings (`conf.d/10-image.toml`, as `70-agent.sh` wrote it) and each
+    /// node's join decide it, as on an image built for the managed service. Default: the
+    /// drop-in says `auth.type = "slurm"`.
+    pub fn auth_left_to_the_join(mut self, yes: bool) -> Self {
+        self.auth_by_join = yes;
         self
     }
 
@@ -1616,6 +1626,7 @@ impl Fleet {
             max_nodes: DEFAULT_MAX_NODES,
             shared: false,
             auth_slurm: false,
+            auth_by_join: false,
         }
     }
 
@@ -1981,7 +1992,7 @@ impl Fleet {
             dropins.join("50-fleet-key.toml"),
             format!(
                 "[auth]\n{}key_source = \"file:{NODE_KEY_PATH}\"\nkey_encoding = \"raw\"\n",
-                if self.builder.auth_slurm {
+                if self.builder.auth_slurm && !self.builder.auth_by_join {
                     "type = \"slurm\"\n"
                 } else {
                     ""

@@ -331,6 +331,13 @@ pub struct PcsJoinOutcome {
     pub job_hosts: Vec<String>,
     /// From the launch to every assigned node IDLE.
     pub total: Duration,
+    /// The `auth.type` the image's own drop-in (`conf.d/10-image.toml`, written by
+    /// `70-agent.sh` in the builder's local target) sets; `None` when it leaves it to the
+    /// node's join.
+    pub image_auth_type: Option<String>,
+    /// Per launched node: `systemctl is-active munge.service` and its slurmd options file
+    /// (`/etc/default/slurmd`).
+    pub auth_on_node: BTreeMap<String, (String, String)>,
 }
 
 /// The PCS cluster of [`pcs_join`].
@@ -345,9 +352,12 @@ pub const PCS_GROUP: &str = "pcs_fleet0group";
 /// controller's machine ([`crate::fleet::CTLD_ADDR`]) as the cluster's `SLURMCTLD`
 /// endpoint, and knows each instance by the access key of the instance profile its
 /// metadata serves; each node (host name `pcs<NNN>`) has the `aws:pcs:*` tags and
-/// `pcs.enabled` in its user data, the emulator's endpoint as an image setting. Boot
-/// registers, installs the cluster secret as the munge key and starts slurmd as the
-/// `nodeID` the answer names. Once every node the emulator assigned is IDLE, one job step
+/// `pcs.enabled` in its user data, the emulator's endpoint as an image setting. The
+/// controller runs `AuthType=auth/slurm`, as the service runs every cluster, and the
+/// nodes' settings leave `auth.type` to the image built by the builder's local target
+/// ([`crate::fleet::FleetBuilder::auth_left_to_the_join`]). Boot registers, installs the
+/// cluster secret as the auth/slurm key and starts slurmd as the `nodeID` the answer
+/// names. Once every node the emulator assigned is IDLE, one job step
 /// runs a task on each.
 ///
 /// # Errors
@@ -358,6 +368,8 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         .ctld_line("SlurmctldParameters=enable_configless,cloud_reg_addrs")
         .ctld_line("PrivateData=cloud")
         .ctld_line(format!("NodeName=compute-[1-{nodes}] State=CLOUD CPUs=1"))
+        .auth_slurm(true)
+        .auth_left_to_the_join(true)
         .start()?;
     let pcs = fleet.netns().run_in(|| {
         PcsEmulator::start_on(std::net::SocketAddr::from((FLEET_GATEWAY, 0)))
@@ -368,8 +380,7 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         id: PCS_CLUSTER.into(),
         name: "fleet".into(),
         region: REGION.into(),
-        shared_secret: base64::engine::general_purpose::STANDARD
-            .encode(crate::Munge::shared()?.key()?),
+        shared_secret: base64::engine::general_purpose::STANDARD.encode(fleet.ctld.slurm_key()?),
         endpoints: vec![PcsEndpoint {
             endpoint_type: "SLURMCTLD".into(),
             private_ip_address: fleet.ctld.address().to_string(),
@@ -406,12 +417,8 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         ];
         // No controller address in user data: the registration answer names it.
         l.agent_toml = "[pcs]\nenabled = true\nregister_window = \"5m\"\n".into();
-        // The fleet's controller runs auth/munge: said, since the managed join's own
-        // default is auth/slurm.
-        l.image_toml = format!(
-            "[pcs]\nendpoint = \"{}\"\n[auth]\ntype = \"munge\"\n",
-            pcs.endpoint()
-        );
+        // No auth.type: the image's own drop-in and the managed join decide it.
+        l.image_toml = format!("[pcs]\nendpoint = \"{}\"\n", pcs.endpoint());
         instances.insert(host.clone(), l.instance_id.clone());
         fleet.launch(l)?;
     }
@@ -475,11 +482,43 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         .map(str::to_string)
         .collect();
     job_hosts.sort();
+    let dropin = fleet
+        .image()
+        .root
+        .join("etc/slurm-node-agent/conf.d/10-image.toml");
+    let text = std::fs::read_to_string(&dropin)
+        .with_context(|| format!("reading the image's {}", dropin.display()))?;
+    // `type = "..."` under `[auth]`, the only shape 70-agent.sh writes it in.
+    let mut section = "";
+    let mut image_auth_type = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[auth]" {
+            if let Some(v) = line.strip_prefix("type = ") {
+                image_auth_type = Some(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    let mut auth_on_node = BTreeMap::new();
+    for host in &hosts {
+        let munge = fleet.exec(host, "systemctl", &["is-active", "munge.service"])?;
+        let options = fleet.exec(host, "cat", &["/etc/default/slurmd"])?;
+        auth_on_node.insert(
+            host.clone(),
+            (
+                String::from_utf8_lossy(&munge.stdout).trim().to_string(),
+                String::from_utf8_lossy(&options.stdout).into_owned(),
+            ),
+        );
+    }
     Ok(PcsJoinOutcome {
         assigned,
         hostnames,
         registered,
         job_hosts,
         total,
+        image_auth_type,
+        auth_on_node,
     })
 }

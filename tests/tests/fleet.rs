@@ -476,6 +476,17 @@ fn a_pcs_node_group_joins_each_node_as_its_assigned_node_id() {
         hosts,
         "one task on each node"
     );
+    // Issue 37 §3: the image of the builder's default recipe leaves auth.type to the join,
+    // and the managed join took the service's auth/slurm (the controller accepts nothing
+    // else): slurmd reads the registration's key, munge never started.
+    assert_eq!(o.image_auth_type, None, "the image's drop-in set auth.type");
+    for (host, (munge, options)) in &o.auth_on_node {
+        assert_ne!(munge, "active", "{host}: munge.service");
+        assert!(
+            options.contains("SLURM_SACK_KEY='/etc/slurm/slurm.key'"),
+            "{host}: {options}"
+        );
+    }
 }
 
 /// Size of the rolling upgrade scenario: `SLURM_E2E_FLEET_UPGRADE_NODES`, default 8 (issue

@@ -5,8 +5,9 @@
 //! real slurmctld configured as the service configures a node group
 //! (`NodeName=<group>-[1-4] State=CLOUD`, `enable_configless,cloud_reg_addrs`), with
 //! `AuthType=auth/slurm` and `CredType=cred/slurm` as the service runs every cluster, the
-//! agent's own default in the managed join (on Slurm older than 23.11, which has no
-//! auth/slurm: munge, said in the settings).
+//! agent's own choice in the managed join when the image leaves `auth.type` unset (on Slurm
+//! older than 23.11, which has no auth/slurm, the tests are skipped); an image that says
+//! munge is refused before it registers (issue 37 §3).
 #![allow(clippy::unwrap_used)]
 
 use std::os::unix::fs::MetadataExt;
@@ -26,26 +27,34 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A node env whose controller declares the group's cloud nodes, a registration emulator
-/// that knows the cluster and this instance, and settings for the managed join.
-fn managed_env(window: &str) -> (NodeEnv, PcsEmulator, String) {
+/// A node env whose controller declares the group's cloud nodes and runs auth/slurm, a
+/// registration emulator that knows the cluster and this instance, and settings for the
+/// managed join that leave `auth.type` to it. `None` (the test is skipped, saying so) on a
+/// Slurm without auth/slurm (before 23.11): the managed service runs none.
+fn managed_env(window: &str) -> Option<(NodeEnv, PcsEmulator, String)> {
     managed_env_assigning(window, (1..=4).map(|n| format!("compute-{n}")).collect())
 }
 
 /// [`managed_env`] whose node group assigns the nodeIDs `nodes` (the controller declares
 /// compute-[1-4]).
-fn managed_env_assigning(window: &str, nodes: Vec<String>) -> (NodeEnv, PcsEmulator, String) {
+fn managed_env_assigning(
+    window: &str,
+    nodes: Vec<String>,
+) -> Option<(NodeEnv, PcsEmulator, String)> {
     let lines = [
         "SlurmctldParameters=enable_configless,cloud_reg_addrs".to_string(),
         "PrivateData=cloud".to_string(),
         "NodeName=compute-[1-4] State=CLOUD CPUs=1".to_string(),
     ];
-    let auth_slurm = slurm_e2e::install::version().unwrap().has_auth_slurm();
-    let env = if auth_slurm {
-        NodeEnv::start_auth_slurm(&lines, "").unwrap()
-    } else {
-        NodeEnv::start_with(&lines, "").unwrap()
-    };
+    let version = slurm_e2e::install::version().unwrap();
+    if !version.has_auth_slurm() {
+        eprintln!(
+            "skipped: Slurm {version} has no auth/slurm, which every cluster of the managed \
+             service runs"
+        );
+        return None;
+    }
+    let env = NodeEnv::start_auth_slurm(&lines, "").unwrap();
     for n in 1..=4 {
         std::fs::create_dir_all(env.ctld.spool_dir(&format!("compute-{n}"))).unwrap();
     }
@@ -91,18 +100,13 @@ fn managed_env_assigning(window: &str, nodes: Vec<String>) -> (NodeEnv, PcsEmula
         env.config_dir().join("50-pcs.toml"),
         format!(
             "[pcs]\nenabled = true\nendpoint = \"{}\"\nregister_window = \"{window}\"\n\
-             bootstrap_id_file = \"{}\"\n{}",
+             bootstrap_id_file = \"{}\"\n",
             pcs.endpoint(),
             env.root.path().join("pcs-bootstrap-id").display(),
-            if auth_slurm {
-                ""
-            } else {
-                "[auth]\ntype = \"munge\"\n"
-            }
         ),
     )
     .unwrap();
-    (env, pcs, secret)
+    Some((env, pcs, secret))
 }
 
 /// The cluster's key: the auth/slurm controller's `slurm.key`, else the shared munge key.
@@ -125,7 +129,9 @@ fn key_owner_uid(env: &NodeEnv) -> u32 {
 
 #[test]
 fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
-    let (env, pcs, secret) = managed_env("60s");
+    let Some((env, pcs, secret)) = managed_env("60s") else {
+        return;
+    };
     let out = env.bootstrap(&[]).unwrap();
     let err = stderr(&out);
     assert!(out.status.success(), "bootstrap failed:\n{err}");
@@ -210,9 +216,65 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
 /// beside the metadata read with the cluster of the tag; user data then names the cluster
 /// by its name: that answer is not used, bootstrap registers again as the final settings
 /// say (same bootstrapId, same node).
+/// An image built for munge only (`slurm-image-builder --auth munge`: its `70-agent.sh`
+/// writes `auth.type = "munge"` in `conf.d/10-image.toml`) asked to join the managed
+/// service: bootstrap stops with exit 78 naming the key, the file and line, and what the
+/// service needs, before it registers, writes a key or starts anything.
+#[test]
+fn an_image_that_says_munge_is_refused_before_it_registers_naming_the_file() {
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
+    let dropin = env.config_dir().join("10-image.toml");
+    std::fs::write(
+        &dropin,
+        "# Written by packer/scripts/70-agent.sh for this image; later drop-ins override it.\n\
+         [auth]\ntype = \"munge\"\n",
+    )
+    .unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}, line 3: key `auth.type`: \"munge\" (auth/munge), but the managed join \
+             (pcs.enabled) needs auth/slurm: AWS PCS runs every cluster with \
+             AuthType=auth/slurm",
+            dropin.display()
+        )),
+        "{err}"
+    );
+    assert!(pcs.requests().is_empty(), "{:?}", pcs.requests());
+    assert!(!env.key_path().exists());
+    assert!(!env.options_file().exists());
+    for unit in ["slurmd.service", "munge.service"] {
+        let state = env.systemd.unit_property(unit, "ActiveState").unwrap();
+        assert_eq!(state.trim(), "inactive", "{unit}");
+    }
+    assert!(!env.state_dir().join("pcs-registration.json").exists());
+
+    // The image's drop-in as 70-agent.sh writes it by default (`--auth munge+slurm`): the
+    // same node joins, with auth/slurm.
+    std::fs::write(
+        &dropin,
+        "# Written by packer/scripts/70-agent.sh for this image; later drop-ins override it.\n\
+         # auth.type not set: this image has MUNGE and Slurm's auth/munge and auth/slurm, so\n\
+         # the join decides (auth/slurm in the managed join, pcs.enabled; munge otherwise).\n",
+    )
+    .unwrap();
+    let out = env.bootstrap(&[]).unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(report(&out).unwrap()["node_name"], "compute-1");
+    assert_eq!(std::fs::read(env.key_path()).unwrap(), cluster_key(&env));
+    let options = std::fs::read_to_string(env.options_file()).unwrap();
+    assert!(options.contains("SLURM_SACK_KEY="), "{options}");
+}
+
 #[test]
 fn an_early_answer_for_another_cluster_identifier_is_not_used() {
-    let (env, pcs, _) = managed_env("60s");
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
     env.imds.set_user_data(
         "Content-Type: multipart/mixed; boundary=\"XX\"\nMIME-Version: 1.0\n\n--XX\n\
          Content-Type: application/x-slurm-node-agent\n\n[pcs]\ncluster_id = \"e2e\"\n--XX--\n",
@@ -236,7 +298,9 @@ fn an_early_answer_for_another_cluster_identifier_is_not_used() {
 
 #[test]
 fn access_denied_is_retried_until_granted_with_the_same_bootstrap_id() {
-    let (env, pcs, _) = managed_env("10m");
+    let Some((env, pcs, _)) = managed_env("10m") else {
+        return;
+    };
     pcs.set_allowed(INSTANCE, false);
     std::thread::scope(|scope| {
         let boot = scope.spawn(|| env.bootstrap(&[]).unwrap());
@@ -276,7 +340,9 @@ fn access_denied_is_retried_until_granted_with_the_same_bootstrap_id() {
 
 #[test]
 fn denied_past_the_window_fails_with_nothing_started() {
-    let (env, pcs, _) = managed_env("3s");
+    let Some((env, pcs, _)) = managed_env("3s") else {
+        return;
+    };
     pcs.set_allowed(INSTANCE, false);
     let out = env.bootstrap(&[]).unwrap();
     let err = stderr(&out);
@@ -381,7 +447,9 @@ fn recording_poweroff_unit(env: &NodeEnv) -> std::path::PathBuf {
 
 #[test]
 fn lifecycle_scripts_from_the_answer_run_by_policy_and_a_checksum_mismatch_never_runs() {
-    let (env, pcs, _) = managed_env("60s");
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
     let out = env.root.path().join("script-out");
     let body = |tag: &str| {
         format!(
@@ -502,7 +570,9 @@ fn lifecycle_scripts_from_the_answer_run_by_policy_and_a_checksum_mismatch_never
 
 #[test]
 fn terminate_in_node_ready_drains_naming_the_script_and_powers_off() {
-    let (env, pcs, _) = managed_env("60s");
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
     let marker = recording_poweroff_unit(&env);
     let fail = "#!/bin/sh\necho site check failed\nexit 1\n";
     env.moto
@@ -550,7 +620,9 @@ fn terminate_in_node_ready_drains_naming_the_script_and_powers_off() {
 
 #[test]
 fn terminate_in_node_bootstrapped_starts_no_slurmd_and_keeps_the_reason_in_the_record() {
-    let (env, pcs, _) = managed_env("60s");
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
     let marker = recording_poweroff_unit(&env);
     let fail = "#!/bin/sh\nexit 4\n";
     let ready = "#!/bin/sh\nexit 0\n";
@@ -717,7 +789,9 @@ fn s3_script(name: &str, key: &str, checksum: &str, version: Option<&str>) -> se
 
 #[test]
 fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly() {
-    let (env, pcs, _) = managed_env("60s");
+    let Some((env, pcs, _)) = managed_env("60s") else {
+        return;
+    };
     let out = env.root.path().join("script-out");
     let body = |tag: &str| format!("#!/bin/sh\necho {tag} $PCS_NODE_ID >> {}\n", out.display());
     env.moto.create_bucket("pcs-scripts", true).unwrap();
@@ -845,7 +919,9 @@ fn s3_scripts_run_by_version_and_a_missing_key_or_wrong_checksum_fails_clearly()
 fn a_node_id_the_controller_does_not_know_stops_bootstrap_within_a_minute_naming_it() {
     // The service assigns compute-9; the cluster's slurm.conf declares compute-[1-4] only
     // (a node group whose nodes the controller was never told of).
-    let (env, _pcs, _) = managed_env_assigning("2m", vec!["compute-9".into()]);
+    let Some((env, _pcs, _)) = managed_env_assigning("2m", vec!["compute-9".into()]) else {
+        return;
+    };
     let start = std::time::Instant::now();
     let out = env.bootstrap(&[]).unwrap();
     let err = stderr(&out);

@@ -14,6 +14,7 @@
 //!
 //! Floor 9 (roof): the orchestration of first boot.
 
+mod auth;
 pub mod join;
 pub mod login;
 
@@ -425,6 +426,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let id = read_instance_metadata(&early.settings, &file_layers, &opts.flag_layers).await?;
     let resolved = resolve(&file_layers, Some(&id), &opts.flag_layers)?;
     t.done("instance_metadata");
+    auth::check(&resolved).await?;
 
     // Managed join (issue 13): PCS's registration answer names the node, the controller
     // and the key; the rest of bootstrap runs with settings that say so.
@@ -443,7 +445,6 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         id: &id,
     };
 
-    check_auth_supported(&cx).await?;
     if cx.s.node.role == crate::nodedef::Role::Login {
         return login::run(&cx, prefetch, managed.as_ref(), t).await;
     }
@@ -533,34 +534,15 @@ impl<'a> Steps<'a> {
     }
 }
 
-/// `auth.type = "slurm"` needs slurmd 23.11 or later (auth/slurm): an older one is a
-/// settings error naming `auth.type` and the version, before any key is written. A slurmd
-/// that gives no version is not refused here.
-async fn check_auth_supported(cx: &Steps<'_>) -> Result<(), BootstrapError> {
-    if cx.s.auth.auth_type != AuthType::Slurm {
-        return Ok(());
-    }
-    let slurmd = slurm_mod::version::slurmd_path(&cx.s.slurm.bin_dir);
-    match slurm_mod::version::slurmd_version(&slurmd).await {
-        Some(v) if !v.has_auth_slurm() => Err(cx.key_error(
-            "auth.type",
-            format!(
-                "\"slurm\" (AuthType=auth/slurm) needs Slurm 23.11 or later; slurmd {} is {v}: \
-                 use \"munge\" with this Slurm",
-                slurmd.display()
-            ),
-        )),
-        _ => Ok(()),
-    }
-}
-
 /// The managed join's first attempt, beside the metadata read when the image's settings
 /// already enable it (its own IMDS session); [`register`] uses it only if it asked what the
 /// final settings ask.
 fn start_early_registration(
     early: &Settings,
 ) -> Option<tokio::task::JoinHandle<Option<EarlyRegistration>>> {
-    early.pcs.enabled.then(|| {
+    // An early settings' auth.type the managed join refuses (check_auth) registers nothing.
+    let joins = early.pcs.enabled && early.auth.auth_type == crate::pcs::CLUSTER_AUTH;
+    joins.then(|| {
         let (pcs, imds) = (early.pcs.clone(), early.imds.clone());
         tokio::spawn(async move { crate::pcs::register_early(&pcs, &imds).await })
     })

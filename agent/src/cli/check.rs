@@ -146,7 +146,8 @@ impl CheckArgs {
             s.health.prometheus_textfile = p;
         }
         let node = ident.as_ref().map(|i| i.node_name.clone());
-        let checks = match health::load(&s.health, &s.slurm.bin_dir, node.as_deref()) {
+        let target = s.health_target(node.clone());
+        let checks = match health::load(&s.health, &s.slurm.bin_dir, &target) {
             Ok(c) => c,
             Err(e) => {
                 print_error(&e);

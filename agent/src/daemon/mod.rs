@@ -570,7 +570,8 @@ async fn login_loop(
 /// One health pass of a login node: the checks run and reported, nothing acted on. Returns
 /// the `STATUS=` line.
 async fn login_health_pass(s: &Settings, env: &crate::health::RunEnv, node: &str) -> String {
-    let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(node)) {
+    let target = s.health_target(Some(node.to_string()));
+    let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, &target) {
         Ok(set) => set,
         Err(e) => {
             tracing::error!("health checks not run this pass: {e}");
@@ -684,7 +685,24 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             }
         },
         Work::Health => {
-            let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, Some(&ctx.node)) {
+            // The daemon starts beside bootstrap: until slurmd has fetched the
+            // configuration, this boot's slurmd has not registered, and a look at
+            // slurmctld would first fetch the whole configuration (per node, on a fleet
+            // booting at once). So the first pass waits for it, one interval at most;
+            // later passes look whatever the files say (a local slurm.conf at a path
+            // the agent does not know of must not switch the health actions off). The
+            // checks run after that wait: run before it, they would judge a node that
+            // bootstrap has not brought up yet (slurmd, munged, the key, scratch: the
+            // image's default checks), and the drain would land on the node as it joins.
+            let first = !ctx.health_looked.load(std::sync::atomic::Ordering::Relaxed);
+            let configured = s.health.act
+                && (!first || wait_for_slurm_config(&s.slurm, s.health.interval.0).await);
+            if s.health.act {
+                ctx.health_looked
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            let target = s.health_target(Some(ctx.node.clone()));
+            let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, &target) {
                 Ok(set) => Some(set),
                 Err(e) => {
                     tracing::error!("health checks not run this pass: {e}");
@@ -700,19 +718,6 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     ) {
                         tracing::warn!("{e}");
                     }
-                }
-                // The daemon starts beside bootstrap: until slurmd has fetched the
-                // configuration, this boot's slurmd has not registered, and a look at
-                // slurmctld would first fetch the whole configuration (per node, on a fleet
-                // booting at once). So the first look waits for it, one interval at most;
-                // later passes look whatever the files say (a local slurm.conf at a path
-                // the agent does not know of must not switch the health actions off).
-                let first = !ctx.health_looked.load(std::sync::atomic::Ordering::Relaxed);
-                let configured = s.health.act
-                    && (!first || wait_for_slurm_config(&s.slurm, s.health.interval.0).await);
-                if s.health.act {
-                    ctx.health_looked
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 if s.health.act && !configured {
                     tracing::info!(

@@ -1,52 +1,29 @@
 //! The agent's own check files: `*.toml` in `health.checks_dir`
 //! (`/etc/slurm-node-agent/checks.d/`), read in name order. Each file holds `[[check]]`
 //! tables; `kind` picks the family, unknown keys are errors, and every error names the
-//! file and line.
+//! file and line. The format, every kind and its keys, and the precedence between files
+//! are documented in `docs/health-checks.md` ("The checks.d format"), whose examples a test
+//! runs (`agent/tests/health_checksd.rs`).
 //!
 //! ```toml
 //! [[check]]
+//! name = "root file system"      # shown in reports and drain reasons
 //! kind = "mount"                 # in /proc/mounts, alive, optionally type/source/options
-//! path = "/fsx"
-//! fstype = "lustre"
-//! options = ["rw", "flock"]      # each must be one of the mount's options
-//! min_free = "10%"               # or a size: "500G"
-//! min_free_inodes = "100k"       # or "5%"
-//! timeout = "5s"
+//! path = "/"
+//! writable = true
+//! min_free = "5%"                # or a size: "500G"
 //!
 //! [[check]]
-//! kind = "hardware"              # instance_type = "auto": vCPUs and memory of the type
-//! instance_type = "auto"
-//! memory_tolerance = "8%"
-//!
-//! [[check]]
+//! name = "GPUs"
 //! kind = "gpu"                   # count = "auto" (from the instance type) or a number
-//! [[check]]
-//! kind = "efa"
-//! [[check]]
-//! kind = "process"               # running = false: must not run
-//! name = "munged running"
-//! process = "*munged"
-//! user = "munge"
-//! [[check]]
-//! kind = "unit"                  # systemd ActiveState over D-Bus
-//! unit = "slurmd.service"
-//! [[check]]
-//! kind = "file"
-//! path = "/etc/slurm/slurm.key"
-//! mode = "0600"
-//! [[check]]
-//! kind = "command"
-//! argv = ["/usr/bin/nvidia-smi", "-L"]
-//! output_matches = ["/GPU 0/"]
-//! timeout = "20s"
-//! [[check]]
-//! kind = "nhc"                   # any supported NHC check, in NHC syntax
-//! line = "check_fs_free /tmp 5%"
+//! when = "gpus"                  # only where the instance has GPUs
 //! ```
 //!
-//! Common keys: `name` (shown in reports and drain reasons), `timeout`, `fatal` (default
-//! true; false: a failure is only reported), `nodes` (an NHC target expression, default
-//! `*`).
+//! Common keys: `name`, `timeout`, `fatal` (default true; false: a failure is only
+//! reported), `nodes` (an NHC target expression, default `*`), `when` (words the node must
+//! have: [`Condition`]), `enabled` (false: the definition is off). A `[[check]]` with a
+//! `name` replaces every check of that name from earlier files, at the place of the first;
+//! with `enabled = false` (and no `kind`) it only turns them off ([`load_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -55,14 +32,15 @@ use serde::Deserialize;
 
 use super::checks::cmd::CommandSpec;
 use super::checks::efa::{EfaCount, EfaSpec};
-use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec};
-use super::checks::fs::{MountSpec, SpaceSpec, SpaceWhat};
+use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, KeySpec};
+use super::checks::fs::{FreeSpaceSpec, MountSpec, SpaceSpec, SpaceWhat};
 use super::checks::gpu::{GpuCount, GpuSpec};
 use super::checks::hw::{instance_type_shape, CpuSpec, HardwareSpec, MemSpec, MemWhat};
 use super::checks::ps::{MatchOn, ProcessSpec, ServiceAction};
 use super::checks::{CheckKind, UnitSpec};
 use super::matcher::{Matcher, MatcherError};
 use super::nhc::Defaults;
+use super::target::{Condition, Target};
 use super::units::{parse_count_threshold, parse_size_kib, parse_space_threshold, UnitsError};
 use super::{Check, CheckSet, ConfigError, Origin};
 use crate::section::HumanDuration;
@@ -77,11 +55,13 @@ struct File {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Def {
-    kind: String,
+    kind: Option<String>,
     name: Option<String>,
     timeout: Option<HumanDuration>,
     fatal: Option<bool>,
     nodes: Option<String>,
+    when: Option<toml::Value>,
+    enabled: Option<bool>,
     // mount
     path: Option<String>,
     fstype: Option<String>,
@@ -155,17 +135,19 @@ pub fn unusable_file(e: ConfigError) -> Check {
     }
 }
 
-/// Reads every `*.toml` file of `dir` in name order. A missing folder has no checks; a
-/// file that cannot be read or parsed becomes one failing check naming the file and line
-/// (the other files still give theirs).
+/// Reads every `*.toml` file of `dir` in name order for the node `target`. A missing folder
+/// has no checks; a file that cannot be read or parsed becomes one failing check naming the
+/// file and line (the other files still give theirs).
+///
+/// Precedence: a `[[check]]` with a `name` replaces every check of that name from earlier
+/// files (the image's defaults, say), at the place of the first one; where it does not
+/// apply (`nodes`, `when`) the name has no check on this node. With `enabled = false` it
+/// only turns them off; one that finds no earlier check of its name is noted. Checks of one
+/// file never replace each other.
 ///
 /// # Errors
 /// [`ConfigError`] when the folder cannot be listed.
-pub fn load_dir(
-    dir: &Path,
-    node: Option<&str>,
-    defaults: &Defaults,
-) -> Result<CheckSet, ConfigError> {
+pub fn load_dir(dir: &Path, target: &Target, defaults: &Defaults) -> Result<CheckSet, ConfigError> {
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
         Ok(rd) => rd
             .flatten()
@@ -182,43 +164,151 @@ pub fn load_dir(
         }
     };
     files.sort();
-    let mut set = CheckSet::default();
-    for f in files {
-        let parsed = std::fs::read_to_string(&f)
+    /// A definition's checks, by name and file (its index in `files`).
+    struct Slot {
+        name: Option<String>,
+        file: usize,
+        checks: Vec<Check>,
+    }
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut notes = Vec::new();
+    for (fi, f) in files.iter().enumerate() {
+        let parsed = std::fs::read_to_string(f)
             .map_err(|e| ConfigError {
                 file: f.clone(),
                 line: None,
                 message: format!("cannot read: {e}"),
             })
-            .and_then(|text| parse(&text, &f, node, defaults));
-        match parsed {
-            Ok(mut s) => {
-                set.checks.append(&mut s.checks);
-                set.notes.append(&mut s.notes);
-            }
+            .and_then(|text| definitions(&text, f, target, defaults));
+        let defs = match parsed {
+            Ok(d) => d,
             // Fail closed, file by file: a file the agent cannot use is a failing check of
             // its own (file and line in the drain reason), and every other file still runs,
-            // as a bad line of an nhc.conf is.
-            Err(e) => set.checks.push(unusable_file(e)),
+            // as a bad line of an nhc.conf is. Its definitions replace nothing.
+            Err(e) => {
+                slots.push(Slot {
+                    name: None,
+                    file: fi,
+                    checks: vec![unusable_file(e)],
+                });
+                continue;
+            }
+        };
+        for d in defs {
+            let earlier: Vec<usize> = slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.file < fi && d.named && s.name.as_ref() == Some(&d.name))
+                .map(|(i, _)| i)
+                .collect();
+            if d.off && d.named && earlier.is_empty() {
+                notes.push(format!(
+                    "{}:{}: enabled = false turns off nothing: no earlier file has a check \
+                     named {:?}",
+                    f.display(),
+                    d.line,
+                    d.name
+                ));
+            }
+            let slot = Slot {
+                name: Some(d.name),
+                file: fi,
+                checks: d.checks,
+            };
+            match earlier.split_first() {
+                Some((&first, rest)) => {
+                    for &i in rest.iter().rev() {
+                        slots.remove(i);
+                    }
+                    slots[first] = slot;
+                }
+                None => slots.push(slot),
+            }
         }
     }
-    Ok(set)
+    Ok(CheckSet {
+        checks: slots.into_iter().flat_map(|s| s.checks).collect(),
+        notes,
+    })
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Parses one TOML checks file.
+/// Parses one TOML checks file: the checks of its definitions that apply to `target`, in
+/// file order (no precedence between files: see [`load_dir`]).
 ///
 /// # Errors
 /// [`ConfigError`] with file and line.
 pub fn parse(
     text: &str,
     file: &Path,
-    node: Option<&str>,
+    target: &Target,
     defaults: &Defaults,
 ) -> Result<CheckSet, ConfigError> {
+    Ok(CheckSet {
+        checks: definitions(text, file, target, defaults)?
+            .into_iter()
+            .flat_map(|d| d.checks)
+            .collect(),
+        notes: Vec::new(),
+    })
+}
+
+/// One `[[check]]` as read for a node: its name (the `name` given, or its first check's
+/// default name), the checks it gives there (none where `nodes` or `when` leave it out, or
+/// with `enabled = false`), and its line.
+#[derive(Debug)]
+struct Definition {
+    name: String,
+    named: bool,
+    off: bool,
+    line: usize,
+    checks: Vec<Check>,
+}
+
+/// The words of `when`, each with whether it is negated (`!gpus`).
+fn parse_when(v: Option<&toml::Value>) -> Result<Vec<(bool, Condition)>, DefError> {
+    let words: Vec<&str> = match v {
+        None => Vec::new(),
+        Some(toml::Value::String(w)) => vec![w.as_str()],
+        Some(toml::Value::Array(a)) => a
+            .iter()
+            .map(|w| {
+                w.as_str().ok_or_else(|| DefError::BadWhen {
+                    value: toml::Value::Array(a.clone()),
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(DefError::BadWhen {
+                value: other.clone(),
+            })
+        }
+    };
+    words
+        .into_iter()
+        .map(|w| {
+            let (negated, bare) = match w.strip_prefix('!') {
+                Some(rest) => (true, rest),
+                None => (false, w),
+            };
+            Condition::parse(bare)
+                .map(|c| (negated, c))
+                .ok_or_else(|| DefError::UnknownCondition {
+                    word: w.to_string(),
+                })
+        })
+        .collect()
+}
+
+fn definitions(
+    text: &str,
+    file: &Path,
+    target: &Target,
+    defaults: &Defaults,
+) -> Result<Vec<Definition>, ConfigError> {
     let parsed: File = toml::from_str(text).map_err(|e| {
         let line = e.span().map(|s| line_of(text, s.start));
         ConfigError {
@@ -227,47 +317,103 @@ pub fn parse(
             message: e.message().to_string(),
         }
     })?;
-    let mut set = CheckSet::default();
+    let mut out = Vec::new();
     for spanned in parsed.check {
         let line = line_of(text, spanned.span().start);
         let def = spanned.into_inner();
         let err = |problem: DefError| ConfigError {
             file: file.to_path_buf(),
             line: Some(line),
-            message: format!("[[check]] kind = {:?}: {problem}", def.kind),
+            message: match &def.kind {
+                Some(k) => format!("[[check]] kind = {k:?}: {problem}"),
+                None => format!("[[check]]: {problem}"),
+            },
+        };
+        if def.name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+            return Err(err(DefError::EmptyName));
+        }
+        let enabled = def.enabled.unwrap_or(true);
+        let Some(kind) = def.kind.as_deref() else {
+            // `enabled = false` alone: turns off the checks of its name in earlier files.
+            if enabled {
+                return Err(err(DefError::MissingKind));
+            }
+            let Some(name) = def.name.clone() else {
+                return Err(err(DefError::OffWithoutName));
+            };
+            let common = [
+                ("timeout", def.timeout.is_some()),
+                ("fatal", def.fatal.is_some()),
+                ("nodes", def.nodes.is_some()),
+                ("when", def.when.is_some()),
+            ];
+            let other = common
+                .iter()
+                .find(|(_, set)| *set)
+                .map(|(k, _)| *k)
+                .or_else(|| set_keys(&def).into_iter().next());
+            if let Some(key) = other {
+                return Err(err(DefError::OffTakesOnlyName { key }));
+            }
+            out.push(Definition {
+                name,
+                named: true,
+                off: true,
+                line,
+                checks: Vec::new(),
+            });
+            continue;
         };
         let nodes = def.nodes.clone().unwrap_or_else(|| "*".into());
-        let target = Matcher::parse(&nodes).map_err(|m| err(DefError::Nodes(m)))?;
+        let matcher = Matcher::parse(&nodes).map_err(|m| err(DefError::Nodes(m)))?;
+        let when = parse_when(def.when.as_ref()).map_err(err)?;
         let timeout = def.timeout.map_or(defaults.timeout, |d| d.0);
         if timeout.is_zero() {
             return Err(err(DefError::ZeroTimeout));
         }
-        let built = build(&def, timeout, defaults).map_err(err)?;
-        let applies = match node {
-            Some(n) => target.matches(n),
-            None => nodes == "*",
+        let built = build(kind, &def, timeout, defaults, target).map_err(err)?;
+        let name = def
+            .name
+            .clone()
+            .or_else(|| built.first().map(|p| p.name.clone()))
+            .unwrap_or_else(|| kind.to_string());
+        let applies = enabled
+            && match target.node.as_deref() {
+                Some(n) => matcher.matches(n),
+                None => nodes == "*",
+            }
+            && when.iter().all(|(negated, c)| target.holds(*c) != *negated);
+        let fatal = def.fatal.unwrap_or(true);
+        let checks = match applies {
+            false => Vec::new(),
+            true => built
+                .into_iter()
+                .map(|p| Check {
+                    name: def.name.clone().unwrap_or(p.name),
+                    origin: Origin {
+                        file: file.to_path_buf(),
+                        line: Some(line),
+                    },
+                    timeout: p.timeout,
+                    fatal: fatal && p.may_drain,
+                    kind: p.kind,
+                })
+                .collect(),
         };
-        if !applies {
-            continue;
-        }
-        for (default_name, kind, t) in built {
-            set.checks.push(Check {
-                name: def.name.clone().unwrap_or(default_name),
-                origin: Origin {
-                    file: file.to_path_buf(),
-                    line: Some(line),
-                },
-                timeout: t,
-                fatal: def.fatal.unwrap_or(true),
-                kind,
-            });
-        }
+        out.push(Definition {
+            name,
+            named: def.name.is_some(),
+            off: !enabled,
+            line,
+            checks,
+        });
     }
-    Ok(set)
+    Ok(out)
 }
 
 /// The kinds a `[[check]]` may have.
-const KINDS: &str = "mount, hardware, gpu, efa, process, unit, file, command, nhc";
+const KINDS: &str = "mount, space, agent_mounts, scratch, hardware, gpu, efa, process, unit, \
+                     file, auth_key, command, nhc";
 
 /// What is wrong with one `[[check]]` table; the file, line and kind are added by
 /// [`parse`] ([`ConfigError`]).
@@ -299,6 +445,48 @@ pub enum DefError {
     /// `timeout = "0s"`.
     #[error("timeout must be above zero")]
     ZeroTimeout,
+    /// `name = ""`.
+    #[error("name must not be empty")]
+    EmptyName,
+    /// A word of `when` that names no condition.
+    #[error(
+        "when: unknown word {word:?} (expected: {}, each may start with !)",
+        Condition::words()
+    )]
+    UnknownCondition {
+        /// The word as written.
+        word: String,
+    },
+    /// `when` that is neither a word nor a list of words.
+    #[error("when: expected a word or a list of words, got {value}")]
+    BadWhen {
+        /// The value.
+        value: toml::Value,
+    },
+    /// `enabled = false` without `kind` and without `name`: nothing to turn off.
+    #[error("enabled = false without kind turns off the checks of a name: give name")]
+    OffWithoutName,
+    /// `enabled = false` without `kind` and with another key.
+    #[error(
+        "enabled = false without kind takes only name, not {key:?} (to keep the check on \
+         some nodes, define it again with nodes or when)"
+    )]
+    OffTakesOnlyName {
+        /// The key.
+        key: &'static str,
+    },
+    /// No `kind`.
+    #[error("missing key \"kind\" (one of: {KINDS})")]
+    MissingKind,
+    /// A `space` check without a limit.
+    #[error("nothing to check: set min_free, max_used or min_free_inodes")]
+    NoLimit,
+    /// A `space` path that is not absolute.
+    #[error("path {path:?} must be absolute")]
+    NotAbsolute {
+        /// The path.
+        path: String,
+    },
     /// A match expression (`source`, `fstype`, `process`, `user`, `contains`...).
     #[error(transparent)]
     Matcher(#[from] MatcherError),
@@ -359,9 +547,12 @@ fn req<'a, T>(v: &'a Option<T>, key: &'static str) -> Result<&'a T, DefError> {
     v.as_ref().ok_or(DefError::MissingKey { key })
 }
 
-/// Keys each kind accepts besides the common ones.
-fn allowed(kind: &str) -> &'static [&'static str] {
-    match kind {
+/// Keys each kind accepts besides the common ones; `None` for an unknown kind.
+fn allowed(kind: &str) -> Option<&'static [&'static str]> {
+    Some(match kind {
+        "space" => &["path", "min_free", "max_used", "min_free_inodes"],
+        "agent_mounts" | "scratch" => &["min_free", "max_used", "min_free_inodes"],
+        "auth_key" => &[],
         "mount" => &[
             "path",
             "fstype",
@@ -404,8 +595,8 @@ fn allowed(kind: &str) -> &'static [&'static str] {
         "file" => &["path", "exists", "mode", "owner", "contains"],
         "command" => &["argv", "exit_status", "output_matches"],
         "nhc" => &["line"],
-        _ => &[],
-    }
+        _ => return None,
+    })
 }
 
 fn set_keys(d: &Def) -> Vec<&'static str> {
@@ -463,49 +654,156 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
     k
 }
 
-type Built = Vec<(String, CheckKind, Duration)>;
+/// One check a definition gives: its default name (the definition's `name` replaces it),
+/// what it verifies, its timeout, and whether its failure may drain the node at all (an
+/// optional mount's never does).
+struct Piece {
+    name: String,
+    kind: CheckKind,
+    timeout: Duration,
+    may_drain: bool,
+}
 
-fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefError> {
-    let ok_keys = allowed(&d.kind);
-    if ok_keys.is_empty() {
-        return Err(DefError::UnknownKind {
-            kind: d.kind.clone(),
+fn piece(name: String, kind: CheckKind, timeout: Duration) -> Piece {
+    Piece {
+        name,
+        kind,
+        timeout,
+        may_drain: true,
+    }
+}
+
+type Built = Vec<Piece>;
+
+/// `min_free`, `max_used` and `min_free_inodes` on `path`.
+fn space_limits(d: &Def, path: &str) -> Result<Vec<SpaceSpec>, DefError> {
+    let mut space = Vec::new();
+    if let Some(s) = &d.min_free {
+        space.push(SpaceSpec {
+            path: path.to_string(),
+            what: SpaceWhat::Free,
+            min: Some(parse_space_threshold(s)?),
+            max: None,
         });
     }
+    if let Some(s) = &d.max_used {
+        space.push(SpaceSpec {
+            path: path.to_string(),
+            what: SpaceWhat::Used,
+            min: None,
+            max: Some(parse_space_threshold(s)?),
+        });
+    }
+    if let Some(s) = &d.min_free_inodes {
+        space.push(SpaceSpec {
+            path: path.to_string(),
+            what: SpaceWhat::InodesFree,
+            min: Some(parse_count_threshold(s)?),
+            max: None,
+        });
+    }
+    Ok(space)
+}
+
+/// A mount point the agent made: mounted, answering statfs (under the check's timeout),
+/// writable unless it is read-only on purpose, and the limits of the definition.
+fn own_mount(
+    d: &Def,
+    path: &str,
+    fstype: Option<&str>,
+    writable: bool,
+) -> Result<CheckKind, DefError> {
+    Ok(CheckKind::Mount(MountSpec {
+        path: path.to_string(),
+        sources: Vec::new(),
+        fstypes: fstype.map(Matcher::literal).into_iter().collect(),
+        options: Vec::new(),
+        alive: true,
+        writable,
+        space: space_limits(d, path)?,
+        actions: Default::default(),
+    }))
+}
+
+fn build(
+    kind: &str,
+    d: &Def,
+    timeout: Duration,
+    defaults: &Defaults,
+    target: &Target,
+) -> Result<Built, DefError> {
+    let Some(ok_keys) = allowed(kind) else {
+        return Err(DefError::UnknownKind {
+            kind: kind.to_string(),
+        });
+    };
     if let Some(bad) = set_keys(d).into_iter().find(|k| !ok_keys.contains(k)) {
         return Err(DefError::KeyNotForKind {
             key: bad,
             allowed: ok_keys,
         });
     }
-    let kind = match d.kind.as_str() {
+    let kind = match kind {
+        "space" => {
+            let path = req(&d.path, "path")?.clone();
+            if !path.starts_with('/') {
+                return Err(DefError::NotAbsolute { path });
+            }
+            let space = space_limits(d, &path)?;
+            if space.is_empty() {
+                return Err(DefError::NoLimit);
+            }
+            return Ok(vec![piece(
+                format!("space {path}"),
+                CheckKind::FreeSpace(FreeSpaceSpec { path, space }),
+                timeout,
+            )]);
+        }
+        "agent_mounts" => {
+            return target
+                .mounts
+                .iter()
+                .map(|m| {
+                    Ok(Piece {
+                        name: format!("mount {}", m.mount_point),
+                        kind: own_mount(d, &m.mount_point, None, !m.read_only)?,
+                        timeout,
+                        may_drain: m.required,
+                    })
+                })
+                .collect();
+        }
+        "scratch" => {
+            let Some(s) = target
+                .scratch
+                .as_ref()
+                .filter(|_| target.has_instance_storage())
+            else {
+                return Ok(Vec::new());
+            };
+            return Ok(vec![piece(
+                format!("scratch {}", s.mount_point),
+                own_mount(d, &s.mount_point, Some("btrfs"), true)?,
+                timeout,
+            )]);
+        }
+        "auth_key" => {
+            let k = &target.key;
+            let path = k.path.display().to_string();
+            return Ok(vec![piece(
+                format!("auth key {path}"),
+                CheckKind::AuthKey(KeySpec {
+                    path,
+                    plugin: k.plugin,
+                    min: k.min as u64,
+                    max: k.max as u64,
+                }),
+                timeout,
+            )]);
+        }
         "mount" => {
             let path = req(&d.path, "path")?.clone();
-            let mut space = Vec::new();
-            if let Some(s) = &d.min_free {
-                space.push(SpaceSpec {
-                    path: path.clone(),
-                    what: SpaceWhat::Free,
-                    min: Some(parse_space_threshold(s)?),
-                    max: None,
-                });
-            }
-            if let Some(s) = &d.max_used {
-                space.push(SpaceSpec {
-                    path: path.clone(),
-                    what: SpaceWhat::Used,
-                    min: None,
-                    max: Some(parse_space_threshold(s)?),
-                });
-            }
-            if let Some(s) = &d.min_free_inodes {
-                space.push(SpaceSpec {
-                    path: path.clone(),
-                    what: SpaceWhat::InodesFree,
-                    min: Some(parse_count_threshold(s)?),
-                    max: None,
-                });
-            }
+            let space = space_limits(d, &path)?;
             let mut options: Vec<Matcher> = d
                 .options
                 .iter()
@@ -517,7 +815,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                 options.push(Matcher::mount_option("rw"));
             }
             let name = format!("mount {path}");
-            return Ok(vec![(
+            return Ok(vec![piece(
                 name,
                 CheckKind::Mount(MountSpec {
                     path,
@@ -680,7 +978,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                 if d.mode.is_some() || d.owner.is_some() || d.contains.is_some() {
                     return Err(DefError::AbsentWithAttributes);
                 }
-                return Ok(vec![(
+                return Ok(vec![piece(
                     format!("file {path} absent"),
                     CheckKind::FileTest(FileTestSpec {
                         ops: vec!['e'],
@@ -700,7 +998,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                         })
                     })
                     .transpose()?;
-                out.push((
+                out.push(piece(
                     format!("file {path}"),
                     CheckKind::FileStat(FileStatSpec {
                         paths: vec![path.clone()],
@@ -712,7 +1010,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                 ));
             }
             if let Some(c) = &d.contains {
-                out.push((
+                out.push(piece(
                     format!("file {path} contents"),
                     CheckKind::FileContents(FileContentsSpec {
                         path: path.clone(),
@@ -725,7 +1023,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                 ));
             }
             if out.is_empty() {
-                out.push((
+                out.push(piece(
                     format!("file {path}"),
                     CheckKind::FileTest(FileTestSpec {
                         ops: vec!['e'],
@@ -743,7 +1041,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
                 return Err(DefError::EmptyArgv);
             }
             let name = format!("command {}", argv.join(" "));
-            return Ok(vec![(
+            return Ok(vec![piece(
                 name,
                 CheckKind::Command(CommandSpec {
                     argv,
@@ -792,7 +1090,7 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
             return Ok(set
                 .checks
                 .into_iter()
-                .map(|c| (c.name, c.kind, c.timeout))
+                .map(|c| piece(c.name, c.kind, c.timeout))
                 .collect());
         }
         _ => unreachable!("kinds are checked above"),
@@ -803,9 +1101,9 @@ fn build(d: &Def, timeout: Duration, defaults: &Defaults) -> Result<Built, DefEr
         CheckKind::Efa(_) => "efa".to_string(),
         CheckKind::Process(p) => format!("process {}", p.pattern),
         CheckKind::Unit(u) => format!("unit {}", u.unit),
-        _ => d.kind.clone(),
+        k => k.family().to_string(),
     };
-    Ok(vec![(name, kind, timeout)])
+    Ok(vec![piece(name, kind, timeout)])
 }
 
 #[cfg(test)]
@@ -822,7 +1120,7 @@ mod tests {
         parse(
             text,
             Path::new("/etc/slurm-node-agent/checks.d/10-site.toml"),
-            Some("n1"),
+            &Target::for_node(Some("n1")),
             &D,
         )
     }
@@ -910,7 +1208,7 @@ nodes = "gpu*"
         let dir = tempfile::tempdir().unwrap();
         let bad = dir.path().join("10-bad.toml");
         std::fs::create_dir(&bad).unwrap();
-        let set = load_dir(dir.path(), Some("n1"), &D).unwrap();
+        let set = load_dir(dir.path(), &Target::for_node(Some("n1")), &D).unwrap();
         assert_eq!(set.checks.len(), 1);
         let c = &set.checks[0];
         assert_eq!(c.origin.to_string(), bad.display().to_string());

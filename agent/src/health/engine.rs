@@ -414,9 +414,11 @@ fn what_hangs(kind: &CheckKind) -> String {
     match kind {
         CheckKind::Mount(m) => format!("file system at {}", m.path),
         CheckKind::Space(s) => format!("file system at {}", s.path),
+        CheckKind::FreeSpace(s) => format!("file system at {}", s.path),
         CheckKind::FileTest(f) => format!("access to {}", f.paths.join(" ")),
         CheckKind::FileContents(f) => format!("read of {}", f.path),
         CheckKind::FileStat(f) => format!("stat of {}", f.paths.join(" ")),
+        CheckKind::AuthKey(k) => format!("stat of {}", k.path),
         CheckKind::Process(_) => "read of /proc".into(),
         CheckKind::Command(c) => format!("command {}", c.argv.join(" ")),
         CheckKind::Mcelog(c) => format!("command {}", c.argv.join(" ")),

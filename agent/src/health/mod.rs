@@ -1,9 +1,10 @@
 //! Node health checks: `slurm-node-agent check` (also Slurm's `HealthCheckProgram`) and
 //! the checks engine that `slurm-node-agent run` calls on its schedule (issue 6).
 //!
-//! - Checks come from TOML files in `health.checks_dir` ([`checksd`]) and from LBNL NHC
-//!   `nhc.conf` files read as they are ([`nhc`]). A check that cannot be understood is an
-//!   error naming the file and line, never skipped.
+//! - Checks come from TOML files in `health.checks_dir` ([`checksd`]; the image ships its
+//!   defaults there, `10-defaults.toml`) and from LBNL NHC `nhc.conf` files read as they
+//!   are ([`nhc`]), for the node a [`Target`] describes. A check that cannot be understood
+//!   is an error naming the file and line, never skipped.
 //! - [`run_checks`] runs every check at once, each with its own timeout: checks that read
 //!   the host (mounts, `/proc`, files) on a thread of their own, so a hung file system
 //!   fails its check instead of hanging the agent; commands in their own process group,
@@ -17,7 +18,8 @@
 //! use slurm_node_agent::{health, slurm::Scontrol};
 //! // The NodeName comes from slurm_node_agent::identity::resolve in the agent's commands.
 //! let node = Some("n1".to_string());
-//! let checks = health::load(&settings.health, &settings.slurm.bin_dir, node.as_deref())?;
+//! let target = settings.health_target(node.clone());
+//! let checks = health::load(&settings.health, &settings.slurm.bin_dir, &target)?;
 //! let env = health::RunEnv::new(&settings.health, &settings.systemd.bus);
 //! let report = health::run_checks(&checks, &env).await;
 //! if let Some(node) = &node {
@@ -43,6 +45,7 @@ pub mod matcher;
 pub mod nhc;
 pub mod output;
 pub mod posix;
+pub mod target;
 pub mod units;
 
 use std::fmt;
@@ -55,6 +58,7 @@ pub use act::{act_on, decide, ActOptions, ActOutcome, Action};
 pub use checks::CheckKind;
 pub use engine::{run_checks, RunEnv};
 pub use facts::Host;
+pub use target::Target;
 
 use crate::section::{HumanDuration, InvalidKey};
 
@@ -62,8 +66,9 @@ use crate::section::{HumanDuration, InvalidKey};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthSettings {
-    /// Folder of TOML check files (`*.toml`, read in name order). A missing folder has no
-    /// checks.
+    /// Folder of TOML check files (`*.toml`, read in name order; a check named in a later
+    /// file replaces the one of that name in an earlier file). The image ships its default
+    /// checks there as `10-defaults.toml`. A missing folder has no checks.
     pub checks_dir: PathBuf,
     /// LBNL NHC configuration files read as they are (e.g. `/etc/nhc/nhc.conf`).
     pub nhc_conf: Vec<PathBuf>,
@@ -219,23 +224,26 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// Loads the checks that apply to `node` (NHC targets are matched against the Slurm
-/// NodeName; with no node name only `*` targets apply).
+/// Loads the checks that apply to the node `target` (NHC targets and `nodes` are matched
+/// against the Slurm NodeName, with no node name only `*` targets apply; `when` against
+/// the node's role, auth plugin and host).
 ///
 /// # Errors
-/// [`ConfigError`] naming the file and line of the first bad definition.
+/// [`ConfigError`] naming the folder of `health.checks_dir` when it cannot be listed
+/// (a file that cannot be used is a failing check of its own).
 pub fn load(
     settings: &HealthSettings,
     slurm_bin_dir: &Path,
-    node: Option<&str>,
+    target: &Target,
 ) -> Result<CheckSet, ConfigError> {
+    let node = target.node.as_deref();
     let defaults = nhc::Defaults {
         timeout: settings.timeout.0,
         slurm_bin_dir: slurm_bin_dir.to_path_buf(),
     };
     let mut set = CheckSet::default();
     if !settings.checks_dir.as_os_str().is_empty() {
-        let mut s = checksd::load_dir(&settings.checks_dir, node, &defaults)?;
+        let mut s = checksd::load_dir(&settings.checks_dir, target, &defaults)?;
         set.checks.append(&mut s.checks);
         set.notes.append(&mut s.notes);
     }

@@ -48,7 +48,7 @@ use aws_sdk_pcs::config::SharedCredentialsProvider;
 use serde::{Deserialize, Serialize};
 
 use crate::authkey::{self, KeyError, KeySource, KeyTarget};
-use crate::authkey::{AuthSettings, KeyEncoding};
+use crate::authkey::{AuthSettings, AuthType, KeyEncoding};
 use crate::exit::Exit;
 use crate::imds::ImdsSettings;
 use crate::imds::InstanceIdentity;
@@ -77,6 +77,12 @@ pub const REGISTER_BACKOFF: Backoff = Backoff {
 
 /// The registration's API, IAM's spelling (log lines, [`PcsError::Throttled`]).
 pub const API: &str = "pcs:RegisterComputeNodeGroupInstance";
+
+/// The authentication the managed service's clusters use: PCS builds Slurm without MUNGE
+/// and runs every cluster with `AuthType=auth/slurm` (`docs/pcs-registration.md`), so its
+/// `sharedSecret` is an auth/slurm key. The managed join's `auth.type` when no layer sets
+/// it; bootstrap refuses a managed join with another one before it registers.
+pub const CLUSTER_AUTH: AuthType = AuthType::Slurm;
 
 /// `[pcs]`: the managed join mode.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

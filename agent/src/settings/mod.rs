@@ -571,10 +571,10 @@ impl Resolved {
                     origin: Source::Default,
                     message: e.to_string(),
                 })?;
-        // The managed join uses auth/slurm unless a layer says otherwise, as the managed
-        // service runs every cluster with it.
+        // The managed join uses its clusters' auth/slurm unless a layer says otherwise (and
+        // bootstrap refuses any other).
         if settings.pcs.enabled && !sources.contains_key("auth.type") {
-            settings.auth.auth_type = crate::authkey::AuthType::Slurm;
+            settings.auth.auth_type = crate::pcs::CLUSTER_AUTH;
         }
         let resolved = Resolved {
             settings,
@@ -647,6 +647,39 @@ impl Settings {
             self.events.spot_jobs(),
             &self.systemd.bus,
         )
+    }
+
+    /// The node the health checks are loaded for, as these settings describe it: the
+    /// NodeName `node`, `node.role`, `[auth]` (its plugin and key file), the `[[mounts]]`
+    /// entries and, on a compute node (bootstrap makes scratch there only), `[scratch]`
+    /// when enabled; on this host.
+    pub fn health_target(&self, node: Option<String>) -> crate::health::Target {
+        use crate::health::target::{OwnMount, ScratchTarget};
+        let mut t = crate::health::Target::new(node, self.node.role, &self.auth);
+        t.mounts = self
+            .mounts
+            .iter()
+            .map(|m| OwnMount {
+                mount_point: m.mount_point.display().to_string(),
+                // `ro` among the options that replace the defaults, or the added ones.
+                read_only: m
+                    .options
+                    .iter()
+                    .chain(std::iter::once(&m.extra_options))
+                    .flat_map(|o| o.split(','))
+                    .any(|o| o.trim() == "ro"),
+                required: m.required,
+            })
+            .collect();
+        t.scratch =
+            (self.scratch.enabled && self.node.role == crate::nodedef::Role::Compute).then(|| {
+                ScratchTarget {
+                    mount_point: self.scratch.mount_point.display().to_string(),
+                    by_id_dir: crate::scratch::Probe::system().by_id_dir,
+                    is_instance_store: crate::scratch::disks::is_instance_store_name,
+                }
+            });
+        t
     }
 }
 

@@ -13,6 +13,7 @@ pub mod installed;
 pub mod look;
 pub mod node;
 pub mod options;
+pub mod plugins;
 pub mod readyz;
 pub mod record;
 pub mod sackd;

@@ -1,5 +1,7 @@
 //! Elastic Fabric Adapter devices: `/sys/class/infiniband/<dev>` whose `device/driver`
-//! link points at the `efa` driver, on instance types that have EFA.
+//! link points at the `efa` driver, on instance types that have EFA; and the EFA devices the
+//! kernel sees on PCI (the EFA interfaces the instance was launched with, whether or not a
+//! driver took them).
 
 use std::fs;
 
@@ -9,7 +11,8 @@ use crate::health::facts::Facts;
 /// How many EFA devices are expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EfaCount {
-    /// From the instance type (DMI product name) when known; otherwise at least one.
+    /// From the instance type (DMI product name) when known, otherwise at least one; and
+    /// never fewer than the EFA devices the kernel sees on PCI.
     Auto,
     /// At least this many.
     AtLeast(u32),
@@ -35,6 +38,37 @@ pub fn expected_efa(instance_type: &str) -> Option<u32> {
         | "m5.xlarge" | "g5.xlarge" => 0,
         _ => return None,
     })
+}
+
+/// Amazon's PCI vendor id (`/sys/bus/pci/devices/*/vendor`).
+pub const PCI_VENDOR_AMAZON: &str = "0x1d0f";
+
+/// The EFA devices the kernel sees on PCI, whatever driver took them (or none): functions
+/// of vendor [`PCI_VENDOR_AMAZON`] whose device id is `0xefa0` to `0xefaf` (Linux's
+/// `drivers/infiniband/hw/efa`: `0xefa0`, `0xefa1`, `0xefa2`, `0xefa3`), by PCI address,
+/// sorted. Empty when the folder cannot be read. These are the EFA interfaces the instance
+/// was launched with: an instance type that supports EFA but was launched without it has
+/// none.
+pub fn pci_efa_devices(sys_dir: &std::path::Path) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(sys_dir.join("bus/pci/devices")) else {
+        return Vec::new();
+    };
+    let read = |p: std::path::PathBuf| fs::read_to_string(p).unwrap_or_default();
+    let mut out: Vec<String> = rd
+        .flatten()
+        .filter(|e| {
+            let vendor = read(e.path().join("vendor"));
+            let device = read(e.path().join("device"));
+            let device = device.trim().to_ascii_lowercase();
+            vendor.trim().eq_ignore_ascii_case(PCI_VENDOR_AMAZON)
+                && device.len() == 6
+                && device.starts_with("0xefa")
+                && device[5..].chars().all(|c| c.is_ascii_hexdigit())
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    out.sort();
+    out
 }
 
 /// EFA device names under `<sys>/class/infiniband`.
@@ -65,13 +99,22 @@ pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, Failed> {
     let found = efa_devices(facts);
     let (want, why) = match spec.count {
         EfaCount::AtLeast(n) => (n, String::new()),
-        EfaCount::Auto => match super::hw::detect_instance_type(facts) {
-            Some(t) => match expected_efa(&t) {
-                Some(n) => (n, format!(" for {t}")),
-                None => (1, format!(" ({t} not in the EFA table)")),
-            },
-            None => (1, String::new()),
-        },
+        EfaCount::Auto => {
+            let (n, why) = match super::hw::detect_instance_type(facts) {
+                Some(t) => match expected_efa(&t) {
+                    Some(n) => (n, format!(" for {t}")),
+                    None => (1, format!(" ({t} not in the EFA table)")),
+                },
+                None => (1, String::new()),
+            };
+            // Every EFA interface the instance has on PCI must have its device.
+            let on_pci = u32::try_from(pci_efa_devices(&facts.host.sys_dir).len()).unwrap_or(0);
+            if on_pci > n {
+                (on_pci, format!(" (the kernel sees {on_pci} on PCI)"))
+            } else {
+                (n, why)
+            }
+        }
     };
     if (found.len() as u32) < want {
         return Err(failed(format!(
@@ -116,7 +159,7 @@ mod tests {
         )
         .unwrap();
         let f = Facts::new(Host {
-            sys_dir: sys,
+            sys_dir: sys.clone(),
             ..Host::default()
         });
         assert_eq!(efa_devices(&f), vec!["rdmap0s6", "rdmap0s7"]);
@@ -136,5 +179,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("expected at least 4 for p4d.24xlarge"), "{e}");
+        // Three EFA functions on PCI (one an ENA, not counted): two bound, so `auto`
+        // wants three whatever the table says of an unknown type.
+        fs::write(
+            sys.join("devices/virtual/dmi/id/product_name"),
+            "p9x.48xlarge\n",
+        )
+        .unwrap();
+        for (addr, device) in [
+            ("0000:10:1c.0", "0xefa1"),
+            ("0000:10:1d.0", "0xefa1"),
+            ("0000:10:1e.0", "0xEFA2"),
+            ("0000:10:1f.0", "0xec20"),
+        ] {
+            let d = sys.join("bus/pci/devices").join(addr);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("vendor"), "0x1d0f\n").unwrap();
+            fs::write(d.join("device"), format!("{device}\n")).unwrap();
+        }
+        assert_eq!(
+            pci_efa_devices(&f.host.sys_dir),
+            vec!["0000:10:1c.0", "0000:10:1d.0", "0000:10:1e.0"]
+        );
+        let f = Facts::new(f.host.clone());
+        let e = check_efa(
+            &EfaSpec {
+                count: EfaCount::Auto,
+            },
+            &f,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("2 EFA devices found (rdmap0s6, rdmap0s7), expected at least 3 (the kernel sees 3 on PCI)"),
+            "{e}"
+        );
     }
 }

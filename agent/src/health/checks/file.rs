@@ -37,6 +37,57 @@ pub struct FileContentsSpec {
     pub matches: Vec<Matcher>,
 }
 
+/// The cluster key file of Slurm's authentication plugin (checks.d's `auth_key` kind): where
+/// the agent writes it (`auth.key_path`, else the plugin's default), a regular file of a size
+/// the plugin takes, that other users can neither read nor write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    /// The key file.
+    pub path: String,
+    /// `auth/munge` or `auth/slurm`.
+    pub plugin: &'static str,
+    /// Fewest bytes the plugin takes.
+    pub min: u64,
+    /// Most bytes the plugin takes.
+    pub max: u64,
+}
+
+/// Runs an `auth_key` check: stat(2) only, the key is never read.
+///
+/// # Errors
+/// [`Failed`]: the file is missing, not a regular file, of a size the plugin refuses, or
+/// open to other users.
+pub fn check_key(spec: &KeySpec, facts: &Facts) -> Result<String, Failed> {
+    let p = spec.path.as_str();
+    let failed = |m: String| Failed::new(Checked::Files(vec![spec.path.clone()]), m);
+    let m = fs::metadata(p).map_err(|e| failed(format!("{} key {p}: {e}", spec.plugin)))?;
+    if !m.is_file() {
+        return Err(failed(format!(
+            "{} key {p} is not a regular file",
+            spec.plugin
+        )));
+    }
+    let size = m.len();
+    if !(spec.min..=spec.max).contains(&size) {
+        return Err(failed(format!(
+            "{} key {p} holds {size} bytes; {} takes {} to {}",
+            spec.plugin, spec.plugin, spec.min, spec.max
+        )));
+    }
+    let mode = m.mode() & 0o7777;
+    if mode & 0o007 != 0 {
+        return Err(failed(format!(
+            "{} key {p} has mode {mode:04o}: other users may read or write it",
+            spec.plugin
+        )));
+    }
+    Ok(format!(
+        "{} key {p}: {size} bytes, mode {mode:04o}, owner {}",
+        spec.plugin,
+        facts.user_name(m.uid())
+    ))
+}
+
 /// stat() expectations.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileStatSpec {
@@ -332,6 +383,47 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::health::facts::Host;
+
+    /// The key check passes on a private key of a size the plugin takes and fails, naming
+    /// the file, on one that others may read, one too short, a folder and a missing one.
+    #[test]
+    fn the_key_check_names_what_is_wrong() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("munge.key");
+        fs::write(&key, [7u8; 64]).unwrap();
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o400)).unwrap();
+        let facts = Facts::new(Host::default());
+        let spec = |path: &Path| KeySpec {
+            path: path.display().to_string(),
+            plugin: "auth/munge",
+            min: 32,
+            max: 1024,
+        };
+        let ok = check_key(&spec(&key), &facts).unwrap();
+        assert!(ok.contains("64 bytes, mode 0400"), "{ok}");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o604)).unwrap();
+        let e = check_key(&spec(&key), &facts).unwrap_err().to_string();
+        assert!(e.contains("mode 0604: other users may read"), "{e}");
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+        fs::write(&key, [7u8; 8]).unwrap();
+        let e = check_key(&spec(&key), &facts).unwrap_err().to_string();
+        assert!(
+            e.contains("holds 8 bytes; auth/munge takes 32 to 1024"),
+            "{e}"
+        );
+        let e = check_key(&spec(dir.path()), &facts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("is not a regular file"), "{e}");
+        let e = check_key(&spec(&dir.path().join("absent")), &facts)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("auth/munge key ") && e.contains("absent"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn test_operators() {

@@ -43,6 +43,17 @@ pub struct SpaceSpec {
     pub max: Option<Threshold>,
 }
 
+/// Space and inodes of the file system that holds `path` (checks.d's `space` kind): measured
+/// whether or not `path` is a mount point (`/tmp` on the root file system is the root's
+/// space), unlike NHC's `check_fs_free`, which passes on a path that is not a mount point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FreeSpaceSpec {
+    /// The path (it must exist).
+    pub path: String,
+    /// The limits, each on the file system holding `path` (their `path` is this one).
+    pub space: Vec<SpaceSpec>,
+}
+
 /// A mount point.
 #[derive(Debug, Clone)]
 pub struct MountSpec {
@@ -226,6 +237,21 @@ pub fn check_mount(spec: &MountSpec, facts: &Facts) -> Result<String, Failed> {
     Ok(detail)
 }
 
+/// Runs a checks.d `space` check: statfs(2) of `path` itself (under the check's timeout, on
+/// its own thread), then each limit.
+///
+/// # Errors
+/// [`Failed`]: `path` cannot be measured (it does not exist), or a limit is not met.
+pub fn check_free_space(spec: &FreeSpaceSpec) -> Result<String, Failed> {
+    let u = statvfs(&spec.path)?;
+    let found = spec
+        .space
+        .iter()
+        .map(|s| eval_space(s, &u))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(found.join("; "))
+}
+
 /// Runs a space check.
 ///
 /// # Errors
@@ -384,6 +410,40 @@ mod tests {
             min,
             max,
         }
+    }
+
+    /// A `space` check measures the file system holding a folder that is not a mount
+    /// point (where NHC's `check_fs_free` passes unmeasured), and fails on one that does
+    /// not exist.
+    #[test]
+    fn free_space_measures_the_file_system_holding_any_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().display().to_string();
+        let free = |min: Threshold| FreeSpaceSpec {
+            path: path.clone(),
+            space: vec![SpaceSpec {
+                path: path.clone(),
+                what: SpaceWhat::Free,
+                min: Some(min),
+                max: None,
+            }],
+        };
+        let ok = check_free_space(&free(Threshold::Absolute(1))).unwrap();
+        assert!(
+            ok.starts_with(&format!("{path}: ")) && ok.contains("free"),
+            "{ok}"
+        );
+        // More than any file system here has: measured, so it fails.
+        let e = check_free_space(&free(Threshold::Absolute(u64::MAX / 2)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&format!("{path} has only ")), "{e}");
+        let gone = FreeSpaceSpec {
+            path: format!("{path}/absent"),
+            space: Vec::new(),
+        };
+        let e = check_free_space(&gone).unwrap_err().to_string();
+        assert!(e.contains("statfs(") && e.contains("absent"), "{e}");
     }
 
     #[test]

@@ -168,6 +168,9 @@ pub enum CheckKind {
     Mount(fs::MountSpec),
     /// Space or inodes of the file system holding a path.
     Space(fs::SpaceSpec),
+    /// Space and inodes of the file system holding a path, whether or not it is a mount
+    /// point (checks.d's `space`).
+    FreeSpace(fs::FreeSpaceSpec),
     /// CPU topology and memory sizes.
     Hardware(hw::HardwareSpec),
     /// An InfiniBand port ACTIVE/LinkUp at a rate.
@@ -190,6 +193,8 @@ pub enum CheckKind {
     FileContents(file::FileContentsSpec),
     /// stat() attributes of files.
     FileStat(file::FileStatSpec),
+    /// The cluster key file of Slurm's authentication plugin (checks.d's `auth_key`).
+    AuthKey(file::KeySpec),
     /// A command's exit status and output.
     Command(cmd::CommandSpec),
     /// DMI (SMBIOS) data from dmidecode.
@@ -243,7 +248,7 @@ impl CheckKind {
     pub fn family(&self) -> &'static str {
         match self {
             CheckKind::Mount(_) => "mount",
-            CheckKind::Space(_) => "space",
+            CheckKind::Space(_) | CheckKind::FreeSpace(_) => "space",
             CheckKind::Hardware(_) => "hardware",
             CheckKind::Ib(_) => "infiniband",
             CheckKind::NetDev(_) => "netdev",
@@ -252,7 +257,10 @@ impl CheckKind {
             CheckKind::Process(_) => "process",
             CheckKind::LoadAvg(_) => "loadavg",
             CheckKind::Unit(_) => "unit",
-            CheckKind::FileTest(_) | CheckKind::FileContents(_) | CheckKind::FileStat(_) => "file",
+            CheckKind::FileTest(_)
+            | CheckKind::FileContents(_)
+            | CheckKind::FileStat(_)
+            | CheckKind::AuthKey(_) => "file",
             CheckKind::Command(_) => "command",
             CheckKind::Dmi(_) => "dmi",
             CheckKind::Mcelog(_) => "mcelog",
@@ -270,6 +278,7 @@ impl CheckKind {
         match self {
             CheckKind::Mount(s) => fs::check_mount(s, facts),
             CheckKind::Space(s) => fs::check_space(s, facts),
+            CheckKind::FreeSpace(s) => fs::check_free_space(s),
             CheckKind::Hardware(s) => hw::check_hardware(s, facts),
             CheckKind::Ib(s) => hw::check_ib(s, facts),
             CheckKind::NetDev(m) => hw::check_netdev(m, facts),
@@ -280,6 +289,7 @@ impl CheckKind {
             CheckKind::FileTest(s) => file::check_test(s),
             CheckKind::FileContents(s) => file::check_contents(s),
             CheckKind::FileStat(s) => file::check_stat(s, facts),
+            CheckKind::AuthKey(s) => file::check_key(s, facts),
             CheckKind::Dmi(s) => dmi::check_dmi(s, facts),
             CheckKind::Invalid(e) => Err(Failed::Invalid(e.clone())),
             CheckKind::Command(_)
