@@ -1349,6 +1349,14 @@ echo ".TH slurm-node-agent-drain 1" >"$d/man/man1/slurm-node-agent-drain.1"
         agent.join("agent.toml"),
     )
     .unwrap();
+    // The image's default health checks, as the template uploads packer/files.
+    let checks = staging.join("files/checks.d");
+    std::fs::create_dir_all(&checks).unwrap();
+    std::fs::copy(
+        repo().join("packer/files/checks.d/10-defaults.toml"),
+        checks.join("10-defaults.toml"),
+    )
+    .unwrap();
     staging
 }
 
