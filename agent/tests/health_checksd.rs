@@ -1,150 +1,453 @@
-//! The checks.d format as docs/health-checks.md documents it: every ```toml example of its
-//! "The checks.d format" section is loaded and run by the real `slurm-node-agent check`
-//! beside the image's defaults (`packer/files/checks.d/10-defaults.toml`), and does what the
-//! page says (a definition with the name of a default replaces it, `enabled = false` turns
-//! one off, the others are added), with no definition refused.
+//! The `checks.d` format as `docs/health-checks.md` documents it, and the image's default
+//! checks (`packer/files/checks.d/10-defaults.toml`): every `toml checks.d/NAME` example of
+//! the page is loaded and run beside the defaults, with the precedence the page states; the
+//! defaults give each node shape the checks the page's table lists; and the
+//! HealthCheckProgram loads them for the node its settings describe.
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use slurm_node_agent::authkey::{AuthSettings, AuthType};
+use slurm_node_agent::health::matcher::Matcher;
+use slurm_node_agent::health::target::{Condition, OwnMount, ScratchTarget};
+use slurm_node_agent::health::{self, checksd, nhc, CheckKind, CheckSet, Host, RunEnv, Status};
+use slurm_node_agent::health::{ConfigError, Target};
+use slurm_node_agent::nodedef::Role;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The ```toml blocks of the page's section `## The checks.d format`.
-fn examples() -> Vec<String> {
-    let page = std::fs::read_to_string(root().join("docs/health-checks.md")).unwrap();
-    let start = page
-        .find("\n## The checks.d format\n")
-        .expect("docs/health-checks.md has no section \"The checks.d format\"");
-    let rest = &page[start + 1..];
-    let section = &rest[..rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3)];
+fn defaults_file() -> PathBuf {
+    root().join("packer/files/checks.d/10-defaults.toml")
+}
+
+fn page() -> String {
+    std::fs::read_to_string(root().join("docs/health-checks.md")).unwrap()
+}
+
+/// The page's `checks.d` examples: (file name, text, line of the fence).
+fn examples() -> Vec<(String, String, usize)> {
     let mut out = Vec::new();
-    let mut body: Option<String> = None;
-    for line in section.lines() {
-        match (&mut body, line) {
-            (None, "```toml") => body = Some(String::new()),
-            (Some(b), "```") => {
-                out.push(std::mem::take(b));
-                body = None;
+    let mut open: Option<(String, String, usize)> = None;
+    for (i, line) in page().lines().enumerate() {
+        if let Some(rest) = line.strip_prefix("```") {
+            match open.take() {
+                Some(b) => {
+                    if !b.0.is_empty() {
+                        out.push(b);
+                    }
+                }
+                None => {
+                    let name = rest
+                        .trim()
+                        .strip_prefix("toml checks.d/")
+                        .unwrap_or_default()
+                        .to_string();
+                    open = Some((name, String::new(), i + 1));
+                }
             }
-            (Some(b), l) => {
-                b.push_str(l);
-                b.push('\n');
-            }
-            _ => {}
+        } else if let Some((_, body, _)) = open.as_mut() {
+            body.push_str(line);
+            body.push('\n');
         }
     }
     out
 }
 
-/// `(name, origin, family)` of each result of `check --no-act --output json` run on `dir`
-/// as checks.d, with the key file `key` as a munge node's.
-fn run_checks(dir: &Path, key: &Path) -> Vec<(String, String, String)> {
-    let scratch = dir.parent().unwrap();
-    std::fs::write(scratch.join("none.toml"), "").unwrap();
-    std::fs::create_dir_all(scratch.join("none.d")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_slurm-node-agent"))
-        .env_clear()
-        .env("SLURMD_NODENAME", "node1")
-        .arg("check")
-        .arg(format!("--config={}", scratch.join("none.toml").display()))
-        .arg(format!("--config-dir={}", scratch.join("none.d").display()))
-        .arg(format!("--checks-dir={}", dir.display()))
-        .arg(format!(
-            "--set=agent.state_dir={}",
-            scratch.join("state").display()
-        ))
-        .arg(format!("--set=auth.key_path={}", key.display()))
-        .args(["--no-act", "--output", "json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    v["checks"]
-        .as_array()
-        .unwrap()
+fn nhc_defaults() -> nhc::Defaults {
+    nhc::Defaults {
+        timeout: Duration::from_secs(10),
+        slurm_bin_dir: PathBuf::new(),
+    }
+}
+
+/// A host under `dir`: its instance type, and EFA and NVIDIA GPU functions on PCI.
+fn fake_host(dir: &Path, instance_type: &str, efa: bool, gpus: bool) -> Host {
+    let sys = dir.join("sys");
+    let dmi = sys.join("devices/virtual/dmi/id");
+    std::fs::create_dir_all(&dmi).unwrap();
+    std::fs::write(dmi.join("product_name"), format!("{instance_type}\n")).unwrap();
+    let pci = |addr: &str, vendor: &str, device: &str, class: &str| {
+        let d = sys.join("bus/pci/devices").join(addr);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vendor"), format!("{vendor}\n")).unwrap();
+        std::fs::write(d.join("device"), format!("{device}\n")).unwrap();
+        std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+    };
+    if efa {
+        pci("0000:10:1c.0", "0x1d0f", "0xefa1", "0x020000");
+    }
+    if gpus {
+        pci("0000:10:1d.0", "0x10de", "0x20b0", "0x030200");
+    }
+    Host {
+        sys_dir: sys,
+        ..Host::default()
+    }
+}
+
+fn target(node: &str, role: Role, auth: AuthType, host: Host) -> Target {
+    let mut t = Target::new(
+        Some(node.to_string()),
+        role,
+        &AuthSettings {
+            auth_type: auth,
+            ..AuthSettings::default()
+        },
+    );
+    t.host = host;
+    t
+}
+
+fn load(dir: &Path, t: &Target) -> CheckSet {
+    checksd::load_dir(dir, t, &nhc_defaults()).unwrap()
+}
+
+fn names(set: &CheckSet) -> Vec<&str> {
+    set.checks.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn invalid(set: &CheckSet) -> Vec<&ConfigError> {
+    set.checks
         .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_string(),
-                c["origin"].as_str().unwrap().to_string(),
-                c["family"].as_str().unwrap().to_string(),
-            )
+        .filter_map(|c| match &c.kind {
+            CheckKind::Invalid(e) => Some(e),
+            _ => None,
         })
         .collect()
 }
 
+/// The names of the defaults' `[[check]]` tables, in file order.
+fn default_names() -> Vec<String> {
+    let v: toml::Table =
+        toml::from_str(&std::fs::read_to_string(defaults_file()).unwrap()).unwrap();
+    v["check"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every definition of the defaults has a name (the handle to override it by), and the
+/// page's table lists exactly those names in that order.
 #[test]
-fn the_docs_checks_d_examples_load_and_run_beside_the_images_defaults() {
-    let blocks = examples();
-    assert!(blocks.len() >= 2, "examples found: {blocks:?}");
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("checks.d");
-    std::fs::create_dir(&dir).unwrap();
-    std::fs::copy(
-        root().join("packer/files/checks.d/10-defaults.toml"),
-        dir.join("10-defaults.toml"),
+fn the_pages_table_lists_every_default_check() {
+    let page = page();
+    let section = page
+        .split("## The image's default checks")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let listed: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| l.split('`').next().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, default_names());
+}
+
+/// What the defaults give each shape of node: only what the node has.
+#[tokio::test]
+async fn the_defaults_give_each_node_what_it_has() {
+    let checks = tempfile::tempdir().unwrap();
+    std::fs::copy(defaults_file(), checks.path().join("10-defaults.toml")).unwrap();
+    let hosts = tempfile::tempdir().unwrap();
+    let plain = || fake_host(&hosts.path().join("c6i"), "c6i.32xlarge", false, false);
+    let p4d = || fake_host(&hosts.path().join("p4d"), "p4d.24xlarge", true, true);
+    let base = ["root file system", "/tmp space", "cluster key"];
+    let with =
+        |more: &[&'static str]| -> Vec<&'static str> { base.iter().chain(more).copied().collect() };
+
+    let t = target("n1", Role::Compute, AuthType::Munge, plain());
+    assert!(!t.holds(Condition::Gpus) && !t.holds(Condition::Efa));
+    let set = load(checks.path(), &t);
+    assert_eq!(names(&set), with(&["munged", "slurmd"]));
+    assert!(set.notes.is_empty(), "{:?}", set.notes);
+
+    let t = target("login1", Role::Login, AuthType::Slurm, plain());
+    assert_eq!(names(&load(checks.path(), &t)), with(&["sackd"]));
+
+    // A GPU type launched with EFA: the GPU and EFA checks, the GPUs' longer timeout.
+    let t = target("gpu-1", Role::Compute, AuthType::Slurm, p4d());
+    let set = load(checks.path(), &t);
+    assert_eq!(names(&set), with(&["slurmd", "GPUs", "EFA"]));
+    assert_eq!(set.checks[4].timeout, Duration::from_secs(20));
+    // The same type launched without EFA interfaces: no EFA check.
+    let no_efa = fake_host(
+        &hosts.path().join("p4d-no-efa"),
+        "p4d.24xlarge",
+        false,
+        false,
+    );
+    let t = target("gpu-2", Role::Compute, AuthType::Slurm, no_efa);
+    assert_eq!(names(&load(checks.path(), &t)), with(&["slurmd", "GPUs"]));
+
+    // The node's own mounts (one check each, a `required = false` one never fatal) and
+    // scratch on a node with instance store disks; the key where auth.key_path puts it.
+    let by_id = tempfile::tempdir().unwrap();
+    std::fs::write(
+        by_id
+            .path()
+            .join("nvme-Amazon_EC2_NVMe_Instance_Storage_AWS1"),
+        "",
     )
     .unwrap();
-    let key = tmp.path().join("munge.key");
-    std::fs::write(&key, [7u8; 1024]).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let mut t = Target::new(
+        Some("n2".into()),
+        Role::Compute,
+        &AuthSettings {
+            key_path: "/etc/site/munge.key".into(),
+            ..AuthSettings::default()
+        },
+    );
+    t.host = plain();
+    t.mounts = vec![
+        OwnMount {
+            mount_point: "/fsx".into(),
+            read_only: false,
+            required: true,
+        },
+        OwnMount {
+            mount_point: "/ref".into(),
+            read_only: true,
+            required: false,
+        },
+    ];
+    t.scratch = Some(ScratchTarget {
+        mount_point: "/scratch".into(),
+        by_id_dir: by_id.path().to_path_buf(),
+        is_instance_store: |n| n.starts_with("nvme-Amazon_EC2_NVMe_Instance_Storage_"),
+    });
+    let set = load(checks.path(), &t);
+    assert_eq!(
+        names(&set),
+        vec![
+            "root file system",
+            "/tmp space",
+            "shared file systems: mount /fsx",
+            "shared file systems: mount /ref",
+            "scratch",
+            "cluster key",
+            "munged",
+            "slurmd"
+        ]
+    );
+    assert!(set.checks[2].fatal && !set.checks[3].fatal);
+    let CheckKind::Mount(m) = &set.checks[3].kind else {
+        panic!("{:?}", set.checks[3].kind)
+    };
+    assert!(!m.writable, "mounted ro on purpose");
+    let CheckKind::Mount(m) = &set.checks[4].kind else {
+        panic!("{:?}", set.checks[4].kind)
+    };
+    assert_eq!(m.path, "/scratch");
+    let CheckKind::AuthKey(k) = &set.checks[5].kind else {
+        panic!("{:?}", set.checks[5].kind)
+    };
+    assert_eq!(
+        (k.path.as_str(), k.plugin, k.owner.as_str()),
+        ("/etc/site/munge.key", "auth/munge", "munge")
+    );
 
-    // The defaults alone: every check named, none refused.
-    let defaults = run_checks(&dir, &key);
-    let refused: Vec<_> = defaults.iter().filter(|c| c.2 == "config").collect();
-    assert!(refused.is_empty(), "refused definitions: {refused:?}");
-    for name in [
-        "root file system",
-        "/tmp space",
-        "cluster key",
-        "munged",
-        "slurmd",
-    ] {
-        assert!(
-            defaults
-                .iter()
-                .any(|c| c.0 == name && c.1.contains("10-defaults.toml:")),
-            "{name} not among the defaults' checks: {defaults:?}"
-        );
-    }
-    // A login node's sackd is not a compute node's check.
-    assert!(!defaults.iter().any(|c| c.0 == "sackd"), "{defaults:?}");
-
-    // With the page's examples, each in a later file.
-    let mut defined: Vec<(String, bool)> = Vec::new();
-    for (i, text) in blocks.iter().enumerate() {
-        std::fs::write(dir.join(format!("50-example-{i}.toml")), text).unwrap();
-        let doc: toml::Table = text.parse().unwrap();
-        for c in doc["check"].as_array().unwrap() {
-            let enabled = c.get("enabled").and_then(|e| e.as_bool()).unwrap_or(true);
-            defined.push((c["name"].as_str().unwrap().to_string(), enabled));
-        }
-    }
-    let results = run_checks(&dir, &key);
-    let refused: Vec<_> = results.iter().filter(|c| c.2 == "config").collect();
-    assert!(refused.is_empty(), "refused definitions: {refused:?}");
-    for (name, enabled) in &defined {
-        let found: Vec<_> = results.iter().filter(|c| &c.0 == name).collect();
-        if *enabled {
-            // Present once, from the example, in place of a default of that name.
-            assert!(
-                found.len() == 1 && found[0].1.contains("50-example-"),
-                "{name}: {found:?} in {results:?}"
-            );
-        } else {
-            assert!(found.is_empty(), "{name} was turned off: {found:?}");
-        }
-    }
+    // They run here: the host-reading ones answer within their timeout.
+    let t = target("n1", Role::Compute, AuthType::Munge, Host::default());
+    let r = health::run_checks(&load(checks.path(), &t), &RunEnv::default()).await;
+    let root = &r.results[0];
+    assert_eq!(root.name, "root file system");
     assert!(
-        defined.iter().any(|(n, e)| n == "root file system" && *e),
-        "the page no longer shows a default replaced"
+        r.results.iter().all(|c| c.status != Status::Timeout),
+        "{r:?}"
+    );
+    assert!(r.results.iter().all(|c| c.family != "config"), "{r:?}");
+}
+
+/// Every `checks.d` example of the page loads beside the defaults without an error or a
+/// note, for nodes of each role and auth plugin, with and without GPUs and EFA; each of its
+/// named checks replaces the default of its name (or, `enabled = false`, leaves none) and
+/// is there exactly where its `nodes` and `when` say; and the whole set runs.
+#[tokio::test]
+async fn the_pages_checksd_examples_load_and_run_beside_the_defaults() {
+    let examples = examples();
+    assert!(examples.len() >= 3, "{examples:?}");
+    let hosts = tempfile::tempdir().unwrap();
+    let shapes = [
+        ("n1", Role::Compute, AuthType::Munge, false),
+        ("gpu-1", Role::Compute, AuthType::Slurm, true),
+        ("login1", Role::Login, AuthType::Munge, false),
+    ];
+    for (file, text, line) in &examples {
+        let at = format!("docs/health-checks.md line {line} ({file})");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(defaults_file(), dir.path().join("10-defaults.toml")).unwrap();
+        let path = dir.path().join(file);
+        assert!(
+            file.as_str() > "10-defaults.toml",
+            "{at}: read before the defaults"
+        );
+        std::fs::write(&path, text).unwrap();
+        let defs: toml::Table = toml::from_str(text).unwrap();
+        let defs = defs["check"].as_array().unwrap().clone();
+        for (node, role, auth, gpu) in shapes {
+            let host = fake_host(&hosts.path().join(node), "p9x.48xlarge", gpu, gpu);
+            let t = target(node, role, auth, host);
+            let set = load(dir.path(), &t);
+            assert!(invalid(&set).is_empty(), "{at}: {:?}", invalid(&set));
+            assert!(set.notes.is_empty(), "{at}: {:?}", set.notes);
+            for d in &defs {
+                let Some(name) = d.get("name").and_then(|n| n.as_str()) else {
+                    continue;
+                };
+                let on = d.get("enabled").and_then(|e| e.as_bool()).unwrap_or(true);
+                let nodes = d.get("nodes").and_then(|n| n.as_str()).unwrap_or("*");
+                let when: Vec<&str> = match d.get("when") {
+                    None => Vec::new(),
+                    Some(toml::Value::String(w)) => vec![w.as_str()],
+                    Some(w) => w
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|w| w.as_str().unwrap())
+                        .collect(),
+                };
+                let applies = on
+                    && Matcher::parse(nodes).unwrap().matches(node)
+                    && when.iter().all(|w| match w.strip_prefix('!') {
+                        Some(w) => !t.holds(Condition::parse(w).unwrap()),
+                        None => t.holds(Condition::parse(w).unwrap()),
+                    });
+                let found: Vec<_> = set.checks.iter().filter(|c| c.name == name).collect();
+                if applies {
+                    assert_eq!(found.len(), 1, "{at}: {name} on {node}: {:?}", names(&set));
+                    assert_eq!(found[0].origin.file, path, "{at}: {name} on {node}");
+                } else {
+                    assert!(found.is_empty(), "{at}: {name} on {node}: {found:?}");
+                }
+            }
+            let r = health::run_checks(&set, &RunEnv::default()).await;
+            assert_eq!(r.results.len(), set.checks.len(), "{at}");
+            assert!(
+                r.results.iter().all(|c| c.family != "config"),
+                "{at}: {:?}",
+                r.results
+            );
+        }
+    }
+}
+
+/// The precedence rules the page states, beyond its examples: a replacement that does not
+/// apply leaves no check of its name on the node; a name turned off that no earlier file
+/// has is noted; checks of one file do not replace each other.
+#[test]
+fn precedence_between_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(defaults_file(), dir.path().join("10-defaults.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("50-site.toml"),
+        "[[check]]\nname = \"/tmp space\"\nkind = \"space\"\npath = \"/tmp\"\nmin_free = \"1%\"\nnodes = \"big-*\"\n\n\
+         [[check]]\nname = \"EFA check\"\nenabled = false\n\n\
+         [[check]]\nname = \"twice\"\nkind = \"file\"\npath = \"/etc/passwd\"\n\n\
+         [[check]]\nname = \"twice\"\nkind = \"file\"\npath = \"/etc/group\"\n",
+    )
+    .unwrap();
+    let t = target("n1", Role::Compute, AuthType::Munge, Host::default());
+    let set = load(dir.path(), &t);
+    let n = names(&set);
+    assert!(!n.contains(&"/tmp space"), "{n:?}");
+    assert_eq!(n.iter().filter(|x| **x == "twice").count(), 2, "{n:?}");
+    assert_eq!(set.notes.len(), 1, "{:?}", set.notes);
+    assert!(
+        set.notes[0].contains("50-site.toml:8: enabled = false turns off nothing")
+            && set.notes[0].contains("\"EFA check\""),
+        "{:?}",
+        set.notes
+    );
+    let t = target("big-1", Role::Compute, AuthType::Munge, Host::default());
+    let set = load(dir.path(), &t);
+    let tmp = set.checks.iter().find(|c| c.name == "/tmp space").unwrap();
+    assert!(tmp.origin.file.ends_with("50-site.toml"));
+    // In the default's place, the second check.
+    assert_eq!(set.checks[1].name, "/tmp space");
+
+    // A `when` word that names nothing is an error of the file naming its line.
+    std::fs::write(
+        dir.path().join("60-bad.toml"),
+        "[[check]]\nname = \"x\"\nkind = \"efa\"\nwhen = \"gpu\"\n",
+    )
+    .unwrap();
+    let set = load(dir.path(), &t);
+    let e = invalid(&set);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].to_string().contains("60-bad.toml:1: ")
+            && e[0].to_string().contains("when: unknown word \"gpu\""),
+        "{}",
+        e[0]
+    );
+}
+
+/// The HealthCheckProgram, as slurmd runs it, loads the defaults for the node its settings
+/// describe: a login node with auth/slurm, its key at `auth.key_path`, one of `[[mounts]]`.
+#[test]
+fn the_healthcheck_program_loads_the_defaults_for_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("checks.d")).unwrap();
+    std::fs::create_dir_all(d.join("none.d")).unwrap();
+    std::fs::copy(defaults_file(), d.join("checks.d/10-defaults.toml")).unwrap();
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            "[node]\nrole = \"login\"\n\n[auth]\ntype = \"slurm\"\nkey_path = \"{}/slurm.key\"\n\n\
+             [[mounts]]\nfile_system_id = \"fs-0123456789abcdef0\"\nregion = \"us-east-1\"\n\
+             mount_name = \"abcdefgh\"\nmount_point = \"{}/fsx\"\n",
+            d.display(),
+            d.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_slurm-node-agent-healthcheck"))
+        .env_clear()
+        .env("SLURMD_NODENAME", "login1")
+        .args([
+            format!("--config={}/agent.toml", d.display()),
+            format!("--config-dir={}/none.d", d.display()),
+            format!("--checks-dir={}/checks.d", d.display()),
+            format!("--set=agent.state_dir={}/state", d.display()),
+            "--no-act".into(),
+            "--output".into(),
+            "json".into(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The key and the mount are not there: a failing run, not a refused one.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    let got: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let fsx = format!("shared file systems: mount {}/fsx", d.display());
+    assert_eq!(
+        got,
+        vec![
+            "root file system",
+            "/tmp space",
+            &fsx,
+            "cluster key",
+            "sackd"
+        ],
+        "{v}"
+    );
+    let key = checks.iter().find(|c| c["name"] == "cluster key").unwrap();
+    assert_eq!(key["status"], "fail");
+    let msg = key["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with(&format!("auth/slurm key {}/slurm.key: ", d.display())),
+        "{msg}"
     );
 }

@@ -1412,6 +1412,11 @@ fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
         let mode = std::fs::metadata(&on_disk).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o644, "{path}");
     }
+    // The image's default health checks, as the repository has them.
+    assert_eq!(
+        written.read("/etc/slurm-node-agent/checks.d/10-defaults.toml"),
+        std::fs::read_to_string(repo().join("packer/files/checks.d/10-defaults.toml")).unwrap()
+    );
     let log = text(&out);
     assert!(log.contains("done"), "{log}");
 

@@ -19,8 +19,9 @@
 //! when = "gpus"                  # only where the instance has GPUs
 //! ```
 //!
-//! Common keys: `name`, `timeout`, `fatal` (default true; false: a failure is only
-//! reported), `nodes` (an NHC target expression, default `*`), `when` (words the node must
+//! Common keys: `name` (a definition that gives several checks names each `NAME: PIECE`,
+//! `shared file systems: mount /fsx`), `timeout`, `fatal` (default true; false: a failure
+//! is only reported), `nodes` (an NHC target expression, default `*`), `when` (words the node must
 //! have: [`Condition`]), `enabled` (false: the definition is off). A `[[check]]` with a
 //! `name` replaces every check of that name from earlier files, at the place of the first;
 //! with `enabled = false` (and no `kind`) it only turns them off ([`load_dir`]).
@@ -384,12 +385,20 @@ fn definitions(
             }
             && when.iter().all(|(negated, c)| target.holds(*c) != *negated);
         let fatal = def.fatal.unwrap_or(true);
+        // A definition that gives several checks (an `agent_mounts` always: how many
+        // depends on the settings) names each after itself and the piece, so that two
+        // checks never share a name (a report's line, a Prometheus series).
+        let several = built.len() > 1 || kind == "agent_mounts";
         let checks = match applies {
             false => Vec::new(),
             true => built
                 .into_iter()
                 .map(|p| Check {
-                    name: def.name.clone().unwrap_or(p.name),
+                    name: match &def.name {
+                        Some(n) if several => format!("{n}: {}", p.name),
+                        Some(n) => n.clone(),
+                        None => p.name,
+                    },
                     origin: Origin {
                         file: file.to_path_buf(),
                         line: Some(line),
@@ -795,6 +804,7 @@ fn build(
                 CheckKind::AuthKey(KeySpec {
                     path,
                     plugin: k.plugin,
+                    owner: k.owner.clone(),
                     min: k.min as u64,
                     max: k.max as u64,
                 }),

@@ -46,6 +46,10 @@ pub struct KeySpec {
     pub path: String,
     /// `auth/munge` or `auth/slurm`.
     pub plugin: &'static str,
+    /// The user the agent makes the file's owner (`auth.key_owner`, else the plugin's
+    /// daemon user): another owner fails; an owner that `/etc/passwd` does not name (a
+    /// directory service's user) is not judged.
+    pub owner: String,
     /// Fewest bytes the plugin takes.
     pub min: u64,
     /// Most bytes the plugin takes.
@@ -81,10 +85,17 @@ pub fn check_key(spec: &KeySpec, facts: &Facts) -> Result<String, Failed> {
             spec.plugin
         )));
     }
+    let owner = facts.user_name(m.uid());
+    let unnamed = owner.parse::<u32>().is_ok() && spec.owner.parse::<u32>().is_err();
+    if owner != spec.owner && !unnamed {
+        return Err(failed(format!(
+            "{} key {p} is owned by {owner}, not {}",
+            spec.plugin, spec.owner
+        )));
+    }
     Ok(format!(
-        "{} key {p}: {size} bytes, mode {mode:04o}, owner {}",
-        spec.plugin,
-        facts.user_name(m.uid())
+        "{} key {p}: {size} bytes, mode {mode:04o}, owner {owner}",
+        spec.plugin
     ))
 }
 
@@ -393,15 +404,34 @@ mod tests {
         let key = dir.path().join("munge.key");
         fs::write(&key, [7u8; 64]).unwrap();
         fs::set_permissions(&key, fs::Permissions::from_mode(0o400)).unwrap();
-        let facts = Facts::new(Host::default());
+        let passwd = dir.path().join("passwd");
+        let me = nix::unistd::getuid().as_raw();
+        fs::write(&passwd, format!("me:x:{me}:{me}::/:/bin/sh\n")).unwrap();
+        let facts = Facts::new(Host {
+            passwd,
+            ..Host::default()
+        });
         let spec = |path: &Path| KeySpec {
             path: path.display().to_string(),
             plugin: "auth/munge",
+            owner: "me".into(),
             min: 32,
             max: 1024,
         };
         let ok = check_key(&spec(&key), &facts).unwrap();
-        assert!(ok.contains("64 bytes, mode 0400"), "{ok}");
+        assert!(ok.contains("64 bytes, mode 0400, owner me"), "{ok}");
+        let other = KeySpec {
+            owner: "munge".into(),
+            ..spec(&key)
+        };
+        let e = check_key(&other, &facts).unwrap_err().to_string();
+        assert!(e.ends_with("is owned by me, not munge"), "{e}");
+        // An owner /etc/passwd does not name is not judged.
+        let unnamed = Facts::new(Host {
+            passwd: dir.path().join("no-passwd"),
+            ..Host::default()
+        });
+        check_key(&other, &unnamed).unwrap();
         fs::set_permissions(&key, fs::Permissions::from_mode(0o604)).unwrap();
         let e = check_key(&spec(&key), &facts).unwrap_err().to_string();
         assert!(e.contains("mode 0604: other users may read"), "{e}");

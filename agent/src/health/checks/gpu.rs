@@ -4,8 +4,8 @@
 //! rows, temperature and hardware slowdown reasons, and NVLink state.
 //!
 //! A node without the driver (the library does not load, or the driver is not loaded)
-//! reports "no GPU": that passes unless GPUs are expected (a count, or an instance type
-//! known to have them).
+//! reports "no GPU": that passes unless GPUs are expected (a count, an instance type
+//! known to have them, or, with `count = "auto"`, NVIDIA GPUs the kernel sees on PCI).
 
 use std::collections::BTreeMap;
 
@@ -433,6 +433,15 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
                 Some(n) if n > 0 => Err(failed(format!(
                     "expected {n} GPUs, but NVML is unavailable: {e}"
                 ))),
+                // An instance type not in the table: the GPUs the kernel sees count.
+                None if !kernel_gpus(&facts.host.sys_dir).is_empty() => {
+                    let pci = kernel_gpus(&facts.host.sys_dir);
+                    Err(failed(format!(
+                        "the kernel sees {} NVIDIA GPUs on PCI ({}), but NVML is unavailable: {e}",
+                        pci.len(),
+                        pci.join(", ")
+                    )))
+                }
                 _ if spec.require => Err(failed(format!("NVML is unavailable: {e}"))),
                 _ => Ok(format!("no GPU (NVML unavailable: {e})")),
             };
@@ -798,7 +807,7 @@ mod tests {
         assert!(msg.starts_with("no GPU"), "{msg}");
         let want = GpuSpec {
             count: GpuCount::Exact(8),
-            ..spec
+            ..spec.clone()
         };
         let e = check_gpus(&want, &f).unwrap_err().to_string();
         assert!(e.contains("expected 8 GPUs"), "{e}");
@@ -809,5 +818,35 @@ mod tests {
         };
         let e = check_gpus(&required, &f).unwrap_err().to_string();
         assert!(e.starts_with("NVML is unavailable"), "{e}");
+        // An instance type not in the table whose GPUs the kernel sees on PCI: a driver
+        // that does not load fails it, naming them; `count = 0` still passes.
+        let dir = tempfile::tempdir().unwrap();
+        let sys = dir.path().join("sys");
+        std::fs::create_dir_all(sys.join("devices/virtual/dmi/id")).unwrap();
+        std::fs::write(
+            sys.join("devices/virtual/dmi/id/product_name"),
+            "p9x.48xlarge\n",
+        )
+        .unwrap();
+        let d = sys.join("bus/pci/devices/0000:b3:00.0");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vendor"), "0x10de\n").unwrap();
+        std::fs::write(d.join("class"), "0x030200\n").unwrap();
+        let f = Facts::new(Host {
+            sys_dir: sys,
+            ..Host::default()
+        });
+        let e = check_gpus(&spec, &f).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "the kernel sees 1 NVIDIA GPUs on PCI (0000:b3:00.0), but NVML is unavailable"
+            ),
+            "{e}"
+        );
+        let none = GpuSpec {
+            count: GpuCount::Exact(0),
+            ..spec.clone()
+        };
+        assert!(check_gpus(&none, &f).unwrap().starts_with("no GPU"));
     }
 }
