@@ -252,10 +252,37 @@ fn libc_flags() -> i32 {
 }
 
 /// An exclusive `flock(2)` lock, held until this value drops (or the process dies: the
-/// kernel releases it, so a killed holder never leaves a stale lock).
+/// kernel releases it, so a killed holder never leaves a stale lock). The one
+/// implementation of the agent's lock files (bootstrap's, `drain.lock`): taken with
+/// [`lock_exclusive`] in async code that may wait long, or [`lock_exclusive_blocking`]
+/// around a short read-modify-write.
 #[derive(Debug)]
 pub struct FileLock {
     _file: File,
+}
+
+impl FileLock {
+    /// Opens `path` (created 0600 if missing, never through a symlink planted at its name)
+    /// for [`FileLock::try_take`].
+    fn open(path: &Path) -> io::Result<File> {
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(path)
+    }
+
+    /// One non-blocking try on `file`: `Ok(Err(file))` while another process holds it.
+    fn try_take(file: File) -> io::Result<Result<FileLock, File>> {
+        use rustix::fs::{flock, FlockOperation};
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Ok(FileLock { _file: file })),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => Ok(Err(file)),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 /// Takes an exclusive lock on `path` (created 0600 if missing, never through a symlink),
@@ -269,30 +296,46 @@ pub async fn lock_exclusive(
     wait: Duration,
     on_wait: impl FnOnce(),
 ) -> io::Result<Option<FileLock>> {
-    use rustix::fs::{flock, FlockOperation};
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(path)?;
+    let mut file = FileLock::open(path)?;
     let start = std::time::Instant::now();
     let mut on_wait = Some(on_wait);
     loop {
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Ok(Some(FileLock { _file: file })),
-            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
-                if let Some(f) = on_wait.take() {
-                    f();
-                }
-                if start.elapsed() >= wait {
-                    return Ok(None);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => return Err(e.into()),
+        file = match FileLock::try_take(file)? {
+            Ok(lock) => return Ok(Some(lock)),
+            Err(file) => file,
+        };
+        if let Some(f) = on_wait.take() {
+            f();
         }
+        if start.elapsed() >= wait {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// [`lock_exclusive`] for a lock held only around a short read-modify-write (`drain.lock`):
+/// tries every `poll`, sleeping the thread in between, for at most `wait`. `Ok(None)` when
+/// it is still busy after `wait`.
+///
+/// # Errors
+/// The OS error of opening or locking the file.
+pub fn lock_exclusive_blocking(
+    path: &Path,
+    wait: Duration,
+    poll: Duration,
+) -> io::Result<Option<FileLock>> {
+    let mut file = FileLock::open(path)?;
+    let start = std::time::Instant::now();
+    loop {
+        file = match FileLock::try_take(file)? {
+            Ok(lock) => return Ok(Some(lock)),
+            Err(file) => file,
+        };
+        if start.elapsed() >= wait {
+            return Ok(None);
+        }
+        std::thread::sleep(poll);
     }
 }
 

@@ -12,7 +12,7 @@
 //!   incarnation. Whose Slurm's record is, and how the agent marks the drains it owns,
 //!   is the reason scheme's ([`crate::reason`]).
 //!
-//! Floor 8 (assembly): above `settings`, which it reads.
+//! Floor 9 (assembly): above `settings`, which it reads.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

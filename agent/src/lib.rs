@@ -11,29 +11,32 @@
 //!
 //! | floor | modules |
 //! |---|---|
-//! | 11 | [`cli`] |
-//! | 10 | [`daemon`] |
-//! | 9 | [`bootstrap`] |
-//! | 8 | [`identity`] |
-//! | 7 | [`settings`] |
-//! | 6 | [`events`] |
-//! | 5 | [`drain`], [`node_lifecycle`], [`scratch`] |
-//! | 4 | [`health`], [`mounts`], [`pcs`], [`upgrade`] |
+//! | 12 | [`cli`] |
+//! | 11 | [`daemon`] |
+//! | 10 | [`bootstrap`] |
+//! | 9 | [`identity`] |
+//! | 8 | [`settings`] |
+//! | 7 | [`events`] |
+//! | 6 | [`drain`], [`scratch`] |
+//! | 5 | [`health`], [`mounts`], [`node_lifecycle`], [`upgrade`] |
+//! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`ec2tags`], [`nodedef`] |
 //! | 1 | [`cloudinit`], [`imds`], [`systemd`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
-//! - **Roof (9 to 11)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
+//! - **Roof (10 to 12)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
 //!   the rolling upgrade's rollout check); [`bootstrap`], first boot from instance metadata
 //!   to a node IDLE in slurmctld, as a list of steps that each live with their subject.
-//! - **Assembly (7, 8)**: [`settings`] reads the layers (defaults, files, drop-ins, user
+//! - **Assembly (8, 9)**: [`settings`] reads the layers (defaults, files, drop-ins, user
 //!   data, tags, flags), enforces each key's trust class and assembles every module's
 //!   section; [`identity`] says who the node is (NodeName, instance incarnation) for every
 //!   command.
-//! - **Subsystems (4 to 6)**, each owning its settings section: [`events`], IMDS
-//!   interruption and maintenance notices; [`drain`], the one drain state machine;
-//!   [`node_lifecycle`], the lifecycle scripts; [`scratch`], node-local scratch striped
+//! - **Subsystems (4 to 7)**, each owning its settings section: [`events`], IMDS
+//!   interruption and maintenance notices; [`drain`], the drain engine that moves the one
+//!   drain state machine forward; [`node_state`], that state machine's states, causes and
+//!   store, and the one gateway through which every change of the node's state in Slurm
+//!   goes (drain, resume, reboot, delete); [`node_lifecycle`], the lifecycle scripts; [`scratch`], node-local scratch striped
 //!   over the instance store disks; [`health`], node health checks (`check`,
 //!   `HealthCheckProgram`); [`mounts`], FSx for Lustre, EFS and NFS mounts through systemd
 //!   `.mount` units; [`pcs`], the managed join (AWS Parallel Computing Service
@@ -76,6 +79,7 @@ pub mod imds;
 pub mod location;
 pub mod mounts;
 pub mod node_lifecycle;
+pub mod node_state;
 pub mod nodedef;
 pub mod pcs;
 pub mod reason;

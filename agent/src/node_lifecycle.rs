@@ -38,7 +38,7 @@
 //! What ran is kept in `<agent.state_dir>/lifecycle/state.json` ([`RunRecord`]).
 //!
 //! Floor 5 (subsystems): above `pcs`, whose registration answer carries the service's
-//! scripts.
+//! scripts, and `node_state`, through which a `TERMINATE` drains the node.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -1329,8 +1329,9 @@ pub struct Context<'a> {
     pub settings: &'a NodeLifecycleSettings,
     /// `agent.state_dir` (the run record, the cache and the logs).
     pub state_dir: &'a Path,
-    /// `[slurm]` (the drain of a `TERMINATE` in `nodeReady`).
-    pub slurm: &'a crate::slurm::SlurmSettings,
+    /// The node's gateway (the drain of a `TERMINATE` in `nodeReady`, a cause of the drain
+    /// state machine).
+    pub gateway: &'a crate::node_state::Gateway,
     /// The instance's region (downloads).
     pub region: &'a str,
     /// The service's actions, in the managed mode.
@@ -1395,9 +1396,19 @@ pub async fn run(
         tracing::error!("{e}");
     }
     if stage == Stage::NodeReady {
-        let scontrol = crate::slurm::Scontrol::configured(cx.slurm);
-        match scontrol.drain(&facts.node_name, &reason).await {
-            Ok(()) => {
+        let cause = crate::node_state::Cause::stated(
+            crate::reason::ReasonCause::Script,
+            cx.gateway.instance_id(),
+            &reason,
+        )
+        .unwrap_or_else(|| crate::node_state::Cause::Script {
+            detail: reason.clone(),
+        });
+        match cx.gateway.drain(cause, None).await {
+            Ok(r) if r.state.foreign_reason.is_some() => {
+                tracing::error!(node = %facts.node_name, %reason, kept = ?r.state.foreign_reason, "drained by someone else already (their reason is kept); powering off")
+            }
+            Ok(_) => {
                 tracing::error!(node = %facts.node_name, %reason, "drained before powering off")
             }
             Err(e) => {

@@ -175,6 +175,27 @@ impl AgentReason {
         }
     }
 
+    /// A reason whose detail its owner wrote to fit (the health checks' `<check>: <message>
+    /// (+N more)`, a mount's, a script's, scratch's): kept as written but for control
+    /// characters, which become spaces; an instance id that is not valid becomes `unknown`.
+    /// [`AgentReason::to_reason`] of the [`AgentReason::new`] of the same words is the same
+    /// reason for a detail that `new` leaves as it is.
+    pub fn stated(cause: ReasonCause, instance_id: &str, detail: &str) -> AgentReason {
+        let instance_id = if is_valid_instance_id(instance_id) {
+            instance_id.to_string()
+        } else {
+            UNKNOWN_INSTANCE.to_string()
+        };
+        AgentReason {
+            cause,
+            instance_id,
+            detail: detail
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect(),
+        }
+    }
+
     /// The reason as written to Slurm: at most [`REASON_MAX`] characters (the detail is
     /// cut), never empty after the `: `.
     pub fn to_reason(&self) -> String {

@@ -744,7 +744,8 @@ fn the_slurmd_limit_warning_reads_health_check_timeout() {
             .unwrap();
         String::from_utf8_lossy(&out.stderr).to_string()
     };
-    // run_deadline 30 s + 2 x scontrol_timeout 5 s = 40 s: under 60 s, over 20 s.
+    // run_deadline 30 s + 3 x scontrol_timeout 5 s (show, drain lock, update) = 45 s: under
+    // 60 s, over 20 s.
     let with = f.write("slurm.conf", "ClusterName=c\nHealthCheckTimeout=20\n");
     let err = run(&with);
     assert!(

@@ -1077,3 +1077,365 @@ fn library_errors_are_typed() {
         list.join("\n  ")
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// One gateway (issue 36 §1): every change of the node's state in Slurm goes through
+// `node_state::Gateway`. Outside `node_state/` (the gateway) and `slurm/node.rs` (where
+// scontrol's words are written once), no code calls scontrol to drain, resume, update a
+// node's state, reboot, power down or delete a node.
+
+/// Scontrol's methods that change a node's state (`slurm/node.rs`), and the words of one
+/// that might come: a call of one of them on a `scontrol` is the gateway's alone.
+const NODE_STATE_METHODS: &[&str] = &[
+    "drain",
+    "resume",
+    "reboot",
+    "delete_node",
+    "power_down",
+    "power_up",
+    "update_node",
+    "set_state",
+];
+
+/// Where the gateway is: its own folder, and the file that writes scontrol's words.
+fn gateway_file(shown: &str) -> bool {
+    shown.starts_with("node_state/") || shown == "slurm/node.rs"
+}
+
+/// One change of the node's state outside the gateway: `file:line` and the call.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Bypass {
+    at: String,
+    what: String,
+}
+
+/// Every call outside the gateway, in the library rooted at `src/lib.rs` (test code
+/// aside): a method of [`NODE_STATE_METHODS`] on a receiver that is a scontrol (an
+/// expression naming `scontrol`, or a name bound to one: a parameter typed `Scontrol`, a
+/// `let` of an expression naming `scontrol` or `Scontrol`), and scontrol's words run
+/// directly (`run(&["update", "NodeName=..", "State=.."])`, `reboot`, `power`, `delete
+/// NodeName=`, `create NodeName=`).
+fn node_state_bypasses(src: &Path) -> Result<Vec<Bypass>, String> {
+    let lib = parse(&src.join("lib.rs"))?;
+    let mut files = Vec::new();
+    for item in &lib.items {
+        let syn::Item::Mod(m) = item else { continue };
+        if !is_test_only(&m.attrs) {
+            module_files(src, &[], m, &mut files)?;
+        }
+    }
+    let mut found = BTreeSet::new();
+    for (path, _) in &files {
+        let shown = path.strip_prefix(src).unwrap_or(path).display().to_string();
+        if gateway_file(&shown) {
+            continue;
+        }
+        let f = parse(path)?;
+        let mut v = BypassFinder {
+            file: &shown,
+            scontrols: Vec::new(),
+            found: &mut found,
+        };
+        v.visit_file(&f);
+    }
+    Ok(found.into_iter().collect())
+}
+
+/// Whether tokens name a scontrol: an identifier `scontrol`, `Scontrol`, `ReadyScontrol`,
+/// `*_scontrol`...
+fn names_scontrol(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|t| match t {
+        TokenTree::Ident(i) => i.to_string().to_ascii_lowercase().contains("scontrol"),
+        TokenTree::Group(g) => names_scontrol(g.stream()),
+        _ => false,
+    })
+}
+
+/// The words of an argument list's arrays (`&["update", &format!("NodeName={n}")]`): string
+/// literals and the templates of `format!`, lower case; `None` for an element that is
+/// neither.
+fn scontrol_words(
+    args: &syn::punctuated::Punctuated<syn::Expr, syn::Token![,]>,
+) -> Vec<Vec<Option<String>>> {
+    fn word(e: &syn::Expr) -> Option<String> {
+        match e {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => Some(s.value().to_ascii_lowercase()),
+            syn::Expr::Reference(r) => word(&r.expr),
+            syn::Expr::Macro(m) if m.mac.path.is_ident("format") => {
+                match m.mac.tokens.clone().into_iter().next() {
+                    Some(TokenTree::Literal(l)) => {
+                        Some(l.to_string().trim_matches('"').to_ascii_lowercase())
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+    fn array(e: &syn::Expr) -> Option<&syn::ExprArray> {
+        match e {
+            syn::Expr::Array(a) => Some(a),
+            syn::Expr::Reference(r) => array(&r.expr),
+            _ => None,
+        }
+    }
+    args.iter()
+        .filter_map(array)
+        .map(|a| a.elems.iter().map(word).collect())
+        .collect()
+}
+
+/// Whether scontrol's words change a node: `update` of a `NodeName=` or with `State=`,
+/// `reboot`, `power`, `delete` or `create` of a `NodeName=`.
+fn changes_a_node(words: &[Option<String>]) -> bool {
+    let first = words.first().cloned().flatten().unwrap_or_default();
+    let any = |p: &str| words.iter().flatten().any(|w| w.starts_with(p));
+    match first.as_str() {
+        "reboot" | "power" => true,
+        "update" => any("nodename=") || any("state="),
+        "delete" | "create" => any("nodename="),
+        _ => false,
+    }
+}
+
+/// Finds the bypasses of one file.
+struct BypassFinder<'a> {
+    file: &'a str,
+    /// Names bound to a scontrol in the functions being visited (innermost last).
+    scontrols: Vec<Vec<String>>,
+    found: &'a mut BTreeSet<Bypass>,
+}
+
+impl BypassFinder<'_> {
+    fn bound(&self, name: &str) -> bool {
+        self.scontrols.iter().flatten().any(|n| n == name)
+    }
+
+    fn bind(&mut self, pat: &syn::Pat) {
+        let name = match pat {
+            syn::Pat::Ident(i) => i.ident.to_string(),
+            syn::Pat::Type(t) => match &*t.pat {
+                syn::Pat::Ident(i) => i.ident.to_string(),
+                _ => return,
+            },
+            _ => return,
+        };
+        if let Some(scope) = self.scontrols.last_mut() {
+            scope.push(name);
+        }
+    }
+
+    /// Whether `e` is a scontrol: it names one, or is a name bound to one.
+    fn is_scontrol(&self, e: &syn::Expr) -> bool {
+        if let syn::Expr::Path(p) = e {
+            if let Some(id) = p.path.get_ident() {
+                if self.bound(&id.to_string()) {
+                    return true;
+                }
+            }
+        }
+        names_scontrol(quote::ToTokens::to_token_stream(e))
+    }
+
+    fn note(&mut self, line: usize, what: String) {
+        self.found.insert(Bypass {
+            at: format!("{}:{line}", self.file),
+            what,
+        });
+    }
+
+    fn words(
+        &mut self,
+        line: usize,
+        args: &syn::punctuated::Punctuated<syn::Expr, syn::Token![,]>,
+    ) {
+        for words in scontrol_words(args) {
+            if changes_a_node(&words) {
+                let shown: Vec<&str> = words.iter().map(|w| w.as_deref().unwrap_or("..")).collect();
+                self.note(line, format!("scontrol {} run directly", shown.join(" ")));
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for BypassFinder<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if is_test_only(item_attrs(item)) {
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
+        if let syn::ImplItem::Fn(f) = item {
+            if is_test_only(&f.attrs) {
+                return;
+            }
+        }
+        syn::visit::visit_impl_item(self, item);
+    }
+
+    fn visit_signature(&mut self, sig: &'ast syn::Signature) {
+        // Parameters typed `Scontrol` (`&Scontrol`, `Option<&Scontrol>`...).
+        for input in &sig.inputs {
+            if let syn::FnArg::Typed(t) = input {
+                if names_scontrol(quote::ToTokens::to_token_stream(&t.ty)) {
+                    self.bind(&t.pat);
+                }
+            }
+        }
+        syn::visit::visit_signature(self, sig);
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.scontrols.push(Vec::new());
+        syn::visit::visit_item_fn(self, f);
+        self.scontrols.pop();
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        self.scontrols.push(Vec::new());
+        syn::visit::visit_impl_item_fn(self, f);
+        self.scontrols.pop();
+    }
+
+    fn visit_local(&mut self, l: &'ast syn::Local) {
+        let typed = matches!(&l.pat, syn::Pat::Type(t)
+            if names_scontrol(quote::ToTokens::to_token_stream(&t.ty)));
+        let init = l
+            .init
+            .as_ref()
+            .is_some_and(|i| names_scontrol(quote::ToTokens::to_token_stream(&i.expr)));
+        if typed || init {
+            self.bind(&l.pat);
+        }
+        syn::visit::visit_local(self, l);
+    }
+
+    fn visit_expr_method_call(&mut self, c: &'ast syn::ExprMethodCall) {
+        let method = c.method.to_string();
+        let line = c.method.span().start().line;
+        if NODE_STATE_METHODS.contains(&method.as_str()) && self.is_scontrol(&c.receiver) {
+            let receiver = quote::ToTokens::to_token_stream(&c.receiver)
+                .to_string()
+                .replace(' ', "");
+            self.note(
+                line,
+                format!("{receiver}.{method}(..) changes the node's state"),
+            );
+        }
+        self.words(line, &c.args);
+        syn::visit::visit_expr_method_call(self, c);
+    }
+
+    fn visit_expr_call(&mut self, c: &'ast syn::ExprCall) {
+        let line = match &*c.func {
+            syn::Expr::Path(p) => p
+                .path
+                .segments
+                .first()
+                .map_or(0, |s| s.ident.span().start().line),
+            _ => 0,
+        };
+        self.words(line, &c.args);
+        syn::visit::visit_expr_call(self, c);
+    }
+}
+
+#[test]
+fn node_state_bypasses_are_found_in_every_form() {
+    let dir = tempfile::tempdir().unwrap();
+    for (p, text) in [
+        ("lib.rs", "pub mod a;\npub mod node_state;\npub mod slurm;\n"),
+        (
+            "a.rs",
+            r#"use crate::slurm::Scontrol;
+pub async fn f(scontrol: &Scontrol, sc2: &Scontrol, gateway: &G, v: &mut Vec<u8>) {
+    scontrol.drain("n1", "r").await;
+    let mut sc = scontrol.clone();
+    sc.resume("n1").await;
+    sc2.reboot("n1", "r").await;
+    gateway.drain(1, None).await;
+    v.drain(..);
+    scontrol.run(&["update", &format!("NodeName={}", "n1"), "State=RESUME"]).await;
+    scontrol.run(&["update", "ReservationName=x", "Duration+=5"]).await;
+    scontrol.run(&["delete", "reservation", "x"]).await;
+    scontrol.run(&["show", "node", "n1"]).await;
+    crate::slurm::Scontrol::configured(&s).delete_node("n1").await;
+    self.ops.scontrol.run(&["power", "down", "n1"]).await;
+}
+#[cfg(test)]
+mod tests {
+    async fn t(scontrol: &Scontrol) { scontrol.drain("n1", "r").await; }
+}
+"#,
+        ),
+        (
+            "node_state/mod.rs",
+            "pub async fn g(scontrol: &S) { scontrol.drain(\"n\", \"r\").await; }\n",
+        ),
+        (
+            "slurm/mod.rs",
+            "pub mod node;\npub mod record;\n",
+        ),
+        (
+            "slurm/node.rs",
+            "impl Scontrol { pub async fn resume(&self, n: &str) { self.run(&[\"update\", \"State=RESUME\"]).await; } }\n",
+        ),
+        (
+            "slurm/record.rs",
+            "pub async fn stale(scontrol: &Scontrol) { scontrol.delete_node(\"n\").await; }\n",
+        ),
+    ] {
+        let path = dir.path().join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let found = node_state_bypasses(dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    let at: Vec<&str> = found.iter().map(|b| b.at.as_str()).collect();
+    // Lines 3, 5 (a name bound to a scontrol), 6 (a parameter), 9 (update NodeName= State=),
+    // 13 (a scontrol made in place), 14 (power); not the gateway's drain, a Vec's, the
+    // reservation's update and delete, a show, test code, node_state/ or slurm/node.rs;
+    // slurm/record.rs is not the gateway.
+    assert_eq!(
+        at,
+        [
+            "a.rs:13",
+            "a.rs:14",
+            "a.rs:3",
+            "a.rs:5",
+            "a.rs:6",
+            "a.rs:9",
+            "slurm/record.rs:1"
+        ],
+        "{found:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|b| b.what == "scontrol update nodename={} state=resume run directly"),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn node_state_changes_go_through_the_gateway() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = node_state_bypasses(&src).unwrap_or_else(|e| panic!("{e}"));
+    let list: Vec<String> = found
+        .iter()
+        .map(|b| format!("{}: {}", b.at, b.what))
+        .collect();
+    assert!(
+        list.is_empty(),
+        "{} changes of the node's state in Slurm outside the gateway in {} (drain, resume, \
+         reboot and delete go through node_state::Gateway, which records them in the drain \
+         state machine and applies the ownership rules of reason.rs):\n  {}",
+        list.len(),
+        src.display(),
+        list.join("\n  ")
+    );
+}

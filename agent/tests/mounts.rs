@@ -424,6 +424,21 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         conf_server: String::new(),
         look: None,
     };
+    // The mounts drain and lift through the drain state machine's gateway.
+    let state_dir = w.root.path().join("state");
+    let gateway = slurm_node_agent::node_state::Gateway::new(
+        "mnt1",
+        scontrol,
+        &state_dir,
+        Duration::from_secs(10),
+        state_dir.join("drain.prom"),
+    );
+    let drain_state = || {
+        let st = slurm_node_agent::node_state::Store::new(&state_dir)
+            .load()
+            .unwrap();
+        (st.phase.as_str(), st.cause.map(|c| c.kind()))
+    };
 
     let img = w.path("fs.img");
     std::fs::File::create(&img)
@@ -445,7 +460,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     let state = |ctld: &Slurmctld| ctld.node_state("mnt1").unwrap().unwrap_or_default();
 
     // Not mounted yet: mounted, nothing to do to the node.
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
@@ -454,7 +469,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     // The file system goes away and cannot come back: drained, naming the mount.
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert_eq!(r.failing.len(), 1);
@@ -471,19 +486,27 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         shown.contains(&format!("Reason=slurm-node-agent/mount@unknown: {mp}")),
         "{shown}"
     );
+    // The drain is the state machine's: drain.json has it, and the metrics.
+    assert_eq!(drain_state(), ("draining", Some("mount")));
+    let prom = std::fs::read_to_string(state_dir.join("drain.prom")).unwrap();
+    assert!(
+        prom.contains("slurm_node_agent_drain_cause{kind=\"mount\"} 1"),
+        "{prom}"
+    );
     // A second pass changes nothing.
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);
 
     // It comes back: mounted again and the agent's own drain lifted.
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert_eq!(r.remounted, std::slice::from_ref(&mp));
     assert_eq!(r.node, NodeAction::Resumed);
+    assert_eq!(drain_state(), ("active", None));
     ctld.wait_node_idle("mnt1", Duration::from_secs(30))
         .unwrap();
 
@@ -497,7 +520,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
     .unwrap();
     systemd.stop(&unit).await.unwrap();
     std::fs::rename(&img, format!("{img}.away")).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert!(
@@ -505,7 +528,7 @@ async fn reconcile_drains_for_a_failing_mount_and_lifts_only_its_own_drain() {
         "{r:?}"
     );
     std::fs::rename(format!("{img}.away"), &img).unwrap();
-    let r = mounts::reconcile(&m, "", &env, &on_demand, &scontrol, "mnt1", "unknown")
+    let r = mounts::reconcile(&m, "", &env, &on_demand, &gateway)
         .await
         .unwrap();
     assert_eq!(r.node, NodeAction::None);

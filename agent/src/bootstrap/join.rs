@@ -40,13 +40,15 @@ use crate::systemd::Systemd;
 /// last answer and the unit's state.
 ///
 /// `id` is this instance (its id writes the reasons, its image decides on a leftover
-/// upgrade drain), `holder` whose record slurmctld held before slurmd (re)started,
+/// upgrade drain), `gateway` the node's (the pending health drain, the lift of a drain
+/// whose cause is over), `holder` whose record slurmctld held before slurmd (re)started,
 /// `version` `slurmd -V`.
 pub(super) async fn join(
     s: &Settings,
     def: &NodeDefinition,
     systemd: &Systemd,
     id: &InstanceIdentity,
+    gateway: &crate::node_state::Gateway,
     holder: &RecordHolder,
     version: Option<SlurmVersion>,
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
@@ -98,8 +100,7 @@ pub(super) async fn join(
                     i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
                 });
                 let state_dir = &s.agent.state_dir;
-                let pending =
-                    crate::health::act::apply_pending(state_dir, &scontrol, &node, started, instance_id);
+                let pending = crate::health::act::apply_pending(state_dir, gateway, &node, started);
                 if let Some(o) = pending.await {
                     tracing::warn!(node = %def.node_name, action = %o.action, detail = %o.detail, error = ?o.error, "health checks failed before the registration");
                     if o.action == "drain" && o.error.is_none() {
@@ -118,8 +119,18 @@ pub(super) async fn join(
                         }
                         FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
                             tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
-                            if let Err(e) = scontrol.resume(&def.node_name).await {
-                                tracing::warn!("{e}");
+                            let kind = crate::node_state::CauseKind::of_reason(r.cause);
+                            match gateway.lift(kind, Some(&node)).await {
+                                Ok(crate::node_state::Lifted::HeldBy(other)) => {
+                                    let why = format!(
+                                        "drained by the agent ({}): its {other} drain in progress holds the node",
+                                        r.to_reason()
+                                    );
+                                    tracing::warn!(node = %def.node_name, "{why}");
+                                    return Ok((node, Some(why)));
+                                }
+                                Ok(_) => {}
+                                Err(e) => tracing::warn!("{e}"),
                             }
                             lifted = Some(r.to_reason());
                             polls = 0;

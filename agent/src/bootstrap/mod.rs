@@ -12,7 +12,7 @@
 //! (`slurmd`, `record`), the lifecycle scripts with [`crate::node_lifecycle`], the drain
 //! found at boot with [`crate::drain::boot`], and the join loop in [`join`].
 //!
-//! Floor 9 (roof): the orchestration of first boot.
+//! Floor 10 (roof): the orchestration of first boot.
 
 mod auth;
 pub mod join;
@@ -452,7 +452,8 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         define_node_and_install_key(&cx, opts, prefetch, managed.as_ref(), &mut t).await?;
     let prepared = prepare_slurmd(&cx, &def, key_changed, &systemd, &mut t).await?;
     let facts = lifecycle_facts(&cx, &def, managed.as_ref());
-    let stages = cx.lifecycle(&facts, managed.as_ref());
+    let gateway = cx.gateway(&def);
+    let stages = cx.lifecycle(&facts, &gateway, managed.as_ref());
     let mut scripts = lifecycle_stage(
         stages,
         Stage::NodeBootstrapped,
@@ -467,6 +468,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         &def,
         &systemd,
         &id,
+        &gateway,
         &prepared.holder,
         prepared.version,
     )
@@ -507,17 +509,26 @@ struct Steps<'a> {
 }
 
 impl<'a> Steps<'a> {
-    /// The lifecycle stages' inputs: `[node_lifecycle]`, the state folder, `[slurm]`, the
-    /// region, the service's scripts in the managed mode, and `facts`.
+    /// The gateway of node `def`'s state ([`crate::node_state::Gateway`]), writing this
+    /// instance's reasons: every drain, resume and deletion of bootstrap's goes through it.
+    fn gateway(&self, def: &NodeDefinition) -> crate::node_state::Gateway {
+        self.s
+            .node_gateway(&def.node_name)
+            .with_instance(&self.id.instance_id)
+    }
+
+    /// The lifecycle stages' inputs: `[node_lifecycle]`, the state folder, the node's
+    /// gateway, the region, the service's scripts in the managed mode, and `facts`.
     fn lifecycle(
         &self,
         facts: &'a lifecycle::Facts,
+        gateway: &'a crate::node_state::Gateway,
         managed: Option<&'a Managed>,
     ) -> lifecycle::Context<'a> {
         lifecycle::Context {
             settings: &self.s.node_lifecycle,
             state_dir: &self.s.agent.state_dir,
-            slurm: &self.s.slurm,
+            gateway,
             region: &self.id.region,
             service: managed.and_then(|m| m.registration.node_lifecycle_actions.as_ref()),
             facts,
@@ -638,9 +649,17 @@ async fn scratch_after_join(
                 return;
             }
             let reason = crate::scratch::drain_reason(&cx.id.instance_id, mount_point, e);
-            let scontrol = slurm_mod::Scontrol::configured(&cx.s.slurm);
-            match scontrol.drain(&def.node_name, &reason).await {
-                Ok(()) => {
+            let gateway = cx.gateway(def);
+            let cause = crate::node_state::Cause::stated(
+                crate::reason::ReasonCause::Scratch,
+                gateway.instance_id(),
+                &reason,
+            )
+            .unwrap_or_else(|| crate::node_state::Cause::Scratch {
+                detail: reason.clone(),
+            });
+            match gateway.drain(cause, Some(node)).await {
+                Ok(_) => {
                     tracing::error!(node = %def.node_name, %reason, "scratch not in place: node drained")
                 }
                 Err(d) => {
@@ -900,6 +919,19 @@ async fn prepare_slurmd(
                 _ => String::new(),
             };
             return Err(version_skew(s, def, prepared.version, evidence, others).await);
+        }
+        if !found.stale.is_empty() {
+            // A dynamic record whose definition differs: deleted through the gateway, so
+            // that the registration creates it anew (a failure is logged, bootstrap goes on).
+            tracing::info!(
+                node = %def.node_name,
+                diff = ?found.stale,
+                "deleting the stale dynamic node record so that the new definition registers"
+            );
+            let gateway = cx.gateway(def).through(look_scontrol.clone());
+            if let Err(e) = gateway.delete_record().await {
+                tracing::warn!("{e}");
+            }
         }
         record::wait_for_next_second(found.slurmd_start_time).await;
         time += record_start.elapsed();

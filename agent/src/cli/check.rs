@@ -4,7 +4,10 @@
 //! `slurm-node-agent-healthcheck` (src/healthcheck_main.rs), which slurmd runs without
 //! arguments and which links only this path. Either way it needs no PATH (every program
 //! is run by absolute path), takes the node name from `SLURMD_NODENAME`, and never waits
-//! on an unreachable controller for longer than `health.scontrol_timeout`. A healthy run
+//! on an unreachable controller for longer than `health.scontrol_timeout`. Its drains and
+//! resumes go through the drain state machine's gateway (`node_state::Gateway`: recorded
+//! in `drain.json` under `drain.lock`, waited for at most `health.scontrol_timeout`). A
+//! healthy run
 //! makes no `scontrol` call once a run of the same boot found no health drain of the
 //! agent's in Slurm (a cache in the state folder; see `health::act`): the first run of
 //! each boot, and every run without a state folder, asks Slurm; nor does a passing run that
@@ -33,7 +36,6 @@ use crate::exit::Exit;
 use crate::health::{self, ActOptions, ActOutcome, RunEnv};
 use crate::identity;
 use crate::settings;
-use crate::slurm::Scontrol;
 
 /// Arguments of `check`.
 #[derive(Debug, Args)]
@@ -112,13 +114,13 @@ impl CheckArgs {
         }
         // slurmd kills its HealthCheckProgram after HealthCheckTimeout (26.05+), else 60 s
         // (slurmd's run_script limit): a run that may take longer (the checks, then
-        // scontrol's `show node` and `update`, each under health.scontrol_timeout) is
-        // killed before it drains anything.
+        // scontrol's `show node`, the wait for drain.lock and the `update`, each under
+        // health.scontrol_timeout) is killed before it drains anything.
         // A login node is not in slurmctld: its checks are reported, never acted on.
         if s.node.role == crate::nodedef::Role::Login {
             s.health.act = false;
         }
-        let longest = s.health.run_deadline.0 + 2 * s.health.scontrol_timeout.0;
+        let longest = s.health.run_deadline.0 + 3 * s.health.scontrol_timeout.0;
         let conf = crate::slurm::client_config(
             &s.slurm.bin_dir,
             std::env::var_os("SLURM_CONF").as_deref(),
@@ -128,9 +130,10 @@ impl CheckArgs {
             let (limit, from) = crate::slurm::health_check_timeout(conf.as_deref());
             if longest >= limit {
                 super::print_warning_message(&format!(
-                    "health.run_deadline ({}) + 2 x health.scontrol_timeout ({}: show, then \
-                     update) is {} s or more: slurmd kills its HealthCheckProgram after {} s \
-                     ({from}), before a hung check could drain the node",
+                    "health.run_deadline ({}) + 3 x health.scontrol_timeout ({}: show, the \
+                     drain lock, then update) is {} s or more: slurmd kills its \
+                     HealthCheckProgram after {} s ({from}), before a hung check could drain \
+                     the node",
                     humantime::format_duration(s.health.run_deadline.0),
                     humantime::format_duration(s.health.scontrol_timeout.0),
                     limit.as_secs(),
@@ -186,7 +189,6 @@ impl CheckArgs {
                 error: None,
             }),
             (Some(n), true) => {
-                let scontrol = Scontrol::configured(&s.slurm);
                 // The incarnation from the identity, else from bootstrap's record.
                 let instance_id = match &ident {
                     Some(i) => i.instance_id.clone(),
@@ -199,12 +201,18 @@ impl CheckArgs {
                         |r| r.instance_id,
                     ),
                 };
-                let mut opts = ActOptions::new(&s.health, &s.agent.state_dir, &instance_id);
+                let mut opts = ActOptions::new(&s.agent.state_dir);
                 // Slurm 26.05 with health_check_report, on the runs slurmctld asks for.
                 opts.node_health = health::act::node_health_hint(
                     std::env::var_os("SLURM_NODE_IS_HEALTHY").as_deref(),
                 );
-                Some(health::act_on(&report, &scontrol, n, &opts).await)
+                // drain.json, drain.lock and Slurm through the drain state machine's
+                // gateway, each call and the lock's wait under health.scontrol_timeout.
+                let gateway = health::act::health_gateway(
+                    s.node_gateway(n).with_instance(&instance_id),
+                    &s.health,
+                );
+                Some(health::act_on(&report, &gateway, &opts).await)
             }
         };
         if !s.health.prometheus_textfile.as_os_str().is_empty() {

@@ -177,6 +177,7 @@ fn begin_name(b: &Begin) -> &'static str {
     match b {
         Begin::Started => "started",
         Begin::Escalated { .. } => "escalated",
+        Begin::Restated { .. } => "restated",
         Begin::AlreadyDraining { .. } => "already_draining",
         Begin::AlreadyHandled => "already_handled",
     }

@@ -13,7 +13,7 @@
 //! step, an upgrade hook) is a child task, at most one per kind, so that a 25 s hook under
 //! `WatchdogSec=10s` neither starves the watchdog nor holds up the spot polling.
 //!
-//! Floor 10 (roof): the `run` loop.
+//! Floor 11 (roof): the `run` loop.
 
 pub mod notify;
 pub mod rollout;
@@ -175,7 +175,11 @@ struct Ctx {
     imds: Arc<Imds>,
     aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
     mount_env: crate::mounts::MountEnv,
-    scontrol: crate::slurm::Scontrol,
+    /// The gateway of the mounts' drains (through the configless `scontrol`, as bootstrap
+    /// and the health checks reach slurmctld).
+    gateway: crate::node_state::Gateway,
+    /// The same with `[health]`'s limits, for the health checks' drains.
+    health_gateway: crate::node_state::Gateway,
     health_env: crate::health::RunEnv,
     health_act: crate::health::act::ActOptions,
     outage: std::sync::Mutex<Outage>,
@@ -362,12 +366,12 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     health_env.node = Some(node.clone());
     let ctx = Arc::new(Ctx {
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
-        scontrol: crate::slurm::Scontrol::configured(&s.slurm),
-        health_act: crate::health::act::ActOptions::new(
+        gateway: s.node_gateway(&node).with_instance(&ident.instance_id),
+        health_gateway: crate::health::act::health_gateway(
+            s.node_gateway(&node).with_instance(&ident.instance_id),
             &s.health,
-            &s.agent.state_dir,
-            &ident.instance_id,
         ),
+        health_act: crate::health::act::ActOptions::new(&s.agent.state_dir),
         health_env,
         aws,
         imds,
@@ -729,8 +733,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     );
                 } else if s.health.act {
                     let outcome =
-                        crate::health::act_on(&report, &ctx.scontrol, &ctx.node, &ctx.health_act)
-                            .await;
+                        crate::health::act_on(&report, &ctx.health_gateway, &ctx.health_act).await;
                     tracing::info!(
                         healthy = report.healthy(),
                         action = %outcome.action,
@@ -749,9 +752,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                 &ctx.id.region,
                 &ctx.mount_env,
                 &systemd,
-                &ctx.scontrol,
-                &ctx.node,
-                &ctx.engine.instance_id,
+                &ctx.gateway,
             );
             match pass.await {
                 Ok(report) => tracing::debug!(?report, "mounts checked"),

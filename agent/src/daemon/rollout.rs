@@ -4,7 +4,7 @@
 //! release. It drives the drain engine ([`crate::drain`]) with what [`crate::upgrade`]
 //! knows about images, upgrade reasons and slots, so it sits above both.
 
-use crate::drain::{state, Begin, Cause, DrainError, Engine, Phase};
+use crate::drain::{state, Begin, Cause, CauseKind, DrainError, Engine, Phase};
 use crate::upgrade::slot::{self, Taken};
 use crate::upgrade::{
     check_image, desired_image, parse_upgrade_reason, upgrade_reason, DesiredImageError, STUCK,
@@ -230,7 +230,7 @@ async fn replacement_loop(
         || (ours && r.detail.starts_with(STUCK) && r.detail.contains(desired));
     if !for_desired {
         tracing::info!(node = %engine.node, %reason, "lifting an upgrade drain for another image than the desired {desired}");
-        engine.ops.scontrol.resume(&engine.node).await?;
+        engine.gateway.lift(CauseKind::Upgrade, Some(&node)).await?;
         return Ok(None);
     }
     let previous = match previous {
@@ -262,7 +262,7 @@ async fn replacement_loop(
         ),
     );
     if !ours {
-        engine.ops.scontrol.drain(&engine.node, &stuck).await?;
+        engine.gateway.relabel(&stuck, Some(&node)).await?;
     }
     // Out of service because of the upgrade: the slot its NodeName holds stays held.
     engine.renew_slot_if_due().await;
@@ -287,7 +287,7 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
             .is_some_and(|r| r.instance_id.is_some());
     if leftover {
         tracing::info!(node = %engine.node, %current, %desired, reason = ?node.reason(), "the node runs the desired image; lifting the upgrade drain left on it");
-        engine.ops.scontrol.resume(&engine.node).await?;
+        engine.gateway.lift(CauseKind::Upgrade, Some(&node)).await?;
     } else if node.is_available() {
         let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
         if !released.is_empty() {

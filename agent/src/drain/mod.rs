@@ -1,41 +1,43 @@
-//! One drain state machine for every reason a node steps aside (spot interruption,
-//! lifecycle termination, maintenance, image upgrade, rebalance, an operator's `drain`),
-//! persisted under `agent.state_dir` so that a restarted agent continues the same drain.
+//! The drain engine: moves the one drain state machine ([`crate::node_state`]) forward for
+//! every reason a node steps aside (spot interruption, lifecycle termination, a lifecycle
+//! script's terminate, maintenance, image upgrade, rebalance, an operator's `drain`, the
+//! health checks, the mounts, scratch), persisted under `agent.state_dir` so that a
+//! restarted agent continues the same drain: it waits for the jobs, takes the spot job
+//! action, runs the cause's action once the node is drained (the upgrade's), retries it.
 //!
-//! - [`state`]: the states, causes and guarded transitions (pure).
-//! - [`store`]: `drain.json` (atomic writes) and `drain.lock` (`flock`), shared by the
-//!   daemon and the one-shot commands.
-//! - [`slurm`]: squeue/scancel/scontrol calls and the upgrade budget count.
-//! - [`metrics`]: the Prometheus textfile.
+//! - [`crate::node_state`]: the states, causes and transitions, `drain.json` and
+//!   `drain.lock`, the metrics, and the gateway through which every change of the node's
+//!   state in Slurm goes (re-exported here: [`state`], [`store`], [`metrics`]).
+//! - [`slurm`]: squeue/scancel/scontrol requeue and the upgrade budget count.
 //! - [`boot`]: what bootstrap does with a drain it finds at boot.
-//! - [`Engine`]: applies requests and moves the machine forward against Slurm.
+//! - [`Engine`]: applies the notices' requests and moves the machine forward against Slurm.
 //!
-//! The agent never resumes a node whose Slurm reason it did not set: a resume checks that
-//! the reason is the agent's ([`crate::reason`]: `slurm-node-agent/<cause>@<instance-id>:
+//! The agent never resumes a node whose Slurm reason it did not set: the gateway checks
+//! that the reason is the agent's ([`crate::reason`]: `slurm-node-agent/<cause>@<instance-id>:
 //! ...`) and that no foreign reason was on the node when the drain began.
 //!
-//! Floor 5 (subsystems): above `upgrade`, whose actions it runs; the `[drain]` settings
+//! Floor 6 (subsystems): above `upgrade`, whose actions it runs; the `[drain]` settings
 //! section ([`DrainSettings`]) is this module's.
 
 pub mod boot;
-pub mod metrics;
 pub mod slurm;
-pub mod state;
-pub mod store;
+pub use crate::node_state::{metrics, state, store};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::reason::{Incarnation, RecordHolder};
+use crate::node_state::Gateway;
+pub use crate::node_state::{
+    found_state, Begin, Cause, CauseKind, DrainError, DrainState, FoundState, Phase, Requested,
+    Store, StoreError,
+};
 use crate::section::{HumanDuration, InvalidKey};
-use crate::slurm::{NodeInfo, ScontrolError};
+use crate::slurm::{NodeInfo, Scontrol};
 use crate::time;
 use crate::upgrade::{UpgradeAction, UpgradeSettings};
 pub use slurm::SlurmOps;
-pub use state::{Begin, Cause, DrainState, Phase};
-pub use store::{Store, StoreError};
 
 /// What to do with the jobs still running when a spot interruption comes close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -126,66 +128,17 @@ impl DrainSettings {
     }
 }
 
-/// A drain operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DrainError {
-    /// State file or lock.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Slurm refused or did not answer.
-    #[error(transparent)]
-    Slurm(#[from] ScontrolError),
-    /// slurmctld does not know the node.
-    #[error("node {node} is not known to slurmctld")]
-    UnknownNode {
-        /// NodeName.
-        node: String,
-    },
-    /// The node was drained by someone else (its reason is not ours): not resumed.
-    #[error("node {node} was drained by someone else (reason {reason:?}); not resuming it (use --force)")]
-    Foreign {
-        /// NodeName.
-        node: String,
-        /// Slurm's reason.
-        reason: String,
-    },
-    /// The transition is not allowed now (e.g. resume while the action runs).
-    #[error(transparent)]
-    Refused(#[from] state::Refused),
-}
-
-impl DrainError {
-    /// The exit code: temporary for a busy lock or a refused transition, unavailable for
-    /// Slurm or an unknown node, no permission for a foreign drain, I/O for the state.
-    pub fn exit(&self) -> crate::exit::Exit {
-        use crate::exit::Exit;
-        match self {
-            DrainError::Store(StoreError::Busy { .. }) | DrainError::Refused(_) => Exit::TempFail,
-            DrainError::Store(_) => Exit::IoErr,
-            DrainError::Slurm(_) | DrainError::UnknownNode { .. } => Exit::Unavailable,
-            DrainError::Foreign { .. } => Exit::NoPerm,
-        }
-    }
-}
-
-/// The result of a drain request.
-#[derive(Debug, Clone)]
-pub struct Requested {
-    /// What the state machine did.
-    pub begin: Begin,
-    /// The state after.
-    pub state: DrainState,
-}
-
 /// Applies drain requests and moves the machine forward, against the real Slurm.
 #[derive(Debug, Clone)]
 pub struct Engine {
     /// This node's NodeName.
     pub node: String,
-    /// Slurm programs.
+    /// Slurm programs that read the node and act on its jobs (squeue, scancel, scontrol
+    /// show, requeue, the budget's reservations); the node's state changes through
+    /// [`Engine::gateway`].
     pub ops: SlurmOps,
-    /// State folder.
-    pub store: Store,
+    /// The gateway: the node's state in Slurm and in `drain.json`.
+    pub gateway: Gateway,
     /// The spot job action (from `[events]`).
     pub spot_jobs: SpotJobs,
     /// `[upgrade]`.
@@ -196,8 +149,6 @@ pub struct Engine {
     pub instance_id: String,
     /// `systemd.bus`, for the poweroff action.
     pub systemd_bus: String,
-    /// Where the metrics go (resolved).
-    pub metrics_file: PathBuf,
     /// When this process last renewed the upgrade budget slot this node holds (monotonic:
     /// the renewals follow elapsed time, not the clock).
     slot_renewed: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
@@ -211,46 +162,6 @@ pub fn registered_since(n: &NodeInfo, since: i64) -> bool {
     n.slurmd_start_time().is_some_and(|t| t > since)
         && !n.state().contains('*')
         && !n.has_flag("NOT_RESPONDING")
-}
-
-/// What the daemon does at its start with the drain in progress it finds in `drain.json`
-/// ([`found_state`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FoundState {
-    /// No drain in progress, or one of this instance's (or nothing says whose): continued.
-    Continue,
-    /// Another instance's drain (a state folder carried over from a predecessor, or a
-    /// record another instance has registered since): not continued, no action run for it.
-    SetAside {
-        /// The instance whose drain it is.
-        owner: String,
-    },
-}
-
-/// Whose is the drain in progress in `st`, found at the daemon's start by instance
-/// `instance_id` on a record held by `holder`: the writer named in the state's own reason
-/// (`slurm-node-agent/<cause>@<instance-id>: ...`; `unknown` without one), against the
-/// record's `InstanceId` where Slurm keeps it ([`RecordHolder::incarnation_of`]). A state
-/// written by another instance, or a state of this instance's on a record Slurm says
-/// another instance has registered since, is set aside: continuing it would run a job
-/// action or an upgrade action (a `scontrol reboot` of the NodeName) for a drain that is
-/// not this instance's. Where neither says, the state is continued as before.
-pub fn found_state(st: &DrainState, instance_id: &str, holder: &RecordHolder) -> FoundState {
-    if st.phase == Phase::Active {
-        return FoundState::Continue;
-    }
-    let writer = st
-        .reason
-        .as_deref()
-        .and_then(crate::reason::parse_reason)
-        .map_or_else(
-            || crate::reason::UNKNOWN_INSTANCE.to_string(),
-            |r| r.instance_id,
-        );
-    match holder.incarnation_of(&writer, instance_id) {
-        Incarnation::Other(owner) => FoundState::SetAside { owner },
-        Incarnation::This | Incarnation::Unknown => FoundState::Continue,
-    }
 }
 
 impl Engine {
@@ -267,21 +178,22 @@ impl Engine {
         spot_jobs: SpotJobs,
         systemd_bus: &str,
     ) -> Engine {
-        let metrics_file = if drain.metrics_file.as_os_str().is_empty() {
-            state_dir.join("drain.prom")
-        } else {
-            drain.metrics_file.clone()
-        };
+        let metrics_file = crate::node_state::metrics_path(state_dir, &drain.metrics_file);
         Engine {
             node: node.to_string(),
             ops: SlurmOps::new(bin_dir),
-            store: Store::new(state_dir),
+            gateway: Gateway::new(
+                node,
+                Scontrol::new(bin_dir),
+                state_dir,
+                drain.lock_timeout.0,
+                metrics_file,
+            ),
             spot_jobs,
             upgrade: upgrade.clone(),
             drain: drain.clone(),
             instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
             systemd_bus: systemd_bus.to_string(),
-            metrics_file,
             slot_renewed: std::sync::Arc::default(),
         }
     }
@@ -289,17 +201,16 @@ impl Engine {
     /// The same engine writing reasons as incarnation `instance_id`.
     pub fn with_instance(mut self, instance_id: &str) -> Engine {
         self.instance_id = instance_id.to_string();
+        self.gateway = self.gateway.with_instance(instance_id);
         self
     }
 
     fn lock(&self) -> Result<store::Lock, StoreError> {
-        self.store.lock(self.drain.lock_timeout.0)
+        self.gateway.lock()
     }
 
     fn save(&self, st: &DrainState) -> Result<(), StoreError> {
-        self.store.save(st)?;
-        metrics::write(&self.metrics_file, st);
-        Ok(())
+        self.gateway.save(st)
     }
 
     /// Reads the state (no lock: the file is replaced atomically).
@@ -307,115 +218,31 @@ impl Engine {
     /// # Errors
     /// [`StoreError`].
     pub fn load(&self) -> Result<DrainState, StoreError> {
-        self.store.load()
+        self.gateway.load()
     }
 
-    /// The daemon's start: reads the state and, when it holds a drain in progress, looks
-    /// once at slurmctld's record (as the first progress step would) to tell whose it is
-    /// ([`found_state`]). Another instance's drain is set aside (`drain.json.predecessor-
-    /// <unix seconds>`, logged) and the state starts active; nothing is changed in Slurm (a
-    /// drain there is bootstrap's and its owners' to lift). A look that fails leaves the
-    /// state file to decide.
+    /// The daemon's start ([`Gateway::load_at_start`]): another instance's drain in
+    /// progress is set aside, this instance's continued.
     ///
     /// # Errors
     /// [`DrainError::Store`].
     pub async fn load_at_start(&self) -> Result<DrainState, DrainError> {
-        let st = self.store.load()?;
-        if st.phase == Phase::Active {
-            return Ok(st);
-        }
-        let record = match self.ops.scontrol.show_node(&self.node).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(node = %self.node, "slurmctld's record, to tell whose the drain in progress is: {e}");
-                None
-            }
-        };
-        let holder = RecordHolder::of(
-            record.as_ref().and_then(|n| n.instance().id),
-            &self.instance_id,
-        );
-        let FoundState::SetAside { owner } = found_state(&st, &self.instance_id, &holder) else {
-            return Ok(st);
-        };
-        let _lock = self.lock()?;
-        let aside = self.store.set_aside("predecessor")?;
-        tracing::warn!(
-            node = %self.node,
-            phase = st.phase.as_str(),
-            reason = st.reason.as_deref(),
-            owner = %owner,
-            record_instance = ?record.as_ref().and_then(|n| n.instance().id),
-            kept_as = ?aside,
-            "the drain in progress in the state folder is instance {owner}'s, not this instance's: not continued"
-        );
-        let fresh = DrainState::default();
-        metrics::write(&self.metrics_file, &fresh);
-        Ok(fresh)
+        self.gateway.load_at_start().await
     }
 
     async fn node_info(&self) -> Result<NodeInfo, DrainError> {
-        self.ops
-            .scontrol
-            .show_node(&self.node)
-            .await?
-            .ok_or_else(|| DrainError::UnknownNode {
-                node: self.node.clone(),
-            })
+        self.gateway.node_info().await
     }
 
-    /// A cause asks for a drain: the node is drained in Slurm with the cause's reason
-    /// (unless someone else's drain is already there: their reason stays), then the state
-    /// is saved. Idempotent: a notice already handled, or a drain of equal or higher
-    /// priority in progress, changes nothing.
+    /// A cause asks for a drain ([`Gateway::drain`]): the node is drained in Slurm with the
+    /// cause's reason (unless someone else's drain is already there: their reason stays),
+    /// then the state is saved. Idempotent: a notice already handled, or a drain of equal
+    /// or higher priority in progress, changes nothing.
     ///
     /// # Errors
     /// [`DrainError`]; on error the state is unchanged.
     pub async fn request(&self, cause: Cause) -> Result<Requested, DrainError> {
-        let _lock = self.lock()?;
-        let mut st = self.store.load()?;
-        let mut preview = st.preview(&cause);
-        if matches!(preview, Begin::AlreadyDraining { .. })
-            && matches!(st.phase, Phase::Draining | Phase::Drained)
-        {
-            // The state file says a drain is in progress; Slurm is the record. When the
-            // node is no longer drained there (bootstrap lifted a notice's drain after a
-            // stop/start, an operator resumed it), that drain is over: the new notice
-            // starts its own rather than being remembered as handled behind it.
-            if let Ok(node) = self.node_info().await {
-                if !node.is_drained() && !node.has_flag("REBOOT_REQUESTED") {
-                    tracing::warn!(node = %self.node, state = node.state(), "node no longer drained in Slurm; someone resumed it");
-                    st.resume(time::now())?;
-                    self.save(&st)?;
-                    preview = st.preview(&cause);
-                }
-            }
-        }
-        if !matches!(preview, Begin::Started | Begin::Escalated { .. }) {
-            // No transition; a lower notice may still be remembered as handled.
-            let before = st.clone();
-            let begin = st.begin(cause, None, time::now());
-            if st != before {
-                self.save(&st)?;
-            }
-            return Ok(Requested { begin, state: st });
-        }
-        let node = self.node_info().await?;
-        let foreign = node
-            .reason()
-            .filter(|r| node.is_drained() && !state::is_our_reason(r, None))
-            .map(str::to_string);
-        let begin = st.begin(cause, foreign.clone(), time::now());
-        if let Some(c) = &st.cause {
-            st.reason = Some(c.reason_for(&self.instance_id));
-        }
-        if let Some(f) = &foreign {
-            tracing::warn!(node = %self.node, reason = %f, "node already drained by someone else; keeping their reason");
-        } else if let Some(reason) = &st.reason {
-            self.ops.scontrol.drain(&self.node, reason).await?;
-        }
-        self.save(&st)?;
-        Ok(Requested { begin, state: st })
+        self.gateway.drain(cause, None).await
     }
 
     /// The maintenance event with key `key` no longer needs a drain: if it is the current
@@ -424,7 +251,7 @@ impl Engine {
     /// # Errors
     /// [`DrainError`].
     pub async fn undo(&self, key: &str) -> Result<bool, DrainError> {
-        self.undo_inner(key, false).await
+        self.gateway.withdraw(key, false).await
     }
 
     /// The maintenance event with key `key` is over and took the instance down (a reboot, a
@@ -435,7 +262,7 @@ impl Engine {
     /// # Errors
     /// [`DrainError`].
     pub async fn undo_after_registration(&self, key: &str) -> Result<bool, DrainError> {
-        let st = self.store.load()?;
+        let st = self.load()?;
         let current = st.cause.as_ref().is_some_and(|c| c.key() == key)
             && matches!(st.phase, Phase::Draining | Phase::Drained);
         if current {
@@ -453,7 +280,7 @@ impl Engine {
                 return Ok(false);
             }
         }
-        self.undo_inner(key, false).await
+        self.gateway.withdraw(key, false).await
     }
 
     /// Withdraws the drain with key `key` whatever its kind, if it is still `draining` or
@@ -462,89 +289,17 @@ impl Engine {
     /// # Errors
     /// [`DrainError`].
     pub async fn withdraw(&self, key: &str) -> Result<bool, DrainError> {
-        self.undo_inner(key, true).await
+        self.gateway.withdraw(key, true).await
     }
 
-    async fn undo_inner(&self, key: &str, any_kind: bool) -> Result<bool, DrainError> {
-        let current = self.store.load()?;
-        let is_current = current.cause.as_ref().is_some_and(|c| c.key() == key);
-        if !is_current && !current.handled.contains(key) {
-            return Ok(false);
-        }
-        let _lock = self.lock()?;
-        let mut st = self.store.load()?;
-        let is_current = st
-            .cause
-            .as_ref()
-            .is_some_and(|c| c.key() == key && (any_kind || c.undoable()));
-        if !is_current || !matches!(st.phase, Phase::Draining | Phase::Drained) {
-            if st.handled.contains(key) && st.cause.as_ref().is_none_or(|c| c.key() != key) {
-                st.forget(key);
-                self.save(&st)?;
-            }
-            return Ok(false);
-        }
-        tracing::info!(node = %self.node, key, "cause went away; resuming");
-        match self.resume_in_slurm(&st, false).await {
-            Ok(()) => {}
-            Err(DrainError::Foreign { reason, .. }) => {
-                // Our drain is over, theirs is not: leave the node as it is.
-                tracing::info!(node = %self.node, %reason, "node drained by someone else; left drained");
-            }
-            Err(e) => return Err(e),
-        }
-        st.resume(time::now())?;
-        st.forget(key);
-        self.save(&st)?;
-        Ok(true)
-    }
-
-    /// Resumes the node in Slurm if it is drained with our reason; refuses (unless `force`)
-    /// when the reason is someone else's. Nothing to do when the node is not drained.
-    async fn resume_in_slurm(&self, st: &DrainState, force: bool) -> Result<(), DrainError> {
-        let node = self.node_info().await?;
-        if !node.is_drained() {
-            return Ok(());
-        }
-        let reason = node.reason().unwrap_or_default().to_string();
-        let ours = st.foreign_reason.is_none()
-            && (state::is_our_reason(&reason, None) || reason.is_empty());
-        if !ours && !force {
-            return Err(DrainError::Foreign {
-                node: self.node.clone(),
-                reason,
-            });
-        }
-        self.ops.scontrol.resume(&self.node).await?;
-        Ok(())
-    }
-
-    /// An operator's `resume`: the node returns to service if the agent drained it (or
-    /// `force`). The cause stays handled: the same notice does not drain it again.
+    /// An operator's `resume` ([`Gateway::resume`]): the node returns to service if the
+    /// agent drained it (or `force`). The cause stays handled: the same notice does not
+    /// drain it again.
     ///
     /// # Errors
     /// [`DrainError::Foreign`], [`DrainError::Refused`] while acting, Slurm errors.
     pub async fn resume(&self, force: bool) -> Result<DrainState, DrainError> {
-        let _lock = self.lock()?;
-        let mut st = self.store.load()?;
-        if st.phase == Phase::Acting {
-            return Err(state::Refused {
-                event: "resume",
-                from: Phase::Acting.as_str(),
-            }
-            .into());
-        }
-        // Any of the agent's reasons (health checks and mounts too) is the operator's to
-        // lift; an admin's only with --force.
-        let agents = self
-            .node_info()
-            .await?
-            .reason()
-            .is_some_and(crate::reason::is_agent_reason);
-        self.resume_in_slurm(&st, force || agents).await?;
-        st.resume(time::now())?;
-        self.save(&st)?;
-        Ok(st)
+        self.gateway.resume(force).await
     }
 
     /// One step forward from the current phase (see the module docs of [`state`]): checks
@@ -554,7 +309,7 @@ impl Engine {
     /// # Errors
     /// [`DrainError`]; the state stays consistent (what happened is saved).
     pub async fn progress(&self) -> Result<Phase, DrainError> {
-        let phase = self.store.load()?.phase;
+        let phase = self.load()?.phase;
         match phase {
             Phase::Active => Ok(Phase::Active),
             Phase::Draining => {
@@ -605,7 +360,7 @@ impl Engine {
     async fn progress_draining(&self) -> Result<Phase, DrainError> {
         let node = self.node_info().await?;
         let _lock = self.lock()?;
-        let mut st = self.store.load()?;
+        let mut st = self.load()?;
         if st.phase != Phase::Draining {
             return Ok(st.phase);
         }
@@ -658,7 +413,6 @@ impl Engine {
     /// An upgrade drain renews its budget slot ([`Engine::renew_slot_if_due`]).
     async fn renew_upgrade_slot(&self) {
         let upgrade = self
-            .store
             .load()
             .is_ok_and(|st| matches!(st.cause, Some(Cause::Upgrade { .. })));
         if upgrade {
@@ -716,7 +470,7 @@ impl Engine {
         let (cause, reason, current_phase, foreign);
         {
             let _lock = self.lock()?;
-            let mut st = self.store.load()?;
+            let mut st = self.load()?;
             let Some(_action) = Self::action_of(&st, &self.upgrade) else {
                 return Ok(st.phase);
             };
@@ -756,7 +510,7 @@ impl Engine {
             .run_action(cause.as_ref(), &reason, foreign, node.as_ref())
             .await;
         let _lock = self.lock()?;
-        let mut st = self.store.load()?;
+        let mut st = self.load()?;
         if st.phase != Phase::Acting {
             return Ok(st.phase);
         }
@@ -766,7 +520,7 @@ impl Engine {
                 st.done(now)?;
                 if self.upgrade.action == UpgradeAction::Hook && self.upgrade.resume_after_hook {
                     self.save(&st)?;
-                    self.resume_in_slurm(&st, false).await?;
+                    self.gateway.resume_after_action(&st).await?;
                     st.complete(now)?;
                 }
             }
@@ -796,16 +550,14 @@ impl Engine {
             _ => ("", ""),
         };
         let target = crate::upgrade::action::Target {
-            node: &self.node,
-            instance_id: &self.instance_id,
-            scontrol: &self.ops.scontrol,
+            gateway: &self.gateway,
             systemd_bus: &self.systemd_bus,
         };
         crate::upgrade::action::run(&self.upgrade, &target, images, reason, foreign, node).await
     }
 
     async fn progress_done(&self) -> Result<Phase, DrainError> {
-        let st = self.store.load()?;
+        let st = self.load()?;
         let reboot = matches!(st.cause, Some(Cause::Upgrade { .. }))
             && self.upgrade.action == UpgradeAction::Reboot;
         if !reboot {
@@ -816,7 +568,7 @@ impl Engine {
         let node = self.node_info().await?;
         if node.is_available() {
             let _lock = self.lock()?;
-            let mut st = self.store.load()?;
+            let mut st = self.load()?;
             if st.phase == Phase::Done {
                 st.complete(time::now())?;
                 self.save(&st)?;
@@ -828,86 +580,13 @@ impl Engine {
 
     /// Rewrites the metrics file from the saved state.
     pub fn write_metrics(&self) {
-        if let Ok(st) = self.store.load() {
-            metrics::write(&self.metrics_file, &st);
-        }
+        self.gateway.write_metrics();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_drain_found_at_start_is_continued_only_when_it_is_this_instances() {
-        const ME: &str = "i-0123456789abcdef0";
-        const PREV: &str = "i-0fedcba9876543210";
-        let unknown = crate::reason::UNKNOWN_INSTANCE;
-        let drain_by = |writer: &str| {
-            let mut st = DrainState::default();
-            let cause = Cause::Upgrade {
-                current: "ami-11111111".into(),
-                desired: "ami-22222222".into(),
-            };
-            st.begin(cause.clone(), None, 1);
-            st.reason = Some(cause.reason_for(writer));
-            st
-        };
-        let this = RecordHolder::This;
-        let prev = RecordHolder::Predecessor(PREV.into());
-        let none = RecordHolder::Unknown;
-        let aside = |owner: &str| FoundState::SetAside {
-            owner: owner.into(),
-        };
-        // Nothing in progress: nothing to decide.
-        assert_eq!(
-            found_state(&DrainState::default(), ME, &prev),
-            FoundState::Continue
-        );
-        // This instance's state: continued, unless Slurm says another instance has
-        // registered the NodeName since.
-        assert_eq!(found_state(&drain_by(ME), ME, &this), FoundState::Continue);
-        assert_eq!(found_state(&drain_by(ME), ME, &none), FoundState::Continue);
-        assert_eq!(found_state(&drain_by(ME), ME, &prev), aside(PREV));
-        // A predecessor's state folder: set aside, whatever the record says.
-        for holder in [&this, &prev, &none] {
-            assert_eq!(
-                found_state(&drain_by(PREV), ME, holder),
-                aside(PREV),
-                "{holder:?}"
-            );
-        }
-        // A writer `unknown`: the record decides; without it, continued as before.
-        assert_eq!(
-            found_state(&drain_by(unknown), ME, &this),
-            FoundState::Continue
-        );
-        assert_eq!(found_state(&drain_by(unknown), ME, &prev), aside(PREV));
-        assert_eq!(
-            found_state(&drain_by(unknown), ME, &none),
-            FoundState::Continue
-        );
-    }
-
-    #[test]
-    fn a_state_set_aside_keeps_its_content_and_the_next_load_is_active() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let store = Store::new(dir.path());
-        assert_eq!(store.set_aside("predecessor").ok(), Some(None));
-        let mut st = DrainState::default();
-        st.begin(Cause::Manual { reason: "x".into() }, None, 1);
-        store.save(&st).unwrap_or_else(|e| panic!("{e}"));
-        let kept = std::fs::read(store.path()).unwrap_or_else(|e| panic!("{e}"));
-        let aside = store
-            .set_aside("predecessor")
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("nothing set aside"));
-        assert!(aside
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("drain.json.predecessor-")));
-        assert_eq!(std::fs::read(&aside).ok(), Some(kept));
-        assert_eq!(store.load().ok(), Some(DrainState::default()));
-    }
 
     #[test]
     fn registered_since_needs_a_later_responding_slurmd() {

@@ -25,14 +25,14 @@
 //! A failed poll (IMDS 401 after a token refresh, 5xx after retries, unreachable) is never
 //! read as "the notice is gone": the last good observation stands and nothing is undone.
 //!
-//! Floor 6 (subsystems): above `drain`, to which it hands its decisions; the `[events]`
+//! Floor 7 (subsystems): above `drain`, to which it hands its decisions; the `[events]`
 //! settings section ([`EventsSettings`]) is this module's.
 
 pub mod notice;
 
 use serde::{Deserialize, Serialize};
 
-use crate::drain::state::Cause;
+use crate::drain::Cause;
 use crate::drain::{SpotJobAction, SpotJobs};
 use crate::imds::{Imds, ImdsError};
 use crate::section::{HumanDuration, InvalidKey};

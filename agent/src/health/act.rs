@@ -29,6 +29,13 @@
 //! Race: an admin drain landing between our query and our drain is overwritten; the
 //! window is one scontrol round trip.
 //!
+//! The drain and the resume go through the gateway ([`crate::node_state::Gateway`]): a
+//! health drain is a cause of the drain state machine (`drain.json`, the drain metrics,
+//! `status`), taken only when no cause that outranks it holds the node, and a passing run
+//! lifts only the health checks' own drain: never one another cause holds. The gateway
+//! takes `drain.lock` around its read-modify-write; the HealthCheckProgram waits for it at
+//! most `health.scontrol_timeout`.
+//!
 //! Before the registration: slurmd runs its HealthCheckProgram at its start, before it
 //! registers (with `HealthCheckNodeState=START_ONLY`, 25.11+, that is the only run;
 //! [`crate::slurm::healthcheck`]). A dynamic node's first boot has no record in slurmctld
@@ -50,14 +57,13 @@
 //! run ask slurmctld even where the cache file says this boot saw no health drain.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::{clean_marker, pending_drain_path, Report};
+use crate::node_state::{Cause, CauseKind, Gateway, Lifted};
 use crate::reason::ReasonCause;
 use crate::slurm::node::{NodeInfo, NodeState};
-use crate::slurm::Scontrol;
 
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,15 +210,12 @@ pub fn decide(state: Option<&NodeState>, failure: Option<Failing<'_>>) -> Action
     }
 }
 
-/// How to act.
+/// How to act (the gateway carries the node, the incarnation that writes the reasons and
+/// the limits of its scontrol calls and of its wait for `drain.lock`).
 #[derive(Debug, Clone)]
 pub struct ActOptions {
-    /// The incarnation that writes the reasons (`unknown` when not known).
-    pub instance_id: String,
     /// State folder for the drain marker (`None`: always query slurmctld).
     pub state_dir: Option<PathBuf>,
-    /// Limit of each scontrol call.
-    pub scontrol_timeout: Duration,
     /// slurmctld's view of the node when it asked for this run (Slurm 26.05's
     /// `SLURM_NODE_IS_HEALTHY`, [`node_health_hint`]): `Some(true)` not DOWN, DRAIN, FAIL
     /// or MAINT, so a passing run makes no `scontrol` call; `Some(false)` one of those, so a
@@ -221,16 +224,44 @@ pub struct ActOptions {
 }
 
 impl ActOptions {
-    /// From `[health]` (`health.scontrol_timeout`), the state folder (`agent.state_dir`,
-    /// for the drain marker) and the incarnation that writes the reasons (`unknown` when
-    /// not known).
-    pub fn new(health: &super::HealthSettings, state_dir: &Path, instance_id: &str) -> ActOptions {
+    /// With the state folder (`agent.state_dir`, for the drain marker).
+    pub fn new(state_dir: &Path) -> ActOptions {
         ActOptions {
-            instance_id: instance_id.to_string(),
             state_dir: Some(state_dir.to_path_buf()),
-            scontrol_timeout: health.scontrol_timeout.0,
             node_health: None,
         }
+    }
+}
+
+/// The gateway of the health checks' actions: `gateway` with `[health]`'s limit for each
+/// scontrol call (`health.scontrol_timeout`), which is also its wait for `drain.lock`, so
+/// that a run slurmd started ends within its deadline (`check` warns when
+/// `health.run_deadline` and three of them do not fit).
+pub fn health_gateway(gateway: Gateway, health: &super::HealthSettings) -> Gateway {
+    gateway.with_limits(health.scontrol_timeout.0, health.scontrol_timeout.0)
+}
+
+/// The gateway's cause of the health drain with reason `reason` (as [`Report::drain_reason`]
+/// wrote it for the gateway's incarnation).
+fn health_cause(gateway: &Gateway, reason: &str) -> Cause {
+    Cause::stated(ReasonCause::Health, gateway.instance_id(), reason).unwrap_or_else(|| {
+        Cause::Health {
+            detail: reason.to_string(),
+        }
+    })
+}
+
+/// The health drain with `reason` through the gateway; the error as the outcome says it.
+async fn drain_through(gateway: &Gateway, reason: &str, node: &NodeInfo) -> Option<String> {
+    match gateway
+        .drain(health_cause(gateway, reason), Some(node))
+        .await
+    {
+        Ok(r) => {
+            tracing::debug!(begin = ?r.begin, phase = r.state.phase.as_str(), "health drain");
+            None
+        }
+        Err(e) => Some(e.to_string()),
     }
 }
 
@@ -350,7 +381,8 @@ impl PendingDrain {
 
 /// Bootstrap's half of [`PendingDrain`]: once the slurmd that started at
 /// `slurmd_started_unix` (Unix seconds) has registered `node` (as slurmctld shows it now),
-/// drains it with the recorded failure, written by incarnation `instance_id`, when
+/// drains it through `gateway` with the recorded failure, written by the gateway's
+/// incarnation, when
 /// [`decide`] says so on the state now (an admin's drain or DOWN is kept). A pending drain
 /// of another boot, or written before that slurmd started, is stale and removed.
 ///
@@ -358,10 +390,9 @@ impl PendingDrain {
 /// removed once decided; it stays when the drain itself failed, for the next look.
 pub async fn apply_pending(
     state_dir: &Path,
-    scontrol: &Scontrol,
+    gateway: &Gateway,
     node: &NodeInfo,
     slurmd_started_unix: i64,
-    instance_id: &str,
 ) -> Option<ActOutcome> {
     let pending = PendingDrain::read(state_dir)?;
     let boot = crate::hostfacts::boot_id().unwrap_or_default();
@@ -370,7 +401,7 @@ pub async fn apply_pending(
         PendingDrain::remove(state_dir);
         return None;
     }
-    let reason = pending.reason(instance_id);
+    let reason = pending.reason(gateway.instance_id());
     let st = NodeState::from_node_info(node);
     let mut out = ActOutcome {
         action: "none".into(),
@@ -389,8 +420,8 @@ pub async fn apply_pending(
             // A healthy run of this boot must ask Slurm again to lift it.
             let _ = std::fs::remove_file(clean_marker(state_dir));
             out.action = "drain".into();
-            if let Err(e) = scontrol.drain(node.name(), &reason).await {
-                out.error = Some(e.to_string());
+            if let Some(e) = drain_through(gateway, &reason, node).await {
+                out.error = Some(e);
                 out.detail = reason;
                 return Some(out);
             }
@@ -431,14 +462,9 @@ impl ActOutcome {
     }
 }
 
-/// Reads the node's state and drains or resumes it per [`decide`].
-pub async fn act_on(
-    report: &Report,
-    scontrol: &Scontrol,
-    node: &str,
-    opts: &ActOptions,
-) -> ActOutcome {
-    let failure = report.drain_reason(&opts.instance_id);
+/// Reads the node's state and drains or resumes it per [`decide`], through `gateway`.
+pub async fn act_on(report: &Report, gateway: &Gateway, opts: &ActOptions) -> ActOutcome {
+    let failure = report.drain_reason(gateway.instance_id());
     let state_dir = opts.state_dir.as_deref().filter(|d| d.is_dir());
     let marker = state_dir.map(clean_marker);
     let boot = crate::hostfacts::boot_id().unwrap_or_default();
@@ -476,10 +502,8 @@ pub async fn act_on(
             }
         }
     };
-    let mut sc = scontrol.clone();
-    sc.timeout = opts.scontrol_timeout;
-    let state = match sc.show_node(node).await {
-        Ok(info) => info.map(|i| NodeState::from_node_info(&i)),
+    let record = match gateway.record().await {
+        Ok(info) => info,
         Err(e) => {
             // slurmctld did not answer: a failure is kept for bootstrap as well.
             let kept = state_dir
@@ -497,6 +521,7 @@ pub async fn act_on(
             };
         }
     };
+    let state = record.as_ref().map(NodeState::from_node_info);
     let failing = failure.as_deref().map(|reason| Failing {
         reason,
         check: report.failures().next().map_or("", |r| r.name.as_str()),
@@ -540,26 +565,40 @@ pub async fn act_on(
         state: state_text,
         error: None,
     };
-    match action {
-        Action::Drain { reason } => {
+    match (action, record.as_ref()) {
+        (Action::Drain { reason }, Some(node)) => {
             out.action = "drain".into();
             if let Some(m) = &marker {
                 let _ = std::fs::remove_file(m);
             }
-            if let Err(e) = sc.drain(node, &reason).await {
-                out.error = Some(e.to_string());
-            }
+            out.error = drain_through(gateway, &reason, node).await;
             out.detail = reason;
         }
-        Action::Resume => {
+        (Action::Resume, Some(node)) => {
             out.action = "resume".into();
             out.detail = "checks pass again; the agent's drain is lifted".into();
-            match sc.resume(node).await {
-                Ok(()) => mark_clean(&marker),
+            match gateway.lift(CauseKind::Health, Some(node)).await {
+                Ok(Lifted::Resumed | Lifted::Nothing) => mark_clean(&marker),
+                Ok(Lifted::LeftToOwner { reason }) => {
+                    out.detail = format!(
+                        "checks pass again; the agent's drain is over, someone else's ({reason}) stays"
+                    );
+                    mark_clean(&marker);
+                }
+                Ok(Lifted::HeldBy(kind)) => {
+                    out.action = "none".into();
+                    out.detail = format!(
+                        "checks pass again; the node stays drained for its {kind} drain, which outranks the health checks'"
+                    );
+                }
                 Err(e) => out.error = Some(e.to_string()),
             }
         }
-        Action::None { why } => {
+        // decide never drains nor resumes a node slurmctld does not know.
+        (Action::Drain { .. } | Action::Resume, None) => {
+            out.detail = "node not known to slurmctld".into();
+        }
+        (Action::None { why }, _) => {
             // Healthy, and Slurm shows no health drain of ours (a pending reboot keeps it:
             // the next run asks again and lifts the drain once the node is back).
             if failure.is_none() && !ours_now {
@@ -778,25 +817,18 @@ mod tests {
         assert_eq!(node_health_hint(None), None);
     }
 
-    /// A stand-in for scontrol in `dir`: `show node` prints `dir/record` (or "not found"
-    /// when there is none); every call is appended to `dir/calls`.
-    fn fake_scontrol(dir: &Path) -> Scontrol {
-        let program = dir.join("scontrol");
-        crate::fsutil::write_test_program(
-            &program,
-            &format!(
-                "#!/bin/sh
-d={d}
-echo \"$*\" >> $d/calls
-                 if [ \"$1\" = show ]; then
-  [ -f $d/record ] && exec cat $d/record
-                   echo \"Node $4 not found\" >&2; exit 1
-fi
-",
-                d = dir.display()
-            ),
-        );
-        Scontrol::new(dir)
+    /// The gateway of node `n1` through a stand-in scontrol in `dir`
+    /// ([`crate::slurm::node::test_scontrol`]: `show node` prints `dir/record`, every call
+    /// goes to `dir/calls`), its state in `state`, writing reasons as `instance_id`.
+    fn gateway(dir: &Path, state: &Path, instance_id: &str) -> Gateway {
+        Gateway::new(
+            "n1",
+            crate::slurm::node::test_scontrol(dir),
+            state,
+            std::time::Duration::from_secs(5),
+            state.join("drain.prom"),
+        )
+        .with_instance(instance_id)
     }
 
     fn check_result(name: &str, ok: bool) -> super::super::CheckResult {
@@ -831,16 +863,12 @@ fi
         let d = dir.path();
         let state = d.join("state");
         std::fs::create_dir(&state).unwrap();
-        let sc = fake_scontrol(d);
+        let sc = gateway(d, &state, crate::reason::UNKNOWN_INSTANCE);
+        let boot = gateway(d, &state, ID);
         let calls = || std::fs::read_to_string(d.join("calls")).unwrap_or_default();
-        let opts = ActOptions {
-            instance_id: crate::reason::UNKNOWN_INSTANCE.into(),
-            state_dir: Some(state.clone()),
-            scontrol_timeout: Duration::from_secs(10),
-            node_health: None,
-        };
+        let opts = ActOptions::new(&state);
         // slurmd's run at its start, on a dynamic node's first boot: no record.
-        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        let out = act_on(&report(false), &sc, &opts).await;
         assert_eq!(out.action, "none");
         assert!(
             out.detail.starts_with("node not known to slurmctld")
@@ -859,7 +887,7 @@ fi
         // Bootstrap, once the slurmd started before it registered: drained with the
         // failure, written by bootstrap's instance.
         let registered = NodeInfo::parse("NodeName=n1 State=IDLE+DYNAMIC_NORM");
-        let o = apply_pending(&state, &sc, &registered, p.written_unix, ID)
+        let o = apply_pending(&state, &boot, &registered, p.written_unix)
             .await
             .unwrap();
         assert_eq!(o.action, "drain", "{o:?}");
@@ -874,9 +902,7 @@ fi
         );
         assert!(PendingDrain::read(&state).is_none());
         // Nothing left to apply.
-        assert!(apply_pending(&state, &sc, &registered, 0, ID)
-            .await
-            .is_none());
+        assert!(apply_pending(&state, &boot, &registered, 0).await.is_none());
 
         // An admin's drain (or DOWN) at the registration stays as it is.
         opts_fail_then(&opts, &sc, &state).await;
@@ -884,7 +910,7 @@ fi
             "NodeName=n1 State=IDLE+DRAIN Reason=ADMIN SHUTDOWN [root@2026-01-01T00:00:00]",
         );
         let before = calls();
-        let o = apply_pending(&state, &sc, &admin, 0, ID).await.unwrap();
+        let o = apply_pending(&state, &boot, &admin, 0).await.unwrap();
         assert_eq!(o.action, "none");
         assert!(o.detail.contains("ADMIN SHUTDOWN"), "{}", o.detail);
         assert_eq!(calls(), before);
@@ -893,14 +919,14 @@ fi
         // One written before this slurmd started (an earlier start of this boot) is stale.
         opts_fail_then(&opts, &sc, &state).await;
         let written = PendingDrain::read(&state).unwrap().written_unix;
-        assert!(apply_pending(&state, &sc, &registered, written + 1, ID)
+        assert!(apply_pending(&state, &boot, &registered, written + 1)
             .await
             .is_none());
         assert!(PendingDrain::read(&state).is_none());
 
         // A later passing run takes it back: the newest verdict counts.
         opts_fail_then(&opts, &sc, &state).await;
-        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        let out = act_on(&report(true), &sc, &opts).await;
         assert_eq!(out.action, "none");
         assert!(PendingDrain::read(&state).is_none());
 
@@ -911,19 +937,19 @@ fi
             "NodeName=n1 State=DOWN+DYNAMIC_NORM+NOT_RESPONDING Reason=Not responding\n",
         )
         .unwrap();
-        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        let out = act_on(&report(false), &sc, &opts).await;
         assert_eq!(out.action, "none", "{out:?}");
         assert_eq!(
             PendingDrain::read(&state).unwrap().state.as_deref(),
             Some("DOWN+DYNAMIC_NORM+NOT_RESPONDING")
         );
         std::fs::write(d.join("record"), "NodeName=n1 State=UNKNOWN\n").unwrap();
-        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        let out = act_on(&report(false), &sc, &opts).await;
         assert_eq!(out.action, "drain", "{out:?}");
         assert!(PendingDrain::read(&state).is_none());
         // A registered node in maintenance: nothing kept for later.
         std::fs::write(d.join("record"), "NodeName=n1 State=IDLE+MAINTENANCE\n").unwrap();
-        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        let out = act_on(&report(false), &sc, &opts).await;
         assert_eq!(out.action, "none", "{out:?}");
         assert!(PendingDrain::read(&state).is_none());
         // Another boot's is ignored and removed.
@@ -931,16 +957,14 @@ fi
         other.boot_id = "another-boot".into();
         other.write(&state).unwrap();
         assert!(PendingDrain::read_this_boot(&state).is_none());
-        assert!(apply_pending(&state, &sc, &registered, 0, ID)
-            .await
-            .is_none());
+        assert!(apply_pending(&state, &boot, &registered, 0).await.is_none());
         assert!(PendingDrain::read(&state).is_none());
     }
 
     /// A failing run against a node slurmctld does not know: leaves a pending drain.
-    async fn opts_fail_then(opts: &ActOptions, sc: &Scontrol, state: &Path) {
+    async fn opts_fail_then(opts: &ActOptions, sc: &Gateway, state: &Path) {
         let _ = std::fs::remove_file(state.parent().unwrap().join("record"));
-        act_on(&report(false), sc, "n1", opts).await;
+        act_on(&report(false), sc, opts).await;
         assert!(PendingDrain::read(state).is_some());
     }
 
@@ -950,21 +974,19 @@ fi
         let d = dir.path();
         let state = d.join("state");
         std::fs::create_dir(&state).unwrap();
-        let sc = fake_scontrol(d);
+        let sc = gateway(d, &state, ID);
         let calls = || std::fs::read_to_string(d.join("calls")).unwrap_or_default();
         std::fs::write(d.join("record"), "NodeName=n1 State=IDLE\n").unwrap();
         let mut opts = ActOptions {
-            instance_id: ID.into(),
-            state_dir: Some(state.clone()),
-            scontrol_timeout: Duration::from_secs(10),
             node_health: Some(true),
+            ..ActOptions::new(&state)
         };
         // yes: a passing run asks slurmctld nothing.
-        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        let out = act_on(&report(true), &sc, &opts).await;
         assert!(out.detail.contains("SLURM_NODE_IS_HEALTHY=yes"), "{out:?}");
         assert_eq!(calls(), "");
         // A failing run asks (the state decides: reboot requested, power saving...).
-        let out = act_on(&report(false), &sc, "n1", &opts).await;
+        let out = act_on(&report(false), &sc, &opts).await;
         assert_eq!(out.action, "drain");
         assert!(calls().contains("show node"), "{}", calls());
         // no: a passing run asks even where this boot's cache says "no health drain".
@@ -975,10 +997,10 @@ fi
         .unwrap();
         std::fs::write(clean_marker(&state), crate::hostfacts::boot_id().unwrap()).unwrap();
         opts.node_health = None;
-        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        let out = act_on(&report(true), &sc, &opts).await;
         assert!(out.detail.contains("this boot"), "{out:?}");
         opts.node_health = Some(false);
-        let out = act_on(&report(true), &sc, "n1", &opts).await;
+        let out = act_on(&report(true), &sc, &opts).await;
         assert_eq!(out.action, "resume", "{out:?}");
     }
 

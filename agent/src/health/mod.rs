@@ -9,13 +9,14 @@
 //!   the host (mounts, `/proc`, files) on a thread of their own, so a hung file system
 //!   fails its check instead of hanging the agent; commands in their own process group,
 //!   killed with it at the timeout.
-//! - [`act_on`] drains or resumes the node with the rules NHC users rely on ([`act`]).
+//! - [`act_on`] drains or resumes the node with the rules NHC users rely on ([`act`]),
+//!   through the gateway of the drain state machine ([`crate::node_state::Gateway`]).
 //! - [`output`] prints text or JSON and writes the Prometheus textfile.
 //!
 //! Library use (the daemon):
 //! ```no_run
 //! # async fn demo(settings: &slurm_node_agent::settings::Settings) -> anyhow::Result<()> {
-//! use slurm_node_agent::{health, slurm::Scontrol};
+//! use slurm_node_agent::health;
 //! // The NodeName comes from slurm_node_agent::identity::resolve in the agent's commands.
 //! let node = Some("n1".to_string());
 //! let target = settings.health_target(node.clone());
@@ -23,16 +24,16 @@
 //! let env = health::RunEnv::new(&settings.health, &settings.systemd.bus);
 //! let report = health::run_checks(&checks, &env).await;
 //! if let Some(node) = &node {
-//!     let scontrol = Scontrol::new(&settings.slurm.bin_dir);
-//!     let opts = health::ActOptions::new(&settings.health, &settings.agent.state_dir, "unknown");
-//!     let outcome = health::act_on(&report, &scontrol, node, &opts).await;
+//!     let gateway = health::act::health_gateway(settings.node_gateway(node), &settings.health);
+//!     let opts = health::ActOptions::new(&settings.agent.state_dir);
+//!     let outcome = health::act_on(&report, &gateway, &opts).await;
 //!     println!("{}", outcome.summary());
 //! }
 //! # Ok(()) }
 //! ```
 //!
-//! Floor 4 (subsystems): the `[health]` settings section ([`HealthSettings`]) is this
-//! module's.
+//! Floor 5 (subsystems): over `node_state`, through which it drains and resumes; the
+//! `[health]` settings section ([`HealthSettings`]) is this module's.
 
 pub mod act;
 pub mod arith;

@@ -43,10 +43,12 @@
 //! is mounted again; one that is still failing (gone, hung, read-only) drains the node
 //! with the agent's `mount` reason ([`DRAIN_REASON_CAUSE`]) naming the mount; once all are
 //! back, the agent resumes the node only if the drain is its own (the reason still starts
-//! with that prefix).
+//! with that prefix). Both go through the drain state machine's gateway
+//! ([`crate::node_state::Gateway`]): a mount drain is a cause of `drain.json`, taken only
+//! while no cause that outranks it holds the node, and lifted only while it is the one.
 //!
-//! Floor 4 (subsystems): the `[[mounts]]` settings section ([`MountSettings`]) is this
-//! module's.
+//! Floor 5 (subsystems): over `node_state`, through which it drains and resumes; the
+//! `[[mounts]]` settings section ([`MountSettings`]) is this module's.
 
 pub mod alive;
 pub mod escape;
@@ -61,9 +63,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::node_state::{Begin, Cause, CauseKind, DrainError, Gateway, Lifted};
 use crate::retry::Backoff;
 use crate::section::{Classified, HumanDuration, InvalidKey, KeyTrust, Refused};
-use crate::slurm::{NodeInfo, Scontrol};
+use crate::slurm::NodeInfo;
 use crate::systemd::Systemd;
 
 /// Retrying a mount: the first retry soon (a DNS name or a route that is just coming up),
@@ -820,36 +823,35 @@ pub struct ReconcileReport {
     pub node: NodeAction,
 }
 
-/// Error of [`reconcile`]: talking to slurmctld failed.
+/// Error of [`reconcile`]: talking to slurmctld, or the drain state, failed.
 #[derive(Debug, thiserror::Error)]
 #[error("node {node}: {source}")]
 pub struct ReconcileError {
     /// NodeName.
     pub node: String,
-    /// The scontrol error.
+    /// What failed: scontrol, or `drain.json` / `drain.lock`.
     #[source]
-    pub source: crate::slurm::ScontrolError,
+    pub source: DrainError,
 }
 
 /// One pass for the daemon (call it periodically, e.g. every 30 s): mounts back what is
 /// missing (one attempt each), then drains the node naming the first failing required
 /// mount, or lifts the agent's own mount drain when all are back. The systemd Manager is
 /// connected to only when a mount must be made again (`systemd`,
-/// [`crate::systemd::OnDemand`]). A drain whose reason
+/// [`crate::systemd::OnDemand`]). Drains and resumes go through `gateway` (its node, its
+/// incarnation's reasons). A drain whose reason
 /// is not the agent's `mount` reason (an admin's, a health check's) is never
 /// lifted nor overwritten. A hung mount is not touched (unmounting a hung Lustre client
 /// needs a person); it only drains.
 ///
 /// # Errors
-/// [`ReconcileError`] when scontrol fails.
+/// [`ReconcileError`] when scontrol or the drain state fails.
 pub async fn reconcile(
     mounts: &[MountSettings],
     instance_region: &str,
     env: &MountEnv,
     systemd: &crate::systemd::OnDemand,
-    scontrol: &Scontrol,
-    node: &str,
-    instance_id: &str,
+    gateway: &Gateway,
 ) -> Result<ReconcileReport, ReconcileError> {
     let mut remounted = Vec::new();
     let mut failing = Vec::new();
@@ -912,11 +914,15 @@ pub async fn reconcile(
             }
         }
     }
-    let err = |source| ReconcileError {
+    let node = gateway.node();
+    let err = |e: DrainError| ReconcileError {
         node: node.to_string(),
-        source,
+        source: e,
     };
-    let info = scontrol.show_node(node).await.map_err(err)?;
+    let info = gateway
+        .record()
+        .await
+        .map_err(|e| err(DrainError::Slurm(e)))?;
     let drained = info.as_ref().is_some_and(NodeInfo::is_drained);
     let reason = info
         .as_ref()
@@ -926,22 +932,45 @@ pub async fn reconcile(
     let ours = drained && crate::reason::is_agent_reason_for(&reason, DRAIN_REASON_CAUSE);
     let action = match failing.first() {
         Some((mount_point, why)) => {
-            let wanted = drain_reason(instance_id, mount_point, why);
+            let wanted = drain_reason(gateway.instance_id(), mount_point, why);
             if drained && !ours {
                 NodeAction::DrainedByOther(reason)
             } else if (ours && reason == wanted) || info.is_none() {
                 NodeAction::None
             } else {
-                scontrol.drain(node, &wanted).await.map_err(err)?;
-                tracing::warn!(%node, reason = %wanted, "node drained");
-                NodeAction::Drained(wanted)
+                let cause = Cause::stated(DRAIN_REASON_CAUSE, gateway.instance_id(), &wanted)
+                    .unwrap_or_else(|| Cause::Mount {
+                        detail: wanted.clone(),
+                    });
+                let r = gateway.drain(cause, info.as_ref()).await.map_err(err)?;
+                match r.begin {
+                    Begin::Started | Begin::Escalated { .. } | Begin::Restated { .. } => {
+                        tracing::warn!(%node, reason = %wanted, "node drained");
+                        NodeAction::Drained(wanted)
+                    }
+                    // Another cause of the agent's holds the node (one that outranks the
+                    // mounts, or its action is running): its reason stays.
+                    Begin::AlreadyDraining { .. } | Begin::AlreadyHandled => {
+                        NodeAction::DrainedByOther(r.state.reason.unwrap_or_default())
+                    }
+                }
             }
         }
-        None if ours => {
-            scontrol.resume(node).await.map_err(err)?;
-            tracing::info!(%node, "mounts back: the agent's drain lifted");
-            NodeAction::Resumed
-        }
+        None if ours => match gateway
+            .lift(CauseKind::Mount, info.as_ref())
+            .await
+            .map_err(err)?
+        {
+            Lifted::Resumed => {
+                tracing::info!(%node, "mounts back: the agent's drain lifted");
+                NodeAction::Resumed
+            }
+            Lifted::HeldBy(kind) => {
+                tracing::info!(%node, %kind, "mounts back; the node stays drained for its {kind} drain");
+                NodeAction::None
+            }
+            Lifted::LeftToOwner { .. } | Lifted::Nothing => NodeAction::None,
+        },
         None => NodeAction::None,
     };
     Ok(ReconcileReport {

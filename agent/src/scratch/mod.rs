@@ -25,7 +25,7 @@
 //! node with the reason `slurm-node-agent/scratch@<instance-id>: <mount point>: <why>`
 //! ([`drain_reason`]), which the next boot lifts when scratch is then in place.
 //!
-//! Floor 5 (subsystems): over [`crate::mounts`]'s mount table parser.
+//! Floor 6 (subsystems): over [`crate::mounts`]'s mount table parser.
 
 pub mod assemble;
 pub mod disks;

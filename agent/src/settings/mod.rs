@@ -22,7 +22,7 @@
 //! at most [`trust::MAX_FILE_BYTES`]; explicit paths that do not exist are errors (only the
 //! built-in default paths are optional).
 //!
-//! Floor 7 (assembly): above every module whose section it assembles.
+//! Floor 8 (assembly): above every module whose section it assembles.
 
 pub mod reference;
 mod schema;
@@ -634,6 +634,21 @@ impl Resolved {
 }
 
 impl Settings {
+    /// The gateway of `node`'s state ([`crate::node_state::Gateway`]): its state under
+    /// `agent.state_dir`, `drain.lock` waited for `drain.lock_timeout`, the metrics to
+    /// `drain.metrics_file`, through the `scontrol` of `[slurm]` (with the configless
+    /// servers, as bootstrap and the health checks reach slurmctld). Writes reasons as an
+    /// `unknown` incarnation until `with_instance`.
+    pub fn node_gateway(&self, node: &str) -> crate::node_state::Gateway {
+        crate::node_state::Gateway::new(
+            node,
+            crate::slurm::Scontrol::configured(&self.slurm),
+            &self.agent.state_dir,
+            self.drain.lock_timeout.0,
+            crate::node_state::metrics_path(&self.agent.state_dir, &self.drain.metrics_file),
+        )
+    }
+
     /// The drain engine of `node`, built from the sections it uses: `[drain]`,
     /// `[upgrade]`, `[events]`' spot job action, `agent.state_dir`, `slurm.bin_dir` and
     /// `systemd.bus`.

@@ -876,6 +876,10 @@ pub enum InvalidReason {
     Control,
 }
 
+/// The calls that change a node's state. Only the gateway ([`crate::node_state::Gateway`])
+/// makes them, against the drain state and with the agent's ownership rules:
+/// `agent/tests/module_floors.rs` (`node_state_changes_go_through_the_gateway`) fails on a
+/// call from anywhere else.
 impl Scontrol {
     /// `scontrol update NodeName=<node> State=DRAIN Reason=<reason>`: no new jobs, running
     /// ones finish. Arguments go to scontrol as separate words, never through a shell.
@@ -926,6 +930,43 @@ impl Scontrol {
             .await
             .map(drop)
     }
+
+    /// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`: slurmctld drains the
+    /// node, reboots it through its `RebootProgram` once it is idle, and returns it to
+    /// service.
+    ///
+    /// # Errors
+    /// [`ScontrolError`] (e.g. no `RebootProgram` in slurm.conf);
+    /// [`ScontrolError::NotOneNode`] with no call made.
+    pub async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        one_node(node)?;
+        let r = format!("reason={reason}");
+        self.run(&["reboot", "ASAP", "nextstate=resume", &r, node])
+            .await
+            .map(drop)
+    }
+}
+
+/// A stand-in for scontrol in `dir`, for unit tests: `show node` prints `dir/record` (or
+/// "not found" when there is none); every call is appended to `dir/calls`.
+#[cfg(test)]
+pub(crate) fn test_scontrol(dir: &Path) -> Scontrol {
+    let program = dir.join("scontrol");
+    crate::fsutil::write_test_program(
+        &program,
+        &format!(
+            "#!/bin/sh
+d={d}
+echo \"$*\" >> $d/calls
+if [ \"$1\" = show ]; then
+  [ -f $d/record ] && exec cat $d/record
+  echo \"Node $4 not found\" >&2; exit 1
+fi
+",
+            d = dir.display()
+        ),
+    );
+    Scontrol::new(dir)
 }
 
 /// [`ScontrolError::NotOneNode`] unless `node` is one plain NodeName: the commands that

@@ -1,6 +1,6 @@
 //! slurmctld's record of this node around slurmd's (re)start, for bootstrap: the one look
-//! before slurmd starts (whose the record is, [`FoundRecord`]; a stale dynamic record
-//! deleted, [`look_before_start`]) and the proof that the slurmd now running registered
+//! before slurmd starts (whose the record is, [`FoundRecord`]; whether a dynamic record is
+//! stale, [`look_before_start`]) and the proof that the slurmd now running registered
 //! ([`registered_by`], [`wait_for_next_second`]).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,6 +78,11 @@ pub struct FoundRecord {
     pub refusal: Option<(super::skew::Refusal, String)>,
     /// slurmctld answered the look (the record, or that it has none).
     pub answered: bool,
+    /// A dynamic node's record whose definition differs from the one about to be
+    /// registered, `(key, in slurmctld, wanted)`, and that holds no job and no admin's
+    /// reason: to be deleted (`scontrol delete NodeName=`, through the node's gateway) so
+    /// that the registration creates it anew. Empty: kept.
+    pub stale: Vec<(String, String, String)>,
 }
 
 impl FoundRecord {
@@ -97,15 +102,17 @@ impl FoundRecord {
             holder,
             refusal: None,
             answered: record.is_some(),
+            stale: Vec::new(),
         }
     }
 }
 
 /// Before slurmd (re)starts: reads slurmctld's record of the NodeName once (whose it is,
-/// [`FoundRecord`]), and, for a dynamic node, deletes it (`scontrol delete NodeName=`) when
-/// its definition differs from `conf`, so that the registration that follows creates it
-/// anew. Never a record with a job on it, nor one whose reason is not the agent's (an
-/// admin's drain survives); a failure is logged and bootstrap carries on. `scontrol`: the
+/// [`FoundRecord`]), and, for a dynamic node whose definition differs from `conf`, says
+/// it is stale ([`FoundRecord::stale`]): bootstrap deletes it through the node's gateway
+/// (`scontrol delete NodeName=`), so that the registration that follows creates it anew.
+/// Never a record with a job on it, nor one whose reason is not the agent's (an admin's
+/// drain survives). `scontrol`: the
 /// look's ([`Scontrol::configured`]; on a configless node without a configuration yet,
 /// with [`crate::slurm::look`]'s); `ready`: the same, started ahead.
 pub async fn look_before_start(
@@ -162,15 +169,10 @@ pub async fn look_before_start(
         tracing::warn!(node = node_name, ?diff, state = node.state(), reason = node.reason(), "slurmctld's record differs from the new definition but holds jobs or an admin's reason: kept");
         return found;
     }
-    tracing::info!(
-        node = node_name,
-        ?diff,
-        "deleting the stale dynamic node record so that the new definition registers"
-    );
-    if let Err(e) = scontrol.delete_node(node_name).await {
-        tracing::warn!("{e}");
+    FoundRecord {
+        stale: diff,
+        ..found
     }
-    found
 }
 
 /// Whether a look through [`crate::slurm::look`]'s configuration that failed with `e`

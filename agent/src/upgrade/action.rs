@@ -6,11 +6,15 @@
 //!   `upgrade.delete_node_record`, a dynamic record with no job is deleted), then systemd
 //!   starts `upgrade.poweroff_unit` over D-Bus (`systemd.bus`);
 //! - `reboot`: `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`;
+//!
+//! Every change of the node's state (the reason, the reboot, the record's deletion) goes
+//! through the gateway ([`crate::node_state::Gateway`]).
 //! - `hook`: `upgrade.hook` (argv, no shell) with `SNA_NODE`, `SNA_CURRENT_IMAGE` and
 //!   `SNA_DESIRED_IMAGE`, within `upgrade.hook_timeout`;
 //! - `none`: nothing.
 
-use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
+use crate::node_state::{DrainError, Gateway};
+use crate::slurm::{NodeInfo, ScontrolError};
 use crate::systemd::SystemdError;
 
 use super::{upgrade_reason, UpgradeAction, UpgradeSettings, POWERED_OFF};
@@ -24,7 +28,7 @@ pub enum ActionError {
     /// The reason could not be rewritten to `... powered off for image upgrade A -> B`:
     /// the poweroff does not start.
     #[error("marking the node powered off before the poweroff: {0}")]
-    MarkPoweredOff(#[source] ScontrolError),
+    MarkPoweredOff(#[source] DrainError),
     /// systemd could not be reached or refused to start `upgrade.poweroff_unit`.
     #[error(transparent)]
     Poweroff(#[from] SystemdError),
@@ -61,12 +65,9 @@ pub enum ActionError {
 /// The node an action acts on.
 #[derive(Debug, Clone, Copy)]
 pub struct Target<'a> {
-    /// NodeName.
-    pub node: &'a str,
-    /// The incarnation that writes the reasons (`unknown` when not known).
-    pub instance_id: &'a str,
-    /// `scontrol`.
-    pub scontrol: &'a Scontrol,
+    /// The node's gateway: its NodeName, the incarnation that writes the reasons, the
+    /// reason, reboot and deletion.
+    pub gateway: &'a Gateway,
     /// `systemd.bus`, for the poweroff.
     pub systemd_bus: &'a str,
 }
@@ -89,10 +90,8 @@ pub async fn run(
     match up.action {
         UpgradeAction::None => Ok(()),
         UpgradeAction::Reboot => {
-            tracing::info!(node = %t.node, "scontrol reboot ASAP nextstate=resume");
-            reboot(t.scontrol, t.node, reason)
-                .await
-                .map_err(ActionError::Reboot)
+            tracing::info!(node = %t.gateway.node(), "scontrol reboot ASAP nextstate=resume");
+            t.gateway.reboot(reason).await.map_err(ActionError::Reboot)
         }
         UpgradeAction::Poweroff => {
             leave_for_poweroff(up, t, current, desired, foreign, record).await?;
@@ -108,7 +107,7 @@ pub async fn run(
             tracing::info!(program = %prog, "running the upgrade hook");
             let mut cmd = tokio::process::Command::new(prog);
             cmd.args(args)
-                .env("SNA_NODE", t.node)
+                .env("SNA_NODE", t.gateway.node())
                 .env("SNA_CURRENT_IMAGE", current)
                 .env("SNA_DESIRED_IMAGE", desired)
                 .stdin(std::process::Stdio::null())
@@ -148,50 +147,29 @@ async fn leave_for_poweroff(
     let Some(node) = record else {
         return Ok(()); // deleted on an earlier attempt
     };
+    let gw = t.gateway;
     if !foreign {
         let marker = upgrade_reason(
-            t.instance_id,
+            gw.instance_id(),
             &format!("{POWERED_OFF}{current} -> {desired}"),
         );
-        t.scontrol
-            .drain(t.node, &marker)
+        gw.relabel(&marker, Some(node))
             .await
             .map_err(ActionError::MarkPoweredOff)?;
     }
     if up.delete_node_record {
         if node.has_flag("DYNAMIC_NORM") && node.runs_no_job() {
-            match delete_record(t.scontrol, t.node).await {
+            match gw.delete_record().await {
                 Ok(()) => {
-                    tracing::info!(node = %t.node, "deleted this node's dynamic record before the poweroff")
+                    tracing::info!(node = %gw.node(), "deleted this node's dynamic record before the poweroff")
                 }
                 Err(e) => {
-                    tracing::warn!(node = %t.node, "could not delete this node's record (it stays, marked powered off): {e}")
+                    tracing::warn!(node = %gw.node(), "could not delete this node's record (it stays, marked powered off): {e}")
                 }
             }
         } else {
-            tracing::info!(node = %t.node, state = node.state(), "not a dynamic node with no job: its record stays, marked powered off");
+            tracing::info!(node = %gw.node(), state = node.state(), "not a dynamic node with no job: its record stays, marked powered off");
         }
     }
     Ok(())
-}
-
-/// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`.
-///
-/// # Errors
-/// [`ScontrolError`] (e.g. no `RebootProgram` in slurm.conf).
-async fn reboot(scontrol: &Scontrol, node: &str, reason: &str) -> Result<(), ScontrolError> {
-    let r = format!("reason={reason}");
-    scontrol
-        .run(&["reboot", "ASAP", "nextstate=resume", &r, node])
-        .await
-        .map(drop)
-}
-
-/// `scontrol delete nodename=<node>`: removes a dynamic node's record (Slurm refuses
-/// while a job runs on it or it is in a reservation).
-///
-/// # Errors
-/// [`ScontrolError`].
-async fn delete_record(scontrol: &Scontrol, node: &str) -> Result<(), ScontrolError> {
-    scontrol.delete_node(node).await
 }

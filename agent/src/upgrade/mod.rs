@@ -30,7 +30,8 @@
 //! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
 //! them. The `[upgrade]` settings section ([`UpgradeSettings`]) is this module's.
 //!
-//! Floor 4 (subsystems): below `drain`, which runs its actions.
+//! Floor 5 (subsystems): over `node_state`, through which its actions change the node;
+//! below `drain`, which runs them.
 
 pub mod action;
 pub mod slot;

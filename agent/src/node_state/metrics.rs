@@ -85,7 +85,7 @@ pub fn write(path: &Path, st: &DrainState) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drain::state::Cause;
+    use crate::node_state::state::Cause;
 
     #[test]
     fn renders_phase_cause_and_counters() {

@@ -3,12 +3,8 @@
 //! one-shot commands take around each read-modify-write, so that they can run at the same
 //! time (SSM Run Command while `run` is active) without losing an update.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-use rustix::fs::{flock, FlockOperation};
 
 use super::state::DrainState;
 use crate::fsutil::write_atomic;
@@ -58,10 +54,7 @@ pub struct Store {
 }
 
 /// A held lock; released on drop (closing the file releases a `flock`).
-#[derive(Debug)]
-pub struct Lock {
-    _file: File,
-}
+pub type Lock = crate::fsutil::FileLock;
 
 impl Store {
     /// A store in `dir` (`agent.state_dir`).
@@ -76,44 +69,25 @@ impl Store {
         self.dir.join(STATE_FILE)
     }
 
-    /// Takes the lock, trying every 20 ms for at most `wait`.
+    /// Takes the lock, trying every 20 ms for at most `wait`
+    /// ([`crate::fsutil::lock_exclusive_blocking`]).
     ///
     /// # Errors
     /// [`StoreError::Busy`] or [`StoreError::Io`].
     pub fn lock(&self, wait: Duration) -> Result<Lock, StoreError> {
         let path = self.dir.join(LOCK_FILE);
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
         std::fs::create_dir_all(&self.dir).map_err(|source| StoreError::Io {
             path: self.dir.clone(),
             source,
         })?;
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            // Never through a symlink planted at the lock's name.
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(&path)
-            .map_err(io)?;
         let start = Instant::now();
-        loop {
-            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(Lock { _file: file }),
-                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {
-                    if start.elapsed() >= wait {
-                        return Err(StoreError::Busy {
-                            path,
-                            waited: start.elapsed(),
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(io(e.into())),
-            }
+        match crate::fsutil::lock_exclusive_blocking(&path, wait, Duration::from_millis(20)) {
+            Ok(Some(lock)) => Ok(lock),
+            Ok(None) => Err(StoreError::Busy {
+                path,
+                waited: start.elapsed(),
+            }),
+            Err(source) => Err(StoreError::Io { path, source }),
         }
     }
 
@@ -192,7 +166,7 @@ impl Store {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::drain::state::{Cause, Phase};
+    use crate::node_state::state::{Cause, Phase};
 
     #[test]
     fn saves_loads_and_reports_corruption() {

@@ -68,6 +68,122 @@ impl Phase {
     ];
 }
 
+/// The kinds of [`Cause`], each a row of the table of causes in
+/// `docs/drain-state-machine.md` (a test compares them): its priority, whether the agent
+/// undoes it by itself, and its action once the node is drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CauseKind {
+    /// A spot interruption notice (`terminate`, `stop`, `hibernate`).
+    Spot,
+    /// An Auto Scaling target lifecycle state `Terminated`.
+    Lifecycle,
+    /// An operator's `drain --reason`.
+    Manual,
+    /// A scheduled maintenance event.
+    Maintenance,
+    /// A rolling image upgrade.
+    Upgrade,
+    /// A rebalance recommendation.
+    Rebalance,
+    /// A health check failed (the daemon's checks, `check`, the HealthCheckProgram).
+    Health,
+    /// A required mount is not in place.
+    Mount,
+    /// A lifecycle script failed with `on_failure = "terminate"`: drained before the
+    /// instance powers off.
+    Script,
+    /// Node-local scratch is not in place (bootstrap's scratch step).
+    Scratch,
+}
+
+impl CauseKind {
+    /// Every kind, in the order of the table of causes in `docs/drain-state-machine.md`.
+    pub const ALL: [CauseKind; 10] = [
+        CauseKind::Spot,
+        CauseKind::Lifecycle,
+        CauseKind::Script,
+        CauseKind::Manual,
+        CauseKind::Maintenance,
+        CauseKind::Upgrade,
+        CauseKind::Rebalance,
+        CauseKind::Health,
+        CauseKind::Mount,
+        CauseKind::Scratch,
+    ];
+
+    /// `spot`, `lifecycle`, `manual`, `maintenance`, `upgrade`, `rebalance`, `health`,
+    /// `mount`, `script`, `scratch`: the `kind` in `drain.json`, the metrics and `status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CauseKind::Spot => "spot",
+            CauseKind::Lifecycle => "lifecycle",
+            CauseKind::Manual => "manual",
+            CauseKind::Maintenance => "maintenance",
+            CauseKind::Upgrade => "upgrade",
+            CauseKind::Rebalance => "rebalance",
+            CauseKind::Health => "health",
+            CauseKind::Mount => "mount",
+            CauseKind::Script => "script",
+            CauseKind::Scratch => "scratch",
+        }
+    }
+
+    /// Higher wins: the instance going away (spot, lifecycle, a lifecycle script's
+    /// terminate) outranks an operator, who outranks the notices the agent undoes, which
+    /// outrank the conditions the agent lifts when they clear (health, mounts, scratch):
+    /// those keep the node only while nothing else does.
+    pub fn priority(self) -> u8 {
+        match self {
+            CauseKind::Spot | CauseKind::Lifecycle | CauseKind::Script => 40,
+            CauseKind::Manual => 30,
+            CauseKind::Maintenance => 20,
+            CauseKind::Upgrade => 15,
+            CauseKind::Rebalance => 10,
+            CauseKind::Health | CauseKind::Mount | CauseKind::Scratch => 5,
+        }
+    }
+
+    /// Whether the cause has an action once the node is drained (only the upgrade's
+    /// `upgrade.action`).
+    pub fn has_action(self) -> bool {
+        self == CauseKind::Upgrade
+    }
+
+    /// Whether the cause's owner states it again at each of its checks (a health pass, a
+    /// mount pass, bootstrap's scratch and script steps): never remembered as handled, and
+    /// a new detail of the same kind rewrites the reason (`restate`).
+    pub fn restated(self) -> bool {
+        matches!(
+            self,
+            CauseKind::Health | CauseKind::Mount | CauseKind::Script | CauseKind::Scratch
+        )
+    }
+
+    /// The kind of the agent's reason `cause` ([`crate::reason::ReasonCause`]): `stop`
+    /// and `hibernate` are spot notices, `operator` is a manual drain.
+    pub fn of_reason(cause: ReasonCause) -> CauseKind {
+        match cause {
+            ReasonCause::Spot | ReasonCause::Stop | ReasonCause::Hibernate => CauseKind::Spot,
+            ReasonCause::Lifecycle => CauseKind::Lifecycle,
+            ReasonCause::Operator => CauseKind::Manual,
+            ReasonCause::Maintenance => CauseKind::Maintenance,
+            ReasonCause::Upgrade => CauseKind::Upgrade,
+            ReasonCause::Rebalance => CauseKind::Rebalance,
+            ReasonCause::Health => CauseKind::Health,
+            ReasonCause::Mount => CauseKind::Mount,
+            ReasonCause::Script => CauseKind::Script,
+            ReasonCause::Scratch => CauseKind::Scratch,
+        }
+    }
+}
+
+impl std::fmt::Display for CauseKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Why the node is drained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -110,35 +226,77 @@ pub enum Cause {
         /// When it was issued, Unix seconds.
         notice_time: i64,
     },
+    /// A health check failed.
+    Health {
+        /// The reason's words after `slurm-node-agent/health@<instance-id>: ` (the failing
+        /// check, its message, ` (+N more)`), as the health checks wrote them.
+        detail: String,
+    },
+    /// A required mount is not in place.
+    Mount {
+        /// The reason's words after `slurm-node-agent/mount@<instance-id>: `.
+        detail: String,
+    },
+    /// A lifecycle script failed with `on_failure = "terminate"`.
+    Script {
+        /// The reason's words after `slurm-node-agent/script@<instance-id>: `.
+        detail: String,
+    },
+    /// Node-local scratch is not in place.
+    Scratch {
+        /// The reason's words after `slurm-node-agent/scratch@<instance-id>: `.
+        detail: String,
+    },
 }
 
 impl Cause {
-    /// `spot`, `lifecycle`, `manual`, `maintenance`, `upgrade`, `rebalance`.
-    pub fn kind(&self) -> &'static str {
+    /// Its kind ([`CauseKind`]).
+    pub fn cause_kind(&self) -> CauseKind {
         match self {
-            Cause::Spot { .. } => "spot",
-            Cause::Lifecycle { .. } => "lifecycle",
-            Cause::Manual { .. } => "manual",
-            Cause::Maintenance { .. } => "maintenance",
-            Cause::Upgrade { .. } => "upgrade",
-            Cause::Rebalance { .. } => "rebalance",
+            Cause::Spot { .. } => CauseKind::Spot,
+            Cause::Lifecycle { .. } => CauseKind::Lifecycle,
+            Cause::Manual { .. } => CauseKind::Manual,
+            Cause::Maintenance { .. } => CauseKind::Maintenance,
+            Cause::Upgrade { .. } => CauseKind::Upgrade,
+            Cause::Rebalance { .. } => CauseKind::Rebalance,
+            Cause::Health { .. } => CauseKind::Health,
+            Cause::Mount { .. } => CauseKind::Mount,
+            Cause::Script { .. } => CauseKind::Script,
+            Cause::Scratch { .. } => CauseKind::Scratch,
         }
     }
 
-    /// Higher wins: the instance going away (spot, lifecycle) outranks an operator, who
-    /// outranks the automatic, undoable causes.
+    /// `spot`, `lifecycle`, `manual`, `maintenance`, `upgrade`, `rebalance`, `health`,
+    /// `mount`, `script`, `scratch` ([`CauseKind::as_str`]).
+    pub fn kind(&self) -> &'static str {
+        self.cause_kind().as_str()
+    }
+
+    /// Higher wins ([`CauseKind::priority`]).
     pub fn priority(&self) -> u8 {
-        match self {
-            Cause::Spot { .. } | Cause::Lifecycle { .. } => 40,
-            Cause::Manual { .. } => 30,
-            Cause::Maintenance { .. } => 20,
-            Cause::Upgrade { .. } => 15,
-            Cause::Rebalance { .. } => 10,
+        self.cause_kind().priority()
+    }
+
+    /// The cause of kind `cause` (health, mount, script or scratch: the causes whose owner
+    /// writes the detail) from the reason `reason` it built for incarnation `instance_id`
+    /// (`slurm-node-agent/<cause>@<instance-id>: <detail>`): the detail is kept as written.
+    /// `None` for another cause, or a reason that does not start so.
+    pub fn stated(cause: ReasonCause, instance_id: &str, reason: &str) -> Option<Cause> {
+        let detail = reason
+            .strip_prefix(&reason::reason_head(cause, instance_id))?
+            .to_string();
+        match cause {
+            ReasonCause::Health => Some(Cause::Health { detail }),
+            ReasonCause::Mount => Some(Cause::Mount { detail }),
+            ReasonCause::Script => Some(Cause::Script { detail }),
+            ReasonCause::Scratch => Some(Cause::Scratch { detail }),
+            _ => None,
         }
     }
 
     /// The key under which the notice is remembered as handled, so that a notice seen again
-    /// (every poll) is acted on once.
+    /// (every poll) is acted on once. A restated cause ([`CauseKind::restated`]) has its
+    /// kind as key and is never remembered.
     pub fn key(&self) -> String {
         match self {
             Cause::Spot { time, .. } => format!("spot:{time}"),
@@ -147,6 +305,10 @@ impl Cause {
             Cause::Maintenance { event_id, .. } => format!("maintenance:{event_id}"),
             Cause::Upgrade { desired, .. } => format!("upgrade:{desired}"),
             Cause::Rebalance { notice_time } => format!("rebalance:{notice_time}"),
+            Cause::Health { .. }
+            | Cause::Mount { .. }
+            | Cause::Script { .. }
+            | Cause::Scratch { .. } => self.kind().to_string(),
         }
     }
 
@@ -161,6 +323,10 @@ impl Cause {
             Cause::Maintenance { .. } => ReasonCause::Maintenance,
             Cause::Upgrade { .. } => ReasonCause::Upgrade,
             Cause::Rebalance { .. } => ReasonCause::Rebalance,
+            Cause::Health { .. } => ReasonCause::Health,
+            Cause::Mount { .. } => ReasonCause::Mount,
+            Cause::Script { .. } => ReasonCause::Script,
+            Cause::Scratch { .. } => ReasonCause::Scratch,
         }
     }
 
@@ -170,7 +336,9 @@ impl Cause {
     }
 
     /// The Slurm reason written by incarnation `instance_id`:
-    /// `slurm-node-agent/<cause>@<instance-id>: <details>`, at most 256 characters.
+    /// `slurm-node-agent/<cause>@<instance-id>: <details>`, at most 256 characters. The
+    /// detail of a health, mount, script or scratch cause is its owner's, kept as written
+    /// ([`crate::reason::AgentReason::stated`]).
     pub fn reason_for(&self, instance_id: &str) -> String {
         let detail = match self {
             Cause::Spot { action, time } => {
@@ -195,13 +363,21 @@ impl Cause {
             Cause::Rebalance { notice_time } => {
                 format!("rebalance recommendation at {}", time::format(*notice_time))
             }
+            Cause::Health { detail }
+            | Cause::Mount { detail }
+            | Cause::Script { detail }
+            | Cause::Scratch { detail } => {
+                return reason::AgentReason::stated(self.reason_cause(), instance_id, detail)
+                    .to_reason()
+            }
         };
         reason::reason(self.reason_cause(), instance_id, &detail)
     }
 
     /// Whether the agent undoes the drain by itself when the cause goes away (a
     /// maintenance event canceled or completed, a rebalance recommendation past
-    /// `events.rebalance_window` without an interruption notice).
+    /// `events.rebalance_window` without an interruption notice). Health, mount and
+    /// scratch drains are lifted by their owners ([`crate::node_state::Gateway::lift`]).
     pub fn undoable(&self) -> bool {
         matches!(self, Cause::Maintenance { .. } | Cause::Rebalance { .. })
     }
@@ -217,28 +393,13 @@ impl Cause {
 }
 
 /// Whether a Slurm reason is one this agent set for a drain cause of `kind` (a
-/// [`Cause::kind`]; `None`: any cause of the drain machine). Health and mount drains are
-/// the agent's too, but not this machine's: see [`crate::reason::is_agent_reason`].
+/// [`Cause::kind`]; `None`: any cause). Every reason of the agent's scheme
+/// ([`crate::reason::is_agent_reason`]) is a cause of this machine.
 pub fn is_our_reason(reason: &str, kind: Option<&str>) -> bool {
     let Some(r) = reason::parse_reason(reason) else {
         return false;
     };
-    let kind_of = |c: ReasonCause| match c {
-        ReasonCause::Spot | ReasonCause::Stop | ReasonCause::Hibernate => Some("spot"),
-        ReasonCause::Lifecycle => Some("lifecycle"),
-        ReasonCause::Operator => Some("manual"),
-        ReasonCause::Maintenance => Some("maintenance"),
-        ReasonCause::Upgrade => Some("upgrade"),
-        ReasonCause::Rebalance => Some("rebalance"),
-        ReasonCause::Health | ReasonCause::Mount | ReasonCause::Script | ReasonCause::Scratch => {
-            None
-        }
-    };
-    match (kind_of(r.cause), kind) {
-        (Some(k), Some(want)) => k == want,
-        (Some(_), None) => true,
-        (None, _) => false,
-    }
+    kind.is_none_or(|want| CauseKind::of_reason(r.cause).as_str() == want)
 }
 
 /// One recorded transition.
@@ -248,8 +409,8 @@ pub struct Transition {
     pub from: Phase,
     /// To.
     pub to: Phase,
-    /// Name of the event: `begin`, `escalate`, `drained`, `act`, `action_failed`, `done`,
-    /// `resume`, `complete`.
+    /// Name of the event: `begin`, `escalate`, `restate`, `drained`, `act`,
+    /// `action_failed`, `done`, `resume`, `complete`.
     pub event: String,
     /// Unix seconds.
     pub at: i64,
@@ -275,6 +436,12 @@ pub enum Begin {
     /// The new cause replaced a lower one (phase kept).
     Escalated {
         /// The cause replaced.
+        previous: Cause,
+    },
+    /// The cause in progress, of the same kind, stated again with another detail (a
+    /// restated cause, [`CauseKind::restated`]): the reason follows, the phase stays.
+    Restated {
+        /// The cause as it was.
         previous: Cause,
     },
     /// A drain of equal or higher priority is in progress; nothing changed.
@@ -379,9 +546,17 @@ impl DrainState {
         self.since = now;
     }
 
+    /// Whether `cause` was handled before and is not taken up again (a notice seen again at
+    /// every poll; never an operator's drain nor a restated cause).
+    fn handled_before(&self, cause: &Cause) -> bool {
+        self.handled.contains(&cause.key())
+            && !matches!(cause, Cause::Manual { .. })
+            && !cause.cause_kind().restated()
+    }
+
     /// What [`DrainState::begin`] would do, without changing anything.
     pub fn preview(&self, cause: &Cause) -> Begin {
-        if self.handled.contains(&cause.key()) && !matches!(cause, Cause::Manual { .. }) {
+        if self.handled_before(cause) {
             return Begin::AlreadyHandled;
         }
         match (self.phase, &self.cause) {
@@ -390,6 +565,15 @@ impl DrainState {
                 if cause.priority() > current.priority() =>
             {
                 Begin::Escalated {
+                    previous: current.clone(),
+                }
+            }
+            (Phase::Draining | Phase::Drained, Some(current))
+                if current.cause_kind() == cause.cause_kind()
+                    && cause.cause_kind().restated()
+                    && current != cause =>
+            {
+                Begin::Restated {
                     previous: current.clone(),
                 }
             }
@@ -402,12 +586,13 @@ impl DrainState {
     /// A cause asks for a drain. `foreign_reason` is the reason someone else already set on
     /// the node (it is kept, and forbids resuming later).
     pub fn begin(&mut self, cause: Cause, foreign_reason: Option<String>, now: i64) -> Begin {
-        if self.handled.contains(&cause.key()) && !matches!(cause, Cause::Manual { .. }) {
-            return Begin::AlreadyHandled;
-        }
-        match (self.phase, self.cause.clone()) {
-            (Phase::Active, _) | (_, None) => {
-                self.handled.insert(cause.key());
+        let remember = !cause.cause_kind().restated();
+        match self.preview(&cause) {
+            Begin::AlreadyHandled => Begin::AlreadyHandled,
+            Begin::Started => {
+                if remember {
+                    self.handled.insert(cause.key());
+                }
                 self.reason = Some(cause.reason());
                 self.cause = Some(cause);
                 self.foreign_reason = foreign_reason;
@@ -419,10 +604,10 @@ impl DrainState {
                 self.go(Phase::Draining, "begin", now);
                 Begin::Started
             }
-            (Phase::Draining | Phase::Drained, Some(current))
-                if cause.priority() > current.priority() =>
-            {
-                self.handled.insert(cause.key());
+            Begin::Escalated { previous } => {
+                if remember {
+                    self.handled.insert(cause.key());
+                }
                 self.reason = Some(cause.reason());
                 self.cause = Some(cause);
                 self.job_action_done = false;
@@ -430,9 +615,18 @@ impl DrainState {
                 self.next_attempt = 0;
                 let phase = self.phase;
                 self.go(phase, "escalate", now);
-                Begin::Escalated { previous: current }
+                Begin::Escalated { previous }
             }
-            (_, Some(current)) => {
+            Begin::Restated { previous } => {
+                // The same condition with other words (another failing check, another
+                // missing mount): the reason follows, the phase stays.
+                self.reason = Some(cause.reason());
+                self.cause = Some(cause);
+                let phase = self.phase;
+                self.go(phase, "restate", now);
+                Begin::Restated { previous }
+            }
+            Begin::AlreadyDraining { current } => {
                 if current.key() != cause.key() && current.priority() >= cause.priority() {
                     // Remember it so it is not taken up again once the current drain ends.
                     if matches!(
@@ -747,9 +941,14 @@ mod tests {
         assert!(!is_our_reason("Kill task failed", None));
         assert!(!is_our_reason("node-agent/spot: x", None));
         assert!(!is_our_reason("slurm-node-agent: x", None));
+        // Health is a cause of the state machine (the gateway): its reason is the agent's.
+        assert!(is_our_reason(
+            "slurm-node-agent/health@unknown: disk",
+            Some("health")
+        ));
         assert!(!is_our_reason(
             "slurm-node-agent/health@unknown: disk",
-            None
+            Some("spot")
         ));
         assert!(is_our_reason(
             &spot().reason_for("i-0123456789abcdef0"),
@@ -780,5 +979,197 @@ mod tests {
         // Older or partial files still load.
         let partial: DrainState = serde_json::from_str(r#"{"phase":"drained"}"#).unwrap();
         assert_eq!(partial.phase, Phase::Drained);
+    }
+
+    const ID: &str = "i-0123456789abcdef0";
+
+    fn health(detail: &str) -> Cause {
+        Cause::Health {
+            detail: detail.into(),
+        }
+    }
+
+    #[test]
+    fn a_health_drain_begins_restates_and_resumes_and_is_never_remembered() {
+        let mut s = DrainState::default();
+        assert_eq!(s.begin(health("check_a: gone"), None, 1), Begin::Started);
+        assert_eq!(
+            (s.phase, s.cause.as_ref().map(Cause::kind)),
+            (Phase::Draining, Some("health"))
+        );
+        assert!(s.handled.is_empty(), "{:?}", s.handled);
+        // The same words again: nothing.
+        assert!(matches!(
+            s.begin(health("check_a: gone"), None, 2),
+            Begin::AlreadyDraining { .. }
+        ));
+        // Another failing check: the reason follows, the phase stays.
+        assert_eq!(
+            s.begin(health("check_b: hung"), None, 3),
+            Begin::Restated {
+                previous: health("check_a: gone")
+            }
+        );
+        assert_eq!(s.phase, Phase::Draining);
+        assert_eq!(
+            s.reason.as_deref(),
+            Some("slurm-node-agent/health@unknown: check_b: hung")
+        );
+        s.drained(4).unwrap();
+        // No action after drained for a health drain.
+        assert!(!CauseKind::Health.has_action());
+        s.resume(5).unwrap();
+        assert_eq!((s.phase, s.cause.clone()), (Phase::Active, None));
+        // Not handled: the next failure drains again.
+        assert_eq!(s.begin(health("check_a: gone"), None, 6), Begin::Started);
+        let events: Vec<_> = s.history.iter().map(|t| t.event.as_str()).collect();
+        assert_eq!(events, ["begin", "restate", "drained", "resume", "begin"]);
+        assert_eq!(s.transitions["draining->draining"], 1);
+    }
+
+    #[test]
+    fn notices_outrank_the_conditions_the_agent_lifts_and_not_the_other_way() {
+        // A spot notice over a health drain: escalated (the spot reason is written).
+        let mut s = DrainState::default();
+        s.begin(health("check_a: gone"), None, 1);
+        assert_eq!(
+            s.begin(spot(), None, 2),
+            Begin::Escalated {
+                previous: health("check_a: gone")
+            }
+        );
+        assert_eq!(s.cause.as_ref().map(Cause::kind), Some("spot"));
+        // A health failure during an upgrade drain: the upgrade keeps the node (and its
+        // action), a mount's or scratch's too.
+        let mut s = DrainState::default();
+        s.begin(upgrade(), None, 1);
+        for c in [
+            health("check_a: gone"),
+            Cause::Mount {
+                detail: "/fsx: gone".into(),
+            },
+            Cause::Scratch {
+                detail: "/scratch: no disks".into(),
+            },
+        ] {
+            assert!(
+                matches!(s.begin(c.clone(), None, 2), Begin::AlreadyDraining { .. }),
+                "{c:?}"
+            );
+        }
+        assert_eq!(s.cause, Some(upgrade()));
+        // Health and mounts do not take the node from each other: first come keeps it.
+        let mut s = DrainState::default();
+        s.begin(health("check_a: gone"), None, 1);
+        assert!(matches!(
+            s.begin(
+                Cause::Mount {
+                    detail: "/fsx: gone".into()
+                },
+                None,
+                2
+            ),
+            Begin::AlreadyDraining { .. }
+        ));
+        // A lifecycle script's terminate outranks an operator and every condition.
+        let script = Cause::Script {
+            detail: "s.sh failed in nodeReady (onError TERMINATE), powering off: exit 1".into(),
+        };
+        assert!(matches!(s.begin(script, None, 3), Begin::Escalated { .. }));
+        let manual = Cause::Manual { reason: "x".into() };
+        assert!(matches!(
+            s.begin(manual, None, 4),
+            Begin::AlreadyDraining { .. }
+        ));
+    }
+
+    #[test]
+    fn stated_causes_keep_their_owners_words() {
+        // The health checks' reason, cut to fit and with ` : ` (which AgentReason::new
+        // would change): the cause gives back the very reason.
+        let reason = format!("slurm-node-agent/health@{ID}: check_a : line 1 ...");
+        let c = Cause::stated(ReasonCause::Health, ID, &reason).unwrap();
+        assert_eq!(c, health("check_a : line 1 ..."));
+        assert_eq!(c.reason_for(ID), reason);
+        assert_eq!(c.key(), "health");
+        let long = format!("slurm-node-agent/mount@{ID}: {}", "x".repeat(300));
+        let m = Cause::stated(ReasonCause::Mount, ID, &long).unwrap();
+        assert_eq!(m.reason_for(ID).chars().count(), 256);
+        // Another incarnation's head, or a cause whose words are the agent's: none.
+        assert!(Cause::stated(ReasonCause::Health, "i-0fedcba9876543210", &reason).is_none());
+        assert!(Cause::stated(ReasonCause::Spot, ID, &reason).is_none());
+        for c in ReasonCause::ALL {
+            let k = CauseKind::of_reason(c);
+            assert!(CauseKind::ALL.contains(&k), "{c}");
+            assert!(
+                is_our_reason(&reason::reason(c, ID, "x"), Some(k.as_str())),
+                "{c}"
+            );
+        }
+    }
+
+    /// `docs/drain-state-machine.md`'s table of causes lists every kind, in
+    /// [`CauseKind::ALL`]'s order, with its priority, and `none` as the action after
+    /// `drained` exactly for the kinds without one.
+    #[test]
+    fn the_docs_table_of_causes_is_the_code() {
+        let p =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/drain-state-machine.md");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let section = &text[text.find("\n## Causes\n").unwrap()..];
+        let section = &section[..section[1..].find("\n## ").map_or(section.len(), |e| e + 1)];
+        let rows: Vec<Vec<&str>> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+            .collect();
+        let kinds: Vec<&str> = rows.iter().map(|r| r[0].trim_matches('`')).collect();
+        let code: Vec<&str> = CauseKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(kinds, code, "{}: the kinds of ## Causes", p.display());
+        for (row, kind) in rows.iter().zip(CauseKind::ALL) {
+            assert_eq!(row.len(), 5, "{}: {row:?}", p.display());
+            assert_eq!(
+                row[2],
+                kind.priority().to_string(),
+                "{}: {kind}'s priority",
+                p.display()
+            );
+            assert_eq!(
+                row[4].starts_with("none"),
+                !kind.has_action(),
+                "{}: {kind}'s action after drained: {}",
+                p.display(),
+                row[4]
+            );
+        }
+    }
+
+    /// A `drain.json` the release before the gateway wrote (an upgrade drain whose hook
+    /// failed once) loads as it was, and is written back in the same form.
+    #[test]
+    fn a_state_file_of_the_previous_release_loads() {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/drain-state/before-gateway.json");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let st: DrainState = serde_json::from_str(&text).unwrap();
+        assert_eq!(st.phase, Phase::Drained);
+        assert_eq!(
+            st.cause,
+            Some(Cause::Upgrade {
+                current: "ami-0a887e401f7654935".into(),
+                desired: "ami-0123456789abcdef0".into(),
+            })
+        );
+        assert_eq!(st.action_attempts, 1);
+        assert!(st.handled.contains("spot:1767225000"));
+        assert_eq!(st.transitions["active->draining"], 2);
+        assert_eq!(st.history.len(), 6);
+        assert_eq!(st.history[5].event, "action_failed");
+        let again = serde_json::to_string_pretty(&st).unwrap();
+        assert_eq!(again.trim_end(), text.trim_end());
+        // And the machine carries on from it: the action is tried again.
+        let mut st = st;
+        st.act(None, 1_767_225_760).unwrap();
+        assert_eq!(st.phase, Phase::Acting);
     }
 }
