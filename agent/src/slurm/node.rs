@@ -876,7 +876,7 @@ pub enum InvalidReason {
     Control,
 }
 
-/// The calls that change a node's state. Only the gateway ([`crate::node_state::Gateway`])
+/// The calls that change a node's state. Only the gateway (`node_state::Gateway`, above)
 /// makes them, against the drain state and with the agent's ownership rules:
 /// `agent/tests/module_floors.rs` (`node_state_changes_go_through_the_gateway`) fails on a
 /// call from anywhere else.
