@@ -292,7 +292,54 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
         let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
         if !released.is_empty() {
             tracing::info!(node = %engine.node, image = %current, ?released, state = node.state(), "up to date and in service: released the upgrade budget slot");
+        } else {
+            release_for_a_holder_that_is_gone(engine, &node, current).await?;
         }
     }
+    Ok(())
+}
+
+/// A node up to date and in service that holds no slot, in its first `upgrade.slot_timeout`
+/// after its slurmd started (the time a replacement has to come up before its predecessor's slot ends
+/// anyway): releases the slot of one holder of its partition that is gone, once per
+/// instance. That is how a replacement under another NodeName (an Auto Scaling group's,
+/// named after its host) ends its predecessor's time out of service
+/// ([`slot::release_for_replacement`]).
+async fn release_for_a_holder_that_is_gone(
+    engine: &Engine,
+    node: &crate::slurm::NodeInfo,
+    image: &str,
+) -> Result<(), DrainError> {
+    if engine.load()?.replaced_slot_released_by.as_deref() == Some(engine.instance_id.as_str()) {
+        return Ok(());
+    }
+    // In service for less than a slot's lifetime: slurmd's start (SlurmdStartTime, which
+    // this instance's slurmd reported) within `upgrade.slot_timeout`.
+    let window = i64::try_from(engine.upgrade.slot_timeout.0.as_secs()).unwrap_or(i64::MAX);
+    let started = node.slurmd_start_time();
+    if started.is_none_or(|t| crate::time::now().saturating_sub(t) > window) {
+        return Ok(());
+    }
+    let partition = engine.budget_partition(node);
+    let Some(r) =
+        slot::release_for_replacement(&engine.ops.scontrol, &partition, &engine.node).await?
+    else {
+        return Ok(());
+    };
+    {
+        let _lock = engine.gateway.lock()?;
+        let mut st = engine.gateway.load()?;
+        st.replaced_slot_released_by = Some(engine.instance_id.clone());
+        engine.gateway.save(&st)?;
+    }
+    tracing::info!(
+        node = %engine.node,
+        %image,
+        slot = %r.slot.name,
+        holder = %r.slot.node,
+        holder_instance = r.slot.instance_id().unwrap_or("unknown"),
+        holder_record = if r.holder.is_some() { "powered off" } else { "deleted" },
+        "up to date and in service under another NodeName: released the upgrade budget slot of a holder that is gone"
+    );
     Ok(())
 }

@@ -427,6 +427,20 @@ impl Engine {
         }
     }
 
+    /// The partition whose upgrade budget this node counts in: `upgrade.budget_partition`,
+    /// else the node's first partition (empty: none, every node).
+    pub fn budget_partition(&self, node: &NodeInfo) -> String {
+        if self.upgrade.budget_partition.is_empty() {
+            node.fields
+                .get("Partitions")
+                .and_then(|p| p.split(',').next())
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            self.upgrade.budget_partition.clone()
+        }
+    }
+
     /// The upgrade budget of this node's partition: `(partition, count, limit)`, where the
     /// partition is `upgrade.budget_partition` or the node's first one, `count` its nodes
     /// (and those with an upgrade reason, for the log) and `limit` `upgrade.max_unavailable`
@@ -438,15 +452,7 @@ impl Engine {
         &self,
         node: &NodeInfo,
     ) -> Result<(String, slurm::BudgetCount, usize), DrainError> {
-        let partition = if self.upgrade.budget_partition.is_empty() {
-            node.fields
-                .get("Partitions")
-                .and_then(|p| p.split(',').next())
-                .unwrap_or_default()
-                .to_string()
-        } else {
-            self.upgrade.budget_partition.clone()
-        };
+        let partition = self.budget_partition(node);
         let budget = crate::upgrade::Budget::parse(&self.upgrade.max_unavailable)
             .unwrap_or(crate::upgrade::Budget::Nodes(1));
         let count = self.ops.count_upgrading(&partition).await?;

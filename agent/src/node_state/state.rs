@@ -487,6 +487,13 @@ pub struct DrainState {
     pub applied_image: Option<String>,
     /// Boot id when the action started (a reboot changes it).
     pub boot_id: Option<String>,
+    /// The instance that, up to date and in service under a NodeName no slot holder had,
+    /// released the upgrade budget slot of a holder that is gone
+    /// ([`crate::upgrade::slot::release_for_replacement`]): at most one per instance. Left
+    /// out of the file while none did (a file of the previous release reads and writes the
+    /// same).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replaced_slot_released_by: Option<String>,
     /// Count of each `from->to` transition since the state file was created.
     pub transitions: BTreeMap<String, u64>,
     /// The last transitions, oldest first.
@@ -510,6 +517,7 @@ impl Default for DrainState {
             handled: BTreeSet::new(),
             applied_image: None,
             boot_id: None,
+            replaced_slot_released_by: None,
             transitions: BTreeMap::new(),
             history: Vec::new(),
         }

@@ -6,7 +6,9 @@
 //! the node takes one of `upgrade.max_unavailable` slots of its partition, a Slurm
 //! reservation under a fixed name that only one node can create ([`slot`]). It holds the
 //! slot from its upgrade drain until the node of that name is back in service on the new
-//! image (the replacement, or the node itself after a reboot or hook, releases it), so at
+//! image (the replacement, or the node itself after a reboot or hook, releases it; a
+//! replacement under another NodeName releases one slot of a holder that is gone,
+//! [`slot::release_for_replacement`]), so at
 //! no moment are more nodes out of service for the upgrade than the budget: draining,
 //! powered off, or replaced and still booting. A node that finds every slot held waits
 //! (`upgrade.budget_wait`, with jitter) and tries again; a slot whose holder died ends at
