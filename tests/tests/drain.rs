@@ -162,6 +162,21 @@ impl World {
         .unwrap_or_else(|e| panic!("{e}; last status {last}"))
     }
 
+    /// Waits until `status` shows a drain of cause `kind`; returns that status.
+    fn wait_cause(&self, kind: &str) -> Value {
+        let mut last = Value::Null;
+        wait_until(
+            &format!("agent cause {kind}"),
+            WAIT,
+            Duration::from_millis(100),
+            || {
+                last = self.status();
+                Ok((last["cause"] == kind).then(|| last.clone()))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}; last status {last}"))
+    }
+
     fn node_line(&self) -> String {
         self.ctld
             .scontrol_ok(&["show", "node", "-o", &self.node])
@@ -1512,6 +1527,20 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
         w.reason()
     );
     assert!(w.reason().contains(&flag), "{}", w.reason());
+    // The drain is the state machine's (issue 36): `status`, drain.json and the drain
+    // metrics show it as a `health` cause, with the reason Slurm has.
+    // (drain.json is saved just after Slurm took the drain.)
+    let st = w.wait_cause("health");
+    assert!(
+        st["phase"] == "draining" || st["phase"] == "drained",
+        "{st}"
+    );
+    assert_eq!(st["reason"].as_str(), Some(w.reason().as_str()), "{st}");
+    let prom = fs::read_to_string(w.path("state/drain.prom")).unwrap();
+    assert!(
+        prom.contains("slurm_node_agent_drain_cause{kind=\"health\"} 1"),
+        "{prom}"
+    );
     // An operator's `resume` lifts the health check's drain (it is the agent's own).
     d.stop().unwrap();
     let out = w.run_agent(&["resume", "--output", "json"]);
@@ -1523,14 +1552,22 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
     w.wait_state("resumed by the operator", |s| {
         s.starts_with("IDLE") && !s.contains("DRAIN")
     });
+    let st = w.status();
+    assert_eq!(
+        (&st["phase"], &st["cause"]),
+        (&"active".into(), &Value::Null),
+        "{st}"
+    );
     // The daemon again: drained again, then the fix resumes it.
     let mut d = w.daemon("agent-health-2", None);
     w.wait_state("drained again", |s| s.contains("DRAIN"));
-    // Fixed: resumed by the daemon.
+    w.wait_cause("health");
+    // Fixed: resumed by the daemon, and the state machine back to active.
     fs::write(&flag, "").unwrap();
     w.wait_state("resumed after the check passes", |s| {
         s.starts_with("IDLE") && !s.contains("DRAIN")
     });
+    w.wait_phase("active");
     d.stop().unwrap();
     let _ = fs::remove_file(&flag);
 }

@@ -95,6 +95,20 @@ fn wait_runs(root: &Path, n: usize) {
     }
 }
 
+/// The drain state the HealthCheckProgram keeps in its state folder (`drain.json`), once
+/// `cause_kind` is its cause (`None`: none); it is saved just after Slurm took the change.
+fn drain_state(root: &Path, cause_kind: Option<&str>) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = fs::read_to_string(root.join("state/drain.json")).unwrap_or_default();
+        let st: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        if st["cause"]["kind"].as_str() == cause_kind || Instant::now() > deadline {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn reason(ctld: &Slurmctld, node: &str) -> String {
     let out = ctld.scontrol_ok(&["show", "node", "-o", node]).unwrap();
     out.split(" Reason=")
@@ -138,6 +152,22 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
         "{r}"
     );
     assert!(r.contains("healthy-flag"), "{r}");
+    // The HealthCheckProgram's drain is the drain state machine's (issue 36): drain.json
+    // and the drain metrics in its state folder have it as a `health` cause.
+    let st = drain_state(root.path(), Some("health"));
+    assert_eq!(st["cause"]["kind"], "health", "{st}");
+    // (Slurm's reason ends with ` [root@<time>]`.)
+    assert!(
+        st["reason"]
+            .as_str()
+            .is_some_and(|x| r.starts_with(&format!("{x} ["))),
+        "{st}"
+    );
+    let prom = fs::read_to_string(root.path().join("state/drain.prom")).unwrap();
+    assert!(
+        prom.contains("slurm_node_agent_drain_cause{kind=\"health\"} 1"),
+        "{prom}"
+    );
 
     // Another check is now the one failing: the agent rewrites its own reason (issue 11).
     let conf = root.path().join("nhc.conf");
@@ -164,9 +194,15 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
     );
     assert!(ctld.node_state("hc1").unwrap().unwrap().contains("DRAIN"));
 
-    // Recovery resumes it.
+    // Recovery resumes it, and the state machine is back to active.
     fs::write(&conf, original).unwrap();
     ctld.wait_node_idle("hc1", Duration::from_secs(60)).unwrap();
+    let st = drain_state(root.path(), None);
+    assert_eq!(
+        (&st["phase"], &st["cause"]),
+        (&"active".into(), &serde_json::Value::Null),
+        "{st}"
+    );
 
     // An admin drain stays, healthy or not, and keeps its reason.
     ctld.scontrol_ok(&[

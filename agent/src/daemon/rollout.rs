@@ -327,7 +327,7 @@ async fn release_for_a_holder_that_is_gone(
         return Ok(());
     };
     {
-        let _lock = engine.gateway.lock()?;
+        let _lock = engine.gateway.lock().await?;
         let mut st = engine.gateway.load()?;
         st.replaced_slot_released_by = Some(engine.instance_id.clone());
         engine.gateway.save(&st)?;

@@ -205,8 +205,8 @@ impl Engine {
         self
     }
 
-    fn lock(&self) -> Result<store::Lock, StoreError> {
-        self.gateway.lock()
+    async fn lock(&self) -> Result<store::Lock, StoreError> {
+        self.gateway.lock().await
     }
 
     fn save(&self, st: &DrainState) -> Result<(), StoreError> {
@@ -359,7 +359,7 @@ impl Engine {
 
     async fn progress_draining(&self) -> Result<Phase, DrainError> {
         let node = self.node_info().await?;
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.load()?;
         if st.phase != Phase::Draining {
             return Ok(st.phase);
@@ -475,7 +475,7 @@ impl Engine {
         };
         let (cause, reason, current_phase, foreign);
         {
-            let _lock = self.lock()?;
+            let _lock = self.lock().await?;
             let mut st = self.load()?;
             let Some(_action) = Self::action_of(&st, &self.upgrade) else {
                 return Ok(st.phase);
@@ -515,7 +515,7 @@ impl Engine {
         let result = self
             .run_action(cause.as_ref(), &reason, foreign, node.as_ref())
             .await;
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.load()?;
         if st.phase != Phase::Acting {
             return Ok(st.phase);
@@ -573,7 +573,7 @@ impl Engine {
         // agent may have been restarted by the reboot in between).
         let node = self.node_info().await?;
         if node.is_available() {
-            let _lock = self.lock()?;
+            let _lock = self.lock().await?;
             let mut st = self.load()?;
             if st.phase == Phase::Done {
                 st.complete(time::now())?;

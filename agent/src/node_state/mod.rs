@@ -229,12 +229,13 @@ impl Gateway {
     }
 
     /// `drain.lock`, held until the value drops: taken around each read-modify-write of the
-    /// state, never while waiting for jobs or while an action runs.
+    /// state, never while waiting for jobs or while an action runs. The wait sleeps the
+    /// task, not the thread ([`Store::lock_async`]).
     ///
     /// # Errors
     /// [`StoreError::Busy`] after the gateway's wait, or [`StoreError::Io`].
-    pub fn lock(&self) -> Result<store::Lock, StoreError> {
-        self.store.lock(self.lock_wait)
+    pub async fn lock(&self) -> Result<store::Lock, StoreError> {
+        self.store.lock_async(self.lock_wait).await
     }
 
     /// Reads the state (no lock: the file is replaced atomically).
@@ -308,7 +309,7 @@ impl Gateway {
         let FoundState::SetAside { owner } = found_state(&st, &self.instance_id, &holder) else {
             return Ok(st);
         };
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let aside = self.store.set_aside("predecessor")?;
         tracing::warn!(
             node = %self.node,
@@ -338,7 +339,7 @@ impl Gateway {
         cause: Cause,
         seen: Option<&NodeInfo>,
     ) -> Result<Requested, DrainError> {
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.store.load()?;
         let mut node = seen.cloned();
         let mut preview = st.preview(&cause);
@@ -410,7 +411,7 @@ impl Gateway {
         kind: CauseKind,
         seen: Option<&NodeInfo>,
     ) -> Result<Lifted, DrainError> {
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.store.load()?;
         let holding = st.cause.clone().filter(|_| st.phase != Phase::Active);
         let this_instances =
@@ -469,7 +470,7 @@ impl Gateway {
         if !is_current && !current.handled.contains(key) {
             return Ok(false);
         }
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.store.load()?;
         let is_current = st
             .cause
@@ -533,7 +534,7 @@ impl Gateway {
     /// # Errors
     /// [`DrainError::Foreign`], [`DrainError::Refused`] while acting, Slurm errors.
     pub async fn resume(&self, force: bool) -> Result<DrainState, DrainError> {
-        let _lock = self.lock()?;
+        let _lock = self.lock().await?;
         let mut st = self.store.load()?;
         if st.phase == Phase::Acting {
             return Err(state::Refused {

@@ -949,7 +949,7 @@ mod tests {
         assert!(!is_our_reason("Kill task failed", None));
         assert!(!is_our_reason("node-agent/spot: x", None));
         assert!(!is_our_reason("slurm-node-agent: x", None));
-        // Health is a cause of the state machine (the gateway): its reason is the agent's.
+        // A health drain is a cause of this machine too (it was not before the gateway).
         assert!(is_our_reason(
             "slurm-node-agent/health@unknown: disk",
             Some("health")

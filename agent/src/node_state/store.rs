@@ -91,6 +91,29 @@ impl Store {
         }
     }
 
+    /// [`Store::lock`] for async code: tries every 20 ms for at most `wait`, sleeping the
+    /// task (not the thread) in between, so that a holder on the same runtime (the daemon's
+    /// health, mounts and drain work share two threads; a one-shot command has one) runs
+    /// on and lets it go.
+    ///
+    /// # Errors
+    /// [`StoreError::Busy`] or [`StoreError::Io`].
+    pub async fn lock_async(&self, wait: Duration) -> Result<Lock, StoreError> {
+        let start = Instant::now();
+        loop {
+            match self.lock(Duration::ZERO) {
+                Err(StoreError::Busy { path, .. }) => {
+                    let waited = start.elapsed();
+                    if waited >= wait {
+                        return Err(StoreError::Busy { path, waited });
+                    }
+                    tokio::time::sleep((wait - waited).min(Duration::from_millis(20))).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Reads the state; a missing file is the default (active) state. A file that is not
     /// valid state (empty, truncated, edited) is moved aside as `drain.json.corrupt-<unix
     /// seconds>` with an error in the log, and the default state is returned: the commands
@@ -205,5 +228,32 @@ mod tests {
         assert!(matches!(e, StoreError::Busy { .. }), "{e}");
         drop(held);
         store.lock(Duration::ZERO).unwrap();
+    }
+
+    /// The async wait lets the holder, a task of the same one-thread runtime, go on and
+    /// release the lock (a thread's sleep would hold it up for the whole wait).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_async_wait_lets_a_holder_on_the_same_thread_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let held = store.lock(Duration::ZERO).unwrap();
+        let holder = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(held);
+        });
+        let start = Instant::now();
+        store.lock_async(Duration::from_secs(5)).await.unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        holder.await.unwrap();
+        let _held = store.lock(Duration::ZERO).unwrap();
+        let e = store
+            .lock_async(Duration::from_millis(60))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::Busy { .. }), "{e}");
     }
 }

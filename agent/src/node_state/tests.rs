@@ -266,7 +266,7 @@ async fn a_busy_lock_is_waited_for_then_refused_without_a_change() {
     let d = dir.path();
     let gw = gateway(d);
     record(d, "State=IDLE");
-    let held = gw.lock().unwrap();
+    let held = gw.lock().await.unwrap();
     let e = gw.drain(health("check_a: gone"), None).await.unwrap_err();
     assert!(
         matches!(e, DrainError::Store(StoreError::Busy { .. })),

@@ -6,12 +6,12 @@
 //!   `upgrade.delete_node_record`, a dynamic record with no job is deleted), then systemd
 //!   starts `upgrade.poweroff_unit` over D-Bus (`systemd.bus`);
 //! - `reboot`: `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`;
-//!
-//! Every change of the node's state (the reason, the reboot, the record's deletion) goes
-//! through the gateway ([`crate::node_state::Gateway`]).
 //! - `hook`: `upgrade.hook` (argv, no shell) with `SNA_NODE`, `SNA_CURRENT_IMAGE` and
 //!   `SNA_DESIRED_IMAGE`, within `upgrade.hook_timeout`;
 //! - `none`: nothing.
+//!
+//! Every change of the node's state (the reason, the reboot, the record's deletion) goes
+//! through the gateway ([`crate::node_state::Gateway`]).
 
 use crate::node_state::{DrainError, Gateway};
 use crate::slurm::{NodeInfo, ScontrolError};
