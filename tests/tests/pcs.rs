@@ -212,10 +212,6 @@ fn registration_gives_the_node_its_name_key_and_controller_and_a_job_runs() {
     assert_eq!(reqs[1].bootstrap_id.as_deref(), Some(bootstrap_id.as_str()));
 }
 
-/// The image's settings enable the managed mode, so bootstrap's first attempt goes out
-/// beside the metadata read with the cluster of the tag; user data then names the cluster
-/// by its name: that answer is not used, bootstrap registers again as the final settings
-/// say (same bootstrapId, same node).
 /// An image built for munge only (`slurm-image-builder --auth munge`: its `70-agent.sh`
 /// writes `auth.type = "munge"` in `conf.d/10-image.toml`) asked to join the managed
 /// service: bootstrap stops with exit 78 naming the key, the file and line, and what the
@@ -270,6 +266,10 @@ fn an_image_that_says_munge_is_refused_before_it_registers_naming_the_file() {
     assert!(options.contains("SLURM_SACK_KEY="), "{options}");
 }
 
+/// The image's settings enable the managed mode, so bootstrap's first attempt goes out
+/// beside the metadata read with the cluster of the tag; user data then names the cluster
+/// by its name: that answer is not used, bootstrap registers again as the final settings
+/// say (same bootstrapId, same node).
 #[test]
 fn an_early_answer_for_another_cluster_identifier_is_not_used() {
     let Some((env, pcs, _)) = managed_env("60s") else {
