@@ -390,19 +390,25 @@ mod tests {
         }
     }
 
-    /// The daemon's unit restarts it after anything but what a person must fix: its own
-    /// codes that are not temporary (usage, permission, settings).
-    #[test]
-    fn the_daemon_unit_stops_on_what_a_person_must_fix() {
-        let (path, text) = repo_file("units/slurm-node-agent.service");
+    /// A unit's `RestartPreventExitStatus=` codes, with the unit's path.
+    fn restart_prevented(unit: &str) -> (std::path::PathBuf, Vec<u8>) {
+        let (path, text) = repo_file(unit);
         let line = text
             .lines()
             .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
             .unwrap_or_else(|| panic!("{}: no RestartPreventExitStatus=", path.display()));
-        let prevented: Vec<u8> = line
+        let codes = line
             .split_whitespace()
             .map(|c| c.parse().unwrap_or_else(|e| panic!("{c:?}: {e}")))
             .collect();
+        (path, codes)
+    }
+
+    /// The daemon's unit restarts it after anything but what a person must fix: its own
+    /// codes that are not temporary (usage, permission, settings).
+    #[test]
+    fn the_daemon_unit_stops_on_what_a_person_must_fix() {
+        let (path, prevented) = restart_prevented("units/slurm-node-agent.service");
         let (_, run) = COMMANDS
             .iter()
             .find(|(c, _)| *c == "run")
@@ -418,15 +424,7 @@ mod tests {
     /// The bootstrap unit retries exactly the temporary codes.
     #[test]
     fn the_bootstrap_unit_retries_the_temporary_codes() {
-        let (path, text) = repo_file("units/slurm-node-agent-bootstrap.service");
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
-            .unwrap_or_else(|| panic!("{}: no RestartPreventExitStatus=", path.display()));
-        let prevented: Vec<u8> = line
-            .split_whitespace()
-            .map(|c| c.parse().unwrap_or_else(|e| panic!("{c:?}: {e}")))
-            .collect();
+        let (path, prevented) = restart_prevented("units/slurm-node-agent-bootstrap.service");
         let permanent: Vec<u8> = Exit::ALL
             .iter()
             .filter(|e| e.code() > 1 && !e.is_temporary())
