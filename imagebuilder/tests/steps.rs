@@ -477,10 +477,13 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
                         .unwrap()
                         .trim_start_matches('^')
                         .trim_end_matches('$');
-                    let src = ["agent/src/health/output.rs", "agent/src/drain/metrics.rs"]
-                        .iter()
-                        .map(|f| std::fs::read_to_string(repo().join(f)).unwrap())
-                        .collect::<String>();
+                    let src = [
+                        "agent/src/health/output.rs",
+                        "agent/src/node_state/metrics.rs",
+                    ]
+                    .iter()
+                    .map(|f| std::fs::read_to_string(repo().join(f)).unwrap())
+                    .collect::<String>();
                     assert!(
                         src.contains(name),
                         "{name} is not a metric the agent writes"
