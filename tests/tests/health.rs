@@ -516,7 +516,15 @@ fn start_only_failing_check_drains_an_existing_record_before_the_registration() 
                 Duration::from_secs(90),
             )
             .unwrap_or_else(|e| panic!("{kind}: {e:#}\n{}", check_log(root.path())));
-        // Drained by the run itself (before the registration), not later.
+        // Drained by the run itself (before the registration), not later. slurmctld shows
+        // the drain as soon as the program's scontrol call returns, before the program has
+        // saved its state and printed its report: wait for the report.
+        let _ = slurm_e2e::wait_until(
+            "the health check program's report",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || Ok((check_log(root.path()).matches("action: ").count() > runs_before).then_some(())),
+        );
         let log = check_log(root.path());
         assert_eq!(
             log.matches("action: ").count(),
