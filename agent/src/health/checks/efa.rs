@@ -162,6 +162,17 @@ mod tests {
             sys_dir: sys.clone(),
             ..Host::default()
         });
+        // The error of `count = "auto"` on `f`.
+        let auto_error = |f: &Facts| {
+            check_efa(
+                &EfaSpec {
+                    count: EfaCount::Auto,
+                },
+                f,
+            )
+            .unwrap_err()
+            .to_string()
+        };
         assert_eq!(efa_devices(&f), vec!["rdmap0s6", "rdmap0s7"]);
         check_efa(
             &EfaSpec {
@@ -170,14 +181,7 @@ mod tests {
             &f,
         )
         .unwrap();
-        let e = check_efa(
-            &EfaSpec {
-                count: EfaCount::Auto,
-            },
-            &f,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = auto_error(&f);
         assert!(e.contains("expected at least 4 for p4d.24xlarge"), "{e}");
         // Three EFA functions on PCI (one an ENA, not counted): two bound, so `auto`
         // wants three whatever the table says of an unknown type.
@@ -202,14 +206,7 @@ mod tests {
             vec!["0000:10:1c.0", "0000:10:1d.0", "0000:10:1e.0"]
         );
         let f = Facts::new(f.host.clone());
-        let e = check_efa(
-            &EfaSpec {
-                count: EfaCount::Auto,
-            },
-            &f,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = auto_error(&f);
         assert!(
             e.contains("2 EFA devices found (rdmap0s6, rdmap0s7), expected at least 3 (the kernel sees 3 on PCI)"),
             "{e}"
