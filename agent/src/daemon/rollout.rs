@@ -343,3 +343,90 @@ async fn release_for_a_holder_that_is_gone(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Stands in for scontrol: `show node -o X` prints `node-X`, `show reservation -o`
+    /// prints `listed`, `delete reservation R` notes R in `deleted`.
+    const FAKE: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+"show node") if [ -f "$d/node-$4" ]; then cat "$d/node-$4"; exit 0; fi
+  echo "Node $4 not found" >&2; exit 1 ;;
+"show reservation") cat "$d/listed"; exit 0 ;;
+"delete reservation") echo "$3" >> "$d/deleted" ;;
+*) exit 1 ;;
+esac
+"#;
+
+    /// A replacement under a new NodeName, up to date and in service: it releases one slot
+    /// of a holder that is gone, once per instance (a second check, and the daemon started
+    /// again on the same state, release no other), and only within `upgrade.slot_timeout`
+    /// of its slurmd's start.
+    #[tokio::test]
+    async fn a_replacement_under_a_new_name_releases_one_gone_holders_slot_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        crate::fsutil::write_test_program(&bin.join("scontrol"), FAKE);
+        let gone = "slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
+        std::fs::write(
+            bin.join("listed"),
+            "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n\
+             ReservationName=slurm-node-agent-upgrade-main-slot-2 EndTime=2026-12-04T03:50:00 Nodes=ip-10-0-0-2 Comment=slurm-node-agent/upgrade@i-0000000000000000b\n",
+        )
+        .unwrap();
+        std::fs::write(
+            bin.join("node-ip-10-0-0-1"),
+            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+NOT_RESPONDING Reason={gone} [root@2026-12-04T03:10:00]\n"),
+        )
+        .unwrap();
+        // slot-2's holder was deleted: gone as well.
+        let started = |secs_ago: i64| {
+            let t = crate::time::now() - secs_ago;
+            let at = crate::time::format(t);
+            format!(
+                "NodeName=ip-10-0-0-9 State=IDLE Partitions=main SlurmdStartTime={}\n",
+                at.trim_end_matches('Z')
+            )
+        };
+        let engine = || {
+            Engine::new(
+                "ip-10-0-0-9",
+                &dir.path().join("state"),
+                &bin,
+                &crate::drain::DrainSettings::default(),
+                &crate::upgrade::UpgradeSettings::default(),
+                crate::drain::SpotJobs::default(),
+                "",
+            )
+            .with_instance("i-0000000000000000f")
+        };
+        let deleted = || std::fs::read_to_string(bin.join("deleted")).unwrap_or_default();
+        let image = "ami-0123456789abcdef0";
+
+        // Long after its slurmd started (past slot_timeout, 30 min): nothing released.
+        std::fs::write(bin.join("node-ip-10-0-0-9"), started(3600)).unwrap();
+        lift_leftover(&engine(), image, image).await.unwrap();
+        assert_eq!(deleted(), "");
+
+        // Just joined: the oldest gone holder's slot, once.
+        std::fs::write(bin.join("node-ip-10-0-0-9"), started(60)).unwrap();
+        lift_leftover(&engine(), image, image).await.unwrap();
+        assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
+        lift_leftover(&engine(), image, image).await.unwrap();
+        lift_leftover(&engine(), image, image).await.unwrap();
+        assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
+        assert_eq!(
+            engine()
+                .load()
+                .unwrap()
+                .replaced_slot_released_by
+                .as_deref(),
+            Some("i-0000000000000000f")
+        );
+    }
+}
