@@ -25,7 +25,9 @@
 #                       # and storm run on boot's fleet; the N-at-once / alone ratio needs solo)
 #   FLEET_BENCH_PHASES=upgrade FLEET_BENCH_UPGRADE_NODES=32 scripts/bench-fleet.sh
 #                       # the rolling upgrade alone, of 32 busy nodes (FLEET_BENCH_UPGRADE_BUDGET:
-#                       # its budget, default 2)
+#                       # its budget, default 2), once with replacements under the same NodeName
+#                       # and once under new ones (FLEET_BENCH_UPGRADE_NAMING=same|new|both,
+#                       # default both)
 #   FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh   # only the lone node's boots and bootstrap's steps
 #   BENCH_SLURM_VERSIONS="24.11 25.11 26.05" FLEET_BENCH_SOLO_ONLY=1 scripts/bench-fleet.sh
 #                                                    # per Slurm version, side by side

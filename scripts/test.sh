@@ -105,11 +105,13 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node \
 			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge
 		# The exact upgrade budget (issue 25 §4: reservation slots) on this release's
-		# slurmctld, with 4 nodes (8 on the suite's release).
+		# slurmctld, with 4 nodes (8 on the suite's release), replacements under the same
+		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted).
 		SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
 			SLURM_E2E_FLEET_UPGRADE_NODES=${SLURM_E2E_MATRIX_NODES:-4} \
-			cargo test -p slurm-e2e --test fleet --locked -- --exact \
-			rolling_upgrade_replaces_every_busy_node_from_the_new_image_within_the_budget
+			cargo test -p slurm-e2e --test fleet --locked -- --exact --test-threads=1 \
+			rolling_upgrade_replaces_every_busy_node_from_the_new_image_within_the_budget \
+			rolling_upgrade_under_new_node_names_keeps_the_budget_and_leaves_no_old_record
 		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
 	done
 	scripts/slurm-build.sh "$suite_version" >/dev/null

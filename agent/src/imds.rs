@@ -348,6 +348,7 @@ impl Imds {
             life_cycle,
             tag_keys,
             user_data,
+            document,
         ) = tokio::try_join!(
             self.get("/latest/meta-data/instance-id"),
             self.get("/latest/meta-data/instance-type"),
@@ -360,6 +361,7 @@ impl Imds {
             self.get_optional("/latest/meta-data/instance-life-cycle"),
             self.get_optional("/latest/meta-data/tags/instance"),
             self.get_bytes_optional("/latest/user-data"),
+            self.get_optional("/latest/dynamic/instance-identity/document"),
         )?;
         let mut tags = BTreeMap::new();
         let tags_available = tag_keys.is_some();
@@ -387,8 +389,24 @@ impl Imds {
             tags,
             tags_available,
             user_data,
+            launched_at: document.as_deref().and_then(pending_time),
         })
     }
+}
+
+/// `pendingTime` of an instance identity document (`dynamic/instance-identity/document`,
+/// JSON; e.g. `"pendingTime" : "2019-10-31T07:02:24Z"`): when the instance was launched, in
+/// Unix seconds. `None` when the document has none or it does not parse (logged).
+pub fn pending_time(document: &str) -> Option<i64> {
+    let v: serde_json::Value = serde_json::from_str(document)
+        .map_err(|e| tracing::warn!("IMDS dynamic/instance-identity/document: not JSON: {e}"))
+        .ok()?;
+    let t = v.get("pendingTime")?.as_str()?;
+    crate::time::parse(t)
+        .map_err(|e| {
+            tracing::warn!("IMDS dynamic/instance-identity/document: pendingTime: {e}");
+        })
+        .ok()
 }
 
 /// aws-config's IMDS client for these settings.
@@ -650,11 +668,37 @@ pub struct InstanceIdentity {
     pub tags_available: bool,
     /// The user data as served (bytes: text, gzip, anything), if any.
     pub user_data: Option<Vec<u8>>,
+    /// When EC2 launched the instance (`pendingTime` of the instance identity document,
+    /// Unix seconds); `None` when the document has none. It survives reboots and names the
+    /// instance, not the NodeName: the upgrade's loop guard compares it with the desired
+    /// image's publication.
+    pub launched_at: Option<i64>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// AEMM's default instance identity document (`pendingTime` 2019-10-31T07:02:24Z).
+    #[test]
+    fn the_launch_time_is_the_identity_documents_pending_time() {
+        let doc = r#"{
+  "accountId" : "0123456789",
+  "architecture" : "x86_64",
+  "availabilityZone" : "us-east-1a",
+  "imageId" : "ami-0b69ea66ff7391e80",
+  "instanceId" : "i-1234567890abcdef0",
+  "instanceType" : "m4.xlarge",
+  "pendingTime" : "2019-10-31T07:02:24Z",
+  "privateIp" : "172.31.4.42",
+  "region" : "us-east-1",
+  "version" : "2017-09-30"
+}"#;
+        assert_eq!(pending_time(doc), Some(1_572_505_344));
+        assert_eq!(pending_time(r#"{"instanceId": "i-1"}"#), None);
+        assert_eq!(pending_time(r#"{"pendingTime": "yesterday"}"#), None);
+        assert_eq!(pending_time("<html>"), None);
+    }
 
     #[test]
     fn only_a_plain_http_endpoint_gets_the_client_without_trusted_roots() {

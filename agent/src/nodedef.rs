@@ -681,6 +681,7 @@ mod tests {
             tags: [("Queue".to_string(), "gpu".to_string())].into(),
             tags_available: true,
             user_data: None,
+            launched_at: None,
         }
     }
 

@@ -1014,6 +1014,9 @@ pub struct Launch {
     /// Settings the image carries (a root-owned drop-in `conf.d/60-launch.toml` on the
     /// node's disk), for image-class keys such as `pcs.endpoint`. Default empty: none.
     pub image_toml: String,
+    /// When EC2 launched it (Unix seconds): the `pendingTime` of its instance identity
+    /// document. Default: when [`Fleet::new_launch`] made this description.
+    pub pending_time: u64,
 }
 
 /// One node: its network namespace, metadata, disk and container.
@@ -1883,6 +1886,7 @@ impl Fleet {
             tags: Vec::new(),
             role_credentials: None,
             image_toml: String::new(),
+            pending_time: crate::unix_now(),
         }
     }
 
@@ -2118,6 +2122,10 @@ impl Fleet {
         let l = &node.launch;
         e.set("instance-id", l.instance_id.clone());
         e.set("ami-id", l.ami_id.clone());
+        e.set_dynamic(
+            "instance-identity/document",
+            crate::identity_document(&l.instance_id, &l.ami_id, l.pending_time),
+        );
         e.set("instance-life-cycle", l.life_cycle.clone());
         e.set("local-hostname", format!("{}.{DOMAIN}", l.name));
         e.set("hostname", format!("{}.{DOMAIN}", l.name));

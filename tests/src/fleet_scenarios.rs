@@ -52,6 +52,11 @@ pub struct UpgradeOutcome {
     pub timeline: Vec<String>,
     /// Jobs that ran (one per node, all completed with exit 0).
     pub jobs: usize,
+    /// The NodeNames of the instances at the end.
+    pub names: Vec<String>,
+    /// Records slurmctld still held a minute after the end under NodeNames that no
+    /// instance runs under any more (a replaced node's, under [`Naming::New`]).
+    pub records_left: Vec<String>,
 }
 
 /// The most nodes of each kind seen at one sample of a rolling upgrade.
@@ -100,12 +105,24 @@ fn upgrade_instance(reason: &str) -> Option<&str> {
         .next()
 }
 
+/// How the auto scaling group of [`rolling_upgrade`] names a replacement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Naming {
+    /// The NodeName of the instance it replaces (a node group with fixed names).
+    Same,
+    /// A new NodeName, as an Auto Scaling group's replacement named after its host
+    /// (`node.name`'s default, the short host name): `node003` becomes `node003r1`.
+    New,
+}
+
 /// A rolling upgrade of `nodes` busy nodes with a budget of `budget`: the fleet boots with
 /// moto, each node runs one `sleep <job_secs>` job, a new image is registered in EC2 and
 /// `slurm-image-builder publish`ed to [`UPGRADE_PARAMETER`]; the test then acts as the auto
-/// scaling group: a node whose container powered off is replaced (same NodeName, new
-/// instance id) by an instance with the new image's id as its `ami-id`. Ends when every
-/// node runs the new image and is IDLE, then checks that every job completed with exit 0.
+/// scaling group: a node whose container powered off is replaced (a new instance id,
+/// named as `naming` says) by an instance with the new image's id as its `ami-id`. Ends
+/// when every node runs the new image and is IDLE, then checks that every job completed
+/// with exit 0. Nodes are followed by the name they were launched under ("logical"
+/// nodes): a replacement under a new name continues its predecessor's line.
 ///
 /// # Errors
 /// Any step, or `timeout` after the publish, with the nodes' diagnostics.
@@ -114,6 +131,7 @@ pub fn rolling_upgrade(
     budget: usize,
     job_secs: u64,
     timeout: Duration,
+    naming: Naming,
 ) -> Result<UpgradeOutcome> {
     let toml = format!(
         "[upgrade]\nparameter = \"{UPGRADE_PARAMETER}\"\ninterval = \"2s\"\n\
@@ -129,6 +147,10 @@ pub fn rolling_upgrade(
     fleet.launch_all(&refs)?;
     fleet.wait_all_idle(&names, Duration::from_secs(600))?;
     let old_image = fleet.ami_id(&names[0])?;
+    // Logical node (its first name) -> the NodeName of its instance now.
+    let mut current: BTreeMap<String, String> =
+        names.iter().map(|n| (n.clone(), n.clone())).collect();
+    let mut generation = 0;
 
     for name in &names {
         fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
@@ -173,20 +195,22 @@ pub fn rolling_upgrade(
     let mut samples: Vec<Vec<(String, Instant)>> = Vec::new();
     let mut withdrawn_drains: Vec<(String, Instant)> = Vec::new();
     loop {
+        let now_names: Vec<String> = current.values().cloned().collect();
         if started.elapsed() > timeout {
             bail!(
                 "the rolling upgrade did not finish within {timeout:?}: {:?}\n{}",
                 node_table(&fleet).unwrap_or_default(),
-                fleet.diagnostics(&names)
+                fleet.diagnostics(&now_names)
             );
         }
         let table = node_table(&fleet)?;
         let (mut upgrading, mut unavailable, mut done) = (0, 0, true);
         for name in &names {
-            let (state, reason) = table.get(name).cloned().unwrap_or_default();
+            let node_name = current[name].clone();
+            let (state, reason) = table.get(&node_name).cloned().unwrap_or_default();
             if last.get(name) != Some(&(state.clone(), reason.clone())) {
                 timeline.push(format!(
-                    "+{:.1} {name} {state} {reason}",
+                    "+{:.1} {node_name} {state} {reason}",
                     started.elapsed().as_secs_f64()
                 ));
                 last.insert(name.clone(), (state.clone(), reason.clone()));
@@ -232,8 +256,8 @@ pub fn rolling_upgrade(
                     if let Some((oid, start)) = open.remove(name) {
                         // Gone without the "powered off" reason: withdrawn if the same
                         // instance still runs, else it powered off between two samples.
-                        let same = fleet.exited(name)?.is_none()
-                            && fleet.instance_id(name).is_ok_and(|i| i == oid);
+                        let same = fleet.exited(&node_name)?.is_none()
+                            && fleet.instance_id(&node_name).is_ok_and(|i| i == oid);
                         if same {
                             *withdrawn.entry(oid).or_default() += 1;
                             withdrawn_drains.push((name.clone(), start));
@@ -245,7 +269,7 @@ pub fn rolling_upgrade(
                     }
                 }
             }
-            let on_new = fleet.ami_id(name)? == new_image;
+            let on_new = fleet.ami_id(&node_name)? == new_image;
             if on_new && is_idle(&state) && available {
                 if let Some(t) = replaced_at.remove(name) {
                     replace_times.push(t.elapsed());
@@ -271,10 +295,19 @@ pub fn rolling_upgrade(
         }
         // The auto scaling group: a powered-off instance is replaced from the new image.
         for name in &names {
-            if fleet.exited(name)?.is_some() {
-                let mut l = fleet.new_launch(name);
+            let node_name = current[name].clone();
+            if fleet.exited(&node_name)?.is_some() {
+                let next = match naming {
+                    Naming::Same => node_name.clone(),
+                    Naming::New => {
+                        generation += 1;
+                        format!("{name}r{generation}")
+                    }
+                };
+                let mut l = fleet.new_launch(&next);
                 l.ami_id.clone_from(&new_image);
-                fleet.replace(name, l)?;
+                fleet.replace(&node_name, l)?;
+                current.insert(name.clone(), next);
                 replaced_at.insert(name.clone(), Instant::now());
             }
         }
@@ -299,7 +332,24 @@ pub fn rolling_upgrade(
         .unwrap_or(0);
     fleet.wait_no_jobs(Duration::from_secs(120))?;
     fleet.check_no_job_killed(nodes)?;
+    // The records of NodeNames no instance runs under any more: a replacement under a new
+    // name deletes its predecessor's dynamic record as it releases its slot (within a
+    // check or two of being in service); what is left a minute on piles up.
+    let running: std::collections::BTreeSet<String> = current.values().cloned().collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let records_left = loop {
+        let left: Vec<String> = node_table(&fleet)?
+            .into_keys()
+            .filter(|n| !running.contains(n))
+            .collect();
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     Ok(UpgradeOutcome {
+        records_left,
+        names: running.into_iter().collect(),
         old_image,
         new_image,
         max_upgrading,

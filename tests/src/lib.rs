@@ -45,3 +45,60 @@ pub use munge::Munge;
 pub use process::{free_port, run_ok, run_with_timeout, unique_name, wait_until, Daemon, TempRoot};
 pub use slurm::{is_idle, NodeKind, Slurmctld, SlurmctldBuilder, Slurmd};
 pub use systemd::UserSystemd;
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Unix seconds as RFC 3339 UTC (`2019-10-31T07:02:24Z`), the form of EC2's times in
+/// instance metadata (e.g. `pendingTime`).
+pub fn rfc3339(unix: u64) -> String {
+    let days = i64::try_from(unix / 86_400).unwrap_or(i64::MAX);
+    let rem = unix % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// An instance identity document (`dynamic/instance-identity/document`) as EC2 serves it,
+/// for `instance_id` launched from `ami_id` at `pending_time` (Unix seconds).
+pub fn identity_document(instance_id: &str, ami_id: &str, pending_time: u64) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "accountId": "123456789012",
+        "architecture": "x86_64",
+        "availabilityZone": "us-east-1a",
+        "imageId": ami_id,
+        "instanceId": instance_id,
+        "instanceType": "c5.large",
+        "pendingTime": rfc3339(pending_time),
+        "region": "us-east-1",
+        "version": "2017-09-30",
+    }))
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_572_505_344), "2019-10-31T07:02:24Z");
+        assert_eq!(super::rfc3339(1_709_164_800), "2024-02-29T00:00:00Z");
+    }
+}

@@ -1859,6 +1859,92 @@ fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop
     d2.stop().unwrap();
 }
 
+/// Issue 37 §4: the loop guard is keyed by the instance's launch time, not its NodeName.
+/// An instance with no predecessor under its NodeName (an Auto Scaling replacement named
+/// after its host) that was launched after the desired image was published and still runs
+/// the old one drains with a reason saying so, holds a budget slot and never powers off;
+/// once the image is published again (the launch template fixed), the same node upgrades
+/// from the slot it holds. Fails if the guard matches by name only (it would power off at
+/// once) or never lets go.
+#[test]
+fn an_instance_launched_after_the_publication_on_the_old_image_stops_the_rollout_under_any_name() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("fresh1", &[], "").with_moto();
+    let off = w.path("powered-off");
+    fs::write(
+        sd.unit_dir().join("sna-poweroff.service"),
+        format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
+            off.display()
+        ),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    w.write_settings(&format!(
+        "[systemd]\nbus = \"{}\"\n\n[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\n\
+         action = \"poweroff\"\npoweroff_unit = \"sna-poweroff.service\"\n",
+        sd.bus_address()
+    ));
+    let desired = w.new_image("node-v2");
+    let moto = w.moto.as_ref().unwrap();
+    moto.put_parameter("/desired", &desired, "String").unwrap();
+    // Launched 65 s after the publication (beyond the 60 s launch race), from the old image.
+    let published = slurm_e2e::unix_now();
+    let id = "i-0cccccccccccccccc".to_string();
+    w.imds.set("instance-id", id.clone());
+    w.imds.set_dynamic(
+        "instance-identity/document",
+        slurm_e2e::identity_document(&id, RUNNING_AMI, published + 65),
+    );
+    let mut d = w.daemon("agent-1", None);
+    wait_until(
+        "loop detected twice",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok((log_count(&d, "UPGRADE LOOP") >= 2).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert_eq!(
+        w.reason(),
+        format!(
+            "slurm-node-agent/upgrade@{id}: replacement still runs {RUNNING_AMI}, not {desired} \
+             that /desired named before this instance launched: launch template does not follow /desired"
+        )
+    );
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    assert!(
+        !off.exists(),
+        "powered off although launched after the publication"
+    );
+    let held = slots(&w);
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].1, "fresh1", "{held:?}");
+
+    // The launch template fixed, the image is published again (LastModifiedDate after the
+    // launch): the node upgrades from the slot it holds.
+    while slurm_e2e::unix_now() < published + 7 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    moto.put_parameter("/desired", &desired, "String").unwrap();
+    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
+        Ok(off.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert_eq!(
+        w.reason(),
+        format!(
+            "slurm-node-agent/upgrade@{id}: powered off for image upgrade {RUNNING_AMI} -> {desired}"
+        )
+    );
+    assert!(
+        d.log_tail(400)
+            .contains("was published again after this instance launched"),
+        "{}",
+        d.log_tail(40)
+    );
+    d.stop().unwrap();
+}
+
 /// Installs `sna-agent.service` in the confined manager `sd`: `slurm-node-agent run` with
 /// the world's settings and environment as a `Type=notify` unit, its output appended to
 /// `agent.log` in the world's folder, plus `service` lines (`WatchdogSec=...`).

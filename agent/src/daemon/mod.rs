@@ -683,7 +683,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             None => Ok(()),
             Some((ssm, ec2)) => {
                 bound = crate::slurm::local_node_bound(&s.slurm);
-                rollout::check(engine, ssm, ec2, &ctx.id.ami_id)
+                rollout::check(engine, ssm, ec2, &ctx.id.ami_id, ctx.id.launched_at)
                     .await
                     .map(|c| upgrade = Some(c))
             }
@@ -936,9 +936,16 @@ fn describe(c: &Check) -> String {
         Check::Stuck {
             current,
             desired,
-            previous,
+            previous: Some(previous),
         } => format!(
             "stopped: {previous} already drained for {desired} and this replacement still runs {current} (launch template does not follow the parameter)"
+        ),
+        Check::Stuck {
+            current,
+            desired,
+            previous: None,
+        } => format!(
+            "stopped: launched after {desired} was published and still runs {current} (launch template does not follow the parameter)"
         ),
     }
 }

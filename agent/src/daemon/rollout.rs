@@ -7,7 +7,8 @@
 use crate::drain::{state, Begin, Cause, CauseKind, DrainError, Engine, Phase};
 use crate::upgrade::slot::{self, Taken};
 use crate::upgrade::{
-    check_image, desired_image, parse_upgrade_reason, upgrade_reason, DesiredImageError, STUCK,
+    check_image, desired_image, launched_after_publication, parse_upgrade_reason, upgrade_reason,
+    Desired, DesiredImageError, UpgradeAction, STUCK,
 };
 
 /// What an upgrade check found or did.
@@ -38,17 +39,20 @@ pub enum Check {
     },
     /// Reading the parameter failed, or the image is missing (logged; no drain).
     Error(String),
-    /// A previous instance of this NodeName already powered off for `desired`, and this
-    /// instance still runs `current`: the launch template does not follow the parameter.
-    /// The node stays drained with a reason saying so (it holds a budget slot, so the
-    /// rollout stops after the budget); nothing is powered off.
+    /// This instance still runs `current` although it was launched to replace one that
+    /// powered off for `desired` (a previous instance of this NodeName drained for it), or
+    /// launched after `desired` was published, under any NodeName: the launch template
+    /// does not follow the parameter, and powering off would launch `current` again. The
+    /// node stays drained with a reason saying so and holds a budget slot, so the rollout
+    /// stops after the budget; nothing is powered off.
     Stuck {
         /// The image this instance runs.
         current: String,
         /// The desired image.
         desired: String,
-        /// The instance that drained for it before.
-        previous: String,
+        /// The instance of this NodeName that drained for it before; `None` when the
+        /// launch time gave it away.
+        previous: Option<String>,
     },
 }
 
@@ -65,9 +69,13 @@ impl Check {
 /// service releases the slot its NodeName holds ([`slot::release`]): a replacement, or the
 /// node itself after an in-place upgrade or a drain that ended without one.
 ///
-/// Before any drain, the desired image must exist in EC2 ([`check_image`]), and the node's
-/// record must not show that a previous instance of this NodeName already drained for the
-/// same image (a replacement loop: [`Check::Stuck`]). A leftover upgrade drain of the agent
+/// Before any drain, the desired image must exist in EC2 ([`check_image`]), and there must
+/// be no sign of a replacement loop ([`Check::Stuck`]): the node's record shows that a
+/// previous instance of this NodeName already drained for the same image, or, with
+/// `upgrade.action = "poweroff"`, this instance was launched (`launched_at`, IMDS
+/// `pendingTime`) after the desired image was published (the parameter's
+/// `LastModifiedDate`, [`launched_after_publication`]): the second holds under any
+/// NodeName, the first only when names are reused. A leftover upgrade drain of the agent
 /// that no longer applies (the node runs the desired image, or another image is desired
 /// now) is lifted.
 ///
@@ -78,8 +86,12 @@ pub async fn check(
     ssm: &aws_sdk_ssm::Client,
     ec2: &aws_sdk_ec2::Client,
     running: &str,
+    launched_at: Option<i64>,
 ) -> Result<Check, DrainError> {
-    let desired = match desired_image(ssm, &engine.upgrade.parameter).await {
+    let Desired {
+        image: desired,
+        published_at,
+    } = match desired_image(ssm, &engine.upgrade.parameter).await {
         Ok(d) => d,
         Err(e) => {
             match &e {
@@ -115,7 +127,11 @@ pub async fn check(
     if st.phase != Phase::Active || st.handled.contains(&cause.key()) {
         return Ok(Check::Busy);
     }
-    if let Some(stuck) = replacement_loop(engine, &current, &desired).await? {
+    // Launched after the publication and still on another image: not from the parameter.
+    let not_from_parameter = engine.upgrade.action == UpgradeAction::Poweroff
+        && st.applied_image.is_none()
+        && launched_after_publication(launched_at, published_at);
+    if let Some(stuck) = replacement_loop(engine, &current, &desired, not_from_parameter).await? {
         return Ok(stuck);
     }
     let node = record(engine).await?;
@@ -125,6 +141,11 @@ pub async fn check(
             .is_some_and(|r| !state::is_our_reason(r, None))
     {
         return Ok(Check::ForeignDrain);
+    }
+    if not_from_parameter {
+        // Its predecessor (under another NodeName) is gone: this instance takes its place
+        // in the budget rather than waiting for that slot to end.
+        release_for_a_holder_that_is_gone(engine, &node, &current).await?;
     }
     let (partition, count, limit) = engine.upgrade_budget(&node).await?;
     let taken = slot::take(
@@ -155,6 +176,15 @@ pub async fn check(
         Taken::New(name) | Taken::Held(name) => name,
     };
     engine.slot_renewed_now();
+    if not_from_parameter {
+        return stuck_after_launch(engine, &node, &current, &desired, launched_at, published_at)
+            .await
+            .map(|()| Check::Stuck {
+                current,
+                desired,
+                previous: None,
+            });
+    }
     let r = engine.request(cause).await?;
     if !matches!(r.begin, Begin::Started) {
         // Another drain came first: the slot goes back at once.
@@ -207,12 +237,16 @@ async fn record(engine: &Engine) -> Result<crate::slurm::NodeInfo, DrainError> {
 /// drain: what did an earlier instance (or this one) leave, and does it still apply?
 ///
 /// Returns [`Check::Stuck`] when another instance drained for `desired` and this one still
-/// runs `current`; resumes the node when the reason names another desired image (stale);
-/// `None` otherwise (nothing there, or an admin's reason).
+/// runs `current`, or this instance's own stuck reason still applies
+/// (`not_from_parameter`, for one written because of its launch time); resumes the node
+/// when the reason names another desired image (stale); `None` otherwise (nothing there,
+/// an admin's reason, or a launch-time stuck reason after the image was published again:
+/// the check goes on to the upgrade, in the slot the node holds).
 async fn replacement_loop(
     engine: &Engine,
     current: &str,
     desired: &str,
+    not_from_parameter: bool,
 ) -> Result<Option<Check>, DrainError> {
     let node = record(engine).await?;
     if !node.is_drained() {
@@ -235,11 +269,31 @@ async fn replacement_loop(
     }
     let previous = match previous {
         Some(p) => p.to_string(),
-        None if ours => r
-            .detail
-            .rsplit_once("instance ")
-            .map_or("unknown", |(_, p)| p.split(' ').next().unwrap_or("unknown"))
-            .to_string(),
+        None if ours => match r.detail.split_once(STUCK_THAT_INSTANCE) {
+            Some((_, p)) => p.split(' ').next().unwrap_or("unknown").to_string(),
+            // Stuck because of its launch time: for as long as that holds.
+            None if not_from_parameter => {
+                tracing::error!(
+                    node = %engine.node,
+                    %current,
+                    %desired,
+                    "UPGRADE LOOP: this instance was launched after {} named {desired} and still \
+                     runs {current}; it stays drained and holds its upgrade budget slot until the \
+                     image is published again",
+                    engine.upgrade.parameter
+                );
+                engine.renew_slot_if_due().await;
+                return Ok(Some(Check::Stuck {
+                    current: current.to_string(),
+                    desired: desired.to_string(),
+                    previous: None,
+                }));
+            }
+            None => {
+                tracing::info!(node = %engine.node, %desired, "{desired} was published again after this instance launched; upgrading from the slot it holds");
+                return Ok(None);
+            }
+        },
         None => return Ok(None),
     };
     tracing::error!(
@@ -257,7 +311,7 @@ async fn replacement_loop(
     let stuck = upgrade_reason(
         &engine.instance_id,
         &format!(
-            "{STUCK}{current}, not {desired} that instance {previous} drained for: launch template does not follow {}",
+            "{STUCK}{current}, not {desired}{STUCK_THAT_INSTANCE}{previous} drained for: launch template does not follow {}",
             engine.upgrade.parameter
         ),
     );
@@ -269,8 +323,48 @@ async fn replacement_loop(
     Ok(Some(Check::Stuck {
         current: current.to_string(),
         desired: desired.to_string(),
-        previous,
+        previous: Some(previous),
     }))
+}
+
+/// In the detail of a stuck reason, before the instance of the same NodeName that drained
+/// for the desired image.
+const STUCK_THAT_INSTANCE: &str = " that instance ";
+
+/// This instance was launched after `desired` was published and still runs `current`
+/// (under whatever NodeName): it holds a budget slot now; it drains with a reason saying
+/// so, and stays drained with no action, so the rollout stops after the budget.
+async fn stuck_after_launch(
+    engine: &Engine,
+    node: &crate::slurm::NodeInfo,
+    current: &str,
+    desired: &str,
+    launched_at: Option<i64>,
+    published_at: Option<i64>,
+) -> Result<(), DrainError> {
+    let param = &engine.upgrade.parameter;
+    let at = |t: Option<i64>| t.map_or_else(|| "unknown".to_string(), crate::time::format);
+    tracing::error!(
+        node = %engine.node,
+        %current,
+        %desired,
+        launched = %at(launched_at),
+        published = %at(published_at),
+        "UPGRADE LOOP: this instance was launched at {} after {param} named {desired} at {}, \
+         and still runs {current}: the launch template does not follow the parameter. Not \
+         powering off (the replacement would run {current} again); the node drains and holds \
+         an upgrade budget slot, so the rollout stops. Point the launch template at \
+         resolve:ssm:{param}, then publish again.",
+        at(launched_at),
+        at(published_at),
+    );
+    let stuck = upgrade_reason(
+        &engine.instance_id,
+        &format!(
+            "{STUCK}{current}, not {desired} that {param} named before this instance launched: launch template does not follow {param}"
+        ),
+    );
+    engine.gateway.relabel(&stuck, Some(node)).await
 }
 
 /// Up to date: an upgrade drain the agent left on the node (an earlier instance's, or a
@@ -299,12 +393,13 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
     Ok(())
 }
 
-/// A node up to date and in service that holds no slot, in its first `upgrade.slot_timeout`
-/// after its slurmd started (the time a replacement has to come up before its predecessor's slot ends
-/// anyway): releases the slot of one holder of its partition that is gone, once per
-/// instance. That is how a replacement under another NodeName (an Auto Scaling group's,
-/// named after its host) ends its predecessor's time out of service
-/// ([`slot::release_for_replacement`]).
+/// A node up to date and in service that holds no slot (or a replacement stuck on the old
+/// image, about to take a slot of its own), in its first `upgrade.slot_timeout` after its
+/// slurmd started (the time a replacement has to come up before its predecessor's slot
+/// ends anyway): releases the slot of one holder of its partition that is gone, once per
+/// instance, and deletes that holder's dynamic record. That is how a replacement under
+/// another NodeName (an Auto Scaling group's, named after its host) ends its
+/// predecessor's time out of service ([`slot::release_for_replacement`]).
 async fn release_for_a_holder_that_is_gone(
     engine: &Engine,
     node: &crate::slurm::NodeInfo,
@@ -339,8 +434,26 @@ async fn release_for_a_holder_that_is_gone(
         holder = %r.slot.node,
         holder_instance = r.slot.instance_id().unwrap_or("unknown"),
         holder_record = if r.holder.is_some() { "powered off" } else { "deleted" },
-        "up to date and in service under another NodeName: released the upgrade budget slot of a holder that is gone"
+        "in service under another NodeName: released the upgrade budget slot of a holder that is gone"
     );
+    // Nothing registers under the holder's NodeName again: its dynamic record goes, so
+    // that records of replaced nodes do not pile up against MaxNodeCount (with
+    // `upgrade.delete_node_record` the holder deleted it itself when its slot let it).
+    if let Some(holder) = &r.holder {
+        match engine.gateway.delete_predecessor_record(holder).await {
+            Ok(true) => tracing::info!(
+                node = %engine.node,
+                holder = %holder.name(),
+                "deleted the dynamic node record of the holder that powered off for the upgrade (replaced under another NodeName)"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                node = %engine.node,
+                holder = %holder.name(),
+                "could not delete the record of the holder that powered off for the upgrade: {e}"
+            ),
+        }
+    }
     Ok(())
 }
 
@@ -350,7 +463,8 @@ mod tests {
     use super::*;
 
     /// Stands in for scontrol: `show node -o X` prints `node-X`, `show reservation -o`
-    /// prints `listed`, `delete reservation R` notes R in `deleted`.
+    /// prints `listed`, `delete reservation R` notes R in `deleted`, `delete NodeName=X`
+    /// notes it in `deleted-records`.
     const FAKE: &str = r#"#!/bin/sh
 d=$(dirname "$0")
 case "$1 $2" in
@@ -358,6 +472,7 @@ case "$1 $2" in
   echo "Node $4 not found" >&2; exit 1 ;;
 "show reservation") cat "$d/listed"; exit 0 ;;
 "delete reservation") echo "$3" >> "$d/deleted" ;;
+"delete NodeName="*) echo "$2" >> "$d/deleted-records" ;;
 *) exit 1 ;;
 esac
 "#;
@@ -365,7 +480,8 @@ esac
     /// A replacement under a new NodeName, up to date and in service: it releases one slot
     /// of a holder that is gone, once per instance (a second check, and the daemon started
     /// again on the same state, release no other), and only within `upgrade.slot_timeout`
-    /// of its slurmd's start.
+    /// of its slurmd's start; the holder's dynamic record is deleted with it (nothing
+    /// registers under that name again), a static one is not.
     #[tokio::test]
     async fn a_replacement_under_a_new_name_releases_one_gone_holders_slot_once() {
         let dir = tempfile::tempdir().unwrap();
@@ -381,7 +497,7 @@ esac
         .unwrap();
         std::fs::write(
             bin.join("node-ip-10-0-0-1"),
-            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+NOT_RESPONDING Reason={gone} [root@2026-12-04T03:10:00]\n"),
+            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+DYNAMIC_NORM+NOT_RESPONDING Reason={gone} [root@2026-12-04T03:10:00]\n"),
         )
         .unwrap();
         // slot-2's holder was deleted: gone as well.
@@ -417,9 +533,12 @@ esac
         std::fs::write(bin.join("node-ip-10-0-0-9"), started(60)).unwrap();
         lift_leftover(&engine(), image, image).await.unwrap();
         assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
+        let records = || std::fs::read_to_string(bin.join("deleted-records")).unwrap_or_default();
+        assert_eq!(records(), "NodeName=ip-10-0-0-1\n");
         lift_leftover(&engine(), image, image).await.unwrap();
         lift_leftover(&engine(), image, image).await.unwrap();
         assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
+        assert_eq!(records(), "NodeName=ip-10-0-0-1\n");
         assert_eq!(
             engine()
                 .load()
@@ -427,6 +546,34 @@ esac
                 .replaced_slot_released_by
                 .as_deref(),
             Some("i-0000000000000000f")
+        );
+
+        // Another instance under another name: slot-2's holder was deleted already (no
+        // record to delete); a static holder's record (no DYNAMIC_NORM) would stay.
+        std::fs::write(
+            bin.join("node-ip-10-0-0-1"),
+            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+NOT_RESPONDING Reason={gone} [root@2026-12-04T03:10:00]\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            bin.join("listed"),
+            std::fs::read_to_string(bin.join("listed"))
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        let other = engine().with_instance("i-0000000000000000e");
+        lift_leftover(&other, image, image).await.unwrap();
+        assert_eq!(
+            deleted(),
+            "slurm-node-agent-upgrade-main-slot-1\nslurm-node-agent-upgrade-main-slot-1\n"
+        );
+        assert_eq!(
+            records(),
+            "NodeName=ip-10-0-0-1\n",
+            "a static record was deleted"
         );
     }
 }

@@ -610,6 +610,39 @@ impl Gateway {
     pub async fn delete_record(&self) -> Result<(), ScontrolError> {
         self.scontrol.delete_node(&self.node).await
     }
+
+    /// `scontrol delete NodeName=<predecessor>`: removes the record of a dynamic node whose
+    /// instance powered off for an upgrade and was replaced under another NodeName (an Auto
+    /// Scaling group's replacement, named after its host): nothing registers under that
+    /// name again, and the record would count against `MaxNodeCount`. The caller has
+    /// matched the record to a gone holder of the upgrade budget; here only a record of
+    /// another NodeName that is dynamic (`DYNAMIC_NORM`), runs no job, is out of service,
+    /// and carries an upgrade reason of another instance is deleted: `Ok(false)` for any
+    /// other, with no call made.
+    ///
+    /// # Errors
+    /// [`ScontrolError`] (slurmctld refuses while a reservation names the node).
+    pub async fn delete_predecessor_record(
+        &self,
+        record: &NodeInfo,
+    ) -> Result<bool, ScontrolError> {
+        let upgraded_by_another = record
+            .reason()
+            .and_then(crate::reason::parse_reason)
+            .is_some_and(|r| {
+                r.cause == crate::reason::ReasonCause::Upgrade && r.instance_id != self.instance_id
+            });
+        let deletable = record.name() != self.node
+            && record.has_flag("DYNAMIC_NORM")
+            && record.runs_no_job()
+            && !record.is_available()
+            && upgraded_by_another;
+        if !deletable {
+            return Ok(false);
+        }
+        self.scontrol.delete_node(record.name()).await?;
+        Ok(true)
+    }
 }
 
 #[cfg(test)]

@@ -25,9 +25,12 @@
 //!   it powers off (optionally deleting its dynamic record, `upgrade.delete_node_record`),
 //!   so that a replacement that reuses the NodeName sees what happened;
 //! - a replacement that still runs another image than the one a previous incarnation of the
-//!   same NodeName powered off for (the launch template does not follow the parameter) does
-//!   not power off again: it stays drained with a reason saying so and keeps the slot, so
-//!   the rollout stops after the budget (the daemon's rollout check, `daemon::rollout`).
+//!   same NodeName powered off for, or any instance launched after the desired image was
+//!   published that still runs another one ([`launched_after_publication`], under any
+//!   NodeName), was not launched from the parameter: it does not power off (a replacement
+//!   would run the same image again); it stays drained with a reason saying so and holds a
+//!   slot, so the rollout stops after the budget (the daemon's rollout check,
+//!   `daemon::rollout`).
 //!
 //! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
 //! them. The `[upgrade]` settings section ([`UpgradeSettings`]) is this module's.
@@ -116,7 +119,8 @@ pub struct UpgradeSettings {
     /// that reuses the NodeName then cannot see that a previous instance already powered
     /// off for the same image; and slurmctld refuses to delete a record that a reservation
     /// names, such as the node's own budget slot (logged; the record stays, marked powered
-    /// off).
+    /// off). Off, a replacement under another NodeName deletes its predecessor's dynamic
+    /// record as it releases that node's slot.
     pub delete_node_record: bool,
 }
 
@@ -526,6 +530,34 @@ fn classify(
     DesiredImageError::Other { name, message }
 }
 
+/// The desired image as SSM parameter `upgrade.parameter` holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The AMI id (`Value`).
+    pub image: String,
+    /// When that value was written (`LastModifiedDate`, Unix seconds): when the image was
+    /// published; `None` when SSM did not say.
+    pub published_at: Option<i64>,
+}
+
+/// How much later than the publication of the desired image an instance must have been
+/// launched (`pendingTime`) for its launch to have resolved the parameter to it: EC2
+/// resolves a launch template's `resolve:ssm:` image while it accepts the launch, before
+/// the instance is pending, so only a publication within a launch's own seconds can race
+/// it. 60 s.
+pub const LAUNCH_RACE_SECS: i64 = 60;
+
+/// Whether an instance launched at `launched_at` (IMDS `pendingTime`) was launched after
+/// the desired image was published (`published_at`, the parameter's `LastModifiedDate`),
+/// beyond [`LAUNCH_RACE_SECS`]: such an instance that still runs another image was not
+/// launched from the parameter (its launch template names an image, or an old version of
+/// the parameter), and powering it off would only launch the same image again. Keyed by
+/// the instance and the parameter, not by the NodeName, so that it holds for replacements
+/// under new names as under the same. `false` when either time is unknown.
+pub fn launched_after_publication(launched_at: Option<i64>, published_at: Option<i64>) -> bool {
+    matches!((launched_at, published_at), (Some(l), Some(p)) if l > p.saturating_add(LAUNCH_RACE_SECS))
+}
+
 /// Reads the desired image from SSM parameter `name` and checks it is an AMI id.
 ///
 /// # Errors
@@ -533,16 +565,19 @@ fn classify(
 pub async fn desired_image(
     ssm: &aws_sdk_ssm::Client,
     name: &str,
-) -> Result<String, DesiredImageError> {
+) -> Result<Desired, DesiredImageError> {
     let out = ssm
         .get_parameter()
         .name(name)
         .send()
         .await
         .map_err(|e| classify(name, &e))?;
-    let value = out
+    let parameter = out
         .parameter
-        .and_then(|p| p.value)
+        .unwrap_or_else(|| aws_sdk_ssm::types::Parameter::builder().build());
+    let value = parameter
+        .value
+        .as_deref()
         .unwrap_or_default()
         .trim()
         .to_string();
@@ -552,7 +587,10 @@ pub async fn desired_image(
             value: value.chars().take(80).collect(),
         });
     }
-    Ok(value)
+    Ok(Desired {
+        image: value,
+        published_at: parameter.last_modified_date.map(|d| d.secs()),
+    })
 }
 
 /// A wait of `base` randomized to between 50 % and 150 %.
@@ -567,6 +605,24 @@ pub fn jittered(base: Duration) -> Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// The loop guard's key: launched after the publication beyond the launch race, with
+    /// both times known; fails if the race margin or an unknown time is ignored.
+    #[test]
+    fn a_launch_after_the_publication_is_one_beyond_the_launch_race() {
+        let p = 1_796_000_000;
+        assert!(launched_after_publication(
+            Some(p + LAUNCH_RACE_SECS + 1),
+            Some(p)
+        ));
+        assert!(!launched_after_publication(
+            Some(p + LAUNCH_RACE_SECS),
+            Some(p)
+        ));
+        assert!(!launched_after_publication(Some(p - 3600), Some(p)));
+        assert!(!launched_after_publication(None, Some(p)));
+        assert!(!launched_after_publication(Some(p + 3600), None));
+    }
 
     #[test]
     fn ami_ids() {

@@ -13,7 +13,8 @@
 //! 5. The same N nodes booting the same image without the agent (a plain slurmd from a
 //!    static configuration): whole fleet to all IDLE, agent ÷ static; its memory per node.
 //! 6. Rolling upgrade of 8 busy nodes (`FLEET_BENCH_UPGRADE_NODES`) with a budget of 2
-//!    (`FLEET_BENCH_UPGRADE_BUDGET`) and 30 s jobs
+//!    (`FLEET_BENCH_UPGRADE_BUDGET`) and 30 s jobs, with replacements under the same NodeName
+//!    and under new ones (`FLEET_BENCH_UPGRADE_NAMING`: `same`, `new` or `both`, the default)
 //!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
 //!    image and IDLE, ÷ the ideal job + nodes/budget × replacement (the jobs all start
 //!    together, so only the first round waits for one), the replacement being the
@@ -641,43 +642,63 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
     }
 
     if run("upgrade") {
-        let up_nodes = env_usize("FLEET_BENCH_UPGRADE_NODES", 8)?;
-        let budget = env_usize("FLEET_BENCH_UPGRADE_BUDGET", 2)?;
-        let job = 30;
-        let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
-            up_nodes,
-            budget,
-            job,
-            // 30 minutes, or 3 minutes a round of `budget` nodes if that is longer.
-            Duration::from_secs(1800.max(up_nodes.div_ceil(budget) as u64 * 180)),
-        )?;
-        let replace = if o.replace_times.is_empty() {
-            0.0
-        } else {
-            o.replace_times
-                .iter()
-                .map(Duration::as_secs_f64)
-                .sum::<f64>()
-                / o.replace_times.len() as f64
+        let namings: Vec<slurm_e2e::fleet_scenarios::Naming> = {
+            use slurm_e2e::fleet_scenarios::Naming;
+            match std::env::var("FLEET_BENCH_UPGRADE_NAMING").as_deref() {
+                Ok("same") => vec![Naming::Same],
+                Ok("new") => vec![Naming::New],
+                Ok("both") | Err(_) => vec![Naming::Same, Naming::New],
+                Ok(other) => {
+                    bail!("FLEET_BENCH_UPGRADE_NAMING={other}: expected same, new or both")
+                }
+            }
         };
-        // Every node starts its job at once, so only the first round waits for a job; each
-        // round after it is a replacement (power-off -> new instance IDLE) alone.
-        let ideal = job as f64 + up_nodes.div_ceil(budget) as f64 * replace;
-        println!(
-            "rolling upgrade, {up_nodes} busy nodes, budget {budget}, {job} s jobs: {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} upgrading and {} unavailable at once; {} jobs completed",
+        for naming in namings {
+            let up_nodes = env_usize("FLEET_BENCH_UPGRADE_NODES", 8)?;
+            let budget = env_usize("FLEET_BENCH_UPGRADE_BUDGET", 2)?;
+            let job = 30;
+            let o = slurm_e2e::fleet_scenarios::rolling_upgrade(
+                up_nodes,
+                budget,
+                job,
+                // 30 minutes, or 3 minutes a round of `budget` nodes if that is longer.
+                Duration::from_secs(1800.max(up_nodes.div_ceil(budget) as u64 * 180)),
+                naming,
+            )?;
+            let replace = if o.replace_times.is_empty() {
+                0.0
+            } else {
+                o.replace_times
+                    .iter()
+                    .map(Duration::as_secs_f64)
+                    .sum::<f64>()
+                    / o.replace_times.len() as f64
+            };
+            // Every node starts its job at once, so only the first round waits for a job; each
+            // round after it is a replacement (power-off -> new instance IDLE) alone.
+            let ideal = job as f64 + up_nodes.div_ceil(budget) as f64 * replace;
+            println!(
+            "rolling upgrade ({naming:?} NodeNames), {up_nodes} busy nodes, budget {budget}, {job} s jobs: {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} upgrading and {} unavailable at once; {} jobs completed",
             o.total.as_secs_f64(),
             o.total.as_secs_f64() / ideal,
             o.max_upgrading,
             o.max_unavailable,
             o.jobs
         );
-        println!(
+            println!(
             "  overlap at one sample (budget {budget}): {} upgrade drains (drain to power-off), {} powered off awaiting a replacement IDLE on the new image, {} drains withdrawn later; {} out of service for the upgrade (drain to replacement IDLE)",
             o.overlap.draining,
             o.overlap.awaiting_replacement,
             o.overlap.withdrawn_drains,
             o.overlap.held
         );
+            if !o.records_left.is_empty() {
+                failed.push(format!(
+                    "records of replaced NodeNames left: {:?}",
+                    o.records_left
+                ));
+            }
+        }
     }
     if !failed.is_empty() {
         bail!("failed: {}", failed.join("; "));
