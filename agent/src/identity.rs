@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::imds::{Imds, ImdsError, InstanceIdentity, TagSource};
 use crate::reason::{is_valid_instance_id, ReasonCause, UNKNOWN_INSTANCE};
-use crate::settings::{self, Layer, Resolved, SettingsError, Source};
+use crate::settings::pipeline::{Inputs, Metadata};
+use crate::settings::{self, Resolved, SettingsError, Source};
 use crate::userdata::SettingsPart;
 
 /// Name of the record bootstrap writes under `agent.state_dir` when it succeeds.
@@ -52,24 +53,37 @@ pub struct Recorded {
 impl Recorded {
     /// What bootstrap records once the node `def` of instance `id` is registered: the
     /// NodeName, the incarnation, the image, a dynamic node's `--conf` line, and the
-    /// settings tags and user data parts it read.
-    pub fn of(id: &InstanceIdentity, def: &crate::nodedef::NodeDefinition) -> Recorded {
+    /// settings tags and user data parts it read (`metadata`).
+    pub fn of(
+        id: &InstanceIdentity,
+        metadata: &Metadata,
+        def: &crate::nodedef::NodeDefinition,
+    ) -> Recorded {
         Recorded {
             dynamic_conf: def.dynamic_conf.clone(),
-            ..Recorded::of_login(id, &def.node_name)
+            ..Recorded::of_login(id, metadata, &def.node_name)
         }
     }
 
     /// What bootstrap records for a login node (`node.role = "login"`) named `name`: no
     /// `--conf` line (it is not a Slurm node).
-    pub fn of_login(id: &InstanceIdentity, name: &str) -> Recorded {
+    pub fn of_login(id: &InstanceIdentity, metadata: &Metadata, name: &str) -> Recorded {
         Recorded {
             node_name: name.to_string(),
             instance_id: id.instance_id.clone(),
             ami_id: id.ami_id.clone(),
             dynamic_conf: None,
-            setting_tags: setting_tags(id),
-            user_data_settings: user_data_settings(id).unwrap_or_default(),
+            setting_tags: metadata.tags.clone(),
+            user_data_settings: metadata.user_data.clone(),
+        }
+    }
+
+    /// The settings fragments this record kept: the instance's metadata as bootstrap read
+    /// it.
+    pub fn metadata(&self) -> Metadata {
+        Metadata {
+            user_data: self.user_data_settings.clone(),
+            tags: self.setting_tags.clone(),
         }
     }
 
@@ -141,78 +155,6 @@ pub enum RecordError {
     },
 }
 
-/// The settings layers that instance metadata contributes: the user data's settings part,
-/// then the `slurm-node-agent:` tags.
-///
-/// # Errors
-/// [`SettingsError`] naming the user data or the tag.
-pub fn metadata_layers(
-    user_data_settings: &[SettingsPart],
-    tags: &BTreeMap<String, String>,
-    enforce: settings::Enforce,
-) -> Result<Vec<Layer>, SettingsError> {
-    // Each part its own layer: later parts override earlier ones, and an error names its
-    // part and a line of that part.
-    let mut layers = Vec::new();
-    for part in user_data_settings {
-        layers.push(Layer::from_toml(Source::UserData(part.index), &part.text)?);
-    }
-    for (k, v) in tags {
-        match Layer::from_tags([(k.as_str(), v.as_str())]) {
-            Ok(l) => layers.extend(l),
-            // A tag anyone with ec2:CreateTags can write must not lock operators out.
-            Err(e) if enforce == settings::Enforce::WarnAndIgnore => {
-                tracing::warn!("{e}; ignored");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(layers)
-}
-
-/// The settings parts of the instance's user data, in document order.
-///
-/// # Errors
-/// [`SettingsError`] naming the user data part.
-pub fn user_data_settings(id: &InstanceIdentity) -> Result<Vec<SettingsPart>, SettingsError> {
-    let Some(ud) = &id.user_data else {
-        return Ok(Vec::new());
-    };
-    crate::userdata::settings_parts(ud).map_err(|e| SettingsError::Parse {
-        origin: Source::UserData(e.part()),
-        message: e.detail(),
-    })
-}
-
-/// The tags that set agent settings.
-pub fn setting_tags(id: &InstanceIdentity) -> BTreeMap<String, String> {
-    id.tags
-        .iter()
-        .filter(|(k, _)| k.starts_with(settings::TAG_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-/// Resolves the settings as bootstrap does: files, then (with `id`) the user data part and
-/// the tags, then the flags, in precedence order.
-///
-/// # Errors
-/// [`SettingsError`].
-pub fn resolve_settings(
-    file_layers: &[Layer],
-    id: Option<&InstanceIdentity>,
-    flag_layers: &[Layer],
-    enforce: settings::Enforce,
-) -> Result<Resolved, SettingsError> {
-    let mut layers: Vec<Layer> = file_layers.to_vec();
-    if let Some(id) = id {
-        let ud = user_data_settings(id)?;
-        layers.extend(metadata_layers(&ud, &setting_tags(id), enforce)?);
-    }
-    layers.extend(flag_layers.iter().cloned());
-    Resolved::merge_with(&layers, enforce)
-}
-
 /// Why the instance could not be read ([`read_instance`]).
 #[derive(Debug, thiserror::Error)]
 pub enum InstanceError {
@@ -239,44 +181,67 @@ impl InstanceError {
     }
 }
 
+/// An instance as read once per start: its facts and the settings fragments its metadata
+/// carries ([`Inputs`] with [`Inputs::metadata`] set: the user data parsed once).
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// IMDS's facts (tags from the source `imds.tags` names).
+    pub facts: InstanceIdentity,
+    /// The files and flags it was read with, and its metadata.
+    pub inputs: Inputs,
+}
+
+impl Instance {
+    /// The settings of this instance ([`Inputs::resolve`]).
+    ///
+    /// # Errors
+    /// [`SettingsError`] naming the source and the key.
+    pub fn settings(&self, enforce: settings::Enforce) -> Result<Resolved, SettingsError> {
+        self.inputs.resolve(enforce)
+    }
+}
+
 /// Reads the instance from `imds` ([`Imds::identity`]) with its tags from the source
-/// `imds.tags` names: the one way bootstrap, the daemon and the commands read it.
+/// `imds.tags` names: the one way bootstrap, the daemon and the commands read it. The
+/// user data is parsed here, once ([`Metadata::of_instance`]).
 ///
 /// `imds.tags` is image or user data trust, so it is resolved from the files, the user
-/// data part and the flags, without tags; with `describe-tags`, the tags are then EC2's
-/// `DescribeTags` answer ([`crate::ec2tags::instance_tags`], in the instance's region),
-/// replacing whatever metadata served, and `tags_available` is true. The tags then set
-/// settings and fill placeholders exactly as metadata tags do.
+/// data part and the flags of `inputs`, without tags; with `describe-tags`, the tags are
+/// then EC2's `DescribeTags` answer ([`crate::ec2tags::instance_tags`], in the instance's
+/// region), replacing whatever metadata served, and `tags_available` is true. The tags then
+/// set settings and fill placeholders exactly as metadata tags do.
 ///
 /// # Errors
 /// [`InstanceError`]: IMDS, the settings (`enforce` as for the final resolution), or
 /// `DescribeTags`.
 pub async fn read_instance(
     imds: &Imds,
-    file_layers: &[Layer],
-    flag_layers: &[Layer],
+    inputs: &Inputs,
     enforce: settings::Enforce,
-) -> Result<InstanceIdentity, InstanceError> {
+) -> Result<Instance, InstanceError> {
     let mut id = imds.identity().await?;
+    let mut metadata = Metadata::of_instance(&id)?;
     // The tag source is never a tag's to choose: resolved as bootstrap does, tags left out.
-    let untagged = InstanceIdentity {
-        tags: BTreeMap::new(),
-        ..id.clone()
-    };
-    let source = resolve_settings(file_layers, Some(&untagged), flag_layers, enforce)?
+    let source = inputs
+        .with_metadata(metadata.without_tags())
+        .resolve(enforce)?
         .settings
         .imds
         .tags;
     if source == TagSource::DescribeTags {
         id.tags = crate::ec2tags::instance_tags(&id.region, &id.instance_id).await?;
         id.tags_available = true;
+        metadata.tags = settings::pipeline::setting_tags(&id.tags);
         tracing::debug!(
             instance_id = %id.instance_id,
             tags = id.tags.len(),
             "instance tags read through EC2 DescribeTags (imds.tags)"
         );
     }
-    Ok(id)
+    Ok(Instance {
+        facts: id,
+        inputs: inputs.with_metadata(metadata),
+    })
 }
 
 /// Where the NodeName came from.
@@ -383,14 +348,13 @@ pub enum Lookup {
 /// Inputs of [`resolve`].
 #[derive(Debug, Clone)]
 pub struct Request<'a> {
-    /// Settings files.
-    pub paths: &'a settings::Paths,
-    /// Flag layers (highest precedence).
-    pub flag_layers: &'a [Layer],
+    /// The settings files and flags ([`Inputs::read`]); their metadata, if any, is not
+    /// used: the instance's comes from `instance`, bootstrap's record or IMDS.
+    pub inputs: &'a Inputs,
     /// Where to look.
     pub lookup: Lookup,
-    /// Instance metadata already read (the daemon reads it anyway); skips the IMDS call.
-    pub facts: Option<&'a InstanceIdentity>,
+    /// The instance already read (the daemon reads it anyway); skips the IMDS call.
+    pub instance: Option<&'a Instance>,
     /// Limit on the IMDS lookup when there is no record.
     pub imds_timeout: Duration,
     /// What a corrupt bootstrap record becomes ([`CorruptRecord`]).
@@ -410,22 +374,17 @@ pub struct Request<'a> {
 /// [`IdentityError`].
 pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let prep = prepare(req)?;
-    let facts_owned;
-    let facts: Option<&InstanceIdentity> = match (req.facts, &prep.record, req.lookup) {
-        (Some(f), _, _) => Some(f),
+    let read_now;
+    let instance: Option<&Instance> = match (req.instance, &prep.record, req.lookup) {
+        (Some(i), _, _) => Some(i),
         (None, None, Lookup::RecordThenImds) => {
             let imds = Imds::new(&prep.early.settings.imds);
             let named = prep.flag_name.is_some() || !prep.early.settings.node.name.is_empty();
-            let read = read_instance(
-                &imds,
-                &prep.files,
-                req.flag_layers,
-                settings::Enforce::WarnAndIgnore,
-            );
+            let read = read_instance(&imds, &prep.inputs, settings::Enforce::WarnAndIgnore);
             match tokio::time::timeout(req.imds_timeout, read).await {
-                Ok(Ok(f)) => {
-                    facts_owned = f;
-                    Some(&facts_owned)
+                Ok(Ok(i)) => {
+                    read_now = i;
+                    Some(&read_now)
                 }
                 Ok(Err(InstanceError::Settings(e))) => return Err(e.into()),
                 Ok(Err(InstanceError::Imds(e))) if !named => {
@@ -458,7 +417,7 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
         }
         _ => None,
     };
-    finish(req, prep, facts)
+    finish(prep, instance)
 }
 
 /// [`resolve`] for [`Lookup::Local`] without instance metadata already read: the same
@@ -470,25 +429,23 @@ pub async fn resolve(req: &Request<'_>) -> Result<(Resolved, NodeIdentity), Iden
 /// # Errors
 /// [`IdentityError`] (never [`IdentityError::Imds`]).
 pub fn resolve_local(
-    paths: &settings::Paths,
-    flag_layers: &[Layer],
+    inputs: &Inputs,
     corrupt_record: CorruptRecord,
 ) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let req = Request {
-        paths,
-        flag_layers,
+        inputs,
         lookup: Lookup::Local,
-        facts: None,
+        instance: None,
         imds_timeout: Duration::ZERO,
         corrupt_record,
     };
     let prep = prepare(&req)?;
-    finish(&req, prep, None)
+    finish(prep, None)
 }
 
 /// What [`resolve`] reads before it knows whether to ask IMDS.
 struct Prepared {
-    files: Vec<Layer>,
+    inputs: Inputs,
     early: Resolved,
     flag_name: Option<String>,
     env_name: Option<String>,
@@ -497,13 +454,8 @@ struct Prepared {
 }
 
 fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
-    let files = settings::file_layers(req.paths)?;
-    let early = resolve_settings(
-        &files,
-        None,
-        req.flag_layers,
-        settings::Enforce::WarnAndIgnore,
-    )?;
+    let inputs = req.inputs.without_metadata();
+    let early = inputs.resolve(settings::Enforce::WarnAndIgnore)?;
     let state_dir = early.settings.agent.state_dir.clone();
     let flag_name =
         (early.source_of("node.name") == Source::Flag).then(|| early.settings.node.name.clone());
@@ -521,7 +473,7 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
     let record = Recorded::read(&state_dir, req.corrupt_record);
     let record_path = state_dir.join(STATE_FILE).display().to_string();
     Ok(Prepared {
-        files,
+        inputs,
         early,
         flag_name,
         env_name,
@@ -531,40 +483,36 @@ fn prepare(req: &Request<'_>) -> Result<Prepared, IdentityError> {
 }
 
 fn finish(
-    req: &Request<'_>,
     prep: Prepared,
-    facts: Option<&InstanceIdentity>,
+    instance: Option<&Instance>,
 ) -> Result<(Resolved, NodeIdentity), IdentityError> {
     let Prepared {
-        files,
+        inputs,
         early,
         flag_name,
         env_name,
         record,
         record_path,
     } = prep;
-    // The record's metadata layers stand for IMDS when the record is this incarnation's
-    // (or when IMDS is not asked).
+    let facts = instance.map(|i| &i.facts);
+    // The record's metadata stands for IMDS when the record is this incarnation's (or
+    // when IMDS is not asked).
     let record_current = record.as_ref().is_some_and(|r| {
         facts.is_none_or(|f| f.instance_id == r.instance_id) && !r.node_name.is_empty()
     });
-    let resolved = match (facts, &record) {
-        (Some(f), _) => resolve_settings(
-            &files,
-            Some(f),
-            req.flag_layers,
-            settings::Enforce::WarnAndIgnore,
-        )?,
-        (None, Some(r)) => {
-            let mut layers = files.clone();
-            layers.extend(metadata_layers(
-                &r.user_data_settings,
-                &r.setting_tags,
-                settings::Enforce::WarnAndIgnore,
-            )?);
-            layers.extend(req.flag_layers.iter().cloned());
-            Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)?
+    let resolved = match (instance, &record) {
+        (Some(i), _) => {
+            let metadata = match &i.inputs.metadata {
+                Some(m) => m.clone(),
+                None => Metadata::of_instance(&i.facts)?,
+            };
+            inputs
+                .with_metadata(metadata)
+                .resolve(settings::Enforce::WarnAndIgnore)?
         }
+        (None, Some(r)) => inputs
+            .with_metadata(r.metadata())
+            .resolve(settings::Enforce::WarnAndIgnore)?,
         (None, None) => early,
     };
     let instance_id = facts
@@ -633,12 +581,16 @@ mod tests {
             ),
         ]
         .into();
-        let e = metadata_layers(&[], &tags, settings::Enforce::Refuse).unwrap_err();
+        let md = Metadata {
+            user_data: Vec::new(),
+            tags,
+        };
+        let e = md.layers(settings::Enforce::Refuse).unwrap_err();
         assert!(
             e.to_string().contains("slurm-node-agent:node.weight"),
             "{e}"
         );
-        let layers = metadata_layers(&[], &tags, settings::Enforce::WarnAndIgnore).unwrap();
+        let layers = md.layers(settings::Enforce::WarnAndIgnore).unwrap();
         assert_eq!(layers.len(), 1);
         assert_eq!(
             layers[0].source,
@@ -692,12 +644,7 @@ mod tests {
         rec.write(&dir).unwrap();
         let back = Recorded::read(&dir, CorruptRecord::SetAside).unwrap();
         assert_eq!(back, rec);
-        let layers = metadata_layers(
-            &back.user_data_settings,
-            &back.setting_tags,
-            settings::Enforce::Refuse,
-        )
-        .unwrap();
+        let layers = back.metadata().layers(settings::Enforce::Refuse).unwrap();
         let r = Resolved::merge(&layers).unwrap();
         assert_eq!(r.settings.node.weight, 7);
         assert_eq!(r.settings.node.features, vec!["ud".to_string()]);

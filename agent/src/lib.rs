@@ -11,9 +11,8 @@
 //!
 //! | floor | modules |
 //! |---|---|
-//! | 12 | [`cli`] |
-//! | 11 | [`daemon`] |
-//! | 10 | [`bootstrap`] |
+//! | 11 | [`cli`] |
+//! | 10 | [`bootstrap`], [`daemon`] |
 //! | 9 | [`identity`] |
 //! | 8 | [`settings`] |
 //! | 7 | [`events`] |

@@ -103,7 +103,7 @@ pub(super) async fn run(
     t.done("join");
     tracing::info!(login_node = %name, %ping, "login node ready: the client commands reach slurmctld through sackd");
 
-    Recorded::of_login(cx.id, &name).write(&s.agent.state_dir)?;
+    Recorded::of_login(cx.id, cx.metadata, &name).write(&s.agent.state_dir)?;
     Ok(Report {
         slurm_release: None,
         role: crate::nodedef::Role::Login,

@@ -26,12 +26,13 @@ use serde::Serialize;
 use crate::authkey::{self, AuthType, KeyError, Prefetch};
 use crate::exit::Exit;
 use crate::hostfacts::GpuWaitError;
-use crate::identity::Recorded;
+use crate::identity::{Instance, Recorded};
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::node_lifecycle::{self as lifecycle, Stage};
 use crate::nodedef::{DefinitionError, NodeDefinition};
 use crate::pcs::{EarlyRegistration, Managed};
 use crate::reason::RecordHolder;
+use crate::settings::pipeline::{Inputs, Metadata};
 use crate::settings::{self, Enforce, Layer, Resolved, Settings, SettingsError};
 use crate::slurm::skew::Refusal;
 use crate::slurm::slurmd::{self, PrepareError};
@@ -376,35 +377,6 @@ async fn timed<T, E>(
     Ok((v, start.elapsed()))
 }
 
-/// Resolves the settings: files and flags first (they may point IMDS elsewhere), then the
-/// user data part and the tags from IMDS, in precedence order
-/// ([`crate::identity::resolve_settings`]).
-///
-/// # Errors
-/// [`SettingsError`].
-pub fn resolve(
-    file_layers: &[Layer],
-    id: Option<&InstanceIdentity>,
-    flag_layers: &[Layer],
-) -> Result<Resolved, SettingsError> {
-    resolve_with(file_layers, id, flag_layers, Enforce::Refuse)
-}
-
-/// [`resolve`], choosing what a key from a source below its trust class does: bootstrap
-/// refuses it (exit 78); the daemon, `config show` and the operator commands warn and
-/// ignore it.
-///
-/// # Errors
-/// [`SettingsError`].
-pub fn resolve_with(
-    file_layers: &[Layer],
-    id: Option<&InstanceIdentity>,
-    flag_layers: &[Layer],
-    enforce: Enforce,
-) -> Result<Resolved, SettingsError> {
-    crate::identity::resolve_settings(file_layers, id, flag_layers, enforce)
-}
-
 /// Runs bootstrap to the end.
 ///
 /// # Errors
@@ -412,8 +384,11 @@ pub fn resolve_with(
 /// file for a bad key, munge not restarted).
 pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let mut t = Timer::new();
-    let file_layers = settings::file_layers(&opts.paths)?;
-    let early = resolve(&file_layers, None, &opts.flag_layers)?;
+    // The one settings pipeline (settings::pipeline): files and flags first (they may
+    // point IMDS elsewhere), then the user data part and the tags, in precedence order.
+    // Bootstrap refuses a key from a source below its trust class (exit 78).
+    let inputs = Inputs::read(&opts.paths, &opts.flag_layers)?;
+    let early = inputs.resolve(Enforce::Refuse)?;
     t.done("settings");
     // Two bootstraps at once (the unit and an operator, or user data): the second waits
     // for the first, then converges on what it did.
@@ -423,14 +398,15 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     // the files and flags; each is used only if the final settings ask the same.
     let prefetch = Prefetch::start(&early.settings.auth, &early.settings.imds);
     let early_registration = start_early_registration(&early.settings);
-    let id = read_instance_metadata(&early.settings, &file_layers, &opts.flag_layers).await?;
-    let resolved = resolve(&file_layers, Some(&id), &opts.flag_layers)?;
+    let instance = read_instance_metadata(&early.settings, &inputs).await?;
+    let resolved = instance.settings(Enforce::Refuse)?;
+    let id = &instance.facts;
     t.done("instance_metadata");
     auth::check(&resolved).await?;
 
     // Managed join (issue 13): PCS's registration answer names the node, the controller
     // and the key; the rest of bootstrap runs with settings that say so.
-    let managed = register(&resolved.settings, &id, early_registration).await?;
+    let managed = register(&resolved.settings, id, early_registration).await?;
     let joined = managed.as_ref().map(|m| {
         let mut joined = resolved.settings.clone();
         m.join_settings(&mut joined.node, &mut joined.slurm, &mut joined.auth);
@@ -442,7 +418,8 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let cx = Steps {
         s: joined.as_ref().unwrap_or(&resolved.settings),
         resolved: &resolved,
-        id: &id,
+        id,
+        metadata: instance.inputs.metadata.as_ref().unwrap_or(&NO_METADATA),
     };
 
     if cx.s.node.role == crate::nodedef::Role::Login {
@@ -467,7 +444,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         cx.s,
         &def,
         &systemd,
-        &id,
+        id,
         &gateway,
         &prepared.holder,
         prepared.version,
@@ -479,7 +456,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
     );
 
-    Recorded::of(&id, &def).write(&cx.s.agent.state_dir)?;
+    Recorded::of(id, cx.metadata, &def).write(&cx.s.agent.state_dir)?;
     Ok(Report {
         role: crate::nodedef::Role::Compute,
         node_name: def.node_name.clone(),
@@ -506,7 +483,16 @@ struct Steps<'a> {
     resolved: &'a Resolved,
     /// The instance.
     id: &'a InstanceIdentity,
+    /// The settings its metadata carries, as read (bootstrap's record keeps them).
+    metadata: &'a Metadata,
 }
+
+/// The metadata of an instance read without any (never the case after
+/// [`read_instance_metadata`]).
+static NO_METADATA: Metadata = Metadata {
+    user_data: Vec::new(),
+    tags: std::collections::BTreeMap::new(),
+};
 
 impl<'a> Steps<'a> {
     /// The gateway of node `def`'s state ([`crate::node_state::Gateway`]), writing this
@@ -563,12 +549,11 @@ fn start_early_registration(
 /// the tags from EC2 with `imds.tags = "describe-tags"` ([`crate::identity::read_instance`]).
 async fn read_instance_metadata(
     early: &Settings,
-    file_layers: &[Layer],
-    flag_layers: &[Layer],
-) -> Result<InstanceIdentity, BootstrapError> {
+    inputs: &Inputs,
+) -> Result<Instance, BootstrapError> {
     let imds = Imds::new(&early.imds);
-    let id =
-        crate::identity::read_instance(&imds, file_layers, flag_layers, Enforce::Refuse).await?;
+    let instance = crate::identity::read_instance(&imds, inputs, Enforce::Refuse).await?;
+    let id = &instance.facts;
     tracing::info!(
         instance_id = %id.instance_id,
         instance_type = %id.instance_type,
@@ -578,7 +563,7 @@ async fn read_instance_metadata(
         tags_available = id.tags_available,
         "instance metadata read"
     );
-    Ok(id)
+    Ok(instance)
 }
 
 /// The managed join when `pcs.enabled` ([`crate::pcs::register`], taking the early

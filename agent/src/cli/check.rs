@@ -71,7 +71,13 @@ impl CheckArgs {
                 return Exit::Config;
             }
         };
-        let paths = self.settings.paths();
+        let inputs = match settings::pipeline::Inputs::read(&self.settings.paths(), &flags) {
+            Ok(i) => i,
+            Err(e) => {
+                print_error(&e);
+                return Exit::Config;
+            }
+        };
         // The one identity rule (crate::identity), without IMDS: SLURMD_NODENAME, flags,
         // bootstrap's record (with the tags and user data it read), node.name.
         // --no-act changes nothing on disk: a corrupt bootstrap record is only reported.
@@ -79,13 +85,10 @@ impl CheckArgs {
             true => identity::CorruptRecord::Leave,
             false => identity::CorruptRecord::SetAside,
         };
-        let (mut s, ident) = match identity::resolve_local(&paths, &flags, corrupt_record) {
+        let (mut s, ident) = match identity::resolve_local(&inputs, corrupt_record) {
             Ok((r, id)) => (r.settings, Some(id)),
             Err(identity::IdentityError::NoName { .. }) => {
-                match settings::file_layers(&paths).and_then(|mut layers| {
-                    layers.extend(flags.iter().cloned());
-                    settings::Resolved::merge_with(&layers, settings::Enforce::WarnAndIgnore)
-                }) {
+                match inputs.resolve(settings::Enforce::WarnAndIgnore) {
                     Ok(r) => (r.settings, None),
                     Err(e) => {
                         print_error(&e);

@@ -7,9 +7,10 @@
 use clap::{Args, Subcommand};
 
 use super::{print_error, print_error_message, Output, SettingsArgs};
-use crate::bootstrap;
 use crate::exit::Exit;
+use crate::identity::InstanceError;
 use crate::imds::Imds;
+use crate::settings::pipeline::Inputs;
 use crate::settings::Enforce;
 
 /// `config` subcommands.
@@ -58,26 +59,23 @@ impl ConfigCommand {
 impl ShowArgs {
     async fn run(self) -> Exit {
         let result = async {
+            // The one settings pipeline, as bootstrap runs it, warning about (not
+            // refusing) a key from a source below its trust class.
             let flags = self.settings.flag_layers()?;
-            let files = crate::settings::file_layers(&self.settings.paths())?;
-            let early = bootstrap::resolve_with(&files, None, &flags, Enforce::WarnAndIgnore)?;
+            let inputs = Inputs::read(&self.settings.paths(), &flags)?;
+            let early = inputs.resolve(Enforce::WarnAndIgnore)?;
             if self.no_imds {
-                return Ok::<_, bootstrap::BootstrapError>(early);
+                return Ok::<_, InstanceError>(early);
             }
             let imds = Imds::new(&early.settings.imds);
-            let id = crate::identity::read_instance(&imds, &files, &flags, Enforce::WarnAndIgnore)
-                .await?;
-            Ok(bootstrap::resolve_with(
-                &files,
-                Some(&id),
-                &flags,
-                Enforce::WarnAndIgnore,
-            )?)
+            let instance =
+                crate::identity::read_instance(&imds, &inputs, Enforce::WarnAndIgnore).await?;
+            Ok(instance.settings(Enforce::WarnAndIgnore)?)
         }
         .await;
         let resolved = match result {
             Ok(r) => r,
-            Err(e @ bootstrap::BootstrapError::Imds(_)) => {
+            Err(e @ InstanceError::Imds(_)) => {
                 // Off EC2 (a build host, a laptop) there is no IMDS to ask.
                 print_error_message(&format!(
                     "{}; not on an EC2 instance? `config show --no-imds` shows the settings \

@@ -31,12 +31,14 @@ pub async fn local_settings(args: &SettingsArgs) -> Result<(Settings, NodeIdenti
         print_error(&e);
         Exit::Config
     })?;
-    let paths = args.paths();
+    let inputs = crate::settings::pipeline::Inputs::read(&args.paths(), &layers).map_err(|e| {
+        print_error(&e);
+        Exit::Config
+    })?;
     let req = identity::Request {
-        paths: &paths,
-        flag_layers: &layers,
+        inputs: &inputs,
         lookup: identity::Lookup::RecordThenImds,
-        facts: None,
+        instance: None,
         imds_timeout: Duration::from_secs(10),
         corrupt_record: identity::CorruptRecord::SetAside,
     };

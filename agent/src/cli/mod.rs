@@ -5,7 +5,7 @@
 //! (`exit()`); a command maps only what it finds itself (a usage error, a report it could
 //! not write, a failed check).
 //!
-//! Floor 12 (roof): the commands; only `main.rs` and `healthcheck_main.rs` are above it.
+//! Floor 11 (roof): the commands; only `main.rs` and `healthcheck_main.rs` are above it.
 
 pub mod bootstrap;
 pub mod check;

@@ -13,7 +13,8 @@
 //! step, an upgrade hook) is a child task, at most one per kind, so that a 25 s hook under
 //! `WatchdogSec=10s` neither starves the watchdog nor holds up the spot polling.
 //!
-//! Floor 11 (roof): the `run` loop.
+//! Floor 10 (roof): the `run` loop, beside `bootstrap` (it settles its settings through
+//! the one pipeline, `settings::pipeline`, not through bootstrap).
 
 pub mod notify;
 pub mod rollout;
@@ -30,8 +31,10 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use crate::drain::{Cause, DrainError, Engine, Phase};
 use crate::events::{self, Decision, Observations};
 use crate::exit::Exit;
+use crate::identity::Instance;
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::retry::Backoff;
+use crate::settings::pipeline::Inputs;
 use crate::settings::{self, Layer, Settings, SettingsError};
 use notify::Notifier;
 use rollout::Check;
@@ -124,16 +127,14 @@ impl Term {
 /// reason to wait: they are returned.
 async fn wait_identity(
     imds: Arc<Imds>,
-    files: Vec<settings::Layer>,
-    flags: Vec<settings::Layer>,
+    inputs: Inputs,
     notifier: Arc<Notifier>,
-) -> Result<InstanceIdentity, SettingsError> {
+) -> Result<Instance, SettingsError> {
     let mut attempt = 0;
     loop {
-        let read =
-            crate::identity::read_instance(&imds, &files, &flags, settings::Enforce::WarnAndIgnore);
+        let read = crate::identity::read_instance(&imds, &inputs, settings::Enforce::WarnAndIgnore);
         match read.await {
-            Ok(id) => return Ok(id),
+            Ok(i) => return Ok(i),
             Err(crate::identity::InstanceError::Settings(e)) => return Err(e),
             Err(e) => {
                 let wait = Backoff {
@@ -243,8 +244,10 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         term: signal(SignalKind::terminate()).map_err(DaemonError::Signal)?,
         int: signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?,
     };
-    let files = settings::file_layers(&opts.paths)?;
-    let early = crate::bootstrap::resolve(&files, None, &opts.flag_layers)?;
+    // The one settings pipeline (settings::pipeline): the files and flags now, the
+    // instance's metadata once it is read (the user data parsed once).
+    let inputs = Inputs::read(&opts.paths, &opts.flag_layers)?;
+    let early = inputs.resolve(settings::Enforce::Refuse)?;
     let work_rt = WorkRuntime::new().map_err(DaemonError::Runtime)?;
     let watchdog = notify::watchdog_interval();
     let mut watchdog_tick = interval_at(
@@ -255,13 +258,8 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     notifier.ready("running; waiting for instance metadata");
 
     let early_imds = Arc::new(Imds::new(&early.settings.imds));
-    let mut identity = tokio::spawn(wait_identity(
-        early_imds,
-        files.clone(),
-        opts.flag_layers.clone(),
-        notifier.clone(),
-    ));
-    let id = loop {
+    let mut identity = tokio::spawn(wait_identity(early_imds, inputs.clone(), notifier.clone()));
+    let instance = loop {
         tokio::select! {
             _ = term.recv() => {
                 identity.abort();
@@ -270,7 +268,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
             }
             _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
             r = &mut identity => match r {
-                Ok(Ok(id)) => break id,
+                Ok(Ok(i)) => break i,
                 Ok(Err(e)) => {
                     notifier.stopping();
                     return Err(e.into());
@@ -287,14 +285,14 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     // The one identity rule (crate::identity): bootstrap's record when it is this
     // incarnation's, else the NodeName resolved over the metadata just read, like bootstrap.
     let req = crate::identity::Request {
-        paths: &opts.paths,
-        flag_layers: &opts.flag_layers,
+        inputs: &inputs,
         lookup: crate::identity::Lookup::RecordThenImds,
-        facts: Some(&id),
+        instance: Some(&instance),
         imds_timeout: Duration::from_secs(10),
         corrupt_record: crate::identity::CorruptRecord::SetAside,
     };
     let (resolved, ident) = crate::identity::resolve(&req).await?;
+    let id = instance.facts;
     let s = resolved.settings;
     let node = ident.node_name.clone();
     if s.node.role == crate::nodedef::Role::Login {

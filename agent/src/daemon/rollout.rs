@@ -440,7 +440,11 @@ async fn release_for_a_holder_that_is_gone(
     // that records of replaced nodes do not pile up against MaxNodeCount (with
     // `upgrade.delete_node_record` the holder deleted it itself when its slot let it).
     if let Some(holder) = &r.holder {
-        match engine.gateway.delete_predecessor_record(holder).await {
+        match engine
+            .gateway
+            .delete_predecessor_record(holder.name())
+            .await
+        {
             Ok(true) => tracing::info!(
                 node = %engine.node,
                 holder = %holder.name(),
@@ -476,6 +480,61 @@ case "$1 $2" in
 *) exit 1 ;;
 esac
 "#;
+
+    /// A holder whose NodeName another instance registered since (a replacement under the
+    /// same NodeName, booting: `InstanceId` is not the slot's) is not gone: its slot and its
+    /// record stay for that replacement.
+    #[tokio::test]
+    async fn a_holder_registered_again_under_its_name_keeps_its_slot_and_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        crate::fsutil::write_test_program(&bin.join("scontrol"), FAKE);
+        let gone = "slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
+        std::fs::write(
+            bin.join("listed"),
+            "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n",
+        )
+        .unwrap();
+        let holder = |instance: &str| {
+            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+DYNAMIC_NORM InstanceId={instance} Reason={gone} [root@2026-12-04T03:10:00]\n")
+        };
+        std::fs::write(bin.join("node-ip-10-0-0-1"), holder("i-0000000000000000c")).unwrap();
+        let at = crate::time::format(crate::time::now() - 60);
+        std::fs::write(
+            bin.join("node-ip-10-0-0-9"),
+            format!(
+                "NodeName=ip-10-0-0-9 State=IDLE Partitions=main SlurmdStartTime={}\n",
+                at.trim_end_matches('Z')
+            ),
+        )
+        .unwrap();
+        let engine = Engine::new(
+            "ip-10-0-0-9",
+            &dir.path().join("state"),
+            &bin,
+            &crate::drain::DrainSettings::default(),
+            &crate::upgrade::UpgradeSettings::default(),
+            crate::drain::SpotJobs::default(),
+            "",
+        )
+        .with_instance("i-0000000000000000f");
+        let image = "ami-0123456789abcdef0";
+        lift_leftover(&engine, image, image).await.unwrap();
+        assert!(!bin.join("deleted").exists(), "a slot was released");
+        assert!(
+            !bin.join("deleted-records").exists(),
+            "a record was deleted"
+        );
+
+        // The holder's own instance as the last registration: gone; released, deleted.
+        std::fs::write(bin.join("node-ip-10-0-0-1"), holder("i-0000000000000000a")).unwrap();
+        lift_leftover(&engine, image, image).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(bin.join("deleted-records")).unwrap(),
+            "NodeName=ip-10-0-0-1\n"
+        );
+    }
 
     /// A replacement under a new NodeName, up to date and in service: it releases one slot
     /// of a holder that is gone, once per instance (a second check, and the daemon started

@@ -615,32 +615,42 @@ impl Gateway {
     /// instance powered off for an upgrade and was replaced under another NodeName (an Auto
     /// Scaling group's replacement, named after its host): nothing registers under that
     /// name again, and the record would count against `MaxNodeCount`. The caller has
-    /// matched the record to a gone holder of the upgrade budget; here only a record of
-    /// another NodeName that is dynamic (`DYNAMIC_NORM`), runs no job, is out of service,
-    /// and carries an upgrade reason of another instance is deleted: `Ok(false)` for any
-    /// other, with no call made.
+    /// matched the record to a gone holder of the upgrade budget; here the record is read
+    /// again and deleted only when it is of another NodeName, dynamic (`DYNAMIC_NORM`),
+    /// runs no job, is out of service, carries an upgrade reason of another instance, and
+    /// no other instance registered under the name since (its `InstanceId`, when
+    /// slurmd registered one, is the reason's): `Ok(false)` for any other, with no deletion.
+    /// A replacement under the same NodeName that registers after the deletion creates the
+    /// record again (dynamic nodes register themselves).
     ///
     /// # Errors
     /// [`ScontrolError`] (slurmctld refuses while a reservation names the node).
-    pub async fn delete_predecessor_record(
-        &self,
-        record: &NodeInfo,
-    ) -> Result<bool, ScontrolError> {
-        let upgraded_by_another = record
+    pub async fn delete_predecessor_record(&self, name: &str) -> Result<bool, ScontrolError> {
+        if name == self.node {
+            return Ok(false);
+        }
+        let Some(record) = self.scontrol.show_node(name).await? else {
+            return Ok(false);
+        };
+        let writer = record
             .reason()
             .and_then(crate::reason::parse_reason)
-            .is_some_and(|r| {
+            .filter(|r| {
                 r.cause == crate::reason::ReasonCause::Upgrade && r.instance_id != self.instance_id
-            });
-        let deletable = record.name() != self.node
-            && record.has_flag("DYNAMIC_NORM")
+            })
+            .map(|r| r.instance_id);
+        let Some(writer) = writer else {
+            return Ok(false);
+        };
+        let registered_since = record.instance().id.is_some_and(|id| id != writer);
+        let deletable = record.has_flag("DYNAMIC_NORM")
             && record.runs_no_job()
             && !record.is_available()
-            && upgraded_by_another;
+            && !registered_since;
         if !deletable {
             return Ok(false);
         }
-        self.scontrol.delete_node(record.name()).await?;
+        self.scontrol.delete_node(name).await?;
         Ok(true)
     }
 }

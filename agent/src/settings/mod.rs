@@ -24,6 +24,7 @@
 //!
 //! Floor 8 (assembly): above every module whose section it assembles.
 
+pub mod pipeline;
 pub mod reference;
 mod schema;
 pub mod trust;

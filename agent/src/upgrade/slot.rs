@@ -129,11 +129,21 @@ pub struct Reclaimed {
 }
 
 /// Whether the holder of `slot` is gone for good: its record deleted, or out of service
-/// with the reason the same instance wrote just before it powered off for the upgrade.
+/// with the reason the same instance wrote just before it powered off for the upgrade,
+/// and no other instance registered under its NodeName since (`InstanceId`, which the
+/// agent's slurmd registers: a replacement under the same NodeName, booting, releases the
+/// slot itself once in service).
 fn holder_gone(slot: &Slot, holder: Option<&crate::slurm::NodeInfo>) -> bool {
     let Some(record) = holder else {
         return true;
     };
+    if record
+        .instance()
+        .id
+        .is_some_and(|id| Some(id) != slot.instance_id())
+    {
+        return false;
+    }
     let powered_off_by_holder = record
         .reason()
         .and_then(super::parse_upgrade_reason)
