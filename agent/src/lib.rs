@@ -15,7 +15,7 @@
 //! | 10 | [`bootstrap`], [`daemon`] |
 //! | 9 | [`identity`] |
 //! | 8 | [`settings`] |
-//! | 7 | [`events`] |
+//! | 7 | [`events`], [`rollout`] |
 //! | 6 | [`drain`], [`scratch`] |
 //! | 5 | [`health`], [`mounts`], [`node_lifecycle`], [`upgrade`] |
 //! | 4 | [`node_state`], [`pcs`] |
@@ -83,6 +83,7 @@ pub mod nodedef;
 pub mod pcs;
 pub mod reason;
 pub mod retry;
+pub mod rollout;
 pub mod scratch;
 pub mod section;
 pub mod settings;

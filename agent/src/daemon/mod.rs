@@ -17,7 +17,6 @@
 //! the one pipeline, `settings::pipeline`, not through bootstrap).
 
 pub mod notify;
-pub mod rollout;
 pub mod schedule;
 
 use std::collections::HashMap;
@@ -34,11 +33,11 @@ use crate::exit::Exit;
 use crate::identity::Instance;
 use crate::imds::{Imds, ImdsError, InstanceIdentity};
 use crate::retry::Backoff;
+use crate::rollout::{self, check::Check, Budget};
 use crate::settings::pipeline::Inputs;
 use crate::settings::{self, Layer, Settings, SettingsError};
 use notify::Notifier;
-use rollout::Check;
-use schedule::{Job, Schedule};
+use schedule::{ArmPoll, Job, Schedule};
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -173,6 +172,8 @@ struct Ctx {
     node: String,
     id: InstanceIdentity,
     engine: Engine,
+    /// This node's place in the rollout's budget (its slot's renewals).
+    budget: Budget,
     imds: Arc<Imds>,
     aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
     mount_env: crate::mounts::MountEnv,
@@ -363,6 +364,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
     let ctx = Arc::new(Ctx {
+        budget: Budget::new(),
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
         gateway: s.node_gateway(&node).with_instance(&ident.instance_id),
         health_gateway: crate::health::act::health_gateway(
@@ -681,9 +683,16 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             None => Ok(()),
             Some((ssm, ec2)) => {
                 bound = crate::slurm::local_node_bound(&s.slurm);
-                rollout::check(engine, ssm, ec2, &ctx.id.ami_id, ctx.id.launched_at)
-                    .await
-                    .map(|c| upgrade = Some(c))
+                rollout::check::check(
+                    engine,
+                    &ctx.budget,
+                    ssm,
+                    ec2,
+                    &ctx.id.ami_id,
+                    ctx.id.launched_at,
+                )
+                .await
+                .map(|c| upgrade = Some(c))
             }
         },
         Work::Health => {
@@ -762,6 +771,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
                 Ok(())
             } else {
+                ctx.budget.keep(engine).await;
                 engine.progress().await.map(drop)
             }
         }

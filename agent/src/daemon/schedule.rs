@@ -78,158 +78,44 @@ impl Ticker {
     }
 }
 
-/// The desired-image check's times: the one periodic call of an idle node's daemon to an
-/// AWS API (SSM GetParameter; the other jobs read the instance metadata, which is local,
-/// or ask slurmctld).
-///
-/// Each node checks every `I = max(upgrade.interval, nodes / upgrade.fleet_rate)`, `nodes`
-/// being the cluster's size bound from the slurm.conf the node reads
-/// ([`crate::slurm::node_bound`]; none: `upgrade.interval`), so the whole cluster makes
-/// about `fleet_rate` calls a second however large it grows, and a small one still sees a
-/// new image within `1.2 * upgrade.interval`. The first check comes at a random point of
-/// the first interval (a fraction drawn once, of the interval the bound gives when the
-/// check comes due: a bound that appears later, once slurmd has fetched its
-/// configuration, moves it), each next one `I` times a random factor in
-/// [`UpgradePoll::JITTER`] after the last ended: a fleet launched at once spreads over the
-/// first interval, and the independent factors keep it spread.
-#[derive(Debug)]
-pub struct UpgradePoll {
-    every: Duration,
-    fleet_rate: f64,
-    rng: rand::rngs::StdRng,
-    /// The fraction of the first interval at which the first check comes; `None` once
-    /// it ran.
-    first: Option<f64>,
-    bound: Option<crate::slurm::NodeBound>,
-}
+/// The desired-image check's times, the rollout's ([`crate::rollout::poll`]).
+pub use crate::rollout::poll::UpgradePoll;
 
-impl UpgradePoll {
-    /// The factor each interval is multiplied by, drawn uniformly: ±20 %, so a node's gap
-    /// stays within 1.2 intervals (12 min at the default 10 min, under the 15 min a
-    /// published image may take to reach the first node's drain).
-    pub const JITTER: (f64, f64) = (0.8, 1.2);
-
-    /// The longest interval, however large the bound: a day.
-    pub const MAX_INTERVAL: Duration = Duration::from_secs(86_400);
-
-    /// For `upgrade.interval` and `upgrade.fleet_rate`, drawing from the operating system's
-    /// randomness.
-    pub fn new(s: &crate::upgrade::UpgradeSettings) -> UpgradePoll {
-        UpgradePoll::with_rng(s, rand::SeedableRng::from_os_rng())
-    }
-
-    /// The same with a fixed seed: the same times every run (tests, benchmarks).
-    pub fn seeded(s: &crate::upgrade::UpgradeSettings, seed: u64) -> UpgradePoll {
-        UpgradePoll::with_rng(s, rand::SeedableRng::seed_from_u64(seed))
-    }
-
-    fn with_rng(s: &crate::upgrade::UpgradeSettings, mut rng: rand::rngs::StdRng) -> UpgradePoll {
-        let first = rand::Rng::random_range(&mut rng, 0.0..1.0);
-        UpgradePoll {
-            every: s.interval.0,
-            fleet_rate: s.fleet_rate,
-            rng,
-            first: Some(first),
-            bound: None,
-        }
-    }
-
-    /// Takes the cluster's size bound read now; `true` when it differs from the last.
-    pub fn set_bound(&mut self, bound: Option<crate::slurm::NodeBound>) -> bool {
-        let changed = bound != self.bound;
-        self.bound = bound;
-        changed
-    }
-
-    /// Whether the first check has not run yet.
-    pub fn first_pending(&self) -> bool {
-        self.first.is_some()
-    }
-
-    /// The mean interval between one node's checks for the bound it holds.
-    pub fn interval(&self) -> Duration {
-        self.every
-            .max(self.fleet_interval())
-            .min(UpgradePoll::MAX_INTERVAL.max(self.every))
-    }
-
-    /// The bound over `upgrade.fleet_rate`, at most [`Self::MAX_INTERVAL`]: the interval at
-    /// which the whole cluster makes `fleet_rate` calls a second.
-    fn fleet_interval(&self) -> Duration {
-        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
-        // u64 -> f64 is exact below 2^53 nodes.
-        #[allow(clippy::cast_precision_loss)]
-        Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
-            .unwrap_or(UpgradePoll::MAX_INTERVAL)
-            .min(UpgradePoll::MAX_INTERVAL)
-    }
-
-    /// What the log says at start: the interval and where it came from.
-    pub fn describe(&self) -> String {
-        let h = |d: Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
-        match &self.bound {
-            Some(b) => format!(
-                "desired image every {} ±20 % per node: max(upgrade.interval {}, {} nodes / upgrade.fleet_rate {}/s); nodes: {}",
-                h(self.interval()),
-                h(self.every),
-                b.nodes,
-                self.fleet_rate,
-                b.source
-            ),
-            None => format!(
-                "desired image every {} ±20 % per node (upgrade.interval; no slurm.conf to size the cluster by yet)",
-                h(self.interval())
-            ),
-        }
-    }
-
+/// How the loop arms the rollout's poll ([`UpgradePoll`]) in its [`Schedule`].
+pub trait ArmPoll {
     /// Arms the first check in `schedule`, at the drawn fraction of the interval after
     /// `start` (the daemon's start).
-    pub fn arm_first(&self, schedule: &mut Schedule, start: Instant) {
-        if let Some(f) = self.first {
-            schedule.arm(Job::Upgrade, start + self.interval().mul_f64(f));
+    fn arm_first(&self, schedule: &mut Schedule, start: Instant);
+    /// The check came due at `now`: `true` to run it (disarmed until [`ArmPoll::checked`]),
+    /// `false` when the first check moved later (the bound grew since it was armed; armed
+    /// at its new time).
+    fn due(&mut self, schedule: &mut Schedule, start: Instant, now: Instant) -> bool;
+    /// A check ended at `now`: the next one a jittered interval later.
+    fn checked(&mut self, schedule: &mut Schedule, now: Instant);
+}
+
+impl ArmPoll for UpgradePoll {
+    fn arm_first(&self, schedule: &mut Schedule, start: Instant) {
+        if let Some(at) = self.first_at(start) {
+            schedule.arm(Job::Upgrade, at);
         }
     }
 
-    /// The check came due at `now`: `true` to run it (disarmed until [`Self::checked`]),
-    /// `false` when the first check moved later (the bound grew since it was armed; armed
-    /// at its new time).
-    pub fn due(&mut self, schedule: &mut Schedule, start: Instant, now: Instant) -> bool {
+    fn due(&mut self, schedule: &mut Schedule, start: Instant, now: Instant) -> bool {
         schedule.disarm(Job::Upgrade);
-        if let Some(f) = self.first {
-            let at = start + self.interval().mul_f64(f);
+        if let Some(at) = self.first_at(start) {
             if at > now {
                 schedule.arm(Job::Upgrade, at);
                 return false;
             }
-            self.first = None;
+            self.first_done();
         }
         true
     }
 
-    /// A check ended at `now`: the next one a jittered interval later.
-    pub fn checked(&mut self, schedule: &mut Schedule, now: Instant) {
+    fn checked(&mut self, schedule: &mut Schedule, now: Instant) {
         let wait = self.next_wait();
         schedule.arm(Job::Upgrade, now + wait);
-    }
-
-    /// The wait before a check that found the upgrade budget used up asks again:
-    /// `upgrade.budget_wait`, or the cluster's size bound over `upgrade.fleet_rate` when
-    /// that is longer, jittered ±50 % ([`crate::upgrade::jittered`]). During a rollout every
-    /// node that waits for a slot asks again: at 10,000 nodes and a budget of 1, 60 s would
-    /// be 167 GetParameter calls a second, four times SSM's standard quota; paced by the
-    /// fleet it stays within twice `fleet_rate`, and a freed slot is still taken within
-    /// about a second.
-    pub fn retry_wait(&self, budget_wait: Duration) -> Duration {
-        crate::upgrade::jittered(budget_wait.max(self.fleet_interval()))
-    }
-
-    /// The wait until the next check: the interval times a factor drawn from
-    /// [`Self::JITTER`].
-    pub fn next_wait(&mut self) -> Duration {
-        let (lo, hi) = UpgradePoll::JITTER;
-        let f = rand::Rng::random_range(&mut self.rng, lo..hi);
-        self.interval().mul_f64(f)
     }
 }
 

@@ -149,9 +149,6 @@ pub struct Engine {
     pub instance_id: String,
     /// `systemd.bus`, for the poweroff action.
     pub systemd_bus: String,
-    /// When this process last renewed the upgrade budget slot this node holds (monotonic:
-    /// the renewals follow elapsed time, not the clock).
-    slot_renewed: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 /// Whether the node's slurmd started after `since` (Unix seconds) and the node responds.
@@ -194,7 +191,6 @@ impl Engine {
             drain: drain.clone(),
             instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
             systemd_bus: systemd_bus.to_string(),
-            slot_renewed: std::sync::Arc::default(),
         }
     }
 
@@ -312,48 +308,10 @@ impl Engine {
         let phase = self.load()?.phase;
         match phase {
             Phase::Active => Ok(Phase::Active),
-            Phase::Draining => {
-                self.renew_upgrade_slot().await;
-                self.progress_draining().await
-            }
-            Phase::Drained => {
-                self.renew_upgrade_slot().await;
-                self.progress_action().await
-            }
+            Phase::Draining => self.progress_draining().await,
+            Phase::Drained => self.progress_action().await,
             Phase::Acting => self.progress_action().await,
             Phase::Done => self.progress_done().await,
-        }
-    }
-
-    /// Notes that the upgrade budget slot was taken or renewed now.
-    pub fn slot_renewed_now(&self) {
-        if let Ok(mut t) = self.slot_renewed.lock() {
-            *t = Some(std::time::Instant::now());
-        }
-    }
-
-    /// Renews the upgrade budget slot this node holds ([`crate::upgrade::slot::renew`]) when
-    /// a third of `upgrade.slot_timeout` has passed since this process last took or renewed
-    /// it (at once after a restart): each renewal adds that third to the reservation, so
-    /// its end stays between two and three thirds ahead while the node lives. A failure is
-    /// logged and tried again at the next step.
-    pub async fn renew_slot_if_due(&self) {
-        let every = self.upgrade.slot_timeout.0 / 3;
-        let due = self
-            .slot_renewed
-            .lock()
-            .map_or(true, |t| t.is_none_or(|t| t.elapsed() >= every));
-        if !due {
-            return;
-        }
-        match crate::upgrade::slot::renew(&self.ops.scontrol, &self.node, every).await {
-            Ok(renewed) => {
-                if !renewed.is_empty() {
-                    tracing::info!(node = %self.node, ?renewed, "renewed the upgrade budget slot");
-                }
-                self.slot_renewed_now();
-            }
-            Err(e) => tracing::warn!(node = %self.node, "renewing the upgrade budget slot: {e}"),
         }
     }
 
@@ -410,54 +368,11 @@ impl Engine {
         Ok(st.phase)
     }
 
-    /// An upgrade drain renews its budget slot ([`Engine::renew_slot_if_due`]).
-    async fn renew_upgrade_slot(&self) {
-        let upgrade = self
-            .load()
-            .is_ok_and(|st| matches!(st.cause, Some(Cause::Upgrade { .. })));
-        if upgrade {
-            self.renew_slot_if_due().await;
-        }
-    }
-
     fn action_of(st: &DrainState, up: &UpgradeSettings) -> Option<UpgradeAction> {
         match st.cause {
             Some(Cause::Upgrade { .. }) => Some(up.action),
             _ => None,
         }
-    }
-
-    /// The partition whose upgrade budget this node counts in: `upgrade.budget_partition`,
-    /// else the node's first partition (empty: none, every node).
-    pub fn budget_partition(&self, node: &NodeInfo) -> String {
-        if self.upgrade.budget_partition.is_empty() {
-            node.fields
-                .get("Partitions")
-                .and_then(|p| p.split(',').next())
-                .unwrap_or_default()
-                .to_string()
-        } else {
-            self.upgrade.budget_partition.clone()
-        }
-    }
-
-    /// The upgrade budget of this node's partition: `(partition, count, limit)`, where the
-    /// partition is `upgrade.budget_partition` or the node's first one, `count` its nodes
-    /// (and those with an upgrade reason, for the log) and `limit` `upgrade.max_unavailable`
-    /// of its nodes: the number of slots ([`crate::upgrade::slot`]).
-    ///
-    /// # Errors
-    /// [`DrainError`] from scontrol.
-    pub async fn upgrade_budget(
-        &self,
-        node: &NodeInfo,
-    ) -> Result<(String, slurm::BudgetCount, usize), DrainError> {
-        let partition = self.budget_partition(node);
-        let budget = crate::upgrade::Budget::parse(&self.upgrade.max_unavailable)
-            .unwrap_or(crate::upgrade::Budget::Nodes(1));
-        let count = self.ops.count_upgrading(&partition).await?;
-        let limit = budget.limit(count.total);
-        Ok((partition, count, limit))
     }
 
     async fn progress_action(&self) -> Result<Phase, DrainError> {

@@ -489,7 +489,7 @@ pub struct DrainState {
     pub boot_id: Option<String>,
     /// The instance that, up to date and in service under a NodeName no slot holder had,
     /// released the upgrade budget slot of a holder that is gone
-    /// (`upgrade::slot::release_for_replacement`, a floor up): at most one per instance. Left
+    /// (the rollout's slot release for a replacement, floors up): at most one per instance. Left
     /// out of the file while none did (a file of the previous release reads and writes the
     /// same).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1511,7 +1511,7 @@ mod tests {
         assert!(resumed.reason().is_some_and(crate::reason::is_agent_reason));
         assert_eq!(resumed.held_reason(), None);
         assert_eq!(
-            crate::drain::slurm::count_upgrading(
+            crate::rollout::budget::count_upgrading(
                 &fixture("slurm-25.11/scontrol-show-node-resumed.txt").replace(
                     "spot@i-0123456789abcdef0: spot interruption notice",
                     "upgrade@i-0123456789abcdef0: image ami-11111111 -> ami-22222222"

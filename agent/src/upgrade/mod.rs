@@ -4,11 +4,10 @@
 //!
 //! A budget bounds the disruption exactly, with slurmctld as the referee: before draining,
 //! the node takes one of `upgrade.max_unavailable` slots of its partition, a Slurm
-//! reservation under a fixed name that only one node can create ([`slot`]). It holds the
+//! reservation under a fixed name that only one node can create (the rollout's budget). It holds the
 //! slot from its upgrade drain until the node of that name is back in service on the new
 //! image (the replacement, or the node itself after a reboot or hook, releases it; a
-//! replacement under another NodeName releases one slot of a holder that is gone,
-//! [`slot::release_for_replacement`]), so at
+//! replacement under another NodeName releases one slot of a holder that is gone), so at
 //! no moment are more nodes out of service for the upgrade than the budget: draining,
 //! powered off, or replaced and still booting. A node that finds every slot held waits
 //! (`upgrade.budget_wait`, with jitter) and tries again; a slot whose holder died ends at
@@ -29,8 +28,8 @@
 //!   published that still runs another one ([`launched_after_publication`], under any
 //!   NodeName), was not launched from the parameter: it does not power off (a replacement
 //!   would run the same image again); it stays drained with a reason saying so and holds a
-//!   slot, so the rollout stops after the budget (the daemon's rollout check,
-//!   `daemon::rollout`).
+//!   slot, so the rollout stops after the budget (the rollout's check,
+//!   `rollout::check`).
 //!
 //! The actions themselves (poweroff, reboot, hook) are [`action`]'s; the drain engine runs
 //! them. The `[upgrade]` settings section ([`UpgradeSettings`]) is this module's.
@@ -39,7 +38,6 @@
 //! below `drain`, which runs them.
 
 pub mod action;
-pub mod slot;
 
 use std::time::Duration;
 

@@ -146,7 +146,7 @@ fn holder_gone(slot: &Slot, holder: Option<&crate::slurm::NodeInfo>) -> bool {
     }
     let powered_off_by_holder = record
         .reason()
-        .and_then(super::parse_upgrade_reason)
+        .and_then(crate::upgrade::parse_upgrade_reason)
         .is_some_and(|r| {
             r.powered_off() && r.instance_id.is_some() && r.instance_id == slot.instance_id()
         });

@@ -1,11 +1,12 @@
 //! One upgrade check, the daemon's (its only caller): desired image vs running image, the
-//! image exists, no replacement loop, a budget slot ([`crate::upgrade::slot`]), and the
-//! drain request; and, once the node is back in service on the desired image, the slot's
+//! image exists, no replacement loop, a budget slot ([`super::slot`]), and the drain
+//! request; and, once the node is back in service on the desired image, the slot's
 //! release. It drives the drain engine ([`crate::drain`]) with what [`crate::upgrade`]
-//! knows about images, upgrade reasons and slots, so it sits above both.
+//! knows about images and upgrade reasons, so it sits above both.
 
+use super::budget::Budget;
+use super::slot::{self, Taken};
 use crate::drain::{state, Begin, Cause, CauseKind, DrainError, Engine, Phase};
-use crate::upgrade::slot::{self, Taken};
 use crate::upgrade::{
     check_image, desired_image, launched_after_publication, parse_upgrade_reason, upgrade_reason,
     Desired, DesiredImageError, UpgradeAction, STUCK,
@@ -83,6 +84,7 @@ impl Check {
 /// [`DrainError`] from Slurm or the state; SSM and EC2 errors are [`Check::Error`].
 pub async fn check(
     engine: &Engine,
+    budget: &Budget,
     ssm: &aws_sdk_ssm::Client,
     ec2: &aws_sdk_ec2::Client,
     running: &str,
@@ -131,7 +133,9 @@ pub async fn check(
     let not_from_parameter = engine.upgrade.action == UpgradeAction::Poweroff
         && st.applied_image.is_none()
         && launched_after_publication(launched_at, published_at);
-    if let Some(stuck) = replacement_loop(engine, &current, &desired, not_from_parameter).await? {
+    if let Some(stuck) =
+        replacement_loop(engine, budget, &current, &desired, not_from_parameter).await?
+    {
         return Ok(stuck);
     }
     let node = record(engine).await?;
@@ -147,7 +151,7 @@ pub async fn check(
         // in the budget rather than waiting for that slot to end.
         release_for_a_holder_that_is_gone(engine, &node, &current).await?;
     }
-    let (partition, count, limit) = engine.upgrade_budget(&node).await?;
+    let (partition, count, limit) = Budget::of(engine, &node).await?;
     let taken = slot::take(
         &engine.ops.scontrol,
         &partition,
@@ -175,7 +179,7 @@ pub async fn check(
         }
         Taken::New(name) | Taken::Held(name) => name,
     };
-    engine.slot_renewed_now();
+    budget.renewed_now();
     if not_from_parameter {
         return stuck_after_launch(engine, &node, &current, &desired, launched_at, published_at)
             .await
@@ -244,6 +248,7 @@ async fn record(engine: &Engine) -> Result<crate::slurm::NodeInfo, DrainError> {
 /// the check goes on to the upgrade, in the slot the node holds).
 async fn replacement_loop(
     engine: &Engine,
+    budget: &Budget,
     current: &str,
     desired: &str,
     not_from_parameter: bool,
@@ -282,7 +287,7 @@ async fn replacement_loop(
                      image is published again",
                     engine.upgrade.parameter
                 );
-                engine.renew_slot_if_due().await;
+                budget.renew_if_due(engine).await;
                 return Ok(Some(Check::Stuck {
                     current: current.to_string(),
                     desired: desired.to_string(),
@@ -319,7 +324,7 @@ async fn replacement_loop(
         engine.gateway.relabel(&stuck, Some(&node)).await?;
     }
     // Out of service because of the upgrade: the slot its NodeName holds stays held.
-    engine.renew_slot_if_due().await;
+    budget.renew_if_due(engine).await;
     Ok(Some(Check::Stuck {
         current: current.to_string(),
         desired: desired.to_string(),
@@ -415,7 +420,7 @@ async fn release_for_a_holder_that_is_gone(
     if started.is_none_or(|t| crate::time::now().saturating_sub(t) > window) {
         return Ok(());
     }
-    let partition = engine.budget_partition(node);
+    let partition = Budget::partition(engine, node);
     let Some(r) =
         slot::release_for_replacement(&engine.ops.scontrol, &partition, &engine.node).await?
     else {
