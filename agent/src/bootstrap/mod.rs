@@ -451,7 +451,14 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     )
     .await?;
     t.done("join");
-    scratch_after_join(&cx, &def, &node, &scratch).await;
+    crate::scratch::boot::after_join(
+        &cx.s.scratch,
+        &gateway,
+        def.dynamic_conf.is_some(),
+        &node,
+        &scratch,
+    )
+    .await;
     scripts.extend(
         lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
     );
@@ -583,78 +590,6 @@ async fn register(
     })
 }
 
-/// Node-local scratch ([`crate::scratch::ensure`]) on a blocking thread; a task that ends
-/// without an answer counts as scratch not in place.
-async fn put_scratch_in_place(
-    s: &crate::scratch::ScratchSettings,
-) -> Result<crate::scratch::Outcome, crate::scratch::ScratchError> {
-    let s = s.clone();
-    tokio::task::spawn_blocking(move || {
-        crate::scratch::ensure(&s, &crate::scratch::ScratchEnv::system())
-    })
-    .await
-    .unwrap_or_else(|e| {
-        Err(crate::scratch::ScratchError::Io {
-            path: PathBuf::from("/dev/disk/by-id"),
-            source: std::io::Error::other(e.to_string()),
-        })
-    })
-}
-
-/// After the join: scratch that failed drains the node (its reason names the disk; a
-/// drain already there, an admin's or another cause's, is left alone); scratch in place on
-/// a node whose `TmpDisk` comes from slurm.conf is compared with it (a warning). Never
-/// fails bootstrap: the node is up, and the drain says why it takes no jobs.
-async fn scratch_after_join(
-    cx: &Steps<'_>,
-    def: &NodeDefinition,
-    node: &crate::slurm::NodeInfo,
-    scratch: &Result<crate::scratch::Outcome, crate::scratch::ScratchError>,
-) {
-    let mount_point = &cx.s.scratch.mount_point;
-    match scratch {
-        Ok(outcome) => {
-            let Some(size) = outcome.tmp_disk_mib() else {
-                return;
-            };
-            if def.dynamic_conf.is_some() {
-                return;
-            }
-            let conf = node
-                .fields
-                .get("TmpDisk")
-                .and_then(|v| v.parse::<u64>().ok());
-            if let Some(w) = crate::scratch::tmp_disk_mismatch(conf, size, mount_point) {
-                tracing::warn!(node = %def.node_name, "{w}");
-            }
-        }
-        Err(e) => {
-            if node.is_drained() {
-                tracing::error!(node = %def.node_name, error = %e, "scratch not in place; the node is drained already");
-                return;
-            }
-            let reason = crate::scratch::drain_reason(&cx.id.instance_id, mount_point, e);
-            let gateway = cx.gateway(def);
-            let cause = crate::node_state::Cause::stated(
-                crate::reason::ReasonCause::Scratch,
-                gateway.instance_id(),
-                &reason,
-            )
-            .unwrap_or_else(|| crate::node_state::Cause::Scratch {
-                detail: reason.clone(),
-            });
-            match gateway.drain(cause, Some(node)).await {
-                Ok(_) => {
-                    tracing::error!(node = %def.node_name, %reason, "scratch not in place: node drained")
-                }
-                Err(d) => {
-                    tracing::error!(node = %def.node_name, %reason, error = %d, "scratch not in place; draining the node failed")
-                }
-            }
-        }
-    }
-}
-
 /// Independent steps run together: the node definition (which may wait for GPU devices),
 /// the key (fetch, check, write: [`authkey::install_from`], or the registration's key and
 /// record written on a blocking thread in the managed mode) and the connection to systemd.
@@ -670,15 +605,7 @@ async fn define_node_and_install_key(
     prefetch: Option<Prefetch>,
     managed: Option<&Managed>,
     t: &mut Timer,
-) -> Result<
-    (
-        NodeDefinition,
-        bool,
-        Systemd,
-        Result<crate::scratch::Outcome, crate::scratch::ScratchError>,
-    ),
-    BootstrapError,
-> {
+) -> Result<(NodeDefinition, bool, Systemd, crate::scratch::boot::Result), BootstrapError> {
     let s = cx.s;
     // The registration's key and record are written on a blocking thread beside the
     // other steps (awaited as the key step).
@@ -693,21 +620,14 @@ async fn define_node_and_install_key(
     });
     let key = timed(install_key(cx, prefetch, persist));
     let connect = timed(async { Ok::<_, BootstrapError>(Systemd::connect(&s.systemd.bus).await?) });
-    let scratch = timed(async { Ok::<_, BootstrapError>(put_scratch_in_place(&s.scratch).await) });
+    let scratch = timed(async {
+        Ok::<_, BootstrapError>(crate::scratch::boot::put_in_place(&s.scratch).await)
+    });
     let ((def, def_time), (key_changed, key_time), (systemd, _), (scratch, scratch_time)) =
         tokio::try_join!(node_definition, key, connect, scratch)?;
-    let def = match &scratch {
-        Ok(outcome) => {
-            tracing::info!(?outcome, "scratch");
-            match outcome.tmp_disk_mib() {
-                Some(mib) => def.with_tmp_disk(mib),
-                None => def,
-            }
-        }
-        Err(e) => {
-            tracing::error!(mount_point = %s.scratch.mount_point.display(), error = %e, "scratch not in place: the node will be drained once registered");
-            def
-        }
+    let def = match crate::scratch::boot::tmp_disk(&s.scratch, &scratch) {
+        Some(mib) => def.with_tmp_disk(mib),
+        None => def,
     };
     tracing::info!(node_name = %def.node_name, conf = ?def.dynamic_conf, "node definition");
     t.record("node_definition", def_time);

@@ -258,30 +258,17 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     watchdog_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     notifier.ready("running; waiting for instance metadata");
 
-    let early_imds = Arc::new(Imds::new(&early.settings.imds));
-    let mut identity = tokio::spawn(wait_identity(early_imds, inputs.clone(), notifier.clone()));
-    let instance = loop {
-        tokio::select! {
-            _ = term.recv() => {
-                identity.abort();
-                notifier.stopping();
-                return Ok(());
-            }
-            _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
-            r = &mut identity => match r {
-                Ok(Ok(i)) => break i,
-                Ok(Err(e)) => {
-                    notifier.stopping();
-                    return Err(e.into());
-                }
-                Err(e) => {
-                    // The task cannot fail but by a panic; there is nothing to go on.
-                    tracing::error!("waiting for instance metadata: {e}");
-                    notifier.stopping();
-                    return Ok(());
-                }
-            },
-        }
+    let Some(instance) = wait_for_instance(
+        &early.settings,
+        &inputs,
+        &notifier,
+        &mut term,
+        watchdog,
+        &mut watchdog_tick,
+    )
+    .await?
+    else {
+        return Ok(());
     };
     // The one identity rule (crate::identity): bootstrap's record when it is this
     // incarnation's, else the NodeName resolved over the metadata just read, like bootstrap.
@@ -308,6 +295,20 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         .await;
         return Ok(());
     }
+    let (ctx, shown) = start_context(s, node, &ident, id, &notifier).await?;
+    main_loop(&ctx, shown, &notifier, &mut term, watchdog, &work_rt).await
+}
+
+/// The daemon's context once the node is known: the drain engine (a drain in progress is
+/// continued only when it is this instance's), the AWS clients of the upgrade check, the
+/// gateways, the health checks' environment; `STATUS=` says where the drain stands.
+async fn start_context(
+    s: Settings,
+    node: String,
+    ident: &crate::identity::NodeIdentity,
+    id: InstanceIdentity,
+    notifier: &Notifier,
+) -> Result<(Arc<Ctx>, Shown), DaemonError> {
     let engine = s.drain_engine(&node).with_instance(&ident.instance_id);
     let imds = Arc::new(Imds::new(&s.imds));
     let aws = if s.upgrade.parameter.is_empty() {
@@ -347,8 +348,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         upgrade_parameter = %s.upgrade.parameter,
         "agent running"
     );
-    let mut upgrade_status = String::new();
-    let mut shown = Shown {
+    let shown = Shown {
         phase: st.phase,
         status: status_line(st.phase, st.cause.as_ref(), st.reason.as_deref(), ""),
     };
@@ -382,6 +382,20 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
     });
+    Ok((ctx, shown))
+}
+
+/// The main loop: the periodic jobs on one tick, each run as a child task (at most one of
+/// each kind at once), until a stop signal.
+async fn main_loop(
+    ctx: &Arc<Ctx>,
+    mut shown: Shown,
+    notifier: &Notifier,
+    term: &mut Term,
+    watchdog: Option<Duration>,
+    work_rt: &WorkRuntime,
+) -> Result<(), DaemonError> {
+    let mut upgrade_status = String::new();
     let s = &ctx.s;
     let start = Instant::now();
     let mut upgrade_poll = schedule::UpgradePoll::new(&s.upgrade);
@@ -449,7 +463,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                 if let Some(st) = acted.then(|| ctx.engine.load().ok()).flatten() {
                     // A new drain: look at the node again at the next tick rather than a
                     // full interval later.
-                    if shown.observe(&st, &upgrade_status, &notifier) {
+                    if shown.observe(&st, &upgrade_status, notifier) {
                         schedule.arm(Job::Progress, Instant::now());
                     }
                 }
@@ -474,7 +488,7 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
                 // drain is in progress.
                 Job::Progress => match ctx.engine.load() {
                     Ok(st) => {
-                        shown.observe(&st, &upgrade_status, &notifier);
+                        shown.observe(&st, &upgrade_status, notifier);
                         if st.phase == Phase::Active {
                             continue;
                         }
@@ -527,6 +541,43 @@ pub async fn run(opts: &Options) -> Result<(), DaemonError> {
     tasks.shutdown().await;
     ctx.engine.write_metrics();
     Ok(())
+}
+
+/// Waits for the instance ([`wait_identity`], a child task) while answering the watchdog;
+/// `None` when a stop signal came first (stopping was announced).
+async fn wait_for_instance(
+    early: &Settings,
+    inputs: &Inputs,
+    notifier: &Arc<Notifier>,
+    term: &mut Term,
+    watchdog: Option<Duration>,
+    watchdog_tick: &mut tokio::time::Interval,
+) -> Result<Option<Instance>, DaemonError> {
+    let early_imds = Arc::new(Imds::new(&early.imds));
+    let mut identity = tokio::spawn(wait_identity(early_imds, inputs.clone(), notifier.clone()));
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                identity.abort();
+                notifier.stopping();
+                return Ok(None);
+            }
+            _ = watchdog_tick.tick(), if watchdog.is_some() => notifier.watchdog(),
+            r = &mut identity => match r {
+                Ok(Ok(i)) => return Ok(Some(i)),
+                Ok(Err(e)) => {
+                    notifier.stopping();
+                    return Err(e.into());
+                }
+                Err(e) => {
+                    // The task cannot fail but by a panic; there is nothing to go on.
+                    tracing::error!("waiting for instance metadata: {e}");
+                    notifier.stopping();
+                    return Ok(None);
+                }
+            },
+        }
+    }
 }
 
 /// The daemon of a login node (`node.role = "login"`): the health checks on their
@@ -620,6 +671,81 @@ async fn wait_for_slurm_config(slurm: &crate::slurm::SlurmSettings, limit: Durat
     }
 }
 
+/// One health pass of the daemon: the checks, the Prometheus textfile, and the action
+/// (drain or lift) through the health gateway once slurmd has its configuration.
+async fn health_pass(ctx: &Ctx) {
+    let s = &ctx.s;
+    // The daemon starts beside bootstrap: until slurmd has fetched the
+    // configuration, this boot's slurmd has not registered, and a look at
+    // slurmctld would first fetch the whole configuration (per node, on a fleet
+    // booting at once). So the first pass waits for it, one interval at most;
+    // later passes look whatever the files say (a local slurm.conf at a path
+    // the agent does not know of must not switch the health actions off). The
+    // checks run after that wait: run before it, they would judge a node that
+    // bootstrap has not brought up yet (slurmd, munged, the key, scratch: the
+    // image's default checks), and the drain would land on the node as it joins.
+    let first = !ctx.health_looked.load(std::sync::atomic::Ordering::Relaxed);
+    let configured =
+        s.health.act && (!first || wait_for_slurm_config(&s.slurm, s.health.interval.0).await);
+    if s.health.act {
+        ctx.health_looked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let target = s.health_target(Some(ctx.node.clone()));
+    let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, &target) {
+        Ok(set) => Some(set),
+        Err(e) => {
+            tracing::error!("health checks not run this pass: {e}");
+            None
+        }
+    };
+    if let Some(checks) = &checks {
+        let report = crate::health::run_checks(checks, &ctx.health_env).await;
+        if !s.health.prometheus_textfile.as_os_str().is_empty() {
+            if let Err(e) =
+                crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
+            {
+                tracing::warn!("{e}");
+            }
+        }
+        if s.health.act && !configured {
+            tracing::info!(
+                healthy = report.healthy(),
+                action = "none",
+                detail = "slurmd has no configuration yet (not registered): slurmctld not asked",
+                "health checks"
+            );
+        } else if s.health.act {
+            let outcome =
+                crate::health::act_on(&report, &ctx.health_gateway, &ctx.health_act).await;
+            tracing::info!(
+                healthy = report.healthy(),
+                action = %outcome.action,
+                detail = %outcome.detail,
+                "health checks"
+            );
+        }
+    }
+}
+
+/// One pass over the `[[mounts]]` ([`crate::mounts::reconcile`]).
+async fn mounts_pass(ctx: &Ctx) {
+    let s = &ctx.s;
+    // Connected only when a mount must be made again; closed after the pass.
+    let systemd = crate::systemd::OnDemand::new(&s.systemd.bus);
+    let pass = crate::mounts::reconcile(
+        &s.mounts,
+        &ctx.id.region,
+        &ctx.mount_env,
+        &systemd,
+        &ctx.gateway,
+    );
+    match pass.await {
+        Ok(report) => tracing::debug!(?report, "mounts checked"),
+        Err(e) => tracing::warn!("mounts: {e}"),
+    }
+}
+
 /// One piece of work, run as a child task of the main loop: the metadata polls on the
 /// main thread, the rest on `work` (the work runtime). A poll's decisions are applied on
 /// `work` too (taking the state lock may block a thread).
@@ -696,75 +822,11 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             }
         },
         Work::Health => {
-            // The daemon starts beside bootstrap: until slurmd has fetched the
-            // configuration, this boot's slurmd has not registered, and a look at
-            // slurmctld would first fetch the whole configuration (per node, on a fleet
-            // booting at once). So the first pass waits for it, one interval at most;
-            // later passes look whatever the files say (a local slurm.conf at a path
-            // the agent does not know of must not switch the health actions off). The
-            // checks run after that wait: run before it, they would judge a node that
-            // bootstrap has not brought up yet (slurmd, munged, the key, scratch: the
-            // image's default checks), and the drain would land on the node as it joins.
-            let first = !ctx.health_looked.load(std::sync::atomic::Ordering::Relaxed);
-            let configured = s.health.act
-                && (!first || wait_for_slurm_config(&s.slurm, s.health.interval.0).await);
-            if s.health.act {
-                ctx.health_looked
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            let target = s.health_target(Some(ctx.node.clone()));
-            let checks = match crate::health::load(&s.health, &s.slurm.bin_dir, &target) {
-                Ok(set) => Some(set),
-                Err(e) => {
-                    tracing::error!("health checks not run this pass: {e}");
-                    None
-                }
-            };
-            if let Some(checks) = &checks {
-                let report = crate::health::run_checks(checks, &ctx.health_env).await;
-                if !s.health.prometheus_textfile.as_os_str().is_empty() {
-                    if let Err(e) = crate::health::output::write_prometheus(
-                        &report,
-                        &s.health.prometheus_textfile,
-                    ) {
-                        tracing::warn!("{e}");
-                    }
-                }
-                if s.health.act && !configured {
-                    tracing::info!(
-                        healthy = report.healthy(),
-                        action = "none",
-                        detail =
-                            "slurmd has no configuration yet (not registered): slurmctld not asked",
-                        "health checks"
-                    );
-                } else if s.health.act {
-                    let outcome =
-                        crate::health::act_on(&report, &ctx.health_gateway, &ctx.health_act).await;
-                    tracing::info!(
-                        healthy = report.healthy(),
-                        action = %outcome.action,
-                        detail = %outcome.detail,
-                        "health checks"
-                    );
-                }
-            }
+            health_pass(&ctx).await;
             Ok(())
         }
         Work::Mounts => {
-            // Connected only when a mount must be made again; closed after the pass.
-            let systemd = crate::systemd::OnDemand::new(&s.systemd.bus);
-            let pass = crate::mounts::reconcile(
-                &s.mounts,
-                &ctx.id.region,
-                &ctx.mount_env,
-                &systemd,
-                &ctx.gateway,
-            );
-            match pass.await {
-                Ok(report) => tracing::debug!(?report, "mounts checked"),
-                Err(e) => tracing::warn!("mounts: {e}"),
-            }
+            mounts_pass(&ctx).await;
             Ok(())
         }
         Work::Progress => {

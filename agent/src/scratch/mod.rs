@@ -28,6 +28,7 @@
 //! Floor 6 (subsystems): over [`crate::mounts`]'s mount table parser.
 
 pub mod assemble;
+pub mod boot;
 pub mod disks;
 
 use std::path::{Path, PathBuf};
