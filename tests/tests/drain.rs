@@ -1778,11 +1778,23 @@ fn a_slot_left_by_a_dead_node_ends_and_the_upgrade_proceeds_then_the_slot_is_rel
     d.stop().unwrap();
 }
 
-#[test]
-fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop() {
+/// Waits until daemon `d` has logged `UPGRADE LOOP` `n` times (one per check).
+fn wait_for_upgrade_loop_logs(d: &Daemon, n: usize) {
+    wait_until(
+        &format!("UPGRADE LOOP logged {n} times"),
+        WAIT,
+        Duration::from_millis(100),
+        || Ok((log_count(d, "UPGRADE LOOP") >= n).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+}
+
+/// A world with moto whose upgrade (parameter `/desired`, checked every 300 ms) powers off
+/// through `sna-poweroff.service` of a confined manager, which appends a line to the file
+/// returned for each run (the "poweroff" of this node).
+fn poweroff_world(node: &str) -> (slurm_e2e::UserSystemd, World, PathBuf) {
     let sd = slurm_e2e::UserSystemd::start().unwrap();
-    let w = World::start("loop1", &[], "").with_moto();
-    // The "poweroff" unit of this node: records that it ran.
+    let w = World::start(node, &[], "").with_moto();
     let off = w.path("powered-off");
     fs::write(
         sd.unit_dir().join("sna-poweroff.service"),
@@ -1798,6 +1810,12 @@ fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop
          action = \"poweroff\"\npoweroff_unit = \"sna-poweroff.service\"\n",
         sd.bus_address()
     ));
+    (sd, w, off)
+}
+
+#[test]
+fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop() {
+    let (_sd, w, off) = poweroff_world("loop1");
     let desired = w.new_image("node-v2");
     w.moto
         .as_ref()
@@ -1826,13 +1844,7 @@ fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop
     w.imds.set("instance-id", second);
     fs::remove_dir_all(w.path("state")).unwrap();
     let mut d2 = w.daemon("agent-2", None);
-    wait_until(
-        "loop detected 3 times",
-        WAIT,
-        Duration::from_millis(100),
-        || Ok((log_count(&d2, "UPGRADE LOOP") >= 3).then_some(())),
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", d2.log_tail(40)));
+    wait_for_upgrade_loop_logs(&d2, 3);
     assert!(
         w.reason().starts_with(&format!(
             "slurm-node-agent/upgrade@{second}: replacement still runs {RUNNING_AMI}, not {desired} that instance {first} drained for"
@@ -1868,23 +1880,7 @@ fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop
 /// once) or never lets go.
 #[test]
 fn an_instance_launched_after_the_publication_on_the_old_image_stops_the_rollout_under_any_name() {
-    let sd = slurm_e2e::UserSystemd::start().unwrap();
-    let w = World::start("fresh1", &[], "").with_moto();
-    let off = w.path("powered-off");
-    fs::write(
-        sd.unit_dir().join("sna-poweroff.service"),
-        format!(
-            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
-            off.display()
-        ),
-    )
-    .unwrap();
-    sd.daemon_reload().unwrap();
-    w.write_settings(&format!(
-        "[systemd]\nbus = \"{}\"\n\n[upgrade]\nparameter = \"/desired\"\ninterval = \"300ms\"\n\
-         action = \"poweroff\"\npoweroff_unit = \"sna-poweroff.service\"\n",
-        sd.bus_address()
-    ));
+    let (_sd, w, off) = poweroff_world("fresh1");
     let desired = w.new_image("node-v2");
     let moto = w.moto.as_ref().unwrap();
     moto.put_parameter("/desired", &desired, "String").unwrap();
@@ -1897,13 +1893,7 @@ fn an_instance_launched_after_the_publication_on_the_old_image_stops_the_rollout
         slurm_e2e::identity_document(&id, RUNNING_AMI, published + 65),
     );
     let mut d = w.daemon("agent-1", None);
-    wait_until(
-        "loop detected twice",
-        WAIT,
-        Duration::from_millis(100),
-        || Ok((log_count(&d, "UPGRADE LOOP") >= 2).then_some(())),
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    wait_for_upgrade_loop_logs(&d, 2);
     assert_eq!(
         w.reason(),
         format!(

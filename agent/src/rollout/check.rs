@@ -486,44 +486,57 @@ case "$1 $2" in
 esac
 "#;
 
-    /// A holder whose NodeName another instance registered since (a replacement under the
-    /// same NodeName, booting: `InstanceId` is not the slot's) is not gone: its slot and its
-    /// record stay for that replacement.
-    #[tokio::test]
-    async fn a_holder_registered_again_under_its_name_keeps_its_slot_and_record() {
+    /// The reason holder `ip-10-0-0-1`'s instance wrote before it powered off.
+    const GONE: &str = "slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
+
+    /// A folder with [`FAKE`] as `scontrol` and `listed` as its reservations.
+    fn fake_slurm(listed: &str) -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("bin");
         std::fs::create_dir(&bin).unwrap();
         crate::fsutil::write_test_program(&bin.join("scontrol"), FAKE);
-        let gone = "slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
-        std::fs::write(
-            bin.join("listed"),
-            "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n",
+        std::fs::write(bin.join("listed"), listed).unwrap();
+        (dir, bin)
+    }
+
+    /// The record of `ip-10-0-0-9`, IDLE in `main`, its slurmd started `secs_ago`.
+    fn replacement_record(secs_ago: i64) -> String {
+        let at = crate::time::format(crate::time::now() - secs_ago);
+        format!(
+            "NodeName=ip-10-0-0-9 State=IDLE Partitions=main SlurmdStartTime={}\n",
+            at.trim_end_matches('Z')
         )
-        .unwrap();
-        let holder = |instance: &str| {
-            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+DYNAMIC_NORM InstanceId={instance} Reason={gone} [root@2026-12-04T03:10:00]\n")
-        };
-        std::fs::write(bin.join("node-ip-10-0-0-1"), holder("i-0000000000000000c")).unwrap();
-        let at = crate::time::format(crate::time::now() - 60);
-        std::fs::write(
-            bin.join("node-ip-10-0-0-9"),
-            format!(
-                "NodeName=ip-10-0-0-9 State=IDLE Partitions=main SlurmdStartTime={}\n",
-                at.trim_end_matches('Z')
-            ),
-        )
-        .unwrap();
-        let engine = Engine::new(
+    }
+
+    /// The engine of `ip-10-0-0-9`, instance `instance`, over the fake.
+    fn engine_of(dir: &tempfile::TempDir, bin: &std::path::Path, instance: &str) -> Engine {
+        Engine::new(
             "ip-10-0-0-9",
             &dir.path().join("state"),
-            &bin,
+            bin,
             &crate::drain::DrainSettings::default(),
             &crate::upgrade::UpgradeSettings::default(),
             crate::drain::SpotJobs::default(),
             "",
         )
-        .with_instance("i-0000000000000000f");
+        .with_instance(instance)
+    }
+
+    /// A holder whose NodeName another instance registered since (a replacement under the
+    /// same NodeName, booting: `InstanceId` is not the slot's) is not gone: its slot and its
+    /// record stay for that replacement.
+    #[tokio::test]
+    async fn a_holder_registered_again_under_its_name_keeps_its_slot_and_record() {
+        let (dir, bin) = fake_slurm(
+            "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n",
+        );
+        let gone = GONE;
+        let holder = |instance: &str| {
+            format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+DYNAMIC_NORM InstanceId={instance} Reason={gone} [root@2026-12-04T03:10:00]\n")
+        };
+        std::fs::write(bin.join("node-ip-10-0-0-1"), holder("i-0000000000000000c")).unwrap();
+        std::fs::write(bin.join("node-ip-10-0-0-9"), replacement_record(60)).unwrap();
+        let engine = engine_of(&dir, &bin, "i-0000000000000000f");
         let image = "ami-0123456789abcdef0";
         lift_leftover(&engine, image, image).await.unwrap();
         assert!(!bin.join("deleted").exists(), "a slot was released");
@@ -548,43 +561,19 @@ esac
     /// registers under that name again), a static one is not.
     #[tokio::test]
     async fn a_replacement_under_a_new_name_releases_one_gone_holders_slot_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("bin");
-        std::fs::create_dir(&bin).unwrap();
-        crate::fsutil::write_test_program(&bin.join("scontrol"), FAKE);
-        let gone = "slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> ami-0123456789abcdef0";
-        std::fs::write(
-            bin.join("listed"),
+        let (dir, bin) = fake_slurm(
             "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n\
              ReservationName=slurm-node-agent-upgrade-main-slot-2 EndTime=2026-12-04T03:50:00 Nodes=ip-10-0-0-2 Comment=slurm-node-agent/upgrade@i-0000000000000000b\n",
-        )
-        .unwrap();
+        );
+        let gone = GONE;
         std::fs::write(
             bin.join("node-ip-10-0-0-1"),
             format!("NodeName=ip-10-0-0-1 State=IDLE+DRAIN+DYNAMIC_NORM+NOT_RESPONDING Reason={gone} [root@2026-12-04T03:10:00]\n"),
         )
         .unwrap();
         // slot-2's holder was deleted: gone as well.
-        let started = |secs_ago: i64| {
-            let t = crate::time::now() - secs_ago;
-            let at = crate::time::format(t);
-            format!(
-                "NodeName=ip-10-0-0-9 State=IDLE Partitions=main SlurmdStartTime={}\n",
-                at.trim_end_matches('Z')
-            )
-        };
-        let engine = || {
-            Engine::new(
-                "ip-10-0-0-9",
-                &dir.path().join("state"),
-                &bin,
-                &crate::drain::DrainSettings::default(),
-                &crate::upgrade::UpgradeSettings::default(),
-                crate::drain::SpotJobs::default(),
-                "",
-            )
-            .with_instance("i-0000000000000000f")
-        };
+        let started = replacement_record;
+        let engine = || engine_of(&dir, &bin, "i-0000000000000000f");
         let deleted = || std::fs::read_to_string(bin.join("deleted")).unwrap_or_default();
         let image = "ami-0123456789abcdef0";
 
