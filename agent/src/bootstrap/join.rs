@@ -87,63 +87,22 @@ pub(super) async fn join(
         let seen = match node {
             Ok(Some(node)) if svc.as_ref().is_some_and(|v| registered_by(&node, v)) => {
                 registered = true;
-                if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
-                    return Err(BootstrapError::Invalid {
-                        node_name: def.node_name.clone(),
-                        state: node.state().to_string(),
-                        reason: node.reason().unwrap_or("no reason given").to_string(),
-                    });
-                }
-                // A failing HealthCheckProgram run from before this registration (slurmd
-                // runs it at its start; health::act::PendingDrain): drained now.
-                let started = svc.as_ref().map_or(0, |v| {
-                    i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
-                });
-                let state_dir = &s.agent.state_dir;
-                let pending = crate::health::act::apply_pending(state_dir, gateway, &node, started);
-                if let Some(o) = pending.await {
-                    tracing::warn!(node = %def.node_name, action = %o.action, detail = %o.detail, error = ?o.error, "health checks failed before the registration");
-                    if o.action == "drain" && o.error.is_none() {
+                let look = Look {
+                    s,
+                    def,
+                    gateway,
+                    holder,
+                    instance_id,
+                    running_ami,
+                };
+                match look.registered(node, svc.as_ref(), &mut lifted).await? {
+                    Registered::Joined(node, kept) => return Ok((node, kept)),
+                    Registered::LookAgain => {
                         polls = 0;
                         continue;
                     }
+                    Registered::NotYet(seen) => seen,
                 }
-                if node.is_available() {
-                    return Ok((node, None));
-                }
-                if node.is_drained() && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
-                    match found_drain(node.reason(), instance_id, running_ami, holder) {
-                        FoundDrain::Keep(why) => {
-                            tracing::warn!(node = %def.node_name, "{why}");
-                            return Ok((node, Some(why)));
-                        }
-                        FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
-                            tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
-                            let kind = crate::node_state::CauseKind::of_reason(r.cause);
-                            match gateway.lift(kind, Some(&node)).await {
-                                Ok(crate::node_state::Lifted::HeldBy(other)) => {
-                                    let why = format!(
-                                        "drained by the agent ({}): its {other} drain in progress holds the node",
-                                        r.to_reason()
-                                    );
-                                    tracing::warn!(node = %def.node_name, "{why}");
-                                    return Ok((node, Some(why)));
-                                }
-                                Ok(_) => {}
-                                Err(e) => tracing::warn!("{e}"),
-                            }
-                            lifted = Some(r.to_reason());
-                            polls = 0;
-                            continue;
-                        }
-                        FoundDrain::Lift(_) => {}
-                    }
-                }
-                format!(
-                    "node is {}{}",
-                    node.state(),
-                    node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
-                )
             }
             Ok(Some(node)) => format!(
                 "slurmctld shows no registration by the slurmd now running (SlurmdStartTime={}, {unit} started at {})",
@@ -170,24 +129,7 @@ pub(super) async fn join(
             }
         }
         if start.elapsed() >= deadline {
-            let unit_state = systemd
-                .active_state(unit)
-                .await
-                .unwrap_or_else(|e| format!("unknown ({e})"));
-            let info = systemd.service_info(unit).await.ok();
-            let why = why_not_registered(&s.slurm, info.as_ref(), &seen).await;
-            let why = if why.is_empty() {
-                String::new()
-            } else {
-                format!("{why}; ")
-            };
-            return Err(BootstrapError::Join {
-                node_name: def.node_name.clone(),
-                waited: start.elapsed(),
-                last_error: format!(
-                    "{why}{seen}; {unit} is {unit_state} (restarted {restarts} times)"
-                ),
-            });
+            return Err(not_joined(s, def, systemd, &seen, start.elapsed(), restarts).await);
         }
         let unit_state = match &svc {
             Some(v) => v.active_state.clone(),
@@ -195,42 +137,19 @@ pub(super) async fn join(
         };
         tracing::debug!(%unit_state, %seen, "waiting for the node");
         if matches!(unit_state.as_str(), "failed" | "inactive") {
-            // A node that is not dynamic must be in slurmctld's table from its slurm.conf:
-            // unknown there while slurmd exits again and again (`Unable to find node record
-            // for <name>`), it never will be (a mistyped name, or a nodeID the cluster's
-            // slurm.conf does not declare).
-            if not_known && def.dynamic_conf.is_none() && restarts >= UNKNOWN_NODE_AFTER_RESTARTS {
-                return Err(BootstrapError::UnknownNode {
-                    node_name: def.node_name.clone(),
-                    source_key: if s.pcs.enabled {
-                        "the registration's nodeID"
-                    } else if s.node.name.is_empty() {
-                        "node.name_template"
-                    } else {
-                        "node.name"
-                    },
-                    unit: unit.clone(),
-                    restarts,
-                });
-            }
-            let wait = Backoff::CONTROLLER
-                .delay(restarts)
-                .min(deadline.saturating_sub(start.elapsed()));
-            tracing::warn!(
-                %unit,
-                %unit_state,
-                %seen,
-                retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                "slurmd is not running; restarting it"
-            );
-            tokio::time::sleep(wait).await;
+            restart_slurmd(
+                s,
+                def,
+                systemd,
+                version,
+                not_known,
+                restarts,
+                &unit_state,
+                &seen,
+                (start, deadline),
+            )
+            .await?;
             restarts += 1;
-            if let Err(e) = slurmd::restart(systemd, unit).await {
-                tracing::warn!("{e}");
-            }
-            wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
-            let left = deadline.saturating_sub(start.elapsed());
-            wait_for_slurmd_ready(s, systemd, version, left).await;
             polls = 0;
             continue;
         }
@@ -241,6 +160,188 @@ pub(super) async fn join(
             None => poll_pause(polls),
         };
         tokio::time::sleep(pause.min(deadline.saturating_sub(start.elapsed()))).await;
+    }
+}
+
+/// slurmd is not running (its unit `unit_state`, `failed` or `inactive`): restarts it
+/// after a capped, jittered wait ([`Backoff::CONTROLLER`], the `restarts`-th), then waits
+/// for its configuration cache and readiness within what is left of the join's
+/// `(start, deadline)`. A node that is not dynamic and that slurmctld does not know
+/// (`not_known`) after [`UNKNOWN_NODE_AFTER_RESTARTS`] restarts never will be (a mistyped
+/// name, or a nodeID the cluster's slurm.conf does not declare): refused, naming the key
+/// the name came from.
+#[allow(clippy::too_many_arguments)]
+async fn restart_slurmd(
+    s: &Settings,
+    def: &NodeDefinition,
+    systemd: &Systemd,
+    version: Option<SlurmVersion>,
+    not_known: bool,
+    restarts: u32,
+    unit_state: &str,
+    seen: &str,
+    (start, deadline): (Instant, Duration),
+) -> Result<(), BootstrapError> {
+    let unit = &s.slurm.slurmd_unit;
+    // A node that is not dynamic must be in slurmctld's table from its slurm.conf: unknown
+    // there while slurmd exits again and again (`Unable to find node record for <name>`).
+    if not_known && def.dynamic_conf.is_none() && restarts >= UNKNOWN_NODE_AFTER_RESTARTS {
+        return Err(BootstrapError::UnknownNode {
+            node_name: def.node_name.clone(),
+            source_key: if s.pcs.enabled {
+                "the registration's nodeID"
+            } else if s.node.name.is_empty() {
+                "node.name_template"
+            } else {
+                "node.name"
+            },
+            unit: unit.clone(),
+            restarts,
+        });
+    }
+    let wait = Backoff::CONTROLLER
+        .delay(restarts)
+        .min(deadline.saturating_sub(start.elapsed()));
+    tracing::warn!(
+        %unit,
+        %unit_state,
+        %seen,
+        retry_in_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        "slurmd is not running; restarting it"
+    );
+    tokio::time::sleep(wait).await;
+    if let Err(e) = slurmd::restart(systemd, unit).await {
+        tracing::warn!("{e}");
+    }
+    wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
+    let left = deadline.saturating_sub(start.elapsed());
+    wait_for_slurmd_ready(s, systemd, version, left).await;
+    Ok(())
+}
+
+/// What the join does with a record the slurmd now running registered.
+enum Registered {
+    /// Joined: the record as seen, and the drain kept on it (why), if any.
+    Joined(NodeInfo, Option<String>),
+    /// Something changed on the record (a pending health drain applied, an earlier
+    /// drain lifted): look again at once.
+    LookAgain,
+    /// Registered but not yet in service: what was seen, for the log and the error at the
+    /// deadline.
+    NotYet(String),
+}
+
+/// What one look at a registered record needs.
+struct Look<'a> {
+    s: &'a Settings,
+    def: &'a NodeDefinition,
+    gateway: &'a crate::node_state::Gateway,
+    holder: &'a RecordHolder,
+    instance_id: &'a str,
+    running_ami: &'a str,
+}
+
+impl Look<'_> {
+    /// The record `node`, registered by the slurmd of unit `svc`: refused when slurmctld
+    /// marks the registration invalid; a health drain pending from before the registration
+    /// is applied; an available node has joined; a drain of the agent's whose cause is
+    /// over is lifted once (`lifted` remembers it), one that still applies is kept.
+    async fn registered(
+        &self,
+        node: NodeInfo,
+        svc: Option<&crate::systemd::ServiceInfo>,
+        lifted: &mut Option<String>,
+    ) -> Result<Registered, BootstrapError> {
+        let def = self.def;
+        if node.has_flag("INVALID_REG") || node.has_flag("INVALID") {
+            return Err(BootstrapError::Invalid {
+                node_name: def.node_name.clone(),
+                state: node.state().to_string(),
+                reason: node.reason().unwrap_or("no reason given").to_string(),
+            });
+        }
+        // A failing HealthCheckProgram run from before this registration (slurmd runs it at
+        // its start; health::act::PendingDrain): drained now.
+        let started = svc.map_or(0, |v| {
+            i64::try_from(v.exec_main_start_usec / 1_000_000).unwrap_or(0)
+        });
+        let state_dir = &self.s.agent.state_dir;
+        let pending = crate::health::act::apply_pending(state_dir, self.gateway, &node, started);
+        if let Some(o) = pending.await {
+            tracing::warn!(node = %def.node_name, action = %o.action, detail = %o.detail, error = ?o.error, "health checks failed before the registration");
+            if o.action == "drain" && o.error.is_none() {
+                return Ok(Registered::LookAgain);
+            }
+        }
+        if node.is_available() {
+            return Ok(Registered::Joined(node, None));
+        }
+        if node.is_drained() && !node.has_flag("NOT_RESPONDING") && !node.state().contains('*') {
+            match found_drain(
+                node.reason(),
+                self.instance_id,
+                self.running_ami,
+                self.holder,
+            ) {
+                FoundDrain::Keep(why) => {
+                    tracing::warn!(node = %def.node_name, "{why}");
+                    return Ok(Registered::Joined(node, Some(why)));
+                }
+                FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
+                    tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?self.holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
+                    let kind = crate::node_state::CauseKind::of_reason(r.cause);
+                    match self.gateway.lift(kind, Some(&node)).await {
+                        Ok(crate::node_state::Lifted::HeldBy(other)) => {
+                            let why = format!(
+                                "drained by the agent ({}): its {other} drain in progress holds the node",
+                                r.to_reason()
+                            );
+                            tracing::warn!(node = %def.node_name, "{why}");
+                            return Ok(Registered::Joined(node, Some(why)));
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!("{e}"),
+                    }
+                    *lifted = Some(r.to_reason());
+                    return Ok(Registered::LookAgain);
+                }
+                FoundDrain::Lift(_) => {}
+            }
+        }
+        Ok(Registered::NotYet(format!(
+            "node is {}{}",
+            node.state(),
+            node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
+        )))
+    }
+}
+
+/// The error at the join's deadline: the cause as far as it is visible
+/// ([`why_not_registered`]), what was `seen` last, the unit's state and its restarts.
+async fn not_joined(
+    s: &Settings,
+    def: &NodeDefinition,
+    systemd: &Systemd,
+    seen: &str,
+    waited: Duration,
+    restarts: u32,
+) -> BootstrapError {
+    let unit = &s.slurm.slurmd_unit;
+    let unit_state = systemd
+        .active_state(unit)
+        .await
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    let info = systemd.service_info(unit).await.ok();
+    let why = why_not_registered(&s.slurm, info.as_ref(), seen).await;
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!("{why}; ")
+    };
+    BootstrapError::Join {
+        node_name: def.node_name.clone(),
+        waited,
+        last_error: format!("{why}{seen}; {unit} is {unit_state} (restarted {restarts} times)"),
     }
 }
 
