@@ -187,7 +187,9 @@ impl InstanceError {
 pub struct Instance {
     /// IMDS's facts (tags from the source `imds.tags` names).
     pub facts: InstanceIdentity,
-    /// The files and flags it was read with, and its metadata.
+    /// The settings its metadata carries (the user data parsed once, the settings tags).
+    pub metadata: Metadata,
+    /// The files and flags it was read with, and [`Instance::metadata`].
     pub inputs: Inputs,
 }
 
@@ -240,7 +242,8 @@ pub async fn read_instance(
     }
     Ok(Instance {
         facts: id,
-        inputs: inputs.with_metadata(metadata),
+        inputs: inputs.with_metadata(metadata.clone()),
+        metadata,
     })
 }
 
@@ -501,15 +504,9 @@ fn finish(
         facts.is_none_or(|f| f.instance_id == r.instance_id) && !r.node_name.is_empty()
     });
     let resolved = match (instance, &record) {
-        (Some(i), _) => {
-            let metadata = match &i.inputs.metadata {
-                Some(m) => m.clone(),
-                None => Metadata::of_instance(&i.facts)?,
-            };
-            inputs
-                .with_metadata(metadata)
-                .resolve(settings::Enforce::WarnAndIgnore)?
-        }
+        (Some(i), _) => inputs
+            .with_metadata(i.metadata.clone())
+            .resolve(settings::Enforce::WarnAndIgnore)?,
         (None, Some(r)) => inputs
             .with_metadata(r.metadata())
             .resolve(settings::Enforce::WarnAndIgnore)?,

@@ -1789,6 +1789,21 @@ fn wait_for_upgrade_loop_logs(d: &Daemon, n: usize) {
     .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
 }
 
+/// Waits until the world's poweroff unit ran (`off` exists), then checks the reason
+/// instance `instance` wrote on the way out for the upgrade to `desired`.
+fn wait_powered_off(w: &World, d: &Daemon, off: &Path, instance: &str, desired: &str) {
+    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
+        Ok(off.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert_eq!(
+        w.reason(),
+        format!(
+            "slurm-node-agent/upgrade@{instance}: powered off for image upgrade {RUNNING_AMI} -> {desired}"
+        )
+    );
+}
+
 /// A world with moto whose upgrade (parameter `/desired`, checked every 300 ms) powers off
 /// through `sna-poweroff.service` of a confined manager, which appends a line to the file
 /// returned for each run (the "poweroff" of this node).
@@ -1825,17 +1840,8 @@ fn a_powered_off_node_is_marked_and_a_replacement_on_the_old_image_does_not_loop
     let first = "i-0aaaaaaaaaaaaaaaa";
     w.imds.set("instance-id", first);
     let mut d = w.daemon("agent-1", None);
-    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
-        Ok(off.exists().then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
     // On the way out the reason says so: the record holds no budget slot.
-    assert_eq!(
-        w.reason(),
-        format!(
-            "slurm-node-agent/upgrade@{first}: powered off for image upgrade {RUNNING_AMI} -> {desired}"
-        )
-    );
+    wait_powered_off(&w, &d, &off, first, &desired);
     d.stop().unwrap();
 
     // The replacement: a new instance with the same NodeName and an empty state folder,
@@ -1916,16 +1922,7 @@ fn an_instance_launched_after_the_publication_on_the_old_image_stops_the_rollout
         std::thread::sleep(Duration::from_millis(200));
     }
     moto.put_parameter("/desired", &desired, "String").unwrap();
-    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
-        Ok(off.exists().then_some(()))
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
-    assert_eq!(
-        w.reason(),
-        format!(
-            "slurm-node-agent/upgrade@{id}: powered off for image upgrade {RUNNING_AMI} -> {desired}"
-        )
-    );
+    wait_powered_off(&w, &d, &off, &id, &desired);
     assert!(
         d.log_tail(400)
             .contains("was published again after this instance launched"),

@@ -419,7 +419,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         s: joined.as_ref().unwrap_or(&resolved.settings),
         resolved: &resolved,
         id,
-        metadata: instance.inputs.metadata.as_ref().unwrap_or(&NO_METADATA),
+        metadata: &instance.metadata,
     };
 
     if cx.s.node.role == crate::nodedef::Role::Login {
@@ -493,13 +493,6 @@ struct Steps<'a> {
     /// The settings its metadata carries, as read (bootstrap's record keeps them).
     metadata: &'a Metadata,
 }
-
-/// The metadata of an instance read without any (never the case after
-/// [`read_instance_metadata`]).
-static NO_METADATA: Metadata = Metadata {
-    user_data: Vec::new(),
-    tags: std::collections::BTreeMap::new(),
-};
 
 impl<'a> Steps<'a> {
     /// The gateway of node `def`'s state ([`crate::node_state::Gateway`]), writing this
