@@ -709,3 +709,76 @@ mod tests {
         assert!(http_client("HTTPS://imds.example").is_none());
     }
 }
+
+/// The seam over the instance metadata service for the daemon's polls of notices and
+/// events (EC2 User Guide, "Instance metadata categories"): [`Imds`] over IMDSv2, and an
+/// in-memory service in unit tests.
+#[async_trait::async_trait]
+pub trait InstanceMetadata: Send + Sync {
+    /// GETs `path` (e.g. `/latest/meta-data/spot/instance-action`); 404 is `Ok(None)`
+    /// ([`Imds::get_optional`]).
+    ///
+    /// # Errors
+    /// [`ImdsError`] naming the path.
+    async fn get_optional(&self, path: &str) -> Result<Option<String>, ImdsError>;
+}
+
+#[async_trait::async_trait]
+impl InstanceMetadata for Imds {
+    async fn get_optional(&self, path: &str) -> Result<Option<String>, ImdsError> {
+        Imds::get_optional(self, path).await
+    }
+}
+
+/// An in-memory instance metadata service for unit tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex, MutexGuard};
+
+    use super::{ImdsError, InstanceMetadata};
+
+    /// Bodies by path (a path without one answers 404); while `down`, every request is
+    /// [`ImdsError::Unreachable`]. Clones share the paths.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct FakeImds {
+        paths: Arc<Mutex<BTreeMap<String, String>>>,
+        down: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl FakeImds {
+        fn paths(&self) -> MutexGuard<'_, BTreeMap<String, String>> {
+            self.paths
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        /// Serves `body` at `path`.
+        pub(crate) fn set(&self, path: &str, body: &str) {
+            self.paths().insert(path.to_string(), body.to_string());
+        }
+
+        /// Stops serving `path` (404).
+        pub(crate) fn remove(&self, path: &str) {
+            self.paths().remove(path);
+        }
+
+        /// Makes the service unreachable (`true`) or back.
+        pub(crate) fn set_down(&self, down: bool) {
+            self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl InstanceMetadata for FakeImds {
+        async fn get_optional(&self, path: &str) -> Result<Option<String>, ImdsError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(ImdsError::Unreachable {
+                    path: path.to_string(),
+                    message: "connection refused".into(),
+                });
+            }
+            Ok(self.paths().get(path).cloned())
+        }
+    }
+}

@@ -594,3 +594,180 @@ mod tests {
         }
     }
 }
+
+/// The seam over the systemd Manager for the orchestrators that watch and restart a unit
+/// (bootstrap's join of slurmd): the calls [`Systemd`] makes over D-Bus
+/// (org.freedesktop.systemd1(5)), implemented by it and, in unit tests, by an in-memory
+/// fake.
+#[async_trait::async_trait]
+pub trait Units: Send + Sync {
+    /// The unit's `ActiveState` ([`Systemd::active_state`]).
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    async fn active_state(&self, unit: &str) -> Result<String, SystemdError>;
+
+    /// The service's main process and state ([`Systemd::service_info`]).
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    async fn service_info(&self, unit: &str) -> Result<ServiceInfo, SystemdError>;
+
+    /// `StopUnit`, waiting for the job ([`Systemd::stop`]).
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError>;
+
+    /// `StartUnit`, not waiting for the job to finish ([`Systemd::start_no_wait`]).
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    async fn start_no_wait(&self, unit: &str) -> Result<(), SystemdError>;
+
+    /// The processes in the unit's cgroup, `(pid, command line)`
+    /// ([`Systemd::unit_processes`]).
+    ///
+    /// # Errors
+    /// [`SystemdError`].
+    async fn unit_processes(&self, unit: &str) -> Result<Vec<(u32, String)>, SystemdError>;
+}
+
+#[async_trait::async_trait]
+impl Units for Systemd {
+    async fn active_state(&self, unit: &str) -> Result<String, SystemdError> {
+        Systemd::active_state(self, unit).await
+    }
+
+    async fn service_info(&self, unit: &str) -> Result<ServiceInfo, SystemdError> {
+        Systemd::service_info(self, unit).await
+    }
+
+    async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+        Systemd::stop(self, unit).await
+    }
+
+    async fn start_no_wait(&self, unit: &str) -> Result<(), SystemdError> {
+        Systemd::start_no_wait(self, unit).await
+    }
+
+    async fn unit_processes(&self, unit: &str) -> Result<Vec<(u32, String)>, SystemdError> {
+        Systemd::unit_processes(self, unit).await
+    }
+}
+
+/// An in-memory systemd Manager for unit tests.
+#[cfg(test)]
+pub(crate) mod fake {
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex, MutexGuard};
+
+    use super::{ServiceInfo, SystemdError, Units};
+
+    /// Services by unit name: a start makes the unit `active` with a new main process
+    /// started now, a stop makes it `inactive` without one; an unknown unit is `inactive`,
+    /// never started. Every start and stop is logged. Clones share the units.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct FakeUnits {
+        units: Arc<Mutex<BTreeMap<String, ServiceInfo>>>,
+        calls: Arc<Mutex<Vec<String>>>,
+    }
+
+    /// Microseconds since the Unix epoch, now.
+    pub(crate) fn now_usec() -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from(now.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    impl FakeUnits {
+        fn units(&self) -> MutexGuard<'_, BTreeMap<String, ServiceInfo>> {
+            self.units
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        fn log(&self, call: String) {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(call);
+        }
+
+        /// Sets `unit`'s service as `info`.
+        pub(crate) fn set(&self, unit: &str, info: ServiceInfo) {
+            self.units().insert(unit.to_string(), info);
+        }
+
+        /// `unit` active, its main process (PID 4242) started `ago` before now.
+        pub(crate) fn running_since(&self, unit: &str, ago: std::time::Duration) {
+            let ago = u64::try_from(ago.as_micros()).unwrap_or(u64::MAX);
+            self.set(
+                unit,
+                ServiceInfo {
+                    exec_main_start_usec: now_usec().saturating_sub(ago),
+                    exec_main_pid: 4242,
+                    result: "success".into(),
+                    active_state: "active".into(),
+                },
+            );
+        }
+
+        /// The starts and stops so far (`start slurmd.service`).
+        pub(crate) fn calls(&self) -> Vec<String> {
+            self.calls
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        }
+
+        fn info(&self, unit: &str) -> ServiceInfo {
+            self.units()
+                .get(unit)
+                .cloned()
+                .unwrap_or_else(|| ServiceInfo {
+                    active_state: "inactive".into(),
+                    result: "success".into(),
+                    ..ServiceInfo::default()
+                })
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Units for FakeUnits {
+        async fn active_state(&self, unit: &str) -> Result<String, SystemdError> {
+            Ok(self.info(unit).active_state)
+        }
+
+        async fn service_info(&self, unit: &str) -> Result<ServiceInfo, SystemdError> {
+            Ok(self.info(unit))
+        }
+
+        async fn stop(&self, unit: &str) -> Result<(), SystemdError> {
+            self.log(format!("stop {unit}"));
+            let info = ServiceInfo {
+                exec_main_pid: 0,
+                active_state: "inactive".into(),
+                ..self.info(unit)
+            };
+            self.set(unit, info);
+            Ok(())
+        }
+
+        async fn start_no_wait(&self, unit: &str) -> Result<(), SystemdError> {
+            self.log(format!("start {unit}"));
+            self.running_since(unit, std::time::Duration::ZERO);
+            Ok(())
+        }
+
+        async fn unit_processes(&self, unit: &str) -> Result<Vec<(u32, String)>, SystemdError> {
+            let info = self.info(unit);
+            Ok(if info.exec_main_pid == 0 {
+                Vec::new()
+            } else {
+                vec![(info.exec_main_pid, format!("/usr/sbin/{unit}"))]
+            })
+        }
+    }
+}

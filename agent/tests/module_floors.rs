@@ -1097,9 +1097,10 @@ const NODE_STATE_METHODS: &[&str] = &[
     "set_state",
 ];
 
-/// Where the gateway is: its own folder, and the file that writes scontrol's words.
+/// Where the gateway is: its own folder, the file that writes scontrol's words, and the
+/// seam over scontrol (`slurm/ctl.rs`, which implements it by those words).
 fn gateway_file(shown: &str) -> bool {
-    shown.starts_with("node_state/") || shown == "slurm/node.rs"
+    shown.starts_with("node_state/") || shown == "slurm/node.rs" || shown == "slurm/ctl.rs"
 }
 
 /// One change of the node's state outside the gateway: `file:line` and the call.
@@ -1142,10 +1143,13 @@ fn node_state_bypasses(src: &Path) -> Result<Vec<Bypass>, String> {
 }
 
 /// Whether tokens name a scontrol: an identifier `scontrol`, `Scontrol`, `ReadyScontrol`,
-/// `*_scontrol`...
+/// `*_scontrol`..., or the seam over it (`slurmctld`, `dyn Slurmctld`).
 fn names_scontrol(tokens: TokenStream) -> bool {
     tokens.into_iter().any(|t| match t {
-        TokenTree::Ident(i) => i.to_string().to_ascii_lowercase().contains("scontrol"),
+        TokenTree::Ident(i) => {
+            let name = i.to_string().to_ascii_lowercase();
+            name.contains("scontrol") || name.contains("slurmctld")
+        }
         TokenTree::Group(g) => names_scontrol(g.stream()),
         _ => false,
     })
@@ -1367,6 +1371,7 @@ pub async fn f(scontrol: &Scontrol, sc2: &Scontrol, gateway: &G, v: &mut Vec<u8>
     crate::slurm::Scontrol::configured(&s).delete_node("n1").await;
     self.ops.scontrol.run(&["power", "down", "n1"]).await;
 }
+pub async fn h(slurmctld: &dyn Slurmctld) { slurmctld.delete_node("n1").await; }
 #[cfg(test)]
 mod tests {
     async fn t(scontrol: &Scontrol) { scontrol.drain("n1", "r").await; }
@@ -1379,7 +1384,11 @@ mod tests {
         ),
         (
             "slurm/mod.rs",
-            "pub mod node;\npub mod record;\n",
+            "pub mod ctl;\npub mod node;\npub mod record;\n",
+        ),
+        (
+            "slurm/ctl.rs",
+            "impl Slurmctld for Scontrol { async fn drain(&self, n: &str, r: &str) { Scontrol::drain(self, n, r).await; self.resume(n).await; } }\n",
         ),
         (
             "slurm/node.rs",
@@ -1397,14 +1406,15 @@ mod tests {
     let found = node_state_bypasses(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let at: Vec<&str> = found.iter().map(|b| b.at.as_str()).collect();
     // Lines 3, 5 (a name bound to a scontrol), 6 (a parameter), 9 (update NodeName= State=),
-    // 13 (a scontrol made in place), 14 (power); not the gateway's drain, a Vec's, the
-    // reservation's update and delete, a show, test code, node_state/ or slurm/node.rs;
-    // slurm/record.rs is not the gateway.
+    // 13 (a scontrol made in place), 14 (power), 16 (the seam over scontrol); not the
+    // gateway's drain, a Vec's, the reservation's update and delete, a show, test code,
+    // node_state/, slurm/node.rs or slurm/ctl.rs; slurm/record.rs is not the gateway.
     assert_eq!(
         at,
         [
             "a.rs:13",
             "a.rs:14",
+            "a.rs:16",
             "a.rs:3",
             "a.rs:5",
             "a.rs:6",

@@ -16,11 +16,24 @@ use crate::nodedef::NodeDefinition;
 use crate::reason::RecordHolder;
 use crate::retry::Backoff;
 use crate::settings::Settings;
+use crate::slurm::ctl::LookAhead;
 use crate::slurm::diagnose::why_not_registered;
 use crate::slurm::record::registered_by;
 use crate::slurm::skew::{self, Refusal};
-use crate::slurm::{self, slurmd, NodeInfo, ReadyScontrol, Scontrol, SlurmVersion};
-use crate::systemd::Systemd;
+use crate::slurm::{self, slurmd, NodeInfo, SlurmVersion, Slurmctld};
+use crate::systemd::Units;
+
+/// The outside systems the join talks to: slurmctld (through scontrol: the looks at the
+/// node's record) and systemd (slurmd's unit). The program's are
+/// [`crate::slurm::Scontrol`] and [`crate::systemd::Systemd`]; unit tests give in-memory
+/// ones.
+#[derive(Clone, Copy)]
+pub(super) struct Peers<'a> {
+    /// The looks at the node's record.
+    pub slurmctld: &'a dyn Slurmctld,
+    /// slurmd's unit.
+    pub systemd: &'a dyn Units,
+}
 
 /// Waits until the slurmd now running has registered and slurmctld reports the node
 /// available, until `slurm.join_deadline`. Returns the node and, when it stays drained by
@@ -39,14 +52,14 @@ use crate::systemd::Systemd;
 /// deadline names the cause as far as it is visible ([`why_not_registered`]), scontrol's
 /// last answer and the unit's state.
 ///
-/// `id` is this instance (its id writes the reasons, its image decides on a leftover
-/// upgrade drain), `gateway` the node's (the pending health drain, the lift of a drain
+/// `peers` are slurmctld and systemd, `id` is this instance (its id writes the reasons, its
+/// image decides on a leftover upgrade drain), `gateway` the node's (the pending health drain, the lift of a drain
 /// whose cause is over), `holder` whose record slurmctld held before slurmd (re)started,
 /// `version` `slurmd -V`.
 pub(super) async fn join(
     s: &Settings,
     def: &NodeDefinition,
-    systemd: &Systemd,
+    peers: Peers<'_>,
     id: &InstanceIdentity,
     gateway: &crate::node_state::Gateway,
     holder: &RecordHolder,
@@ -54,22 +67,22 @@ pub(super) async fn join(
 ) -> Result<(NodeInfo, Option<String>), BootstrapError> {
     let (instance_id, running_ami) = (id.instance_id.as_str(), id.ami_id.as_str());
     let unit = &s.slurm.slurmd_unit;
-    let scontrol = Scontrol::configured(&s.slurm);
+    let Peers { slurmctld, systemd } = peers;
     let deadline = s.slurm.join_deadline.0;
     let start = Instant::now();
     let mut restarts = 0u32;
     let mut polls = 0u32;
     let mut lifted: Option<String> = None;
-    // The scontrol for the next look, started during the pause before it
-    // ([`Scontrol::spawn_ready`]): the look is then one RPC, not a program's start.
-    let mut ready: Option<ReadyScontrol> = None;
+    // The next look, its scontrol started during the pause before it
+    // ([`Slurmctld::look_ahead`]): the look is then one RPC, not a program's start.
+    let mut ready: Option<LookAhead> = None;
     wait_for_config_cache(s, systemd, deadline).await;
     wait_for_slurmd_ready(s, systemd, version, deadline).await;
     loop {
         let look = async {
             match ready.take() {
-                Some(r) => r.show_node(&def.node_name).await,
-                None => scontrol.show_node(&def.node_name).await,
+                Some(look) => look.await,
+                None => slurmctld.show_node(&def.node_name).await,
             }
         };
         // slurmctld's record and the unit's state, read together: one wait per poll.
@@ -153,7 +166,7 @@ pub(super) async fn join(
             polls = 0;
             continue;
         }
-        ready = scontrol.spawn_ready().ok();
+        ready = slurmctld.look_ahead(&def.node_name);
         // A failing health check run waits for the registration: look as often as at first.
         let pause = match crate::health::act::PendingDrain::read_this_boot(&s.agent.state_dir) {
             Some(_) => JOIN_FAST_PAUSE,
@@ -174,7 +187,7 @@ pub(super) async fn join(
 async fn restart_slurmd(
     s: &Settings,
     def: &NodeDefinition,
-    systemd: &Systemd,
+    systemd: &dyn Units,
     version: Option<SlurmVersion>,
     not_known: bool,
     restarts: u32,
@@ -321,7 +334,7 @@ impl Look<'_> {
 async fn not_joined(
     s: &Settings,
     def: &NodeDefinition,
-    systemd: &Systemd,
+    systemd: &dyn Units,
     seen: &str,
     waited: Duration,
     restarts: u32,
@@ -351,7 +364,7 @@ async fn not_joined(
 /// is no longer active. slurmd registers only after that, and each `scontrol` run before it
 /// would fetch the whole configuration from slurmctld (`REQUEST_CONFIG`, the largest answer
 /// it sends), once per look and per node.
-async fn wait_for_config_cache(s: &Settings, systemd: &Systemd, time_left: Duration) {
+async fn wait_for_config_cache(s: &Settings, systemd: &dyn Units, time_left: Duration) {
     let missing = || !client_has_config(s);
     if !missing() {
         return;
@@ -398,7 +411,7 @@ async fn wait_for_config_cache(s: &Settings, systemd: &Systemd, time_left: Durat
 /// ([`slurm::readyz::listening_address`]) refuses connections for [`READYZ_REFUSED_LIMIT`].
 async fn wait_for_slurmd_ready(
     s: &Settings,
-    systemd: &Systemd,
+    systemd: &dyn Units,
     version: Option<SlurmVersion>,
     time_left: Duration,
 ) {
@@ -483,7 +496,7 @@ const UNKNOWN_NODE_AFTER_RESTARTS: u32 = 2;
 
 /// How long slurmd's main process has run while its unit is `active` or `activating`
 /// (zero otherwise, or when the unit cannot be read).
-async fn slurmd_ran_for(s: &Settings, systemd: &Systemd) -> Duration {
+async fn slurmd_ran_for(s: &Settings, systemd: &dyn Units) -> Duration {
     match systemd.service_info(&s.slurm.slurmd_unit).await {
         Ok(v) => running_for(&v),
         Err(_) => Duration::ZERO,
@@ -532,7 +545,7 @@ async fn refused(
 }
 
 /// Whether slurmd's unit is `failed` or `inactive` (a state read that fails counts as not).
-async fn slurmd_stopped(s: &Settings, systemd: &Systemd) -> bool {
+async fn slurmd_stopped(s: &Settings, systemd: &dyn Units) -> bool {
     systemd
         .active_state(&s.slurm.slurmd_unit)
         .await
@@ -596,3 +609,7 @@ mod tests {
         assert_eq!(poll_pause(u32::MAX), Duration::from_secs(1));
     }
 }
+
+#[cfg(test)]
+#[path = "join_tests.rs"]
+mod join_tests;

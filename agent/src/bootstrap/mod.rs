@@ -440,10 +440,15 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     )
     .await?;
     start_slurmd(&cx, &systemd, prepared.time, &mut t).await?;
+    let slurmctld = slurm_mod::Scontrol::configured(&cx.s.slurm);
+    let peers = join::Peers {
+        slurmctld: &slurmctld,
+        systemd: &systemd,
+    };
     let (node, kept_drain) = join::join(
         cx.s,
         &def,
-        &systemd,
+        peers,
         id,
         &gateway,
         &prepared.holder,

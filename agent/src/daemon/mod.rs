@@ -31,7 +31,7 @@ use crate::drain::{Cause, DrainError, Engine, Phase};
 use crate::events::{self, Decision, Observations};
 use crate::exit::Exit;
 use crate::identity::Instance;
-use crate::imds::{Imds, ImdsError, InstanceIdentity};
+use crate::imds::{Imds, ImdsError, InstanceIdentity, InstanceMetadata};
 use crate::retry::Backoff;
 use crate::rollout::{self, check::Check, Budget};
 use crate::settings::pipeline::Inputs;
@@ -174,7 +174,8 @@ struct Ctx {
     engine: Engine,
     /// This node's place in the rollout's budget (its slot's renewals).
     budget: Budget,
-    imds: Arc<Imds>,
+    /// The notices' and events' polls ([`Imds`] in the program).
+    imds: Arc<dyn InstanceMetadata>,
     aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
     mount_env: crate::mounts::MountEnv,
     /// The gateway of the mounts' drains (through the configless `scontrol`, as bootstrap
@@ -757,7 +758,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
     let current = engine.load().ok();
     let cur = current.as_ref().and_then(|c| c.cause.as_ref());
     let result = match work {
-        Work::Spot => match events::poll_spot(&ctx.imds).await {
+        Work::Spot => match events::poll_spot(&*ctx.imds).await {
             Ok(o) => {
                 lock_outage(&ctx).ok(events::notice::SPOT_PATH);
                 let obs = Observations {
@@ -773,8 +774,8 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
         },
         Work::Notices => {
             let (rb, lc) = tokio::join!(
-                events::poll_rebalance(&ctx.imds),
-                events::poll_lifecycle(&ctx.imds)
+                events::poll_rebalance(&*ctx.imds),
+                events::poll_lifecycle(&*ctx.imds)
             );
             let obs = {
                 let mut outage = lock_outage(&ctx);
@@ -788,8 +789,8 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
         }
         Work::Maintenance => {
             let (mt, mh) = tokio::join!(
-                events::poll_maintenance(&ctx.imds),
-                events::poll_maintenance_history(&ctx.imds)
+                events::poll_maintenance(&*ctx.imds),
+                events::poll_maintenance_history(&*ctx.imds)
             );
             let obs = {
                 let mut outage = lock_outage(&ctx);
@@ -1274,3 +1275,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "pass_tests.rs"]
+mod pass_tests;

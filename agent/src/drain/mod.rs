@@ -194,6 +194,14 @@ impl Engine {
         }
     }
 
+    /// The same engine changing the node through another slurmctld (its gateway's,
+    /// [`Gateway::through`]; an in-memory one in unit tests). The budget's reservations
+    /// and the jobs' signals keep the programs of `slurm.bin_dir`.
+    pub fn through(mut self, slurmctld: impl crate::slurm::Slurmctld + 'static) -> Engine {
+        self.gateway = self.gateway.through(slurmctld);
+        self
+    }
+
     /// The same engine writing reasons as incarnation `instance_id`.
     pub fn with_instance(mut self, instance_id: &str) -> Engine {
         self.instance_id = instance_id.to_string();

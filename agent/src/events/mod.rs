@@ -1,5 +1,5 @@
 //! Interruption and maintenance notices from the instance metadata service: polling over
-//! the agent's IMDSv2 client ([`Imds`]) and turning what was read into drain decisions.
+//! the agent's IMDSv2 client ([`crate::imds::Imds`], through [`InstanceMetadata`]) and turning what was read into drain decisions.
 //!
 //! - `spot/instance-action` (every `events.spot_interval`, 1 s): drain at once. The path
 //!   being present is the notice: a body that cannot be parsed still drains (deadline two
@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::drain::Cause;
 use crate::drain::{SpotJobAction, SpotJobs};
-use crate::imds::{Imds, ImdsError};
+use crate::imds::{ImdsError, InstanceMetadata};
 use crate::section::{HumanDuration, InvalidKey};
 pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
 
@@ -208,7 +208,7 @@ pub struct Observations {
 
 /// Polls one path.
 async fn poll<T>(
-    imds: &Imds,
+    imds: &dyn InstanceMetadata,
     path: &str,
     parse: impl FnOnce(&str) -> Result<T, NoticeError>,
 ) -> Result<Observed<T>, ImdsError> {
@@ -225,7 +225,7 @@ async fn poll<T>(
 ///
 /// # Errors
 /// [`ImdsError`] after the client's retries and token refresh.
-pub async fn poll_spot(imds: &Imds) -> Result<Observed<SpotNotice>, ImdsError> {
+pub async fn poll_spot(imds: &dyn InstanceMetadata) -> Result<Observed<SpotNotice>, ImdsError> {
     poll(imds, notice::SPOT_PATH, notice::parse_spot).await
 }
 
@@ -233,7 +233,9 @@ pub async fn poll_spot(imds: &Imds) -> Result<Observed<SpotNotice>, ImdsError> {
 ///
 /// # Errors
 /// [`ImdsError`].
-pub async fn poll_rebalance(imds: &Imds) -> Result<Observed<RebalanceNotice>, ImdsError> {
+pub async fn poll_rebalance(
+    imds: &dyn InstanceMetadata,
+) -> Result<Observed<RebalanceNotice>, ImdsError> {
     poll(imds, notice::REBALANCE_PATH, notice::parse_rebalance).await
 }
 
@@ -241,7 +243,9 @@ pub async fn poll_rebalance(imds: &Imds) -> Result<Observed<RebalanceNotice>, Im
 ///
 /// # Errors
 /// [`ImdsError`].
-pub async fn poll_maintenance(imds: &Imds) -> Result<Observed<Vec<MaintenanceEvent>>, ImdsError> {
+pub async fn poll_maintenance(
+    imds: &dyn InstanceMetadata,
+) -> Result<Observed<Vec<MaintenanceEvent>>, ImdsError> {
     poll(imds, notice::MAINTENANCE_PATH, |b| {
         notice::parse_maintenance(b).map(|(events, warnings)| {
             for w in warnings {
@@ -258,7 +262,7 @@ pub async fn poll_maintenance(imds: &Imds) -> Result<Observed<Vec<MaintenanceEve
 /// # Errors
 /// [`ImdsError`].
 pub async fn poll_maintenance_history(
-    imds: &Imds,
+    imds: &dyn InstanceMetadata,
 ) -> Result<Observed<Vec<MaintenanceEvent>>, ImdsError> {
     poll(imds, notice::MAINTENANCE_HISTORY_PATH, |b| {
         notice::parse_maintenance_history(b).map(|(events, warnings)| {
@@ -275,7 +279,7 @@ pub async fn poll_maintenance_history(
 ///
 /// # Errors
 /// [`ImdsError`].
-pub async fn poll_lifecycle(imds: &Imds) -> Result<Observed<String>, ImdsError> {
+pub async fn poll_lifecycle(imds: &dyn InstanceMetadata) -> Result<Observed<String>, ImdsError> {
     poll(imds, notice::LIFECYCLE_PATH, |b| Ok(b.trim().to_string())).await
 }
 

@@ -31,10 +31,11 @@ pub mod state;
 pub mod store;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::reason::{Incarnation, RecordHolder};
-use crate::slurm::{NodeInfo, Scontrol, ScontrolError};
+use crate::slurm::{NodeInfo, ScontrolError, Slurmctld};
 use crate::time;
 pub use state::{Begin, Cause, CauseKind, DrainState, Phase};
 pub use store::{Store, StoreError};
@@ -163,8 +164,9 @@ pub fn metrics_path(state_dir: &Path, metrics_file: &Path) -> PathBuf {
 pub struct Gateway {
     node: String,
     instance_id: String,
-    /// The only handle to scontrol's calls that change the node's state.
-    scontrol: Scontrol,
+    /// The only handle to scontrol's calls that change the node's state (scontrol in
+    /// the program, an in-memory slurmctld in unit tests; [`crate::slurm::Scontrol`]).
+    scontrol: Arc<dyn Slurmctld>,
     store: Store,
     lock_wait: Duration,
     metrics_file: PathBuf,
@@ -177,7 +179,7 @@ impl Gateway {
     /// reasons as an `unknown` incarnation until [`Gateway::with_instance`].
     pub fn new(
         node: &str,
-        scontrol: Scontrol,
+        scontrol: impl Slurmctld + 'static,
         state_dir: &Path,
         lock_wait: Duration,
         metrics_file: PathBuf,
@@ -185,7 +187,7 @@ impl Gateway {
         Gateway {
             node: node.to_string(),
             instance_id: crate::reason::UNKNOWN_INSTANCE.to_string(),
-            scontrol,
+            scontrol: Arc::new(scontrol),
             store: Store::new(state_dir),
             lock_wait,
             metrics_file,
@@ -201,15 +203,15 @@ impl Gateway {
     /// The same gateway with another limit per scontrol call (the HealthCheckProgram's
     /// `health.scontrol_timeout`) and another wait for `drain.lock`.
     pub fn with_limits(mut self, scontrol_timeout: Duration, lock_wait: Duration) -> Gateway {
-        self.scontrol.timeout = scontrol_timeout;
+        self.scontrol = self.scontrol.with_timeout(scontrol_timeout);
         self.lock_wait = lock_wait;
         self
     }
 
     /// The same gateway through another `scontrol` (bootstrap's look before slurmd has a
     /// configuration, [`crate::slurm::look`]).
-    pub fn through(mut self, scontrol: Scontrol) -> Gateway {
-        self.scontrol = scontrol;
+    pub fn through(mut self, scontrol: impl Slurmctld + 'static) -> Gateway {
+        self.scontrol = Arc::new(scontrol);
         self
     }
 

@@ -7,6 +7,7 @@
 //!
 //! Floor 3 (outside systems): over the node definition and systemd.
 
+pub mod ctl;
 pub mod diagnose;
 pub mod healthcheck;
 pub mod installed;
@@ -21,6 +22,7 @@ pub mod skew;
 pub mod slurmd;
 pub mod version;
 
+pub use ctl::Slurmctld;
 pub use node::{NodeInfo, ReadyScontrol, Scontrol, ScontrolError};
 pub use options::{slurmd_args, write_slurmd_options, InstanceArgs, OptionsFileError};
 pub use version::SlurmVersion;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{InstanceArgs, OptionsFileError, SlurmSettings, SlurmVersion};
 use crate::nodedef::NodeDefinition;
-use crate::systemd::{Systemd, SystemdError};
+use crate::systemd::{Systemd, SystemdError, Units};
 
 /// What [`prepare`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ pub async fn prepare(
 /// behind a configless slurmd's configuration-fetch child (a second `slurmd` process,
 /// retrying forever). So: stop the unit, then SIGKILL any `slurmd` still in its cgroup
 /// (never `slurmstepd`).
-pub async fn stop(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
+pub async fn stop(systemd: &dyn Units, unit: &str) -> Result<(), SystemdError> {
     systemd.stop(unit).await?;
     for (pid, cmd) in systemd.unit_processes(unit).await? {
         let program = cmd.split_whitespace().next().unwrap_or_default();
@@ -113,8 +113,8 @@ pub async fn stop(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
 }
 
 /// Restarts slurmd so that exactly one runs afterwards (see [`stop`]); the start job is
-/// not waited for ([`Systemd::start_no_wait`]).
-pub async fn restart(systemd: &Systemd, unit: &str) -> Result<(), SystemdError> {
+/// not waited for ([`crate::systemd::Systemd::start_no_wait`]).
+pub async fn restart(systemd: &dyn Units, unit: &str) -> Result<(), SystemdError> {
     stop(systemd, unit).await?;
     systemd.start_no_wait(unit).await
 }

@@ -1,0 +1,169 @@
+//! The daemon's passes over the notices and events against an in-memory instance metadata
+//! service and slurmctld ([`crate::imds::fake`], [`crate::slurm::ctl::fake`]): what the
+//! fleet tests reached before (a maintenance event that drains and its cancellation that
+//! lifts the drain, a spot notice, a metadata service that goes away).
+
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::imds::fake::FakeImds;
+use crate::slurm::ctl::fake::FakeSlurmctld;
+
+const NODE: &str = "compute-1";
+const ME: &str = "i-0123456789abcdef0";
+const EVENT: &str = "instance-event-0d59937288b749b32";
+
+/// The daemon's context for `NODE`, instance `ME`, its state under a temporary folder,
+/// through `imds` and `slurmctld`, which holds the node IDLE.
+fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ctx>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Settings::default();
+    s.agent.state_dir = dir.path().join("state");
+    std::fs::create_dir_all(&s.agent.state_dir).unwrap();
+    s.slurm.bin_dir = dir.path().join("bin");
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE SlurmdStartTime=2026-12-06T00:00:00 Version=25.11.6 InstanceId={ME}"
+    ));
+    let engine = s
+        .drain_engine(NODE)
+        .with_instance(ME)
+        .through(slurmctld.clone());
+    let gateway = s
+        .node_gateway(NODE)
+        .with_instance(ME)
+        .through(slurmctld.clone());
+    let ctx = Ctx {
+        budget: Budget::new(),
+        mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
+        gateway: gateway.clone(),
+        health_gateway: crate::health::act::health_gateway(gateway, &s.health),
+        health_act: crate::health::act::ActOptions::new(&s.agent.state_dir),
+        health_env: crate::health::RunEnv::new(&s.health, &s.systemd.bus),
+        aws: None,
+        imds: Arc::new(imds.clone()),
+        engine,
+        id: InstanceIdentity {
+            instance_id: ME.into(),
+            ..InstanceIdentity::default()
+        },
+        node: NODE.into(),
+        s,
+        outage: std::sync::Mutex::new(Outage::default()),
+        health_looked: std::sync::atomic::AtomicBool::new(false),
+    };
+    (dir, Arc::new(ctx))
+}
+
+/// Unix seconds `secs` as IMDS writes a maintenance event's times (`21 Jan 2019 09:00:43
+/// GMT`).
+fn event_time(secs: i64) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let t = crate::time::format(secs);
+    let (date, time) = t.trim_end_matches('Z').split_once('T').unwrap();
+    let mut ymd = date.split('-');
+    let (y, m, d) = (
+        ymd.next().unwrap(),
+        ymd.next().unwrap(),
+        ymd.next().unwrap(),
+    );
+    let month = MONTHS[m.parse::<usize>().unwrap() - 1];
+    format!("{d} {month} {y} {time} GMT")
+}
+
+/// One maintenance event `EVENT` in `state`, an hour from now.
+fn event(state: &str) -> String {
+    let now = crate::time::now();
+    format!(
+        r#"[{{"NotBefore":"{}","Code":"system-reboot","Description":"scheduled reboot","EventId":"{EVENT}","NotAfter":"{}","State":"{state}"}}]"#,
+        event_time(now + 3600),
+        event_time(now + 7200)
+    )
+}
+
+async fn pass(ctx: &Arc<Ctx>, work: Work) {
+    let out = do_work(ctx.clone(), work, tokio::runtime::Handle::current()).await;
+    out.result.unwrap();
+}
+
+#[tokio::test]
+async fn a_maintenance_event_drains_the_node_and_its_cancellation_lifts_the_drain() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = ctx(&imds, &slurmctld);
+    imds.set(events::notice::MAINTENANCE_PATH, &event("active"));
+    pass(&ctx, Work::Maintenance).await;
+    let record = slurmctld.record(NODE).unwrap();
+    assert!(record.is_drained(), "{record:?}");
+    let reason = record.reason().unwrap();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/maintenance@{ME}: "))
+            && reason.contains(EVENT),
+        "{reason}"
+    );
+    let st = ctx.engine.load().unwrap();
+    assert_eq!(st.phase, Phase::Draining);
+    assert_eq!(
+        st.cause.as_ref().map(Cause::key),
+        Some(format!("maintenance:{EVENT}"))
+    );
+
+    // Polled again, the same event changes nothing.
+    pass(&ctx, Work::Maintenance).await;
+    let drains = slurmctld
+        .calls()
+        .iter()
+        .filter(|c| c.contains("State=DRAIN"))
+        .count();
+    assert_eq!(drains, 1, "{:?}", slurmctld.calls());
+
+    // EC2 cancels it: scheduled answers 404, history names it canceled.
+    imds.remove(events::notice::MAINTENANCE_PATH);
+    imds.set(events::notice::MAINTENANCE_HISTORY_PATH, &event("canceled"));
+    pass(&ctx, Work::Maintenance).await;
+    let record = slurmctld.record(NODE).unwrap();
+    assert!(record.is_available(), "{record:?}");
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+}
+
+#[tokio::test]
+async fn a_metadata_service_gone_away_keeps_the_maintenance_drain() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = ctx(&imds, &slurmctld);
+    imds.set(events::notice::MAINTENANCE_PATH, &event("active"));
+    pass(&ctx, Work::Maintenance).await;
+    assert!(slurmctld.record(NODE).unwrap().is_drained());
+
+    // Unreachable: neither "scheduled" nor "history" could be read; nothing is undone.
+    imds.set_down(true);
+    pass(&ctx, Work::Maintenance).await;
+    assert!(slurmctld.record(NODE).unwrap().is_drained());
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+    let outage = lock_outage(&ctx);
+    assert!(outage.failing && outage.count == 2, "{outage:?}");
+}
+
+#[tokio::test]
+async fn a_spot_interruption_notice_drains_with_its_action_and_time() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = ctx(&imds, &slurmctld);
+    // No notice: nothing.
+    pass(&ctx, Work::Spot).await;
+    assert!(slurmctld.record(NODE).unwrap().is_available());
+    imds.set(
+        events::notice::SPOT_PATH,
+        r#"{"action": "terminate", "time": "2026-12-06T21:22:00Z"}"#,
+    );
+    pass(&ctx, Work::Spot).await;
+    let record = slurmctld.record(NODE).unwrap();
+    let reason = record.reason().unwrap();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/spot@{ME}: ")),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("terminate") && reason.contains("2026-12-06T21:22:00Z"),
+        "{reason}"
+    );
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+}
