@@ -666,7 +666,9 @@ pub(crate) mod fake {
 
     /// Services by unit name: a start makes the unit `active` with a new main process
     /// started now, a stop makes it `inactive` without one; an unknown unit is `inactive`,
-    /// never started. Every start and stop is logged. Clones share the units.
+    /// never started. A unit's cgroup lists no process (its main PID is not a process of
+    /// this host: `slurmd::stop` kills the `slurmd` it finds there). Every start and stop
+    /// is logged. Clones share the units.
     #[derive(Debug, Clone, Default)]
     pub(crate) struct FakeUnits {
         units: Arc<Mutex<BTreeMap<String, ServiceInfo>>>,
@@ -761,13 +763,8 @@ pub(crate) mod fake {
             Ok(())
         }
 
-        async fn unit_processes(&self, unit: &str) -> Result<Vec<(u32, String)>, SystemdError> {
-            let info = self.info(unit);
-            Ok(if info.exec_main_pid == 0 {
-                Vec::new()
-            } else {
-                vec![(info.exec_main_pid, format!("/usr/sbin/{unit}"))]
-            })
+        async fn unit_processes(&self, _unit: &str) -> Result<Vec<(u32, String)>, SystemdError> {
+            Ok(Vec::new())
         }
     }
 }

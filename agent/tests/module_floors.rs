@@ -1098,7 +1098,8 @@ const NODE_STATE_METHODS: &[&str] = &[
 ];
 
 /// Where the gateway is: its own folder, the file that writes scontrol's words, and the
-/// seam over scontrol (`slurm/ctl.rs`, which implements it by those words).
+/// seam over scontrol (`slurm/ctl.rs`, whose `impl Slurmctld for Scontrol` calls
+/// `Scontrol::drain(self, ..)` and its kin).
 fn gateway_file(shown: &str) -> bool {
     shown.starts_with("node_state/") || shown == "slurm/node.rs" || shown == "slurm/ctl.rs"
 }
@@ -1135,6 +1136,7 @@ fn node_state_bypasses(src: &Path) -> Result<Vec<Bypass>, String> {
         let mut v = BypassFinder {
             file: &shown,
             scontrols: Vec::new(),
+            fields: scontrol_fields(&f),
             found: &mut found,
         };
         v.visit_file(&f);
@@ -1210,7 +1212,64 @@ struct BypassFinder<'a> {
     file: &'a str,
     /// Names bound to a scontrol in the functions being visited (innermost last).
     scontrols: Vec<Vec<String>>,
+    /// The file's struct fields typed as a scontrol (`ctl: Arc<dyn Slurmctld>`).
+    fields: Vec<String>,
     found: &'a mut BTreeSet<Bypass>,
+}
+
+/// The names of `file`'s struct fields whose type names a scontrol ([`names_scontrol`]).
+fn scontrol_fields(file: &syn::File) -> Vec<String> {
+    struct Fields(Vec<String>);
+    impl<'ast> Visit<'ast> for Fields {
+        fn visit_field(&mut self, f: &'ast syn::Field) {
+            if let Some(name) = &f.ident {
+                if names_scontrol(quote::ToTokens::to_token_stream(&f.ty)) {
+                    self.0.push(name.to_string());
+                }
+            }
+        }
+    }
+    let mut v = Fields(Vec::new());
+    v.visit_file(file);
+    v.0
+}
+
+/// The generic type parameters of `generics` bounded by a scontrol (`C: Slurmctld`, or
+/// `where C: Slurmctld`).
+fn scontrol_generics(generics: &syn::Generics) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in generics.type_params() {
+        if p.bounds
+            .iter()
+            .any(|b| names_scontrol(quote::ToTokens::to_token_stream(b)))
+        {
+            out.push(p.ident.to_string());
+        }
+    }
+    for w in generics
+        .where_clause
+        .iter()
+        .flat_map(|w| w.predicates.iter())
+    {
+        if let syn::WherePredicate::Type(t) = w {
+            if t.bounds
+                .iter()
+                .any(|b| names_scontrol(quote::ToTokens::to_token_stream(b)))
+            {
+                out.push(quote::ToTokens::to_token_stream(&t.bounded_ty).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `tokens` hold one of the identifiers `names`.
+fn holds_ident(tokens: TokenStream, names: &[String]) -> bool {
+    tokens.into_iter().any(|t| match t {
+        TokenTree::Ident(i) => names.iter().any(|n| i == n),
+        TokenTree::Group(g) => holds_ident(g.stream(), names),
+        _ => false,
+    })
 }
 
 impl BypassFinder<'_> {
@@ -1232,16 +1291,44 @@ impl BypassFinder<'_> {
         }
     }
 
-    /// Whether `e` is a scontrol: it names one, or is a name bound to one.
+    /// Whether `e` is a scontrol: it names one, is a name bound to one, or a field typed
+    /// as one (`self.ctl`); through `&`, `*` and parentheses.
     fn is_scontrol(&self, e: &syn::Expr) -> bool {
-        if let syn::Expr::Path(p) = e {
-            if let Some(id) = p.path.get_ident() {
-                if self.bound(&id.to_string()) {
-                    return true;
+        match e {
+            syn::Expr::Path(p) => {
+                if let Some(id) = p.path.get_ident() {
+                    if self.bound(&id.to_string()) {
+                        return true;
+                    }
+                }
+            }
+            syn::Expr::Field(f) => {
+                if let syn::Member::Named(name) = &f.member {
+                    if self.fields.iter().any(|n| name == n) {
+                        return true;
+                    }
+                }
+            }
+            syn::Expr::Reference(r) => return self.is_scontrol(&r.expr),
+            syn::Expr::Unary(u) => return self.is_scontrol(&u.expr),
+            syn::Expr::Paren(p) => return self.is_scontrol(&p.expr),
+            _ => {}
+        }
+        names_scontrol(quote::ToTokens::to_token_stream(e))
+    }
+
+    /// Binds the names a pattern gives to a scontrol: the whole pattern, or the fields of a
+    /// struct pattern that name one (`Peers { slurmctld: ctl, .. }`).
+    fn bind_fields(&mut self, pat: &syn::Pat) {
+        if let syn::Pat::Struct(s) = pat {
+            for f in &s.fields {
+                if let syn::Member::Named(name) = &f.member {
+                    if names_scontrol(quote::ToTokens::to_token_stream(name)) {
+                        self.bind(&f.pat);
+                    }
                 }
             }
         }
-        names_scontrol(quote::ToTokens::to_token_stream(e))
     }
 
     fn note(&mut self, line: usize, what: String) {
@@ -1283,10 +1370,15 @@ impl<'ast> Visit<'ast> for BypassFinder<'_> {
     }
 
     fn visit_signature(&mut self, sig: &'ast syn::Signature) {
-        // Parameters typed `Scontrol` (`&Scontrol`, `Option<&Scontrol>`...).
+        // Parameters typed `Scontrol` (`&Scontrol`, `Option<&Scontrol>`...), or a generic
+        // type bounded by one (`c: &C` with `C: Slurmctld`), or a struct whose fields
+        // name one, destructured.
+        let generics = scontrol_generics(&sig.generics);
         for input in &sig.inputs {
             if let syn::FnArg::Typed(t) = input {
-                if names_scontrol(quote::ToTokens::to_token_stream(&t.ty)) {
+                self.bind_fields(&t.pat);
+                let ty = quote::ToTokens::to_token_stream(&t.ty);
+                if names_scontrol(ty.clone()) || holds_ident(ty, &generics) {
                     self.bind(&t.pat);
                 }
             }
@@ -1316,7 +1408,19 @@ impl<'ast> Visit<'ast> for BypassFinder<'_> {
         if typed || init {
             self.bind(&l.pat);
         }
+        self.bind_fields(&l.pat);
         syn::visit::visit_local(self, l);
+    }
+
+    fn visit_expr_closure(&mut self, c: &'ast syn::ExprClosure) {
+        for input in &c.inputs {
+            if let syn::Pat::Type(t) = input {
+                if names_scontrol(quote::ToTokens::to_token_stream(&t.ty)) {
+                    self.bind(input);
+                }
+            }
+        }
+        syn::visit::visit_expr_closure(self, c);
     }
 
     fn visit_expr_method_call(&mut self, c: &'ast syn::ExprMethodCall) {
@@ -1344,6 +1448,20 @@ impl<'ast> Visit<'ast> for BypassFinder<'_> {
                 .map_or(0, |s| s.ident.span().start().line),
             _ => 0,
         };
+        // `Slurmctld::drain(&*c, ..)`, `<dyn Slurmctld>::resume(x, ..)`, `Scontrol::reboot(..)`.
+        if let syn::Expr::Path(p) = &*c.func {
+            let method = p.path.segments.last().map(|s| s.ident.to_string());
+            let on_scontrol = names_scontrol(quote::ToTokens::to_token_stream(p))
+                || c.args.first().is_some_and(|a| self.is_scontrol(a));
+            if let Some(method) = method {
+                if NODE_STATE_METHODS.contains(&method.as_str()) && on_scontrol {
+                    let path = quote::ToTokens::to_token_stream(p)
+                        .to_string()
+                        .replace(' ', "");
+                    self.note(line, format!("{path}(..) changes the node's state"));
+                }
+            }
+        }
         self.words(line, &c.args);
         syn::visit::visit_expr_call(self, c);
     }
@@ -1372,6 +1490,13 @@ pub async fn f(scontrol: &Scontrol, sc2: &Scontrol, gateway: &G, v: &mut Vec<u8>
     self.ops.scontrol.run(&["power", "down", "n1"]).await;
 }
 pub async fn h(slurmctld: &dyn Slurmctld) { slurmctld.delete_node("n1").await; }
+pub async fn k(ctl: &dyn Slurmctld) { ctl.resume("n").await; }
+pub async fn m<C: Slurmctld>(c: &C) { c.reboot("n", "r").await; }
+pub async fn p(x: &X) { Slurmctld::resume(x, "n").await; }
+pub async fn q(peers: Peers<'_>) { let Peers { slurmctld: ctl, .. } = peers; ctl.drain("n", "r").await; }
+pub struct W { ctl: std::sync::Arc<dyn Slurmctld> }
+impl W { async fn w(&self) { self.ctl.delete_node("n").await; } }
+pub async fn r<C>(c: &C) where C: Slurmctld { let f = |s: &dyn Slurmctld| s.resume("n"); f(c); c.drain("n", "r").await; }
 #[cfg(test)]
 mod tests {
     async fn t(scontrol: &Scontrol) { scontrol.drain("n1", "r").await; }
@@ -1384,11 +1509,15 @@ mod tests {
         ),
         (
             "slurm/mod.rs",
-            "pub mod ctl;\npub mod node;\npub mod record;\n",
+            "pub mod ctl;\npub mod look;\npub mod node;\npub mod record;\n",
         ),
         (
             "slurm/ctl.rs",
-            "impl Slurmctld for Scontrol { async fn drain(&self, n: &str, r: &str) { Scontrol::drain(self, n, r).await; self.resume(n).await; } }\n",
+            "impl Slurmctld for Scontrol { async fn drain(&self, n: &str, r: &str) { Scontrol::drain(self, n, r).await; } }\n",
+        ),
+        (
+            "slurm/look.rs",
+            "impl Slurmctld for Look { async fn drain(&self, n: &str, r: &str) { Scontrol::drain(&self.0, n, r).await; } }\n",
         ),
         (
             "slurm/node.rs",
@@ -1406,19 +1535,30 @@ mod tests {
     let found = node_state_bypasses(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let at: Vec<&str> = found.iter().map(|b| b.at.as_str()).collect();
     // Lines 3, 5 (a name bound to a scontrol), 6 (a parameter), 9 (update NodeName= State=),
-    // 13 (a scontrol made in place), 14 (power), 16 (the seam over scontrol); not the
+    // 13 (a scontrol made in place), 14 (power), 16 and 17 (the seam over scontrol, named
+    // or typed), 18 (a generic bounded by it), 19 (a path call), 20 (a destructured
+    // field), 22 (a struct field), 23 (a closure's parameter, a where bound); not the
     // gateway's drain, a Vec's, the reservation's update and delete, a show, test code,
-    // node_state/, slurm/node.rs or slurm/ctl.rs; slurm/record.rs is not the gateway.
+    // node_state/, slurm/node.rs or slurm/ctl.rs; slurm/record.rs and slurm/look.rs are
+    // not the gateway.
     assert_eq!(
         at,
         [
             "a.rs:13",
             "a.rs:14",
             "a.rs:16",
+            "a.rs:17",
+            "a.rs:18",
+            "a.rs:19",
+            "a.rs:20",
+            "a.rs:22",
+            "a.rs:23",
+            "a.rs:23",
             "a.rs:3",
             "a.rs:5",
             "a.rs:6",
             "a.rs:9",
+            "slurm/look.rs:1",
             "slurm/record.rs:1"
         ],
         "{found:#?}"

@@ -139,7 +139,8 @@ async fn a_notice_drain_found_at_boot_is_lifted_and_an_admins_is_kept() {
         w.changes(),
         [format!("update NodeName={NODE} State=RESUME")]
     );
-    assert_eq!(w.slurmctld.record(NODE).unwrap().reason(), None);
+    let record = w.slurmctld.record(NODE).unwrap();
+    assert_eq!(record.held_reason(), None, "{record:?}");
 
     // An admin's drain stays, and the join succeeds with it named.
     let w = World::new(AMI_NEW);
@@ -222,9 +223,11 @@ async fn a_slurmd_that_failed_is_restarted_and_the_join_ends_when_it_has_registe
 #[tokio::test]
 async fn a_node_slurmctld_never_shows_registered_fails_at_the_deadline_naming_what_it_saw() {
     let w = World::new(AMI_NEW);
-    // A record from a slurmd that ran before this one.
+    // A record from a slurmd that ran an hour before this one.
+    let before = crate::time::format(crate::time::now() - 3600);
+    let before = before.trim_end_matches('Z');
     w.slurmctld.set_record(&format!(
-        "NodeName={NODE} State=IDLE+NOT_RESPONDING SlurmdStartTime=2026-01-01T00:00:00 Version=25.11.6"
+        "NodeName={NODE} State=IDLE+NOT_RESPONDING SlurmdStartTime={before} Version=25.11.6"
     ));
     let e = w.join(RecordHolder::Unknown).await.unwrap_err();
     let BootstrapError::Join {

@@ -133,6 +133,9 @@ pub struct Report {
     /// Milliseconds spent waiting (`--wait`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waited_ms: Option<u64>,
+    /// The repair in effect for the fault found now (`status`; `repair.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<crate::repair::record::Current>,
 }
 
 impl Report {
@@ -148,6 +151,7 @@ impl Report {
             state,
             slurm: None,
             waited_ms: None,
+            repair: None,
         }
     }
 

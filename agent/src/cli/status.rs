@@ -53,6 +53,11 @@ impl StatusArgs {
         };
         let mut report = Report::new(&node, "status", st);
         report.instance_id = Some(id.instance_id.clone());
+        // Read only: a corrupt file is the daemon's to set aside at its next pass.
+        report.repair = std::fs::read(crate::repair::record::record_path(&s.agent.state_dir))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<crate::repair::record::Record>(&b).ok())
+            .and_then(|r| r.current);
         let mut slurm_error = None;
         if !self.no_slurm {
             // Slurm's record of the node and both releases (slurmd -V; the controller's
@@ -229,6 +234,25 @@ pub fn render_text(r: &Report) -> String {
     if let Some(e) = &r.state.last_error {
         lines.push(("Last error", e.clone()));
     }
+    if let Some(c) = &r.repair {
+        lines.push((
+            "Repair",
+            format!(
+                "{}{} for {}: {} ({} mode, {}) since {}",
+                if c.mode == crate::repair::RepairMode::Report {
+                    "would "
+                } else {
+                    ""
+                },
+                c.plan.action,
+                c.plan.check,
+                c.plan.fault.as_str(),
+                c.mode.as_str(),
+                c.plan.by,
+                crate::time::format(c.since)
+            ),
+        ));
+    }
     match &r.slurm {
         None => lines.push(("Slurm", "not asked (--no-slurm)".to_string())),
         Some(v) => {
@@ -389,5 +413,35 @@ mod tests {
         let t = render_text(&r);
         assert!(t.contains("unavailable: slurmctld unreachable\n"), "{t}");
         assert!(!t.contains('{'), "{t}");
+    }
+
+    #[test]
+    fn text_shows_the_repair_in_effect() {
+        let s = crate::repair::RepairSettings {
+            mode: crate::repair::RepairMode::Report,
+            ..Default::default()
+        };
+        let failure = crate::repair::Failure {
+            check: "GPUs",
+            family: "gpu",
+            message: "XID 79 on PCI:0000:00:1e (1x since boot)",
+        };
+        let mut record = crate::repair::record::Record::default();
+        record.observe(
+            s.mode,
+            Some((&s.plan(&[failure]).expect("a plan"), failure.message)),
+            0,
+        );
+        let mut r = Report::new("n1", "status", DrainState::default());
+        r.repair = record.current;
+        let text = render_text(&r);
+        assert!(
+            text.lines().any(|l| l.starts_with("Repair:")
+                && l.ends_with(" would replace for GPUs: gpu_lost (report mode, the auto table) since 1970-01-01T00:00:00Z")),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).expect("JSON");
+        assert_eq!(json["repair"]["plan"]["action"], "replace");
+        assert_eq!(json["repair"]["mode"], "report");
     }
 }

@@ -364,6 +364,7 @@ async fn start_context(
     // file counts from the next pass for both, so they never judge by different checks.
     let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
+    warn_unknown_repair_checks(&s, &node);
     let ctx = Arc::new(Ctx {
         budget: Budget::new(),
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
@@ -384,6 +385,27 @@ async fn start_context(
         health_looked: std::sync::atomic::AtomicBool::new(false),
     });
     Ok((ctx, shown))
+}
+
+/// Warns about each `repair.checks` entry that names no health check of this node (a check
+/// file may come later in the image, so it is not refused).
+fn warn_unknown_repair_checks(s: &Settings, node: &str) {
+    if s.repair.checks.is_empty() {
+        return;
+    }
+    let target = s.health_target(Some(node.to_string()));
+    let Ok(set) = crate::health::load(&s.health, &s.slurm.bin_dir, &target) else {
+        return; // the health pass names the error
+    };
+    let known: Vec<String> = set.checks.iter().map(|c| c.name.clone()).collect();
+    for name in s.repair.unknown_checks(&known) {
+        tracing::warn!(
+            key = "repair.checks",
+            check = name,
+            "repair.checks names {name:?}, which no health check of this node has (known: {})",
+            known.join(", ")
+        );
+    }
 }
 
 /// The main loop: the periodic jobs on one tick, each run as a child task (at most one of
@@ -702,6 +724,7 @@ async fn health_pass(ctx: &Ctx) {
     };
     if let Some(checks) = &checks {
         let report = crate::health::run_checks(checks, &ctx.health_env).await;
+        repair_report(ctx, &report);
         if !s.health.prometheus_textfile.as_os_str().is_empty() {
             if let Err(e) =
                 crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
@@ -726,6 +749,66 @@ async fn health_pass(ctx: &Ctx) {
                 "health checks"
             );
         }
+    }
+}
+
+/// Repair in `report` mode (`[repair]`, [`crate::repair`]): what the faults of `report`
+/// call for, logged (`REPAIR (report)`) and counted once per change in `repair.json` and
+/// `repair.prom` (beside the drain metrics); nothing else changes.
+fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
+    let s = &ctx.s;
+    if s.repair.mode == crate::repair::RepairMode::Off {
+        return;
+    }
+    let failures: Vec<_> = report.failures().collect();
+    let found: Vec<crate::repair::Failure<'_>> = failures
+        .iter()
+        .map(|r| crate::repair::Failure {
+            check: &r.name,
+            family: &r.family,
+            message: &r.message,
+        })
+        .collect();
+    let plan = s.repair.plan(&found);
+    let message = plan
+        .as_ref()
+        .and_then(|p| failures.iter().find(|r| r.name == p.check))
+        .map_or("", |r| r.message.as_str());
+    let path = crate::repair::record::record_path(&s.agent.state_dir);
+    let mut record = crate::repair::record::Record::load(&path);
+    let change = record.observe(
+        s.repair.mode,
+        plan.as_ref().map(|p| (p, message)),
+        crate::time::now(),
+    );
+    match (&change, &plan) {
+        (crate::repair::record::Change::Planned, Some(p)) => tracing::warn!(
+            node = %ctx.node,
+            action = %p.action,
+            fault = p.fault.as_str(),
+            check = %p.check,
+            by = %p.by,
+            "REPAIR (report): would {} {} for {}: {} ({}): {message}",
+            p.action,
+            ctx.node,
+            p.check,
+            p.fault.as_str(),
+            p.by
+        ),
+        (crate::repair::record::Change::Cleared, _) => tracing::info!(
+            node = %ctx.node,
+            "REPAIR (report): {} healthy again; no repair would be pending",
+            ctx.node
+        ),
+        _ => return,
+    }
+    if let Err(e) = record.save(&path) {
+        tracing::warn!("repair record: {e}");
+    }
+    let metrics = crate::node_state::metrics_path(&s.agent.state_dir, &s.drain.metrics_file);
+    let metrics = metrics.with_file_name(crate::repair::record::METRICS_FILE);
+    if let Err(e) = crate::fsutil::write_atomic(&metrics, record.render().as_bytes(), 0o644, None) {
+        tracing::warn!("repair metrics: {e}");
     }
 }
 

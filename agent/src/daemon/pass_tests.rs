@@ -167,3 +167,49 @@ async fn a_spot_interruption_notice_drains_with_its_action_and_time() {
     );
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
 }
+
+#[tokio::test]
+async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_nothing() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (dir, ctx) = ctx(&imds, &slurmctld);
+    let mut s = ctx.s.clone();
+    // Two failing checks: a mount (isolate) and the CPU count (replace: the strongest).
+    let checks = dir.path().join("checks.d");
+    std::fs::create_dir_all(&checks).unwrap();
+    std::fs::write(
+        checks.join("10-test.toml"),
+        "[[check]]\nname = \"shared file systems\"\nkind = \"mount\"\npath = \"/no/such/mount\"\n\n\
+         [[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n",
+    )
+    .unwrap();
+    s.health.checks_dir = checks;
+    s.health.nhc_conf = Vec::new();
+    s.health.act = false;
+    s.repair.mode = crate::repair::RepairMode::Report;
+    let ctx = Arc::new(Ctx {
+        s,
+        ..Arc::try_unwrap(ctx).ok().unwrap()
+    });
+    let record_path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    let current = record.current.as_ref().unwrap();
+    assert_eq!(current.plan.action, crate::repair::Planned::Replace);
+    assert_eq!(current.plan.fault, crate::repair::Fault::HardwareDegraded);
+    assert_eq!(current.plan.check, "cpus");
+    assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
+    let prom = std::fs::read_to_string(ctx.s.agent.state_dir.join("repair.prom")).unwrap();
+    assert!(prom.contains("slurm_node_agent_repair_pending{mode=\"report\",action=\"replace\",fault=\"hardware_degraded\"} 1"), "{prom}");
+    // The same faults again: counted once.
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
+    // Nothing changed in Slurm or in the drain state.
+    assert!(slurmctld.record(NODE).unwrap().is_available());
+    assert!(
+        slurmctld.calls().iter().all(|c| c.starts_with("show ")),
+        "{:?}",
+        slurmctld.calls()
+    );
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+}

@@ -174,6 +174,11 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     (
         "node_lifecycle.node_ready",
         "[[node_lifecycle.node_ready]]\nname = \"site-ready\"\nscript_location = \"file:/opt/site/ready.sh\"\narguments = [\"--quick\"]\nexecution_policy = \"EVERY_BOOT\"\non_error = \"STOP_SEQUENCE\"\n",
+    ),    ("repair.mode", r#""report""#),
+    ("repair.action", r#""auto""#),
+    (
+        "repair.checks",
+        "[[repair.checks]]\ncheck = \"shared file systems\"\naction = \"isolate\"\n",
     ),
 ];
 

@@ -40,6 +40,8 @@ pub struct Settings {
     pub node_lifecycle: crate::node_lifecycle::NodeLifecycleSettings,
     /// `[scratch]`: node-local scratch on the instance store disks.
     pub scratch: crate::scratch::ScratchSettings,
+    /// `[repair]`: what a fault the health checks find leads to.
+    pub repair: crate::repair::RepairSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -105,6 +107,7 @@ impl Settings {
         self.health.validate()?;
         self.node_lifecycle.validate()?;
         self.scratch.validate()?;
+        self.repair.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }

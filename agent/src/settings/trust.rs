@@ -21,7 +21,7 @@ impl Source {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 14] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 15] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -40,6 +40,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 14] {
         s::<crate::pcs::PcsSettings>(),
         s::<crate::node_lifecycle::NodeLifecycleSettings>(),
         s::<crate::scratch::ScratchSettings>(),
+        s::<crate::repair::RepairSettings>(),
     ]
 }
 

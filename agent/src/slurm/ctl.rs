@@ -110,12 +110,17 @@ pub(crate) mod fake {
 
     use super::{NodeInfo, ScontrolError, Slurmctld};
 
-    /// Node records by NodeName, changed by the calls as slurmctld changes them: a drain
-    /// adds `DRAIN` and the reason, a resume takes both away (and is refused, as
-    /// slurmctld's "Invalid node state specified", on a node neither drained nor down), a
-    /// reboot adds `REBOOT_REQUESTED`, a delete removes the record; a NodeName it does not
-    /// know is "not found". Every call is logged (`scontrol`'s words). Clones share the
-    /// records.
+    /// Node records by NodeName, changed by the calls as slurmctld (without accounting
+    /// storage) changes them: a drain adds `DRAIN` and the reason (refused, with no call
+    /// made, as [`crate::slurm::Scontrol::drain`] refuses them: not one plain NodeName, a reason Slurm
+    /// would cut or that holds a line break); a resume takes `DRAIN` away and makes a
+    /// `DOWN` node `IDLE`, keeping the last reason (Slurm 23.02+, see
+    /// [`NodeInfo::held_reason`]), and is refused as "Invalid node state specified" on a
+    /// node neither drained nor down; `reboot ASAP` drains with the reason and adds
+    /// `REBOOT_REQUESTED`; a delete removes the record, refused while a job runs on it. A
+    /// NodeName it does not know is "not found". Not modelled: jobs starting, slurmd
+    /// registering, reservations (a delete of a node a reservation names succeeds here).
+    /// Every call is logged (`scontrol`'s words). Clones share the records.
     #[derive(Debug, Clone, Default)]
     pub(crate) struct FakeSlurmctld {
         state: Arc<Mutex<State>>,
@@ -192,6 +197,20 @@ pub(crate) mod fake {
 
         async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
             let call = format!("update NodeName={node} State=DRAIN Reason={reason}");
+            if !crate::slurm::node::is_plain_node_name(node) {
+                return Err(ScontrolError::NotOneNode {
+                    node: node.to_string(),
+                });
+            }
+            if let Err(m) = crate::slurm::node::validate_reason(reason) {
+                return Err(ScontrolError::Failed {
+                    program: "scontrol".into(),
+                    args: "update".into(),
+                    code: -1,
+                    stderr: m.to_string(),
+                    stdout: String::new(),
+                });
+            }
             self.change(call, node, |n| {
                 with_flag(n, "DRAIN", true);
                 n.fields.insert(
@@ -209,7 +228,10 @@ pub(crate) mod fake {
                     return Err("slurm_update error: Invalid node state specified".into());
                 }
                 with_flag(n, "DRAIN", false);
-                n.fields.remove("Reason");
+                if n.base_state() == "DOWN" {
+                    let state = n.state().replacen("DOWN", "IDLE", 1);
+                    n.fields.insert("State".into(), state);
+                }
                 Ok(())
             })
         }
@@ -217,7 +239,12 @@ pub(crate) mod fake {
         async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
             let call = format!("reboot ASAP nextstate=resume reason={reason} {node}");
             self.change(call, node, |n| {
+                with_flag(n, "DRAIN", true);
                 with_flag(n, "REBOOT_REQUESTED", true);
+                n.fields.insert(
+                    "Reason".into(),
+                    format!("{reason} [root@2026-12-06T00:00:00]"),
+                );
                 Ok(())
             })
         }
@@ -226,13 +253,23 @@ pub(crate) mod fake {
             let call = format!("delete NodeName={node}");
             let mut st = self.state();
             st.calls.push(call.clone());
-            match st.records.remove(node) {
-                Some(_) => Ok(()),
-                None => Err(ScontrolError::Failed {
+            let refused = match st.records.get(node) {
+                None => Some(format!("Invalid node name specified: {node}")),
+                Some(n) if !n.runs_no_job() => {
+                    Some("delete_nodes error: Node has jobs".to_string())
+                }
+                Some(_) => None,
+            };
+            match refused {
+                None => {
+                    st.records.remove(node);
+                    Ok(())
+                }
+                Some(stderr) => Err(ScontrolError::Failed {
                     program: "scontrol".into(),
                     args: call,
                     code: 1,
-                    stderr: format!("Invalid node name specified: {node}"),
+                    stderr,
                     stdout: String::new(),
                 }),
             }

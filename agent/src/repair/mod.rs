@@ -1,0 +1,481 @@
+//! Repair: what a fault the health checks found calls for, once the node is drained for it
+//! (`[repair]`). A fault is classified from the failing check's family and message
+//! ([`Fault::classify`]); the `auto` table ([`AUTO`], printed in `docs/repair.md`) maps each
+//! fault to an action, and a site overrides the action per check (`repair.checks`, keyed by
+//! the check's name as its check file or `nhc.conf` line names it) or for every fault
+//! (`repair.action`). Of several failing checks, the strongest action counts
+//! (`replace` > `reboot` > `isolate` > `none`).
+//!
+//! Modes: `off` (the default: nothing is planned), `report` (the daemon's health pass
+//! logs and counts what it would do, `REPAIR (report)`, and changes nothing).
+//!
+//! The managed service's instance health checks name the same actions (AWS PCS API
+//! reference, `HealthMonitoring.repairAction`: `AUTO`, `REPLACE`, `ISOLATE`, `NONE`); the
+//! agent adds `reboot`.
+//!
+//! Floor 1 (outside systems' floor, though it is none): over `section` and `fsutil`; below
+//! `settings` (its section), the daemon (its pass) and `status`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::section::InvalidKey;
+
+/// `repair.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RepairMode {
+    /// No repair is planned (today's behaviour: a fault drains and the node stays).
+    #[default]
+    Off,
+    /// Trial: the daemon logs and counts what it would do; nothing changes.
+    Report,
+}
+
+impl RepairMode {
+    /// `off` or `report`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RepairMode::Off => "off",
+            RepairMode::Report => "report",
+        }
+    }
+}
+
+/// An action as a setting names it (`repair.action`, `repair.checks.<check>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RepairAction {
+    /// The [`AUTO`] table's action for the fault.
+    #[default]
+    Auto,
+    /// Report only: the fault is recorded, the node keeps its state.
+    None,
+    /// Drain and stay (kept for investigation).
+    Isolate,
+    /// Drain, wait until no job runs, then Slurm's own reboot (`scontrol reboot ASAP
+    /// nextstate=resume`); the checks after the boot decide.
+    Reboot,
+    /// Drain, wait until no job runs, then leave (powered off) for a replacement.
+    Replace,
+}
+
+/// An action decided for a fault: [`RepairAction`] without `auto`. Ordered by strength.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Planned {
+    /// Report only.
+    None,
+    /// Drain and stay.
+    Isolate,
+    /// Reboot once no job runs.
+    Reboot,
+    /// Replace once no job runs.
+    Replace,
+}
+
+impl Planned {
+    /// `none`, `isolate`, `reboot`, `replace`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Planned::None => "none",
+            Planned::Isolate => "isolate",
+            Planned::Reboot => "reboot",
+            Planned::Replace => "replace",
+        }
+    }
+}
+
+impl std::fmt::Display for Planned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl RepairAction {
+    /// The action decided for `fault`: the setting's, or the [`AUTO`] table's.
+    pub fn for_fault(self, fault: Fault) -> Planned {
+        match self {
+            RepairAction::Auto => fault.auto(),
+            RepairAction::None => Planned::None,
+            RepairAction::Isolate => Planned::Isolate,
+            RepairAction::Reboot => Planned::Reboot,
+            RepairAction::Replace => Planned::Replace,
+        }
+    }
+}
+
+/// A fault, as the health checks' families and messages tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// A GPU fallen off the bus (Xid 79, or the driver's words), one the kernel sees on
+    /// PCI that NVML lost, or fewer GPUs than the instance type has.
+    GpuLost,
+    /// A GPU's memory degraded past its limits: retired pages, uncorrectable remapped
+    /// rows over the limit, or a row remapping that failed.
+    GpuMemoryDegraded,
+    /// An error a GPU reset clears: uncorrected ECC errors, an Xid other than 79, an
+    /// NVLink inactive, NVML or Fabric Manager not answering.
+    GpuResettable,
+    /// A GPU too hot or slowed down by the hardware.
+    GpuThermal,
+    /// Fewer EFA devices than the instance has.
+    EfaMissing,
+    /// The instance has less memory or fewer CPUs than its type, or machine check errors.
+    HardwareDegraded,
+    /// A required file system is not mounted, not writable or full.
+    FileSystem,
+    /// A check file entry that does not parse (the site's configuration, not the node).
+    CheckConfig,
+    /// Any other failing check (a process, a unit, a command, the network...).
+    Other,
+}
+
+/// One row of the [`AUTO`] table.
+#[derive(Debug, Clone, Copy)]
+pub struct AutoRow {
+    /// The fault.
+    pub fault: Fault,
+    /// What `auto` does for it.
+    pub action: Planned,
+    /// What the fault is, for `docs/repair.md`.
+    pub what: &'static str,
+    /// Why that action.
+    pub why: &'static str,
+}
+
+/// The `auto` table: each fault's action, in `docs/repair.md` (a test compares them).
+pub const AUTO: &[AutoRow] = &[
+    AutoRow {
+        fault: Fault::GpuLost,
+        action: Planned::Replace,
+        what: "a GPU fallen off the bus (Xid 79), on PCI but lost by NVML, or fewer GPUs than the instance type has",
+        why: "the hardware is gone; a reboot rarely brings it back for long",
+    },
+    AutoRow {
+        fault: Fault::GpuMemoryDegraded,
+        action: Planned::Replace,
+        what: "retired pages or uncorrectable remapped rows over the limit, or a row remapping that failed",
+        why: "the GPU's memory has no spare left",
+    },
+    AutoRow {
+        fault: Fault::GpuResettable,
+        action: Planned::Reboot,
+        what: "uncorrected ECC errors, an Xid other than 79, an NVLink inactive, NVML or Fabric Manager not answering",
+        why: "a GPU reset clears it (a pending row remapping is applied at the reset); the checks after the boot decide",
+    },
+    AutoRow {
+        fault: Fault::GpuThermal,
+        action: Planned::Isolate,
+        what: "a GPU over its temperature limit, or slowed down by the hardware",
+        why: "cooling or power is the instance's host's; kept for investigation",
+    },
+    AutoRow {
+        fault: Fault::EfaMissing,
+        action: Planned::Replace,
+        what: "fewer EFA devices than the instance type has, or one on PCI without its device",
+        why: "the network interface is gone; another instance gets new ones",
+    },
+    AutoRow {
+        fault: Fault::HardwareDegraded,
+        action: Planned::Replace,
+        what: "less memory or fewer CPUs than the instance type, machine check errors",
+        why: "the host's hardware is degraded",
+    },
+    AutoRow {
+        fault: Fault::FileSystem,
+        action: Planned::Isolate,
+        what: "a file system not mounted, not writable or full",
+        why: "a shared file system fails for every node alike, and a new instance mounts the same one",
+    },
+    AutoRow {
+        fault: Fault::CheckConfig,
+        action: Planned::None,
+        what: "a check file entry that does not parse",
+        why: "the site's configuration is wrong, not the node: logged as an error at each pass",
+    },
+    AutoRow {
+        fault: Fault::Other,
+        action: Planned::Isolate,
+        what: "any other failing check (a process, a unit, a command, the network, the cluster key)",
+        why: "the agent cannot tell whether the node is at fault",
+    },
+];
+
+impl Fault {
+    /// Every fault, in [`AUTO`]'s order.
+    pub const ALL: [Fault; 9] = [
+        Fault::GpuLost,
+        Fault::GpuMemoryDegraded,
+        Fault::GpuResettable,
+        Fault::GpuThermal,
+        Fault::EfaMissing,
+        Fault::HardwareDegraded,
+        Fault::FileSystem,
+        Fault::CheckConfig,
+        Fault::Other,
+    ];
+
+    /// `gpu_lost`, `gpu_memory_degraded`... (the metrics' and logs' word).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::GpuLost => "gpu_lost",
+            Fault::GpuMemoryDegraded => "gpu_memory_degraded",
+            Fault::GpuResettable => "gpu_resettable",
+            Fault::GpuThermal => "gpu_thermal",
+            Fault::EfaMissing => "efa_missing",
+            Fault::HardwareDegraded => "hardware_degraded",
+            Fault::FileSystem => "file_system",
+            Fault::CheckConfig => "check_config",
+            Fault::Other => "other",
+        }
+    }
+
+    /// The [`AUTO`] table's action.
+    pub fn auto(self) -> Planned {
+        AUTO.iter()
+            .find(|r| r.fault == self)
+            .map_or(Planned::Isolate, |r| r.action)
+    }
+
+    /// The fault a failing check of `family` (the health checks' family: `gpu`, `efa`,
+    /// `mount`, `space`, `hardware`, `mcelog`, `config`...) reports with `message`. A GPU
+    /// check's message lists its problems separated by `; `: the fault whose `auto` action
+    /// is the strongest counts.
+    pub fn classify(family: &str, message: &str) -> Fault {
+        match family {
+            "gpu" => message
+                .split("; ")
+                .map(gpu_fault)
+                .max_by_key(|f| (f.auto(), *f))
+                .unwrap_or(Fault::GpuResettable),
+            "efa" => Fault::EfaMissing,
+            "hardware" | "mcelog" => Fault::HardwareDegraded,
+            "mount" | "space" => Fault::FileSystem,
+            "config" => Fault::CheckConfig,
+            _ => Fault::Other,
+        }
+    }
+}
+
+/// One problem of the GPU check (`health::checks::gpu`'s words).
+fn gpu_fault(problem: &str) -> Fault {
+    let p = problem.to_ascii_lowercase();
+    let xid = p
+        .strip_prefix("xid ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse::<u32>().ok());
+    if xid == Some(79)
+        || p.contains("fallen off the bus")
+        || p.contains("not in nvml")
+        || (p.starts_with("found ") && p.contains("gpus, expected"))
+    {
+        Fault::GpuLost
+    } else if p.contains("retired pages")
+        || p.contains("uncorrectable remapped rows")
+        || p.contains("row remapping failed")
+    {
+        Fault::GpuMemoryDegraded
+    } else if p.contains("temperature") || p.contains("slowdown") {
+        Fault::GpuThermal
+    } else {
+        Fault::GpuResettable
+    }
+}
+
+/// One failing check, as the health checks report it.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// The check's name (its check file's `name`, or the `nhc.conf` function).
+    pub check: &'a str,
+    /// Its family (`gpu`, `efa`, `mount`...).
+    pub family: &'a str,
+    /// What it found.
+    pub message: &'a str,
+}
+
+/// Where a plan's action came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlannedBy {
+    /// The [`AUTO`] table.
+    Auto,
+    /// `repair.action`.
+    Action,
+    /// `repair.checks.<check>`.
+    Check(String),
+}
+
+impl std::fmt::Display for PlannedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PlannedBy::Auto => f.write_str("the auto table"),
+            PlannedBy::Action => f.write_str("repair.action"),
+            PlannedBy::Check(c) => write!(f, "repair.checks.{c:?}"),
+        }
+    }
+}
+
+/// What a fault calls for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The action.
+    pub action: Planned,
+    /// The fault.
+    pub fault: Fault,
+    /// The check that found it.
+    pub check: String,
+    /// Where the action came from.
+    pub by: PlannedBy,
+}
+
+impl Plan {
+    /// A key that changes when the plan does (the log and the counts are per change).
+    pub fn key(&self) -> String {
+        format!("{}:{}:{}", self.action, self.fault.as_str(), self.check)
+    }
+}
+
+/// One entry of `repair.checks`: a check's action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckAction {
+    /// The check's name as its check file names it (`name = "GPUs"`), or an `nhc.conf`
+    /// line as written or its function alone (`check_fs_mount_rw`).
+    pub check: String,
+    /// `auto`, `none`, `isolate`, `reboot` or `replace`.
+    pub action: RepairAction,
+}
+
+/// `[repair]`: what a fault the health checks find leads to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RepairSettings {
+    /// `off` (no repair), or `report` (log and count what would be done, change nothing).
+    /// Set by the image or the user data; a tag may not turn it on.
+    pub mode: RepairMode,
+    /// Every fault's action unless `checks` names its check: `auto` (the table in
+    /// `docs/repair.md`), `none`, `isolate`, `reboot` or `replace`. With `mode = "report"`
+    /// (the only mode besides `off` so far) it is what is logged and counted, not done.
+    pub action: RepairAction,
+    /// `[[repair.checks]]`: the action of a check, by its name (`check = "GPUs"`, `action
+    /// = "isolate"`). A name no check has is warned about at the daemon's start.
+    pub checks: Vec<CheckAction>,
+}
+
+/// Whether repairs happen is the image's or the launch's, never a tag's.
+impl crate::section::Classified for RepairSettings {
+    const SECTION: &'static str = "repair";
+    const TRUST: &'static [crate::section::KeyTrust] = {
+        use crate::section::KeyTrust as K;
+        &[
+            K::user_data("mode"),
+            K::user_data("action"),
+            K::user_data("checks"),
+        ]
+    };
+}
+
+impl RepairSettings {
+    /// Checks `checks`' names: not empty, no control characters, each once.
+    ///
+    /// # Errors
+    /// [`InvalidKey`]: `repair.checks[<i>].check` and the name.
+    pub fn validate(&self) -> Result<(), InvalidKey> {
+        for (i, c) in self.checks.iter().enumerate() {
+            let key = format!("repair.checks[{i}].check");
+            if c.check.trim().is_empty() || c.check.chars().any(char::is_control) {
+                return Err(InvalidKey::new(
+                    key,
+                    format!("{:?} is not a check's name", c.check),
+                ));
+            }
+            if let Some(j) = self.checks[..i].iter().position(|o| o.check == c.check) {
+                return Err(InvalidKey::new(
+                    key,
+                    format!("{:?} is named already by repair.checks[{j}]", c.check),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The plan for `failures` (a health run's fatal failures, in file order): each
+    /// failure's action (`repair.checks.<check>`, else `repair.action`), the strongest
+    /// wins, the first in file order among equals. `None` when repair is off or nothing
+    /// failed.
+    pub fn plan(&self, failures: &[Failure<'_>]) -> Option<Plan> {
+        if self.mode == RepairMode::Off {
+            return None;
+        }
+        let mut best: Option<Plan> = None;
+        for f in failures {
+            let fault = Fault::classify(f.family, f.message);
+            let (setting, by) = match self.check_setting(f.check) {
+                Some((key, a)) => (a, PlannedBy::Check(key.to_string())),
+                None => (self.action, PlannedBy::Action),
+            };
+            let by = if setting == RepairAction::Auto && by == PlannedBy::Action {
+                PlannedBy::Auto
+            } else {
+                by
+            };
+            let action = setting.for_fault(fault);
+            if best.as_ref().is_none_or(|b| action > b.action) {
+                best = Some(Plan {
+                    action,
+                    fault,
+                    check: f.check.to_string(),
+                    by,
+                });
+            }
+        }
+        best
+    }
+
+    /// The setting of check `check` in `checks`, and the key it is under: its whole name
+    /// (a check file's `name`, an `nhc.conf` line as written), else the name's first word
+    /// (the NHC function of an `nhc.conf` line: `check_fs_mount_rw` for `check_fs_mount_rw
+    /// -f /fsx`).
+    fn check_setting<'a>(&'a self, check: &str) -> Option<(&'a str, RepairAction)> {
+        let first = check.split_whitespace().next().unwrap_or_default();
+        [check, first]
+            .into_iter()
+            .find_map(|k| self.checks.iter().find(|c| c.check == k))
+            .map(|c| (c.check.as_str(), c.action))
+    }
+
+    /// The names in `checks` that no check named in `known` has, whole or by its first
+    /// word (warned about, not refused: a check file may come later in the image).
+    pub fn unknown_checks<'a>(&'a self, known: &[String]) -> Vec<&'a str> {
+        self.checks
+            .iter()
+            .map(|c| c.check.as_str())
+            .filter(|k| {
+                !known
+                    .iter()
+                    .any(|n| n == k || n.split_whitespace().next() == Some(*k))
+            })
+            .collect()
+    }
+}
+
+/// `docs/repair.md`'s table, generated from [`AUTO`].
+pub fn auto_table_markdown() -> String {
+    let mut out = String::from("| Fault | What | `auto` | Why |\n|---|---|---|---|\n");
+    for r in AUTO {
+        out.push_str(&format!(
+            "| `{}` | {} | `{}` | {} |\n",
+            r.fault.as_str(),
+            r.what,
+            r.action,
+            r.why
+        ));
+    }
+    out
+}
+
+pub mod record;
+
+#[cfg(test)]
+mod tests;

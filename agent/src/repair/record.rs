@@ -1,0 +1,156 @@
+//! `repair.json` in `agent.state_dir`: the plan in effect on this node and the count of
+//! plans made, so that the log and the counts are per change and survive the daemon's
+//! restarts; rendered as `repair.prom` for node_exporter's textfile collector.
+//!
+//! ```text
+//! slurm_node_agent_repair_planned_total{mode="report",action="replace",fault="gpu_lost"} 1
+//! slurm_node_agent_repair_pending{mode="report",action="replace",fault="gpu_lost"} 1
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Plan, RepairMode};
+
+/// The file's name in `agent.state_dir`.
+pub const RECORD_FILE: &str = "repair.json";
+
+/// The metrics file's name, beside the drain metrics.
+pub const METRICS_FILE: &str = "repair.prom";
+
+/// What the repair planned on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Record {
+    /// Plans made, by `<mode>/<action>/<fault>`.
+    pub planned: BTreeMap<String, u64>,
+    /// The plan in effect and its mode (`None`: no fault).
+    pub current: Option<Current>,
+}
+
+/// The plan in effect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Current {
+    /// The mode it was made in.
+    pub mode: RepairMode,
+    /// The plan.
+    pub plan: Plan,
+    /// What the check found.
+    pub message: String,
+    /// When it was made, Unix seconds.
+    pub since: i64,
+}
+
+/// What one health pass changed in the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A new plan (a fault found, or another fault or action than before).
+    Planned,
+    /// The fault cleared: no plan any more.
+    Cleared,
+    /// Nothing.
+    Same,
+}
+
+/// `repair.json` under `state_dir`.
+pub fn record_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(RECORD_FILE)
+}
+
+impl Record {
+    /// Reads `path`; none is an empty record, and one that does not parse is set aside
+    /// (`repair.json.corrupt-<time>`, logged) and counts as empty.
+    pub fn load(path: &Path) -> Record {
+        let Ok(bytes) = std::fs::read(path) else {
+            return Record::default();
+        };
+        match serde_json::from_slice(&bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                crate::fsutil::set_aside_corrupt(path, &bytes, &e.to_string());
+                Record::default()
+            }
+        }
+    }
+
+    /// Writes `path` atomically.
+    ///
+    /// # Errors
+    /// [`crate::fsutil::WriteError`] naming the path.
+    pub fn save(&self, path: &Path) -> Result<(), crate::fsutil::WriteError> {
+        let text = serde_json::to_vec_pretty(self).unwrap_or_default();
+        crate::fsutil::write_atomic(path, &text, 0o644, None)
+    }
+
+    /// Takes the plan of one health pass in `mode` (`None`: healthy, or nothing planned),
+    /// with what the check found, at `now` (Unix seconds): a plan other than the one in
+    /// effect is counted and becomes current.
+    pub fn observe(&mut self, mode: RepairMode, plan: Option<(&Plan, &str)>, now: i64) -> Change {
+        match plan {
+            None if self.current.is_some() => {
+                self.current = None;
+                Change::Cleared
+            }
+            None => Change::Same,
+            Some((p, _))
+                if self
+                    .current
+                    .as_ref()
+                    .is_some_and(|c| c.mode == mode && c.plan.key() == p.key()) =>
+            {
+                Change::Same
+            }
+            Some((p, message)) => {
+                *self
+                    .planned
+                    .entry(format!(
+                        "{}/{}/{}",
+                        mode.as_str(),
+                        p.action,
+                        p.fault.as_str()
+                    ))
+                    .or_default() += 1;
+                self.current = Some(Current {
+                    mode,
+                    plan: p.clone(),
+                    message: message.to_string(),
+                    since: now,
+                });
+                Change::Planned
+            }
+        }
+    }
+
+    /// The Prometheus textfile.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP slurm_node_agent_repair_planned_total Repairs planned for faults the health checks found, by mode, action and fault.\n");
+        out.push_str("# TYPE slurm_node_agent_repair_planned_total counter\n");
+        for (k, n) in &self.planned {
+            let mut parts = k.splitn(3, '/');
+            if let (Some(mode), Some(action), Some(fault)) =
+                (parts.next(), parts.next(), parts.next())
+            {
+                let _ = writeln!(
+                    out,
+                    "slurm_node_agent_repair_planned_total{{mode=\"{mode}\",action=\"{action}\",fault=\"{fault}\"}} {n}"
+                );
+            }
+        }
+        out.push_str("# HELP slurm_node_agent_repair_pending The repair in effect for the fault found now (1), by mode, action and fault; none when healthy.\n");
+        out.push_str("# TYPE slurm_node_agent_repair_pending gauge\n");
+        if let Some(c) = &self.current {
+            let _ = writeln!(
+                out,
+                "slurm_node_agent_repair_pending{{mode=\"{}\",action=\"{}\",fault=\"{}\"}} 1",
+                c.mode.as_str(),
+                c.plan.action,
+                c.plan.fault.as_str()
+            );
+        }
+        out
+    }
+}

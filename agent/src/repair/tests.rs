@@ -1,0 +1,289 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+fn report() -> RepairSettings {
+    RepairSettings {
+        mode: RepairMode::Report,
+        ..RepairSettings::default()
+    }
+}
+
+fn check(name: &str, action: RepairAction) -> CheckAction {
+    CheckAction {
+        check: name.into(),
+        action,
+    }
+}
+
+fn failure<'a>(check: &'a str, family: &'a str, message: &'a str) -> Failure<'a> {
+    Failure {
+        check,
+        family,
+        message,
+    }
+}
+
+#[test]
+fn the_gpu_checks_words_classify_as_their_faults() {
+    // The messages of health::checks::gpu, as it writes them.
+    for (message, fault) in [
+        ("XID 79 on PCI:0000:00:1e (1x since boot)", Fault::GpuLost),
+        (
+            "the kernel sees 8 NVIDIA GPUs on PCI, NVML 7: not in NVML: 0000:53:00.0",
+            Fault::GpuLost,
+        ),
+        ("found 7 GPUs, expected 8", Fault::GpuLost),
+        ("GPU 3: 70 retired pages (max 64)", Fault::GpuMemoryDegraded),
+        (
+            "GPU 3: 600 uncorrectable remapped rows (max 512)",
+            Fault::GpuMemoryDegraded,
+        ),
+        ("GPU 3: row remapping failed", Fault::GpuMemoryDegraded),
+        (
+            "GPU 3: 2 uncorrected ECC errors (max 0)",
+            Fault::GpuResettable,
+        ),
+        (
+            "XID 94 on PCI:0000:00:1e (1x since boot)",
+            Fault::GpuResettable,
+        ),
+        ("GPU 0: NVLink 4 inactive", Fault::GpuResettable),
+        (
+            "NVML initialisation failed: driver not loaded",
+            Fault::GpuResettable,
+        ),
+        ("GPU 1: temperature 93 °C (max 90)", Fault::GpuThermal),
+        (
+            "GPU 1: hardware slowdown active (HW Thermal Slowdown)",
+            Fault::GpuThermal,
+        ),
+    ] {
+        assert_eq!(Fault::classify("gpu", message), fault, "{message}");
+    }
+    // Several problems: the one whose action is strongest.
+    let both = "GPU 1: temperature 93 °C (max 90); XID 94 on PCI:0000:00:1e (1x since boot); XID 79 on PCI:0000:00:1f (1x since boot)";
+    assert_eq!(Fault::classify("gpu", both), Fault::GpuLost);
+    // "XID 790" is not Xid 79.
+    assert_eq!(
+        Fault::classify("gpu", "XID 790 on x (1x since boot)"),
+        Fault::GpuResettable
+    );
+}
+
+#[test]
+fn each_family_has_its_fault_and_the_auto_table_its_action() {
+    for (family, fault, action) in [
+        ("efa", Fault::EfaMissing, Planned::Replace),
+        ("hardware", Fault::HardwareDegraded, Planned::Replace),
+        ("mcelog", Fault::HardwareDegraded, Planned::Replace),
+        ("mount", Fault::FileSystem, Planned::Isolate),
+        ("space", Fault::FileSystem, Planned::Isolate),
+        ("config", Fault::CheckConfig, Planned::None),
+        ("process", Fault::Other, Planned::Isolate),
+        ("unit", Fault::Other, Planned::Isolate),
+        ("file", Fault::Other, Planned::Isolate),
+    ] {
+        let f = Fault::classify(family, "x");
+        assert_eq!(f, fault, "{family}");
+        assert_eq!(f.auto(), action, "{family}");
+    }
+    // Every fault has exactly one row.
+    for f in Fault::ALL {
+        assert_eq!(AUTO.iter().filter(|r| r.fault == f).count(), 1, "{f:?}");
+    }
+    assert_eq!(AUTO.len(), Fault::ALL.len());
+}
+
+#[test]
+fn off_plans_nothing_and_the_strongest_action_of_the_failures_wins() {
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let fs = failure("shared file systems", "mount", "/fsx is not mounted");
+    assert_eq!(RepairSettings::default().plan(&[gpu, fs]), None);
+    let s = report();
+    assert_eq!(s.plan(&[]), None);
+    let p = s.plan(&[fs, gpu]).unwrap();
+    assert_eq!(
+        p,
+        Plan {
+            action: Planned::Replace,
+            fault: Fault::GpuLost,
+            check: "GPUs".into(),
+            by: PlannedBy::Auto
+        }
+    );
+    // Equal actions: the first failure in file order.
+    let fs2 = failure("scratch", "mount", "/scratch is not mounted");
+    assert_eq!(s.plan(&[fs, fs2]).unwrap().check, "shared file systems");
+}
+
+#[test]
+fn a_site_overrides_the_action_per_check_and_for_every_fault() {
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let fs = failure("shared file systems", "mount", "/fsx is not mounted");
+    let mut s = report();
+    s.checks = vec![
+        check("GPUs", RepairAction::Isolate),
+        check("shared file systems", RepairAction::Reboot),
+    ];
+    let p = s.plan(&[gpu, fs]).unwrap();
+    assert_eq!(
+        (p.action, p.check.as_str()),
+        (Planned::Reboot, "shared file systems")
+    );
+    assert_eq!(p.by, PlannedBy::Check("shared file systems".into()));
+    assert_eq!(p.by.to_string(), "repair.checks.\"shared file systems\"");
+    // repair.action for every check the table does not name.
+    let mut s = report();
+    s.action = RepairAction::None;
+    let p = s.plan(&[gpu]).unwrap();
+    assert_eq!((p.action, p.by), (Planned::None, PlannedBy::Action));
+}
+
+#[test]
+fn bad_settings_are_refused_naming_the_key() {
+    for (text, key) in [
+        ("mode = \"on-please\"", "mode"),
+        ("action = \"terminate\"", "action"),
+        (
+            "[[checks]]\ncheck = \"GPUs\"\naction = \"recycle\"",
+            "recycle",
+        ),
+    ] {
+        let e = toml::from_str::<RepairSettings>(text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant"), "{text}: {e}");
+        assert!(
+            e.contains(key) || e.contains("expected one of"),
+            "{text}: {e}"
+        );
+    }
+    let mut s = RepairSettings::default();
+    s.checks = vec![
+        check("GPUs", RepairAction::Replace),
+        check(" ", RepairAction::Replace),
+    ];
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.key, "repair.checks[1].check");
+    s.checks = vec![
+        check("GPUs", RepairAction::Replace),
+        check("GPUs", RepairAction::Isolate),
+    ];
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.key, "repair.checks[1].check");
+    assert!(e.message.contains("repair.checks[0]"), "{}", e.message);
+    // A check override naming no check: warned about, not refused.
+    let mut s = RepairSettings::default();
+    s.checks = vec![
+        check("GPU", RepairAction::Replace),
+        check("EFA", RepairAction::Replace),
+    ];
+    assert!(s.validate().is_ok());
+    assert_eq!(s.unknown_checks(&["GPUs".into(), "EFA".into()]), ["GPU"]);
+    // An nhc.conf line is known by its function too.
+    let mut s = RepairSettings::default();
+    s.checks = vec![check("check_fs_mount_rw", RepairAction::Reboot)];
+    assert!(s
+        .unknown_checks(&["check_fs_mount_rw -f /fsx".into()])
+        .is_empty());
+    let s = RepairSettings {
+        mode: RepairMode::Report,
+        ..s
+    };
+    let p = s
+        .plan(&[failure(
+            "check_fs_mount_rw -f /fsx",
+            "mount",
+            "/fsx not mounted",
+        )])
+        .unwrap();
+    assert_eq!(p.action, Planned::Reboot);
+    assert_eq!(p.by, PlannedBy::Check("check_fs_mount_rw".into()));
+}
+
+#[test]
+fn the_docs_carry_the_auto_table() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/repair.md")).unwrap();
+    let table = auto_table_markdown();
+    assert!(
+        doc.contains(&table),
+        "docs/repair.md does not carry the auto table as the code has it; put this in:\n{table}"
+    );
+}
+
+#[test]
+fn the_record_counts_each_new_plan_once_and_clears_when_healthy() {
+    use record::{Change, Record};
+    let s = report();
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let fs = failure("shared file systems", "mount", "/fsx is not mounted");
+    let p_gpu = s.plan(&[gpu]).unwrap();
+    let p_fs = s.plan(&[fs]).unwrap();
+    let mut r = Record::default();
+    assert_eq!(r.observe(RepairMode::Report, None, 1), Change::Same);
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&p_gpu, gpu.message)), 2),
+        Change::Planned
+    );
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&p_gpu, gpu.message)), 3),
+        Change::Same
+    );
+    assert_eq!(r.current.as_ref().unwrap().since, 2);
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&p_fs, fs.message)), 4),
+        Change::Planned
+    );
+    assert_eq!(r.observe(RepairMode::Report, None, 5), Change::Cleared);
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&p_gpu, gpu.message)), 6),
+        Change::Planned
+    );
+    assert_eq!(r.planned["report/replace/gpu_lost"], 2);
+    assert_eq!(r.planned["report/isolate/file_system"], 1);
+    let prom = r.render();
+    assert!(
+        prom.contains("slurm_node_agent_repair_planned_total{mode=\"report\",action=\"replace\",fault=\"gpu_lost\"} 2\n"),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("slurm_node_agent_repair_pending{mode=\"report\",action=\"replace\",fault=\"gpu_lost\"} 1\n"),
+        "{prom}"
+    );
+    // Every sample line has its TYPE line before it.
+    for line in prom.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split('{').next().unwrap();
+        assert!(prom.contains(&format!("# TYPE {name} ")), "{line}");
+    }
+}
+
+#[test]
+fn the_record_survives_a_restart_and_a_corrupt_one_is_set_aside() {
+    use record::{record_path, Record};
+    let dir = tempfile::tempdir().unwrap();
+    let path = record_path(dir.path());
+    assert_eq!(Record::load(&path), Record::default());
+    let s = report();
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let mut r = Record::default();
+    r.observe(
+        RepairMode::Report,
+        Some((&s.plan(&[gpu]).unwrap(), gpu.message)),
+        7,
+    );
+    r.save(&path).unwrap();
+    assert_eq!(Record::load(&path), r);
+    std::fs::write(&path, b"{\"planned\": {\"report/replace/gpu_lost\": ").unwrap();
+    assert_eq!(Record::load(&path), Record::default());
+    assert!(!path.exists());
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        aside.iter().any(|n| n.starts_with("repair.json.corrupt-")),
+        "{aside:?}"
+    );
+}
