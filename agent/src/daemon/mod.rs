@@ -724,7 +724,7 @@ async fn health_pass(ctx: &Ctx) {
     };
     if let Some(checks) = &checks {
         let report = crate::health::run_checks(checks, &ctx.health_env).await;
-        repair_report(ctx, &report);
+        repair_report(ctx, &report).await;
         if !s.health.prometheus_textfile.as_os_str().is_empty() {
             if let Err(e) =
                 crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
@@ -753,9 +753,11 @@ async fn health_pass(ctx: &Ctx) {
 }
 
 /// Repair in `report` mode (`[repair]`, [`crate::repair`]): what the faults of `report`
-/// call for, logged (`REPAIR (report)`) and counted once per change in `repair.json` and
-/// `repair.prom` (beside the drain metrics); nothing else changes.
-fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
+/// call for, a reboot or replacement withheld while the breaker holds
+/// ([`repair_breaker`]), logged (`REPAIR (report)`) and counted once per change in
+/// `repair.json` and `repair.prom` (beside the drain metrics); nothing else changes.
+async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
+    use crate::repair::record::{Change, Record};
     let s = &ctx.s;
     if s.repair.mode == crate::repair::RepairMode::Off {
         return;
@@ -769,33 +771,46 @@ fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
             message: &r.message,
         })
         .collect();
-    let plan = s.repair.plan(&found);
+    let mut plan = s.repair.plan(&found);
+    if let Some(p) = plan.take_if(|p| p.departs()) {
+        plan = Some(match repair_breaker(ctx, &p.check).await {
+            Some(why) => p.withhold(why),
+            None => p,
+        });
+    }
     let message = plan
         .as_ref()
         .and_then(|p| failures.iter().find(|r| r.name == p.check))
         .map_or("", |r| r.message.as_str());
     let path = crate::repair::record::record_path(&s.agent.state_dir);
-    let mut record = crate::repair::record::Record::load(&path);
+    let mut record = Record::load(&path);
     let change = record.observe(
         s.repair.mode,
         plan.as_ref().map(|p| (p, message)),
         crate::time::now(),
     );
     match (&change, &plan) {
-        (crate::repair::record::Change::Planned, Some(p)) => tracing::warn!(
-            node = %ctx.node,
-            action = %p.action,
-            fault = p.fault.as_str(),
-            check = %p.check,
-            by = %p.by,
-            "REPAIR (report): would {} {} for {}: {} ({}): {message}",
-            p.action,
-            ctx.node,
-            p.check,
-            p.fault.as_str(),
-            p.by
-        ),
-        (crate::repair::record::Change::Cleared, _) => tracing::info!(
+        (Change::Planned, Some(p)) => {
+            let withheld = p
+                .withheld
+                .as_ref()
+                .map(|w| format!(" ({} withheld: {})", w.action, w.why))
+                .unwrap_or_default();
+            tracing::warn!(
+                node = %ctx.node,
+                action = %p.action,
+                fault = p.fault.as_str(),
+                check = %p.check,
+                by = %p.by,
+                "REPAIR (report): would {} {} for {}: {} ({}){withheld}: {message}",
+                p.action,
+                ctx.node,
+                p.check,
+                p.fault.as_str(),
+                p.by
+            );
+        }
+        (Change::Cleared, _) => tracing::info!(
             node = %ctx.node,
             "REPAIR (report): {} healthy again; no repair would be pending",
             ctx.node
@@ -810,6 +825,50 @@ fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
     if let Err(e) = crate::fsutil::write_atomic(&metrics, record.render().as_bytes(), 0o644, None) {
         tracing::warn!("repair metrics: {e}");
     }
+}
+
+/// Why the breaker withholds a reboot or replacement for `check` on this node, from every
+/// node's record in slurmctld ([`crate::repair::breaker::tripped`]): `None` when it does
+/// not hold; the records unread (slurmctld unreachable, this node unknown to it) withhold
+/// it too, on the safe side.
+async fn repair_breaker(ctx: &Ctx, check: &str) -> Option<String> {
+    let r = &ctx.s.repair;
+    let fleet = match ctx.gateway.fleet().await {
+        Ok(f) => f,
+        Err(e) => {
+            return Some(format!(
+                "the breaker could not count (slurmctld's records: {e})"
+            ))
+        }
+    };
+    let Some(own) = fleet.iter().find(|n| n.name() == ctx.node) else {
+        return Some(format!(
+            "the breaker could not count (slurmctld has no record of {})",
+            ctx.node
+        ));
+    };
+    let partitions = own.fields.get("Partitions").map_or("", String::as_str);
+    let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
+        .iter()
+        .map(|n| crate::repair::breaker::Seen {
+            name: n.name(),
+            partitions: n.fields.get("Partitions").map_or("", String::as_str),
+            held_reason: n.held_reason(),
+        })
+        .collect();
+    let t = crate::repair::breaker::tripped(
+        check,
+        &ctx.node,
+        partitions,
+        &seen,
+        r.breaker_share,
+        r.breaker_min_nodes,
+    )?;
+    Some(format!(
+        "the breaker holds: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
+        r.breaker_share * 100.0,
+        r.breaker_min_nodes
+    ))
 }
 
 /// One pass over the `[[mounts]]` ([`crate::mounts::reconcile`]).

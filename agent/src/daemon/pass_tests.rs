@@ -168,21 +168,19 @@ async fn a_spot_interruption_notice_drains_with_its_action_and_time() {
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
 }
 
-#[tokio::test]
-async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_nothing() {
-    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
-    let (dir, ctx) = ctx(&imds, &slurmctld);
+/// [`ctx`] with `repair.mode = "report"`, the health checks of `checks` (a checks.d
+/// file) and no health actions (the drain is not what these tests look at).
+fn report_ctx(
+    imds: &FakeImds,
+    slurmctld: &FakeSlurmctld,
+    checks: &str,
+) -> (tempfile::TempDir, Arc<Ctx>) {
+    let (dir, ctx) = ctx(imds, slurmctld);
     let mut s = ctx.s.clone();
-    // Two failing checks: a mount (isolate) and the CPU count (replace: the strongest).
-    let checks = dir.path().join("checks.d");
-    std::fs::create_dir_all(&checks).unwrap();
-    std::fs::write(
-        checks.join("10-test.toml"),
-        "[[check]]\nname = \"shared file systems\"\nkind = \"mount\"\npath = \"/no/such/mount\"\n\n\
-         [[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n",
-    )
-    .unwrap();
-    s.health.checks_dir = checks;
+    let checks_dir = dir.path().join("checks.d");
+    std::fs::create_dir_all(&checks_dir).unwrap();
+    std::fs::write(checks_dir.join("10-test.toml"), checks).unwrap();
+    s.health.checks_dir = checks_dir;
     s.health.nhc_conf = Vec::new();
     s.health.act = false;
     s.repair.mode = crate::repair::RepairMode::Report;
@@ -190,6 +188,19 @@ async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_noth
         s,
         ..Arc::try_unwrap(ctx).ok().unwrap()
     });
+    (dir, ctx)
+}
+
+#[tokio::test]
+async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_nothing() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    // Two failing checks: a mount (isolate) and the CPU count (replace: the strongest).
+    let (_dir, ctx) = report_ctx(
+        &imds,
+        &slurmctld,
+        "[[check]]\nname = \"shared file systems\"\nkind = \"mount\"\npath = \"/no/such/mount\"\n\n\
+         [[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n",
+    );
     let record_path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
     health_pass(&ctx).await;
     let record = crate::repair::record::Record::load(&record_path);
@@ -212,4 +223,52 @@ async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_noth
         slurmctld.calls()
     );
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+}
+
+#[tokio::test]
+async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = report_ctx(
+        &imds,
+        &slurmctld,
+        "[[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n",
+    );
+    // Four nodes in `p`: this one, and another drained by its health checks for `cpus`.
+    let cpus = crate::reason::reason(
+        crate::reason::ReasonCause::Health,
+        "i-0fedcba9876543210",
+        "cpus: found 4 CPUs, expected 99999",
+    );
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE Partitions=p SlurmdStartTime=2026-12-06T00:00:00 InstanceId={ME}"
+    ));
+    slurmctld.set_record(&format!(
+        "NodeName=compute-2 State=IDLE+DRAIN Partitions=p Reason={cpus} [root@2026-12-06T00:00:00]"
+    ));
+    for n in ["compute-3", "compute-4"] {
+        slurmctld.set_record(&format!("NodeName={n} State=IDLE Partitions=p"));
+    }
+    let record_path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    let plan = &record.current.as_ref().unwrap().plan;
+    assert_eq!(plan.action, crate::repair::Planned::Isolate);
+    let withheld = plan.withheld.as_ref().unwrap();
+    assert_eq!(withheld.action, crate::repair::Planned::Replace);
+    assert!(
+        withheld.why.contains("2 of 4 nodes of partition p fail it"),
+        "{}",
+        withheld.why
+    );
+    // compute-2 is healthy again: the share falls back, the replacement is what it would do.
+    slurmctld.set_record("NodeName=compute-2 State=IDLE Partitions=p");
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    let plan = &record.current.as_ref().unwrap().plan;
+    assert_eq!(
+        (plan.action, plan.withheld.as_ref()),
+        (crate::repair::Planned::Replace, None)
+    );
+    assert_eq!(record.planned["report/isolate/hardware_degraded"], 1);
+    assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
 }

@@ -273,6 +273,15 @@ impl Gateway {
         self.scontrol.show_node(&self.node).await
     }
 
+    /// Every node's record in slurmctld (`scontrol show nodes -o`): what the fleet shows,
+    /// for the repair's breaker.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn fleet(&self) -> Result<Vec<NodeInfo>, ScontrolError> {
+        self.scontrol.show_nodes().await
+    }
+
     /// slurmctld's record of the node; one it does not know is
     /// [`DrainError::UnknownNode`].
     ///

@@ -327,12 +327,52 @@ pub struct Plan {
     pub check: String,
     /// Where the action came from.
     pub by: PlannedBy,
+    /// A reboot or replacement the breaker withholds ([`breaker`]): `isolate` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withheld: Option<Withheld>,
+}
+
+/// A reboot or replacement withheld, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withheld {
+    /// What the fault alone calls for.
+    pub action: Planned,
+    /// Why not: the breaker's count, or why it could not be counted.
+    pub why: String,
 }
 
 impl Plan {
     /// A key that changes when the plan does (the log and the counts are per change).
     pub fn key(&self) -> String {
-        format!("{}:{}:{}", self.action, self.fault.as_str(), self.check)
+        let withheld = self
+            .withheld
+            .as_ref()
+            .map(|w| format!(":withheld {}: {}", w.action, w.why))
+            .unwrap_or_default();
+        format!(
+            "{}:{}:{}{withheld}",
+            self.action,
+            self.fault.as_str(),
+            self.check
+        )
+    }
+
+    /// Whether the plan takes the node out for good or for a while (`reboot`,
+    /// `replace`): what the breaker guards.
+    pub fn departs(&self) -> bool {
+        self.action >= Planned::Reboot
+    }
+
+    /// The plan with its reboot or replacement withheld for `why`: `isolate` instead.
+    pub fn withhold(mut self, why: String) -> Plan {
+        if self.departs() {
+            self.withheld = Some(Withheld {
+                action: self.action,
+                why,
+            });
+            self.action = Planned::Isolate;
+        }
+        self
     }
 }
 
@@ -348,7 +388,7 @@ pub struct CheckAction {
 }
 
 /// `[repair]`: what a fault the health checks find leads to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RepairSettings {
     /// `off` (no repair), or `report` (log and count what would be done, change nothing).
@@ -361,6 +401,25 @@ pub struct RepairSettings {
     /// `[[repair.checks]]`: the action of a check, by its name (`check = "GPUs"`, `action
     /// = "isolate"`). A name no check has is warned about at the daemon's start.
     pub checks: Vec<CheckAction>,
+    /// The breaker: a check failing on more than this share of the nodes of one of a
+    /// node's partitions (and on at least `breaker_min_nodes` of them) is the fleet's
+    /// fault, and no node is rebooted or replaced for it (each stays isolated) until the
+    /// share falls back. More than 0, at most 1.
+    pub breaker_share: f64,
+    /// The breaker's least count of nodes failing the same check (at least 1).
+    pub breaker_min_nodes: u32,
+}
+
+impl Default for RepairSettings {
+    fn default() -> Self {
+        RepairSettings {
+            mode: RepairMode::Off,
+            action: RepairAction::Auto,
+            checks: Vec::new(),
+            breaker_share: 0.1,
+            breaker_min_nodes: 2,
+        }
+    }
 }
 
 /// Whether repairs happen is the image's or the launch's, never a tag's.
@@ -372,16 +431,35 @@ impl crate::section::Classified for RepairSettings {
             K::user_data("mode"),
             K::user_data("action"),
             K::user_data("checks"),
+            K::user_data("breaker_share"),
+            K::user_data("breaker_min_nodes"),
         ]
     };
 }
 
 impl RepairSettings {
-    /// Checks `checks`' names: not empty, no control characters, each once.
+    /// Checks `checks`' names (not empty, no control characters, each once) and the
+    /// breaker's share (more than 0, at most 1) and count (at least 1).
     ///
     /// # Errors
-    /// [`InvalidKey`]: `repair.checks[<i>].check` and the name.
+    /// [`InvalidKey`]: the key (`repair.checks[<i>].check`, `repair.breaker_share`...) and
+    /// what is wrong.
     pub fn validate(&self) -> Result<(), InvalidKey> {
+        if !(self.breaker_share > 0.0 && self.breaker_share <= 1.0) {
+            return Err(InvalidKey::new(
+                "repair.breaker_share",
+                format!(
+                    "must be more than 0 and at most 1 (0.1 is 10 %), got {}",
+                    self.breaker_share
+                ),
+            ));
+        }
+        if self.breaker_min_nodes < 1 {
+            return Err(InvalidKey::new(
+                "repair.breaker_min_nodes",
+                "must be at least 1",
+            ));
+        }
         for (i, c) in self.checks.iter().enumerate() {
             let key = format!("repair.checks[{i}].check");
             if c.check.trim().is_empty() || c.check.chars().any(char::is_control) {
@@ -427,6 +505,7 @@ impl RepairSettings {
                     fault,
                     check: f.check.to_string(),
                     by,
+                    withheld: None,
                 });
             }
         }
@@ -475,6 +554,7 @@ pub fn auto_table_markdown() -> String {
     out
 }
 
+pub mod breaker;
 pub mod record;
 
 #[cfg(test)]

@@ -109,7 +109,8 @@ fn off_plans_nothing_and_the_strongest_action_of_the_failures_wins() {
             action: Planned::Replace,
             fault: Fault::GpuLost,
             check: "GPUs".into(),
-            by: PlannedBy::Auto
+            by: PlannedBy::Auto,
+            withheld: None,
         }
     );
     // Equal actions: the first failure in file order.
@@ -286,4 +287,109 @@ fn the_record_survives_a_restart_and_a_corrupt_one_is_set_aside() {
         aside.iter().any(|n| n.starts_with("repair.json.corrupt-")),
         "{aside:?}"
     );
+}
+
+fn seen<'a>(name: &'a str, partitions: &'a str, held_reason: Option<&'a str>) -> breaker::Seen<'a> {
+    breaker::Seen {
+        name,
+        partitions,
+        held_reason,
+    }
+}
+
+#[test]
+fn the_breaker_counts_the_nodes_of_each_partition_failing_the_same_check() {
+    use breaker::tripped;
+    let gpus = crate::reason::reason(
+        crate::reason::ReasonCause::Health,
+        "i-0123456789abcdef0",
+        "GPUs: XID 79 on PCI:0000:00:1e (1x since boot)",
+    );
+    let other = crate::reason::reason(
+        crate::reason::ReasonCause::Health,
+        "i-0123456789abcdef0",
+        "EFA: 0 EFA devices found, expected at least 1",
+    );
+    let mount = crate::reason::reason(
+        crate::reason::ReasonCause::Mount,
+        "i-0123456789abcdef0",
+        "GPUs: not a health drain",
+    );
+    // 10 nodes in `gpu`: n0 (this one) and n1 fail GPUs; n2 fails EFA, n3 is drained by
+    // an admin with the same words, n4 by the mounts.
+    let mut fleet = vec![
+        seen("n0", "gpu", None),
+        seen("n1", "gpu,all", Some(&gpus)),
+        seen("n2", "gpu", Some(&other)),
+        seen("n3", "gpu", Some("GPUs: XID 79")),
+        seen("n4", "gpu", Some(&mount)),
+    ];
+    let names: Vec<String> = (5..10).map(|i| format!("n{i}")).collect();
+    fleet.extend(names.iter().map(|n| seen(n, "gpu", None)));
+    // 2 of 10: more than 10 %, at least 2.
+    let t = tripped("GPUs", "n0", "gpu", &fleet, 0.1, 2).unwrap();
+    assert_eq!((t.partition.as_str(), t.failing, t.nodes), ("gpu", 2, 10));
+    assert_eq!(t.to_string(), "2 of 10 nodes of partition gpu fail it");
+    // Exactly the share is not more than it; fewer than the count is not enough.
+    assert_eq!(tripped("GPUs", "n0", "gpu", &fleet, 0.2, 2), None);
+    assert_eq!(tripped("GPUs", "n0", "gpu", &fleet, 0.1, 3), None);
+    // A partition of this node with a higher share wins: `all` has n1 only besides it.
+    let t = tripped("GPUs", "n0", "gpu,all", &fleet, 0.1, 2).unwrap();
+    assert_eq!((t.partition.as_str(), t.failing, t.nodes), ("all", 2, 2));
+    // This node counts as failing even where slurmctld has no record of it yet.
+    let t = tripped("GPUs", "n99", "gpu", &fleet, 0.1, 2).unwrap();
+    assert_eq!((t.failing, t.nodes), (2, 11));
+    // A node in no partition trips nothing.
+    assert_eq!(tripped("GPUs", "n0", "", &fleet, 0.1, 1), None);
+    // The check's name as the reason writes it: whitespace as one space.
+    assert!(breaker::names_check(&gpus, "GPUs"));
+    assert!(!breaker::names_check(&gpus, "GPU"));
+    let spaced = crate::reason::reason(
+        crate::reason::ReasonCause::Health,
+        "i-0123456789abcdef0",
+        "shared file systems: /fsx",
+    );
+    assert!(breaker::names_check(&spaced, "shared  file\tsystems"));
+}
+
+#[test]
+fn a_withheld_plan_isolates_and_says_why() {
+    let s = report();
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let p = s.plan(&[gpu]).unwrap();
+    assert!(p.departs());
+    let key = p.key();
+    let w = p.withhold("the breaker holds".into());
+    assert_eq!(w.action, Planned::Isolate);
+    assert_eq!(w.withheld.as_ref().unwrap().action, Planned::Replace);
+    assert_ne!(w.key(), key);
+    // An isolate plan has nothing to withhold.
+    let fs = failure("shared file systems", "mount", "/fsx is not mounted");
+    let p = s.plan(&[fs]).unwrap();
+    assert!(!p.departs());
+    assert_eq!(p.clone().withhold("x".into()), p);
+}
+
+#[test]
+fn the_breakers_settings_are_checked() {
+    for (share, min, key) in [
+        (0.0, 2, "repair.breaker_share"),
+        (1.5, 2, "repair.breaker_share"),
+        (f64::NAN, 2, "repair.breaker_share"),
+        (-0.1, 2, "repair.breaker_share"),
+        (0.1, 0, "repair.breaker_min_nodes"),
+    ] {
+        let s = RepairSettings {
+            breaker_share: share,
+            breaker_min_nodes: min,
+            ..RepairSettings::default()
+        };
+        assert_eq!(s.validate().unwrap_err().key, key, "{share} {min}");
+    }
+    let s = RepairSettings {
+        breaker_share: 1.0,
+        breaker_min_nodes: 1,
+        ..RepairSettings::default()
+    };
+    assert!(s.validate().is_ok());
 }

@@ -176,6 +176,8 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "[[node_lifecycle.node_ready]]\nname = \"site-ready\"\nscript_location = \"file:/opt/site/ready.sh\"\narguments = [\"--quick\"]\nexecution_policy = \"EVERY_BOOT\"\non_error = \"STOP_SEQUENCE\"\n",
     ),    ("repair.mode", r#""report""#),
     ("repair.action", r#""auto""#),
+    ("repair.breaker_share", "0.25"),
+    ("repair.breaker_min_nodes", "3"),
     (
         "repair.checks",
         "[[repair.checks]]\ncheck = \"shared file systems\"\naction = \"isolate\"\n",

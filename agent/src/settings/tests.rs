@@ -651,3 +651,37 @@ fn the_fleet_rate_takes_whole_and_fractional_numbers() {
         "{e}"
     );
 }
+
+#[test]
+fn repairs_are_never_turned_on_by_a_tag_and_bad_values_name_their_key() {
+    for (key, value) in [
+        ("repair.mode", "report"),
+        ("repair.action", "replace"),
+        ("repair.breaker_share", "1"),
+    ] {
+        let e = Resolved::merge(&[tag(key, value)]).unwrap_err().to_string();
+        let want = format!("instance tag \"slurm-node-agent:{key}\": key `{key}`");
+        assert!(e.starts_with(&want), "{key}: {e}");
+    }
+    // From user data, an unknown action or a share outside (0, 1] is refused naming both.
+    for (text, key) in [
+        ("[repair]\naction = \"recycle\"\n", "repair.action"),
+        ("[repair]\nmode = \"on\"\n", "repair.mode"),
+        ("[repair]\nbreaker_share = 1.5\n", "repair.breaker_share"),
+        ("[repair]\nbreaker_min_nodes = 0\n", "repair.breaker_min_nodes"),
+        (
+            "[[repair.checks]]\ncheck = \"GPUs\"\naction = \"replace\"\n[[repair.checks]]\ncheck = \"GPUs\"\naction = \"none\"\n",
+            "repair.checks[1].check",
+        ),
+    ] {
+        // A bad enum value fails as the part is read; a bad number as the layers merge.
+        let e = match Layer::from_toml(Source::UserData(1), text) {
+            Err(e) => e.to_string(),
+            Ok(layer) => Resolved::merge(&[layer]).unwrap_err().to_string(),
+        };
+        // As every section's: the dotted key, or (a parse error) its line and leaf key.
+        let leaf = key.rsplit('.').next().unwrap().split('[').next().unwrap();
+        let named = e.contains(key) || (e.contains(leaf) && e.contains("line "));
+        assert!(e.contains("user data") && named, "{text}: {e}");
+    }
+}

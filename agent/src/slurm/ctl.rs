@@ -29,6 +29,12 @@ pub trait Slurmctld: std::fmt::Debug + Send + Sync {
     /// [`ScontrolError`] for anything but "not found".
     async fn show_node(&self, name: &str) -> Result<Option<NodeInfo>, ScontrolError>;
 
+    /// Every node's record (`scontrol show nodes -o`).
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    async fn show_nodes(&self) -> Result<Vec<NodeInfo>, ScontrolError>;
+
     /// `scontrol update NodeName=<node> State=DRAIN Reason=<reason>`.
     ///
     /// # Errors
@@ -69,6 +75,15 @@ pub trait Slurmctld: std::fmt::Debug + Send + Sync {
 impl Slurmctld for Scontrol {
     async fn show_node(&self, name: &str) -> Result<Option<NodeInfo>, ScontrolError> {
         Scontrol::show_node(self, name).await
+    }
+
+    async fn show_nodes(&self) -> Result<Vec<NodeInfo>, ScontrolError> {
+        let out = self.run(&["show", "nodes", "-o"]).await?;
+        Ok(out
+            .lines()
+            .filter(|l| l.starts_with("NodeName="))
+            .map(NodeInfo::parse)
+            .collect())
     }
 
     async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
@@ -193,6 +208,12 @@ pub(crate) mod fake {
             let mut st = self.state();
             st.calls.push(format!("show node -o {name}"));
             Ok(st.records.get(name).cloned())
+        }
+
+        async fn show_nodes(&self) -> Result<Vec<NodeInfo>, ScontrolError> {
+            let mut st = self.state();
+            st.calls.push("show nodes -o".into());
+            Ok(st.records.values().cloned().collect())
         }
 
         async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {

@@ -1,0 +1,108 @@
+//! The breaker: a fault the whole fleet has (a file system down for everyone, a bad image)
+//! is no node's to repair. When the check that failed here fails on more than
+//! `repair.breaker_share` of the nodes of one of this node's partitions, and on at least
+//! `repair.breaker_min_nodes` of them, no node is rebooted or replaced for it. Decided from
+//! what every node can see without new infrastructure: slurmctld's records (each node's
+//! partitions and the reason that holds it now) and the health checks' reasons in them
+//! (`slurm-node-agent/health@<instance-id>: <check>: <message>`); this node counts as
+//! failing the check whatever its record says (its drain may not be made yet).
+
+use crate::reason::{parse_reason, ReasonCause};
+
+/// One node as slurmctld's record shows it.
+#[derive(Debug, Clone, Copy)]
+pub struct Seen<'a> {
+    /// NodeName.
+    pub name: &'a str,
+    /// `Partitions=` (`a,b`; empty: none).
+    pub partitions: &'a str,
+    /// The reason that holds the node now (`NodeInfo::held_reason`: `None` when the node is
+    /// not drained, down or failing).
+    pub held_reason: Option<&'a str>,
+}
+
+/// A breaker that holds: in `partition`, `failing` of its `nodes` fail the check.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Tripped {
+    /// The partition.
+    pub partition: String,
+    /// Its nodes failing the check (this one included).
+    pub failing: usize,
+    /// Its nodes.
+    pub nodes: usize,
+}
+
+impl std::fmt::Display for Tripped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} nodes of partition {} fail it",
+            self.failing, self.nodes, self.partition
+        )
+    }
+}
+
+/// Whether `reason` is a health drain for check `check` (the reason names the check first,
+/// as the health checks write it, its whitespace and control characters as one space).
+pub fn names_check(reason: &str, check: &str) -> bool {
+    let Some(r) = parse_reason(reason) else {
+        return false;
+    };
+    let check: Vec<&str> = check
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect();
+    r.cause == ReasonCause::Health && r.detail.starts_with(&format!("{}: ", check.join(" ")))
+}
+
+/// The breaker for check `check`, failing on node `own` (its partitions `own_partitions`),
+/// over `fleet` (every node's record, this one's included or not): the partition of
+/// `own_partitions` where the share of nodes failing the check is highest, when it is more
+/// than `share` and at least `min_nodes` nodes; `None` when no partition trips it.
+pub fn tripped(
+    check: &str,
+    own: &str,
+    own_partitions: &str,
+    fleet: &[Seen<'_>],
+    share: f64,
+    min_nodes: u32,
+) -> Option<Tripped> {
+    let mut worst: Option<Tripped> = None;
+    for partition in own_partitions.split(',').filter(|p| !p.is_empty()) {
+        let mut nodes = 0usize;
+        let mut failing = 0usize;
+        let mut own_seen = false;
+        for n in fleet
+            .iter()
+            .filter(|n| n.partitions.split(',').any(|p| p == partition))
+        {
+            nodes += 1;
+            if n.name == own {
+                own_seen = true;
+                failing += 1;
+            } else if n.held_reason.is_some_and(|r| names_check(r, check)) {
+                failing += 1;
+            }
+        }
+        if !own_seen {
+            nodes += 1;
+            failing += 1;
+        }
+        #[allow(clippy::cast_precision_loss)] // node counts are far below 2^52
+        let over = failing as f64 > share * nodes as f64;
+        if over && failing >= usize::try_from(min_nodes).unwrap_or(usize::MAX) {
+            let t = Tripped {
+                partition: partition.to_string(),
+                failing,
+                nodes,
+            };
+            let higher = worst
+                .as_ref()
+                .is_none_or(|w| failing * w.nodes > w.failing * nodes);
+            if higher {
+                worst = Some(t);
+            }
+        }
+    }
+    worst
+}
