@@ -1572,6 +1572,46 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
     let _ = fs::remove_file(&flag);
 }
 
+#[test]
+fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_changes_nothing_more() {
+    let w = World::start("rp1", &[], "");
+    // A hardware fault (a CPU count the host does not have: replace); the NHC line is
+    // judged by its family, as a check file's would be.
+    fs::write(w.path("nhc.conf"), "* || check_hw_cpuinfo 64 4096 8192\n").unwrap();
+    w.write_settings(&format!(
+        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
+         [repair]\nmode = \"report\"\n",
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let mut d = w.daemon("agent-repair", None);
+    // The health checks drain as before; the repair only says what it would do, once.
+    w.wait_state("drained by the health check", |s| s.contains("DRAIN"));
+    let said = "REPAIR (report): would replace rp1 for check_hw_cpuinfo 64 4096 8192: hardware_degraded (the auto table)";
+    wait_until(
+        "the repair's plan logged",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok((log_count(&d, said) >= 1).then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    let st = w.status();
+    assert_eq!(st["repair"]["plan"]["action"], "replace", "{st}");
+    assert_eq!(st["repair"]["mode"], "report", "{st}");
+    assert_eq!(st["cause"], "health", "{st}");
+    let prom = fs::read_to_string(w.path("state/repair.prom")).unwrap();
+    assert!(
+        prom.contains(
+            "slurm_node_agent_repair_planned_total{mode=\"report\",action=\"replace\",fault=\"hardware_degraded\"} 1"
+        ),
+        "{prom}"
+    );
+    // The same fault at every pass: still said once.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(log_count(&d, said), 1, "{}", d.log_tail(40));
+    d.stop().unwrap();
+}
+
 /// How many times `needle` appears in the daemon's log.
 fn log_count(d: &Daemon, needle: &str) -> usize {
     d.log_tail(100_000).matches(needle).count()
