@@ -238,17 +238,9 @@ pub fn render_text(r: &Report) -> String {
         lines.push((
             "Repair",
             format!(
-                "{}{} for {}: {} ({} mode, {}) since {}",
-                if c.mode == crate::repair::RepairMode::Report {
-                    "would "
-                } else {
-                    ""
-                },
-                c.plan.action,
-                c.plan.check,
-                c.plan.fault.as_str(),
+                "{} ({} mode) since {}",
+                crate::repair::describe(&c.plan, &r.node),
                 c.mode.as_str(),
-                c.plan.by,
                 crate::time::format(c.since)
             ),
         ));
@@ -425,6 +417,7 @@ mod tests {
             check: "GPUs",
             family: "gpu",
             message: "XID 79 on PCI:0000:00:1e (1x since boot)",
+            timed_out: false,
         };
         let mut record = crate::repair::record::Record::default();
         record.observe(
@@ -437,7 +430,7 @@ mod tests {
         let text = render_text(&r);
         assert!(
             text.lines().any(|l| l.starts_with("Repair:")
-                && l.ends_with(" would replace for GPUs: gpu_lost (report mode, the auto table) since 1970-01-01T00:00:00Z")),
+                && l.ends_with(" would replace n1 for GPUs: gpu_lost (the auto table) (report mode) since 1970-01-01T00:00:00Z")),
             "{text}"
         );
         let json = serde_json::to_value(&r).expect("JSON");

@@ -724,7 +724,6 @@ async fn health_pass(ctx: &Ctx) {
     };
     if let Some(checks) = &checks {
         let report = crate::health::run_checks(checks, &ctx.health_env).await;
-        repair_report(ctx, &report).await;
         if !s.health.prometheus_textfile.as_os_str().is_empty() {
             if let Err(e) =
                 crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
@@ -749,17 +748,28 @@ async fn health_pass(ctx: &Ctx) {
                 "health checks"
             );
         }
+        // After the health actions: this node's drain, and its peers' of the same pass
+        // before it, are in slurmctld's records the breaker counts.
+        repair_report(ctx, &report).await;
     }
 }
 
 /// Repair in `report` mode (`[repair]`, [`crate::repair`]): what the faults of `report`
 /// call for, a reboot or replacement withheld while the breaker holds
 /// ([`repair_breaker`]), logged (`REPAIR (report)`) and counted once per change in
-/// `repair.json` and `repair.prom` (beside the drain metrics); nothing else changes.
+/// `repair.json` and `repair.prom` (beside the drain metrics); nothing else changes. With
+/// `repair.mode = "off"`, a plan left from an earlier report mode is cleared.
 async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
     use crate::repair::record::{Change, Record};
     let s = &ctx.s;
+    let path = crate::repair::record::record_path(&s.agent.state_dir);
     if s.repair.mode == crate::repair::RepairMode::Off {
+        if path.exists() {
+            let mut record = Record::load(&path);
+            if record.observe(s.repair.mode, None, crate::time::now()) == Change::Cleared {
+                save_repair_record(s, &path, &record);
+            }
+        }
         return;
     }
     let failures: Vec<_> = report.failures().collect();
@@ -769,11 +779,14 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
             check: &r.name,
             family: &r.family,
             message: &r.message,
+            timed_out: r.status == crate::health::Status::Timeout,
         })
         .collect();
     let mut plan = s.repair.plan(&found);
     if let Some(p) = plan.take_if(|p| p.departs()) {
-        plan = Some(match repair_breaker(ctx, &p.check).await {
+        // Every check failing here: a peer's reason names its first failure only.
+        let checks: Vec<&str> = found.iter().map(|f| f.check).collect();
+        plan = Some(match repair_breaker(ctx, &checks).await {
             Some(why) => p.withhold(why),
             None => p,
         });
@@ -782,7 +795,6 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
         .as_ref()
         .and_then(|p| failures.iter().find(|r| r.name == p.check))
         .map_or("", |r| r.message.as_str());
-    let path = crate::repair::record::record_path(&s.agent.state_dir);
     let mut record = Record::load(&path);
     let change = record.observe(
         s.repair.mode,
@@ -790,34 +802,34 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
         crate::time::now(),
     );
     match (&change, &plan) {
-        (Change::Planned, Some(p)) => {
-            let withheld = p
-                .withheld
-                .as_ref()
-                .map(|w| format!(" ({} withheld: {})", w.action, w.why))
-                .unwrap_or_default();
-            tracing::warn!(
-                node = %ctx.node,
-                action = %p.action,
-                fault = p.fault.as_str(),
-                check = %p.check,
-                by = %p.by,
-                "REPAIR (report): would {} {} for {}: {} ({}){withheld}: {message}",
-                p.action,
-                ctx.node,
-                p.check,
-                p.fault.as_str(),
-                p.by
-            );
-        }
+        (Change::Planned, Some(p)) => tracing::warn!(
+            node = %ctx.node,
+            action = %p.action,
+            fault = p.fault.as_str(),
+            check = %p.check,
+            by = %p.by,
+            "REPAIR (report): {}: {message}",
+            crate::repair::describe(p, &ctx.node)
+        ),
         (Change::Cleared, _) => tracing::info!(
             node = %ctx.node,
             "REPAIR (report): {} healthy again; no repair would be pending",
             ctx.node
         ),
+        // The same plan: its words (the breaker's count) kept, nothing logged.
+        (Change::Same, Some(_)) => {}
         _ => return,
     }
-    if let Err(e) = record.save(&path) {
+    save_repair_record(s, &path, &record);
+}
+
+/// Saves `repair.json` and rewrites `repair.prom` from it (beside the drain metrics).
+fn save_repair_record(
+    s: &Settings,
+    path: &std::path::Path,
+    record: &crate::repair::record::Record,
+) {
+    if let Err(e) = record.save(path) {
         tracing::warn!("repair record: {e}");
     }
     let metrics = crate::node_state::metrics_path(&s.agent.state_dir, &s.drain.metrics_file);
@@ -827,13 +839,14 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
     }
 }
 
-/// Why the breaker withholds a reboot or replacement for `check` on this node, from every
-/// node's record in slurmctld ([`crate::repair::breaker::tripped`]): `None` when it does
-/// not hold; the records unread (slurmctld unreachable, this node unknown to it) withhold
-/// it too, on the safe side.
-async fn repair_breaker(ctx: &Ctx, check: &str) -> Option<String> {
+/// Why the breaker withholds a reboot or replacement on this node, failing `checks`, from
+/// every node's record in slurmctld ([`crate::repair::breaker::tripped`], through the
+/// health checks' gateway and its `health.scontrol_timeout`): the first of `checks` that
+/// trips it; `None` when none does; the records unread (slurmctld unreachable, this node
+/// unknown to it) withhold it too, on the safe side.
+async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
     let r = &ctx.s.repair;
-    let fleet = match ctx.gateway.fleet().await {
+    let fleet = match ctx.health_gateway.fleet().await {
         Ok(f) => f,
         Err(e) => {
             return Some(format!(
@@ -854,21 +867,26 @@ async fn repair_breaker(ctx: &Ctx, check: &str) -> Option<String> {
             name: n.name(),
             partitions: n.fields.get("Partitions").map_or("", String::as_str),
             held_reason: n.held_reason(),
+            present: n.base_state() != "FUTURE"
+                && !n.has_flag("POWERED_DOWN")
+                && !n.has_flag("POWERING_DOWN"),
         })
         .collect();
-    let t = crate::repair::breaker::tripped(
-        check,
-        &ctx.node,
-        partitions,
-        &seen,
-        r.breaker_share,
-        r.breaker_min_nodes,
-    )?;
-    Some(format!(
-        "the breaker holds: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
-        r.breaker_share * 100.0,
-        r.breaker_min_nodes
-    ))
+    checks.iter().find_map(|check| {
+        let t = crate::repair::breaker::tripped(
+            check,
+            &ctx.node,
+            partitions,
+            &seen,
+            r.breaker_share,
+            r.breaker_min_nodes,
+        )?;
+        Some(format!(
+            "the breaker holds for {check}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
+            (r.breaker_share * 10_000.0).round() / 100.0,
+            r.breaker_min_nodes
+        ))
+    })
 }
 
 /// One pass over the `[[mounts]]` ([`crate::mounts::reconcile`]).

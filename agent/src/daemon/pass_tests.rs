@@ -168,6 +168,18 @@ async fn a_spot_interruption_notice_drains_with_its_action_and_time() {
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
 }
 
+/// A checks.d file whose check fails: a CPU count the host does not have (a hardware
+/// fault: `replace`).
+const FAILING_CPUS: &str = "[[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n";
+
+/// `ctx` (held by nothing else) with settings `s`.
+fn with_settings(ctx: Arc<Ctx>, s: Settings) -> Arc<Ctx> {
+    Arc::new(Ctx {
+        s,
+        ..Arc::try_unwrap(ctx).ok().unwrap()
+    })
+}
+
 /// [`ctx`] with `repair.mode = "report"`, the health checks of `checks` (a checks.d
 /// file) and no health actions (the drain is not what these tests look at).
 fn report_ctx(
@@ -184,10 +196,7 @@ fn report_ctx(
     s.health.nhc_conf = Vec::new();
     s.health.act = false;
     s.repair.mode = crate::repair::RepairMode::Report;
-    let ctx = Arc::new(Ctx {
-        s,
-        ..Arc::try_unwrap(ctx).ok().unwrap()
-    });
+    let ctx = with_settings(ctx, s);
     (dir, ctx)
 }
 
@@ -228,11 +237,7 @@ async fn repair_in_report_mode_logs_and_counts_what_it_would_do_and_changes_noth
 #[tokio::test]
 async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check() {
     let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
-    let (_dir, ctx) = report_ctx(
-        &imds,
-        &slurmctld,
-        "[[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 99999\n",
-    );
+    let (_dir, ctx) = report_ctx(&imds, &slurmctld, FAILING_CPUS);
     // Four nodes in `p`: this one, and another drained by its health checks for `cpus`.
     let cpus = crate::reason::reason(
         crate::reason::ReasonCause::Health,
@@ -271,4 +276,24 @@ async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check
     );
     assert_eq!(record.planned["report/isolate/hardware_degraded"], 1);
     assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
+}
+
+#[tokio::test]
+async fn repair_turned_off_clears_the_plan_left_by_report_mode() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = report_ctx(&imds, &slurmctld, FAILING_CPUS);
+    let record_path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    health_pass(&ctx).await;
+    assert!(crate::repair::record::Record::load(&record_path)
+        .current
+        .is_some());
+    let mut s = ctx.s.clone();
+    s.repair.mode = crate::repair::RepairMode::Off;
+    let ctx = with_settings(ctx, s);
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    assert_eq!(record.current, None);
+    assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
+    let prom = std::fs::read_to_string(ctx.s.agent.state_dir.join("repair.prom")).unwrap();
+    assert!(!prom.contains("slurm_node_agent_repair_pending{"), "{prom}");
 }

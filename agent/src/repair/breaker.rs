@@ -19,6 +19,9 @@ pub struct Seen<'a> {
     /// The reason that holds the node now (`NodeInfo::held_reason`: `None` when the node is
     /// not drained, down or failing).
     pub held_reason: Option<&'a str>,
+    /// Whether an instance stands behind the record: not a powered-down or powering-down
+    /// slot of Slurm's power saving, not a FUTURE node. Only those count.
+    pub present: bool,
 }
 
 /// A breaker that holds: in `partition`, `failing` of its `nodes` fail the check.
@@ -56,9 +59,11 @@ pub fn names_check(reason: &str, check: &str) -> bool {
 }
 
 /// The breaker for check `check`, failing on node `own` (its partitions `own_partitions`),
-/// over `fleet` (every node's record, this one's included or not): the partition of
-/// `own_partitions` where the share of nodes failing the check is highest, when it is more
-/// than `share` and at least `min_nodes` nodes; `None` when no partition trips it.
+/// over `fleet` (every node's record, this one's included or not; only those
+/// [`Seen::present`] count): the partition of `own_partitions` where the share of nodes
+/// failing the check is highest, when it is more than `share` (compared in basis points:
+/// `0.29` trips at 30 of 100, not 29; `1` never trips) and at least `min_nodes` nodes;
+/// `None` when no partition trips it.
 pub fn tripped(
     check: &str,
     own: &str,
@@ -74,6 +79,7 @@ pub fn tripped(
         let mut own_seen = false;
         for n in fleet
             .iter()
+            .filter(|n| n.present || n.name == own)
             .filter(|n| n.partitions.split(',').any(|p| p == partition))
         {
             nodes += 1;
@@ -88,8 +94,10 @@ pub fn tripped(
             nodes += 1;
             failing += 1;
         }
-        #[allow(clippy::cast_precision_loss)] // node counts are far below 2^52
-        let over = failing as f64 > share * nodes as f64;
+        // In basis points, so that a share written in decimal compares as written.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // (0, 1] checked
+        let share_bp = (share * 10_000.0).round() as usize;
+        let over = failing * 10_000 > share_bp * nodes;
         if over && failing >= usize::try_from(min_nodes).unwrap_or(usize::MAX) {
             let t = Tripped {
                 partition: partition.to_string(),

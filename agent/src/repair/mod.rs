@@ -161,13 +161,13 @@ pub const AUTO: &[AutoRow] = &[
     AutoRow {
         fault: Fault::GpuResettable,
         action: Planned::Reboot,
-        what: "uncorrected ECC errors, an Xid other than 79, an NVLink inactive, NVML or Fabric Manager not answering",
+        what: "uncorrected ECC errors, an Xid other than 79, an NVLink inactive, NVML or Fabric Manager not answering or not running",
         why: "a GPU reset clears it (a pending row remapping is applied at the reset); the checks after the boot decide",
     },
     AutoRow {
         fault: Fault::GpuThermal,
         action: Planned::Isolate,
-        what: "a GPU over its temperature limit, or slowed down by the hardware",
+        what: "a GPU over its temperature limit, or slowed down by the hardware (HW Slowdown, HW Thermal Slowdown, HW Power Brake Slowdown)",
         why: "cooling or power is the instance's host's; kept for investigation",
     },
     AutoRow {
@@ -192,13 +192,13 @@ pub const AUTO: &[AutoRow] = &[
         fault: Fault::CheckConfig,
         action: Planned::None,
         what: "a check file entry that does not parse",
-        why: "the site's configuration is wrong, not the node: logged as an error at each pass",
+        why: "the site's configuration is wrong, not the node",
     },
     AutoRow {
         fault: Fault::Other,
         action: Planned::Isolate,
-        what: "any other failing check (a process, a unit, a command, the network, the cluster key)",
-        why: "the agent cannot tell whether the node is at fault",
+        what: "any other failing check (a process, a unit, a command, the network, the cluster key), a check that timed out, the kernel log unread, a Fabric Manager of another version than the driver, more GPUs than expected",
+        why: "the agent cannot tell whether the node is at fault, or the image or a setting is",
     },
 ];
 
@@ -241,8 +241,12 @@ impl Fault {
     /// The fault a failing check of `family` (the health checks' family: `gpu`, `efa`,
     /// `mount`, `space`, `hardware`, `mcelog`, `config`...) reports with `message`. A GPU
     /// check's message lists its problems separated by `; `: the fault whose `auto` action
-    /// is the strongest counts.
-    pub fn classify(family: &str, message: &str) -> Fault {
+    /// is the strongest counts. A check that did not finish in time (`timed_out`) tells
+    /// nothing of the hardware it looks at: `other`.
+    pub fn classify(family: &str, message: &str, timed_out: bool) -> Fault {
+        if timed_out {
+            return Fault::Other;
+        }
         match family {
             "gpu" => message
                 .split("; ")
@@ -265,10 +269,25 @@ fn gpu_fault(problem: &str) -> Fault {
         .strip_prefix("xid ")
         .and_then(|r| r.split_whitespace().next())
         .and_then(|n| n.parse::<u32>().ok());
-    if xid == Some(79)
+    // "found 7 GPUs, expected 8": fewer than the instance has (more is a setting's fault).
+    let fewer = p
+        .strip_prefix("found ")
+        .and_then(|r| r.split_once(" gpus, expected "))
+        .and_then(|(n, m)| Some((n.parse::<u64>().ok()?, m.trim().parse::<u64>().ok()?)))
+        .map(|(n, m)| n < m);
+    if p.starts_with("xid errors unknown")
+        || (p.contains("fabric manager") && p.contains("does not match"))
+        || fewer == Some(false)
+    {
+        // The kernel log unread, a Fabric Manager of another version than the driver (the
+        // image's), more GPUs than expected (a setting): not this GPU's fault.
+        Fault::Other
+    } else if xid == Some(79)
         || p.contains("fallen off the bus")
+        // NVML's own words (nvml-wrapper's `NvmlError::GpuLost`).
+        || p.contains("fell off the bus")
         || p.contains("not in nvml")
-        || (p.starts_with("found ") && p.contains("gpus, expected"))
+        || fewer == Some(true)
     {
         Fault::GpuLost
     } else if p.contains("retired pages")
@@ -286,12 +305,14 @@ fn gpu_fault(problem: &str) -> Fault {
 /// One failing check, as the health checks report it.
 #[derive(Debug, Clone, Copy)]
 pub struct Failure<'a> {
-    /// The check's name (its check file's `name`, or the `nhc.conf` function).
+    /// The check's name (its check file's `name`, or the `nhc.conf` line).
     pub check: &'a str,
     /// Its family (`gpu`, `efa`, `mount`...).
     pub family: &'a str,
     /// What it found.
     pub message: &'a str,
+    /// It did not finish within its timeout.
+    pub timed_out: bool,
 }
 
 /// Where a plan's action came from.
@@ -311,7 +332,7 @@ impl std::fmt::Display for PlannedBy {
         match self {
             PlannedBy::Auto => f.write_str("the auto table"),
             PlannedBy::Action => f.write_str("repair.action"),
-            PlannedBy::Check(c) => write!(f, "repair.checks.{c:?}"),
+            PlannedBy::Check(c) => write!(f, "[[repair.checks]] check = {c:?}"),
         }
     }
 }
@@ -344,10 +365,11 @@ pub struct Withheld {
 impl Plan {
     /// A key that changes when the plan does (the log and the counts are per change).
     pub fn key(&self) -> String {
+        // Withheld or not, not why: a count that moves is no new plan.
         let withheld = self
             .withheld
             .as_ref()
-            .map(|w| format!(":withheld {}: {}", w.action, w.why))
+            .map(|w| format!(":withheld {}", w.action))
             .unwrap_or_default();
         format!(
             "{}:{}:{}{withheld}",
@@ -488,7 +510,7 @@ impl RepairSettings {
         }
         let mut best: Option<Plan> = None;
         for f in failures {
-            let fault = Fault::classify(f.family, f.message);
+            let fault = Fault::classify(f.family, f.message, f.timed_out);
             let (setting, by) = match self.check_setting(f.check) {
                 Some((key, a)) => (a, PlannedBy::Check(key.to_string())),
                 None => (self.action, PlannedBy::Action),
@@ -517,7 +539,7 @@ impl RepairSettings {
     /// (the NHC function of an `nhc.conf` line: `check_fs_mount_rw` for `check_fs_mount_rw
     /// -f /fsx`).
     fn check_setting<'a>(&'a self, check: &str) -> Option<(&'a str, RepairAction)> {
-        let first = check.split_whitespace().next().unwrap_or_default();
+        let first = nhc_function(check).unwrap_or(check);
         [check, first]
             .into_iter()
             .find_map(|k| self.checks.iter().find(|c| c.check == k))
@@ -530,13 +552,37 @@ impl RepairSettings {
         self.checks
             .iter()
             .map(|c| c.check.as_str())
-            .filter(|k| {
-                !known
-                    .iter()
-                    .any(|n| n == k || n.split_whitespace().next() == Some(*k))
-            })
+            .filter(|k| !known.iter().any(|n| n == k || nhc_function(n) == Some(*k)))
             .collect()
     }
+}
+
+/// The NHC function of an `nhc.conf` line's check (`check_fs_mount_rw` of
+/// `check_fs_mount_rw -f /fsx`); `None` for a check file's name.
+fn nhc_function(check: &str) -> Option<&str> {
+    let first = check.split_whitespace().next()?;
+    (first.starts_with("check_") && first != check).then_some(first)
+}
+
+/// What `plan` would do on `node`, in words: `would replace compute-1 for GPUs: gpu_lost
+/// (the auto table)`, `would leave compute-1 as it is for ...` (`none`), with the
+/// withheld action and why.
+pub fn describe(plan: &Plan, node: &str) -> String {
+    let what = match plan.action {
+        Planned::None => format!("would leave {node} as it is"),
+        a => format!("would {a} {node}"),
+    };
+    let withheld = plan
+        .withheld
+        .as_ref()
+        .map(|w| format!("; {} withheld: {}", w.action, w.why))
+        .unwrap_or_default();
+    format!(
+        "{what} for {}: {} ({}){withheld}",
+        plan.check,
+        plan.fault.as_str(),
+        plan.by
+    )
 }
 
 /// `docs/repair.md`'s table, generated from [`AUTO`].

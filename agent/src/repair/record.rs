@@ -95,12 +95,18 @@ impl Record {
                 Change::Cleared
             }
             None => Change::Same,
-            Some((p, _))
+            Some((p, message))
                 if self
                     .current
                     .as_ref()
                     .is_some_and(|c| c.mode == mode && c.plan.key() == p.key()) =>
             {
+                // The same plan: its words (the breaker's count, the message) kept current,
+                // nothing counted.
+                if let Some(c) = self.current.as_mut() {
+                    c.plan = p.clone();
+                    c.message = message.to_string();
+                }
                 Change::Same
             }
             Some((p, message)) => {
@@ -129,7 +135,10 @@ impl Record {
         let mut out = String::new();
         out.push_str("# HELP slurm_node_agent_repair_planned_total Repairs planned for faults the health checks found, by mode, action and fault.\n");
         out.push_str("# TYPE slurm_node_agent_repair_planned_total counter\n");
-        for (k, n) in &self.planned {
+        // Only keys of the agent's own words (a hand-edited file's others left out): no
+        // label value needs escaping.
+        let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+        for (k, n) in self.planned.iter().filter(|(k, _)| k.split('/').all(word)) {
             let mut parts = k.splitn(3, '/');
             if let (Some(mode), Some(action), Some(fault)) =
                 (parts.next(), parts.next(), parts.next())

@@ -21,6 +21,7 @@ fn failure<'a>(check: &'a str, family: &'a str, message: &'a str) -> Failure<'a>
         check,
         family,
         message,
+        timed_out: false,
     }
 }
 
@@ -59,14 +60,14 @@ fn the_gpu_checks_words_classify_as_their_faults() {
             Fault::GpuThermal,
         ),
     ] {
-        assert_eq!(Fault::classify("gpu", message), fault, "{message}");
+        assert_eq!(Fault::classify("gpu", message, false), fault, "{message}");
     }
     // Several problems: the one whose action is strongest.
     let both = "GPU 1: temperature 93 °C (max 90); XID 94 on PCI:0000:00:1e (1x since boot); XID 79 on PCI:0000:00:1f (1x since boot)";
-    assert_eq!(Fault::classify("gpu", both), Fault::GpuLost);
+    assert_eq!(Fault::classify("gpu", both, false), Fault::GpuLost);
     // "XID 790" is not Xid 79.
     assert_eq!(
-        Fault::classify("gpu", "XID 790 on x (1x since boot)"),
+        Fault::classify("gpu", "XID 790 on x (1x since boot)", false),
         Fault::GpuResettable
     );
 }
@@ -84,7 +85,7 @@ fn each_family_has_its_fault_and_the_auto_table_its_action() {
         ("unit", Fault::Other, Planned::Isolate),
         ("file", Fault::Other, Planned::Isolate),
     ] {
-        let f = Fault::classify(family, "x");
+        let f = Fault::classify(family, "x", false);
         assert_eq!(f, fault, "{family}");
         assert_eq!(f.auto(), action, "{family}");
     }
@@ -133,7 +134,10 @@ fn a_site_overrides_the_action_per_check_and_for_every_fault() {
         (Planned::Reboot, "shared file systems")
     );
     assert_eq!(p.by, PlannedBy::Check("shared file systems".into()));
-    assert_eq!(p.by.to_string(), "repair.checks.\"shared file systems\"");
+    assert_eq!(
+        p.by.to_string(),
+        "[[repair.checks]] check = \"shared file systems\""
+    );
     // repair.action for every check the table does not name.
     let mut s = report();
     s.action = RepairAction::None;
@@ -294,22 +298,24 @@ fn seen<'a>(name: &'a str, partitions: &'a str, held_reason: Option<&'a str>) ->
         name,
         partitions,
         held_reason,
+        present: true,
     }
+}
+
+/// The health checks' drain reason with `detail` (`<check>: <message>`).
+fn health_reason(detail: &str) -> String {
+    crate::reason::reason(
+        crate::reason::ReasonCause::Health,
+        "i-0123456789abcdef0",
+        detail,
+    )
 }
 
 #[test]
 fn the_breaker_counts_the_nodes_of_each_partition_failing_the_same_check() {
     use breaker::tripped;
-    let gpus = crate::reason::reason(
-        crate::reason::ReasonCause::Health,
-        "i-0123456789abcdef0",
-        "GPUs: XID 79 on PCI:0000:00:1e (1x since boot)",
-    );
-    let other = crate::reason::reason(
-        crate::reason::ReasonCause::Health,
-        "i-0123456789abcdef0",
-        "EFA: 0 EFA devices found, expected at least 1",
-    );
+    let gpus = health_reason("GPUs: XID 79 on PCI:0000:00:1e (1x since boot)");
+    let other = health_reason("EFA: 0 EFA devices found, expected at least 1");
     let mount = crate::reason::reason(
         crate::reason::ReasonCause::Mount,
         "i-0123456789abcdef0",
@@ -344,11 +350,7 @@ fn the_breaker_counts_the_nodes_of_each_partition_failing_the_same_check() {
     // The check's name as the reason writes it: whitespace as one space.
     assert!(breaker::names_check(&gpus, "GPUs"));
     assert!(!breaker::names_check(&gpus, "GPU"));
-    let spaced = crate::reason::reason(
-        crate::reason::ReasonCause::Health,
-        "i-0123456789abcdef0",
-        "shared file systems: /fsx",
-    );
+    let spaced = health_reason("shared file systems: /fsx");
     assert!(breaker::names_check(&spaced, "shared  file\tsystems"));
 }
 
@@ -392,4 +394,118 @@ fn the_breakers_settings_are_checked() {
         ..RepairSettings::default()
     };
     assert!(s.validate().is_ok());
+}
+
+#[test]
+fn words_that_tell_nothing_of_the_gpu_are_no_gpu_fault() {
+    for (message, timed_out, fault) in [
+        // NVML's own words for a lost GPU (nvml-wrapper's NvmlError::GpuLost).
+        (
+            "GPU 3: the GPU has fallen off the bus or has otherwise become inaccessible",
+            false,
+            Fault::GpuLost,
+        ),
+        (
+            "GPU 3: device fell off the bus or has otherwise become inacessible",
+            false,
+            Fault::GpuLost,
+        ),
+        ("XID errors unknown: /dev/kmsg: permission denied", false, Fault::Other),
+        ("found 9 GPUs, expected 8", false, Fault::Other),
+        (
+            "NVIDIA Fabric Manager 550.90.07 does not match the NVIDIA driver 550.54.15: install and hold both at one version",
+            false,
+            Fault::Other,
+        ),
+        ("XID 79 on PCI:0000:00:1e (1x since boot)", true, Fault::Other),
+    ] {
+        assert_eq!(Fault::classify("gpu", message, timed_out), fault, "{message}");
+    }
+    assert_eq!(
+        Fault::classify("efa", "hung: no answer in 30s", true),
+        Fault::Other
+    );
+}
+
+#[test]
+fn the_breaker_counts_present_nodes_in_basis_points() {
+    use breaker::tripped;
+    let gpus = health_reason("GPUs: XID 79");
+    let names: Vec<String> = (0..100).map(|i| format!("n{i}")).collect();
+    let fleet = |failing: usize| -> Vec<breaker::Seen<'_>> {
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| seen(n, "p", (i > 0 && i < failing).then_some(gpus.as_str())))
+            .collect()
+    };
+    // 29 of 100 is not more than 0.29; 30 is.
+    assert_eq!(tripped("GPUs", "n0", "p", &fleet(29), 0.29, 2), None);
+    assert!(tripped("GPUs", "n0", "p", &fleet(30), 0.29, 2).is_some());
+    // 1 never trips.
+    assert_eq!(tripped("GPUs", "n0", "p", &fleet(100), 1.0, 1), None);
+    // Powered-down slots of power saving and FUTURE nodes do not count: 2 of 4 present.
+    let mut f: Vec<breaker::Seen<'_>> = fleet(2).into_iter().take(4).collect();
+    assert_eq!(tripped("GPUs", "n0", "p", &f, 0.5, 2), None);
+    for n in names.iter().skip(4).take(60) {
+        f.push(breaker::Seen {
+            present: false,
+            ..seen(n, "p", None)
+        });
+    }
+    let t = tripped("GPUs", "n0", "p", &f, 0.4, 2).unwrap();
+    assert_eq!((t.failing, t.nodes), (2, 4));
+}
+
+#[test]
+fn a_plan_seen_again_keeps_its_count_and_takes_the_new_words() {
+    use record::{Change, Record};
+    let s = report();
+    let gpu = failure("GPUs", "gpu", "XID 79 on PCI:0000:00:1e (1x since boot)");
+    let p = s.plan(&[gpu]).unwrap();
+    let mut r = Record::default();
+    let w1 = p
+        .clone()
+        .withhold("the breaker holds for GPUs: 2 of 10".into());
+    let w2 = p.withhold("the breaker holds for GPUs: 3 of 10".into());
+    assert_eq!(w1.key(), w2.key());
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&w1, "a")), 1),
+        Change::Planned
+    );
+    assert_eq!(
+        r.observe(RepairMode::Report, Some((&w2, "b")), 2),
+        Change::Same
+    );
+    let c = r.current.as_ref().unwrap();
+    assert_eq!((c.since, c.message.as_str()), (1, "b"));
+    assert!(c.plan.withheld.as_ref().unwrap().why.ends_with("3 of 10"));
+    assert_eq!(r.planned["report/isolate/gpu_lost"], 1);
+    // A key of a hand-edited file that is not the agent's words stays out of the metrics.
+    r.planned.insert("report/replace/x\"} 1\nevil".into(), 5);
+    assert!(!r.render().contains("evil"));
+}
+
+#[test]
+fn a_check_files_name_is_matched_whole_and_an_nhc_line_by_its_function() {
+    let mut s = report();
+    s.checks = vec![check("shared", RepairAction::Replace)];
+    let fs = failure("shared file systems", "mount", "/fsx is not mounted");
+    assert_eq!(s.plan(&[fs]).unwrap().by, PlannedBy::Auto);
+    assert_eq!(
+        s.unknown_checks(&["shared file systems".into()]),
+        ["shared"]
+    );
+    let nhc = failure("check_fs_mount_rw -f /fsx", "mount", "/fsx is not mounted");
+    s.checks = vec![check("check_fs_mount_rw", RepairAction::Replace)];
+    assert_eq!(s.plan(&[nhc]).unwrap().action, Planned::Replace);
+    // The words an operator reads.
+    let p = s.plan(&[nhc]).unwrap();
+    assert_eq!(
+        describe(&p, "compute-1"),
+        "would replace compute-1 for check_fs_mount_rw -f /fsx: file_system ([[repair.checks]] check = \"check_fs_mount_rw\")"
+    );
+    s.checks = vec![check("check_fs_mount_rw", RepairAction::None)];
+    assert!(describe(&s.plan(&[nhc]).unwrap(), "compute-1")
+        .starts_with("would leave compute-1 as it is for "));
 }
