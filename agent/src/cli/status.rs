@@ -54,10 +54,10 @@ impl StatusArgs {
         let mut report = Report::new(&node, "status", st);
         report.instance_id = Some(id.instance_id.clone());
         // Read only: a corrupt file is the daemon's to set aside at its next pass.
-        report.repair = std::fs::read(crate::repair::record::record_path(&s.agent.state_dir))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<crate::repair::record::Record>(&b).ok())
-            .and_then(|r| r.current);
+        report.repair = crate::repair::record::Record::peek(&crate::repair::record::record_path(
+            &s.agent.state_dir,
+        ))
+        .and_then(|r| r.current);
         let mut slurm_error = None;
         if !self.no_slurm {
             // Slurm's record of the node and both releases (slurmd -V; the controller's

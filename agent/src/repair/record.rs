@@ -67,10 +67,21 @@ impl Record {
         let Ok(bytes) = std::fs::read(path) else {
             return Record::default();
         };
-        match serde_json::from_slice(&bytes) {
+        Record::parse(path, &bytes)
+    }
+
+    /// Reads `path` without touching it (`status`): `None` when there is none or it does
+    /// not parse (the daemon sets a corrupt one aside at its next health pass).
+    pub fn peek(path: &Path) -> Option<Record> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// `bytes` read from `path`; one that does not parse is set aside and counts as empty.
+    fn parse(path: &Path, bytes: &[u8]) -> Record {
+        match serde_json::from_slice(bytes) {
             Ok(r) => r,
             Err(e) => {
-                crate::fsutil::set_aside_corrupt(path, &bytes, &e.to_string());
+                crate::fsutil::set_aside_corrupt(path, bytes, &e.to_string());
                 Record::default()
             }
         }

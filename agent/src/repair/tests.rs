@@ -280,7 +280,11 @@ fn the_record_survives_a_restart_and_a_corrupt_one_is_set_aside() {
     );
     r.save(&path).unwrap();
     assert_eq!(Record::load(&path), r);
+    assert_eq!(Record::peek(&path), Some(r));
     std::fs::write(&path, b"{\"planned\": {\"report/replace/gpu_lost\": ").unwrap();
+    // `status` reads it as nothing and leaves it for the daemon to set aside.
+    assert_eq!(Record::peek(&path), None);
+    assert!(path.exists());
     assert_eq!(Record::load(&path), Record::default());
     assert!(!path.exists());
     let aside: Vec<_> = std::fs::read_dir(dir.path())
