@@ -189,6 +189,9 @@ struct Ctx {
     /// Whether a health pass has looked at slurmctld since the daemon started (see
     /// [`wait_for_slurm_config`]: only the first pass waits).
     health_looked: std::sync::atomic::AtomicBool,
+    /// `repair.json` as the repair last left it (`None`: not read yet): read once, saved
+    /// at each change ([`repair_report`]).
+    repair_record: std::sync::Mutex<Option<crate::repair::record::Record>>,
 }
 
 /// What `STATUS=` last said, and the phase it was for.
@@ -383,6 +386,7 @@ async fn start_context(
         s,
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
+        repair_record: std::sync::Mutex::new(None),
     });
     Ok((ctx, shown))
 }
@@ -757,18 +761,18 @@ async fn health_pass(ctx: &Ctx) {
 /// Repair in `report` mode (`[repair]`, [`crate::repair`]): what the faults of `report`
 /// call for, a reboot or replacement withheld while the breaker holds
 /// ([`repair_breaker`]), logged (`REPAIR (report)`) and counted once per change in
-/// `repair.json` and `repair.prom` (beside the drain metrics); nothing else changes. With
+/// `repair.json` (read once, kept in memory) and `repair.prom` (beside the drain metrics);
+/// nothing else changes. With
 /// `repair.mode = "off"`, a plan left from an earlier report mode is cleared.
 async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
     use crate::repair::record::{Change, Record};
     let s = &ctx.s;
     let path = crate::repair::record::record_path(&s.agent.state_dir);
     if s.repair.mode == crate::repair::RepairMode::Off {
-        if path.exists() {
-            let mut record = Record::load(&path);
-            if record.observe(s.repair.mode, None, crate::time::now()) == Change::Cleared {
-                save_repair_record(s, &path, &record);
-            }
+        let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
+        let record = cached.get_or_insert_with(|| Record::load(&path));
+        if record.observe(s.repair.mode, None, crate::time::now()) == Change::Cleared {
+            save_repair_record(s, &path, record);
         }
         return;
     }
@@ -795,7 +799,8 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
         .as_ref()
         .and_then(|p| failures.iter().find(|r| r.name == p.check))
         .map_or("", |r| r.message.as_str());
-    let mut record = Record::load(&path);
+    let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
+    let record = cached.get_or_insert_with(|| Record::load(&path));
     let change = record.observe(
         s.repair.mode,
         plan.as_ref().map(|p| (p, message)),
@@ -820,7 +825,7 @@ async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
         (Change::Same, Some(_)) => {}
         _ => return,
     }
-    save_repair_record(s, &path, &record);
+    save_repair_record(s, &path, record);
 }
 
 /// Saves `repair.json` and rewrites `repair.prom` from it (beside the drain metrics).

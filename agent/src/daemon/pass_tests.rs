@@ -50,6 +50,7 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         s,
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
+        repair_record: std::sync::Mutex::new(None),
     };
     (dir, Arc::new(ctx))
 }
