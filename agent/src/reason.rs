@@ -54,11 +54,14 @@ pub enum ReasonCause {
     Script,
     /// Node-local scratch on instance storage is not in place (bootstrap's scratch step).
     Scratch,
+    /// A repair: a fault the health checks found calls for a reboot or a replacement once
+    /// no job runs (`[repair]`, `mode = "on"`).
+    Repair,
 }
 
 impl ReasonCause {
     /// Every cause, in the order `docs/operator-guide.md` ("Drain reasons") lists them.
-    pub const ALL: [ReasonCause; 12] = [
+    pub const ALL: [ReasonCause; 13] = [
         ReasonCause::Health,
         ReasonCause::Mount,
         ReasonCause::Spot,
@@ -71,6 +74,7 @@ impl ReasonCause {
         ReasonCause::Operator,
         ReasonCause::Script,
         ReasonCause::Scratch,
+        ReasonCause::Repair,
     ];
 
     /// The word in the reason: `health`, `mount`, `spot`...
@@ -88,6 +92,7 @@ impl ReasonCause {
             ReasonCause::Operator => "operator",
             ReasonCause::Script => "script",
             ReasonCause::Scratch => "scratch",
+            ReasonCause::Repair => "repair",
         }
     }
 
@@ -119,6 +124,7 @@ impl ReasonCause {
                 | ReasonCause::Maintenance
                 | ReasonCause::Lifecycle
                 | ReasonCause::Upgrade
+                | ReasonCause::Repair
         )
     }
 }

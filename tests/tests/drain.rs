@@ -1612,6 +1612,173 @@ fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_chan
     d.stop().unwrap();
 }
 
+/// Issue 38 §1, `repair.mode = "on"`, a reboot-class fault on a node running a job: the
+/// health drain becomes the repair's (reason `... [reboot after jobs]`) once the node holds
+/// a slot of the budget (comment `repair@`); the job completes; only then does Slurm run
+/// the RebootProgram; back from the reboot with the checks passing the node is IDLE with
+/// no reason of the agent's, the drain machine `active`, and the slot released.
+#[test]
+fn repair_on_reboots_a_faulty_node_after_its_job_through_slurm_and_gives_the_slot_back() {
+    let scratch = TempRoot::new("repair-reboot-").unwrap();
+    let flag = scratch.path().join("healthy-flag");
+    let marker = scratch.path().join("rebooted");
+    let reboot = scratch.path().join("reboot.sh");
+    fs::write(
+        &reboot,
+        format!("#!/bin/sh\necho \"$(date +%s)\" >> {}\n", marker.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut w = World::start("rr1", &[format!("RebootProgram={}", reboot.display())], "");
+    fs::create_dir_all(w.path("checks.d")).unwrap();
+    fs::write(
+        w.path("nhc.conf"),
+        format!("* || check_file_test -f {}\n", flag.display()),
+    )
+    .unwrap();
+    w.write_settings(&format!(
+        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
+         [repair]\nmode = \"on\"\n[[repair.checks]]\ncheck = \"check_file_test\"\naction = \"reboot\"\n",
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let job_done = w.submit_job(6);
+    let mut d = w.daemon("agent-repair-on", None);
+    wait_until(
+        "the repair's drain",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok(w.reason().ends_with(" [reboot after jobs]").then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", w.reason(), d.log_tail(40)));
+    assert!(
+        w.reason().starts_with("slurm-node-agent/repair@i-"),
+        "{}",
+        w.reason()
+    );
+    let held = slots(&w);
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].1, "rr1");
+    assert!(
+        held[0].2.starts_with("slurm-node-agent/repair@i-"),
+        "{held:?}"
+    );
+    let st = w.state();
+    assert!(
+        st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
+        "the job must still run: {st}"
+    );
+    assert_eq!(w.status()["cause"], "repair");
+
+    // The job completes; then Slurm reboots the node.
+    wait_until("RebootProgram", WAIT, Duration::from_millis(100), || {
+        Ok(marker.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert_eq!(fs::read_to_string(&job_done).unwrap().trim(), "done");
+    // The boot fixed it: the checks pass when slurmd is back (slurmd -b).
+    fs::write(&flag, "ok").unwrap();
+    drop(w.slurmd.take());
+    w.slurmd = Some(
+        Slurmd::spawn(
+            &w.ctld,
+            "rr1",
+            &NodeKind::Dynamic(NODE_CONF.into()),
+            &["-b"],
+        )
+        .unwrap(),
+    );
+    w.ctld
+        .wait_node_state(
+            "rr1",
+            |s| slurm_e2e::is_idle(s) && !s.contains("DRAIN"),
+            WAIT,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", d.log_tail(40)));
+    w.wait_phase("active");
+    wait_until(
+        "the slot released",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok(slots(&w).is_empty().then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", slots(&w), d.log_tail(40)));
+    assert_eq!(fs::read_to_string(&marker).unwrap().lines().count(), 1);
+    // The reboot is in the node's repair history (a fault back within
+    // repair.replace_within_boots boots would call for a replacement).
+    let record: Value =
+        serde_json::from_str(&fs::read_to_string(w.path("state/repair.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["reboots"][0]["check"],
+        format!("check_file_test -f {}", flag.display()),
+        "{record}"
+    );
+    assert!(record.get("slot").is_none(), "{record}");
+    d.stop().unwrap();
+}
+
+/// Issue 38 §1, `repair.mode = "on"`, a replace-class fault (a hardware check): the node
+/// drains with `... [replace after jobs]`, takes a slot, and once no job runs leaves by the
+/// upgrade's way out: the reason becomes `... [powered off for replacement]` and systemd
+/// starts `upgrade.poweroff_unit`, once; the slot stays for the replacement to release.
+#[test]
+fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("rp2", &[], "");
+    let off = w.path("powered-off");
+    fs::write(
+        sd.unit_dir().join("sna-poweroff.service"),
+        format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
+            off.display()
+        ),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    fs::create_dir_all(w.path("checks.d")).unwrap();
+    fs::write(w.path("nhc.conf"), "* || check_hw_cpuinfo 64 4096 8192\n").unwrap();
+    w.write_settings(&format!(
+        "[systemd]\nbus = \"{}\"\n\n[upgrade]\npoweroff_unit = \"sna-poweroff.service\"\n\n\
+         [health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
+         [repair]\nmode = \"on\"\n",
+        sd.bus_address(),
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let job_done = w.submit_job(4);
+    let mut d = w.daemon("agent-repair-replace", None);
+    wait_until(
+        "the repair's drain",
+        WAIT,
+        Duration::from_millis(100),
+        || Ok(w.reason().ends_with(" [replace after jobs]").then_some(())),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", w.reason(), d.log_tail(40)));
+    wait_until("poweroff", WAIT, Duration::from_millis(100), || {
+        Ok(off.exists().then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert_eq!(fs::read_to_string(&job_done).unwrap().trim(), "done");
+    assert!(
+        w.reason().starts_with("slurm-node-agent/repair@i-")
+            && w.reason().ends_with(" [powered off for replacement]"),
+        "{}",
+        w.reason()
+    );
+    let held = slots(&w);
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert!(
+        held[0].2.starts_with("slurm-node-agent/repair@i-"),
+        "{held:?}"
+    );
+    w.wait_phase("done");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(fs::read_to_string(&off).unwrap().lines().count(), 1);
+    let said = "REPAIR: drained for the replace once no job runs";
+    assert_eq!(log_count(&d, said), 1, "{}", d.log_tail(40));
+    d.stop().unwrap();
+}
+
 /// How many times `needle` appears in the daemon's log.
 fn log_count(d: &Daemon, needle: &str) -> usize {
     d.log_tail(100_000).matches(needle).count()

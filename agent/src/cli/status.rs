@@ -239,7 +239,7 @@ pub fn render_text(r: &Report) -> String {
             "Repair",
             format!(
                 "{} ({} mode) since {}",
-                crate::repair::describe(&c.plan, &r.node),
+                crate::repair::describe(&c.plan, &r.node, c.mode),
                 c.mode.as_str(),
                 crate::time::format(c.since)
             ),

@@ -17,6 +17,7 @@
 //! the one pipeline, `settings::pipeline`, not through bootstrap).
 
 pub mod notify;
+mod repair;
 pub mod schedule;
 
 use std::collections::HashMap;
@@ -190,8 +191,11 @@ struct Ctx {
     /// [`wait_for_slurm_config`]: only the first pass waits).
     health_looked: std::sync::atomic::AtomicBool,
     /// `repair.json` as the repair last left it (`None`: not read yet): read once, saved
-    /// at each change ([`repair_report`]).
+    /// at each change ([`repair::repair_pass`]).
     repair_record: std::sync::Mutex<Option<crate::repair::record::Record>>,
+    /// Whether a repair pass has looked for the budget slots to release once the node is
+    /// in service since the daemon started (`repair.mode = "on"`).
+    repair_looked: std::sync::atomic::AtomicBool,
 }
 
 /// What `STATUS=` last said, and the phase it was for.
@@ -367,7 +371,7 @@ async fn start_context(
     // file counts from the next pass for both, so they never judge by different checks.
     let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
-    warn_unknown_repair_checks(&s, &node);
+    repair::warn_unknown_repair_checks(&s, &node);
     let ctx = Arc::new(Ctx {
         budget: Budget::new(),
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
@@ -387,29 +391,9 @@ async fn start_context(
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
+        repair_looked: std::sync::atomic::AtomicBool::new(false),
     });
     Ok((ctx, shown))
-}
-
-/// Warns about each `repair.checks` entry that names no health check of this node (a check
-/// file may come later in the image, so it is not refused).
-fn warn_unknown_repair_checks(s: &Settings, node: &str) {
-    if s.repair.checks.is_empty() {
-        return;
-    }
-    let target = s.health_target(Some(node.to_string()));
-    let Ok(set) = crate::health::load(&s.health, &s.slurm.bin_dir, &target) else {
-        return; // the health pass names the error
-    };
-    let known: Vec<String> = set.checks.iter().map(|c| c.name.clone()).collect();
-    for name in s.repair.unknown_checks(&known) {
-        tracing::warn!(
-            key = "repair.checks",
-            check = name,
-            "repair.checks names {name:?}, which no health check of this node has (known: {})",
-            known.join(", ")
-        );
-    }
 }
 
 /// The main loop: the periodic jobs on one tick, each run as a child task (at most one of
@@ -754,144 +738,8 @@ async fn health_pass(ctx: &Ctx) {
         }
         // After the health actions: this node's drain, and its peers' of the same pass
         // before it, are in slurmctld's records the breaker counts.
-        repair_report(ctx, &report).await;
+        repair::repair_pass(ctx, &report).await;
     }
-}
-
-/// Repair in `report` mode (`[repair]`, [`crate::repair`]): what the faults of `report`
-/// call for, a reboot or replacement withheld while the breaker holds
-/// ([`repair_breaker`]), logged (`REPAIR (report)`) and counted once per change in
-/// `repair.json` (read once, kept in memory) and `repair.prom` (beside the drain metrics);
-/// nothing else changes. With
-/// `repair.mode = "off"`, a plan left from an earlier report mode is cleared.
-async fn repair_report(ctx: &Ctx, report: &crate::health::Report) {
-    use crate::repair::record::{Change, Record};
-    let s = &ctx.s;
-    let path = crate::repair::record::record_path(&s.agent.state_dir);
-    if s.repair.mode == crate::repair::RepairMode::Off {
-        let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
-        let record = cached.get_or_insert_with(|| Record::load(&path));
-        if record.observe(s.repair.mode, None, crate::time::now()) == Change::Cleared {
-            save_repair_record(s, &path, record);
-        }
-        return;
-    }
-    let failures: Vec<_> = report.failures().collect();
-    let found: Vec<crate::repair::Failure<'_>> = failures
-        .iter()
-        .map(|r| crate::repair::Failure {
-            check: &r.name,
-            family: &r.family,
-            message: &r.message,
-            timed_out: r.status == crate::health::Status::Timeout,
-        })
-        .collect();
-    let mut plan = s.repair.plan(&found);
-    if let Some(p) = plan.take_if(|p| p.departs()) {
-        // Every check failing here: a peer's reason names its first failure only.
-        let checks: Vec<&str> = found.iter().map(|f| f.check).collect();
-        plan = Some(match repair_breaker(ctx, &checks).await {
-            Some(why) => p.withhold(why),
-            None => p,
-        });
-    }
-    let message = plan
-        .as_ref()
-        .and_then(|p| failures.iter().find(|r| r.name == p.check))
-        .map_or("", |r| r.message.as_str());
-    let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
-    let record = cached.get_or_insert_with(|| Record::load(&path));
-    let change = record.observe(
-        s.repair.mode,
-        plan.as_ref().map(|p| (p, message)),
-        crate::time::now(),
-    );
-    match (&change, &plan) {
-        (Change::Planned, Some(p)) => tracing::warn!(
-            node = %ctx.node,
-            action = %p.action,
-            fault = p.fault.as_str(),
-            check = %p.check,
-            by = %p.by,
-            "REPAIR (report): {}: {message}",
-            crate::repair::describe(p, &ctx.node)
-        ),
-        (Change::Cleared, _) => tracing::info!(
-            node = %ctx.node,
-            "REPAIR (report): {} healthy again; no repair would be pending",
-            ctx.node
-        ),
-        // The same plan: its words (the breaker's count) kept, nothing logged.
-        (Change::Same, Some(_)) => {}
-        _ => return,
-    }
-    save_repair_record(s, &path, record);
-}
-
-/// Saves `repair.json` and rewrites `repair.prom` from it (beside the drain metrics).
-fn save_repair_record(
-    s: &Settings,
-    path: &std::path::Path,
-    record: &crate::repair::record::Record,
-) {
-    if let Err(e) = record.save(path) {
-        tracing::warn!("repair record: {e}");
-    }
-    let metrics = crate::node_state::metrics_path(&s.agent.state_dir, &s.drain.metrics_file);
-    let metrics = metrics.with_file_name(crate::repair::record::METRICS_FILE);
-    if let Err(e) = crate::fsutil::write_atomic(&metrics, record.render().as_bytes(), 0o644, None) {
-        tracing::warn!("repair metrics: {e}");
-    }
-}
-
-/// Why the breaker withholds a reboot or replacement on this node, failing `checks`, from
-/// every node's record in slurmctld ([`crate::repair::breaker::tripped`], through the
-/// health checks' gateway and its `health.scontrol_timeout`): the first of `checks` that
-/// trips it; `None` when none does; the records unread (slurmctld unreachable, this node
-/// unknown to it) withhold it too, on the safe side.
-async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
-    let r = &ctx.s.repair;
-    let fleet = match ctx.health_gateway.fleet().await {
-        Ok(f) => f,
-        Err(e) => {
-            return Some(format!(
-                "the breaker could not count (slurmctld's records: {e})"
-            ))
-        }
-    };
-    let Some(own) = fleet.iter().find(|n| n.name() == ctx.node) else {
-        return Some(format!(
-            "the breaker could not count (slurmctld has no record of {})",
-            ctx.node
-        ));
-    };
-    let partitions = own.fields.get("Partitions").map_or("", String::as_str);
-    let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
-        .iter()
-        .map(|n| crate::repair::breaker::Seen {
-            name: n.name(),
-            partitions: n.fields.get("Partitions").map_or("", String::as_str),
-            held_reason: n.held_reason(),
-            present: n.base_state() != "FUTURE"
-                && !n.has_flag("POWERED_DOWN")
-                && !n.has_flag("POWERING_DOWN"),
-        })
-        .collect();
-    checks.iter().find_map(|check| {
-        let t = crate::repair::breaker::tripped(
-            check,
-            &ctx.node,
-            partitions,
-            &seen,
-            r.breaker_share,
-            r.breaker_min_nodes,
-        )?;
-        Some(format!(
-            "the breaker holds for {check}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
-            (r.breaker_share * 10_000.0).round() / 100.0,
-            r.breaker_min_nodes
-        ))
-    })
 }
 
 /// One pass over the `[[mounts]]` ([`crate::mounts::reconcile`]).

@@ -51,6 +51,7 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
+        repair_looked: std::sync::atomic::AtomicBool::new(false),
     };
     (dir, Arc::new(ctx))
 }
@@ -297,4 +298,233 @@ async fn repair_turned_off_clears_the_plan_left_by_report_mode() {
     assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
     let prom = std::fs::read_to_string(ctx.s.agent.state_dir.join("repair.prom")).unwrap();
     assert!(!prom.contains("slurm_node_agent_repair_pending{"), "{prom}");
+}
+
+/// Stands in for the `scontrol` of the rollout's budget (`slurm.bin_dir`): `show nodes -o`
+/// prints `nodes`, `show reservation -o` prints `listed`, `create reservation
+/// ReservationName=R ... Nodes=N ... Comment=C` adds R to `listed` (refusing a name there
+/// with slurmctld's words), `update ReservationName=R Duration+=M` is noted, `delete
+/// reservation R` removes it.
+const FAKE_BUDGET: &str = r#"#!/bin/sh
+d=$(dirname "$0")
+case "$1 $2" in
+"show nodes") cat "$d/nodes" ;;
+"show reservation") cat "$d/listed" 2>/dev/null; exit 0 ;;
+"create reservation")
+  name=${3#ReservationName=}
+  if grep -q "ReservationName=$name " "$d/listed" 2>/dev/null; then echo "Error creating the reservation: Duplicate reservation name" >&2; exit 1; fi
+  echo "ReservationName=$name Nodes=${6#Nodes=} EndTime=2026-12-07T03:00:00 Comment=${9#Comment=}" >> "$d/listed" ;;
+"delete reservation") grep -v "ReservationName=$3 " "$d/listed" > "$d/listed.new"; mv "$d/listed.new" "$d/listed" ;;
+"update ReservationName="*) echo "$2 $3" >> "$d/renewed" ;;
+*) exit 1 ;;
+esac
+"#;
+
+/// [`ctx`] with `repair.mode = "on"`, a check `flagged` that fails while `flag` is missing
+/// with its action set to `action`, the health actions on, and [`FAKE_BUDGET`] for the
+/// budget of partition `p` (this node and three others).
+fn repair_on_ctx(
+    imds: &FakeImds,
+    slurmctld: &FakeSlurmctld,
+    action: crate::repair::RepairAction,
+) -> (tempfile::TempDir, Arc<Ctx>, std::path::PathBuf) {
+    let (dir, ctx) = ctx(imds, slurmctld);
+    let mut s = ctx.s.clone();
+    let checks_dir = dir.path().join("checks.d");
+    let flag = dir.path().join("healthy");
+    std::fs::create_dir_all(&checks_dir).unwrap();
+    std::fs::write(
+        checks_dir.join("10-test.toml"),
+        format!(
+            "[[check]]\nname = \"flagged\"\nkind = \"command\"\nargv = [\"/usr/bin/test\", \"-e\", \"{}\"]\n",
+            flag.display()
+        ),
+    )
+    .unwrap();
+    s.health.checks_dir = checks_dir;
+    s.health.nhc_conf = Vec::new();
+    s.repair.mode = crate::repair::RepairMode::On;
+    s.repair.checks = vec![crate::repair::CheckAction {
+        check: "flagged".into(),
+        action,
+    }];
+    let bin = &s.slurm.bin_dir;
+    std::fs::create_dir_all(bin).unwrap();
+    crate::fsutil::write_test_program(&bin.join("scontrol"), FAKE_BUDGET);
+    let nodes: String = [NODE, "compute-2", "compute-3", "compute-4"]
+        .iter()
+        .map(|n| format!("NodeName={n} State=IDLE Partitions=p\n"))
+        .collect();
+    std::fs::write(bin.join("nodes"), nodes).unwrap();
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE Partitions=p SlurmdStartTime=2026-12-06T00:00:00 InstanceId={ME}"
+    ));
+    let ctx = with_settings(ctx, s);
+    ctx.health_looked
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    (dir, ctx, flag)
+}
+
+fn listed(ctx: &Ctx) -> String {
+    std::fs::read_to_string(ctx.s.slurm.bin_dir.join("listed")).unwrap_or_default()
+}
+
+/// `on`: the fault's drain becomes the repair's once the node holds a slot of the budget
+/// (its comment says `repair`), with the plan in the reason; the checks passing before the
+/// action lift it and give the slot back.
+#[tokio::test]
+async fn repair_on_takes_a_slot_drains_for_the_reboot_and_lifts_it_when_healthy_again() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Reboot);
+    health_pass(&ctx).await;
+    let record = slurmctld.record(NODE).unwrap();
+    let reason = record.reason().unwrap();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/repair@{ME}: flagged: "))
+            && reason.ends_with(" [reboot after jobs]"),
+        "{reason}"
+    );
+    let st = ctx.engine.load().unwrap();
+    assert_eq!(st.cause.as_ref().map(Cause::kind), Some("repair"));
+    assert_eq!(st.phase, Phase::Draining);
+    assert!(
+        listed(&ctx).contains(&format!(
+            "ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes={NODE} EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/repair@{ME}"
+        )),
+        "{}",
+        listed(&ctx)
+    );
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let r = crate::repair::record::Record::load(&path);
+    assert_eq!(r.slot.as_deref(), Some("slurm-node-agent-upgrade-p-slot-1"));
+    assert_eq!(r.reboots.len(), 1);
+    assert_eq!(r.reboots[0].check, "flagged");
+    assert_eq!(r.planned["on/reboot/other"], 1);
+
+    // The same fault at the next pass: nothing new (no second slot, the same reason).
+    health_pass(&ctx).await;
+    assert_eq!(listed(&ctx).lines().count(), 1);
+    assert_eq!(slurmctld.record(NODE).unwrap().reason().unwrap(), reason);
+
+    // Healthy before the action: the repair's drain lifted, the slot released.
+    std::fs::write(&flag, "").unwrap();
+    health_pass(&ctx).await;
+    assert!(slurmctld.record(NODE).unwrap().is_available());
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+    assert_eq!(listed(&ctx), "");
+    let r = crate::repair::record::Record::load(&path);
+    assert_eq!((r.slot, r.current), (None, None));
+}
+
+/// `on` at the budget (the one slot held by another node): the node stays drained by the
+/// health checks, the plan withheld saying why; a slot freed, the repair goes on.
+#[tokio::test]
+async fn repair_on_waits_at_the_budget_and_goes_on_once_a_slot_frees() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    let held = "ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes=compute-2 EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/upgrade@i-0fedcba9876543210\n";
+    std::fs::write(ctx.s.slurm.bin_dir.join("listed"), held).unwrap();
+    health_pass(&ctx).await;
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
+        "{reason}"
+    );
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    assert_eq!(plan.action, crate::repair::Planned::Isolate);
+    let w = plan.withheld.unwrap();
+    assert_eq!(w.action, crate::repair::Planned::Replace);
+    assert!(
+        w.why
+            .contains("partition p is held (1 of 1: upgrade.max_unavailable)"),
+        "{}",
+        w.why
+    );
+    // The upgrade's node is back: its slot released; this node takes it.
+    std::fs::write(ctx.s.slurm.bin_dir.join("listed"), "").unwrap();
+    health_pass(&ctx).await;
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(reason.ends_with(" [replace after jobs]"), "{reason}");
+    assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
+}
+
+/// `on` never goes over an administrator's drain: the plan is withheld, Slurm's record
+/// keeps the admin's reason, and no slot is taken.
+#[tokio::test]
+async fn repair_on_never_goes_over_an_administrators_drain() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE+DRAIN Partitions=p Reason=bad DIMM, ticket 42 [admin@2026-12-06T00:00:00] InstanceId={ME}"
+    ));
+    health_pass(&ctx).await;
+    health_pass(&ctx).await;
+    assert_eq!(
+        slurmctld.record(NODE).unwrap().reason(),
+        Some("bad DIMM, ticket 42")
+    );
+    assert_eq!(listed(&ctx), "");
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    assert_eq!(plan.action, crate::repair::Planned::Isolate);
+    assert!(plan.withheld.is_some(), "{plan:?}");
+}
+
+/// A spot notice during a repair's drain takes the node (the instance goes anyway): the
+/// repair's slot goes back at the next pass, the plan withheld saying why.
+#[tokio::test]
+async fn a_spot_notice_outranks_a_repair_and_its_slot_goes_back() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    health_pass(&ctx).await;
+    assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
+    imds.set(
+        events::notice::SPOT_PATH,
+        r#"{"action": "terminate", "time": "2026-12-06T21:22:00Z"}"#,
+    );
+    pass(&ctx, Work::Spot).await;
+    let st = ctx.engine.load().unwrap();
+    assert_eq!(st.cause.as_ref().map(Cause::kind), Some("spot"));
+    health_pass(&ctx).await;
+    assert_eq!(listed(&ctx), "");
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/spot@{ME}: ")),
+        "{reason}"
+    );
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    assert!(
+        plan.withheld
+            .as_ref()
+            .unwrap()
+            .why
+            .contains("drained for spot"),
+        "{plan:?}"
+    );
 }

@@ -58,6 +58,9 @@ pub fn found_drain(
             incarnation != Incarnation::This
                 && !reason.is_some_and(|x| crate::upgrade::leftover_still_applies(x, running_ami))
         }
+        // This instance's repair is the drain engine's to finish (its reboot); another
+        // instance's repair ended with that instance (replaced).
+        ReasonCause::Repair => incarnation != Incarnation::This,
         ReasonCause::Health | ReasonCause::Mount | ReasonCause::Operator | ReasonCause::Script => {
             false
         }
@@ -74,6 +77,7 @@ pub fn found_drain(
             ReasonCause::Upgrade => {
                 "this instance still runs another image than the one it was drained for: the upgrade check owns it"
             }
+            ReasonCause::Repair => "the repair in progress owns it",
             _ => "`slurm-node-agent resume` lifts it",
         };
         let whose = match &incarnation {
@@ -131,6 +135,14 @@ mod tests {
             "slurm-node-agent/upgrade@{OTHER}: image upgrade {AMI} -> ami-22222222"
         )));
         assert!(!lifts(&format!("slurm-node-agent/upgrade@{ME}: a -> b")));
+        // A repair: another instance's ended with it (replaced); this instance's (its
+        // reboot) is the drain engine's.
+        assert!(lifts(&format!(
+            "slurm-node-agent/repair@{OTHER}: GPUs: x [powered off for replacement]"
+        )));
+        assert!(!lifts(&format!(
+            "slurm-node-agent/repair@{ME}: GPUs: x [rebooting]"
+        )));
         for kept in ["health", "mount", "operator", "script"] {
             assert!(
                 !lifts(&format!("slurm-node-agent/{kept}@{OTHER}: x")),

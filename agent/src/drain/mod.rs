@@ -376,9 +376,20 @@ impl Engine {
         Ok(st.phase)
     }
 
-    fn action_of(st: &DrainState, up: &UpgradeSettings) -> Option<UpgradeAction> {
-        match st.cause {
+    /// The action of the drain's cause once the node is drained: `upgrade.action` for an
+    /// upgrade; a repair's reboot is `reboot`, its replacement `poweroff` (the upgrade's
+    /// ways out). `None` for a cause without one.
+    pub fn action_of(st: &DrainState, up: &UpgradeSettings) -> Option<UpgradeAction> {
+        Self::action_of_cause(st.cause.as_ref(), up)
+    }
+
+    fn action_of_cause(cause: Option<&Cause>, up: &UpgradeSettings) -> Option<UpgradeAction> {
+        match cause {
             Some(Cause::Upgrade { .. }) => Some(up.action),
+            Some(Cause::Repair { action, .. }) => Some(match action {
+                crate::repair::Planned::Replace => UpgradeAction::Poweroff,
+                _ => UpgradeAction::Reboot,
+            }),
             _ => None,
         }
     }
@@ -386,11 +397,11 @@ impl Engine {
     async fn progress_action(&self) -> Result<Phase, DrainError> {
         // With `upgrade.delete_node_record` the poweroff action deletes the record before
         // it powers off; a retry after a failed poweroff finds no record (and no job).
+        let planned = Self::action_of(&self.load()?, &self.upgrade);
         let node = match self.node_info().await {
             Ok(n) => Some(n),
             Err(DrainError::UnknownNode { .. })
-                if self.upgrade.action == UpgradeAction::Poweroff
-                    && self.upgrade.delete_node_record =>
+                if planned == Some(UpgradeAction::Poweroff) && self.upgrade.delete_node_record =>
             {
                 None
             }
@@ -400,9 +411,9 @@ impl Engine {
         {
             let _lock = self.lock().await?;
             let mut st = self.load()?;
-            let Some(_action) = Self::action_of(&st, &self.upgrade) else {
+            if Self::action_of(&st, &self.upgrade).is_none() {
                 return Ok(st.phase);
-            };
+            }
             let now = time::now();
             match st.phase {
                 Phase::Drained => {
@@ -418,6 +429,15 @@ impl Engine {
                         }
                         if !node.runs_no_job() {
                             // Never act with a job on the node.
+                            return Ok(st.phase);
+                        }
+                        let admins = node
+                            .reason()
+                            .is_some_and(|r| !crate::reason::is_agent_reason(r));
+                        if admins && matches!(st.cause, Some(Cause::Repair { .. })) {
+                            // An administrator's reason replaced the repair's: never
+                            // rebooted or replaced over it.
+                            tracing::debug!(node = %self.node, reason = ?node.reason(), "an administrator's reason is on the node: the repair waits");
                             return Ok(st.phase);
                         }
                     }
@@ -447,14 +467,15 @@ impl Engine {
         match result {
             Ok(()) => {
                 st.done(now)?;
-                if self.upgrade.action == UpgradeAction::Hook && self.upgrade.resume_after_hook {
+                let hook = Self::action_of(&st, &self.upgrade) == Some(UpgradeAction::Hook);
+                if hook && self.upgrade.resume_after_hook {
                     self.save(&st)?;
                     self.gateway.resume_after_action(&st).await?;
                     st.complete(now)?;
                 }
             }
             Err(e) => {
-                tracing::error!(node = %self.node, "upgrade action failed: {e}");
+                tracing::error!(node = %self.node, cause = st.cause.as_ref().map(Cause::kind), "action failed: {e}");
                 let base = i64::try_from(self.drain.action_retry.0.as_secs()).unwrap_or(60);
                 let wait = base
                     .saturating_mul(1i64 << st.action_attempts.min(10))
@@ -466,7 +487,8 @@ impl Engine {
         Ok(st.phase)
     }
 
-    /// Runs `upgrade.action` for the drain of `cause` ([`crate::upgrade::action`]).
+    /// Runs the action of the drain of `cause` ([`Engine::action_of`],
+    /// [`crate::upgrade::action`]).
     async fn run_action(
         &self,
         cause: Option<&Cause>,
@@ -474,21 +496,45 @@ impl Engine {
         foreign: bool,
         node: Option<&NodeInfo>,
     ) -> Result<(), crate::upgrade::action::ActionError> {
-        let images = match cause {
-            Some(Cause::Upgrade { current, desired }) => (current.as_str(), desired.as_str()),
-            _ => ("", ""),
+        use crate::upgrade::action::{powered_off_reason, Step};
+        let id = self.gateway.instance_id();
+        let (images, reboot_reason, powered_off) = match cause {
+            Some(Cause::Upgrade { current, desired }) => (
+                (current.as_str(), desired.as_str()),
+                reason.to_string(),
+                powered_off_reason(id, current, desired),
+            ),
+            Some(Cause::Repair { detail, .. }) => {
+                use crate::repair::{reason as repair_reason, Stage};
+                (
+                    ("", ""),
+                    repair_reason(id, detail, Stage::Rebooting),
+                    repair_reason(id, detail, Stage::PoweredOff),
+                )
+            }
+            _ => (("", ""), reason.to_string(), reason.to_string()),
+        };
+        let Some(action) = Self::action_of_cause(cause, &self.upgrade) else {
+            return Ok(());
         };
         let target = crate::upgrade::action::Target {
             gateway: &self.gateway,
             systemd_bus: &self.systemd_bus,
         };
-        crate::upgrade::action::run(&self.upgrade, &target, images, reason, foreign, node).await
+        let step = Step {
+            action,
+            images,
+            reason: &reboot_reason,
+            powered_off: &powered_off,
+            foreign,
+            record: node,
+        };
+        crate::upgrade::action::run(&self.upgrade, &target, &step).await
     }
 
     async fn progress_done(&self) -> Result<Phase, DrainError> {
         let st = self.load()?;
-        let reboot = matches!(st.cause, Some(Cause::Upgrade { .. }))
-            && self.upgrade.action == UpgradeAction::Reboot;
+        let reboot = Self::action_of(&st, &self.upgrade) == Some(UpgradeAction::Reboot);
         if !reboot {
             return Ok(st.phase);
         }

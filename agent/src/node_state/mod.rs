@@ -467,6 +467,35 @@ impl Gateway {
         }
     }
 
+    /// A repair no longer called for (the breaker holds, the plan is `isolate` now) hands
+    /// its drain back to `cause`, the one it was planned from ([`DrainState::hand_back`]):
+    /// the node stays drained, the reason becomes `cause`'s (never over someone else's).
+    /// Returns whether a repair's drain was handed back (`false`: none in `draining` or
+    /// `drained`).
+    ///
+    /// # Errors
+    /// [`DrainError`]; on error the state is unchanged.
+    pub async fn hand_back(&self, cause: Cause) -> Result<bool, DrainError> {
+        let _lock = self.lock().await?;
+        let mut st = self.store.load()?;
+        if !matches!(st.cause, Some(Cause::Repair { .. }))
+            || !matches!(st.phase, Phase::Draining | Phase::Drained)
+        {
+            return Ok(false);
+        }
+        st.hand_back(cause, time::now())?;
+        if let Some(c) = &st.cause {
+            st.reason = Some(c.reason_for(&self.instance_id));
+        }
+        if st.foreign_reason.is_none() {
+            if let Some(reason) = &st.reason {
+                self.scontrol.drain(&self.node, reason).await?;
+            }
+        }
+        self.save(&st)?;
+        Ok(true)
+    }
+
     /// Withdraws the drain with key `key` ([`Cause::key`]) if it is the current cause and
     /// still `draining` or `drained` (with `any_kind` false, only a cause the agent undoes
     /// itself: [`Cause::undoable`]): the node is resumed (only if the reason on it is still

@@ -95,16 +95,20 @@ pub enum CauseKind {
     Script,
     /// Node-local scratch is not in place (bootstrap's scratch step).
     Scratch,
+    /// A repair (`repair.mode = "on"`): a fault that calls for a reboot or a replacement,
+    /// run once no job is left, in a slot of the rollout's budget.
+    Repair,
 }
 
 impl CauseKind {
     /// Every kind, in the order of the table of causes in `docs/drain-state-machine.md`.
-    pub const ALL: [CauseKind; 10] = [
+    pub const ALL: [CauseKind; 11] = [
         CauseKind::Spot,
         CauseKind::Lifecycle,
         CauseKind::Script,
         CauseKind::Manual,
         CauseKind::Maintenance,
+        CauseKind::Repair,
         CauseKind::Upgrade,
         CauseKind::Rebalance,
         CauseKind::Health,
@@ -112,8 +116,9 @@ impl CauseKind {
         CauseKind::Scratch,
     ];
 
-    /// `spot`, `lifecycle`, `manual`, `maintenance`, `upgrade`, `rebalance`, `health`,
-    /// `mount`, `script`, `scratch`: the `kind` in `drain.json`, the metrics and `status`.
+    /// `spot`, `lifecycle`, `manual`, `maintenance`, `repair`, `upgrade`, `rebalance`,
+    /// `health`, `mount`, `script`, `scratch`: the `kind` in `drain.json`, the metrics and
+    /// `status`.
     pub fn as_str(self) -> &'static str {
         match self {
             CauseKind::Spot => "spot",
@@ -126,37 +131,47 @@ impl CauseKind {
             CauseKind::Mount => "mount",
             CauseKind::Script => "script",
             CauseKind::Scratch => "scratch",
+            CauseKind::Repair => "repair",
         }
     }
 
     /// Higher wins: the instance going away (spot, lifecycle, a lifecycle script's
     /// terminate) outranks an operator, who outranks the notices the agent undoes, which
     /// outrank the conditions the agent lifts when they clear (health, mounts, scratch):
-    /// those keep the node only while nothing else does.
+    /// those keep the node only while nothing else does. A repair outranks an upgrade (the
+    /// node is faulty whatever its image; both hold the same budget slot) and the
+    /// conditions it was planned from, and yields to an operator, a scheduled event and
+    /// the instance going away.
     pub fn priority(self) -> u8 {
         match self {
             CauseKind::Spot | CauseKind::Lifecycle | CauseKind::Script => 40,
             CauseKind::Manual => 30,
             CauseKind::Maintenance => 20,
+            CauseKind::Repair => 17,
             CauseKind::Upgrade => 15,
             CauseKind::Rebalance => 10,
             CauseKind::Health | CauseKind::Mount | CauseKind::Scratch => 5,
         }
     }
 
-    /// Whether the cause has an action once the node is drained (only the upgrade's
-    /// `upgrade.action`).
+    /// Whether the cause has an action once the node is drained: the upgrade's
+    /// `upgrade.action`, a repair's reboot or replacement.
     pub fn has_action(self) -> bool {
-        self == CauseKind::Upgrade
+        matches!(self, CauseKind::Upgrade | CauseKind::Repair)
     }
 
     /// Whether the cause's owner states it again at each of its checks (a health pass, a
     /// mount pass, bootstrap's scratch and script steps): never remembered as handled, and
-    /// a new detail of the same kind rewrites the reason (`restate`).
+    /// a new detail of the same kind rewrites the reason (`restate`). A repair is stated
+    /// at each health pass with the checks' words and its plan.
     pub fn restated(self) -> bool {
         matches!(
             self,
-            CauseKind::Health | CauseKind::Mount | CauseKind::Script | CauseKind::Scratch
+            CauseKind::Health
+                | CauseKind::Mount
+                | CauseKind::Script
+                | CauseKind::Scratch
+                | CauseKind::Repair
         )
     }
 
@@ -174,6 +189,7 @@ impl CauseKind {
             ReasonCause::Mount => CauseKind::Mount,
             ReasonCause::Script => CauseKind::Script,
             ReasonCause::Scratch => CauseKind::Scratch,
+            ReasonCause::Repair => CauseKind::Repair,
         }
     }
 }
@@ -247,6 +263,19 @@ pub enum Cause {
         /// The reason's words after `slurm-node-agent/scratch@<instance-id>: `.
         detail: String,
     },
+    /// A repair: the health checks' fault calls for a reboot or a replacement
+    /// ([`crate::repair`]).
+    Repair {
+        /// `reboot` or `replace`.
+        action: crate::repair::Planned,
+        /// The fault.
+        fault: crate::repair::Fault,
+        /// The check that found it.
+        check: String,
+        /// The health checks' words (`<check>: <message> (+N more)`); the reason adds the
+        /// plan (`[reboot after jobs]`, [`crate::repair::reason_detail`]).
+        detail: String,
+    },
 }
 
 impl Cause {
@@ -263,6 +292,7 @@ impl Cause {
             Cause::Mount { .. } => CauseKind::Mount,
             Cause::Script { .. } => CauseKind::Script,
             Cause::Scratch { .. } => CauseKind::Scratch,
+            Cause::Repair { .. } => CauseKind::Repair,
         }
     }
 
@@ -308,7 +338,8 @@ impl Cause {
             Cause::Health { .. }
             | Cause::Mount { .. }
             | Cause::Script { .. }
-            | Cause::Scratch { .. } => self.kind().to_string(),
+            | Cause::Scratch { .. }
+            | Cause::Repair { .. } => self.kind().to_string(),
         }
     }
 
@@ -327,6 +358,7 @@ impl Cause {
             Cause::Mount { .. } => ReasonCause::Mount,
             Cause::Script { .. } => ReasonCause::Script,
             Cause::Scratch { .. } => ReasonCause::Scratch,
+            Cause::Repair { .. } => ReasonCause::Repair,
         }
     }
 
@@ -370,6 +402,13 @@ impl Cause {
                 return reason::AgentReason::stated(self.reason_cause(), instance_id, detail)
                     .to_reason()
             }
+            Cause::Repair { action, detail, .. } => {
+                return crate::repair::reason(
+                    instance_id,
+                    detail,
+                    crate::repair::Stage::AfterJobs(*action),
+                )
+            }
         };
         reason::reason(self.reason_cause(), instance_id, &detail)
     }
@@ -409,7 +448,7 @@ pub struct Transition {
     pub from: Phase,
     /// To.
     pub to: Phase,
-    /// Name of the event: `begin`, `escalate`, `restate`, `drained`, `act`,
+    /// Name of the event: `begin`, `escalate`, `restate`, `hand_back`, `drained`, `act`,
     /// `action_failed`, `done`, `resume`, `complete`.
     pub event: String,
     /// Unix seconds.
@@ -658,6 +697,29 @@ impl DrainState {
                 from: self.phase.as_str(),
             })
         }
+    }
+
+    /// draining | drained, phase kept: a repair no longer called for (the breaker holds, the
+    /// plan became `isolate`) hands the drain back to `cause`, the one it was planned from
+    /// (the health checks'), whatever their priorities; the reason follows.
+    ///
+    /// # Errors
+    /// [`Refused`] from any other phase, or when the current cause is not a repair.
+    pub fn hand_back(&mut self, cause: Cause, now: i64) -> Result<(), Refused> {
+        self.need("hand_back", &[Phase::Draining, Phase::Drained])?;
+        if !matches!(self.cause, Some(Cause::Repair { .. })) {
+            return Err(Refused {
+                event: "hand_back",
+                from: self.phase.as_str(),
+            });
+        }
+        self.reason = Some(cause.reason());
+        self.cause = Some(cause);
+        self.action_attempts = 0;
+        self.next_attempt = 0;
+        let phase = self.phase;
+        self.go(phase, "hand_back", now);
+        Ok(())
     }
 
     /// draining → drained: no job left on the node.
@@ -1114,6 +1176,77 @@ mod tests {
                 "{c}"
             );
         }
+    }
+
+    fn repair(action: crate::repair::Planned) -> Cause {
+        Cause::Repair {
+            action,
+            fault: crate::repair::Fault::GpuLost,
+            check: "GPUs".into(),
+            detail: "GPUs: XID 79".into(),
+        }
+    }
+
+    /// A repair takes the node from the health checks' drain and from an upgrade's, yields
+    /// to an operator, a scheduled event and a spot notice, and is restated (never
+    /// remembered as handled: the next fault after a resume repairs again); a repair no
+    /// longer called for hands the drain back to the health checks, and nothing else can.
+    #[test]
+    fn a_repair_outranks_the_health_drain_and_hands_it_back() {
+        use crate::repair::Planned;
+        let mut s = DrainState::default();
+        s.begin(health("GPUs: XID 79"), None, 1);
+        assert!(matches!(
+            s.begin(repair(Planned::Reboot), None, 2),
+            Begin::Escalated { .. }
+        ));
+        assert_eq!(
+            s.cause.as_ref().unwrap().reason_for(ID),
+            format!("slurm-node-agent/repair@{ID}: GPUs: XID 79 [reboot after jobs]")
+        );
+        assert!(CauseKind::Repair.has_action());
+        // The plan became a replacement: restated, phase kept.
+        assert!(matches!(
+            s.begin(repair(Planned::Replace), None, 3),
+            Begin::Restated { .. }
+        ));
+        assert!(matches!(
+            s.begin(upgrade(), None, 4),
+            Begin::AlreadyDraining { .. }
+        ));
+        assert!(matches!(
+            s.begin(health("GPUs: XID 79"), None, 5),
+            Begin::AlreadyDraining { .. }
+        ));
+        s.hand_back(health("GPUs: XID 79"), 6).unwrap();
+        assert_eq!(s.cause, Some(health("GPUs: XID 79")));
+        assert_eq!(s.phase, Phase::Draining);
+        assert_eq!(s.history.last().unwrap().event, "hand_back");
+        // Only a repair hands back.
+        assert!(s.hand_back(health("x"), 7).is_err());
+        assert!(s.handled.is_empty(), "{:?}", s.handled);
+        for higher in [
+            spot(),
+            maint("e1"),
+            Cause::Manual {
+                reason: "bad DIMM".into(),
+            },
+        ] {
+            let mut s = DrainState::default();
+            s.begin(repair(Planned::Replace), None, 1);
+            assert!(matches!(s.begin(higher, None, 2), Begin::Escalated { .. }));
+            assert!(s.hand_back(health("x"), 3).is_err());
+        }
+        let mut s = DrainState::default();
+        s.begin(upgrade(), None, 1);
+        assert!(matches!(
+            s.begin(repair(Planned::Replace), None, 2),
+            Begin::Escalated { .. }
+        ));
+        // Once acting, it stays.
+        s.drained(3).unwrap();
+        s.act(None, 4).unwrap();
+        assert!(s.hand_back(health("x"), 5).is_err());
     }
 
     /// `docs/drain-state-machine.md`'s table of causes lists every kind, in

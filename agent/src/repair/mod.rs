@@ -7,7 +7,13 @@
 //! (`replace` > `reboot` > `isolate` > `none`).
 //!
 //! Modes: `off` (the default: nothing is planned), `report` (the daemon's health pass
-//! logs and counts what it would do, `REPAIR (report)`, and changes nothing).
+//! logs and counts what it would do, `REPAIR (report)`, and changes nothing), `on` (a
+//! reboot or replacement is a cause of the drain state machine, `repair`, whose action runs
+//! once no job is left, in a slot of the rollout's budget: the daemon's repair pass).
+//!
+//! The reason in Slurm says what will happen ([`reason`]): `slurm-node-agent/repair@<id>:
+//! <check>: <message> [reboot after jobs]`, then `[rebooting]` or `[powered off for
+//! replacement]`.
 //!
 //! The managed service's instance health checks name the same actions (AWS PCS API
 //! reference, `HealthMonitoring.repairAction`: `AUTO`, `REPLACE`, `ISOLATE`, `NONE`); the
@@ -29,16 +35,96 @@ pub enum RepairMode {
     Off,
     /// Trial: the daemon logs and counts what it would do; nothing changes.
     Report,
+    /// Repairs happen: a reboot or replacement drains the node, waits for its jobs and
+    /// runs, within the rollout's budget.
+    On,
 }
 
 impl RepairMode {
-    /// `off` or `report`.
+    /// `off`, `report` or `on`.
     pub fn as_str(self) -> &'static str {
         match self {
             RepairMode::Off => "off",
             RepairMode::Report => "report",
+            RepairMode::On => "on",
         }
     }
+}
+
+/// Where a repair stands, as its reason in Slurm says ([`reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Draining for the action: `[reboot after jobs]`, `[replace after jobs]`.
+    AfterJobs(Planned),
+    /// Slurm was asked to reboot the node: `[rebooting]`.
+    Rebooting,
+    /// Powered off for a replacement: `[powered off for replacement]`.
+    PoweredOff,
+}
+
+impl Stage {
+    /// The words in brackets at the end of the reason.
+    pub fn words(self) -> String {
+        match self {
+            Stage::AfterJobs(a) => format!("{a} after jobs"),
+            Stage::Rebooting => "rebooting".to_string(),
+            Stage::PoweredOff => "powered off for replacement".to_string(),
+        }
+    }
+}
+
+/// The repair's reason in Slurm, written by incarnation `instance_id`:
+/// `slurm-node-agent/repair@<instance-id>: <detail> [<stage>]`, at most 256 characters
+/// ([`crate::reason::REASON_MAX`]): `detail` (the health checks' `<check>: <message>`) is
+/// cut so that the stage always shows.
+pub fn reason(instance_id: &str, detail: &str, stage: Stage) -> String {
+    use crate::reason::{AgentReason, ReasonCause, REASON_MAX};
+    let suffix = format!(" [{}]", stage.words());
+    let head = AgentReason::stated(ReasonCause::Repair, instance_id, "").to_reason();
+    // `to_reason` of an empty detail ends with `-`: the head is one character shorter.
+    let room = REASON_MAX
+        .saturating_sub(head.chars().count() - 1)
+        .saturating_sub(suffix.chars().count());
+    let cut: String = detail.chars().take(room).collect();
+    AgentReason::stated(
+        ReasonCause::Repair,
+        instance_id,
+        &format!("{}{suffix}", cut.trim_end()),
+    )
+    .to_reason()
+}
+
+/// A repair's reason read back ([`reason`]'s form): who wrote it, the detail and the
+/// stage's words. `None` for any other reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairReason {
+    /// The incarnation that wrote it.
+    pub instance_id: String,
+    /// The health checks' words.
+    pub detail: String,
+    /// The words in brackets (`reboot after jobs`, `powered off for replacement`...).
+    pub stage: String,
+}
+
+impl RepairReason {
+    /// Whether the node powered off for a replacement.
+    pub fn powered_off(&self) -> bool {
+        self.stage == Stage::PoweredOff.words()
+    }
+}
+
+/// Parses a reason Slurm shows (with or without slurmctld's appended ` : ...` words).
+pub fn parse_reason(reason: &str) -> Option<RepairReason> {
+    let r = crate::reason::AgentReason::parse(reason)?;
+    if r.cause != crate::reason::ReasonCause::Repair {
+        return None;
+    }
+    let (detail, stage) = r.detail.strip_suffix(']')?.rsplit_once(" [")?;
+    Some(RepairReason {
+        instance_id: r.instance_id,
+        detail: detail.to_string(),
+        stage: stage.to_string(),
+    })
 }
 
 /// An action as a setting names it (`repair.action`, `repair.checks.<check>`).
@@ -325,6 +411,9 @@ pub enum PlannedBy {
     Action,
     /// `repair.checks.<check>`.
     Check(String),
+    /// The fault called for a reboot, and a repair's reboot for the same check was this
+    /// many boots ago (within `repair.replace_within_boots`): replaced instead.
+    Again(u32),
 }
 
 impl std::fmt::Display for PlannedBy {
@@ -333,6 +422,13 @@ impl std::fmt::Display for PlannedBy {
             PlannedBy::Auto => f.write_str("the auto table"),
             PlannedBy::Action => f.write_str("repair.action"),
             PlannedBy::Check(c) => write!(f, "[[repair.checks]] check = {c:?}"),
+            PlannedBy::Again(1) => f.write_str(
+                "found again in the boot after a reboot for it: repair.replace_within_boots",
+            ),
+            PlannedBy::Again(n) => write!(
+                f,
+                "found again {n} boots after a reboot for it: repair.replace_within_boots"
+            ),
         }
     }
 }
@@ -348,7 +444,9 @@ pub struct Plan {
     pub check: String,
     /// Where the action came from.
     pub by: PlannedBy,
-    /// A reboot or replacement the breaker withholds ([`breaker`]): `isolate` instead.
+    /// A reboot or replacement withheld (by the breaker, [`breaker`]; in `on` mode also a
+    /// budget with every slot held, or a drain of higher rank such as an administrator's):
+    /// `isolate` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub withheld: Option<Withheld>,
 }
@@ -413,12 +511,14 @@ pub struct CheckAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RepairSettings {
-    /// `off` (no repair), or `report` (log and count what would be done, change nothing).
-    /// Set by the image or the user data; a tag may not turn it on.
+    /// `off` (no repair), `report` (log and count what would be done, change nothing) or
+    /// `on` (reboot or replace once no job runs, within the rollout's budget:
+    /// `upgrade.max_unavailable`). Set by the image or the user data; a tag may not turn
+    /// it on.
     pub mode: RepairMode,
     /// Every fault's action unless `checks` names its check: `auto` (the table in
     /// `docs/repair.md`), `none`, `isolate`, `reboot` or `replace`. With `mode = "report"`
-    /// (the only mode besides `off` so far) it is what is logged and counted, not done.
+    /// it is what is logged and counted, not done.
     pub action: RepairAction,
     /// `[[repair.checks]]`: the action of a check, by its name (`check = "GPUs"`, `action
     /// = "isolate"`). A name no check has is warned about at the daemon's start.
@@ -430,6 +530,10 @@ pub struct RepairSettings {
     pub breaker_share: f64,
     /// The breaker's least count of nodes failing the same check (at least 1).
     pub breaker_min_nodes: u32,
+    /// A fault that calls for a reboot, found again by the same check within this many
+    /// boots after a repair's reboot for it, calls for a replacement instead (at least 1;
+    /// counted in `repair.json`, which survives a reboot).
+    pub replace_within_boots: u32,
 }
 
 impl Default for RepairSettings {
@@ -440,6 +544,7 @@ impl Default for RepairSettings {
             checks: Vec::new(),
             breaker_share: 0.1,
             breaker_min_nodes: 2,
+            replace_within_boots: 3,
         }
     }
 }
@@ -455,6 +560,7 @@ impl crate::section::Classified for RepairSettings {
             K::user_data("checks"),
             K::user_data("breaker_share"),
             K::user_data("breaker_min_nodes"),
+            K::user_data("replace_within_boots"),
         ]
     };
 }
@@ -480,6 +586,12 @@ impl RepairSettings {
             return Err(InvalidKey::new(
                 "repair.breaker_min_nodes",
                 "must be at least 1",
+            ));
+        }
+        if self.replace_within_boots < 1 {
+            return Err(InvalidKey::new(
+                "repair.replace_within_boots",
+                "must be at least 1 (the boot after a repair's reboot is the first)",
             ));
         }
         for (i, c) in self.checks.iter().enumerate() {
@@ -534,6 +646,23 @@ impl RepairSettings {
         best
     }
 
+    /// `plan` after the node's history (`record`, the current boot `boot_id`): a reboot for
+    /// a check whose fault came back within `repair.replace_within_boots` boots of a
+    /// repair's reboot for it becomes a replacement ([`PlannedBy::Again`]).
+    pub fn escalate(&self, plan: Plan, record: &record::Record, boot_id: &str) -> Plan {
+        if plan.action != Planned::Reboot {
+            return plan;
+        }
+        match record.boots_since_reboot(&plan.check, boot_id) {
+            Some(n) if n >= 1 && n <= self.replace_within_boots => Plan {
+                action: Planned::Replace,
+                by: PlannedBy::Again(n),
+                ..plan
+            },
+            _ => plan,
+        }
+    }
+
     /// The setting of check `check` in `checks`, and the key it is under: its whole name
     /// (a check file's `name`, an `nhc.conf` line as written), else the name's first word
     /// (the NHC function of an `nhc.conf` line: `check_fs_mount_rw` for `check_fs_mount_rw
@@ -564,13 +693,16 @@ fn nhc_function(check: &str) -> Option<&str> {
     (first.starts_with("check_") && first != check).then_some(first)
 }
 
-/// What `plan` would do on `node`, in words: `would replace compute-1 for GPUs: gpu_lost
-/// (the auto table)`, `would leave compute-1 as it is for ...` (`none`), with the
-/// withheld action and why.
-pub fn describe(plan: &Plan, node: &str) -> String {
-    let what = match plan.action {
-        Planned::None => format!("would leave {node} as it is"),
-        a => format!("would {a} {node}"),
+/// What `plan` would do on `node` in `report` mode, in words: `would replace compute-1 for
+/// GPUs: gpu_lost (the auto table)`, `would leave compute-1 as it is for ...` (`none`),
+/// with the withheld action and why; in `on` mode `will replace ...`, `isolates ...`.
+pub fn describe(plan: &Plan, node: &str, mode: RepairMode) -> String {
+    let what = match (plan.action, mode) {
+        (Planned::None, RepairMode::On) => format!("leaves {node} as it is"),
+        (Planned::Isolate, RepairMode::On) => format!("isolates {node}"),
+        (a, RepairMode::On) => format!("will {a} {node} once no job runs"),
+        (Planned::None, _) => format!("would leave {node} as it is"),
+        (a, _) => format!("would {a} {node}"),
     };
     let withheld = plan
         .withheld

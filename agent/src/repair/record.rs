@@ -29,6 +29,31 @@ pub struct Record {
     pub planned: BTreeMap<String, u64>,
     /// The plan in effect and its mode (`None`: no fault).
     pub current: Option<Current>,
+    /// The boot ids this node's daemon has run under, oldest first (the last
+    /// [`KEPT`]): how many boots ago a repair's reboot was.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub boots: Vec<String>,
+    /// The repairs' reboots (`repair.mode = "on"`), oldest first (the last [`KEPT`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reboots: Vec<Reboot>,
+    /// The rollout budget's slot this node took for a repair (`repair.mode = "on"`),
+    /// released once the node is back in service or its repair ends without an action.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+}
+
+/// How many boots and reboots the record keeps.
+pub const KEPT: usize = 16;
+
+/// A repair's reboot, planned in boot `boot_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reboot {
+    /// The check whose fault called for it.
+    pub check: String,
+    /// The boot it was planned in (the reboot ends it).
+    pub boot_id: String,
+    /// When, Unix seconds.
+    pub at: i64,
 }
 
 /// The plan in effect.
@@ -139,6 +164,45 @@ impl Record {
                 Change::Planned
             }
         }
+    }
+
+    /// Notes that the daemon runs under boot `boot_id` (once per boot). Returns whether it
+    /// is a boot not seen before.
+    pub fn saw_boot(&mut self, boot_id: &str) -> bool {
+        if boot_id.is_empty() || self.boots.iter().any(|b| b == boot_id) {
+            return false;
+        }
+        self.boots.push(boot_id.to_string());
+        let extra = self.boots.len().saturating_sub(KEPT);
+        self.boots.drain(..extra);
+        true
+    }
+
+    /// Notes a repair's reboot for `check`, planned in boot `boot_id` at `now`.
+    pub fn rebooted_for(&mut self, check: &str, boot_id: &str, now: i64) {
+        self.reboots
+            .retain(|r| !(r.check == check && r.boot_id == boot_id));
+        self.reboots.push(Reboot {
+            check: check.to_string(),
+            boot_id: boot_id.to_string(),
+            at: now,
+        });
+        let extra = self.reboots.len().saturating_sub(KEPT);
+        self.reboots.drain(..extra);
+    }
+
+    /// How many boots have begun since the last repair's reboot for `check` was planned
+    /// (1: this is the boot right after it), the current boot being `boot_id`; `None` when
+    /// there was none, or it was planned in this boot (the reboot has not happened), or
+    /// its boot is older than the boots kept.
+    pub fn boots_since_reboot(&self, check: &str, boot_id: &str) -> Option<u32> {
+        let r = self.reboots.iter().rev().find(|r| r.check == check)?;
+        if r.boot_id == boot_id {
+            return None;
+        }
+        let planned = self.boots.iter().position(|b| *b == r.boot_id)?;
+        let now = self.boots.iter().position(|b| b == boot_id)?;
+        u32::try_from(now.checked_sub(planned)?).ok()
     }
 
     /// The Prometheus textfile.

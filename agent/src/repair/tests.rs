@@ -506,10 +506,134 @@ fn a_check_files_name_is_matched_whole_and_an_nhc_line_by_its_function() {
     // The words an operator reads.
     let p = s.plan(&[nhc]).unwrap();
     assert_eq!(
-        describe(&p, "compute-1"),
+        describe(&p, "compute-1", RepairMode::Report),
         "would replace compute-1 for check_fs_mount_rw -f /fsx: file_system ([[repair.checks]] check = \"check_fs_mount_rw\")"
     );
     s.checks = vec![check("check_fs_mount_rw", RepairAction::None)];
-    assert!(describe(&s.plan(&[nhc]).unwrap(), "compute-1")
-        .starts_with("would leave compute-1 as it is for "));
+    assert!(
+        describe(&s.plan(&[nhc]).unwrap(), "compute-1", RepairMode::Report)
+            .starts_with("would leave compute-1 as it is for ")
+    );
+}
+
+#[test]
+fn the_reason_says_what_will_happen_and_the_plan_always_shows() {
+    let id = "i-0123456789abcdef0";
+    let r = reason(
+        id,
+        "GPUs: XID 79 on PCI:0000:00:1e",
+        Stage::AfterJobs(Planned::Replace),
+    );
+    assert_eq!(
+        r,
+        "slurm-node-agent/repair@i-0123456789abcdef0: GPUs: XID 79 on PCI:0000:00:1e [replace after jobs]"
+    );
+    let p = parse_reason(&format!("{r} : reboot issued")).unwrap();
+    assert_eq!(
+        (p.instance_id.as_str(), p.detail.as_str(), p.stage.as_str()),
+        (id, "GPUs: XID 79 on PCI:0000:00:1e", "replace after jobs")
+    );
+    assert!(!p.powered_off());
+    // A long detail is cut; the stage stays, within Slurm's 256 characters.
+    let long = "x".repeat(400);
+    for stage in [
+        Stage::AfterJobs(Planned::Reboot),
+        Stage::Rebooting,
+        Stage::PoweredOff,
+    ] {
+        let r = reason(id, &long, stage);
+        assert_eq!(r.chars().count(), 256, "{r}");
+        assert!(r.ends_with(&format!(" [{}]", stage.words())), "{r}");
+        assert!(crate::slurm::node::validate_reason(&r).is_ok());
+        assert_eq!(
+            parse_reason(&r).unwrap().powered_off(),
+            stage == Stage::PoweredOff
+        );
+    }
+    // Not a repair's: another cause, an admin's words, no stage.
+    assert!(parse_reason("slurm-node-agent/health@i-0123456789abcdef0: GPUs: x [y]").is_none());
+    assert!(parse_reason("GPUs bad [replace after jobs]").is_none());
+    assert!(parse_reason("slurm-node-agent/repair@i-0123456789abcdef0: GPUs").is_none());
+}
+
+#[test]
+fn on_is_a_mode_and_replace_within_boots_is_at_least_one() {
+    let s: RepairSettings = toml::from_str("mode = \"on\"\nreplace_within_boots = 2").unwrap();
+    assert_eq!((s.mode, s.replace_within_boots), (RepairMode::On, 2));
+    assert_eq!(s.mode.as_str(), "on");
+    let s = RepairSettings {
+        replace_within_boots: 0,
+        ..RepairSettings::default()
+    };
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.key, "repair.replace_within_boots");
+}
+
+/// A reboot for a check whose fault comes back within `replace_within_boots` boots of a
+/// repair's reboot for it becomes a replacement; in the boot the reboot was planned in, a
+/// boot past the limit, or for another check, it stays a reboot.
+#[test]
+fn a_fault_back_within_the_boots_after_a_reboot_calls_for_a_replacement() {
+    let s = RepairSettings {
+        mode: RepairMode::On,
+        replace_within_boots: 2,
+        ..RepairSettings::default()
+    };
+    let reboot = |check: &str| Plan {
+        action: Planned::Reboot,
+        fault: Fault::GpuResettable,
+        check: check.into(),
+        by: PlannedBy::Auto,
+        withheld: None,
+    };
+    let mut r = record::Record::default();
+    assert!(r.saw_boot("boot-1"));
+    assert!(!r.saw_boot("boot-1"), "the same boot counts once");
+    assert_eq!(
+        s.escalate(reboot("GPUs"), &r, "boot-1").action,
+        Planned::Reboot
+    );
+    r.rebooted_for("GPUs", "boot-1", 100);
+    // Planned, not yet rebooted: still a reboot.
+    assert_eq!(
+        s.escalate(reboot("GPUs"), &r, "boot-1").action,
+        Planned::Reboot
+    );
+    r.saw_boot("boot-2");
+    let p = s.escalate(reboot("GPUs"), &r, "boot-2");
+    assert_eq!((p.action, &p.by), (Planned::Replace, &PlannedBy::Again(1)));
+    assert!(
+        describe(&p, "compute-1", RepairMode::On).contains(
+            "will replace compute-1 once no job runs for GPUs: gpu_resettable (found again in the boot after a reboot for it"
+        ),
+        "{}",
+        describe(&p, "compute-1", RepairMode::On)
+    );
+    // Another check: its own history.
+    assert_eq!(
+        s.escalate(reboot("EFA"), &r, "boot-2").action,
+        Planned::Reboot
+    );
+    r.saw_boot("boot-3");
+    assert_eq!(
+        s.escalate(reboot("GPUs"), &r, "boot-3").by,
+        PlannedBy::Again(2)
+    );
+    r.saw_boot("boot-4");
+    assert_eq!(
+        s.escalate(reboot("GPUs"), &r, "boot-4").action,
+        Planned::Reboot
+    );
+    // A replacement stays one; the history survives the file.
+    let mut replace = reboot("GPUs");
+    replace.action = Planned::Replace;
+    assert_eq!(s.escalate(replace.clone(), &r, "boot-1"), replace);
+    let back: record::Record = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+    assert_eq!(back, r);
+    // Only the last boots are kept.
+    for i in 5..40 {
+        r.saw_boot(&format!("boot-{i}"));
+    }
+    assert_eq!(r.boots.len(), record::KEPT);
+    assert_eq!(r.boots_since_reboot("GPUs", "boot-39"), None);
 }

@@ -12,10 +12,13 @@
 //!   slurmctld's clock; a replacement under another NodeName releases a gone holder's slot
 //!   at once ([`super::slot::release_for_replacement`]).
 //!
-//! One budget for every kind of planned departure: the slots and their reservations carry
-//! no kind of their own beyond the holder's reason, so a second kind (a repair that reboots
-//! or replaces a node) takes slots through [`Budget::of`] and [`super::slot::take`] as the
-//! upgrade does, and its drain is kept by [`Budget::keep`] once its cause is listed there.
+//! One budget for every kind of planned departure: an upgrade and a repair that reboots or
+//! replaces a node take slots of the same partitions through [`Budget::of`] and
+//! [`super::slot::take`] (the comment says which, [`super::slot::SlotFor`]), and
+//! [`Budget::keep`] renews either while it drains. Its size is `upgrade.max_unavailable`
+//! for both: one number for how many nodes the agent may take out at once for its own
+//! reasons (a second key would add up, so that a rollout and a faulty fleet together
+//! exceed what the site allowed).
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -68,12 +71,12 @@ impl Budget {
         }
     }
 
-    /// Each drain tick: while a departure that holds a slot (an upgrade) drains or waits
-    /// for its action, its slot is renewed when due.
+    /// Each drain tick: while a departure that holds a slot (an upgrade, a repair) drains
+    /// or waits for its action, its slot is renewed when due.
     pub async fn keep(&self, engine: &Engine) {
         let holds = engine.load().is_ok_and(|st| {
             matches!(st.phase, Phase::Draining | Phase::Drained)
-                && matches!(st.cause, Some(Cause::Upgrade { .. }))
+                && matches!(st.cause, Some(Cause::Upgrade { .. } | Cause::Repair { .. }))
         });
         if holds {
             self.renew_if_due(engine).await;

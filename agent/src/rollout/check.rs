@@ -157,7 +157,7 @@ pub async fn check(
         &partition,
         limit,
         &engine.node,
-        &engine.instance_id,
+        (slot::SlotFor::Upgrade, &engine.instance_id),
         engine.upgrade.slot_timeout.0,
     )
     .await?;
@@ -405,7 +405,7 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
 /// instance, and deletes that holder's dynamic record. That is how a replacement under
 /// another NodeName (an Auto Scaling group's, named after its host) ends its
 /// predecessor's time out of service ([`slot::release_for_replacement`]).
-async fn release_for_a_holder_that_is_gone(
+pub async fn release_for_a_holder_that_is_gone(
     engine: &Engine,
     node: &crate::slurm::NodeInfo,
     image: &str,

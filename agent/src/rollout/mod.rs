@@ -9,19 +9,22 @@
 //!   quota);
 //! - [`check`]: the rolling image upgrade, one check of the desired image (the daemon's,
 //!   each upgrade poll): the image exists, no replacement loop, a slot, the drain request;
-//!   the slot's release once the node is back in service on the desired image.
+//!   the slot's release once the node is back in service on the desired image;
+//! - [`repair`]: a repair's slot (`repair.mode = "on"`): taken before its drain, released
+//!   once the node, or its replacement, is back in service.
 //!
 //! The daemon keeps only its loop: it calls [`check::check`] when [`poll`] says so
 //! and [`budget::Budget::keep`] on each drain tick. What the upgrade knows about images,
 //! reasons and actions is [`crate::upgrade`]'s; the drain state machine that runs the
-//! action is [`crate::drain`]'s. A second kind of planned departure (a repair that reboots
-//! or replaces a node) takes slots from the same [`budget::Budget`].
+//! action is [`crate::drain`]'s. The second kind of planned departure, a repair that reboots
+//! or replaces a node, takes slots from the same [`budget::Budget`] ([`repair`]).
 //!
 //! Floor 7 (services): above `drain`, whose engine it drives, and `upgrade`.
 
 pub mod budget;
 pub mod check;
 pub mod poll;
+pub mod repair;
 pub mod slot;
 
 pub use budget::Budget;

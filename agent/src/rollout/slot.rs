@@ -69,9 +69,29 @@ pub fn is_slot(name: &str) -> bool {
         })
 }
 
-/// The comment a slot carries: the instance that took it.
-pub fn slot_comment(instance_id: &str) -> String {
-    format!("slurm-node-agent/upgrade@{instance_id}")
+/// What a slot is held for: its comment's cause word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotFor {
+    /// A rolling image upgrade.
+    Upgrade,
+    /// A repair's reboot or replacement (`repair.mode = "on"`).
+    Repair,
+}
+
+impl SlotFor {
+    /// `upgrade` or `repair`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotFor::Upgrade => "upgrade",
+            SlotFor::Repair => "repair",
+        }
+    }
+}
+
+/// The comment a slot carries: what it is held for and the instance that took it
+/// (`slurm-node-agent/upgrade@<instance-id>`, `slurm-node-agent/repair@<instance-id>`).
+pub fn slot_comment(held_for: SlotFor, instance_id: &str) -> String {
+    format!("slurm-node-agent/{}@{instance_id}", held_for.as_str())
 }
 
 /// A slot as `scontrol show reservation -o` shows it.
@@ -81,7 +101,8 @@ pub struct Slot {
     pub name: String,
     /// `Nodes`: the holder's NodeName.
     pub node: String,
-    /// `Comment` (`slurm-node-agent/upgrade@<instance-id>`), empty when none.
+    /// `Comment` (`slurm-node-agent/upgrade@<instance-id>` or `.../repair@...`), empty when
+    /// none.
     pub comment: String,
     /// `EndTime`, as slurmctld prints it.
     pub end_time: String,
@@ -111,10 +132,12 @@ pub fn parse_slots(show: &str) -> Vec<Slot> {
 }
 
 impl Slot {
-    /// The instance that took the slot, from its comment (`slurm-node-agent/upgrade@<id>`).
+    /// The instance that took the slot, from its comment (`slurm-node-agent/upgrade@<id>`,
+    /// `slurm-node-agent/repair@<id>`).
     pub fn instance_id(&self) -> Option<&str> {
-        self.comment
-            .strip_prefix("slurm-node-agent/upgrade@")
+        ["slurm-node-agent/upgrade@", "slurm-node-agent/repair@"]
+            .iter()
+            .find_map(|p| self.comment.strip_prefix(p))
             .filter(|id| !id.is_empty())
     }
 }
@@ -144,12 +167,13 @@ fn holder_gone(slot: &Slot, holder: Option<&crate::slurm::NodeInfo>) -> bool {
     {
         return false;
     }
-    let powered_off_by_holder = record
-        .reason()
-        .and_then(crate::upgrade::parse_upgrade_reason)
-        .is_some_and(|r| {
-            r.powered_off() && r.instance_id.is_some() && r.instance_id == slot.instance_id()
-        });
+    let reason = record.reason().unwrap_or_default();
+    let upgrade = crate::upgrade::parse_upgrade_reason(reason).is_some_and(|r| {
+        r.powered_off() && r.instance_id.is_some() && r.instance_id == slot.instance_id()
+    });
+    let repair = crate::repair::parse_reason(reason)
+        .is_some_and(|r| r.powered_off() && Some(r.instance_id.as_str()) == slot.instance_id());
+    let powered_off_by_holder = upgrade || repair;
     powered_off_by_holder && !record.is_available()
 }
 
@@ -230,7 +254,7 @@ pub async fn list(scontrol: &Scontrol) -> Result<Vec<Slot>, ScontrolError> {
 }
 
 /// Takes a slot of `partition` (`limit` of them) for `node`, incarnation `instance_id`,
-/// for `timeout`: keeps one this NodeName holds already, else creates the first free one;
+/// held for `held_for` (its comment), for `timeout`: keeps one this NodeName holds already, else creates the first free one;
 /// a name taken meanwhile by another node (`Duplicate reservation name`) is skipped.
 ///
 /// # Errors
@@ -241,7 +265,7 @@ pub async fn take(
     partition: &str,
     limit: usize,
     node: &str,
-    instance_id: &str,
+    (held_for, instance_id): (SlotFor, &str),
     timeout: Duration,
 ) -> Result<Taken, ScontrolError> {
     if !crate::slurm::node::is_plain_node_name(node) {
@@ -258,7 +282,7 @@ pub async fn take(
     }
     let duration = format!("Duration={}", minutes(timeout));
     let nodes = format!("Nodes={node}");
-    let comment = format!("Comment={}", slot_comment(instance_id));
+    let comment = format!("Comment={}", slot_comment(held_for, instance_id));
     for k in 1..=limit {
         let name = slot_name(partition, k);
         if slots.iter().any(|s| s.name == name) {
@@ -402,9 +426,13 @@ esac
         )
         .unwrap();
         let t = Duration::from_secs(1800);
-        let full = take(&sc, "main", 2, "c2", "i-2", t).await.unwrap();
+        let full = take(&sc, "main", 2, "c2", (SlotFor::Upgrade, "i-2"), t)
+            .await
+            .unwrap();
         assert!(matches!(&full, Taken::Full(h) if h.len() == 1), "{full:?}");
-        let new = take(&sc, "main", 3, "c2", "i-2", t).await.unwrap();
+        let new = take(&sc, "main", 3, "c2", (SlotFor::Upgrade, "i-2"), t)
+            .await
+            .unwrap();
         assert_eq!(
             new,
             Taken::New("slurm-node-agent-upgrade-main-slot-3".into())
@@ -417,13 +445,17 @@ esac
              Comment=slurm-node-agent/upgrade@i-2"
         );
         // The NodeName holding a slot keeps it (a restart, a replacement under that name).
-        let held = take(&sc, "main", 1, "c1", "i-3", t).await.unwrap();
+        let held = take(&sc, "main", 1, "c1", (SlotFor::Upgrade, "i-3"), t)
+            .await
+            .unwrap();
         assert_eq!(
             held,
             Taken::Held("slurm-node-agent-upgrade-main-slot-1".into())
         );
         // Never a name that is not one node.
-        assert!(take(&sc, "main", 1, "c[1-2]", "i-3", t).await.is_err());
+        assert!(take(&sc, "main", 1, "c[1-2]", (SlotFor::Upgrade, "i-3"), t)
+            .await
+            .is_err());
     }
 
     /// Stands in for scontrol: `show reservation` prints `listed`, `show node X` prints
@@ -548,6 +580,80 @@ esac
                 ),
             ]
             .concat(),
+        )
+        .unwrap();
+        assert!(release_for_replacement(&sc, "main", "ip-10-0-0-9")
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    /// A repair's slot (its comment `slurm-node-agent/repair@<id>`) whose holder powered
+    /// off for a replacement is released by a replacement under another NodeName, as an
+    /// upgrade's; one whose holder still drains, or rebooted, is not.
+    #[tokio::test]
+    async fn a_gone_repairs_slot_is_released_for_a_replacement() {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("scontrol");
+        crate::fsutil::write_test_program(&program, FAKE_RECORDS);
+        let sc = Scontrol {
+            program,
+            timeout: Duration::from_secs(10),
+            conf_server: String::new(),
+            look: None,
+        };
+        let slot = |k: u32, node: &str, iid: &str| {
+            format!(
+                "ReservationName=slurm-node-agent-upgrade-main-slot-{k} EndTime=2026-12-04T03:4{k}:00 Nodes={node} State=ACTIVE Comment={}\n",
+                slot_comment(SlotFor::Repair, iid)
+            )
+        };
+        std::fs::write(
+            dir.path().join("listed"),
+            [
+                slot(1, "ip-10-0-0-1", "i-0000000000000000a"),
+                slot(2, "ip-10-0-0-2", "i-0000000000000000b"),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let record = |name: &str, state: &str, reason: &str| {
+            std::fs::write(
+                dir.path().join(format!("node-{name}")),
+                format!(
+                    "NodeName={name} State={state} Reason={reason} [root@2026-12-04T03:10:00]\n"
+                ),
+            )
+            .unwrap();
+        };
+        record(
+            "ip-10-0-0-1",
+            "IDLE+DRAIN+REBOOT_ISSUED",
+            &crate::repair::reason(
+                "i-0000000000000000a",
+                "GPUs: x",
+                crate::repair::Stage::Rebooting,
+            ),
+        );
+        record(
+            "ip-10-0-0-2",
+            "IDLE+DRAIN+NOT_RESPONDING",
+            &crate::repair::reason(
+                "i-0000000000000000b",
+                "GPUs: x",
+                crate::repair::Stage::PoweredOff,
+            ),
+        );
+        std::fs::write(dir.path().join("gone"), "").unwrap();
+        let r = release_for_replacement(&sc, "main", "ip-10-0-0-9")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.slot.name, "slurm-node-agent-upgrade-main-slot-2");
+        assert_eq!(r.slot.instance_id(), Some("i-0000000000000000b"));
+        std::fs::write(
+            dir.path().join("listed"),
+            slot(1, "ip-10-0-0-1", "i-0000000000000000a"),
         )
         .unwrap();
         assert!(release_for_replacement(&sc, "main", "ip-10-0-0-9")

@@ -178,6 +178,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("repair.action", r#""auto""#),
     ("repair.breaker_share", "0.25"),
     ("repair.breaker_min_nodes", "3"),
+    ("repair.replace_within_boots", "2"),
     (
         "repair.checks",
         "[[repair.checks]]\ncheck = \"shared file systems\"\naction = \"isolate\"\n",

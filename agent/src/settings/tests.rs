@@ -656,6 +656,7 @@ fn the_fleet_rate_takes_whole_and_fractional_numbers() {
 fn repairs_are_never_turned_on_by_a_tag_and_bad_values_name_their_key() {
     for (key, value) in [
         ("repair.mode", "report"),
+        ("repair.mode", "on"),
         ("repair.action", "replace"),
         ("repair.breaker_share", "1"),
     ] {
@@ -666,7 +667,8 @@ fn repairs_are_never_turned_on_by_a_tag_and_bad_values_name_their_key() {
     // From user data, an unknown action or a share outside (0, 1] is refused naming both.
     for (text, key) in [
         ("[repair]\naction = \"recycle\"\n", "repair.action"),
-        ("[repair]\nmode = \"on\"\n", "repair.mode"),
+        ("[repair]\nmode = \"always\"\n", "repair.mode"),
+        ("[repair]\nreplace_within_boots = 0\n", "repair.replace_within_boots"),
         ("[repair]\nbreaker_share = 1.5\n", "repair.breaker_share"),
         ("[repair]\nbreaker_min_nodes = 0\n", "repair.breaker_min_nodes"),
         (

@@ -1,9 +1,11 @@
 //! The upgrade actions (`upgrade.action`): what runs once a node drained for an image
 //! upgrade has no job left. The drain engine (`drain::Engine`, in its `acting` phase) calls
-//! [`run`]; retries and the state are the engine's.
+//! [`run`]; retries and the state are the engine's. A repair leaves by the same ways: its
+//! reboot is `reboot`, its replacement `poweroff` ([`Step::action`]).
 //!
-//! - `poweroff`: the reason becomes `... powered off for image upgrade A -> B` (and, with
-//!   `upgrade.delete_node_record`, a dynamic record with no job is deleted), then systemd
+//! - `poweroff`: the reason becomes the step's `powered_off` (`... powered off for image
+//!   upgrade A -> B`; a repair's `... [powered off for replacement]`) and, with
+//!   `upgrade.delete_node_record`, a dynamic record with no job is deleted; then systemd
 //!   starts `upgrade.poweroff_unit` over D-Bus (`systemd.bus`);
 //! - `reboot`: `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`;
 //! - `hook`: `upgrade.hook` (argv, no shell) with `SNA_NODE`, `SNA_CURRENT_IMAGE` and
@@ -72,29 +74,42 @@ pub struct Target<'a> {
     pub systemd_bus: &'a str,
 }
 
-/// Runs `up.action` on `t` for the upgrade `(current, desired)` (empty for another
-/// cause). `reason` is the drain's reason in Slurm (the reboot's); `foreign`: the node was
-/// drained by someone else when the drain began (their reason is never overwritten);
-/// `record`: slurmctld's record of the node (`None`: deleted on an earlier attempt).
+/// One action to run on a drained node.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    /// What to do: `upgrade.action` for an upgrade, `reboot` or `poweroff` for a repair.
+    pub action: UpgradeAction,
+    /// The upgrade `(current, desired)` images, for the hook (empty for a repair).
+    pub images: (&'a str, &'a str),
+    /// The reason of the reboot in Slurm.
+    pub reason: &'a str,
+    /// The reason written before a poweroff: the replacement (and the budget) read it.
+    pub powered_off: &'a str,
+    /// The node was drained by someone else when the drain began (their reason is never
+    /// overwritten).
+    pub foreign: bool,
+    /// slurmctld's record of the node (`None`: deleted on an earlier attempt).
+    pub record: Option<&'a NodeInfo>,
+}
+
+/// Runs `step` on `t`, with the ways out of `up` (`upgrade.poweroff_unit`,
+/// `upgrade.delete_node_record`, `upgrade.hook`).
 ///
 /// # Errors
 /// [`ActionError`]: what failed, for the engine's retry.
-pub async fn run(
-    up: &UpgradeSettings,
-    t: &Target<'_>,
-    (current, desired): (&str, &str),
-    reason: &str,
-    foreign: bool,
-    record: Option<&NodeInfo>,
-) -> Result<(), ActionError> {
-    match up.action {
+pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Result<(), ActionError> {
+    let (current, desired) = step.images;
+    match step.action {
         UpgradeAction::None => Ok(()),
         UpgradeAction::Reboot => {
             tracing::info!(node = %t.gateway.node(), "scontrol reboot ASAP nextstate=resume");
-            t.gateway.reboot(reason).await.map_err(ActionError::Reboot)
+            t.gateway
+                .reboot(step.reason)
+                .await
+                .map_err(ActionError::Reboot)
         }
         UpgradeAction::Poweroff => {
-            leave_for_poweroff(up, t, current, desired, foreign, record).await?;
+            leave_for_poweroff(up, t, step.powered_off, step.foreign, step.record).await?;
             let unit = &up.poweroff_unit;
             tracing::info!(unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
             let sd = crate::systemd::Systemd::connect(t.systemd_bus).await?;
@@ -131,16 +146,21 @@ pub async fn run(
     }
 }
 
-/// On the way out for an upgrade poweroff: the reason becomes `... powered off for image
-/// upgrade A -> B` (so the record holds no budget slot and a replacement that reuses
-/// the NodeName sees what happened; never over someone else's reason), then, with
-/// `upgrade.delete_node_record`, a dynamic record with no job is deleted. Failing to
-/// rewrite the reason stops the poweroff (retried); failing to delete is logged.
+/// The reason an upgrade's poweroff writes: `... powered off for image upgrade A -> B`.
+pub fn powered_off_reason(instance_id: &str, current: &str, desired: &str) -> String {
+    upgrade_reason(instance_id, &format!("{POWERED_OFF}{current} -> {desired}"))
+}
+
+/// On the way out for a poweroff: the reason becomes `marker` (an upgrade's `... powered
+/// off for image upgrade A -> B`, a repair's `... [powered off for replacement]`: so the
+/// record holds no budget slot and a replacement sees what happened; never over someone
+/// else's reason), then, with `upgrade.delete_node_record`, a dynamic record with no job
+/// is deleted. Failing to rewrite the reason stops the poweroff (retried); failing to
+/// delete is logged.
 async fn leave_for_poweroff(
     up: &UpgradeSettings,
     t: &Target<'_>,
-    current: &str,
-    desired: &str,
+    marker: &str,
     foreign: bool,
     record: Option<&NodeInfo>,
 ) -> Result<(), ActionError> {
@@ -149,11 +169,7 @@ async fn leave_for_poweroff(
     };
     let gw = t.gateway;
     if !foreign {
-        let marker = upgrade_reason(
-            gw.instance_id(),
-            &format!("{POWERED_OFF}{current} -> {desired}"),
-        );
-        gw.relabel(&marker, Some(node))
+        gw.relabel(marker, Some(node))
             .await
             .map_err(ActionError::MarkPoweredOff)?;
     }

@@ -1,0 +1,437 @@
+//! The daemon's repair pass (`[repair]`, [`crate::repair`]), after each health pass: what
+//! the faults found call for (the plan), a reboot that comes back within
+//! `repair.replace_within_boots` boots made a replacement, a reboot or replacement
+//! withheld while the breaker holds ([`repair_breaker`]); logged and counted once per
+//! change in `repair.json` (read once, kept in memory) and `repair.prom` (beside the drain
+//! metrics).
+//!
+//! - `report`: nothing else changes (`REPAIR (report): would ...`).
+//! - `on`: a reboot or replacement becomes the drain's cause (`repair`, above the health
+//!   checks' drain it was planned from) once the node holds a slot of the rollout's budget;
+//!   the drain engine runs it once no job is left. Never over an administrator's drain or
+//!   a cause of higher rank (an operator's, a scheduled event, a spot or lifecycle notice):
+//!   the plan is withheld and the node stays drained as it is. Healthy again before the
+//!   action: the repair's drain is lifted; the plan becomes `isolate` (the breaker): the
+//!   drain goes back to the health checks. The slot is released when the node is back in
+//!   service, or its repair ends without an action.
+//! - `off`: a plan left from an earlier mode is cleared.
+
+use super::Ctx;
+use crate::drain::{Cause, CauseKind, Phase};
+use crate::repair::record::{Change, Record};
+use crate::repair::{Plan, RepairMode};
+use crate::rollout::repair::RepairSlot;
+use crate::settings::Settings;
+
+/// Warns about each `repair.checks` entry that names no health check of this node (a check
+/// file may come later in the image, so it is not refused).
+pub(super) fn warn_unknown_repair_checks(s: &Settings, node: &str) {
+    if s.repair.checks.is_empty() {
+        return;
+    }
+    let target = s.health_target(Some(node.to_string()));
+    let Ok(set) = crate::health::load(&s.health, &s.slurm.bin_dir, &target) else {
+        return; // the health pass names the error
+    };
+    let known: Vec<String> = set.checks.iter().map(|c| c.name.clone()).collect();
+    for name in s.repair.unknown_checks(&known) {
+        tracing::warn!(
+            key = "repair.checks",
+            check = name,
+            "repair.checks names {name:?}, which no health check of this node has (known: {})",
+            known.join(", ")
+        );
+    }
+}
+
+/// The record as the last pass left it (read from `repair.json` the first time).
+fn cached_record(ctx: &Ctx, path: &std::path::Path) -> Record {
+    let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
+    cached.get_or_insert_with(|| Record::load(path)).clone()
+}
+
+/// Keeps `record` as the current one; saves it when `save`.
+fn keep_record(ctx: &Ctx, path: &std::path::Path, record: Record, save: bool) {
+    if save {
+        save_repair_record(&ctx.s, path, &record);
+    }
+    let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
+    *cached = Some(record);
+}
+
+/// One repair pass over the health checks' `report` (see the module's docs).
+pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
+    let s = &ctx.s;
+    let path = crate::repair::record::record_path(&s.agent.state_dir);
+    let mut record = cached_record(ctx, &path);
+    if s.repair.mode == RepairMode::Off {
+        let cleared = record.observe(s.repair.mode, None, crate::time::now()) == Change::Cleared;
+        keep_record(ctx, &path, record, cleared);
+        return;
+    }
+    let boot = crate::hostfacts::boot_id().unwrap_or_default();
+    let mut dirty = record.saw_boot(&boot);
+    let failures: Vec<_> = report.failures().collect();
+    let found: Vec<crate::repair::Failure<'_>> = failures
+        .iter()
+        .map(|r| crate::repair::Failure {
+            check: &r.name,
+            family: &r.family,
+            message: &r.message,
+            timed_out: r.status == crate::health::Status::Timeout,
+        })
+        .collect();
+    let mut plan = s
+        .repair
+        .plan(&found)
+        .map(|p| s.repair.escalate(p, &record, &boot));
+    if let Some(p) = plan.take_if(|p| p.departs()) {
+        // Every check failing here: a peer's reason names its first failure only.
+        let checks: Vec<&str> = found.iter().map(|f| f.check).collect();
+        plan = Some(match repair_breaker(ctx, &checks).await {
+            Some(why) => p.withhold(why),
+            None => p,
+        });
+    }
+    if s.repair.mode == RepairMode::On {
+        let (p, changed) = repair_on(ctx, plan, report, &mut record, &boot).await;
+        plan = p;
+        dirty |= changed;
+    }
+    let message = plan
+        .as_ref()
+        .and_then(|p| failures.iter().find(|r| r.name == p.check))
+        .map_or("", |r| r.message.as_str());
+    let change = record.observe(
+        s.repair.mode,
+        plan.as_ref().map(|p| (p, message)),
+        crate::time::now(),
+    );
+    let tag = match s.repair.mode {
+        RepairMode::On => "REPAIR",
+        _ => "REPAIR (report)",
+    };
+    match (&change, &plan) {
+        (Change::Planned, Some(p)) => tracing::warn!(
+            node = %ctx.node,
+            mode = s.repair.mode.as_str(),
+            action = %p.action,
+            fault = p.fault.as_str(),
+            check = %p.check,
+            by = %p.by,
+            "{tag}: {}: {message}",
+            crate::repair::describe(p, &ctx.node, s.repair.mode)
+        ),
+        (Change::Cleared, _) => tracing::info!(
+            node = %ctx.node,
+            "{tag}: {} healthy again; no repair pending",
+            ctx.node
+        ),
+        // The same plan: its words (the breaker's count) kept, nothing logged.
+        (Change::Same, Some(_)) => dirty = true,
+        _ => {}
+    }
+    keep_record(ctx, &path, record, dirty || change != Change::Same);
+}
+
+/// `repair.mode = "on"`: moves the drain for `plan` (see the module's docs). Returns the
+/// plan as it stands (withheld when the budget is full or another drain outranks it) and
+/// whether `record` changed (its slot, its reboots).
+async fn repair_on(
+    ctx: &Ctx,
+    plan: Option<Plan>,
+    report: &crate::health::Report,
+    record: &mut Record,
+    boot: &str,
+) -> (Option<Plan>, bool) {
+    let engine = &ctx.engine;
+    let st = match engine.load() {
+        Ok(st) => st,
+        Err(e) => {
+            tracing::warn!("repair: drain state unread: {e}");
+            return (plan, false);
+        }
+    };
+    let open = matches!(st.phase, Phase::Draining | Phase::Drained);
+    let repairing = matches!(st.cause, Some(Cause::Repair { .. }));
+    let id = engine.instance_id.as_str();
+    let health = report
+        .drain_reason(id)
+        .and_then(|r| Cause::stated(crate::reason::ReasonCause::Health, id, &r));
+    let Some(p) = plan else {
+        if repairing && open {
+            match engine.gateway.lift(CauseKind::Repair, None).await {
+                Ok(l) => {
+                    tracing::info!(node = %ctx.node, lifted = ?l, "REPAIR: healthy again before the repair's action: its drain is lifted")
+                }
+                Err(e) => {
+                    tracing::warn!(node = %ctx.node, "REPAIR: lifting the repair's drain: {e}")
+                }
+            }
+            return (None, release_slot(ctx, record).await);
+        }
+        if st.phase == Phase::Active {
+            return (None, back_in_service(ctx, record).await);
+        }
+        return (None, false);
+    };
+    if !p.departs() {
+        if repairing && open {
+            if let Some(h) = health {
+                match engine.gateway.hand_back(h).await {
+                    Ok(_) => {
+                        tracing::info!(node = %ctx.node, plan = %p.action, "REPAIR: the repair is no longer called for; the drain is the health checks' again")
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %ctx.node, "REPAIR: handing the drain back to the health checks: {e}")
+                    }
+                }
+                let changed = release_slot(ctx, record).await;
+                return (Some(p), changed);
+            }
+        }
+        return (Some(p), false);
+    }
+    if repairing && !open {
+        return (Some(p), false); // acting or done: the engine's
+    }
+    let Some(Cause::Health { detail }) = (if repairing {
+        health.clone()
+    } else {
+        st.cause.clone()
+    }) else {
+        // Not drained by the health checks (their actions off, not yet drained), or a
+        // cause of higher rank holds the node.
+        return match &st.cause {
+            Some(c) if open && c.cause_kind() != CauseKind::Health && !repairing => {
+                // A spot notice, an operator... took the node over from the repair: its
+                // slot goes back.
+                let changed = release_slot(ctx, record).await;
+                let why = format!(
+                    "the node is drained for {} ({}), which outranks a repair",
+                    c.kind(),
+                    st.reason.as_deref().unwrap_or("")
+                );
+                (Some(p.withhold(why)), changed)
+            }
+            _ => {
+                let why = "the health checks have not drained the node (health.act is off, or \
+                           someone else's drain holds it): a repair starts from their drain";
+                (Some(p.withhold(why.to_string())), false)
+            }
+        };
+    };
+    if let Some(f) = &st.foreign_reason {
+        let why = format!("drained by an administrator ({f}): never repaired over it");
+        return (Some(p.withhold(why)), false);
+    }
+    if !open && !repairing {
+        return (Some(p), false);
+    }
+    let cause = Cause::Repair {
+        action: p.action,
+        fault: p.fault,
+        check: p.check.clone(),
+        detail,
+    };
+    let mut changed = false;
+    if !repairing {
+        let node = match engine.gateway.record().await {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                return (
+                    Some(p.withhold(format!("slurmctld has no record of {}", ctx.node))),
+                    false,
+                )
+            }
+            Err(e) => {
+                return (
+                    Some(p.withhold(format!("slurmctld's record unread: {e}"))),
+                    false,
+                )
+            }
+        };
+        if node
+            .reason()
+            .is_some_and(|r| !crate::reason::is_agent_reason(r))
+        {
+            let why = format!(
+                "drained by an administrator ({}): never repaired over it",
+                node.reason().unwrap_or_default()
+            );
+            return (Some(p.withhold(why)), false);
+        }
+        match crate::rollout::repair::take(engine, &ctx.budget, &node).await {
+            Ok(RepairSlot::Held(name)) => {
+                changed |= record.slot.as_deref() != Some(name.as_str());
+                record.slot = Some(name);
+            }
+            Ok(RepairSlot::Full {
+                partition,
+                used,
+                limit,
+            }) => {
+                let why = format!(
+                    "every slot of the budget of partition {partition} is held ({used} of {limit}: upgrade.max_unavailable); waiting for one"
+                );
+                return (Some(p.withhold(why)), false);
+            }
+            Err(e) => return (Some(p.withhold(format!("no budget slot: {e}"))), false),
+        }
+    }
+    match engine.request(cause).await {
+        Ok(r) => match r.begin {
+            crate::drain::Begin::Started | crate::drain::Begin::Escalated { .. } => {
+                tracing::warn!(
+                    node = %ctx.node,
+                    action = %p.action,
+                    check = %p.check,
+                    slot = record.slot.as_deref().unwrap_or(""),
+                    reason = r.state.reason.as_deref().unwrap_or(""),
+                    "REPAIR: drained for the {} once no job runs",
+                    p.action
+                );
+                if p.action == crate::repair::Planned::Reboot {
+                    record.rebooted_for(&p.check, boot, crate::time::now());
+                }
+                changed = true;
+            }
+            crate::drain::Begin::Restated { .. } => {}
+            crate::drain::Begin::AlreadyDraining { current } if !repairing => {
+                changed |= release_slot(ctx, record).await;
+                let why = format!(
+                    "the node is drained for {}, which outranks a repair",
+                    current.kind()
+                );
+                return (Some(p.withhold(why)), changed);
+            }
+            _ => {}
+        },
+        Err(e) => {
+            tracing::warn!(node = %ctx.node, "REPAIR: the repair's drain: {e}");
+            if !repairing {
+                changed |= release_slot(ctx, record).await;
+            }
+            return (
+                Some(p.withhold(format!("the repair's drain failed: {e}"))),
+                changed,
+            );
+        }
+    }
+    (Some(p), changed)
+}
+
+/// Releases the slot the repair took, if any. Returns whether the record changed.
+async fn release_slot(ctx: &Ctx, record: &mut Record) -> bool {
+    if record.slot.is_none() {
+        return false;
+    }
+    match crate::rollout::repair::release(&ctx.engine).await {
+        Ok(released) => {
+            tracing::info!(node = %ctx.node, ?released, "REPAIR: released the budget slot");
+            record.slot = None;
+            true
+        }
+        Err(e) => {
+            tracing::warn!(node = %ctx.node, "REPAIR: releasing the budget slot: {e}");
+            false
+        }
+    }
+}
+
+/// Healthy, with no drain in progress: once per daemon start (and while the record names
+/// a slot of its own), the slots held for this node or a gone predecessor are released
+/// once the node is in service ([`crate::rollout::repair::back_in_service`]).
+async fn back_in_service(ctx: &Ctx, record: &mut Record) -> bool {
+    let first = !ctx.repair_looked.load(std::sync::atomic::Ordering::Relaxed);
+    if !first && record.slot.is_none() {
+        return false;
+    }
+    let node = match ctx.engine.gateway.record().await {
+        Ok(Some(n)) => n,
+        Ok(None) | Err(_) => return false,
+    };
+    if !node.is_available() {
+        return false;
+    }
+    match crate::rollout::repair::back_in_service(&ctx.engine, &node, &ctx.id.ami_id).await {
+        Ok(released) => {
+            ctx.repair_looked
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if !released.is_empty() {
+                tracing::info!(node = %ctx.node, ?released, state = node.state(), "REPAIR: back in service: released the budget slot");
+            }
+            record.slot.take().is_some()
+        }
+        Err(e) => {
+            tracing::warn!(node = %ctx.node, "REPAIR: releasing the budget slot: {e}");
+            false
+        }
+    }
+}
+
+/// Saves `repair.json` and rewrites `repair.prom` from it (beside the drain metrics).
+pub(super) fn save_repair_record(
+    s: &Settings,
+    path: &std::path::Path,
+    record: &crate::repair::record::Record,
+) {
+    if let Err(e) = record.save(path) {
+        tracing::warn!("repair record: {e}");
+    }
+    let metrics = crate::node_state::metrics_path(&s.agent.state_dir, &s.drain.metrics_file);
+    let metrics = metrics.with_file_name(crate::repair::record::METRICS_FILE);
+    if let Err(e) = crate::fsutil::write_atomic(&metrics, record.render().as_bytes(), 0o644, None) {
+        tracing::warn!("repair metrics: {e}");
+    }
+}
+
+/// Why the breaker withholds a reboot or replacement on this node, failing `checks`, from
+/// every node's record in slurmctld ([`crate::repair::breaker::tripped`], through the
+/// health checks' gateway and its `health.scontrol_timeout`): the first of `checks` that
+/// trips it; `None` when none does; the records unread (slurmctld unreachable, this node
+/// unknown to it) withhold it too, on the safe side.
+async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
+    let r = &ctx.s.repair;
+    let fleet = match ctx.health_gateway.fleet().await {
+        Ok(f) => f,
+        Err(e) => {
+            return Some(format!(
+                "the breaker could not count (slurmctld's records: {e})"
+            ))
+        }
+    };
+    let Some(own) = fleet.iter().find(|n| n.name() == ctx.node) else {
+        return Some(format!(
+            "the breaker could not count (slurmctld has no record of {})",
+            ctx.node
+        ));
+    };
+    let partitions = own.fields.get("Partitions").map_or("", String::as_str);
+    let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
+        .iter()
+        .map(|n| crate::repair::breaker::Seen {
+            name: n.name(),
+            partitions: n.fields.get("Partitions").map_or("", String::as_str),
+            held_reason: n.held_reason(),
+            present: n.base_state() != "FUTURE"
+                && !n.has_flag("POWERED_DOWN")
+                && !n.has_flag("POWERING_DOWN"),
+        })
+        .collect();
+    checks.iter().find_map(|check| {
+        let t = crate::repair::breaker::tripped(
+            check,
+            &ctx.node,
+            partitions,
+            &seen,
+            r.breaker_share,
+            r.breaker_min_nodes,
+        )?;
+        Some(format!(
+            "the breaker holds for {check}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
+            (r.breaker_share * 10_000.0).round() / 100.0,
+            r.breaker_min_nodes
+        ))
+    })
+}

@@ -1,0 +1,91 @@
+//! A repair's place in the budget (`repair.mode = "on"`): the same slots as an upgrade
+//! ([`super::slot`], comment `slurm-node-agent/repair@<instance-id>`), taken before the
+//! repair's drain and held until the node is back in service (after a reboot) or its
+//! replacement is (under the same NodeName, or another one: [`back_in_service`]).
+
+use super::budget::Budget;
+use super::slot::{self, SlotFor, Taken};
+use crate::drain::{DrainError, Engine};
+use crate::slurm::NodeInfo;
+
+/// What [`take`] got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepairSlot {
+    /// A slot, taken now or held already by this NodeName.
+    Held(String),
+    /// Every slot of the partition is held.
+    Full {
+        /// The partition (empty: every node).
+        partition: String,
+        /// Slots held.
+        used: usize,
+        /// `upgrade.max_unavailable` of the partition's nodes.
+        limit: usize,
+    },
+}
+
+/// Takes a slot of `node`'s partition for a repair ([`slot::take`], the budget of
+/// [`Budget::of`]).
+///
+/// # Errors
+/// [`DrainError`] from scontrol.
+pub async fn take(
+    engine: &Engine,
+    budget: &Budget,
+    node: &NodeInfo,
+) -> Result<RepairSlot, DrainError> {
+    let (partition, _count, limit) = Budget::of(engine, node).await?;
+    let taken = slot::take(
+        &engine.ops.scontrol,
+        &partition,
+        limit,
+        &engine.node,
+        (SlotFor::Repair, &engine.instance_id),
+        engine.upgrade.slot_timeout.0,
+    )
+    .await?;
+    Ok(match taken {
+        Taken::New(name) | Taken::Held(name) => {
+            budget.renewed_now();
+            RepairSlot::Held(name)
+        }
+        Taken::Full(held) => RepairSlot::Full {
+            partition,
+            used: held.len(),
+            limit,
+        },
+    })
+}
+
+/// Releases every slot this NodeName holds ([`slot::release`]).
+///
+/// # Errors
+/// [`DrainError`] from scontrol.
+pub async fn release(engine: &Engine) -> Result<Vec<String>, DrainError> {
+    Ok(slot::release(&engine.ops.scontrol, &engine.node).await?)
+}
+
+/// The node is healthy and in service (`record`, as slurmctld holds it, available): the
+/// slots its NodeName holds are released (its own after a repair's reboot, a predecessor's
+/// of the same NodeName that was replaced), and, in its first `upgrade.slot_timeout` after
+/// its slurmd started, one slot of a holder of its partition that is gone (a predecessor
+/// under another NodeName, [`super::check::release_for_a_holder_that_is_gone`]; once per
+/// instance). Returns the slots released under this NodeName; nothing when the node is not
+/// available.
+///
+/// # Errors
+/// [`DrainError`] from scontrol or the state.
+pub async fn back_in_service(
+    engine: &Engine,
+    record: &NodeInfo,
+    image: &str,
+) -> Result<Vec<String>, DrainError> {
+    if !record.is_available() {
+        return Ok(Vec::new());
+    }
+    let released = release(engine).await?;
+    if released.is_empty() {
+        super::check::release_for_a_holder_that_is_gone(engine, record, image).await?;
+    }
+    Ok(released)
+}
