@@ -24,8 +24,8 @@ fn documents() -> Vec<(String, Value)> {
     out.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
         out.len(),
-        3,
-        "expected the Drain, Resume and Status documents"
+        4,
+        "expected the Drain, Repair, Resume and Status documents"
     );
     out
 }
@@ -83,7 +83,7 @@ fn samples(name: &str, p: &Value) -> Vec<String> {
             "bad DIMM slot:3".into(),
             "x".into(),
         ],
-        "timeout" => vec!["90s".into(), "30m".into(), "2h".into()],
+        "timeout" | "liftFor" => vec!["90s".into(), "30m".into(), "2h".into()],
         other => panic!("no samples for parameter {other}"),
     }
 }
@@ -172,7 +172,7 @@ fn every_command_line_is_accepted_by_the_agent() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["drain", "resume", "status"]
+        ["drain", "repair", "resume", "status"]
     );
 }
 

@@ -1719,7 +1719,7 @@ fn repair_on_reboots_a_faulty_node_after_its_job_through_slurm_and_gives_the_slo
 
 /// Issue 38 §1, `repair.mode = "on"`, a replace-class fault (a hardware check): the node
 /// drains with `... [replace after jobs]`, takes a slot, and once no job runs leaves by the
-/// upgrade's way out: the reason becomes `... [powered off for replacement]` and systemd
+/// upgrade's way out: the reason becomes `... [powered off for replacement at <time>]` and systemd
 /// starts `upgrade.poweroff_unit`, once; the slot stays for the replacement to release.
 #[test]
 fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
@@ -1761,7 +1761,7 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
     assert_eq!(fs::read_to_string(&job_done).unwrap().trim(), "done");
     assert!(
         w.reason().starts_with("slurm-node-agent/repair@i-")
-            && w.reason().ends_with(" [powered off for replacement]"),
+            && w.reason().contains(" [powered off for replacement at "),
         "{}",
         w.reason()
     );
@@ -1777,6 +1777,45 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
     let said = "REPAIR: drained for the replace once no job runs";
     assert_eq!(log_count(&d, said), 1, "{}", d.log_tail(40));
     d.stop().unwrap();
+}
+
+/// Issue 38 §2: the operator's `repair` command, as SSM runs it: `--clear-history` and
+/// `--lift-breaker --for 30m` write `repair.json` (the running daemon's next pass reads it:
+/// unit-tested in `daemon::pass_tests`), say what they did, and neither option is a usage
+/// error (exit 2) that writes nothing.
+#[test]
+fn the_repair_command_clears_the_history_and_lifts_the_breaker() {
+    let w = World::start("rpc1", &[], "");
+    let out = w.run_agent(&["repair", "--output", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(!w.path("state/repair.json").exists());
+    let out = w.run_agent(&[
+        "repair",
+        "--clear-history",
+        "--lift-breaker",
+        "--for",
+        "30m",
+        "--output",
+        "json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let said: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(said["node"], "rpc1");
+    let (cleared, until) = (
+        said["history_cleared_at"].as_i64().unwrap(),
+        said["breaker_lifted_until"].as_i64().unwrap(),
+    );
+    assert_eq!(until - cleared, 1800, "{said}");
+    let record: Value =
+        serde_json::from_str(&fs::read_to_string(w.path("state/repair.json")).unwrap()).unwrap();
+    assert_eq!(record["history_cleared_at"], cleared, "{record}");
+    assert_eq!(record["breaker_lifted_until"], until, "{record}");
+    let out = w.run_agent(&["repair", "--lift-breaker", "--for", "soon"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--for"),
+        "{out:?}"
+    );
 }
 
 /// How many times `needle` appears in the daemon's log.

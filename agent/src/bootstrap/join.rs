@@ -302,6 +302,9 @@ impl Look<'_> {
                 }
                 FoundDrain::Lift(r) if lifted.as_deref() != Some(&r.to_reason()) => {
                     tracing::info!(node = %def.node_name, reason = %r, previous_instance = ?self.holder.replaced(), "lifting the agent's drain of an earlier run: its cause is over");
+                    if r.cause == crate::reason::ReasonCause::Repair {
+                        keep_replacement_history(state_dir, node.reason(), self.instance_id);
+                    }
                     let kind = crate::node_state::CauseKind::of_reason(r.cause);
                     match self.gateway.lift(kind, Some(&node)).await {
                         Ok(crate::node_state::Lifted::HeldBy(other)) => {
@@ -326,6 +329,25 @@ impl Look<'_> {
             node.state(),
             node.reason().map(|r| format!(" ({r})")).unwrap_or_default()
         )))
+    }
+}
+
+/// A predecessor of this NodeName powered off for a repair's replacement (its reason,
+/// `reason`, about to be lifted): copied into `repair.json` under `state_dir`, the flap
+/// guard's history of this NodeName ([`crate::repair::flap`]). A failure to write is
+/// logged: the guard then sees only what slurmctld still holds.
+fn keep_replacement_history(state_dir: &std::path::Path, reason: Option<&str>, instance_id: &str) {
+    use crate::repair::record::{record_path, Record};
+    let Some(reason) = reason else {
+        return;
+    };
+    let path = record_path(state_dir);
+    let mut record = Record::load(&path);
+    if record.saw_predecessor(reason, instance_id) {
+        tracing::info!(%reason, "the previous instance of this node was replaced by a repair: kept for the flap guard");
+        if let Err(e) = record.save(&path) {
+            tracing::warn!("repair record: {e}");
+        }
     }
 }
 

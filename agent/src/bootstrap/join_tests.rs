@@ -197,6 +197,39 @@ async fn a_same_name_replacement_lifts_its_predecessors_upgrade_drain_unless_it_
     assert!(w.changes().is_empty(), "{:?}", w.changes());
 }
 
+/// A same-name replacement of a node a repair powered off lifts the predecessor's drain
+/// (its hardware is gone with it) and keeps the replacement in `repair.json`: the flap
+/// guard's history of this NodeName, which the lift overwrites in slurmctld.
+#[tokio::test]
+async fn a_same_name_replacement_lifts_its_predecessors_repair_drain_and_keeps_its_history() {
+    let at = crate::time::now() - 600;
+    let off = crate::repair::reason(
+        OLD,
+        "GPUs: XID 79 on PCI:0000:00:1e",
+        crate::repair::Stage::PoweredOff(at),
+    );
+    let w = World::new(AMI_NEW);
+    w.registered("IDLE+DRAIN", ME, Some(&off));
+    let (node, kept) = w.join(RecordHolder::Predecessor(OLD.into())).await.unwrap();
+    assert!(node.is_available(), "{:?}", node.state());
+    assert_eq!(kept, None);
+    assert_eq!(
+        w.changes(),
+        [format!("update NodeName={NODE} State=RESUME")]
+    );
+    let record = crate::repair::record::Record::load(&crate::repair::record::record_path(
+        &w.s.agent.state_dir,
+    ));
+    assert_eq!(
+        record.replaced,
+        [crate::repair::record::Replaced {
+            detail: "GPUs: XID 79 on PCI:0000:00:1e".into(),
+            instance: OLD.into(),
+            at,
+        }]
+    );
+}
+
 #[tokio::test]
 async fn a_slurmd_that_failed_is_restarted_and_the_join_ends_when_it_has_registered() {
     let w = World::new(AMI_NEW);

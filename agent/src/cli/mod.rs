@@ -13,6 +13,7 @@ pub mod config;
 pub mod drain;
 pub mod healthcheck;
 pub mod manual;
+pub mod repair;
 pub mod resume;
 pub mod run;
 pub mod status;
@@ -59,6 +60,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Show the drain state and Slurm's view of the node.
     Status(status::StatusArgs),
+    /// The repair on this node: clear its history, lift the breaker for a while.
+    Repair(repair::RepairArgs),
     /// Write the man pages and shell completions (bash, zsh, fish) of slurm-node-agent and
     /// slurm-node-agent-healthcheck below a `share` folder (the image's agent step).
     #[command(hide = true)]
@@ -340,6 +343,7 @@ impl Cli {
                 Command::Drain(a) => a.run().await,
                 Command::Resume(a) => a.run().await,
                 Command::Status(a) => a.run().await,
+                Command::Repair(a) => a.run().await,
                 Command::Generate(a) => a.run().await,
             }
         })

@@ -190,9 +190,10 @@ struct Ctx {
     /// Whether a health pass has looked at slurmctld since the daemon started (see
     /// [`wait_for_slurm_config`]: only the first pass waits).
     health_looked: std::sync::atomic::AtomicBool,
-    /// `repair.json` as the repair last left it (`None`: not read yet): read once, saved
-    /// at each change ([`repair::repair_pass`]).
-    repair_record: std::sync::Mutex<Option<crate::repair::record::Record>>,
+    /// `repair.json` as the repair last left it, and when the file was written (`None`: not
+    /// read yet): read again only when someone else wrote it, saved at each change
+    /// ([`repair::repair_pass`]).
+    repair_record: std::sync::Mutex<Option<repair::Cached>>,
     /// Whether a repair pass has looked for the budget slots to release once the node is
     /// in service since the daemon started (`repair.mode = "on"`).
     repair_looked: std::sync::atomic::AtomicBool,

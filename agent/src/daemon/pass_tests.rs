@@ -267,6 +267,21 @@ async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check
         "{}",
         withheld.why
     );
+    // An operator lifts the breaker on this node (`slurm-node-agent repair
+    // --lift-breaker`): the replacement is what it would do, while the lift lasts.
+    let mut r = crate::repair::record::Record::load(&record_path);
+    r.breaker_lifted_until = Some(crate::time::now() + 3600);
+    r.save(&record_path).unwrap();
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    let plan = &record.current.as_ref().unwrap().plan;
+    assert_eq!(plan.withheld, None, "{plan:?}");
+    let mut r = record.clone();
+    r.breaker_lifted_until = None;
+    r.save(&record_path).unwrap();
+    health_pass(&ctx).await;
+    let record = crate::repair::record::Record::load(&record_path);
+    assert!(record.current.as_ref().unwrap().plan.withheld.is_some());
     // compute-2 is healthy again: the share falls back, the replacement is what it would do.
     slurmctld.set_record("NodeName=compute-2 State=IDLE Partitions=p");
     health_pass(&ctx).await;
@@ -276,8 +291,9 @@ async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check
         (plan.action, plan.withheld.as_ref()),
         (crate::repair::Planned::Replace, None)
     );
-    assert_eq!(record.planned["report/isolate/hardware_degraded"], 1);
-    assert_eq!(record.planned["report/replace/hardware_degraded"], 1);
+    // Each change of plan counted: withheld, lifted, withheld again, let go.
+    assert_eq!(record.planned["report/isolate/hardware_degraded"], 2);
+    assert_eq!(record.planned["report/replace/hardware_degraded"], 2);
 }
 
 #[tokio::test]
@@ -527,4 +543,97 @@ async fn a_spot_notice_outranks_a_repair_and_its_slot_goes_back() {
             .contains("drained for spot"),
         "{plan:?}"
     );
+}
+
+/// The flap guard: two nodes of partition `p` powered off for a replacement for the same
+/// check within `repair.flap_window` (their records keep the repair's reason with its
+/// time), and `repair.flap_max_replacements = 2`: this node is not replaced, it stays
+/// isolated by the health checks' drain and the plan says why; no slot is taken.
+#[tokio::test]
+async fn the_flap_guard_withholds_a_replacement_after_replacements_for_the_same_check() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    let mut s = ctx.s.clone();
+    s.repair.flap_max_replacements = 2;
+    let ctx = with_settings(ctx, s);
+    let now = crate::time::now();
+    for (n, id, ago) in [
+        ("compute-2", "i-0000000000000000a", 600),
+        ("compute-3", "i-0000000000000000b", 3600),
+    ] {
+        let reason = crate::repair::reason(
+            id,
+            "flagged: 1 (expected 0)",
+            crate::repair::Stage::PoweredOff(now - ago),
+        );
+        slurmctld.set_record(&format!(
+            "NodeName={n} State=DOWN+DRAIN+NOT_RESPONDING Partitions=p Reason={reason} [root@2026-12-06T00:00:00]"
+        ));
+    }
+    health_pass(&ctx).await;
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
+        "{reason}"
+    );
+    assert_eq!(listed(&ctx), "");
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    let w = plan.withheld.as_ref().unwrap();
+    assert!(
+        w.why
+            .contains("the flap guard: 2 nodes of partition p were replaced for flagged"),
+        "{plan:?}"
+    );
+    // The gone nodes are no failing nodes for the breaker (2 of 4 would trip it).
+    assert!(!w.why.contains("breaker"), "{plan:?}");
+}
+
+/// An operator's `slurm-node-agent repair --clear-history` (another process writing
+/// `repair.json`) reaches the running daemon at its next pass: the flap guard that held
+/// counts no replacement from before, and the repair goes on.
+#[tokio::test]
+async fn an_operators_clear_history_reaches_the_running_daemon() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    let mut s = ctx.s.clone();
+    s.repair.flap_max_replacements = 1;
+    let ctx = with_settings(ctx, s);
+    let off = crate::repair::reason(
+        "i-0000000000000000a",
+        "flagged: 1 (expected 0)",
+        crate::repair::Stage::PoweredOff(crate::time::now() - 600),
+    );
+    slurmctld.set_record(&format!(
+        "NodeName=compute-2 State=DOWN+DRAIN+NOT_RESPONDING Partitions=p Reason={off} [root@2026-12-06T00:00:00]"
+    ));
+    health_pass(&ctx).await;
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    assert!(plan.withheld.unwrap().why.contains("the flap guard"));
+    // The operator's command, as `cli::repair` writes it.
+    let mut r = crate::repair::record::Record::load(&path);
+    r.clear_history(crate::time::now());
+    r.save(&path).unwrap();
+    health_pass(&ctx).await;
+    let r = crate::repair::record::Record::load(&path);
+    assert_eq!(r.current.as_ref().unwrap().plan.withheld, None, "{r:?}");
+    assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
+    assert!(slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .ends_with(" [replace after jobs]"));
 }

@@ -1,7 +1,7 @@
 //! The daemon's repair pass (`[repair]`, [`crate::repair`]), after each health pass: what
 //! the faults found call for (the plan), a reboot that comes back within
 //! `repair.replace_within_boots` boots made a replacement, a reboot or replacement
-//! withheld while the breaker holds ([`repair_breaker`]); logged and counted once per
+//! withheld while the breaker or the flap guard holds ([`repair_guards`]); logged and counted once per
 //! change in `repair.json` (read once, kept in memory) and `repair.prom` (beside the drain
 //! metrics).
 //!
@@ -44,10 +44,31 @@ pub(super) fn warn_unknown_repair_checks(s: &Settings, node: &str) {
     }
 }
 
-/// The record as the last pass left it (read from `repair.json` the first time).
+/// `repair.json` as the daemon holds it, and which write of the file it was read from or
+/// saved as ([`written_at`]).
+pub(super) type Cached = (Record, Option<(u64, std::time::SystemTime)>);
+
+/// Which write of `path` is there: its inode (each atomic write renames a new file into
+/// place) and modification time; `None` when there is none.
+fn written_at(path: &std::path::Path) -> Option<(u64, std::time::SystemTime)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.modified().ok()?))
+}
+
+/// The record as the last pass left it; read from `repair.json` the first time, and again
+/// when someone else wrote it since (an operator's `slurm-node-agent repair`).
 fn cached_record(ctx: &Ctx, path: &std::path::Path) -> Record {
     let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
-    cached.get_or_insert_with(|| Record::load(path)).clone()
+    let at = written_at(path);
+    match &*cached {
+        Some((r, seen)) if *seen == at => r.clone(),
+        _ => {
+            let r = Record::load(path);
+            *cached = Some((r.clone(), written_at(path)));
+            r
+        }
+    }
 }
 
 /// Keeps `record` as the current one; saves it when `save`.
@@ -56,7 +77,8 @@ fn keep_record(ctx: &Ctx, path: &std::path::Path, record: Record, save: bool) {
         save_repair_record(&ctx.s, path, &record);
     }
     let mut cached = ctx.repair_record.lock().unwrap_or_else(|p| p.into_inner());
-    *cached = Some(record);
+    let at = written_at(path);
+    *cached = Some((record, at));
 }
 
 /// One repair pass over the health checks' `report` (see the module's docs).
@@ -88,7 +110,10 @@ pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
     if let Some(p) = plan.take_if(|p| p.departs()) {
         // Every check failing here: a peer's reason names its first failure only.
         let checks: Vec<&str> = found.iter().map(|f| f.check).collect();
-        plan = Some(match repair_breaker(ctx, &checks).await {
+        let replace_for = (p.action == crate::repair::Planned::Replace).then_some(p.check.as_str());
+        let (why, changed) = repair_guards(ctx, &checks, replace_for, &mut record).await;
+        dirty |= changed;
+        plan = Some(match why {
             Some(why) => p.withhold(why),
             None => p,
         });
@@ -358,10 +383,32 @@ async fn back_in_service(ctx: &Ctx, record: &mut Record) -> bool {
         Ok(released) => {
             ctx.repair_looked
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+            let mut changed = false;
+            if first {
+                // Slurm may keep the last reason on a resumed record: a predecessor's
+                // replacement that bootstrap lifted is still there to copy.
+                changed = node
+                    .reason()
+                    .is_some_and(|r| record.saw_predecessor(r, &ctx.engine.instance_id));
+                match crate::rollout::repair::forget_replaced(
+                    &ctx.engine,
+                    ctx.s.repair.flap_window.0,
+                )
+                .await
+                {
+                    Ok(gone) if !gone.is_empty() => {
+                        tracing::info!(node = %ctx.node, deleted = ?gone, "REPAIR: deleted the records of nodes replaced longer than repair.flap_window ago")
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(node = %ctx.node, "REPAIR: the records of replaced nodes: {e}")
+                    }
+                }
+            }
             if !released.is_empty() {
                 tracing::info!(node = %ctx.node, ?released, state = node.state(), "REPAIR: back in service: released the budget slot");
             }
-            record.slot.take().is_some()
+            record.slot.take().is_some() || changed
         }
         Err(e) => {
             tracing::warn!(node = %ctx.node, "REPAIR: releasing the budget slot: {e}");
@@ -386,27 +433,44 @@ pub(super) fn save_repair_record(
     }
 }
 
-/// Why the breaker withholds a reboot or replacement on this node, failing `checks`, from
-/// every node's record in slurmctld ([`crate::repair::breaker::tripped`], through the
-/// health checks' gateway and its `health.scontrol_timeout`): the first of `checks` that
-/// trips it; `None` when none does; the records unread (slurmctld unreachable, this node
-/// unknown to it) withhold it too, on the safe side.
-async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
+/// Why a reboot or replacement of this node, failing `checks`, is withheld, from every
+/// node's record in slurmctld (read once, through the health checks' gateway and its
+/// `health.scontrol_timeout`): the breaker ([`crate::repair::breaker::tripped`]: the first
+/// of `checks` that trips it), then, for a replacement for `plan_check`, the flap guard
+/// ([`crate::repair::flap::holds`], over the records and `record`'s copy of this
+/// NodeName's history, which a predecessor's reason still on this node's record joins).
+/// `None` when neither holds; the records unread (slurmctld unreachable, this node unknown
+/// to it) withhold it too, on the safe side. Returns whether `record` changed.
+async fn repair_guards(
+    ctx: &Ctx,
+    checks: &[&str],
+    replace_for: Option<&str>,
+    record: &mut Record,
+) -> (Option<String>, bool) {
     let r = &ctx.s.repair;
     let fleet = match ctx.health_gateway.fleet().await {
         Ok(f) => f,
         Err(e) => {
-            return Some(format!(
-                "the breaker could not count (slurmctld's records: {e})"
-            ))
+            return (
+                Some(format!(
+                    "the breaker could not count (slurmctld's records: {e})"
+                )),
+                false,
+            )
         }
     };
     let Some(own) = fleet.iter().find(|n| n.name() == ctx.node) else {
-        return Some(format!(
-            "the breaker could not count (slurmctld has no record of {})",
-            ctx.node
-        ));
+        return (
+            Some(format!(
+                "the breaker could not count (slurmctld has no record of {})",
+                ctx.node
+            )),
+            false,
+        );
     };
+    let changed = own
+        .reason()
+        .is_some_and(|reason| record.saw_predecessor(reason, &ctx.engine.instance_id));
     let partitions = own.fields.get("Partitions").map_or("", String::as_str);
     let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
         .iter()
@@ -414,12 +478,18 @@ async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
             name: n.name(),
             partitions: n.fields.get("Partitions").map_or("", String::as_str),
             held_reason: n.held_reason(),
+            // Powered off for a replacement: gone (its record is the flap guard's history).
             present: n.base_state() != "FUTURE"
                 && !n.has_flag("POWERED_DOWN")
-                && !n.has_flag("POWERING_DOWN"),
+                && !n.has_flag("POWERING_DOWN")
+                && !n
+                    .held_reason()
+                    .and_then(crate::repair::parse_reason)
+                    .is_some_and(|p| p.powered_off()),
         })
         .collect();
-    checks.iter().find_map(|check| {
+    let lifted = record.breaker_lifted(crate::time::now());
+    let breaker = checks.iter().filter(|_| !lifted).find_map(|check| {
         let t = crate::repair::breaker::tripped(
             check,
             &ctx.node,
@@ -433,5 +503,20 @@ async fn repair_breaker(ctx: &Ctx, checks: &[&str]) -> Option<String> {
             (r.breaker_share * 10_000.0).round() / 100.0,
             r.breaker_min_nodes
         ))
-    })
+    });
+    if breaker.is_some() {
+        return (breaker, changed);
+    }
+    let flap = replace_for.and_then(|check| {
+        let history = crate::repair::flap::History {
+            fleet: &seen,
+            local: &record.replaced,
+            now: crate::time::now(),
+            window: i64::try_from(r.flap_window.0.as_secs()).unwrap_or(i64::MAX),
+            max: r.flap_max_replacements,
+            since: record.history_cleared_at,
+        };
+        crate::repair::flap::holds(check, &ctx.node, partitions, &history)
+    });
+    (flap, changed)
 }

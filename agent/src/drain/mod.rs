@@ -509,7 +509,7 @@ impl Engine {
                 (
                     ("", ""),
                     repair_reason(id, detail, Stage::Rebooting),
-                    repair_reason(id, detail, Stage::PoweredOff),
+                    repair_reason(id, detail, Stage::PoweredOff(crate::time::now())),
                 )
             }
             _ => (("", ""), reason.to_string(), reason.to_string()),
@@ -528,6 +528,7 @@ impl Engine {
             powered_off: &powered_off,
             foreign,
             record: node,
+            delete_record: matches!(cause, Some(Cause::Upgrade { .. })),
         };
         crate::upgrade::action::run(&self.upgrade, &target, &step).await
     }

@@ -666,19 +666,49 @@ impl Gateway {
     /// # Errors
     /// [`ScontrolError`] (slurmctld refuses while a reservation names the node).
     pub async fn delete_predecessor_record(&self, name: &str) -> Result<bool, ScontrolError> {
+        self.delete_gone_record(name, |_, r| r.cause == crate::reason::ReasonCause::Upgrade)
+            .await
+    }
+
+    /// `scontrol delete NodeName=<name>`: removes the record of a dynamic node powered off
+    /// for a repair's replacement before `before` (Unix seconds: the flap guard's window
+    /// is over, and the record is history no more), with the checks of
+    /// [`Gateway::delete_predecessor_record`]. `Ok(false)` for any other record.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn delete_replaced_record(
+        &self,
+        name: &str,
+        before: i64,
+    ) -> Result<bool, ScontrolError> {
+        self.delete_gone_record(name, |reason, _| {
+            crate::repair::parse_reason(reason)
+                .and_then(|p| p.powered_off_at())
+                .is_some_and(|at| at < before)
+        })
+        .await
+    }
+
+    /// Deletes `name`'s record when its reason is the agent's, of another instance, and
+    /// `ours(reason, parsed)` says it is the kind of record the caller deletes; see
+    /// [`Gateway::delete_predecessor_record`].
+    async fn delete_gone_record(
+        &self,
+        name: &str,
+        ours: impl Fn(&str, &crate::reason::AgentReason) -> bool,
+    ) -> Result<bool, ScontrolError> {
         if name == self.node {
             return Ok(false);
         }
         let Some(record) = self.scontrol.show_node(name).await? else {
             return Ok(false);
         };
-        let writer = record
-            .reason()
-            .and_then(crate::reason::parse_reason)
-            .filter(|r| {
-                r.cause == crate::reason::ReasonCause::Upgrade && r.instance_id != self.instance_id
-            })
-            .map(|r| r.instance_id);
+        let writer = record.reason().and_then(|reason| {
+            crate::reason::parse_reason(reason)
+                .filter(|r| ours(reason, r) && r.instance_id != self.instance_id)
+                .map(|r| r.instance_id)
+        });
         let Some(writer) = writer else {
             return Ok(false);
         };

@@ -45,17 +45,28 @@ impl std::fmt::Display for Tripped {
     }
 }
 
-/// Whether `reason` is a health drain for check `check` (the reason names the check first,
-/// as the health checks write it, its whitespace and control characters as one space).
+/// Whether `reason` is a drain of the health checks, or of a repair in progress, for
+/// check `check` (the reason names the check first, as the health checks write it, its
+/// whitespace and control characters as one space). A node powered off for a replacement
+/// is gone and fails nothing any more.
 pub fn names_check(reason: &str, check: &str) -> bool {
     let Some(r) = parse_reason(reason) else {
         return false;
     };
+    let gone = r.cause == ReasonCause::Repair
+        && super::parse_reason(reason).is_some_and(|p| p.powered_off());
+    matches!(r.cause, ReasonCause::Health | ReasonCause::Repair)
+        && !gone
+        && detail_names_check(&r.detail, check)
+}
+
+/// Whether a reason's detail (`<check>: <message>`) names check `check` first.
+pub fn detail_names_check(detail: &str, check: &str) -> bool {
     let check: Vec<&str> = check
         .split(|c: char| c.is_whitespace() || c.is_control())
         .filter(|w| !w.is_empty())
         .collect();
-    r.cause == ReasonCause::Health && r.detail.starts_with(&format!("{}: ", check.join(" ")))
+    detail.starts_with(&format!("{}: ", check.join(" ")))
 }
 
 /// The breaker for check `check`, failing on node `own` (its partitions `own_partitions`),

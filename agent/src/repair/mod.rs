@@ -58,9 +58,14 @@ pub enum Stage {
     AfterJobs(Planned),
     /// Slurm was asked to reboot the node: `[rebooting]`.
     Rebooting,
-    /// Powered off for a replacement: `[powered off for replacement]`.
-    PoweredOff,
+    /// Powered off for a replacement at these Unix seconds: `[powered off for replacement
+    /// at 2026-12-07T01:00:00Z]`. The record keeps it after the instance is gone: the flap
+    /// guard's history ([`flap`]).
+    PoweredOff(i64),
 }
+
+/// The start of [`Stage::PoweredOff`]'s words.
+pub const POWERED_OFF: &str = "powered off for replacement";
 
 impl Stage {
     /// The words in brackets at the end of the reason.
@@ -68,7 +73,7 @@ impl Stage {
         match self {
             Stage::AfterJobs(a) => format!("{a} after jobs"),
             Stage::Rebooting => "rebooting".to_string(),
-            Stage::PoweredOff => "powered off for replacement".to_string(),
+            Stage::PoweredOff(at) => format!("{POWERED_OFF} at {}", crate::time::format(at)),
         }
     }
 }
@@ -109,7 +114,13 @@ pub struct RepairReason {
 impl RepairReason {
     /// Whether the node powered off for a replacement.
     pub fn powered_off(&self) -> bool {
-        self.stage == Stage::PoweredOff.words()
+        self.stage.starts_with(POWERED_OFF)
+    }
+
+    /// When the node powered off for a replacement (Unix seconds), as its reason says.
+    pub fn powered_off_at(&self) -> Option<i64> {
+        let at = self.stage.strip_prefix(POWERED_OFF)?.strip_prefix(" at ")?;
+        crate::time::parse(at).ok()
     }
 }
 
@@ -534,6 +545,14 @@ pub struct RepairSettings {
     /// boots after a repair's reboot for it, calls for a replacement instead (at least 1;
     /// counted in `repair.json`, which survives a reboot).
     pub replace_within_boots: u32,
+    /// The flap guard's window ([`flap`]): a replacement this recent counts against
+    /// another replacement for the same check (more than 0).
+    pub flap_window: crate::section::HumanDuration,
+    /// The flap guard's count: when this many nodes of a partition were replaced for the
+    /// same check within `flap_window`, no node of it is replaced for that check again
+    /// (at least 1). A NodeName whose previous instance was replaced for the check is not
+    /// replaced a second time, whatever this count.
+    pub flap_max_replacements: u32,
 }
 
 impl Default for RepairSettings {
@@ -545,6 +564,8 @@ impl Default for RepairSettings {
             breaker_share: 0.1,
             breaker_min_nodes: 2,
             replace_within_boots: 3,
+            flap_window: crate::section::HumanDuration(std::time::Duration::from_secs(24 * 3600)),
+            flap_max_replacements: 3,
         }
     }
 }
@@ -561,6 +582,8 @@ impl crate::section::Classified for RepairSettings {
             K::user_data("breaker_share"),
             K::user_data("breaker_min_nodes"),
             K::user_data("replace_within_boots"),
+            K::user_data("flap_window"),
+            K::user_data("flap_max_replacements"),
         ]
     };
 }
@@ -585,6 +608,18 @@ impl RepairSettings {
         if self.breaker_min_nodes < 1 {
             return Err(InvalidKey::new(
                 "repair.breaker_min_nodes",
+                "must be at least 1",
+            ));
+        }
+        if self.flap_window.is_zero() {
+            return Err(InvalidKey::new(
+                "repair.flap_window",
+                "must be more than 0 (the flap guard's history window)",
+            ));
+        }
+        if self.flap_max_replacements < 1 {
+            return Err(InvalidKey::new(
+                "repair.flap_max_replacements",
                 "must be at least 1",
             ));
         }
@@ -733,6 +768,7 @@ pub fn auto_table_markdown() -> String {
 }
 
 pub mod breaker;
+pub mod flap;
 pub mod record;
 
 #[cfg(test)]

@@ -40,6 +40,30 @@ pub struct Record {
     /// released once the node is back in service or its repair ends without an action.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slot: Option<String>,
+    /// The replacements of this NodeName's earlier instances, copied from the record's
+    /// reason before this instance overwrote it (the flap guard's history, [`super::flap`]),
+    /// oldest first (the last [`KEPT`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replaced: Vec<Replaced>,
+    /// When an operator cleared the history (`slurm-node-agent repair --clear-history`):
+    /// the flap guard counts no replacement from before it, in slurmctld's records either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_cleared_at: Option<i64>,
+    /// Until when an operator lifted the breaker on this node (`slurm-node-agent repair
+    /// --lift-breaker`), Unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker_lifted_until: Option<i64>,
+}
+
+/// An earlier instance of this NodeName powered off for a replacement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replaced {
+    /// Its reason's detail (`<check>: <message>`).
+    pub detail: String,
+    /// The instance.
+    pub instance: String,
+    /// When it powered off, Unix seconds.
+    pub at: i64,
 }
 
 /// How many boots and reboots the record keeps.
@@ -176,6 +200,51 @@ impl Record {
         let extra = self.boots.len().saturating_sub(KEPT);
         self.boots.drain(..extra);
         true
+    }
+
+    /// Takes a predecessor's repair reason found on this NodeName's record (`reason`, as
+    /// Slurm holds it) into the history when it says the predecessor, an instance other
+    /// than `instance_id`, powered off for a replacement. Returns whether it was new.
+    pub fn saw_predecessor(&mut self, reason: &str, instance_id: &str) -> bool {
+        let Some(r) = super::parse_reason(reason) else {
+            return false;
+        };
+        let Some(at) = r.powered_off_at() else {
+            return false;
+        };
+        if r.instance_id == instance_id
+            || self
+                .replaced
+                .iter()
+                .any(|p| p.instance == r.instance_id && p.at == at)
+        {
+            return false;
+        }
+        self.replaced.push(Replaced {
+            detail: r.detail,
+            instance: r.instance_id,
+            at,
+        });
+        let extra = self.replaced.len().saturating_sub(KEPT);
+        self.replaced.drain(..extra);
+        true
+    }
+
+    /// Forgets the history at `now` (`slurm-node-agent repair --clear-history`): the
+    /// reboots and the replacements of earlier instances, and, for the flap guard, every
+    /// replacement in slurmctld's records from before `now`. Returns whether there was
+    /// any of this node's own.
+    pub fn clear_history(&mut self, now: i64) -> bool {
+        let had = !self.reboots.is_empty() || !self.replaced.is_empty();
+        self.reboots.clear();
+        self.replaced.clear();
+        self.history_cleared_at = Some(now);
+        had
+    }
+
+    /// Whether the breaker is lifted at `now`.
+    pub fn breaker_lifted(&self, now: i64) -> bool {
+        self.breaker_lifted_until.is_some_and(|t| now < t)
     }
 
     /// Notes a repair's reboot for `check`, planned in boot `boot_id` at `now`.

@@ -539,7 +539,7 @@ fn the_reason_says_what_will_happen_and_the_plan_always_shows() {
     for stage in [
         Stage::AfterJobs(Planned::Reboot),
         Stage::Rebooting,
-        Stage::PoweredOff,
+        Stage::PoweredOff(1_796_605_600),
     ] {
         let r = reason(id, &long, stage);
         assert_eq!(r.chars().count(), 256, "{r}");
@@ -547,9 +547,18 @@ fn the_reason_says_what_will_happen_and_the_plan_always_shows() {
         assert!(crate::slurm::node::validate_reason(&r).is_ok());
         assert_eq!(
             parse_reason(&r).unwrap().powered_off(),
-            stage == Stage::PoweredOff
+            stage == Stage::PoweredOff(1_796_605_600)
         );
     }
+    let off = reason(id, "GPUs: x", Stage::PoweredOff(1_796_605_600));
+    assert!(
+        off.ends_with(" [powered off for replacement at 2026-12-07T01:06:40Z]"),
+        "{off}"
+    );
+    assert_eq!(
+        parse_reason(&off).unwrap().powered_off_at(),
+        Some(1_796_605_600)
+    );
     // Not a repair's: another cause, an admin's words, no stage.
     assert!(parse_reason("slurm-node-agent/health@i-0123456789abcdef0: GPUs: x [y]").is_none());
     assert!(parse_reason("GPUs bad [replace after jobs]").is_none());
@@ -636,4 +645,130 @@ fn a_fault_back_within_the_boots_after_a_reboot_calls_for_a_replacement() {
     }
     assert_eq!(r.boots.len(), record::KEPT);
     assert_eq!(r.boots_since_reboot("GPUs", "boot-39"), None);
+}
+
+/// The health checks' reason for `detail`, or a repair's (`stage`), by instance `id`.
+fn repair_reason(id: &str, detail: &str, stage: Stage) -> String {
+    reason(id, detail, stage)
+}
+
+#[test]
+fn the_flap_guard_holds_a_nodename_replaced_before_and_a_partition_past_its_count() {
+    let now = 1_796_605_600;
+    let hour = 3600;
+    let off = |id: &str, check: &str, ago: i64| {
+        repair_reason(id, &format!("{check}: gone"), Stage::PoweredOff(now - ago))
+    };
+    let r1 = off("i-000000000000000a1", "GPUs", hour);
+    let r2 = off("i-000000000000000a2", "GPUs", 2 * hour);
+    let r3 = off("i-000000000000000a3", "GPUs", 30 * hour); // out of the window
+    let r4 = off("i-000000000000000a4", "EFA", hour); // another check
+    let fleet = [
+        seen("c1", "p", Some(&r1)),
+        seen("c2", "p,q", Some(&r2)),
+        seen("c3", "p", Some(&r3)),
+        seen("c4", "p", Some(&r4)),
+        seen("c5", "q", None),
+        seen("me", "p,q", None),
+    ];
+    fn h<'a>(
+        fleet: &'a [breaker::Seen<'a>],
+        local: &'a [record::Replaced],
+        now: i64,
+        max: u32,
+    ) -> flap::History<'a> {
+        flap::History {
+            fleet,
+            local,
+            now,
+            window: 24 * 3600,
+            max,
+            since: None,
+        }
+    }
+    // Two replaced for GPUs in p within the window: at 3 nothing holds, at 2 it does.
+    assert_eq!(
+        flap::holds("GPUs", "me", "p,q", &h(&fleet, &[], now, 3)),
+        None
+    );
+    let why = flap::holds("GPUs", "me", "p,q", &h(&fleet, &[], now, 2)).unwrap();
+    assert!(
+        why.contains("2 nodes of partition p were replaced for GPUs within repair.flap_window (1day; repair.flap_max_replacements = 2)"),
+        "{why}"
+    );
+    assert_eq!(
+        flap::holds("EFA", "me", "p,q", &h(&fleet, &[], now, 2)),
+        None
+    );
+    // This NodeName's previous instance replaced for the check: never a second time.
+    let mut rec = record::Record::default();
+    assert!(rec.saw_predecessor(
+        &off("i-000000000000000b1", "GPUs", hour),
+        "i-0123456789abcdef0"
+    ));
+    assert!(
+        !rec.saw_predecessor(
+            &off("i-000000000000000b1", "GPUs", hour),
+            "i-0123456789abcdef0"
+        ),
+        "the same one once"
+    );
+    assert!(
+        !rec.saw_predecessor(
+            &off("i-0123456789abcdef0", "GPUs", hour),
+            "i-0123456789abcdef0"
+        ),
+        "not its own"
+    );
+    assert!(!rec.saw_predecessor(
+        "slurm-node-agent/health@i-000000000000000b1: GPUs: x",
+        "i-0123456789abcdef0"
+    ));
+    let why = flap::holds("GPUs", "me", "p,q", &h(&fleet, &rec.replaced, now, 5)).unwrap();
+    assert!(
+        why.contains("me's previous instance i-000000000000000b1 was replaced for GPUs at "),
+        "{why}"
+    );
+    assert_eq!(
+        flap::holds("EFA", "me", "p,q", &h(&fleet, &rec.replaced, now, 5)),
+        None
+    );
+    // Out of the window, it is forgotten; and the history can be cleared.
+    let later = h(&fleet, &rec.replaced, now + 48 * hour, 5);
+    assert_eq!(flap::holds("GPUs", "me", "p,q", &later), None);
+    assert!(rec.clear_history(now));
+    assert!(rec.replaced.is_empty() && !rec.clear_history(now));
+    // Cleared by an operator: the records' replacements from before do not count either.
+    let cleared = flap::History {
+        since: rec.history_cleared_at,
+        ..h(&fleet, &rec.replaced, now, 2)
+    };
+    assert_eq!(flap::holds("GPUs", "me", "p,q", &cleared), None);
+}
+
+/// The breaker counts a node whose drain became a repair's as failing the check; a node
+/// powered off for its replacement is gone and fails nothing.
+#[test]
+fn the_breaker_counts_repairs_in_progress_and_not_the_nodes_replaced() {
+    let id = "i-000000000000000a1";
+    let draining = repair_reason(id, "GPUs: XID 79", Stage::AfterJobs(Planned::Replace));
+    let off = repair_reason(id, "GPUs: XID 79", Stage::PoweredOff(1_796_605_600));
+    assert!(breaker::names_check(&draining, "GPUs"));
+    assert!(!breaker::names_check(&off, "GPUs"));
+    assert!(!breaker::names_check(&draining, "EFA"));
+}
+
+#[test]
+fn the_flap_guards_settings_are_checked() {
+    let s: RepairSettings =
+        toml::from_str("flap_window = \"6h\"\nflap_max_replacements = 1").unwrap();
+    assert_eq!(s.flap_window.0.as_secs(), 6 * 3600);
+    assert!(s.validate().is_ok());
+    for (text, key) in [
+        ("flap_window = \"0s\"", "repair.flap_window"),
+        ("flap_max_replacements = 0", "repair.flap_max_replacements"),
+    ] {
+        let s: RepairSettings = toml::from_str(text).unwrap();
+        assert_eq!(s.validate().unwrap_err().key, key, "{text}");
+    }
 }

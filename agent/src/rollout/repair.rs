@@ -89,3 +89,40 @@ pub async fn back_in_service(
     }
     Ok(released)
 }
+
+/// Deletes the dynamic records of nodes powered off for a repair's replacement longer
+/// than `window` (`repair.flap_window`) ago: the flap guard's history they were is over,
+/// and nothing registers under their names again (a replacement under the same NodeName
+/// has registered over its record long before). Returns the names deleted; a failure is
+/// logged and the others tried.
+///
+/// # Errors
+/// [`DrainError`] when slurmctld's records cannot be read.
+pub async fn forget_replaced(
+    engine: &Engine,
+    window: std::time::Duration,
+) -> Result<Vec<String>, DrainError> {
+    let before =
+        crate::time::now().saturating_sub(i64::try_from(window.as_secs()).unwrap_or(i64::MAX));
+    let fleet = engine.gateway.fleet().await?;
+    let mut deleted = Vec::new();
+    for n in fleet.iter().filter(|n| {
+        n.reason()
+            .and_then(crate::repair::parse_reason)
+            .and_then(|p| p.powered_off_at())
+            .is_some_and(|at| at < before)
+    }) {
+        match engine
+            .gateway
+            .delete_replaced_record(n.name(), before)
+            .await
+        {
+            Ok(true) => deleted.push(n.name().to_string()),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(node = %engine.node, record = n.name(), "could not delete the record of a node replaced by a repair: {e}")
+            }
+        }
+    }
+    Ok(deleted)
+}

@@ -641,7 +641,7 @@ esac
             &crate::repair::reason(
                 "i-0000000000000000b",
                 "GPUs: x",
-                crate::repair::Stage::PoweredOff,
+                crate::repair::Stage::PoweredOff(1_796_605_600),
             ),
         );
         std::fs::write(dir.path().join("gone"), "").unwrap();

@@ -4,7 +4,7 @@
 //! reboot is `reboot`, its replacement `poweroff` ([`Step::action`]).
 //!
 //! - `poweroff`: the reason becomes the step's `powered_off` (`... powered off for image
-//!   upgrade A -> B`; a repair's `... [powered off for replacement]`) and, with
+//!   upgrade A -> B`; a repair's `... [powered off for replacement at <time>]`) and, with
 //!   `upgrade.delete_node_record`, a dynamic record with no job is deleted; then systemd
 //!   starts `upgrade.poweroff_unit` over D-Bus (`systemd.bus`);
 //! - `reboot`: `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`;
@@ -90,6 +90,9 @@ pub struct Step<'a> {
     pub foreign: bool,
     /// slurmctld's record of the node (`None`: deleted on an earlier attempt).
     pub record: Option<&'a NodeInfo>,
+    /// Whether `upgrade.delete_node_record` applies (an upgrade's poweroff; a repair's
+    /// replacement keeps its record: the flap guard's history).
+    pub delete_record: bool,
 }
 
 /// Runs `step` on `t`, with the ways out of `up` (`upgrade.poweroff_unit`,
@@ -109,7 +112,7 @@ pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Resul
                 .map_err(ActionError::Reboot)
         }
         UpgradeAction::Poweroff => {
-            leave_for_poweroff(up, t, step.powered_off, step.foreign, step.record).await?;
+            leave_for_poweroff(up, t, step).await?;
             let unit = &up.poweroff_unit;
             tracing::info!(unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
             let sd = crate::systemd::Systemd::connect(t.systemd_bus).await?;
@@ -152,7 +155,7 @@ pub fn powered_off_reason(instance_id: &str, current: &str, desired: &str) -> St
 }
 
 /// On the way out for a poweroff: the reason becomes `marker` (an upgrade's `... powered
-/// off for image upgrade A -> B`, a repair's `... [powered off for replacement]`: so the
+/// off for image upgrade A -> B`, a repair's `... [powered off for replacement at <time>]`: so the
 /// record holds no budget slot and a replacement sees what happened; never over someone
 /// else's reason), then, with `upgrade.delete_node_record`, a dynamic record with no job
 /// is deleted. Failing to rewrite the reason stops the poweroff (retried); failing to
@@ -160,11 +163,10 @@ pub fn powered_off_reason(instance_id: &str, current: &str, desired: &str) -> St
 async fn leave_for_poweroff(
     up: &UpgradeSettings,
     t: &Target<'_>,
-    marker: &str,
-    foreign: bool,
-    record: Option<&NodeInfo>,
+    step: &Step<'_>,
 ) -> Result<(), ActionError> {
-    let Some(node) = record else {
+    let (marker, foreign) = (step.powered_off, step.foreign);
+    let Some(node) = step.record else {
         return Ok(()); // deleted on an earlier attempt
     };
     let gw = t.gateway;
@@ -173,7 +175,7 @@ async fn leave_for_poweroff(
             .await
             .map_err(ActionError::MarkPoweredOff)?;
     }
-    if up.delete_node_record {
+    if up.delete_node_record && step.delete_record {
         if node.has_flag("DYNAMIC_NORM") && node.runs_no_job() {
             match gw.delete_record().await {
                 Ok(()) => {
