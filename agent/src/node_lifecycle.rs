@@ -1338,6 +1338,9 @@ pub struct Context<'a> {
     pub service: Option<&'a NodeLifecycleActions>,
     /// The facts, but `first_boot`, which comes from the run record.
     pub facts: &'a Facts,
+    /// The breaker (`repair.breaker_share`, `repair.breaker_min_nodes`): a `TERMINATE`
+    /// script failing on that share of the partition's nodes does not power this one off.
+    pub breaker: (f64, u32),
 }
 
 /// Runs one stage for bootstrap: the service's scripts, then the settings', per the module
@@ -1390,7 +1393,22 @@ pub async fn run(
         record.save(state_dir).map_err(LifecycleError::Io)?;
         return Ok(outcome);
     };
-    let reason = terminate_reason(&facts.instance_id, &t);
+    let held = if stage == Stage::NodeReady {
+        bootstrap_breaker(&cx, &facts.node_name, &t.script).await
+    } else {
+        None
+    };
+    let reason = match &held {
+        None => terminate_reason(&facts.instance_id, &t),
+        Some(why) => crate::reason::reason(
+            crate::reason::ReasonCause::Script,
+            &facts.instance_id,
+            &format!(
+                "{} failed in {} (onError TERMINATE), not powered off: {why}: {}",
+                t.script, t.stage, t.message
+            ),
+        ),
+    };
     record.terminated_by = Some(reason.clone());
     if let Err(e) = record.save(state_dir) {
         tracing::error!("{e}");
@@ -1418,6 +1436,16 @@ pub async fn run(
     } else {
         tracing::error!(%reason, "slurmd has not started: the reason goes to the log and the records only");
     }
+    if let Some(why) = held {
+        tracing::error!(node = %facts.node_name, %reason, "NOT powering off: {why}; the node stays drained");
+        return Err(LifecycleError::Terminated {
+            stage: t.stage,
+            script: t.script,
+            message: t.message,
+            reason,
+            action: format!("not powered off: {why}"),
+        });
+    }
     let unit = &cx.settings.poweroff_unit;
     let action = match systemd.start(unit).await {
         Ok(()) => format!("powering off ({unit} started)"),
@@ -1433,6 +1461,43 @@ pub async fn run(
         reason,
         action,
     })
+}
+
+/// The breaker at bootstrap: a `TERMINATE` script `script` that failed on more than
+/// `repair.breaker_share` of the nodes of one of `node`'s partitions (and on at least
+/// `repair.breaker_min_nodes` of them), as slurmctld's records show it (their drain
+/// reasons, kept after those nodes powered off), is the fleet's fault: powering off would
+/// only launch a replacement that fails the same way. Why it holds, or `None`; `None` too
+/// when the records cannot be read (the script's terminate is the site's choice).
+async fn bootstrap_breaker(cx: &Context<'_>, node: &str, script: &str) -> Option<String> {
+    let fleet = match cx.gateway.fleet().await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("the breaker could not count (slurmctld's records: {e}): powering off as the script asks");
+            return None;
+        }
+    };
+    let own = fleet.iter().find(|n| n.name() == node)?;
+    let partitions = own.fields.get("Partitions").map_or("", String::as_str);
+    let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
+        .iter()
+        .map(|n| crate::repair::breaker::Seen {
+            name: n.name(),
+            partitions: n.fields.get("Partitions").map_or("", String::as_str),
+            held_reason: n.held_reason(),
+            // A node that powered off for the same failure is the loop's evidence.
+            present: true,
+        })
+        .collect();
+    let (share, min_nodes) = cx.breaker;
+    let t = crate::repair::breaker::tripped_by(node, partitions, &seen, cx.breaker, &|r| {
+        crate::repair::breaker::names_failed_script(r, script)
+    })?;
+    Some(format!(
+        "the breaker holds for {script}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
+        (share * 10_000.0).round() / 100.0,
+        min_nodes
+    ))
 }
 
 #[cfg(test)]

@@ -523,6 +523,7 @@ impl<'a> Steps<'a> {
             region: &self.id.region,
             service: managed.and_then(|m| m.registration.node_lifecycle_actions.as_ref()),
             facts,
+            breaker: (self.s.repair.breaker_share, self.s.repair.breaker_min_nodes),
         }
     }
 

@@ -451,3 +451,57 @@ async fn fetch_and_record_errors_name_the_location_or_path() {
     );
     assert!(matches!(e.exit(), crate::exit::Exit::IoErr));
 }
+
+/// The breaker at bootstrap: a `TERMINATE` script that failed on 2 of the 4 nodes of the
+/// partition before (their records keep the script's reason after they powered off) holds
+/// this node's poweroff; another script's failures, or one node alone, do not.
+#[tokio::test]
+async fn the_bootstrap_breaker_holds_a_poweroff_when_the_same_script_fails_across_the_partition() {
+    use crate::slurm::ctl::fake::FakeSlurmctld;
+    let dir = tempfile::tempdir().unwrap();
+    let slurmctld = FakeSlurmctld::default();
+    let failed = |id: &str, script: &str| {
+        terminate_reason(
+            id,
+            &Terminate {
+                stage: "nodeReady".into(),
+                script: script.into(),
+                message: "exit status 1".into(),
+            },
+        )
+    };
+    slurmctld.set_record("NodeName=n1 State=IDLE Partitions=p");
+    slurmctld.set_record(&format!(
+        "NodeName=n2 State=DOWN+DRAIN+NOT_RESPONDING Partitions=p Reason={} [root@2026-12-06T00:00:00]",
+        failed("i-0000000000000000a", "mount-fsx")
+    ));
+    slurmctld.set_record(&format!(
+        "NodeName=n3 State=DOWN+DRAIN+NOT_RESPONDING Partitions=p Reason={} [root@2026-12-06T00:00:00]",
+        failed("i-0000000000000000b", "other")
+    ));
+    slurmctld.set_record("NodeName=n4 State=IDLE Partitions=p");
+    let mut s = crate::settings::Settings::default();
+    s.agent.state_dir = dir.path().to_path_buf();
+    let gateway = s.node_gateway("n1").through(slurmctld.clone());
+    let facts = Facts::default();
+    let cx = Context {
+        settings: &s.node_lifecycle,
+        state_dir: dir.path(),
+        gateway: &gateway,
+        region: "us-east-1",
+        service: None,
+        facts: &facts,
+        breaker: (0.1, 2),
+    };
+    let why = bootstrap_breaker(&cx, "n1", "mount-fsx").await.unwrap();
+    assert!(
+        why.contains("the breaker holds for mount-fsx: 2 of 4 nodes of partition p fail it"),
+        "{why}"
+    );
+    assert_eq!(bootstrap_breaker(&cx, "n1", "setup-efa").await, None);
+    let cx = Context {
+        breaker: (0.1, 3),
+        ..cx
+    };
+    assert_eq!(bootstrap_breaker(&cx, "n1", "mount-fsx").await, None);
+}

@@ -83,6 +83,29 @@ pub fn tripped(
     share: f64,
     min_nodes: u32,
 ) -> Option<Tripped> {
+    tripped_by(own, own_partitions, fleet, (share, min_nodes), &|r| {
+        names_check(r, check)
+    })
+}
+
+/// Whether `reason` is a lifecycle script's terminate drain for script `script` (`script@
+/// <instance>: <script> failed in <stage> (onError TERMINATE)...`), whatever became of
+/// the node since: the bootstrap breaker's count.
+pub fn names_failed_script(reason: &str, script: &str) -> bool {
+    parse_reason(reason).is_some_and(|r| {
+        r.cause == ReasonCause::Script && r.detail.starts_with(&format!("{script} failed in "))
+    })
+}
+
+/// [`tripped`] with the nodes failing told by `fails` (over the reason that holds each
+/// other node) and `(share, min_nodes)`.
+pub fn tripped_by(
+    own: &str,
+    own_partitions: &str,
+    fleet: &[Seen<'_>],
+    (share, min_nodes): (f64, u32),
+    fails: &dyn Fn(&str) -> bool,
+) -> Option<Tripped> {
     let mut worst: Option<Tripped> = None;
     for partition in own_partitions.split(',').filter(|p| !p.is_empty()) {
         let mut nodes = 0usize;
@@ -97,7 +120,7 @@ pub fn tripped(
             if n.name == own {
                 own_seen = true;
                 failing += 1;
-            } else if n.held_reason.is_some_and(|r| names_check(r, check)) {
+            } else if n.held_reason.is_some_and(fails) {
                 failing += 1;
             }
         }
