@@ -10,7 +10,10 @@
 #   - N nodes to all IDLE with the agent / the same image with a plain static slurmd
 #     (goal <= 1.2), and the memory per node with no agent;
 #   - a rolling upgrade of 8 busy nodes, budget 2, 30 s jobs: time / ideal (goal <= 1.3), and
-#     the overlap of each kind against the budget (at most 2 out of service at once).
+#     the overlap of each kind against the budget (at most 2 out of service at once);
+#   - repairs: 16 nodes, 4 of them busy and made faulty (a replace-class check), budget 2:
+#     fault -> every replacement IDLE / ideal (goal <= 1.3), at most 2 out at once, no job
+#     killed (FLEET_BENCH_REPAIR_NODES, _FAULTY, _BUDGET).
 #
 # NODES may pass 64: the fleets hold max(NODES, 64) (slurmctld's MaxNodeCount), and the
 # harness raises the host limits a large fleet outgrows (inotify instances first: about 18
@@ -21,7 +24,7 @@
 #                       # only the N-node figures: all IDLE, the job across all, memory per
 #                       # node, agent / static slurmd (skips the lone node's 10 boots, the
 #                       # idle load, the spot storm and the rolling upgrade). Phases, comma-
-#                       # separated: solo boot load storm static upgrade (default all; load
+#                       # separated: solo boot load storm static upgrade repair (default all; load
 #                       # and storm run on boot's fleet; the N-at-once / alone ratio needs solo)
 #   FLEET_BENCH_PHASES=upgrade FLEET_BENCH_UPGRADE_NODES=32 scripts/bench-fleet.sh
 #                       # the rolling upgrade alone, of 32 busy nodes (FLEET_BENCH_UPGRADE_BUDGET:

@@ -572,3 +572,191 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
         auth_on_node,
     })
 }
+
+/// What a fleet repair did ([`repair_replace`]), sampled every half second from slurmctld.
+#[derive(Debug, Clone)]
+pub struct RepairOutcome {
+    /// The most nodes seen at once out of service for a repair: from the repair's drain
+    /// (`slurm-node-agent/repair@...`) until its replacement is IDLE and available.
+    pub max_out: usize,
+    /// The most slots of the budget seen held at once (`scontrol show reservation`).
+    pub max_slots: usize,
+    /// Instances powered off for a replacement, per instance id.
+    pub replaced: BTreeMap<String, u32>,
+    /// The distinct repair reasons seen (the plan in each).
+    pub reasons: Vec<String>,
+    /// From the faults placed to every faulty node's replacement IDLE.
+    pub total: Duration,
+    /// Per faulty node: the fault placed to its replacement IDLE.
+    pub repair_times: Vec<Duration>,
+    /// Per replaced node: its power-off seen to its replacement IDLE and available.
+    pub replace_times: Vec<Duration>,
+    /// The records of NodeNames no instance runs under any more (the powered-off nodes':
+    /// the flap guard's history, kept for `repair.flap_window`).
+    pub history: Vec<String>,
+    /// The NodeNames running at the end.
+    pub names: Vec<String>,
+    /// Each node's state and reason as they changed.
+    pub timeline: Vec<String>,
+}
+
+/// A check file that fails on any instance (a CPU count none has: a hardware fault, which
+/// the `auto` table replaces), placed on a node to make it faulty.
+pub const FAULT_CHECK: &str = "[[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 9999\n";
+
+/// Repairs under a budget (issue 38): `nodes` nodes with `repair.mode = "on"` and
+/// `upgrade.max_unavailable = budget` (the breaker out of the way: more nodes fail the
+/// same check here than it allows), a `sleep <job_secs>` job on each of the first
+/// `faulty`, then [`FAULT_CHECK`] placed on those; the test acts as the auto scaling group:
+/// a node whose container powered off is replaced under a new NodeName (`node002r1`, as
+/// an Auto Scaling group's replacement named after its host) from the same image, without
+/// the fault. Ends when every faulty node's replacement is IDLE and available, then
+/// checks that every job completed with exit 0.
+///
+/// # Errors
+/// Any step, or `timeout` after the faults, with the nodes' diagnostics.
+pub fn repair_replace(
+    nodes: usize,
+    faulty: usize,
+    budget: usize,
+    job_secs: u64,
+    timeout: Duration,
+) -> Result<RepairOutcome> {
+    let toml = format!(
+        "[health]\ninterval = \"2s\"\n\n[upgrade]\nmax_unavailable = \"{budget}\"\n\n\
+         [repair]\nmode = \"on\"\nbreaker_min_nodes = {}\n",
+        nodes + 1
+    );
+    let mut fleet = Fleet::builder()
+        .agent_toml(toml)
+        .max_nodes((nodes + faulty).max(crate::fleet::DEFAULT_MAX_NODES))
+        .start()?;
+    let names: Vec<String> = (1..=nodes).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs)?;
+    fleet.wait_all_idle(&names, Duration::from_secs(600))?;
+    let faulty_names: Vec<String> = names[..faulty].to_vec();
+    for name in &faulty_names {
+        fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
+    }
+    for name in &faulty_names {
+        fleet.ctld.wait_node_state(
+            name,
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )?;
+    }
+    let script = format!(
+        "mkdir -p /etc/slurm-node-agent/checks.d && printf '%s' '{FAULT_CHECK}' > /etc/slurm-node-agent/checks.d/90-fault.toml"
+    );
+    for name in &faulty_names {
+        let out = fleet.exec(name, "/bin/sh", &["-c", &script])?;
+        if !out.status.success() {
+            bail!("placing the fault on {name}: {out:?}");
+        }
+    }
+    let started = Instant::now();
+    // Logical node (its first name) -> the NodeName of its instance now.
+    let mut current: BTreeMap<String, String> =
+        names.iter().map(|n| (n.clone(), n.clone())).collect();
+    let mut generation = 0;
+    let mut replaced: BTreeMap<String, u32> = BTreeMap::new();
+    let mut reasons: Vec<String> = Vec::new();
+    let mut timeline = Vec::new();
+    let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    // Logical nodes out for a repair: from the repair's drain to the replacement IDLE.
+    let mut out: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut repaired: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut replaced_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut replace_times = Vec::new();
+    let (mut max_out, mut max_slots) = (0, 0);
+    loop {
+        let now_names: Vec<String> = current.values().cloned().collect();
+        if started.elapsed() > timeout {
+            bail!(
+                "the repairs did not finish within {timeout:?}: {:?}\n{}\n{}",
+                node_table(&fleet).unwrap_or_default(),
+                timeline.join("\n"),
+                fleet.diagnostics(&now_names)
+            );
+        }
+        let table = node_table(&fleet)?;
+        for name in &names {
+            let node_name = current[name].clone();
+            let (state, reason) = table.get(&node_name).cloned().unwrap_or_default();
+            if last.get(name) != Some(&(state.clone(), reason.clone())) {
+                timeline.push(format!(
+                    "+{:.1} {node_name} {state} {reason}",
+                    started.elapsed().as_secs_f64()
+                ));
+                last.insert(name.clone(), (state.clone(), reason.clone()));
+            }
+            if let Some(rest) = reason.strip_prefix("slurm-node-agent/repair@") {
+                let plan = rest.rsplit_once(" [").map_or("", |(_, p)| p);
+                if !reasons.iter().any(|r| r == plan) {
+                    reasons.push(plan.to_string());
+                }
+                out.insert(name.clone());
+            }
+            let available = !state.is_empty()
+                && !state.contains("DRAIN")
+                && !state.starts_with("DOWN")
+                && !state.ends_with('*')
+                && !state.contains("NOT_RESPONDING");
+            if node_name != *name && is_idle(&state) && available && out.remove(name) {
+                repaired.insert(name.clone(), started.elapsed());
+                if let Some(t) = replaced_at.remove(name) {
+                    replace_times.push(t.elapsed());
+                }
+            }
+        }
+        let slots = fleet
+            .ctld
+            .scontrol_ok(&["show", "reservation", "-o"])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("ReservationName=slurm-node-agent-upgrade-"))
+            .count();
+        max_slots = max_slots.max(slots);
+        max_out = max_out.max(out.len());
+        if faulty_names.iter().all(|n| repaired.contains_key(n)) {
+            break;
+        }
+        // The auto scaling group: a powered-off instance is replaced under a new name.
+        for name in &names {
+            let node_name = current[name].clone();
+            if fleet.exited(&node_name)?.is_some() {
+                *replaced
+                    .entry(fleet.instance_id(&node_name).unwrap_or_default())
+                    .or_default() += 1;
+                generation += 1;
+                let next = format!("{name}r{generation}");
+                let l = fleet.new_launch(&next);
+                fleet.replace(&node_name, l)?;
+                current.insert(name.clone(), next);
+                replaced_at.insert(name.clone(), Instant::now());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let total = started.elapsed();
+    fleet.wait_no_jobs(Duration::from_secs(120))?;
+    fleet.check_no_job_killed(faulty)?;
+    let running: std::collections::BTreeSet<String> = current.values().cloned().collect();
+    let history: Vec<String> = node_table(&fleet)?
+        .into_keys()
+        .filter(|n| !running.contains(n))
+        .collect();
+    Ok(RepairOutcome {
+        max_out,
+        max_slots,
+        replaced,
+        reasons,
+        total,
+        repair_times: repaired.into_values().collect(),
+        replace_times,
+        history,
+        names: running.into_iter().collect(),
+        timeline,
+    })
+}

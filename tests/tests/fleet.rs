@@ -565,6 +565,48 @@ fn check_rolling_upgrade(naming: Naming) -> slurm_e2e::fleet_scenarios::UpgradeO
     outcome
 }
 
+/// Issue 38: repairs under a budget on the fleet, Slurm 25.11 (and the matrix's releases):
+/// three nodes with a job each develop a hardware fault (a replace-class check); with a
+/// budget of 1 their jobs complete, they leave one at a time (never more than one out of
+/// service for a repair, one slot held at most), each powered off once with the reason
+/// saying so, and the auto scaling group's replacements under new NodeNames join IDLE and
+/// release the slots; the powered-off records stay as the flap guard's history.
+#[test]
+fn faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time() {
+    let outcome =
+        slurm_e2e::fleet_scenarios::repair_replace(4, 3, 1, 15, Duration::from_secs(900)).unwrap();
+    eprintln!("fleet: {outcome:#?}");
+    assert!(
+        outcome.max_out <= 1 && outcome.max_slots <= 1,
+        "over the budget of 1: {} out, {} slots\n{}",
+        outcome.max_out,
+        outcome.max_slots,
+        outcome.timeline.join("\n")
+    );
+    assert_eq!(outcome.replaced.len(), 3, "{:?}", outcome.replaced);
+    assert!(
+        outcome.replaced.values().all(|c| *c == 1),
+        "an instance powered off twice: {:?}",
+        outcome.replaced
+    );
+    assert!(
+        outcome.reasons.iter().any(|r| r == "replace after jobs")
+            && outcome
+                .reasons
+                .iter()
+                .any(|r| r.starts_with("powered off for replacement at ")),
+        "{:?}\n{}",
+        outcome.reasons,
+        outcome.timeline.join("\n")
+    );
+    assert_eq!(
+        outcome.history.len(),
+        3,
+        "the powered-off records (history): {:?}",
+        outcome.history
+    );
+}
+
 /// The baseline of the benchmark's comparison works: the same image with the agent's
 /// units masked and a plain slurmd from a static configuration joins and runs a job.
 #[test]

@@ -22,9 +22,14 @@
 //!    each kind at one sample (upgrade drains, nodes powered off awaiting a replacement
 //!    IDLE on the new image, withdrawn drains, and the nodes out of service for the
 //!    upgrade in all), to set against the budget.
+//! 7. Repairs (issue 38): 16 nodes (`FLEET_BENCH_REPAIR_NODES`), 4 of them
+//!    (`_FAULTY`) busy with a 30 s job and made faulty (a replace-class check), budget 2
+//!    (`_BUDGET`) ([`slurm_e2e::fleet_scenarios::repair_replace`]): fault → every
+//!    replacement IDLE, ÷ the ideal job + faulty/budget × replacement (power-off → new
+//!    instance IDLE, measured); the most nodes out for a repair and slots held at once.
 //!
 //! `FLEET_BENCH_PHASES` (comma-separated: `solo`, `boot`, `load`, `storm`, `static`,
-//! `upgrade`; default all) runs only those: `boot,static` is the N-node figure (all IDLE,
+//! `upgrade`, `repair`; default all) runs only those: `boot,static` is the N-node figure (all IDLE,
 //! the job across all, memory, agent ÷ static) without the rest. `load` and `storm` run on
 //! `boot`'s fleet; the ratio of 2. needs `solo`. `FLEET_BENCH_SOLO_ONLY=1` is `solo`.
 //! The fleets hold up to max(N, 64) nodes ([`slurm_e2e::fleet::FleetBuilder::max_nodes`]).
@@ -38,7 +43,9 @@ use slurm_e2e::host_limits::HostUsage;
 use slurm_e2e::slurm::RpcStat;
 
 /// The phases of the benchmark (see the module's documentation).
-const PHASES: [&str; 6] = ["solo", "boot", "load", "storm", "static", "upgrade"];
+const PHASES: [&str; 7] = [
+    "solo", "boot", "load", "storm", "static", "upgrade", "repair",
+];
 
 /// The phases to run: `FLEET_BENCH_PHASES`, or `solo` alone with `FLEET_BENCH_SOLO_ONLY`,
 /// else all.
@@ -698,6 +705,44 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
                     o.records_left
                 ));
             }
+        }
+    }
+    if run("repair") {
+        let nodes = env_usize("FLEET_BENCH_REPAIR_NODES", 16)?;
+        let faulty = env_usize("FLEET_BENCH_REPAIR_FAULTY", 4)?;
+        let budget = env_usize("FLEET_BENCH_REPAIR_BUDGET", 2)?;
+        let job = 30;
+        let o = slurm_e2e::fleet_scenarios::repair_replace(
+            nodes,
+            faulty,
+            budget,
+            job,
+            Duration::from_secs(1800.max(faulty.div_ceil(budget) as u64 * 180)),
+        )?;
+        let mean = |v: &[Duration]| {
+            if v.is_empty() {
+                0.0
+            } else {
+                v.iter().map(Duration::as_secs_f64).sum::<f64>() / v.len() as f64
+            }
+        };
+        let replace = mean(&o.replace_times);
+        // The faulty nodes' jobs start at once: the first round waits for a job, each
+        // round after it is a replacement (power-off -> new instance IDLE) alone.
+        let ideal = job as f64 + faulty.div_ceil(budget) as f64 * replace;
+        println!(
+            "repair: {nodes} nodes, {faulty} faulty with a {job} s job each, budget {budget}: fault -> every replacement IDLE {:.1} s; ideal {ideal:.1} s (mean replacement {replace:.1} s); ratio {:.2} (goal <= 1.3); at most {} out of service for a repair and {} budget slots held at once; {} powered off; jobs killed: 0 (the scenario fails on one)",
+            o.total.as_secs_f64(),
+            o.total.as_secs_f64() / ideal,
+            o.max_out,
+            o.max_slots,
+            o.replaced.len(),
+        );
+        if o.max_out > budget {
+            failed.push(format!(
+                "repairs over the budget: {} out at once",
+                o.max_out
+            ));
         }
     }
     if !failed.is_empty() {
