@@ -637,3 +637,32 @@ async fn an_operators_clear_history_reaches_the_running_daemon() {
         .unwrap()
         .ends_with(" [replace after jobs]"));
 }
+
+/// An administrator drains a node over its repair's drain (their reason replaces the
+/// repair's): the repair gives way at the next pass: the drain goes back to the health
+/// checks with the admin's reason kept in Slurm, the slot goes back, and nothing is run.
+#[tokio::test]
+async fn an_administrators_reason_over_a_repair_stops_it_and_gives_the_slot_back() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    health_pass(&ctx).await;
+    assert_eq!(
+        ctx.engine.load().unwrap().cause.as_ref().map(Cause::kind),
+        Some("repair")
+    );
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE+DRAIN Partitions=p Reason=RMA 1234, keep [admin@2026-12-06T00:00:00] InstanceId={ME}"
+    ));
+    health_pass(&ctx).await;
+    let st = ctx.engine.load().unwrap();
+    assert_eq!(st.cause.as_ref().map(Cause::kind), Some("health"));
+    assert_eq!(st.foreign_reason.as_deref(), Some("RMA 1234, keep"));
+    assert_eq!(
+        slurmctld.record(NODE).unwrap().reason(),
+        Some("RMA 1234, keep")
+    );
+    assert_eq!(listed(&ctx), "");
+    // The engine runs nothing for it.
+    assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Drained);
+    assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Drained);
+}

@@ -220,6 +220,25 @@ async fn repair_on(
     if repairing && !open {
         return (Some(p), false); // acting or done: the engine's
     }
+    if repairing {
+        // An administrator's reason written over the repair's: the repair gives way (the
+        // drain goes back to the health checks, their reason kept) and its slot goes back.
+        let admins = match engine.gateway.record().await {
+            Ok(Some(n)) => n
+                .reason()
+                .filter(|r| !crate::reason::is_agent_reason(r))
+                .map(str::to_string),
+            _ => None,
+        };
+        if let (Some(r), Some(h)) = (admins, health.clone()) {
+            if let Err(e) = engine.gateway.hand_back(h).await {
+                tracing::warn!(node = %ctx.node, "REPAIR: handing the drain back to the health checks: {e}");
+            }
+            let changed = release_slot(ctx, record).await;
+            let why = format!("drained by an administrator ({r}): never repaired over it");
+            return (Some(p.withhold(why)), changed);
+        }
+    }
     let Some(Cause::Health { detail }) = (if repairing {
         health.clone()
     } else {

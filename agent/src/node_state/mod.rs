@@ -467,9 +467,11 @@ impl Gateway {
         }
     }
 
-    /// A repair no longer called for (the breaker holds, the plan is `isolate` now) hands
-    /// its drain back to `cause`, the one it was planned from ([`DrainState::hand_back`]):
-    /// the node stays drained, the reason becomes `cause`'s (never over someone else's).
+    /// A repair no longer called for (the breaker holds, the plan is `isolate` now, an
+    /// administrator's reason replaced the repair's) hands its drain back to `cause`, the
+    /// one it was planned from ([`DrainState::hand_back`]): the node stays drained, the
+    /// reason becomes `cause`'s (never over someone else's, which is remembered as the
+    /// state's foreign reason).
     /// Returns whether a repair's drain was handed back (`false`: none in `draining` or
     /// `drained`).
     ///
@@ -482,6 +484,17 @@ impl Gateway {
             || !matches!(st.phase, Phase::Draining | Phase::Drained)
         {
             return Ok(false);
+        }
+        // An administrator's reason written over the repair's since: theirs stays.
+        if st.foreign_reason.is_none() {
+            if let Some(r) = self
+                .record()
+                .await?
+                .and_then(|n| n.reason().map(str::to_string))
+                .filter(|r| !crate::reason::is_agent_reason(r))
+            {
+                st.foreign_reason = Some(r);
+            }
         }
         st.hand_back(cause, time::now())?;
         if let Some(c) = &st.cause {
