@@ -1780,15 +1780,15 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
 }
 
 /// Issue 38 §2: the operator's `repair` command, as SSM runs it: `--clear-history` and
-/// `--lift-breaker --for 30m` write `repair.json` (the running daemon's next pass reads it:
-/// unit-tested in `daemon::pass_tests`), say what they did, and neither option is a usage
+/// `--lift-breaker --for 30m` write `repair-operator.json` (the running daemon's next pass
+/// takes it: unit-tested in `daemon::pass_tests`), say what they did, and neither option is a usage
 /// error (exit 2) that writes nothing.
 #[test]
 fn the_repair_command_clears_the_history_and_lifts_the_breaker() {
     let w = World::start("rpc1", &[], "");
     let out = w.run_agent(&["repair", "--output", "json"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(!w.path("state/repair.json").exists());
+    assert!(!w.path("state/repair-operator.json").exists());
     let out = w.run_agent(&[
         "repair",
         "--clear-history",
@@ -1807,7 +1807,8 @@ fn the_repair_command_clears_the_history_and_lifts_the_breaker() {
     );
     assert_eq!(until - cleared, 1800, "{said}");
     let record: Value =
-        serde_json::from_str(&fs::read_to_string(w.path("state/repair.json")).unwrap()).unwrap();
+        serde_json::from_str(&fs::read_to_string(w.path("state/repair-operator.json")).unwrap())
+            .unwrap();
     assert_eq!(record["history_cleared_at"], cleared, "{record}");
     assert_eq!(record["breaker_lifted_until"], until, "{record}");
     let out = w.run_agent(&["repair", "--lift-breaker", "--for", "soon"]);

@@ -4,10 +4,11 @@
 //! replacement, its previous instances' replacements) and makes the flap guard count no
 //! replacement from before now, in slurmctld's records either; `--lift-breaker` lets this
 //! node be rebooted or replaced while the breaker would hold, for `--for` (default 1h).
-//! Both write `repair.json` under `agent.state_dir`; the running daemon reads it again at
-//! its next health pass. Run it on the nodes concerned (SSM Run Command for many).
+//! Both write `repair-operator.json` under `agent.state_dir` (the command's own file: the
+//! daemon, which writes `repair.json`, never overwrites it); the running daemon takes it
+//! at its next health pass. Run it on the nodes concerned (SSM Run Command for many).
 //!
-//! Exit codes: 0 done; 2 neither option given; 74 `repair.json` could not be written;
+//! Exit codes: 0 done; 2 neither option given; 74 `repair-operator.json` could not be written;
 //! 78 invalid settings, no node name, or a login node.
 
 use std::time::Duration;
@@ -17,7 +18,7 @@ use clap::Args;
 use super::drain::slurm_node_settings;
 use super::{Output, SettingsArgs};
 use crate::exit::Exit;
-use crate::repair::record::{record_path, Record};
+use crate::repair::record::Operator;
 
 /// Arguments of `repair`.
 #[derive(Debug, Args)]
@@ -54,12 +55,11 @@ impl RepairArgs {
             Ok(v) => v,
             Err(code) => return code,
         };
-        let path = record_path(&s.agent.state_dir);
-        let mut record = Record::load(&path);
+        let mut op = Operator::load(&s.agent.state_dir);
         let now = crate::time::now();
         let mut done = Vec::new();
         if self.clear_history {
-            record.clear_history(now);
+            op.history_cleared_at = Some(now);
             done.push(format!(
                 "repair history cleared (replacements before {} no longer count)",
                 crate::time::format(now)
@@ -67,7 +67,7 @@ impl RepairArgs {
         }
         if self.lift_breaker {
             let until = now.saturating_add(i64::try_from(self.lift_for.as_secs()).unwrap_or(0));
-            record.breaker_lifted_until = Some(until);
+            op.breaker_lifted_until = Some(until);
             done.push(format!(
                 "breaker lifted until {}",
                 crate::time::format(until)
@@ -77,7 +77,7 @@ impl RepairArgs {
             eprintln!("error: {}: {e}", s.agent.state_dir.display());
             return Exit::IoErr;
         }
-        if let Err(e) = record.save(&path) {
+        if let Err(e) = op.save(&s.agent.state_dir) {
             eprintln!("error: {e}");
             return Exit::IoErr;
         }
@@ -88,8 +88,8 @@ impl RepairArgs {
                 "{}",
                 serde_json::json!({
                     "node": id.node_name,
-                    "history_cleared_at": record.history_cleared_at,
-                    "breaker_lifted_until": record.breaker_lifted_until,
+                    "history_cleared_at": op.history_cleared_at,
+                    "breaker_lifted_until": op.breaker_lifted_until,
                 })
             ),
         }

@@ -269,16 +269,18 @@ async fn the_breaker_withholds_a_replacement_when_the_fleet_fails_the_same_check
     );
     // An operator lifts the breaker on this node (`slurm-node-agent repair
     // --lift-breaker`): the replacement is what it would do, while the lift lasts.
-    let mut r = crate::repair::record::Record::load(&record_path);
-    r.breaker_lifted_until = Some(crate::time::now() + 3600);
-    r.save(&record_path).unwrap();
+    let op = |until: Option<i64>| crate::repair::record::Operator {
+        breaker_lifted_until: until,
+        ..Default::default()
+    };
+    op(Some(crate::time::now() + 3600))
+        .save(&ctx.s.agent.state_dir)
+        .unwrap();
     health_pass(&ctx).await;
     let record = crate::repair::record::Record::load(&record_path);
     let plan = &record.current.as_ref().unwrap().plan;
     assert_eq!(plan.withheld, None, "{plan:?}");
-    let mut r = record.clone();
-    r.breaker_lifted_until = None;
-    r.save(&record_path).unwrap();
+    op(None).save(&ctx.s.agent.state_dir).unwrap();
     health_pass(&ctx).await;
     let record = crate::repair::record::Record::load(&record_path);
     assert!(record.current.as_ref().unwrap().plan.withheld.is_some());
@@ -622,10 +624,13 @@ async fn an_operators_clear_history_reaches_the_running_daemon() {
         .unwrap()
         .plan;
     assert!(plan.withheld.unwrap().why.contains("the flap guard"));
-    // The operator's command, as `cli::repair` writes it.
-    let mut r = crate::repair::record::Record::load(&path);
-    r.clear_history(crate::time::now());
-    r.save(&path).unwrap();
+    // The operator's command, as `cli::repair` writes it (its own file).
+    crate::repair::record::Operator {
+        history_cleared_at: Some(crate::time::now()),
+        ..Default::default()
+    }
+    .save(&ctx.s.agent.state_dir)
+    .unwrap();
     health_pass(&ctx).await;
     let r = crate::repair::record::Record::load(&path);
     assert_eq!(r.current.as_ref().unwrap().plan.withheld, None, "{r:?}");

@@ -93,6 +93,12 @@ pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
     }
     let boot = crate::hostfacts::boot_id().unwrap_or_default();
     let mut dirty = record.saw_boot(&boot);
+    // What an operator asked for since (`slurm-node-agent repair`, its own file).
+    let op = crate::repair::record::Operator::load(&s.agent.state_dir);
+    if record.take_operator(&op) {
+        tracing::info!(node = %ctx.node, history_cleared_at = ?op.history_cleared_at, breaker_lifted_until = ?op.breaker_lifted_until, "REPAIR: the operator's say taken");
+        dirty = true;
+    }
     let failures: Vec<_> = report.failures().collect();
     let found: Vec<crate::repair::Failure<'_>> = failures
         .iter()
@@ -169,6 +175,7 @@ async fn repair_on(
     record: &mut Record,
     boot: &str,
 ) -> (Option<Plan>, bool) {
+    use crate::node_state::Lifted;
     let engine = &ctx.engine;
     let st = match engine.load() {
         Ok(st) => st,
@@ -183,42 +190,48 @@ async fn repair_on(
     let health = report
         .drain_reason(id)
         .and_then(|r| Cause::stated(crate::reason::ReasonCause::Health, id, &r));
+    let mut changed = false;
+    // A cause of higher rank took the node from the repair (a spot or lifecycle notice, an
+    // operator's drain, a maintenance event): the slot goes back.
+    let outranked = st.phase != Phase::Active
+        && !matches!(
+            st.cause,
+            Some(Cause::Repair { .. } | Cause::Health { .. } | Cause::Upgrade { .. })
+        );
+    if outranked && record.slot.is_some() {
+        changed |= release_slot(ctx, record).await;
+    }
     let Some(p) = plan else {
         if repairing && open {
             match engine.gateway.lift(CauseKind::Repair, None).await {
+                Ok(l @ (Lifted::Resumed | Lifted::LeftToOwner { .. })) => {
+                    tracing::info!(node = %ctx.node, lifted = ?l, "REPAIR: healthy again before the repair's action: its drain is lifted");
+                    record.unplan_reboot(boot);
+                    changed = true;
+                    release_slot(ctx, record).await;
+                }
                 Ok(l) => {
-                    tracing::info!(node = %ctx.node, lifted = ?l, "REPAIR: healthy again before the repair's action: its drain is lifted")
+                    tracing::debug!(node = %ctx.node, lifted = ?l, "REPAIR: the repair's drain was not lifted")
                 }
                 Err(e) => {
                     tracing::warn!(node = %ctx.node, "REPAIR: lifting the repair's drain: {e}")
                 }
             }
-            return (None, release_slot(ctx, record).await);
+        } else if st.phase == Phase::Active {
+            changed |= back_in_service(ctx, record).await;
         }
-        if st.phase == Phase::Active {
-            return (None, back_in_service(ctx, record).await);
-        }
-        return (None, false);
+        return (None, changed);
     };
     if !p.departs() {
         if repairing && open {
             if let Some(h) = health {
-                match engine.gateway.hand_back(h).await {
-                    Ok(_) => {
-                        tracing::info!(node = %ctx.node, plan = %p.action, "REPAIR: the repair is no longer called for; the drain is the health checks' again")
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %ctx.node, "REPAIR: handing the drain back to the health checks: {e}")
-                    }
-                }
-                let changed = release_slot(ctx, record).await;
-                return (Some(p), changed);
+                changed |= hand_back(ctx, h, record, boot).await;
             }
         }
-        return (Some(p), false);
+        return (Some(p), changed);
     }
     if repairing && !open {
-        return (Some(p), false); // acting or done: the engine's
+        return (Some(p), changed); // acting or done: the engine's
     }
     if repairing {
         // An administrator's reason written over the repair's: the repair gives way (the
@@ -231,46 +244,34 @@ async fn repair_on(
             _ => None,
         };
         if let (Some(r), Some(h)) = (admins, health.clone()) {
-            if let Err(e) = engine.gateway.hand_back(h).await {
-                tracing::warn!(node = %ctx.node, "REPAIR: handing the drain back to the health checks: {e}");
-            }
-            let changed = release_slot(ctx, record).await;
+            changed |= hand_back(ctx, h, record, boot).await;
             let why = format!("drained by an administrator ({r}): never repaired over it");
             return (Some(p.withhold(why)), changed);
         }
     }
-    let Some(Cause::Health { detail }) = (if repairing {
-        health.clone()
-    } else {
-        st.cause.clone()
-    }) else {
-        // Not drained by the health checks (their actions off, not yet drained), or a
-        // cause of higher rank holds the node.
-        return match &st.cause {
-            Some(c) if open && c.cause_kind() != CauseKind::Health && !repairing => {
-                // A spot notice, an operator... took the node over from the repair: its
-                // slot goes back.
-                let changed = release_slot(ctx, record).await;
-                let why = format!(
+    // A repair starts from the health checks' drain, or from an upgrade's (the node is
+    // faulty whatever its image; the slot the upgrade holds is the repair's), or is its own
+    // stated again.
+    let from = repairing || matches!(st.cause, Some(Cause::Health { .. } | Cause::Upgrade { .. }));
+    let detail = match &health {
+        Some(Cause::Health { detail }) if open && from => detail.clone(),
+        _ => {
+            let why = match &st.cause {
+                Some(c) if open => format!(
                     "the node is drained for {} ({}), which outranks a repair",
                     c.kind(),
                     st.reason.as_deref().unwrap_or("")
-                );
-                (Some(p.withhold(why)), changed)
-            }
-            _ => {
-                let why = "the health checks have not drained the node (health.act is off, or \
-                           someone else's drain holds it): a repair starts from their drain";
-                (Some(p.withhold(why.to_string())), false)
-            }
-        };
+                ),
+                _ => "the health checks have not drained the node (health.act is off, or \
+                      someone else's drain holds it): a repair starts from their drain"
+                    .to_string(),
+            };
+            return (Some(p.withhold(why)), changed);
+        }
     };
     if let Some(f) = &st.foreign_reason {
         let why = format!("drained by an administrator ({f}): never repaired over it");
-        return (Some(p.withhold(why)), false);
-    }
-    if !open && !repairing {
-        return (Some(p), false);
+        return (Some(p.withhold(why)), changed);
     }
     let cause = Cause::Repair {
         action: p.action,
@@ -278,32 +279,21 @@ async fn repair_on(
         check: p.check.clone(),
         detail,
     };
-    let mut changed = false;
     if !repairing {
         let node = match engine.gateway.record().await {
             Ok(Some(n)) => n,
             Ok(None) => {
-                return (
-                    Some(p.withhold(format!("slurmctld has no record of {}", ctx.node))),
-                    false,
-                )
+                let why = format!("slurmctld has no record of {}", ctx.node);
+                return (Some(p.withhold(why)), changed);
             }
             Err(e) => {
-                return (
-                    Some(p.withhold(format!("slurmctld's record unread: {e}"))),
-                    false,
-                )
+                let why = format!("slurmctld's record unread: {e}");
+                return (Some(p.withhold(why)), changed);
             }
         };
-        if node
-            .reason()
-            .is_some_and(|r| !crate::reason::is_agent_reason(r))
-        {
-            let why = format!(
-                "drained by an administrator ({}): never repaired over it",
-                node.reason().unwrap_or_default()
-            );
-            return (Some(p.withhold(why)), false);
+        if let Some(r) = node.reason().filter(|r| !crate::reason::is_agent_reason(r)) {
+            let why = format!("drained by an administrator ({r}): never repaired over it");
+            return (Some(p.withhold(why)), changed);
         }
         match crate::rollout::repair::take(engine, &ctx.budget, &node).await {
             Ok(RepairSlot::Held(name)) => {
@@ -318,11 +308,12 @@ async fn repair_on(
                 let why = format!(
                     "every slot of the budget of partition {partition} is held ({used} of {limit}: upgrade.max_unavailable); waiting for one"
                 );
-                return (Some(p.withhold(why)), false);
+                return (Some(p.withhold(why)), changed);
             }
-            Err(e) => return (Some(p.withhold(format!("no budget slot: {e}"))), false),
+            Err(e) => return (Some(p.withhold(format!("no budget slot: {e}"))), changed),
         }
     }
+    let reboot = p.action == crate::repair::Planned::Reboot;
     match engine.request(cause).await {
         Ok(r) => match r.begin {
             crate::drain::Begin::Started | crate::drain::Begin::Escalated { .. } => {
@@ -335,12 +326,20 @@ async fn repair_on(
                     "REPAIR: drained for the {} once no job runs",
                     p.action
                 );
-                if p.action == crate::repair::Planned::Reboot {
+                if reboot {
                     record.rebooted_for(&p.check, boot, crate::time::now());
                 }
                 changed = true;
             }
-            crate::drain::Begin::Restated { .. } => {}
+            crate::drain::Begin::Restated { previous } => {
+                // Another check or action: a reboot now planned for it is noted.
+                let was = matches!(&previous, Cause::Repair { action, check, .. }
+                    if *action == crate::repair::Planned::Reboot && *check == p.check);
+                if reboot && !was {
+                    record.rebooted_for(&p.check, boot, crate::time::now());
+                    changed = true;
+                }
+            }
             crate::drain::Begin::AlreadyDraining { current } if !repairing => {
                 changed |= release_slot(ctx, record).await;
                 let why = format!(
@@ -365,16 +364,36 @@ async fn repair_on(
     (Some(p), changed)
 }
 
-/// Releases the slot the repair took, if any. Returns whether the record changed.
-async fn release_slot(ctx: &Ctx, record: &mut Record) -> bool {
-    if record.slot.is_none() {
-        return false;
+/// A repair no longer called for hands its drain back to the health checks' `health`
+/// ([`crate::node_state::Gateway::hand_back`]); only once it did (the engine may have
+/// started the action meanwhile) is the reboot it planned forgotten and its slot released.
+/// Returns whether `record` changed.
+async fn hand_back(ctx: &Ctx, health: Cause, record: &mut Record, boot: &str) -> bool {
+    match ctx.engine.gateway.hand_back(health).await {
+        Ok(true) => {
+            tracing::info!(node = %ctx.node, "REPAIR: the repair is no longer called for; the drain is the health checks' again");
+            record.unplan_reboot(boot);
+            release_slot(ctx, record).await;
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            tracing::warn!(node = %ctx.node, "REPAIR: handing the drain back to the health checks: {e}");
+            false
+        }
     }
+}
+
+/// Releases the slots this NodeName holds for a repair (their comment says `repair@`;
+/// an upgrade's stays its own), whether or not `record` names one (it may have been lost
+/// with a crash). Returns whether `record` changed.
+async fn release_slot(ctx: &Ctx, record: &mut Record) -> bool {
     match crate::rollout::repair::release(&ctx.engine).await {
         Ok(released) => {
-            tracing::info!(node = %ctx.node, ?released, "REPAIR: released the budget slot");
-            record.slot = None;
-            true
+            if !released.is_empty() {
+                tracing::info!(node = %ctx.node, ?released, "REPAIR: released the budget slot");
+            }
+            record.slot.take().is_some()
         }
         Err(e) => {
             tracing::warn!(node = %ctx.node, "REPAIR: releasing the budget slot: {e}");

@@ -372,6 +372,21 @@ impl Gateway {
                     preview = st.preview(&cause);
                 }
             }
+        } else if !matches!(preview, Begin::Started | Begin::Escalated { .. })
+            && st.phase == Phase::Done
+        {
+            // The action is done and the node is back in service (a reboot with
+            // `nextstate=resume`) before the drain engine's next step noted it: that drain
+            // is over, and a cause found now (the fault a reboot did not fix) drains at once
+            // rather than leaving the node in service until the engine's step.
+            if node.is_none() {
+                node = self.record().await.ok().flatten();
+            }
+            if node.as_ref().is_some_and(NodeInfo::is_available) {
+                st.complete(time::now())?;
+                self.save(&st)?;
+                preview = st.preview(&cause);
+            }
         }
         if !matches!(
             preview,

@@ -278,3 +278,48 @@ async fn a_busy_lock_is_waited_for_then_refused_without_a_change() {
     gw.drain(health("check_a: gone"), None).await.unwrap();
     assert_eq!(calls(d).len(), 1);
 }
+
+/// A repair's reboot done (`Done`) and the node back in service (`nextstate=resume`)
+/// before the engine's step noted it: the health checks finding the fault again drain the
+/// node at once (that drain is over), rather than leaving it in service until the engine's
+/// next step; while the node is not back yet, nothing changes.
+#[tokio::test]
+async fn a_fault_found_after_a_reboot_done_drains_at_once_once_the_node_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let gw = gateway(d);
+    let mut st = DrainState::default();
+    st.begin(
+        Cause::Repair {
+            action: crate::repair::Planned::Reboot,
+            fault: crate::repair::Fault::GpuResettable,
+            check: "GPUs".into(),
+            detail: "GPUs: XID 48".into(),
+        },
+        None,
+        1,
+    );
+    st.drained(2).unwrap();
+    st.act(None, 3).unwrap();
+    st.done(4).unwrap();
+    gw.save(&st).unwrap();
+    // Rebooting: still drained in Slurm; the fault's drain waits.
+    record(
+        d,
+        "State=IDLE+DRAIN+REBOOT_ISSUED Reason=x [root@2026-01-01T00:00:00]",
+    );
+    let r = gw.drain(health("GPUs: XID 48"), None).await.unwrap();
+    assert!(matches!(r.begin, Begin::AlreadyDraining { .. }), "{r:?}");
+    assert_eq!(gw.load().unwrap().phase, Phase::Done);
+    // Back in service: the repair is complete, and the fault drains the node now.
+    record(d, "State=IDLE");
+    let r = gw.drain(health("GPUs: XID 48"), None).await.unwrap();
+    assert_eq!(r.begin, Begin::Started);
+    let st = gw.load().unwrap();
+    assert_eq!(
+        (st.phase, st.cause),
+        (Phase::Draining, Some(health("GPUs: XID 48")))
+    );
+    let events: Vec<&str> = st.history.iter().map(|t| t.event.as_str()).collect();
+    assert_eq!(events[events.len() - 2..], ["complete", "begin"]);
+}

@@ -67,7 +67,6 @@ pub fn holds(check: &str, own: &str, own_partitions: &str, h: &History<'_>) -> O
             crate::time::format(r.at)
         ));
     }
-    let local = u32::try_from(mine.len()).unwrap_or(u32::MAX);
     for partition in own_partitions.split(',').filter(|p| !p.is_empty()) {
         let others = h
             .fleet
@@ -76,9 +75,7 @@ pub fn holds(check: &str, own: &str, own_partitions: &str, h: &History<'_>) -> O
             .filter_map(|n| n.held_reason.and_then(|r| replaced_at(r, check)))
             .filter(|at| recent(*at))
             .count();
-        let count = u32::try_from(others)
-            .unwrap_or(u32::MAX)
-            .saturating_add(local);
+        let count = u32::try_from(others).unwrap_or(u32::MAX);
         if count >= h.max {
             return Some(format!(
                 "the flap guard: {count} nodes of partition {partition} were replaced for {check} within repair.flap_window ({window}; repair.flap_max_replacements = {}): not replaced again",

@@ -623,10 +623,11 @@ impl RepairSettings {
                 "must be at least 1",
             ));
         }
-        if self.replace_within_boots < 1 {
+        let most = record::KEPT - 1;
+        if self.replace_within_boots < 1 || self.replace_within_boots as usize > most {
             return Err(InvalidKey::new(
                 "repair.replace_within_boots",
-                "must be at least 1 (the boot after a repair's reboot is the first)",
+                format!("must be from 1 (the boot after a repair's reboot is the first) to {most} (the boots repair.json keeps)"),
             ));
         }
         for (i, c) in self.checks.iter().enumerate() {

@@ -18,6 +18,47 @@ use super::{Plan, RepairMode};
 /// The file's name in `agent.state_dir`.
 pub const RECORD_FILE: &str = "repair.json";
 
+/// The operator's file in `agent.state_dir` (`slurm-node-agent repair`): written by the
+/// command only, read by the daemon at each repair pass, so that neither overwrites the
+/// other's writes ([`Operator`]).
+pub const OPERATOR_FILE: &str = "repair-operator.json";
+
+/// What an operator asked for (`slurm-node-agent repair`), in [`OPERATOR_FILE`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Operator {
+    /// `--clear-history`: when, Unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_cleared_at: Option<i64>,
+    /// `--lift-breaker`: until when, Unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker_lifted_until: Option<i64>,
+}
+
+impl Operator {
+    /// `repair-operator.json` under `state_dir`.
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(OPERATOR_FILE)
+    }
+
+    /// Reads it; none, or one that does not parse, is nothing asked.
+    pub fn load(state_dir: &Path) -> Operator {
+        std::fs::read(Operator::path(state_dir))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Writes it atomically.
+    ///
+    /// # Errors
+    /// [`crate::fsutil::WriteError`] naming the path.
+    pub fn save(&self, state_dir: &Path) -> Result<(), crate::fsutil::WriteError> {
+        let text = serde_json::to_vec_pretty(self).unwrap_or_default();
+        crate::fsutil::write_atomic(&Operator::path(state_dir), &text, 0o644, None)
+    }
+}
+
 /// The metrics file's name, beside the drain metrics.
 pub const METRICS_FILE: &str = "repair.prom";
 
@@ -242,6 +283,23 @@ impl Record {
         had
     }
 
+    /// Takes what an operator asked for: a history cleared later than the record's is
+    /// cleared now; the breaker's lift is the operator's. Returns whether the record changed.
+    pub fn take_operator(&mut self, op: &Operator) -> bool {
+        let mut changed = false;
+        if let Some(t) = op.history_cleared_at {
+            if self.history_cleared_at.is_none_or(|mine| mine < t) {
+                self.clear_history(t);
+                changed = true;
+            }
+        }
+        if self.breaker_lifted_until != op.breaker_lifted_until {
+            self.breaker_lifted_until = op.breaker_lifted_until;
+            changed = true;
+        }
+        changed
+    }
+
     /// Whether the breaker is lifted at `now`.
     pub fn breaker_lifted(&self, now: i64) -> bool {
         self.breaker_lifted_until.is_some_and(|t| now < t)
@@ -258,6 +316,12 @@ impl Record {
         });
         let extra = self.reboots.len().saturating_sub(KEPT);
         self.reboots.drain(..extra);
+    }
+
+    /// Forgets the reboots planned in boot `boot_id` (a repair's drain lifted or handed
+    /// back before its action: no reboot happened for it).
+    pub fn unplan_reboot(&mut self, boot_id: &str) {
+        self.reboots.retain(|r| r.boot_id != boot_id);
     }
 
     /// How many boots have begun since the last repair's reboot for `check` was planned

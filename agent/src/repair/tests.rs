@@ -570,12 +570,19 @@ fn on_is_a_mode_and_replace_within_boots_is_at_least_one() {
     let s: RepairSettings = toml::from_str("mode = \"on\"\nreplace_within_boots = 2").unwrap();
     assert_eq!((s.mode, s.replace_within_boots), (RepairMode::On, 2));
     assert_eq!(s.mode.as_str(), "on");
+    for n in [0, 16] {
+        let s = RepairSettings {
+            replace_within_boots: n,
+            ..RepairSettings::default()
+        };
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.key, "repair.replace_within_boots", "{n}");
+    }
     let s = RepairSettings {
-        replace_within_boots: 0,
+        replace_within_boots: 15,
         ..RepairSettings::default()
     };
-    let e = s.validate().unwrap_err();
-    assert_eq!(e.key, "repair.replace_within_boots");
+    assert!(s.validate().is_ok());
 }
 
 /// A reboot for a check whose fault comes back within `replace_within_boots` boots of a
@@ -606,6 +613,14 @@ fn a_fault_back_within_the_boots_after_a_reboot_calls_for_a_replacement() {
     // Planned, not yet rebooted: still a reboot.
     assert_eq!(
         s.escalate(reboot("GPUs"), &r, "boot-1").action,
+        Planned::Reboot
+    );
+    // A repair lifted before its reboot forgets it: a later boot is no reboot of its.
+    let mut unplanned = r.clone();
+    unplanned.unplan_reboot("boot-1");
+    unplanned.saw_boot("boot-2");
+    assert_eq!(
+        s.escalate(reboot("GPUs"), &unplanned, "boot-2").action,
         Planned::Reboot
     );
     r.saw_boot("boot-2");

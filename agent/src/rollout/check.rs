@@ -191,8 +191,9 @@ pub async fn check(
     }
     let r = engine.request(cause).await?;
     if !matches!(r.begin, Begin::Started) {
-        // Another drain came first: the slot goes back at once.
-        slot::release(&engine.ops.scontrol, &engine.node).await?;
+        // Another drain came first: the slot goes back at once (a repair's, taken under
+        // the same name, stays the repair's).
+        slot::release_for(&engine.ops.scontrol, &engine.node, slot::SlotFor::Upgrade).await?;
         return Ok(Check::Busy);
     }
     tracing::info!(%current, %desired, slot = %name, "upgrade drain started");

@@ -57,12 +57,13 @@ pub async fn take(
     })
 }
 
-/// Releases every slot this NodeName holds ([`slot::release`]).
+/// Releases the slots this NodeName holds for a repair ([`slot::release_for`]; an
+/// upgrade's stays).
 ///
 /// # Errors
 /// [`DrainError`] from scontrol.
 pub async fn release(engine: &Engine) -> Result<Vec<String>, DrainError> {
-    Ok(slot::release(&engine.ops.scontrol, &engine.node).await?)
+    Ok(slot::release_for(&engine.ops.scontrol, &engine.node, SlotFor::Repair).await?)
 }
 
 /// The node is healthy and in service (`record`, as slurmctld holds it, available): the
@@ -83,7 +84,8 @@ pub async fn back_in_service(
     if !record.is_available() {
         return Ok(Vec::new());
     }
-    let released = release(engine).await?;
+    // In service: no slot of this NodeName's is still needed, whatever it was held for.
+    let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
     if released.is_empty() {
         super::check::release_for_a_holder_that_is_gone(engine, record, image).await?;
     }

@@ -345,8 +345,33 @@ pub async fn renew(
 /// # Errors
 /// [`ScontrolError`].
 pub async fn release(scontrol: &Scontrol, node: &str) -> Result<Vec<String>, ScontrolError> {
+    release_where(scontrol, node, None).await
+}
+
+/// Deletes the slots `node` holds for `held_for` (their comment), as [`release`] does.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn release_for(
+    scontrol: &Scontrol,
+    node: &str,
+    held_for: SlotFor,
+) -> Result<Vec<String>, ScontrolError> {
+    release_where(scontrol, node, Some(held_for)).await
+}
+
+async fn release_where(
+    scontrol: &Scontrol,
+    node: &str,
+    held_for: Option<SlotFor>,
+) -> Result<Vec<String>, ScontrolError> {
+    let prefix = held_for.map(|h| format!("slurm-node-agent/{}@", h.as_str()));
     let mut released = Vec::new();
-    for s in list(scontrol).await?.into_iter().filter(|s| s.node == node) {
+    for s in list(scontrol)
+        .await?
+        .into_iter()
+        .filter(|s| s.node == node && prefix.as_deref().is_none_or(|p| s.comment.starts_with(p)))
+    {
         match scontrol.run(&["delete", "reservation", &s.name]).await {
             Ok(_) => released.push(s.name),
             Err(ScontrolError::Failed { stderr, .. })
