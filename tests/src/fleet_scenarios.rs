@@ -573,6 +573,37 @@ pub fn pcs_join(nodes: usize, timeout: Duration) -> Result<PcsJoinOutcome> {
     })
 }
 
+/// The plan in brackets ending each repair's reason on slurmctld's records (`replace after
+/// jobs`, `powered off for replacement at ...`): the reason as Slurm shows it, up to its
+/// `[user@time]` suffix.
+fn repair_plans(fleet: &Fleet) -> Result<Vec<String>> {
+    let out = fleet.ctld.scontrol_ok(&["show", "node", "-o"])?;
+    let mut plans = Vec::new();
+    for line in out.lines() {
+        let Some(reason) = line.split(" Reason=").nth(1) else {
+            continue;
+        };
+        if !reason.starts_with("slurm-node-agent/repair@") {
+            continue;
+        }
+        // Slurm's suffix is the first ` [` whose bracket holds `user@time`.
+        let end = reason
+            .match_indices(" [")
+            .map(|(i, _)| i)
+            .find(|i| {
+                reason[i + 2..]
+                    .split(']')
+                    .next()
+                    .is_some_and(|b| b.contains('@'))
+            })
+            .unwrap_or(reason.len());
+        if let Some((_, plan)) = reason[..end].rsplit_once(" [") {
+            plans.push(plan.trim_end_matches(']').to_string());
+        }
+    }
+    Ok(plans)
+}
+
 /// What a fleet repair did ([`repair_replace`]), sampled every half second from slurmctld.
 #[derive(Debug, Clone)]
 pub struct RepairOutcome {
@@ -691,11 +722,7 @@ pub fn repair_replace(
                 ));
                 last.insert(name.clone(), (state.clone(), reason.clone()));
             }
-            if let Some(rest) = reason.strip_prefix("slurm-node-agent/repair@") {
-                let plan = rest.rsplit_once(" [").map_or("", |(_, p)| p);
-                if !reasons.iter().any(|r| r == plan) {
-                    reasons.push(plan.to_string());
-                }
+            if reason.starts_with("slurm-node-agent/repair@") {
                 out.insert(name.clone());
             }
             let available = !state.is_empty()
@@ -708,6 +735,12 @@ pub fn repair_replace(
                 if let Some(t) = replaced_at.remove(name) {
                     replace_times.push(t.elapsed());
                 }
+            }
+        }
+        // The plans in the repairs' reasons, on every record (the powered-off ones too).
+        for plan in repair_plans(&fleet)? {
+            if !reasons.contains(&plan) {
+                reasons.push(plan);
             }
         }
         let slots = fleet

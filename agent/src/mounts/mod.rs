@@ -692,7 +692,11 @@ async fn mount_with_retries(
     env: &MountEnv,
     systemd: &Systemd,
 ) -> (u32, Result<(), MountError>) {
-    // Something else mounted there: leave it alone (systemd would take it for ours).
+    // Something else mounted there: leave it alone (systemd would take it for ours). Our
+    // own unit still activating (the daemon's mount pass started it beside bootstrap) is
+    // not in place yet: a FUSE file system (sshfs) is in the table before its connection
+    // is made, and goes again when that fails; its start job's result decides (below), as
+    // it does for an entry gone by the time it is checked.
     if let Some(e) = host::mounted_at(&env.mount_table(), &spec.mount_point) {
         if !host::same_fs_type(&spec.fs_type, &e.fs_type) {
             return (
@@ -703,7 +707,16 @@ async fn mount_with_retries(
                 }),
             );
         }
-        return (0, verify(spec, env).await);
+        let activating = systemd
+            .active_state(&spec.unit)
+            .await
+            .is_ok_and(|s| s == "activating");
+        if !activating {
+            match verify(spec, env).await {
+                Err(MountError::Unhealthy { reason, .. }) if reason.starts_with("not mounted") => {}
+                r => return (0, r),
+            }
+        }
     }
     let module = match spec.kind {
         FsKind::Lustre => match env.modules.lustre() {
