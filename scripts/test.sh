@@ -16,7 +16,7 @@
 #                      after the whole suite, the fleet matrix: the core fleet scenarios
 #                      (boot and join, a job across nodes, a drain and its lift, the
 #                      HealthCheckProgram, a login node on auth/slurm, the rolling upgrade
-#                      within its budget) once per version listed (default "24.11 26.05";
+#                      and repairs within their budget) once per version listed (default "24.11 26.05";
 #                      empty: none). Runs only when no cargo test arguments are given.
 #                      scripts/test-matrix.sh runs every scenario on every version.
 #   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario, and the
@@ -106,12 +106,14 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge
 		# The exact upgrade budget (issue 25 §4: reservation slots) on this release's
 		# slurmctld, with 4 nodes (8 on the suite's release), replacements under the same
-		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted).
+		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted);
+		# repairs within the same budget (issue 38: 3 faulty of 4, budget 1).
 		SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
 			SLURM_E2E_FLEET_UPGRADE_NODES=${SLURM_E2E_MATRIX_NODES:-4} \
 			cargo test -p slurm-e2e --test fleet --locked -- --exact --test-threads=1 \
 			rolling_upgrade_replaces_every_busy_node_from_the_new_image_within_the_budget \
-			rolling_upgrade_under_new_node_names_keeps_the_budget_and_leaves_no_old_record
+			rolling_upgrade_under_new_node_names_keeps_the_budget_and_leaves_no_old_record \
+			faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time
 		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
 	done
 	scripts/slurm-build.sh "$suite_version" >/dev/null
