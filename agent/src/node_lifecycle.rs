@@ -1482,22 +1482,15 @@ async fn bootstrap_breaker(cx: &Context<'_>, node: &str, script: &str) -> Option
     let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
         .iter()
         .map(|n| crate::repair::breaker::Seen {
-            name: n.name(),
-            partitions: n.fields.get("Partitions").map_or("", String::as_str),
-            held_reason: n.held_reason(),
             // A node that powered off for the same failure is the loop's evidence.
             present: true,
+            ..crate::node_state::breaker_view(n)
         })
         .collect();
-    let (share, min_nodes) = cx.breaker;
     let t = crate::repair::breaker::tripped_by(node, partitions, &seen, cx.breaker, &|r| {
         crate::repair::breaker::names_failed_script(r, script)
     })?;
-    Some(format!(
-        "the breaker holds for {script}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
-        (share * 10_000.0).round() / 100.0,
-        min_nodes
-    ))
+    Some(crate::repair::breaker::holds(script, &t, cx.breaker))
 }
 
 #[cfg(test)]

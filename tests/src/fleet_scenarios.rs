@@ -105,6 +105,24 @@ fn upgrade_instance(reason: &str) -> Option<&str> {
         .next()
 }
 
+/// A `sleep <job_secs>` job on each of `names`, each running when this returns.
+///
+/// # Errors
+/// `sbatch` fails, or a node is not running its job within 2 minutes.
+fn busy(fleet: &Fleet, names: &[String], job_secs: u64) -> Result<()> {
+    for name in names {
+        fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
+    }
+    for name in names {
+        fleet.ctld.wait_node_state(
+            name,
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )?;
+    }
+    Ok(())
+}
+
 /// How the auto scaling group of [`rolling_upgrade`] names a replacement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Naming {
@@ -151,17 +169,7 @@ pub fn rolling_upgrade(
     let mut current: BTreeMap<String, String> =
         names.iter().map(|n| (n.clone(), n.clone())).collect();
     let mut generation = 0;
-
-    for name in &names {
-        fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
-    }
-    for name in &names {
-        fleet.ctld.wait_node_state(
-            name,
-            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
-            Duration::from_secs(120),
-        )?;
-    }
+    busy(&fleet, &names, job_secs)?;
 
     let new_image = fleet.moto()?.register_image("slurm-compute-fleet-next")?;
     let mut c = Command::new(image_builder_binary()?);
@@ -667,16 +675,7 @@ pub fn repair_replace(
     fleet.launch_all(&refs)?;
     fleet.wait_all_idle(&names, Duration::from_secs(600))?;
     let faulty_names: Vec<String> = names[..faulty].to_vec();
-    for name in &faulty_names {
-        fleet.sbatch(&["-N1", "-w", name, "--wrap", &format!("sleep {job_secs}")])?;
-    }
-    for name in &faulty_names {
-        fleet.ctld.wait_node_state(
-            name,
-            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
-            Duration::from_secs(120),
-        )?;
-    }
+    busy(&fleet, &faulty_names, job_secs)?;
     let script = format!(
         "mkdir -p /etc/slurm-node-agent/checks.d && printf '%s' '{FAULT_CHECK}' > /etc/slurm-node-agent/checks.d/90-fault.toml"
     );

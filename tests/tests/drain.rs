@@ -813,9 +813,12 @@ fn rebalance_drains_only_when_asked_and_is_lifted_after_the_window() {
     d.stop().unwrap();
 }
 
-#[test]
-fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
-    let scratch = TempRoot::new("health-reboot-").unwrap();
+/// A world for node `node` whose slurm.conf's `RebootProgram` appends a line to `marker`
+/// (each "reboot"), and whose health checks (every second) fail while `flag` does not
+/// exist (`check_file_test -f <flag>` in an nhc.conf), with `extra` settings; the scratch
+/// folder holding both is returned first (kept while it lives).
+fn flagged_reboot_world(node: &str, extra: &str) -> (TempRoot, PathBuf, PathBuf, World) {
+    let scratch = TempRoot::new("reboot-").unwrap();
     let flag = scratch.path().join("healthy-flag");
     let marker = scratch.path().join("rebooted");
     let reboot = scratch.path().join("reboot.sh");
@@ -825,7 +828,7 @@ fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
     )
     .unwrap();
     fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
-    let mut w = World::start("hr1", &[format!("RebootProgram={}", reboot.display())], "");
+    let w = World::start(node, &[format!("RebootProgram={}", reboot.display())], "");
     fs::create_dir_all(w.path("checks.d")).unwrap();
     fs::write(
         w.path("nhc.conf"),
@@ -833,10 +836,16 @@ fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
     )
     .unwrap();
     w.write_settings(&format!(
-        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n",
+        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n{extra}",
         w.path("nhc.conf").display(),
         w.path("checks.d").display()
     ));
+    (scratch, flag, marker, w)
+}
+
+#[test]
+fn a_health_drain_is_lifted_after_scontrol_reboot_once_the_checks_pass() {
+    let (_scratch, flag, marker, mut w) = flagged_reboot_world("hr1", "");
     let mut d = w.daemon("agent-health", None);
     w.wait_state("drained by the health check", |s| s.contains("DRAIN"));
     assert!(
@@ -1619,29 +1628,10 @@ fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_chan
 /// no reason of the agent's, the drain machine `active`, and the slot released.
 #[test]
 fn repair_on_reboots_a_faulty_node_after_its_job_through_slurm_and_gives_the_slot_back() {
-    let scratch = TempRoot::new("repair-reboot-").unwrap();
-    let flag = scratch.path().join("healthy-flag");
-    let marker = scratch.path().join("rebooted");
-    let reboot = scratch.path().join("reboot.sh");
-    fs::write(
-        &reboot,
-        format!("#!/bin/sh\necho \"$(date +%s)\" >> {}\n", marker.display()),
-    )
-    .unwrap();
-    fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
-    let mut w = World::start("rr1", &[format!("RebootProgram={}", reboot.display())], "");
-    fs::create_dir_all(w.path("checks.d")).unwrap();
-    fs::write(
-        w.path("nhc.conf"),
-        format!("* || check_file_test -f {}\n", flag.display()),
-    )
-    .unwrap();
-    w.write_settings(&format!(
-        "[health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
-         [repair]\nmode = \"on\"\n[[repair.checks]]\ncheck = \"check_file_test\"\naction = \"reboot\"\n",
-        w.path("nhc.conf").display(),
-        w.path("checks.d").display()
-    ));
+    let (_scratch, flag, marker, mut w) = flagged_reboot_world(
+        "rr1",
+        "[repair]\nmode = \"on\"\n[[repair.checks]]\ncheck = \"check_file_test\"\naction = \"reboot\"\n",
+    );
     let job_done = w.submit_job(6);
     let mut d = w.daemon("agent-repair-on", None);
     wait_until(

@@ -510,22 +510,8 @@ async fn repair_guards(
         .reason()
         .is_some_and(|reason| record.saw_predecessor(reason, &ctx.engine.instance_id));
     let partitions = own.fields.get("Partitions").map_or("", String::as_str);
-    let seen: Vec<crate::repair::breaker::Seen<'_>> = fleet
-        .iter()
-        .map(|n| crate::repair::breaker::Seen {
-            name: n.name(),
-            partitions: n.fields.get("Partitions").map_or("", String::as_str),
-            held_reason: n.held_reason(),
-            // Powered off for a replacement: gone (its record is the flap guard's history).
-            present: n.base_state() != "FUTURE"
-                && !n.has_flag("POWERED_DOWN")
-                && !n.has_flag("POWERING_DOWN")
-                && !n
-                    .held_reason()
-                    .and_then(crate::repair::parse_reason)
-                    .is_some_and(|p| p.powered_off()),
-        })
-        .collect();
+    let seen: Vec<crate::repair::breaker::Seen<'_>> =
+        fleet.iter().map(crate::node_state::breaker_view).collect();
     let lifted = record.breaker_lifted(crate::time::now());
     let breaker = checks.iter().filter(|_| !lifted).find_map(|check| {
         let t = crate::repair::breaker::tripped(
@@ -536,10 +522,10 @@ async fn repair_guards(
             r.breaker_share,
             r.breaker_min_nodes,
         )?;
-        Some(format!(
-            "the breaker holds for {check}: {t} (more than {} %, at least {}: repair.breaker_share, repair.breaker_min_nodes)",
-            (r.breaker_share * 10_000.0).round() / 100.0,
-            r.breaker_min_nodes
+        Some(crate::repair::breaker::holds(
+            check,
+            &t,
+            (r.breaker_share, r.breaker_min_nodes),
         ))
     });
     if breaker.is_some() {

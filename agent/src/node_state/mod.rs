@@ -109,6 +109,25 @@ pub enum Lifted {
     Nothing,
 }
 
+/// slurmctld's record `n` as the repair's breaker and flap guard count it
+/// ([`crate::repair::breaker::Seen`]): its partitions and the reason that holds it; present
+/// unless it is a FUTURE node, powered down or powering down by Slurm's power saving, or
+/// powered off for a repair's replacement (gone: its record is the flap guard's history).
+pub fn breaker_view(n: &NodeInfo) -> crate::repair::breaker::Seen<'_> {
+    crate::repair::breaker::Seen {
+        name: n.name(),
+        partitions: n.fields.get("Partitions").map_or("", String::as_str),
+        held_reason: n.held_reason(),
+        present: n.base_state() != "FUTURE"
+            && !n.has_flag("POWERED_DOWN")
+            && !n.has_flag("POWERING_DOWN")
+            && !n
+                .held_reason()
+                .and_then(crate::repair::parse_reason)
+                .is_some_and(|p| p.powered_off()),
+    }
+}
+
 /// What the daemon does at its start with the drain in progress it finds in `drain.json`
 /// ([`found_state`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

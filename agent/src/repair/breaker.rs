@@ -45,6 +45,16 @@ impl std::fmt::Display for Tripped {
     }
 }
 
+/// Why the breaker holds for `what` (a check, a lifecycle script): `the breaker holds for
+/// <what>: <tripped> (more than <share> %, at least <min>: repair.breaker_share,
+/// repair.breaker_min_nodes)`.
+pub fn holds(what: &str, t: &Tripped, (share, min_nodes): (f64, u32)) -> String {
+    format!(
+        "the breaker holds for {what}: {t} (more than {} %, at least {min_nodes}: repair.breaker_share, repair.breaker_min_nodes)",
+        (share * 10_000.0).round() / 100.0
+    )
+}
+
 /// Whether `reason` is a drain of the health checks, or of a repair in progress, for
 /// check `check` (the reason names the check first, as the health checks write it, its
 /// whitespace and control characters as one space). A node powered off for a replacement
