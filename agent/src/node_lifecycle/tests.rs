@@ -480,12 +480,18 @@ async fn the_bootstrap_breaker_holds_a_poweroff_when_the_same_script_fails_acros
         failed("i-0000000000000000b", "other")
     ));
     slurmctld.set_record("NodeName=n4 State=IDLE Partitions=p");
-    let mut s = crate::settings::Settings::default();
-    s.agent.state_dir = dir.path().to_path_buf();
-    let gateway = s.node_gateway("n1").through(slurmctld.clone());
+    let gateway = crate::node_state::Gateway::new(
+        "n1",
+        crate::slurm::Scontrol::new(dir.path()),
+        dir.path(),
+        std::time::Duration::from_secs(1),
+        dir.path().join("drain.prom"),
+    )
+    .through(slurmctld.clone());
     let facts = Facts::default();
+    let settings = NodeLifecycleSettings::default();
     let cx = Context {
-        settings: &s.node_lifecycle,
+        settings: &settings,
         state_dir: dir.path(),
         gateway: &gateway,
         region: "us-east-1",
