@@ -671,3 +671,32 @@ async fn an_administrators_reason_over_a_repair_stops_it_and_gives_the_slot_back
     assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Drained);
     assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Drained);
 }
+
+/// A node of Slurm's power saving (`CLOUD`) is replaced by Slurm: once drained with no
+/// job, the repair asks `POWER_DOWN_ASAP` with the powered-off reason (Slurm's
+/// `SuspendProgram` ends the instance, a later job powers one up); nothing is powered off
+/// from the inside.
+#[tokio::test]
+async fn a_cloud_node_is_replaced_through_power_down_asap() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE+CLOUD Partitions=p SlurmdStartTime=2026-12-06T00:00:00 InstanceId={ME}"
+    ));
+    health_pass(&ctx).await;
+    assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Drained);
+    assert_eq!(ctx.engine.progress().await.unwrap(), Phase::Done);
+    let call = slurmctld
+        .calls()
+        .into_iter()
+        .find(|c| c.contains("State=POWER_DOWN_ASAP"))
+        .unwrap_or_else(|| panic!("{:?}", slurmctld.calls()));
+    assert!(
+        call.starts_with(&format!(
+            "update NodeName={NODE} State=POWER_DOWN_ASAP Reason=slurm-node-agent/repair@{ME}: flagged: "
+        )) && call.contains(" [powered off for replacement at "),
+        "{call}"
+    );
+    let record = slurmctld.record(NODE).unwrap();
+    assert!(record.has_flag("POWER_DOWN"), "{record:?}");
+}

@@ -529,6 +529,9 @@ impl Engine {
             foreign,
             record: node,
             delete_record: matches!(cause, Some(Cause::Upgrade { .. })),
+            // A node of Slurm's power saving is Slurm's to end and to bring back.
+            power_down: matches!(cause, Some(Cause::Repair { .. }))
+                && node.is_some_and(|n| n.has_flag("CLOUD")),
         };
         crate::upgrade::action::run(&self.upgrade, &target, &step).await
     }

@@ -687,6 +687,16 @@ impl Gateway {
         self.scontrol.reboot(&self.node, reason).await
     }
 
+    /// `scontrol update NodeName=<node> State=POWER_DOWN_ASAP Reason=<reason>`: a repair's
+    /// replacement of a node of Slurm's power saving (slurmctld powers it down through its
+    /// `SuspendProgram` once no job runs; a later job powers one up).
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn power_down(&self, reason: &str) -> Result<(), ScontrolError> {
+        self.scontrol.power_down(&self.node, reason).await
+    }
+
     /// `scontrol delete NodeName=<node>`: removes this dynamic node's record (Slurm refuses
     /// while a job runs on it or it is in a reservation): before an upgrade's poweroff with
     /// `upgrade.delete_node_record`, and bootstrap's stale record before slurmd registers a

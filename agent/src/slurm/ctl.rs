@@ -53,6 +53,13 @@ pub trait Slurmctld: std::fmt::Debug + Send + Sync {
     /// [`ScontrolError`].
     async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError>;
 
+    /// `scontrol update NodeName=<node> State=POWER_DOWN_ASAP Reason=<reason>` (a node of
+    /// Slurm's power saving).
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    async fn power_down(&self, node: &str, reason: &str) -> Result<(), ScontrolError>;
+
     /// `scontrol delete NodeName=<node>` (a dynamic node's record).
     ///
     /// # Errors
@@ -96,6 +103,10 @@ impl Slurmctld for Scontrol {
 
     async fn reboot(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
         Scontrol::reboot(self, node, reason).await
+    }
+
+    async fn power_down(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        Scontrol::power_down(self, node, reason).await
     }
 
     async fn delete_node(&self, node: &str) -> Result<(), ScontrolError> {
@@ -253,6 +264,29 @@ pub(crate) mod fake {
                     let state = n.state().replacen("DOWN", "IDLE", 1);
                     n.fields.insert("State".into(), state);
                 }
+                Ok(())
+            })
+        }
+
+        async fn power_down(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+            crate::slurm::node::validate_reason(reason).map_err(|m| ScontrolError::Failed {
+                program: "scontrol".into(),
+                args: "update".into(),
+                code: -1,
+                stderr: m.to_string(),
+                stdout: String::new(),
+            })?;
+            let call = format!("update NodeName={node} State=POWER_DOWN_ASAP Reason={reason}");
+            self.change(call, node, |n| {
+                if !n.has_flag("CLOUD") {
+                    return Err("Invalid node state specified".into());
+                }
+                with_flag(n, "DRAIN", true);
+                with_flag(n, "POWER_DOWN", true);
+                n.fields.insert(
+                    "Reason".into(),
+                    format!("{reason} [root@2026-12-06T00:00:00]"),
+                );
                 Ok(())
             })
         }

@@ -931,6 +931,34 @@ impl Scontrol {
             .map(drop)
     }
 
+    /// `scontrol update NodeName=<node> State=POWER_DOWN_ASAP Reason=<reason>`: for a node of
+    /// Slurm's power saving (`CLOUD`), slurmctld drains it and, once no job runs, powers it
+    /// down through its `SuspendProgram` (which ends the instance); a later job powers a
+    /// node up again through `ResumeProgram` (Slurm 21.08+).
+    ///
+    /// # Errors
+    /// [`ScontrolError`]; an invalid reason with no call made, as [`Scontrol::drain`].
+    pub async fn power_down(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
+        one_node(node)?;
+        if let Err(m) = validate_reason(reason) {
+            return Err(ScontrolError::Failed {
+                program: self.program.clone(),
+                args: "update".into(),
+                code: -1,
+                stderr: m.to_string(),
+                stdout: String::new(),
+            });
+        }
+        self.run(&[
+            "update",
+            &format!("NodeName={node}"),
+            "State=POWER_DOWN_ASAP",
+            &format!("Reason={reason}"),
+        ])
+        .await
+        .map(drop)
+    }
+
     /// `scontrol reboot ASAP nextstate=resume reason=<reason> <node>`: slurmctld drains the
     /// node, reboots it through its `RebootProgram` once it is idle, and returns it to
     /// service.

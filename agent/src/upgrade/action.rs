@@ -27,6 +27,9 @@ pub enum ActionError {
     /// `scontrol reboot` failed (e.g. no `RebootProgram` in slurm.conf).
     #[error(transparent)]
     Reboot(ScontrolError),
+    /// `scontrol update State=POWER_DOWN_ASAP` failed.
+    #[error("POWER_DOWN_ASAP: {0}")]
+    PowerDown(ScontrolError),
     /// The reason could not be rewritten to `... powered off for image upgrade A -> B`:
     /// the poweroff does not start.
     #[error("marking the node powered off before the poweroff: {0}")]
@@ -93,6 +96,10 @@ pub struct Step<'a> {
     /// Whether `upgrade.delete_node_record` applies (an upgrade's poweroff; a repair's
     /// replacement keeps its record: the flap guard's history).
     pub delete_record: bool,
+    /// Leave through Slurm's power saving instead of powering off from the inside
+    /// (`POWER_DOWN_ASAP` with `powered_off` as the reason: a repair's replacement of a
+    /// `CLOUD` node, whose instance Slurm's `SuspendProgram` ends).
+    pub power_down: bool,
 }
 
 /// Runs `step` on `t`, with the ways out of `up` (`upgrade.poweroff_unit`,
@@ -110,6 +117,13 @@ pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Resul
                 .reboot(step.reason)
                 .await
                 .map_err(ActionError::Reboot)
+        }
+        UpgradeAction::Poweroff if step.power_down => {
+            tracing::info!(node = %t.gateway.node(), "scontrol update State=POWER_DOWN_ASAP (Slurm's power saving)");
+            t.gateway
+                .power_down(step.powered_off)
+                .await
+                .map_err(ActionError::PowerDown)
         }
         UpgradeAction::Poweroff => {
             leave_for_poweroff(up, t, step).await?;
