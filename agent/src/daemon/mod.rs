@@ -197,6 +197,9 @@ struct Ctx {
     /// Whether a repair pass has looked for the budget slots to release once the node is
     /// in service since the daemon started (`repair.mode = "on"`).
     repair_looked: std::sync::atomic::AtomicBool,
+    /// Whether a repair pass has released a previous instance's repair slot under this
+    /// NodeName since the daemon started (`repair.mode = "on"`).
+    repair_predecessors_looked: std::sync::atomic::AtomicBool,
 }
 
 /// What `STATUS=` last said, and the phase it was for.
@@ -393,6 +396,7 @@ async fn start_context(
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
         repair_looked: std::sync::atomic::AtomicBool::new(false),
+        repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
     });
     Ok((ctx, shown))
 }

@@ -52,6 +52,7 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
         repair_looked: std::sync::atomic::AtomicBool::new(false),
+        repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
     };
     (dir, Arc::new(ctx))
 }
@@ -699,4 +700,23 @@ async fn a_cloud_node_is_replaced_through_power_down_asap() {
     );
     let record = slurmctld.record(NODE).unwrap();
     assert!(record.has_flag("POWER_DOWN"), "{record:?}");
+}
+
+/// A same-name replacement finds the repair slot its predecessor took under this NodeName:
+/// it goes back at the daemon's first repair pass (faulty too, this instance takes one of
+/// its own only through the budget, as any node).
+#[tokio::test]
+async fn a_predecessors_repair_slot_under_this_name_goes_back() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    std::fs::write(
+        ctx.s.slurm.bin_dir.join("listed"),
+        format!("ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes={NODE} EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/repair@i-0000000000000000a\n"),
+    )
+    .unwrap();
+    health_pass(&ctx).await;
+    assert_eq!(
+        listed(&ctx),
+        format!("ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes={NODE} EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/repair@{ME}\n")
+    );
 }

@@ -191,6 +191,25 @@ async fn repair_on(
         .drain_reason(id)
         .and_then(|r| Cause::stated(crate::reason::ReasonCause::Health, id, &r));
     let mut changed = false;
+    // Once per daemon start: a repair slot of a predecessor under this NodeName goes back
+    // (its replacement is here; faulty too, it may never be in service to release it).
+    if !repairing
+        && !ctx
+            .repair_predecessors_looked
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        match crate::rollout::repair::release_predecessors(engine).await {
+            Ok(r) if !r.is_empty() => {
+                tracing::info!(node = %ctx.node, released = ?r, "REPAIR: released the budget slot a previous instance of this node held")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                ctx.repair_predecessors_looked
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(node = %ctx.node, "REPAIR: a previous instance's budget slot: {e}");
+            }
+        }
+    }
     // A cause of higher rank took the node from the repair (a spot or lifecycle notice, an
     // operator's drain, a maintenance event): the slot goes back.
     let outranked = st.phase != Phase::Active

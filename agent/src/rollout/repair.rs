@@ -66,6 +66,38 @@ pub async fn release(engine: &Engine) -> Result<Vec<String>, DrainError> {
     Ok(slot::release_for(&engine.ops.scontrol, &engine.node, SlotFor::Repair).await?)
 }
 
+/// Releases the repair slots this NodeName holds for another instance (a predecessor of
+/// the same NodeName that powered off for its replacement; this instance may be faulty too
+/// and held back by the flap guard, so it would not release them by being in service).
+///
+/// # Errors
+/// [`DrainError`] from scontrol.
+pub async fn release_predecessors(engine: &Engine) -> Result<Vec<String>, DrainError> {
+    let mut released = Vec::new();
+    for s in slot::list(&engine.ops.scontrol)
+        .await?
+        .into_iter()
+        .filter(|s| {
+            s.node == engine.node
+                && s.comment.starts_with("slurm-node-agent/repair@")
+                && s.instance_id() != Some(engine.instance_id.as_str())
+        })
+    {
+        match engine
+            .ops
+            .scontrol
+            .run(&["delete", "reservation", &s.name])
+            .await
+        {
+            Ok(_) => released.push(s.name),
+            Err(crate::slurm::ScontrolError::Failed { stderr, .. })
+                if stderr.contains("Requested reservation is invalid") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(released)
+}
+
 /// The node is healthy and in service (`record`, as slurmctld holds it, available): the
 /// slots its NodeName holds are released (its own after a repair's reboot, a predecessor's
 /// of the same NodeName that was replaced), and, in its first `upgrade.slot_timeout` after
