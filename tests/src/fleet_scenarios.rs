@@ -643,6 +643,24 @@ pub struct RepairOutcome {
 /// the `auto` table replaces), placed on a node to make it faulty.
 pub const FAULT_CHECK: &str = "[[check]]\nname = \"cpus\"\nkind = \"hardware\"\ncpus = 9999\n";
 
+/// Places `check` (a check file's text) on node `name` as `checks.d/90-fault.toml`, where
+/// its health checks read it at their next pass; `None` takes it away.
+///
+/// # Errors
+/// The node is not running, or the command failed.
+pub fn place_fault(fleet: &Fleet, name: &str, check: Option<&str>) -> Result<()> {
+    let file = "/etc/slurm-node-agent/checks.d/90-fault.toml";
+    let script = match check {
+        Some(c) => format!("mkdir -p /etc/slurm-node-agent/checks.d && printf '%s' '{c}' > {file}"),
+        None => format!("rm -f {file}"),
+    };
+    let out = fleet.exec(name, "/bin/sh", &["-c", &script])?;
+    if !out.status.success() {
+        bail!("placing the fault on {name}: {out:?}");
+    }
+    Ok(())
+}
+
 /// Repairs under a budget (issue 38): `nodes` nodes with `repair.mode = "on"` and
 /// `upgrade.max_unavailable = budget` (the breaker out of the way: more nodes fail the
 /// same check here than it allows), a `sleep <job_secs>` job on each of the first
@@ -663,7 +681,7 @@ pub fn repair_replace(
 ) -> Result<RepairOutcome> {
     let toml = format!(
         "[health]\ninterval = \"2s\"\n\n[upgrade]\nmax_unavailable = \"{budget}\"\n\n\
-         [repair]\nmode = \"on\"\nbreaker_min_nodes = {}\n",
+         [repair]\nmode = \"on\"\nsettle = \"4s\"\nbreaker_min_nodes = {}\n",
         nodes + 1
     );
     let mut fleet = Fleet::builder()
@@ -676,14 +694,8 @@ pub fn repair_replace(
     fleet.wait_all_idle(&names, Duration::from_secs(600))?;
     let faulty_names: Vec<String> = names[..faulty].to_vec();
     busy(&fleet, &faulty_names, job_secs)?;
-    let script = format!(
-        "mkdir -p /etc/slurm-node-agent/checks.d && printf '%s' '{FAULT_CHECK}' > /etc/slurm-node-agent/checks.d/90-fault.toml"
-    );
     for name in &faulty_names {
-        let out = fleet.exec(name, "/bin/sh", &["-c", &script])?;
-        if !out.status.success() {
-            bail!("placing the fault on {name}: {out:?}");
-        }
+        place_fault(&fleet, name, Some(FAULT_CHECK))?;
     }
     let started = Instant::now();
     // Logical node (its first name) -> the NodeName of its instance now.

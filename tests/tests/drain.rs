@@ -1630,7 +1630,7 @@ fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_chan
 fn repair_on_reboots_a_faulty_node_after_its_job_through_slurm_and_gives_the_slot_back() {
     let (_scratch, flag, marker, mut w) = flagged_reboot_world(
         "rr1",
-        "[repair]\nmode = \"on\"\n[[repair.checks]]\ncheck = \"check_file_test\"\naction = \"reboot\"\n",
+        "[repair]\nmode = \"on\"\nsettle = \"1s\"\n[[repair.checks]]\ncheck = \"check_file_test\"\naction = \"reboot\"\n",
     );
     let job_done = w.submit_job(6);
     let mut d = w.daemon("agent-repair-on", None);
@@ -1730,7 +1730,7 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
     w.write_settings(&format!(
         "[systemd]\nbus = \"{}\"\n\n[upgrade]\npoweroff_unit = \"sna-poweroff.service\"\n\n\
          [health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
-         [repair]\nmode = \"on\"\n",
+         [repair]\nmode = \"on\"\nsettle = \"1s\"\n",
         sd.bus_address(),
         w.path("nhc.conf").display(),
         w.path("checks.d").display()

@@ -607,6 +607,69 @@ fn faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time() {
     );
 }
 
+/// Issue 38 §3: the same fault on every node of the partition (a check that fails on all
+/// four, as a shared file system gone for everyone would) trips the breaker: no node is
+/// repaired (none leaves, no slot is taken, every node stays drained by its health checks);
+/// the fault gone, every drain lifts by itself.
+#[test]
+fn a_fault_on_every_node_trips_the_breaker_and_no_node_leaves() {
+    use slurm_e2e::fleet_scenarios::{place_fault, FAULT_CHECK};
+    let mut fleet = Fleet::builder()
+        .agent_toml("[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"6s\"\n")
+        .start()
+        .unwrap();
+    let names: Vec<String> = (1..=4).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    for n in &names {
+        place_fault(&fleet, n, Some(FAULT_CHECK)).unwrap();
+    }
+    for n in &names {
+        fleet
+            .ctld
+            .wait_node_state(n, |s| s.contains("DRAIN"), BOOT_TIMEOUT)
+            .unwrap();
+    }
+    // Several health passes (2 s each) with the breaker holding.
+    std::thread::sleep(Duration::from_secs(12));
+    for n in &names {
+        assert_eq!(fleet.exited(n).unwrap(), None, "{n} left");
+        let r = reason(&fleet, n);
+        assert!(
+            r.starts_with("slurm-node-agent/health@") && r.contains("cpus: "),
+            "{n}: {r}"
+        );
+    }
+    let slots = fleet
+        .ctld
+        .scontrol_ok(&["show", "reservation", "-o"])
+        .unwrap_or_default();
+    assert!(
+        !slots.contains("slurm-node-agent-upgrade-"),
+        "a slot taken: {slots}"
+    );
+    let status = on_node(
+        &fleet,
+        "node001",
+        "/usr/local/bin/slurm-node-agent",
+        &["status"],
+    );
+    assert!(
+        status.contains("replace withheld: the breaker holds for cpus: 4 of 4 nodes"),
+        "{status}"
+    );
+    // The fault gone everywhere: every drain lifts.
+    for n in &names {
+        place_fault(&fleet, n, None).unwrap();
+    }
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    for n in &names {
+        let st = fleet.ctld.node_state(n).unwrap().unwrap_or_default();
+        assert!(!st.contains("DRAIN"), "{n}: {st}");
+    }
+}
+
 /// The baseline of the benchmark's comparison works: the same image with the agent's
 /// units masked and a plain slurmd from a static configuration joins and runs a job.
 #[test]

@@ -381,7 +381,18 @@ fn repair_on_ctx(
     let ctx = with_settings(ctx, s);
     ctx.health_looked
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    settled(&ctx);
     (dir, ctx, flag)
+}
+
+/// `repair.json` as if the check `flagged` had been failing for an hour: past
+/// `repair.settle`, a repair may start at once.
+fn settled(ctx: &Ctx) {
+    use crate::repair::record::{record_path, Record};
+    let path = record_path(&ctx.s.agent.state_dir);
+    let mut r = Record::load(&path);
+    r.failing = Some(("flagged".into(), crate::time::now() - 3600));
+    r.save(&path).unwrap();
 }
 
 fn listed(ctx: &Ctx) -> String {
@@ -719,4 +730,42 @@ async fn a_predecessors_repair_slot_under_this_name_goes_back() {
         listed(&ctx),
         format!("ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes={NODE} EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/repair@{ME}\n")
     );
+}
+
+/// `on` waits for `repair.settle` before a reboot or replacement: a fault just found is
+/// withheld, saying so, and no slot is taken; once it has stood that long, the repair
+/// starts.
+#[tokio::test]
+async fn a_fault_just_found_settles_before_its_repair() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    std::fs::remove_file(&path).unwrap();
+    health_pass(&ctx).await;
+    let plan = crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan;
+    let w = plan.withheld.unwrap();
+    assert!(
+        w.why
+            .starts_with("settling: the fault must stand for repair.settle (2m)"),
+        "{}",
+        w.why
+    );
+    assert_eq!(listed(&ctx), "");
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
+        "{reason}"
+    );
+    // Two minutes later (the record's plan made then): the repair starts.
+    settled(&ctx);
+    health_pass(&ctx).await;
+    assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
 }

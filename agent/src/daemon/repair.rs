@@ -124,6 +124,9 @@ pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
             None => p,
         });
     }
+    let before = record.failing.clone();
+    record.failing_since(plan.as_ref().map(|p| p.check.as_str()), crate::time::now());
+    dirty |= record.failing != before;
     if s.repair.mode == RepairMode::On {
         let (p, changed) = repair_on(ctx, plan, report, &mut record, &boot).await;
         plan = p;
@@ -291,6 +294,24 @@ async fn repair_on(
     if let Some(f) = &st.foreign_reason {
         let why = format!("drained by an administrator ({f}): never repaired over it");
         return (Some(p.withhold(why)), changed);
+    }
+    if !repairing {
+        // The fault must have stood for repair.settle (the plan for the same check made
+        // that long ago), so that the breaker has seen the other nodes' checks.
+        let settle = ctx.s.repair.settle;
+        let since = record
+            .failing
+            .as_ref()
+            .filter(|(c, _)| *c == p.check)
+            .map(|(_, t)| *t);
+        let now = crate::time::now();
+        let secs = i64::try_from(settle.0.as_secs()).unwrap_or(i64::MAX);
+        if since.is_none_or(|t| now.saturating_sub(t) < secs) {
+            let why = format!(
+                "settling: the fault must stand for repair.settle ({settle}) before a reboot or replacement, so that the breaker sees a fault the whole fleet has"
+            );
+            return (Some(p.withhold(why)), changed);
+        }
     }
     let cause = Cause::Repair {
         action: p.action,

@@ -545,6 +545,11 @@ pub struct RepairSettings {
     /// boots after a repair's reboot for it, calls for a replacement instead (at least 1;
     /// counted in `repair.json`, which survives a reboot).
     pub replace_within_boots: u32,
+    /// How long a fault must stand (the same failing check, pass after pass) before its
+    /// reboot or replacement starts (`on` mode): long enough for every node to have run its
+    /// checks meanwhile, so that the breaker counts a fault the whole fleet has before any
+    /// node leaves for it (more than 0; default two health intervals at their default).
+    pub settle: crate::section::HumanDuration,
     /// The flap guard's window ([`flap`]): a replacement this recent counts against
     /// another replacement for the same check (more than 0).
     pub flap_window: crate::section::HumanDuration,
@@ -564,6 +569,7 @@ impl Default for RepairSettings {
             breaker_share: 0.1,
             breaker_min_nodes: 2,
             replace_within_boots: 3,
+            settle: crate::section::HumanDuration(std::time::Duration::from_secs(120)),
             flap_window: crate::section::HumanDuration(std::time::Duration::from_secs(24 * 3600)),
             flap_max_replacements: 3,
         }
@@ -582,6 +588,7 @@ impl crate::section::Classified for RepairSettings {
             K::user_data("breaker_share"),
             K::user_data("breaker_min_nodes"),
             K::user_data("replace_within_boots"),
+            K::user_data("settle"),
             K::user_data("flap_window"),
             K::user_data("flap_max_replacements"),
         ]
@@ -609,6 +616,12 @@ impl RepairSettings {
             return Err(InvalidKey::new(
                 "repair.breaker_min_nodes",
                 "must be at least 1",
+            ));
+        }
+        if self.settle.is_zero() {
+            return Err(InvalidKey::new(
+                "repair.settle",
+                "must be more than 0 (the breaker needs the other nodes' checks to have run)",
             ));
         }
         if self.flap_window.is_zero() {

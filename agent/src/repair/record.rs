@@ -94,6 +94,10 @@ pub struct Record {
     /// --lift-breaker`), Unix seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breaker_lifted_until: Option<i64>,
+    /// The check a plan is made for now, and since when it fails (Unix seconds), whatever
+    /// became of the plan meanwhile (withheld, let go): `repair.settle` counts from it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failing: Option<(String, i64)>,
 }
 
 /// An earlier instance of this NodeName powered off for a replacement.
@@ -298,6 +302,24 @@ impl Record {
             changed = true;
         }
         changed
+    }
+
+    /// Notes which check the plan of this pass is for (`None`: no plan) at `now`; returns
+    /// since when it fails.
+    pub fn failing_since(&mut self, check: Option<&str>, now: i64) -> Option<i64> {
+        match check {
+            None => {
+                self.failing = None;
+                None
+            }
+            Some(c) => match &self.failing {
+                Some((k, since)) if k == c => Some(*since),
+                _ => {
+                    self.failing = Some((c.to_string(), now));
+                    Some(now)
+                }
+            },
+        }
     }
 
     /// Whether the breaker is lifted at `now`.

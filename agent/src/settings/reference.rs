@@ -179,6 +179,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("repair.breaker_share", "0.25"),
     ("repair.breaker_min_nodes", "3"),
     ("repair.replace_within_boots", "2"),
+    ("repair.settle", r#""5m""#),
     ("repair.flap_window", r#""12h""#),
     ("repair.flap_max_replacements", "5"),
     (
