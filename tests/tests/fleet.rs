@@ -674,6 +674,66 @@ fn a_fault_on_every_node_trips_the_breaker_and_no_node_leaves() {
     }
 }
 
+/// Issue 38 §2, the flap guard where names are not reused: a faulty node is replaced (under
+/// a new NodeName, as an Auto Scaling group's replacement named after its host); its
+/// replacement fails the same check: with `repair.flap_max_replacements = 1` it is not
+/// replaced again but isolated, its status naming the guard; the first node's record
+/// stays in slurmctld as the history the guard read.
+#[test]
+fn a_replacement_failing_the_same_check_is_not_replaced_again() {
+    use slurm_e2e::fleet_scenarios::{place_fault, FAULT_CHECK};
+    let mut fleet = Fleet::builder()
+        .agent_toml(
+            "[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"2s\"\n\
+             flap_max_replacements = 1\nbreaker_min_nodes = 10\n",
+        )
+        .start()
+        .unwrap();
+    let names: Vec<String> = (1..=3).map(|i| format!("node{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    fleet.launch_all(&refs).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    place_fault(&fleet, "node001", Some(FAULT_CHECK)).unwrap();
+    slurm_e2e::wait_until(
+        "node001 powered off",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok(fleet.exited("node001")?.map(|_| ())),
+    )
+    .unwrap();
+    let off = full_reason(&fleet, "node001");
+    assert!(off.contains(" [powered off for replacement at "), "{off}");
+    let l = fleet.new_launch("node001r1");
+    fleet.replace("node001", l).unwrap();
+    fleet
+        .wait_all_idle(&["node001r1".to_string()], BOOT_TIMEOUT)
+        .unwrap();
+    // The replacement fails the same check.
+    place_fault(&fleet, "node001r1", Some(FAULT_CHECK)).unwrap();
+    slurm_e2e::wait_until(
+        "node001r1's replacement withheld by the flap guard",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let out = fleet.exec("node001r1", "/usr/local/bin/slurm-node-agent", &["status"])?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            Ok(text
+                .contains("replace withheld: the flap guard: 1 node of partition")
+                .then_some(()))
+        },
+    )
+    .unwrap();
+    assert_eq!(fleet.exited("node001r1").unwrap(), None, "replaced again");
+    let r = reason(&fleet, "node001r1");
+    assert!(r.starts_with("slurm-node-agent/health@"), "{r}");
+    // The history: node001's record, kept with its reason.
+    assert!(
+        full_reason(&fleet, "node001").contains(" [powered off for replacement at "),
+        "{}",
+        full_reason(&fleet, "node001")
+    );
+}
+
 /// The baseline of the benchmark's comparison works: the same image with the agent's
 /// units masked and a plain slurmd from a static configuration joins and runs a job.
 #[test]

@@ -77,8 +77,13 @@ pub fn holds(check: &str, own: &str, own_partitions: &str, h: &History<'_>) -> O
             .count();
         let count = u32::try_from(others).unwrap_or(u32::MAX);
         if count >= h.max {
+            let (nodes, were) = if count == 1 {
+                ("node", "was")
+            } else {
+                ("nodes", "were")
+            };
             return Some(format!(
-                "the flap guard: {count} nodes of partition {partition} were replaced for {check} within repair.flap_window ({window}; repair.flap_max_replacements = {}): not replaced again",
+                "the flap guard: {count} {nodes} of partition {partition} {were} replaced for {check} within repair.flap_window ({window}; repair.flap_max_replacements = {}): not replaced again",
                 h.max
             ));
         }
