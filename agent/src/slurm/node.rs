@@ -889,15 +889,7 @@ impl Scontrol {
     /// call made.
     pub async fn drain(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
         one_node(node)?;
-        if let Err(m) = validate_reason(reason) {
-            return Err(ScontrolError::Failed {
-                program: self.program.clone(),
-                args: "update".into(),
-                code: -1,
-                stderr: m.to_string(),
-                stdout: String::new(),
-            });
-        }
+        self.valid_reason(reason)?;
         self.run(&[
             "update",
             &format!("NodeName={node}"),
@@ -906,6 +898,18 @@ impl Scontrol {
         ])
         .await
         .map(drop)
+    }
+
+    /// A reason Slurm takes ([`validate_reason`]), else `ScontrolError::Failed` with code
+    /// -1 and no call made.
+    fn valid_reason(&self, reason: &str) -> Result<(), ScontrolError> {
+        validate_reason(reason).map_err(|m| ScontrolError::Failed {
+            program: self.program.clone(),
+            args: "update".into(),
+            code: -1,
+            stderr: m.to_string(),
+            stdout: String::new(),
+        })
     }
 
     /// `scontrol update NodeName=<node> State=RESUME`.
@@ -940,15 +944,7 @@ impl Scontrol {
     /// [`ScontrolError`]; an invalid reason with no call made, as [`Scontrol::drain`].
     pub async fn power_down(&self, node: &str, reason: &str) -> Result<(), ScontrolError> {
         one_node(node)?;
-        if let Err(m) = validate_reason(reason) {
-            return Err(ScontrolError::Failed {
-                program: self.program.clone(),
-                args: "update".into(),
-                code: -1,
-                stderr: m.to_string(),
-                stdout: String::new(),
-            });
-        }
+        self.valid_reason(reason)?;
         self.run(&[
             "update",
             &format!("NodeName={node}"),
