@@ -385,6 +385,15 @@ fn repair_on_ctx(
     (dir, ctx, flag)
 }
 
+/// The plan in effect in `repair.json`.
+fn current_plan(ctx: &Ctx) -> crate::repair::Plan {
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    crate::repair::record::Record::load(&path)
+        .current
+        .unwrap()
+        .plan
+}
+
 /// `repair.json` as if the check `flagged` had been failing for an hour: past
 /// `repair.settle`, a repair may start at once.
 fn settled(ctx: &Ctx) {
@@ -465,11 +474,7 @@ async fn repair_on_waits_at_the_budget_and_goes_on_once_a_slot_frees() {
         reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
         "{reason}"
     );
-    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     assert_eq!(plan.action, crate::repair::Planned::Isolate);
     let w = plan.withheld.unwrap();
     assert_eq!(w.action, crate::repair::Planned::Replace);
@@ -508,11 +513,7 @@ async fn repair_on_never_goes_over_an_administrators_drain() {
         Some("bad DIMM, ticket 42")
     );
     assert_eq!(listed(&ctx), "");
-    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     assert_eq!(plan.action, crate::repair::Planned::Isolate);
     assert!(plan.withheld.is_some(), "{plan:?}");
 }
@@ -544,11 +545,7 @@ async fn a_spot_notice_outranks_a_repair_and_its_slot_goes_back() {
         reason.starts_with(&format!("slurm-node-agent/spot@{ME}: ")),
         "{reason}"
     );
-    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     assert!(
         plan.withheld
             .as_ref()
@@ -596,11 +593,7 @@ async fn the_flap_guard_withholds_a_replacement_after_replacements_for_the_same_
         "{reason}"
     );
     assert_eq!(listed(&ctx), "");
-    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     let w = plan.withheld.as_ref().unwrap();
     assert!(
         w.why
@@ -631,10 +624,7 @@ async fn an_operators_clear_history_reaches_the_running_daemon() {
     ));
     health_pass(&ctx).await;
     let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     assert!(plan.withheld.unwrap().why.contains("the flap guard"));
     // The operator's command, as `cli::repair` writes it (its own file).
     crate::repair::record::Operator {
@@ -742,10 +732,7 @@ async fn a_fault_just_found_settles_before_its_repair() {
     let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
     std::fs::remove_file(&path).unwrap();
     health_pass(&ctx).await;
-    let plan = crate::repair::record::Record::load(&path)
-        .current
-        .unwrap()
-        .plan;
+    let plan = current_plan(&ctx);
     let w = plan.withheld.unwrap();
     assert!(
         w.why
@@ -768,4 +755,31 @@ async fn a_fault_just_found_settles_before_its_repair() {
     settled(&ctx);
     health_pass(&ctx).await;
     assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
+}
+
+/// `repair.json` corrupted while a repair drains (its slot named there lost): the checks
+/// passing lift the repair's drain and the slot still goes back (released by its comment,
+/// not by the record); the corrupt file is set aside.
+#[tokio::test]
+async fn a_corrupt_repair_record_during_a_repair_still_gives_the_slot_back() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Replace);
+    health_pass(&ctx).await;
+    assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
+    let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
+    std::fs::write(&path, "{ not json").unwrap();
+    std::fs::write(&flag, "").unwrap();
+    health_pass(&ctx).await;
+    assert!(slurmctld.record(NODE).unwrap().is_available());
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+    assert_eq!(listed(&ctx), "");
+    let aside = std::fs::read_dir(&ctx.s.agent.state_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("repair.json.corrupt")
+        });
+    assert!(aside, "the corrupt record was not set aside");
 }

@@ -73,29 +73,12 @@ pub async fn release(engine: &Engine) -> Result<Vec<String>, DrainError> {
 /// # Errors
 /// [`DrainError`] from scontrol.
 pub async fn release_predecessors(engine: &Engine) -> Result<Vec<String>, DrainError> {
-    let mut released = Vec::new();
-    for s in slot::list(&engine.ops.scontrol)
-        .await?
-        .into_iter()
-        .filter(|s| {
-            s.node == engine.node
-                && s.comment.starts_with("slurm-node-agent/repair@")
-                && s.instance_id() != Some(engine.instance_id.as_str())
-        })
-    {
-        match engine
-            .ops
-            .scontrol
-            .run(&["delete", "reservation", &s.name])
-            .await
-        {
-            Ok(_) => released.push(s.name),
-            Err(crate::slurm::ScontrolError::Failed { stderr, .. })
-                if stderr.contains("Requested reservation is invalid") => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(released)
+    Ok(slot::release_matching(&engine.ops.scontrol, |s| {
+        s.node == engine.node
+            && s.held_for() == Some(SlotFor::Repair)
+            && s.instance_id() != Some(engine.instance_id.as_str())
+    })
+    .await?)
 }
 
 /// The node is healthy and in service (`record`, as slurmctld holds it, available): the

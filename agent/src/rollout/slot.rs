@@ -135,10 +135,21 @@ impl Slot {
     /// The instance that took the slot, from its comment (`slurm-node-agent/upgrade@<id>`,
     /// `slurm-node-agent/repair@<id>`).
     pub fn instance_id(&self) -> Option<&str> {
-        ["slurm-node-agent/upgrade@", "slurm-node-agent/repair@"]
-            .iter()
-            .find_map(|p| self.comment.strip_prefix(p))
+        self.held_for()?;
+        self.comment
+            .split_once('@')
+            .map(|(_, id)| id)
             .filter(|id| !id.is_empty())
+    }
+
+    /// What the slot is held for, from its comment ([`slot_comment`]).
+    pub fn held_for(&self) -> Option<SlotFor> {
+        [SlotFor::Upgrade, SlotFor::Repair].into_iter().find(|h| {
+            self.comment
+                .strip_prefix("slurm-node-agent/")
+                .and_then(|r| r.strip_prefix(h.as_str()))
+                .is_some_and(|r| r.starts_with('@'))
+        })
     }
 }
 
@@ -345,7 +356,7 @@ pub async fn renew(
 /// # Errors
 /// [`ScontrolError`].
 pub async fn release(scontrol: &Scontrol, node: &str) -> Result<Vec<String>, ScontrolError> {
-    release_where(scontrol, node, None).await
+    release_matching(scontrol, |s| s.node == node).await
 }
 
 /// Deletes the slots `node` holds for `held_for` (their comment), as [`release`] does.
@@ -357,21 +368,22 @@ pub async fn release_for(
     node: &str,
     held_for: SlotFor,
 ) -> Result<Vec<String>, ScontrolError> {
-    release_where(scontrol, node, Some(held_for)).await
+    release_matching(scontrol, |s| {
+        s.node == node && s.held_for() == Some(held_for)
+    })
+    .await
 }
 
-async fn release_where(
+/// Deletes every slot `keep` picks, as [`release`] does.
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn release_matching(
     scontrol: &Scontrol,
-    node: &str,
-    held_for: Option<SlotFor>,
+    keep: impl Fn(&Slot) -> bool,
 ) -> Result<Vec<String>, ScontrolError> {
-    let prefix = held_for.map(|h| format!("slurm-node-agent/{}@", h.as_str()));
     let mut released = Vec::new();
-    for s in list(scontrol)
-        .await?
-        .into_iter()
-        .filter(|s| s.node == node && prefix.as_deref().is_none_or(|p| s.comment.starts_with(p)))
-    {
+    for s in list(scontrol).await?.into_iter().filter(|s| keep(s)) {
         match scontrol.run(&["delete", "reservation", &s.name]).await {
             Ok(_) => released.push(s.name),
             Err(ScontrolError::Failed { stderr, .. })
