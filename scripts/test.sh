@@ -108,7 +108,9 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 		# slurmctld, with 4 nodes (8 on the suite's release), replacements under the same
 		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted);
 		# repairs within the same budget (issue 38: 3 faulty of 4, budget 1), the breaker
-		# (the same fault everywhere) and the flap guard (a replacement failing again).
+		# (the same fault everywhere), the flap guard (a replacement failing again) and a
+		# repair's reboot through Slurm (`scontrol reboot ASAP nextstate=resume`, whose
+		# states changed in 25.11 and 26.05), then a replacement for the fault back.
 		SLURM_E2E_VERSION=$v SLURM_E2E_PREFIX=$prefix PATH="$prefix/sbin:$prefix/bin:$PATH" \
 			SLURM_E2E_FLEET_UPGRADE_NODES=${SLURM_E2E_MATRIX_NODES:-4} \
 			cargo test -p slurm-e2e --test fleet --locked -- --exact --test-threads=1 \
@@ -116,7 +118,8 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			rolling_upgrade_under_new_node_names_keeps_the_budget_and_leaves_no_old_record \
 			faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time \
 			a_fault_on_every_node_trips_the_breaker_and_no_node_leaves \
-			a_replacement_failing_the_same_check_is_not_replaced_again
+			a_replacement_failing_the_same_check_is_not_replaced_again \
+			a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it
 		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
 	done
 	scripts/slurm-build.sh "$suite_version" >/dev/null

@@ -38,7 +38,11 @@
 //!   in one cgroup would fight over it), the cluster key bound read-only at
 //!   `/etc/cluster.key`, `/dev/fuse` bound for FUSE mounts. A reboot inside the container
 //!   makes nspawn exit 133: the fleet's supervisor thread starts it again on the same
-//!   disk.
+//!   disk. Each boot runs in a time namespace of its own (`unshare --time`, its boot and
+//!   monotonic clocks starting near 0), so that the node's uptime (`/proc/uptime`,
+//!   sysinfo(2), what slurmd reports to slurmctld as its boot time) is the container's, as
+//!   on an instance, and not the host's: without it slurmctld never sees a node rebooted
+//!   by `scontrol reboot` come back from its reboot.
 //!
 //! - optionally ([`FleetBuilder::moto`]) moto's server for SSM and EC2: it runs on the
 //!   host's loopback as in the other tests (its helpers and `slurm-image-builder publish`
@@ -1521,7 +1525,20 @@ fn start_container(n: &mut Node, image: &Path, key: &Path) -> Result<()> {
             d.display()
         );
     }
-    script.push_str("exec \"$@\"\n");
+    // A reboot takes a moment: slurmctld takes a node's registration as the end of the
+    // reboot it asked for only with a boot time (now - uptime, whole seconds, uptime
+    // rounded up) not before the request's second, and a container is back within it.
+    if n.boots > 0 {
+        script.push_str("sleep 2\n");
+    }
+    // A time namespace of this boot's own (Linux 5.6, time_namespaces(7)): unshare(1)
+    // without --fork leaves nspawn in the host's and puts its children, the container,
+    // in the new one, whose clocks read the host's minus its whole seconds of uptime now
+    // (so they start below 1 s; the kernel refuses an offset that makes a clock negative).
+    script.push_str(
+        "up=$(cut -d. -f1 /proc/uptime)\n\
+         exec unshare --time --boottime \"-$up\" --monotonic \"-$up\" \"$@\"\n",
+    );
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(script)

@@ -1769,6 +1769,119 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
     d.stop().unwrap();
 }
 
+/// Issue 38 §1, `replace` for a node of Slurm's power saving (`State=CLOUD`), against a
+/// real slurmctld with `SuspendProgram` and `ResumeProgram`: once no job runs the agent
+/// does not power the instance off itself but asks Slurm (`scontrol update
+/// State=POWER_DOWN_ASAP` with the reason `... [powered off for replacement at <time>]`);
+/// slurmctld takes it (the node POWERING_DOWN or POWERED_DOWN) and runs `SuspendProgram`
+/// for the node, the way the site's power saving ends an instance; the agent's own
+/// power-off unit is never started.
+#[test]
+fn repair_on_replaces_a_cloud_node_through_slurms_power_down() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let root = TempRoot::new("drain-e2e-").unwrap();
+    fs::create_dir_all(root.path().join("conf.d")).unwrap();
+    let suspended = root.path().join("suspended");
+    let resumed = root.path().join("resumed");
+    let program = |name: &str, out: &Path| {
+        let p = root.path().join(name);
+        fs::write(&p, format!("#!/bin/sh\necho \"$1\" >> {}\n", out.display())).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    let suspend = program("suspend.sh", &suspended);
+    let resume = program("resume.sh", &resumed);
+    let host = slurm_e2e::slurm::short_hostname().unwrap();
+    let port = slurm_e2e::free_port();
+    let node = "cl1";
+    let ctld = Slurmctld::builder("drain")
+        .line(format!("SuspendProgram={}", suspend.display()))
+        .line(format!("ResumeProgram={}", resume.display()))
+        .line("SuspendTime=3600")
+        .line("SuspendTimeout=5")
+        .line("ResumeTimeout=60")
+        .line(format!(
+            "NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {NODE_CONF} State=CLOUD"
+        ))
+        .partition(format!(
+            "PartitionName=cloud Nodes={node} Default=YES MaxTime=INFINITE State=UP"
+        ))
+        .start()
+        .unwrap();
+    // Slurm powers the node up (ResumeProgram), then its slurmd registers.
+    ctld.scontrol_ok(&["update", &format!("NodeName={node}"), "State=POWER_UP"])
+        .unwrap();
+    wait_until("ResumeProgram", WAIT, Duration::from_millis(100), || {
+        Ok(resumed.exists().then_some(()))
+    })
+    .unwrap();
+    // `-b`: slurmd reports its start as the boot (slurmctld waits for a boot after the
+    // power-up it asked for; this host booted long before).
+    let slurmd = Slurmd::spawn(&ctld, node, &NodeKind::Static, &["-b"]).unwrap();
+    ctld.wait_node_idle(node, WAIT).unwrap();
+    let w = World {
+        slurmd: Some(slurmd),
+        ctld,
+        imds: Emulator::start(Config::default()).unwrap(),
+        moto: None,
+        root,
+        node: node.to_string(),
+    };
+    let st = w.ctld.node_state(node).unwrap().unwrap_or_default();
+    assert!(st.contains("CLOUD"), "{st}");
+    let off = w.path("powered-off");
+    fs::write(
+        sd.unit_dir().join("sna-poweroff.service"),
+        format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
+            off.display()
+        ),
+    )
+    .unwrap();
+    sd.daemon_reload().unwrap();
+    fs::create_dir_all(w.path("checks.d")).unwrap();
+    fs::write(w.path("nhc.conf"), "* || check_hw_cpuinfo 64 4096 8192\n").unwrap();
+    w.write_settings(&format!(
+        "[systemd]\nbus = \"{}\"\n\n[upgrade]\npoweroff_unit = \"sna-poweroff.service\"\n\n\
+         [health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
+         [repair]\nmode = \"on\"\nsettle = \"1s\"\n",
+        sd.bus_address(),
+        w.path("nhc.conf").display(),
+        w.path("checks.d").display()
+    ));
+    let job_done = w.submit_job(3);
+    let mut d = w.daemon("agent-repair-power-down", None);
+    wait_until(
+        "SuspendProgram for the node",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            Ok(fs::read_to_string(&suspended)
+                .is_ok_and(|s| s.lines().any(|l| l == node))
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", w.reason(), d.log_tail(40)));
+    assert_eq!(fs::read_to_string(&job_done).unwrap().trim(), "done");
+    let st = w.ctld.node_state(node).unwrap().unwrap_or_default();
+    assert!(st.contains("POWER"), "{st}");
+    let r = w.reason();
+    assert!(
+        r.starts_with("slurm-node-agent/repair@i-")
+            && r.contains(" [powered off for replacement at "),
+        "{r} ({st})"
+    );
+    w.wait_phase("done");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !off.exists(),
+        "the agent's own power-off ran for a CLOUD node"
+    );
+    let said = "scontrol update State=POWER_DOWN_ASAP";
+    assert_eq!(log_count(&d, said), 1, "{}", d.log_tail(40));
+    d.stop().unwrap();
+}
+
 /// Issue 38 §2: the operator's `repair` command, as SSM runs it: `--clear-history` and
 /// `--lift-breaker --for 30m` write `repair-operator.json` (the running daemon's next pass
 /// takes it: unit-tested in `daemon::pass_tests`), say what they did, and neither option is a usage

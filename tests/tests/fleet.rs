@@ -607,6 +607,143 @@ fn faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time() {
     );
 }
 
+/// Issue 38 §1: a reboot-class fault (a site's `[[repair.checks]]` row: a marker file in
+/// `/run`, gone after a boot as a fault a reboot clears is) on a node running a job: the
+/// job completes, then Slurm reboots the node (`scontrol reboot ASAP nextstate=resume`,
+/// `RebootProgram` reboots the container), the checks after the boot pass and the node is
+/// IDLE with no reason of the agent's; the same fault again after that boot is within
+/// `repair.replace_within_boots`: the node is replaced (powered off, the reason saying
+/// so), not rebooted a second time.
+#[test]
+fn a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it() {
+    const MARKER: &str = "/run/slurm-e2e-fault";
+    let check = format!(
+        "[[check]]\nname = \"marker\"\nkind = \"file\"\npath = \"{MARKER}\"\nexists = false\n"
+    );
+    let mut fleet = Fleet::builder()
+        .agent_toml(
+            "[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"2s\"\n\
+             breaker_min_nodes = 10\n\n[[repair.checks]]\ncheck = \"marker\"\naction = \"reboot\"\n",
+        )
+        .ctld_line("RebootProgram=\"/usr/bin/systemctl reboot\"")
+        .start()
+        .unwrap();
+    let names: Vec<String> = vec!["node001".into(), "node002".into()];
+    fleet.launch_all(&["node001", "node002"]).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    for n in &names {
+        slurm_e2e::fleet_scenarios::place_fault(&fleet, n, Some(&check)).unwrap();
+    }
+    let job = fleet
+        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 15"])
+        .unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            "node001",
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    let mark = |on: bool| {
+        let script = if on {
+            format!("touch {MARKER}")
+        } else {
+            format!("rm -f {MARKER}")
+        };
+        let out = fleet.exec("node001", "/bin/sh", &["-c", &script]).unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    mark(true);
+    // Drained while the job runs (by the health checks, then, the fault settled, by the
+    // repair), the plan in the reason.
+    slurm_e2e::wait_until(
+        "node001's repair drain",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let r = full_reason(&fleet, "node001");
+            Ok(
+                (r.starts_with("slurm-node-agent/repair@") && r.contains("[reboot after jobs]"))
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    let st = fleet
+        .ctld
+        .node_state("node001")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(st.contains("DRAIN"), "{st}");
+    assert_eq!(fleet.boots("node001").unwrap(), 1, "rebooted under its job");
+    // The job completes, then Slurm reboots the node.
+    slurm_e2e::wait_until(
+        "node001 rebooted by Slurm",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((fleet.boots("node001")? == 2).then_some(())),
+    )
+    .unwrap();
+    let records = fleet.job_records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r.contains(&format!("JobId={job} ")) && r.contains("JobState=COMPLETED")),
+        "job {job}: {records:?}"
+    );
+    fleet.wait_booted("node001", BOOT_TIMEOUT).unwrap();
+    // Back in service by itself: the marker went with the boot, the checks pass; the
+    // budget slot is given back (the node no longer RESERVED) and no reason of the
+    // agent's is held (`sinfo -R`; 25.11 keeps a resumed node's last reason in its record).
+    slurm_e2e::wait_until(
+        "node001 IDLE, its slot given back, after its reboot",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let st = fleet.ctld.node_state("node001")?.unwrap_or_default();
+            Ok((st.starts_with("IDLE")
+                && !st.contains("DRAIN")
+                && !st.contains("REBOOT")
+                && !st.contains("RESERVED"))
+            .then_some(()))
+        },
+    )
+    .unwrap();
+    fleet
+        .ctld
+        .check_reason_lifted("node001", &reason(&fleet, "node001"))
+        .unwrap();
+    assert_eq!(fleet.exited("node001").unwrap(), None);
+    // The same fault after the boot: replaced this time, not rebooted again.
+    mark(true);
+    slurm_e2e::wait_until(
+        "node001 powered off for replacement",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok(fleet.exited("node001")?.map(|_| ())),
+    )
+    .unwrap();
+    assert_eq!(fleet.boots("node001").unwrap(), 2, "rebooted a second time");
+    let off = full_reason(&fleet, "node001");
+    assert!(
+        off.starts_with("slurm-node-agent/repair@")
+            && off.contains("marker")
+            && off.contains(" [powered off for replacement at "),
+        "{off}"
+    );
+    // node002 had the check and never the fault.
+    let st = fleet
+        .ctld
+        .node_state("node002")
+        .unwrap()
+        .unwrap_or_default();
+    assert!(
+        st.starts_with("IDLE") && !st.contains("DRAIN"),
+        "node002: {st}"
+    );
+}
+
 /// Issue 38 §3: the same fault on every node of the partition (a check that fails on all
 /// four, as a shared file system gone for everyone would) trips the breaker: no node is
 /// repaired (none leaves, no slot is taken, every node stays drained by its health checks);
