@@ -24,6 +24,7 @@ locals {
       owner        = "amazon"
       ssh_username = "ec2-user"
       root_device  = "/dev/xvda"
+      glibc        = "2.34"
       ami_name = {
         x86_64 = "al2023-ami-2023.*-kernel-6.1-x86_64"
         arm64  = "al2023-ami-2023.*-kernel-6.1-arm64"
@@ -34,6 +35,7 @@ locals {
       owner        = "099720109477"
       ssh_username = "ubuntu"
       root_device  = "/dev/sda1"
+      glibc        = "2.35"
       ami_name = {
         x86_64 = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"
         arm64  = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-arm64-server-*"
@@ -44,6 +46,7 @@ locals {
       owner        = "099720109477"
       ssh_username = "ubuntu"
       root_device  = "/dev/sda1"
+      glibc        = "2.39"
       ami_name = {
         x86_64 = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*"
         arm64  = "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-*"
@@ -54,6 +57,7 @@ locals {
       owner        = "792107900819"
       ssh_username = "rocky"
       root_device  = "/dev/sda1"
+      glibc        = "2.34"
       ami_name = {
         x86_64 = "Rocky-9-EC2-Base-9.*.x86_64"
         arm64  = "Rocky-9-EC2-Base-9.*.aarch64"

@@ -55,7 +55,7 @@ impl HostFacts {
             .filter(|&n| n > 0 && n <= cpus)
             .unwrap_or(cpus);
         let sockets = count_sockets()
-            .filter(|&s| s > 0 && physical % s == 0)
+            .filter(|&s| s > 0 && physical.is_multiple_of(s))
             .unwrap_or(1);
         let threads = if cpus % physical == 0 {
             cpus / physical

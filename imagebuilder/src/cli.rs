@@ -538,6 +538,7 @@ impl Cli {
 
     async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
         let (mut recipe, template, mut vars) = self.resolve(&args.recipe)?;
+        check_agent_fits(args, &recipe, &self.packer_dir())?;
         let work = absolute(
             &args
                 .work_dir
@@ -663,6 +664,7 @@ impl Cli {
 
     async fn build_local(&self, args: &BuildArgs) -> Result<Report> {
         let (mut recipe, _template, _vars) = self.resolve(&args.recipe)?;
+        check_agent_fits(args, &recipe, &self.packer_dir())?;
         let work = absolute(
             &args
                 .work_dir
@@ -999,6 +1001,72 @@ const HEALTHCHECK_BIN: &str = "slurm-node-agent-healthcheck";
 
 /// Put the agent build where the steps expect it (see packer/scripts/70-agent.sh).
 /// Returns notes about missing parts (the steps say so again, plainly).
+/// The agent binary a build stages: `--agent-bin`, else the workspace's release or debug
+/// build; `None` with `--without-agent` or where none is built.
+///
+/// # Errors
+/// [`Error::BadInput`]: `--agent-bin` names no file.
+fn agent_source(agent_bin: Option<&Path>, without_agent: bool) -> Result<Option<PathBuf>> {
+    Ok(match agent_bin {
+        Some(p) if p.is_file() => Some(p.to_path_buf()),
+        Some(p) => return Err(Error::BadInput(format!(
+            "--agent-bin {}: no such file (build it: cargo build --release -p slurm-node-agent)",
+            p.display()
+        ))),
+        None if without_agent => None,
+        None => [
+            "target/release/slurm-node-agent",
+            "target/debug/slurm-node-agent",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file()),
+    })
+}
+
+/// Refuses, before Packer or the local build starts, an agent binary (and the
+/// HealthCheckProgram beside it) that cannot start on the image: another architecture
+/// than the recipe's, or a glibc floor above the OS's (`glibc` of the template's
+/// `local.os_catalog`; Debian 12's for the local target).
+///
+/// # Errors
+/// [`Error::BadInput`] naming the binary, what it needs and what the image has.
+fn check_agent_fits(args: &BuildArgs, recipe: &Recipe, packer_dir: &Path) -> Result<()> {
+    let Some(bin) = agent_source(args.agent_bin.as_deref(), args.without_agent)? else {
+        return Ok(());
+    };
+    // The catalog of the project's templates, as the recipe's OS was checked against
+    // (`--template` may name a template without one).
+    let template = Template::load(packer_dir)?;
+    let glibc = if args.recipe.target == Target::Local {
+        Some(crate::recipe::LOCAL_OS_GLIBC.to_string())
+    } else {
+        os_catalog(&template)?
+            .get(&recipe.os)
+            .and_then(|e| e.glibc.clone())
+    };
+    let glibc = glibc
+        .map(|g| {
+            crate::binary::GlibcVersion::parse(&g).ok_or_else(|| Error::File {
+                path: template.path.clone(),
+                message: format!(
+                    "local.os_catalog[\"{}\"].glibc: not a version: {g:?}",
+                    recipe.os
+                ),
+            })
+        })
+        .transpose()?;
+    let named = |p: &Path| match &args.agent_bin {
+        Some(_) if p == bin => format!("--agent-bin {}", p.display()),
+        _ => format!("the agent binary {}", p.display()),
+    };
+    let hc = bin.with_file_name(HEALTHCHECK_BIN);
+    for p in std::iter::once(bin.clone()).chain(hc.is_file().then_some(hc)) {
+        crate::binary::check_fits(&p, &named(&p), &recipe.arch, &recipe.os, glibc)?;
+    }
+    Ok(())
+}
+
 fn assemble_agent(
     dest: &Path,
     agent_bin: Option<&Path>,
@@ -1013,24 +1081,7 @@ fn assemble_agent(
     }
     std::fs::create_dir_all(dest)
         .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
-    let bin = match agent_bin {
-        Some(p) if p.is_file() => Some(p.to_path_buf()),
-        Some(p) => {
-            return Err(Error::BadInput(format!(
-            "--agent-bin {}: no such file (build it: cargo build --release -p slurm-node-agent)",
-            p.display()
-        )))
-        }
-        None if without_agent => None,
-        None => [
-            "target/release/slurm-node-agent",
-            "target/debug/slurm-node-agent",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file()),
-    };
-    match bin {
+    match agent_source(agent_bin, without_agent)? {
         Some(b) => {
             std::fs::copy(&b, dest.join("slurm-node-agent"))
                 .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;

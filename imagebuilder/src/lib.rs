@@ -13,6 +13,7 @@
 //! - [`cli`]: the command line; [`error`]: errors and exit codes; [`manual`]: man pages
 //!   and shell completions.
 
+pub mod binary;
 pub mod cli;
 pub mod error;
 pub mod keys;

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 
 /// The OS of `build --target local` (a Debian 12 root made by mmdebstrap).
 pub const LOCAL_OS: &str = "debian-12";
+/// The glibc of [`LOCAL_OS`] (Debian 12's libc6).
+pub const LOCAL_OS_GLIBC: &str = "2.36";
 /// Slurm version of Debian 12's packages (slurm-wlm 22.05.8), the default locally.
 pub const DEBIAN_12_SLURM: &str = "22.05.8";
 
@@ -91,6 +93,10 @@ pub struct OsEntry {
     pub owner: String,
     /// AMI name patterns by architecture.
     pub ami_name: BTreeMap<String, String>,
+    /// The OS's glibc version (`2.34`): the newest glibc symbol version a program put into
+    /// the image may need ([`crate::binary`]).
+    #[serde(default)]
+    pub glibc: Option<String>,
 }
 
 /// The OS catalog from a template's literal `locals { os_catalog = ... }`.
@@ -822,6 +828,7 @@ mod tests {
                 family: "deb".into(),
                 owner: "099720109477".into(),
                 ami_name: [("x86_64".to_string(), "ubuntu-*".to_string())].into(),
+                glibc: Some("2.39".into()),
             },
         );
         c

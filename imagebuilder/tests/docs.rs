@@ -51,6 +51,23 @@ fn the_support_matrix_lists_every_os_of_the_template() {
         listed, want,
         "docs/support-matrix.md's OS table and packer/node.pkr.hcl's os_catalog (plus the local target's debian-12)"
     );
+    // The glibc column: what `build` checks an agent binary's floor against.
+    let mut glibc: Vec<(String, String)> = os_catalog(&template)
+        .unwrap()
+        .into_iter()
+        .map(|(os, e)| (os, e.glibc.unwrap_or_default()))
+        .collect();
+    glibc.push((
+        "debian-12".into(),
+        slurm_image_builder::recipe::LOCAL_OS_GLIBC.into(),
+    ));
+    glibc.sort();
+    let mut listed = first_column(&page(), "## Operating systems");
+    listed.sort();
+    assert_eq!(
+        listed, glibc,
+        "docs/support-matrix.md's glibc column and os_catalog's glibc"
+    );
 }
 
 #[test]

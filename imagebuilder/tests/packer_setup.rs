@@ -397,3 +397,93 @@ fn the_image_records_the_version_of_the_agent_binary_it_carries() {
     assert_eq!(recorded(&["--agent-version", "1.2.3-site"]), "1.2.3-site");
     assert_eq!(recorded(&["--var", "agent_version=4.5.6"]), "4.5.6");
 }
+
+/// Issue 42 §3: an agent binary that cannot start on the image is refused by name before
+/// Packer starts (the stand-in records no call): built for another architecture than
+/// `--arch`, or (the OS catalog's glibc lowered below the binary's floor in a copy of the
+/// templates) needing a newer glibc than the OS has. The same binary on its own
+/// architecture and the real catalog passes that check.
+#[test]
+fn an_agent_binary_that_cannot_run_on_the_image_is_refused_before_packer_starts() {
+    let agent =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slurm-node-agent");
+    if !agent.is_file() {
+        eprintln!(
+            "skipped: {} not built (cargo build -p slurm-node-agent)",
+            agent.display()
+        );
+        return;
+    }
+    let (own, other) = if cfg!(target_arch = "aarch64") {
+        ("arm64", "x86_64")
+    } else {
+        ("x86_64", "arm64")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let packer = StandinPacker::new(dir.path(), "1.11.2");
+    let build = |packer_dir: Option<&std::path::Path>, arch: &str| {
+        let work = tempfile::tempdir().unwrap();
+        let mut cmd = sib_with(&packer, plugins.path());
+        if let Some(p) = packer_dir {
+            cmd.arg("--packer-dir").arg(p);
+        }
+        run(cmd
+            .args(["build", "--agent-bin"])
+            .arg(&agent)
+            .args(OFFLINE)
+            .args(["--arch", arch, "--region", "eu-west-1", "--work-dir"])
+            .arg(work.path()))
+    };
+    let out = build(None, other);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains(&format!(
+            "--agent-bin {}: built for {own}, but the image is {other} (--arch)",
+            agent.display()
+        )),
+        "{}",
+        text(&out)
+    );
+    assert!(packer.calls().is_empty(), "{:?}", packer.calls());
+
+    // The templates with al2023's glibc at 2.17, below any Rust program's floor.
+    let templates = tempfile::tempdir().unwrap();
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packer");
+    copy_dir(&src, templates.path());
+    let hcl = templates.path().join("node.pkr.hcl");
+    let t = std::fs::read_to_string(&hcl).unwrap();
+    let lowered = t.replacen("glibc        = \"2.34\"", "glibc        = \"2.17\"", 1);
+    assert_ne!(t, lowered, "no glibc line for al2023 in {}", hcl.display());
+    std::fs::write(&hcl, lowered).unwrap();
+    let out = build(Some(templates.path()), own);
+    assert!(!out.status.success());
+    let said = text(&out);
+    assert!(
+        said.contains("needs glibc 2.") && said.contains("but al2023 has glibc 2.17"),
+        "{said}"
+    );
+    assert!(packer.calls().is_empty(), "{:?}", packer.calls());
+
+    // Its own architecture, al2023's real glibc: past the check (Packer is asked).
+    let out = build(None, own);
+    assert!(
+        !text(&out).contains("built for") && !text(&out).contains("needs glibc"),
+        "{}",
+        text(&out)
+    );
+    assert!(!packer.calls().is_empty(), "{}", text(&out));
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}

@@ -403,7 +403,7 @@ async fn wait_for_config_cache(s: &Settings, systemd: &dyn Units, time_left: Dur
         }
         // The unit's state every 4 looks (20 ms): a slurmd that failed is [`join`]'s to
         // handle, with slurmctld's answer in its message.
-        if looks % 4 == 0 {
+        if looks.is_multiple_of(4) {
             if let Ok(state) = systemd.active_state(&s.slurm.slurmd_unit).await {
                 if matches!(state.as_str(), "failed" | "inactive") {
                     return;
@@ -448,12 +448,12 @@ async fn wait_for_slurmd_ready(
     while start.elapsed() < limit {
         // Nothing listens on slurmd's port yet: it is still fetching its configuration.
         let Some(addr) = slurm::readyz::listening_address(port) else {
-            if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+            if tries.is_multiple_of(4) && slurmd_stopped(s, systemd).await {
                 return;
             }
             // slurmd still without its configuration after [`FETCH_REFUSED_AFTER`]: the
             // join looks at why ([`refused`]).
-            if tries % 100 == 0 && slurmd_ran_for(s, systemd).await >= FETCH_REFUSED_AFTER {
+            if tries.is_multiple_of(100) && slurmd_ran_for(s, systemd).await >= FETCH_REFUSED_AFTER {
                 return;
             }
             tries += 1;
@@ -481,7 +481,7 @@ async fn wait_for_slurmd_ready(
             }
         }
         // The unit's state every 4 tries: a slurmd that failed is [`join`]'s to handle.
-        if tries % 4 == 0 && slurmd_stopped(s, systemd).await {
+        if tries.is_multiple_of(4) && slurmd_stopped(s, systemd).await {
             return;
         }
         tries += 1;
