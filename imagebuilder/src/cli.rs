@@ -1009,10 +1009,12 @@ const HEALTHCHECK_BIN: &str = "slurm-node-agent-healthcheck";
 fn agent_source(agent_bin: Option<&Path>, without_agent: bool) -> Result<Option<PathBuf>> {
     Ok(match agent_bin {
         Some(p) if p.is_file() => Some(p.to_path_buf()),
-        Some(p) => return Err(Error::BadInput(format!(
+        Some(p) => {
+            return Err(Error::BadInput(format!(
             "--agent-bin {}: no such file (build it: cargo build --release -p slurm-node-agent)",
             p.display()
-        ))),
+        )))
+        }
         None if without_agent => None,
         None => [
             "target/release/slurm-node-agent",

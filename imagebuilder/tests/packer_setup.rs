@@ -357,15 +357,9 @@ fn exit_code_tables_agree() {
 /// `--agent-version` or `--var agent_version=` wins.
 #[test]
 fn the_image_records_the_version_of_the_agent_binary_it_carries() {
-    let agent =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slurm-node-agent");
-    if !agent.is_file() {
-        eprintln!(
-            "skipped: {} not built (cargo build -p slurm-node-agent)",
-            agent.display()
-        );
+    let Some(agent) = built_agent() else {
         return;
-    }
+    };
     let printed = run(std::process::Command::new(&agent).arg("--version"));
     let version = String::from_utf8_lossy(&printed.stdout)
         .split_whitespace()
@@ -405,15 +399,9 @@ fn the_image_records_the_version_of_the_agent_binary_it_carries() {
 /// architecture and the real catalog passes that check.
 #[test]
 fn an_agent_binary_that_cannot_run_on_the_image_is_refused_before_packer_starts() {
-    let agent =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slurm-node-agent");
-    if !agent.is_file() {
-        eprintln!(
-            "skipped: {} not built (cargo build -p slurm-node-agent)",
-            agent.display()
-        );
+    let Some(agent) = built_agent() else {
         return;
-    }
+    };
     let (own, other) = if cfg!(target_arch = "aarch64") {
         ("arm64", "x86_64")
     } else {
@@ -486,4 +474,18 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
             std::fs::copy(e.path(), dest).unwrap();
         }
     }
+}
+
+/// The workspace's debug build of the agent; `None`, said on stderr, when it is not built.
+fn built_agent() -> Option<std::path::PathBuf> {
+    let agent =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/slurm-node-agent");
+    if agent.is_file() {
+        return Some(agent);
+    }
+    eprintln!(
+        "skipped: {} not built (cargo build -p slurm-node-agent)",
+        agent.display()
+    );
+    None
 }

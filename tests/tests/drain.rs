@@ -1707,14 +1707,10 @@ fn repair_on_reboots_a_faulty_node_after_its_job_through_slurm_and_gives_the_slo
     d.stop().unwrap();
 }
 
-/// Issue 38 §1, `repair.mode = "on"`, a replace-class fault (a hardware check): the node
-/// drains with `... [replace after jobs]`, takes a slot, and once no job runs leaves by the
-/// upgrade's way out: the reason becomes `... [powered off for replacement at <time>]` and systemd
-/// starts `upgrade.poweroff_unit`, once; the slot stays for the replacement to release.
-#[test]
-fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
-    let sd = slurm_e2e::UserSystemd::start().unwrap();
-    let w = World::start("rp2", &[], "");
+/// A replace-class fault (an NHC hardware check this host fails) with `repair.mode = "on"`
+/// for `w`'s agent, and `upgrade.poweroff_unit` a unit of `sd` that only notes that it
+/// ran, in the returned file.
+fn replace_class_fault(w: &World, sd: &slurm_e2e::UserSystemd) -> PathBuf {
     let off = w.path("powered-off");
     fs::write(
         sd.unit_dir().join("sna-poweroff.service"),
@@ -1735,6 +1731,18 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
         w.path("nhc.conf").display(),
         w.path("checks.d").display()
     ));
+    off
+}
+
+/// Issue 38 §1, `repair.mode = "on"`, a replace-class fault (a hardware check): the node
+/// drains with `... [replace after jobs]`, takes a slot, and once no job runs leaves by the
+/// upgrade's way out: the reason becomes `... [powered off for replacement at <time>]` and systemd
+/// starts `upgrade.poweroff_unit`, once; the slot stays for the replacement to release.
+#[test]
+fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
+    let sd = slurm_e2e::UserSystemd::start().unwrap();
+    let w = World::start("rp2", &[], "");
+    let off = replace_class_fault(&w, &sd);
     let job_done = w.submit_job(4);
     let mut d = w.daemon("agent-repair-replace", None);
     wait_until(
@@ -1829,26 +1837,7 @@ fn repair_on_replaces_a_cloud_node_through_slurms_power_down() {
     };
     let st = w.ctld.node_state(node).unwrap().unwrap_or_default();
     assert!(st.contains("CLOUD"), "{st}");
-    let off = w.path("powered-off");
-    fs::write(
-        sd.unit_dir().join("sna-poweroff.service"),
-        format!(
-            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo off >> {}'\n",
-            off.display()
-        ),
-    )
-    .unwrap();
-    sd.daemon_reload().unwrap();
-    fs::create_dir_all(w.path("checks.d")).unwrap();
-    fs::write(w.path("nhc.conf"), "* || check_hw_cpuinfo 64 4096 8192\n").unwrap();
-    w.write_settings(&format!(
-        "[systemd]\nbus = \"{}\"\n\n[upgrade]\npoweroff_unit = \"sna-poweroff.service\"\n\n\
-         [health]\nnhc_conf = [\"{}\"]\nchecks_dir = \"{}\"\ninterval = \"1s\"\n\n\
-         [repair]\nmode = \"on\"\nsettle = \"1s\"\n",
-        sd.bus_address(),
-        w.path("nhc.conf").display(),
-        w.path("checks.d").display()
-    ));
+    let off = replace_class_fault(&w, &sd);
     let job_done = w.submit_job(3);
     let mut d = w.daemon("agent-repair-power-down", None);
     wait_until(

@@ -176,6 +176,23 @@ fn wait_bootstrap_exit(fleet: &Fleet, node: &str) {
     .unwrap();
 }
 
+/// Submits `sleep <secs>` bound to `node` and returns its job id once slurmctld runs it
+/// there (ALLOCATED or MIXED).
+fn job_running(fleet: &Fleet, node: &str, secs: u64) -> String {
+    let job = fleet
+        .sbatch(&["-N1", "-w", node, "--wrap", &format!("sleep {secs}")])
+        .unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            node,
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    job
+}
+
 fn reason(fleet: &Fleet, node: &str) -> String {
     let line = fleet
         .ctld
@@ -265,17 +282,7 @@ fn controller_away_drains_nothing_and_a_node_booting_meanwhile_joins() {
     fleet.launch_all(&refs).unwrap();
     fleet.wait_all_idle(&first, BOOT_TIMEOUT).unwrap();
     // A job that runs through the outage.
-    fleet
-        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 60"])
-        .unwrap();
-    fleet
-        .ctld
-        .wait_node_state(
-            "node001",
-            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
-            Duration::from_secs(60),
-        )
-        .unwrap();
+    job_running(&fleet, "node001", 60);
 
     fleet.ctld.stop().unwrap();
     fleet.launch_all(&["node004"]).unwrap();
@@ -318,20 +325,10 @@ fn maintenance_reboot_drains_early_reboots_and_returns_to_service() {
     let names: Vec<String> = vec!["node001".into(), "node002".into()];
     fleet.launch_all(&["node001", "node002"]).unwrap();
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
-    let job = fleet
-        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 30"])
-        .unwrap();
     // The job must be running before the notice: a drain that comes first keeps a job
     // bound to node001 (`-w`) pending for ever (that was the failure after the merges:
     // the agent drained within a second, before slurmctld's scheduler had started it).
-    fleet
-        .ctld
-        .wait_node_state(
-            "node001",
-            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
-            Duration::from_secs(120),
-        )
-        .unwrap();
+    let job = job_running(&fleet, "node001", 30);
     let event = |state: &str| {
         format!(
             r#"[{{"NotBefore": "{}", "Code": "system-reboot", "Description": "scheduled reboot",
@@ -634,17 +631,7 @@ fn a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_repla
     for n in &names {
         slurm_e2e::fleet_scenarios::place_fault(&fleet, n, Some(&check)).unwrap();
     }
-    let job = fleet
-        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 15"])
-        .unwrap();
-    fleet
-        .ctld
-        .wait_node_state(
-            "node001",
-            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
-            Duration::from_secs(120),
-        )
-        .unwrap();
+    let job = job_running(&fleet, "node001", 15);
     let mark = |on: bool| {
         let script = if on {
             format!("touch {MARKER}")

@@ -453,7 +453,8 @@ async fn wait_for_slurmd_ready(
             }
             // slurmd still without its configuration after [`FETCH_REFUSED_AFTER`]: the
             // join looks at why ([`refused`]).
-            if tries.is_multiple_of(100) && slurmd_ran_for(s, systemd).await >= FETCH_REFUSED_AFTER {
+            if tries.is_multiple_of(100) && slurmd_ran_for(s, systemd).await >= FETCH_REFUSED_AFTER
+            {
                 return;
             }
             tries += 1;
