@@ -423,7 +423,28 @@ async fn main_loop(
         start,
     );
     if ctx.aws.is_some() {
-        upgrade_poll.arm_first(&mut schedule, start);
+        // During a rollout (a slot of the budget held) the first check comes at once: this
+        // may be a replacement whose check in service ends its predecessor's slot. Else
+        // at a drawn part of the interval, so that a fleet booted at once spreads out.
+        // (Bounded: the loop, and the watchdog's pings, start after it.)
+        let rollout = tokio::time::timeout(
+            Duration::from_secs(5),
+            crate::rollout::slot::list(&ctx.engine.ops.scontrol),
+        )
+        .await
+        .is_ok_and(|r| {
+            r.is_ok_and(|slots| {
+                slots
+                    .iter()
+                    .any(|sl| crate::rollout::slot::is_slot(&sl.name))
+            })
+        });
+        if rollout {
+            upgrade_poll.first_done();
+            schedule.arm(Job::Upgrade, start);
+        } else {
+            upgrade_poll.arm_first(&mut schedule, start);
+        }
         tracing::info!(
             schedule = %schedule.describe().join("; "),
             upgrade_poll = %upgrade_poll.describe(),
@@ -464,6 +485,10 @@ async fn main_loop(
                         Some(c) if c.wants_retry_soon() => schedule.arm(
                             Job::Upgrade,
                             Instant::now() + upgrade_poll.retry_wait(s.upgrade.budget_wait.0),
+                        ),
+                        Some(c) if c.wants_check_soon() => schedule.arm(
+                            Job::Upgrade,
+                            Instant::now() + s.drain.check_interval.0,
                         ),
                         _ => upgrade_poll.checked(&mut schedule, Instant::now()),
                     }
@@ -1014,7 +1039,14 @@ const MOUNTS_INTERVAL: Duration = Duration::from_secs(30);
 
 fn describe(c: &Check) -> String {
     match c {
-        Check::UpToDate { image } => format!("up to date ({image})"),
+        Check::UpToDate {
+            image,
+            returning: false,
+        } => format!("up to date ({image})"),
+        Check::UpToDate {
+            image,
+            returning: true,
+        } => format!("up to date ({image}); not in service yet"),
         Check::Busy => "another drain in progress".into(),
         Check::ForeignDrain => "node drained by someone else; not upgrading".into(),
         Check::Waiting { used, limit } => {

@@ -19,6 +19,10 @@ pub enum Check {
     UpToDate {
         /// The image.
         image: String,
+        /// Not in service yet while an upgrade slot of the agent's is held (a replacement
+        /// coming up, in its first `upgrade.slot_timeout`): it may release a slot once in
+        /// service, so the next check comes soon ([`Check::wants_check_soon`]).
+        returning: bool,
     },
     /// Another drain is in progress, or this upgrade was already handled: nothing done.
     Busy,
@@ -61,6 +65,21 @@ impl Check {
     /// Whether the next check should come after the budget wait rather than the interval.
     pub fn wants_retry_soon(&self) -> bool {
         matches!(self, Check::Waiting { .. })
+    }
+
+    /// Whether the next check should come at the drain state's pace
+    /// (`drain.check_interval`): a replacement up to date, on its way into service, whose
+    /// first check in service releases its predecessor's slot. Paced by the poll interval
+    /// (sized to the cluster for SSM's quota) the next node of a rollout waited up to that
+    /// long for the slot; such checks are as many as the budget's slots.
+    pub fn wants_check_soon(&self) -> bool {
+        matches!(
+            self,
+            Check::UpToDate {
+                returning: true,
+                ..
+            }
+        )
     }
 }
 
@@ -112,7 +131,11 @@ pub async fn check(
         if st.phase == Phase::Active {
             lift_leftover(engine, &desired, &current).await?;
         }
-        return Ok(Check::UpToDate { image: current });
+        let returning = returning(engine).await?;
+        return Ok(Check::UpToDate {
+            image: current,
+            returning,
+        });
     }
     if st.phase == Phase::Active && st.handled.contains(&cause_key(&current, &desired)) {
         // The drain for this upgrade ended without it (withdrawn, resumed by an operator).
@@ -223,6 +246,30 @@ async fn release_when_back(engine: &Engine) -> Result<(), DrainError> {
         tracing::info!(node = %engine.node, ?released, state = node.state(), "back in service: released the upgrade budget slot");
     }
     Ok(())
+}
+
+/// Whether this node, up to date, is not in service yet in its first
+/// `upgrade.slot_timeout` after slurmd's start while a slot of the agent's budget is held
+/// in slurmctld: a replacement on its way in, whose check in service releases a slot (its
+/// NodeName's, or a gone holder's).
+async fn returning(engine: &Engine) -> Result<bool, DrainError> {
+    let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
+        return Ok(false);
+    };
+    if node.is_available() || !in_replacement_window(engine, &node) {
+        return Ok(false);
+    }
+    let slots = slot::list(&engine.ops.scontrol).await?;
+    Ok(slots.iter().any(|s| slot::is_slot(&s.name)))
+}
+
+/// Whether `node`'s slurmd started (SlurmdStartTime, which this instance's slurmd reported)
+/// within `upgrade.slot_timeout`: the time a replacement has to come up before its
+/// predecessor's slot ends anyway.
+fn in_replacement_window(engine: &Engine, node: &crate::slurm::NodeInfo) -> bool {
+    let window = i64::try_from(engine.upgrade.slot_timeout.0.as_secs()).unwrap_or(i64::MAX);
+    node.slurmd_start_time()
+        .is_some_and(|t| crate::time::now().saturating_sub(t) <= window)
 }
 
 /// slurmctld's record of this node (`scontrol show node`); a node it does not know is
@@ -414,11 +461,8 @@ pub async fn release_for_a_holder_that_is_gone(
     if engine.load()?.replaced_slot_released_by.as_deref() == Some(engine.instance_id.as_str()) {
         return Ok(());
     }
-    // In service for less than a slot's lifetime: slurmd's start (SlurmdStartTime, which
-    // this instance's slurmd reported) within `upgrade.slot_timeout`.
-    let window = i64::try_from(engine.upgrade.slot_timeout.0.as_secs()).unwrap_or(i64::MAX);
-    let started = node.slurmd_start_time();
-    if started.is_none_or(|t| crate::time::now().saturating_sub(t) > window) {
+    // In service for less than a slot's lifetime.
+    if !in_replacement_window(engine, node) {
         return Ok(());
     }
     let partition = Budget::partition(engine, node);

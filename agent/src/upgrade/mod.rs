@@ -74,7 +74,9 @@ pub struct UpgradeSettings {
     /// node within 1.2 times this. A larger cluster reads it less often (`fleet_rate`).
     /// Each wait is the node's interval times a random factor of 0.8 to 1.2, the first a
     /// random part of the first interval, so that nodes launched at once spread out and
-    /// stay spread.
+    /// stay spread. During a rollout (a budget slot held) a node's first read comes at its
+    /// daemon's start, and a replacement up to date but not yet in service reads again at
+    /// `drain.check_interval`: its first read in service ends its predecessor's slot.
     pub interval: HumanDuration,
     /// Reads of the parameter (SSM GetParameter) a second the whole cluster may make:
     /// each node reads it every `interval`, or every `nodes / fleet_rate` seconds when that
