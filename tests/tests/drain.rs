@@ -1777,6 +1777,53 @@ fn repair_on_replaces_a_node_with_a_hardware_fault_by_the_poweroff_way_out() {
     d.stop().unwrap();
 }
 
+/// Issue 41 §2.1-2: an operator's `drain` then `resume` of a node whose slurmd has not
+/// registered (UNKNOWN: declared in slurm.conf, never started). Slurm before 26.05.2
+/// refuses the RESUME with ESLURM_INVALID_NODE_STATE although it cleared the drain, and
+/// the words of refusals changed in 25.11: the agent decides from the record after the
+/// call, so `resume` succeeds on every release and the record holds no drain.
+#[test]
+fn resume_of_a_node_that_never_registered_is_decided_from_the_record() {
+    let host = slurm_e2e::slurm::short_hostname().unwrap();
+    let port = slurm_e2e::free_port();
+    let node = "un1";
+    let ctld = Slurmctld::builder("drain")
+        .line(format!(
+            "NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {NODE_CONF}"
+        ))
+        .partition(format!(
+            "PartitionName=only Nodes={node} Default=YES MaxTime=INFINITE State=UP"
+        ))
+        .start()
+        .unwrap();
+    let root = TempRoot::new("drain-e2e-").unwrap();
+    fs::create_dir_all(root.path().join("conf.d")).unwrap();
+    let w = World {
+        slurmd: None,
+        ctld,
+        imds: Emulator::start(Config::default()).unwrap(),
+        moto: None,
+        root,
+        node: node.to_string(),
+    };
+    w.write_settings("");
+    let st = w.state();
+    assert!(st.starts_with("UNKNOWN"), "{st}");
+    let out = w.run_agent(&["drain", "--reason", "kernel update"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(w.state().contains("DRAIN"), "{}", w.state());
+    let out = w.run_agent(&["resume"]);
+    assert!(out.status.success(), "{out:?}");
+    let st = w.state();
+    assert!(!st.contains("DRAIN"), "{st}");
+    // What slurmctld answers itself, for the record: refused or not, the drain is gone.
+    let direct = w
+        .ctld
+        .scontrol(&["update", &format!("NodeName={node}"), "State=RESUME"])
+        .unwrap();
+    eprintln!("scontrol RESUME of an UNKNOWN node that is not drained: {direct:?}");
+}
+
 /// Issue 38 §1, `replace` for a node of Slurm's power saving (`State=CLOUD`), against a
 /// real slurmctld with `SuspendProgram` and `ResumeProgram`: once no job runs the agent
 /// does not power the instance off itself but asks Slurm (`scontrol update

@@ -912,15 +912,37 @@ impl Scontrol {
         })
     }
 
-    /// `scontrol update NodeName=<node> State=RESUME`.
+    /// `scontrol update NodeName=<node> State=RESUME`. What happened is read from the
+    /// node's record, never from the words of a refusal (they changed in 25.11: "Invalid
+    /// node state transition" where 24.11 said "Invalid node state specified"): a refusal
+    /// after which the record shows no drain is success. Slurm before 26.05.2 refuses a
+    /// RESUME of a node that has not registered (UNKNOWN) with `ESLURM_INVALID_NODE_STATE`
+    /// although it cleared the drain.
     ///
     /// # Errors
-    /// [`ScontrolError`].
+    /// [`ScontrolError`]: the call failed and the record (if it can be read) is still
+    /// drained.
     pub async fn resume(&self, node: &str) -> Result<(), ScontrolError> {
         one_node(node)?;
-        self.run(&["update", &format!("NodeName={node}"), "State=RESUME"])
+        let e = match self
+            .run(&["update", &format!("NodeName={node}"), "State=RESUME"])
             .await
-            .map(drop)
+        {
+            Ok(_) => return Ok(()),
+            Err(e @ ScontrolError::Failed { .. }) => e,
+            Err(e) => return Err(e),
+        };
+        match self.show_node(node).await {
+            Ok(Some(record)) if !record.is_drained() => {
+                tracing::info!(
+                    node,
+                    state = record.state(),
+                    "slurmctld refused RESUME ({e}), but its record shows the drain lifted"
+                );
+                Ok(())
+            }
+            _ => Err(e),
+        }
     }
 
     /// `scontrol delete NodeName=<node>`: removes a dynamic node's record (Slurm refuses
