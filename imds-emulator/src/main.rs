@@ -101,6 +101,18 @@ fn run(cli: Cli) -> Result<()> {
     for (path, value) in &cli.sets {
         emulator.set(path, value.as_str());
     }
+    // The signal handlers before the port file is written and the endpoint printed: whoever read it may send SIGTERM
+    // at once (a SIGTERM between the two was lost: the emulator ran on until a second one).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("creating the signal runtime")?;
+    let (mut term, mut int) = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        anyhow::Ok((term, int))
+    })?;
     if let Some(path) = &cli.port_file {
         write_atomically(path, format!("{}\n", emulator.addr().port()).as_bytes())
             .with_context(|| format!("writing --port-file {}", path.display()))?;
@@ -111,19 +123,12 @@ fn run(cli: Cli) -> Result<()> {
     drop(stdout);
     tracing::info!(endpoint = %emulator.endpoint(), "IMDS emulator listening");
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("creating the signal runtime")?;
     runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")?;
         tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-        anyhow::Ok(())
-    })?;
+    });
     tracing::info!("stopping");
     emulator.shutdown();
     Ok(())
