@@ -251,12 +251,22 @@ async fn release_when_back(engine: &Engine) -> Result<(), DrainError> {
 /// Whether this node, up to date, is not in service yet in its first
 /// `upgrade.slot_timeout` after slurmd's start while a slot of the agent's budget is held
 /// in slurmctld: a replacement on its way in, whose check in service releases a slot (its
-/// NodeName's, or a gone holder's).
+/// NodeName's, or a gone holder's). Not a node drained for any other reason than its
+/// predecessor's upgrade or repair (its own health checks, an administrator): it is not
+/// coming into service soon, and its checks stay at the poll's pace.
 async fn returning(engine: &Engine) -> Result<bool, DrainError> {
     let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
         return Ok(false);
     };
     if node.is_available() || !in_replacement_window(engine, &node) {
+        return Ok(false);
+    }
+    let me = engine.instance_id.as_str();
+    let predecessors = node.reason().is_some_and(|r| {
+        parse_upgrade_reason(r).is_some_and(|u| u.instance_id.is_some_and(|i| i != me))
+            || crate::repair::parse_reason(r).is_some_and(|p| p.instance_id != me)
+    });
+    if node.is_drained() && !predecessors {
         return Ok(false);
     }
     let slots = slot::list(&engine.ops.scontrol).await?;
