@@ -429,16 +429,10 @@ async fn main_loop(
         // (Bounded: the loop, and the watchdog's pings, start after it.)
         let rollout = tokio::time::timeout(
             Duration::from_secs(5),
-            crate::rollout::slot::list(&ctx.engine.ops.scontrol),
+            crate::rollout::slot::any_held(&ctx.engine.ops.scontrol),
         )
         .await
-        .is_ok_and(|r| {
-            r.is_ok_and(|slots| {
-                slots
-                    .iter()
-                    .any(|sl| crate::rollout::slot::is_slot(&sl.name))
-            })
-        });
+        .is_ok_and(|held| held.unwrap_or(false));
         if rollout {
             upgrade_poll.first_done();
             schedule.arm(Job::Upgrade, start);

@@ -269,8 +269,7 @@ async fn returning(engine: &Engine) -> Result<bool, DrainError> {
     if node.is_drained() && !predecessors {
         return Ok(false);
     }
-    let slots = slot::list(&engine.ops.scontrol).await?;
-    Ok(slots.iter().any(|s| slot::is_slot(&s.name)))
+    Ok(slot::any_held(&engine.ops.scontrol).await?)
 }
 
 /// Whether `node`'s slurmd started (SlurmdStartTime, which this instance's slurmd reported)

@@ -264,6 +264,14 @@ pub async fn list(scontrol: &Scontrol) -> Result<Vec<Slot>, ScontrolError> {
     }
 }
 
+/// Whether any slot of the budget is held in slurmctld (a rollout or a repair under way).
+///
+/// # Errors
+/// [`ScontrolError`].
+pub async fn any_held(scontrol: &Scontrol) -> Result<bool, ScontrolError> {
+    Ok(!list(scontrol).await?.is_empty())
+}
+
 /// Takes a slot of `partition` (`limit` of them) for `node`, incarnation `instance_id`,
 /// held for `held_for` (its comment), for `timeout`: keeps one this NodeName holds already, else creates the first free one;
 /// a name taken meanwhile by another node (`Duplicate reservation name`) is skipped.
