@@ -16,7 +16,7 @@
 //! | 9 | [`identity`] |
 //! | 8 | [`settings`] |
 //! | 7 | [`events`], [`rollout`] |
-//! | 6 | [`drain`], [`scratch`] |
+//! | 6 | [`drain`], [`gate`], [`scratch`] |
 //! | 5 | [`health`], [`mounts`], [`node_lifecycle`], [`upgrade`] |
 //! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
@@ -73,6 +73,7 @@ pub mod ec2tags;
 pub mod events;
 pub mod exit;
 pub mod fsutil;
+pub mod gate;
 pub mod health;
 pub mod hostfacts;
 pub mod identity;

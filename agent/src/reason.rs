@@ -57,11 +57,14 @@ pub enum ReasonCause {
     /// A repair: a fault the health checks found calls for a reboot or a replacement once
     /// no job runs (`[repair]`, `mode = "on"`).
     Repair,
+    /// The start-up gate (`[start_gate]`: DCGM's diagnostics, the site's commands) runs, or
+    /// failed, in this boot: the node takes no job before it passes.
+    Gate,
 }
 
 impl ReasonCause {
     /// Every cause, in the order `docs/operator-guide.md` ("Drain reasons") lists them.
-    pub const ALL: [ReasonCause; 13] = [
+    pub const ALL: [ReasonCause; 14] = [
         ReasonCause::Health,
         ReasonCause::Mount,
         ReasonCause::Spot,
@@ -75,6 +78,7 @@ impl ReasonCause {
         ReasonCause::Script,
         ReasonCause::Scratch,
         ReasonCause::Repair,
+        ReasonCause::Gate,
     ];
 
     /// The word in the reason: `health`, `mount`, `spot`...
@@ -93,6 +97,7 @@ impl ReasonCause {
             ReasonCause::Script => "script",
             ReasonCause::Scratch => "scratch",
             ReasonCause::Repair => "repair",
+            ReasonCause::Gate => "gate",
         }
     }
 
@@ -125,6 +130,7 @@ impl ReasonCause {
                 | ReasonCause::Lifecycle
                 | ReasonCause::Upgrade
                 | ReasonCause::Repair
+                | ReasonCause::Gate
         )
     }
 }

@@ -15,6 +15,7 @@
 //! Floor 10 (roof): the orchestration of first boot.
 
 mod auth;
+mod gate;
 pub mod join;
 pub mod login;
 
@@ -439,6 +440,9 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         &mut t,
     )
     .await?;
+    let state_dir = &cx.s.agent.state_dir;
+    let gate_pending =
+        gate::before_slurmd(&cx.s.start_gate, state_dir, &id.instance_id, &gateway).await;
     start_slurmd(&cx, &systemd, prepared.time, &mut t).await?;
     let slurmctld = slurm_mod::Scontrol::configured(&cx.s.slurm);
     let peers = join::Peers {
@@ -464,21 +468,43 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         &scratch,
     )
     .await;
-    scripts.extend(
-        lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
-    );
+    let (mut state, mut drain) = (node.state().to_string(), kept_drain);
+    let mut gate_failed = false;
+    if let Some(pending) = gate_pending {
+        let record = gate::after_join(
+            &cx.s.start_gate,
+            pending,
+            state_dir,
+            &id.instance_id,
+            &gateway,
+            &systemd,
+        )
+        .await;
+        t.done("start_gate");
+        if let Ok(Some(n)) = gateway.record().await {
+            state = n.state().to_string();
+            drain = n.reason().filter(|_| n.is_drained()).map(str::to_string);
+        }
+        gate_failed = !record.passed();
+    }
+    // nodeReady's scripts are for a node ready for jobs: not after a failed gate.
+    if !gate_failed {
+        scripts.extend(
+            lifecycle_stage(stages, Stage::NodeReady, &systemd, managed.as_ref(), &mut t).await?,
+        );
+    }
 
     Recorded::of(id, cx.metadata, &def).write(&cx.s.agent.state_dir)?;
     Ok(Report {
         role: crate::nodedef::Role::Compute,
         node_name: def.node_name.clone(),
-        state: node.state().to_string(),
+        state,
         instance_id: id.instance_id.clone(),
         dynamic_conf: def.dynamic_conf.clone(),
         key_changed,
         slurmd_restarted: prepared.restart,
         sackd_restarted: false,
-        drain: kept_drain,
+        drain,
         replaced_instance_id: prepared.holder.replaced().map(str::to_string),
         slurm_release: prepared.release,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),

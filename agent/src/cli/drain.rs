@@ -136,6 +136,10 @@ pub struct Report {
     /// The repair in effect for the fault found now (`status`; `repair.json`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<crate::repair::record::Current>,
+    /// This boot's start-up gate (`status`; `start-gate.json`): its parts, where each
+    /// stands, and by when it must have ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_gate: Option<crate::health::startgate::GateRecord>,
 }
 
 impl Report {
@@ -152,6 +156,7 @@ impl Report {
             slurm: None,
             waited_ms: None,
             repair: None,
+            start_gate: None,
         }
     }
 

@@ -58,6 +58,9 @@ impl StatusArgs {
             &s.agent.state_dir,
         ))
         .and_then(|r| r.current);
+        let boot = crate::hostfacts::boot_id();
+        report.start_gate = crate::health::startgate::GateRecord::load(&s.agent.state_dir)
+            .filter(|g| boot.as_deref() == Some(g.boot_id.as_str()));
         let mut slurm_error = None;
         if !self.no_slurm {
             // Slurm's record of the node and both releases (slurmd -V; the controller's
@@ -245,6 +248,9 @@ pub fn render_text(r: &Report) -> String {
             ),
         ));
     }
+    if let Some(g) = &r.start_gate {
+        lines.push(("Start-up gate", gate_line(g, crate::time::now())));
+    }
     match &r.slurm {
         None => lines.push(("Slurm", "not asked (--no-slurm)".to_string())),
         Some(v) => {
@@ -281,6 +287,32 @@ pub fn render_text(r: &Report) -> String {
         .iter()
         .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
         .collect()
+}
+
+/// This boot's start-up gate in one line: `running dcgm since 2026-12-07T08:00:00Z, may run
+/// until 2026-12-07T08:05:30Z (5m 12s left)`, `passed (dcgm: ...)`, `failed: dcgm: ...`.
+fn gate_line(g: &crate::health::startgate::GateRecord, now: i64) -> String {
+    use crate::health::startgate::PartStatus;
+    if let Some(p) = g.parts.iter().find(|p| p.status == PartStatus::Running) {
+        let left = u64::try_from(g.deadline_unix - now).unwrap_or(0);
+        return format!(
+            "running {} since {}, may run until {} ({} left)",
+            p.name,
+            crate::time::format(p.started_unix),
+            crate::time::format(g.deadline_unix),
+            crate::section::HumanDuration(std::time::Duration::from_secs(left))
+        );
+    }
+    let parts: Vec<String> = g
+        .parts
+        .iter()
+        .map(|p| format!("{} {}: {}", p.name, p.status.as_str(), p.message))
+        .collect();
+    format!(
+        "{} ({})",
+        if g.passed() { "passed" } else { "failed" },
+        parts.join("; ")
+    )
 }
 
 #[cfg(test)]
@@ -405,6 +437,38 @@ mod tests {
         let t = render_text(&r);
         assert!(t.contains("unavailable: slurmctld unreachable\n"), "{t}");
         assert!(!t.contains('{'), "{t}");
+    }
+
+    #[test]
+    fn the_gate_line_says_what_runs_and_for_how_long() {
+        use crate::health::startgate::{GateRecord, Part, PartStatus};
+        let part = |name: &str, status| Part {
+            name: name.into(),
+            status,
+            message: "m".into(),
+            budget_s: 300,
+            started_unix: 1_800_000_000,
+            ended_unix: None,
+        };
+        let mut g = GateRecord {
+            boot_id: "b".into(),
+            instance_id: "i-0123456789abcdef0".into(),
+            started_unix: 1_800_000_000,
+            deadline_unix: 1_800_000_330,
+            parts: vec![
+                part("dcgm", PartStatus::Passed),
+                part("efa", PartStatus::Running),
+            ],
+        };
+        assert_eq!(
+            gate_line(&g, 1_800_000_018),
+            "running efa since 2027-01-15T08:00:00Z, may run until 2027-01-15T08:05:30Z (5m 12s left)"
+        );
+        g.parts[1].status = PartStatus::Failed;
+        assert_eq!(
+            gate_line(&g, 1_800_000_018),
+            "failed (dcgm passed: m; efa failed: m)"
+        );
     }
 
     #[test]

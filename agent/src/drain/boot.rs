@@ -61,6 +61,9 @@ pub fn found_drain(
         // This instance's repair is the drain engine's to finish (its reboot); another
         // instance's repair ended with that instance (replaced).
         ReasonCause::Repair => incarnation != Incarnation::This,
+        // This instance's gate (bootstrap's step runs it at every boot, and lifts or keeps
+        // its drain); another instance's ended with that instance.
+        ReasonCause::Gate => incarnation != Incarnation::This,
         ReasonCause::Health | ReasonCause::Mount | ReasonCause::Operator | ReasonCause::Script => {
             false
         }
@@ -78,6 +81,7 @@ pub fn found_drain(
                 "this instance still runs another image than the one it was drained for: the upgrade check owns it"
             }
             ReasonCause::Repair => "the repair in progress owns it",
+            ReasonCause::Gate => "the start-up gate owns it: it lifts it when it passes",
             _ => "`slurm-node-agent resume` lifts it",
         };
         let whose = match &incarnation {

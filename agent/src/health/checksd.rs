@@ -388,7 +388,7 @@ fn definitions(
         // A definition that gives several checks (an `agent_mounts` always: how many
         // depends on the settings) names each after itself and the piece, so that two
         // checks never share a name (a report's line, a Prometheus series).
-        let several = built.len() > 1 || kind == "agent_mounts";
+        let several = built.len() > 1 || kind == "agent_mounts" || kind == "start_gate";
         let checks = match applies {
             false => Vec::new(),
             true => built
@@ -561,6 +561,7 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
     Some(match kind {
         "space" => &["path", "min_free", "max_used", "min_free_inodes"],
         "agent_mounts" | "scratch" => &["min_free", "max_used", "min_free_inodes"],
+        "start_gate" => &[],
         "auth_key" => &[],
         "mount" => &[
             "path",
@@ -795,6 +796,25 @@ fn build(
                 own_mount(d, &s.mount_point, Some("btrfs"), true)?,
                 timeout,
             )]);
+        }
+        "start_gate" => {
+            let Some(g) = &target.gate else {
+                return Ok(Vec::new());
+            };
+            return Ok(g
+                .parts
+                .iter()
+                .map(|part| {
+                    piece(
+                        part.clone(),
+                        CheckKind::Gate(crate::health::startgate::GateSpec {
+                            state_dir: g.state_dir.clone(),
+                            part: part.clone(),
+                        }),
+                        timeout,
+                    )
+                })
+                .collect());
         }
         "auth_key" => {
             let k = &target.key;

@@ -46,6 +46,7 @@ pub mod matcher;
 pub mod nhc;
 pub mod output;
 pub mod posix;
+pub mod startgate;
 pub mod target;
 pub mod units;
 

@@ -80,6 +80,16 @@ impl Condition {
     }
 }
 
+/// The start-up gate as the checks see it ([`super::startgate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateTarget {
+    /// The agent's state folder, where the gate's record is.
+    pub state_dir: std::path::PathBuf,
+    /// The gate's parts, in order: `dcgm` (when a profile is set), then the site commands'
+    /// names.
+    pub parts: Vec<String>,
+}
+
 /// The node and host the checks are loaded for.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -96,6 +106,9 @@ pub struct Target {
     pub mounts: Vec<OwnMount>,
     /// Node-local scratch, when `[scratch]` is on and the node makes it (a compute node).
     pub scratch: Option<ScratchTarget>,
+    /// The start-up gate, when `[start_gate]` has parts and the node runs it (a compute
+    /// node): the `start_gate` check reports each part.
+    pub gate: Option<GateTarget>,
     /// Where the host's facts are read (the same roots as the run's
     /// [`super::RunEnv::host`]).
     pub host: Host,
@@ -126,6 +139,7 @@ impl Target {
             key: KeyTarget::from_settings(auth),
             mounts: Vec::new(),
             scratch: None,
+            gate: None,
             host: Host::default(),
             gpus: OnceLock::new(),
             efa: OnceLock::new(),

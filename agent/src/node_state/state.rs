@@ -98,11 +98,14 @@ pub enum CauseKind {
     /// A repair (`repair.mode = "on"`): a fault that calls for a reboot or a replacement,
     /// run once no job is left, in a slot of the rollout's budget.
     Repair,
+    /// The start-up gate runs (or failed) in this boot (the `gate` module): lifted by the gate
+    /// alone, when it passes.
+    Gate,
 }
 
 impl CauseKind {
     /// Every kind, in the order of the table of causes in `docs/drain-state-machine.md`.
-    pub const ALL: [CauseKind; 11] = [
+    pub const ALL: [CauseKind; 12] = [
         CauseKind::Spot,
         CauseKind::Lifecycle,
         CauseKind::Script,
@@ -114,6 +117,7 @@ impl CauseKind {
         CauseKind::Health,
         CauseKind::Mount,
         CauseKind::Scratch,
+        CauseKind::Gate,
     ];
 
     /// `spot`, `lifecycle`, `manual`, `maintenance`, `repair`, `upgrade`, `rebalance`,
@@ -132,6 +136,7 @@ impl CauseKind {
             CauseKind::Script => "script",
             CauseKind::Scratch => "scratch",
             CauseKind::Repair => "repair",
+            CauseKind::Gate => "gate",
         }
     }
 
@@ -150,7 +155,7 @@ impl CauseKind {
             CauseKind::Repair => 17,
             CauseKind::Upgrade => 15,
             CauseKind::Rebalance => 10,
-            CauseKind::Health | CauseKind::Mount | CauseKind::Scratch => 5,
+            CauseKind::Health | CauseKind::Mount | CauseKind::Scratch | CauseKind::Gate => 5,
         }
     }
 
@@ -172,6 +177,7 @@ impl CauseKind {
                 | CauseKind::Script
                 | CauseKind::Scratch
                 | CauseKind::Repair
+                | CauseKind::Gate
         )
     }
 
@@ -190,6 +196,7 @@ impl CauseKind {
             ReasonCause::Script => CauseKind::Script,
             ReasonCause::Scratch => CauseKind::Scratch,
             ReasonCause::Repair => CauseKind::Repair,
+            ReasonCause::Gate => CauseKind::Gate,
         }
     }
 }
@@ -263,6 +270,11 @@ pub enum Cause {
         /// The reason's words after `slurm-node-agent/scratch@<instance-id>: `.
         detail: String,
     },
+    /// The start-up gate runs or failed in this boot (the `gate` module).
+    Gate {
+        /// The reason's words after `slurm-node-agent/gate@<instance-id>: `.
+        detail: String,
+    },
     /// A repair: the health checks' fault calls for a reboot or a replacement
     /// ([`crate::repair`]).
     Repair {
@@ -293,6 +305,7 @@ impl Cause {
             Cause::Script { .. } => CauseKind::Script,
             Cause::Scratch { .. } => CauseKind::Scratch,
             Cause::Repair { .. } => CauseKind::Repair,
+            Cause::Gate { .. } => CauseKind::Gate,
         }
     }
 
@@ -320,6 +333,7 @@ impl Cause {
             ReasonCause::Mount => Some(Cause::Mount { detail }),
             ReasonCause::Script => Some(Cause::Script { detail }),
             ReasonCause::Scratch => Some(Cause::Scratch { detail }),
+            ReasonCause::Gate => Some(Cause::Gate { detail }),
             _ => None,
         }
     }
@@ -339,6 +353,7 @@ impl Cause {
             | Cause::Mount { .. }
             | Cause::Script { .. }
             | Cause::Scratch { .. }
+            | Cause::Gate { .. }
             | Cause::Repair { .. } => self.kind().to_string(),
         }
     }
@@ -359,6 +374,7 @@ impl Cause {
             Cause::Script { .. } => ReasonCause::Script,
             Cause::Scratch { .. } => ReasonCause::Scratch,
             Cause::Repair { .. } => ReasonCause::Repair,
+            Cause::Gate { .. } => ReasonCause::Gate,
         }
     }
 
@@ -398,7 +414,8 @@ impl Cause {
             Cause::Health { detail }
             | Cause::Mount { detail }
             | Cause::Script { detail }
-            | Cause::Scratch { detail } => {
+            | Cause::Scratch { detail }
+            | Cause::Gate { detail } => {
                 return reason::AgentReason::stated(self.reason_cause(), instance_id, detail)
                     .to_reason()
             }

@@ -216,6 +216,10 @@ pub enum Fault {
     GpuResettable,
     /// A GPU too hot or slowed down by the hardware.
     GpuThermal,
+    /// A DCGM diagnostic test of the start-up gate failed on a GPU with a hardware or
+    /// performance error (NVLink, NVSwitch, PCIe, other hardware; a bandwidth or throughput
+    /// under its threshold): it fails under load.
+    GpuDiagnostic,
     /// Fewer EFA devices than the instance has.
     EfaMissing,
     /// The instance has less memory or fewer CPUs than its type, or machine check errors.
@@ -268,6 +272,12 @@ pub const AUTO: &[AutoRow] = &[
         why: "cooling or power is the instance's host's; kept for investigation",
     },
     AutoRow {
+        fault: Fault::GpuDiagnostic,
+        action: Planned::Replace,
+        what: "a DCGM diagnostic of the start-up gate failed on a GPU with a hardware error (NVLink, NVSwitch, PCIe, other) or under a performance threshold",
+        why: "the GPU fails under load on a fresh boot; a reboot was the start of the test",
+    },
+    AutoRow {
         fault: Fault::EfaMissing,
         action: Planned::Replace,
         what: "fewer EFA devices than the instance type has, or one on PCI without its device",
@@ -301,11 +311,12 @@ pub const AUTO: &[AutoRow] = &[
 
 impl Fault {
     /// Every fault, in [`AUTO`]'s order.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::GpuLost,
         Fault::GpuMemoryDegraded,
         Fault::GpuResettable,
         Fault::GpuThermal,
+        Fault::GpuDiagnostic,
         Fault::EfaMissing,
         Fault::HardwareDegraded,
         Fault::FileSystem,
@@ -320,6 +331,7 @@ impl Fault {
             Fault::GpuMemoryDegraded => "gpu_memory_degraded",
             Fault::GpuResettable => "gpu_resettable",
             Fault::GpuThermal => "gpu_thermal",
+            Fault::GpuDiagnostic => "gpu_diagnostic",
             Fault::EfaMissing => "efa_missing",
             Fault::HardwareDegraded => "hardware_degraded",
             Fault::FileSystem => "file_system",
@@ -351,12 +363,44 @@ impl Fault {
                 .max_by_key(|f| (f.auto(), *f))
                 .unwrap_or(Fault::GpuResettable),
             "efa" => Fault::EfaMissing,
+            "gate" => gate_fault(message),
             "hardware" | "mcelog" => Fault::HardwareDegraded,
             "mount" | "space" => Fault::FileSystem,
             "config" => Fault::CheckConfig,
             _ => Fault::Other,
         }
     }
+}
+
+/// A failed part of the start-up gate (the `gate` module's words): DCGM's failures, each
+/// `<test> failed on GPU <n>: <words> (DCGM error <id>, category <category>)`, separated
+/// by `; `; the strongest counts. A hardware memory error is the GPU's memory; thermal and
+/// power are the host's (isolated); any other hardware or performance category is the
+/// GPU's under load; a software, internal or unknown category, a host engine or a command
+/// that did not answer, and a site command (whose action a site sets by its check's name)
+/// tell nothing of the hardware.
+fn gate_fault(message: &str) -> Fault {
+    message
+        .split("; ")
+        .map(|m| {
+            let Some(c) = m
+                .rsplit_once("category ")
+                .map(|(_, c)| c.trim_end_matches(')'))
+            else {
+                return Fault::Other;
+            };
+            if c == "hardware memory" {
+                Fault::GpuMemoryDegraded
+            } else if c == "hardware thermal" || c == "hardware power" {
+                Fault::GpuThermal
+            } else if c.starts_with("hardware ") || c.starts_with("performance ") {
+                Fault::GpuDiagnostic
+            } else {
+                Fault::Other
+            }
+        })
+        .max_by_key(|f| (f.auto(), *f))
+        .unwrap_or(Fault::Other)
 }
 
 /// One problem of the GPU check (`health::checks::gpu`'s words).

@@ -73,6 +73,60 @@ fn the_gpu_checks_words_classify_as_their_faults() {
 }
 
 #[test]
+fn the_start_up_gates_failures_are_classified_by_dcgms_category() {
+    let diag = |test: &str, id: u32, category: &str| {
+        format!("/usr/bin/dcgmi diag -r 2 -j: {test} failed on GPU 3: words (DCGM error {id}, category {category})")
+    };
+    for (message, fault, action) in [
+        (
+            diag("memory", 52, "hardware memory"),
+            Fault::GpuMemoryDegraded,
+            Planned::Replace,
+        ),
+        (
+            diag("pcie", 60, "hardware PCIe"),
+            Fault::GpuDiagnostic,
+            Planned::Replace,
+        ),
+        (
+            diag("nvbandwidth", 1, "performance threshold"),
+            Fault::GpuDiagnostic,
+            Planned::Replace,
+        ),
+        (
+            diag("targeted_power", 9, "hardware thermal"),
+            Fault::GpuThermal,
+            Planned::Isolate,
+        ),
+        (
+            diag("software", 3, "software configuration"),
+            Fault::Other,
+            Planned::Isolate,
+        ),
+        (
+            "DCGM host engine: nvidia-dcgm.service not active within 30s (failed); x".to_string(),
+            Fault::Other,
+            Planned::Isolate,
+        ),
+        (
+            "/opt/site/nccl-test exited 1: bus bandwidth 12 GB/s".to_string(),
+            Fault::Other,
+            Planned::Isolate,
+        ),
+    ] {
+        let f = Fault::classify("gate", &message, false);
+        assert_eq!((f, f.auto()), (fault, action), "{message}");
+    }
+    // Several tests failed: the strongest action's fault.
+    let both = format!(
+        "{}; {}",
+        diag("targeted_power", 9, "hardware thermal"),
+        diag("pcie", 60, "hardware NVLink").replace("/usr/bin/dcgmi diag -r 2 -j: ", "")
+    );
+    assert_eq!(Fault::classify("gate", &both, false), Fault::GpuDiagnostic);
+}
+
+#[test]
 fn each_family_has_its_fault_and_the_auto_table_its_action() {
     for (family, fault, action) in [
         ("efa", Fault::EfaMissing, Planned::Replace),

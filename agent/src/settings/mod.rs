@@ -695,6 +695,11 @@ impl Settings {
                     is_instance_store: crate::scratch::disks::is_instance_store_name,
                 }
             });
+        t.gate = (self.start_gate.enabled() && self.node.role == crate::nodedef::Role::Compute)
+            .then(|| crate::health::target::GateTarget {
+                state_dir: self.agent.state_dir.clone(),
+                parts: self.start_gate.parts(),
+            });
         t
     }
 }

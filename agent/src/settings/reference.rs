@@ -182,6 +182,16 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("repair.settle", r#""5m""#),
     ("repair.flap_window", r#""12h""#),
     ("repair.flap_max_replacements", "5"),
+    ("start_gate.profile", r#""quick""#),
+    ("start_gate.budget", r#""10m""#),
+    ("start_gate.dcgmi", r#""/usr/bin/dcgmi""#),
+    ("start_gate.nvidia_smi", r#""/usr/bin/nvidia-smi""#),
+    ("start_gate.host_engine_unit", r#""nvidia-dcgm.service""#),
+    ("start_gate.host_engine_wait", r#""1m""#),
+    (
+        "start_gate.commands",
+        "[[start_gate.commands]]\nname = \"efa-loopback\"\nargv = [\"/opt/site/efa-loopback.sh\", \"--quick\"]\nbudget = \"2m\"\n",
+    ),
     (
         "repair.checks",
         "[[repair.checks]]\ncheck = \"shared file systems\"\naction = \"isolate\"\n",

@@ -42,6 +42,8 @@ pub struct Settings {
     pub scratch: crate::scratch::ScratchSettings,
     /// `[repair]`: what a fault the health checks find leads to.
     pub repair: crate::repair::RepairSettings,
+    /// `[start_gate]`: deep checks at every boot before the node takes a job.
+    pub start_gate: crate::gate::StartGateSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -108,6 +110,7 @@ impl Settings {
         self.node_lifecycle.validate()?;
         self.scratch.validate()?;
         self.repair.validate()?;
+        self.start_gate.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }

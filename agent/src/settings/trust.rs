@@ -21,7 +21,7 @@ impl Source {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 15] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 16] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -41,6 +41,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 15] {
         s::<crate::node_lifecycle::NodeLifecycleSettings>(),
         s::<crate::scratch::ScratchSettings>(),
         s::<crate::repair::RepairSettings>(),
+        s::<crate::gate::StartGateSettings>(),
     ]
 }
 

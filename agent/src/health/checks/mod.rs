@@ -59,6 +59,8 @@ pub enum Checked {
     Sockets(String),
     /// A host answering ICMP echo.
     Host(String),
+    /// A part of the start-up gate ([`crate::health::startgate`]).
+    Gate,
 }
 
 /// Why a check failed: what it looked at, and NHC's words for it (which become the Slurm
@@ -211,6 +213,8 @@ pub enum CheckKind {
     NetSocket(Box<net::SocketSpec>),
     /// A host answers ICMP echo.
     Ping(net::ping::PingSpec),
+    /// A part of this boot's start-up gate, from its record.
+    Gate(crate::health::startgate::GateSpec),
     /// A definition that cannot run on this node (an unsupported NHC function, a bad
     /// option...): always fails with this error, which names the file and line.
     Invalid(super::ConfigError),
@@ -266,6 +270,7 @@ impl CheckKind {
             CheckKind::Mcelog(_) => "mcelog",
             CheckKind::PsResource(_) | CheckKind::PsUsers(_) | CheckKind::Kswapd(_) => "process",
             CheckKind::NetSocket(_) | CheckKind::Ping(_) => "network",
+            CheckKind::Gate(_) => "gate",
             CheckKind::Invalid(_) => "config",
         }
     }
@@ -291,6 +296,9 @@ impl CheckKind {
             CheckKind::FileStat(s) => file::check_stat(s, facts),
             CheckKind::AuthKey(s) => file::check_key(s, facts),
             CheckKind::Dmi(s) => dmi::check_dmi(s, facts),
+            CheckKind::Gate(s) => {
+                crate::health::startgate::check_gate(s, crate::hostfacts::boot_id().as_deref())
+            }
             CheckKind::Invalid(e) => Err(Failed::Invalid(e.clone())),
             CheckKind::Command(_)
             | CheckKind::Unit(_)
