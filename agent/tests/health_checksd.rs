@@ -451,3 +451,79 @@ fn the_healthcheck_program_loads_the_defaults_for_its_node() {
         "{msg}"
     );
 }
+
+fn parse_one(text: &str) -> Result<CheckSet, ConfigError> {
+    checksd::parse(
+        text,
+        Path::new("/etc/slurm-node-agent/checks.d/50-efa.toml"),
+        &Target::for_node(Some("n1")),
+        &nhc_defaults(),
+    )
+}
+
+/// The `efa` kind's keys beyond `count`: the rate table, `libfabric` and the `fi_info`
+/// program; bad values are refused when the file is read, naming the file, line and key.
+#[test]
+fn efa_keys_parse_and_bad_values_are_refused_by_name() {
+    let set = parse_one(
+        "[[check]]\nkind = \"efa\"\nmax_rate_per_min = { rx_drops = 100, retrans_timeout_events = 0.5 }\nlibfabric = true\n",
+    )
+    .unwrap();
+    let CheckKind::Efa(spec) = &set.checks[0].kind else {
+        panic!("{:?}", set.checks[0].kind)
+    };
+    assert_eq!(spec.max_rate_per_min["rx_drops"], 100.0);
+    assert_eq!(spec.max_rate_per_min["retrans_timeout_events"], 0.5);
+    assert_eq!(spec.fi_info.as_deref(), Some("/opt/amazon/efa/bin/fi_info"));
+    let set = parse_one(
+        "[[check]]\nkind = \"efa\"\nlibfabric = true\nfi_info_program = \"/usr/bin/fi_info\"\n",
+    )
+    .unwrap();
+    let CheckKind::Efa(spec) = &set.checks[0].kind else {
+        panic!("{:?}", set.checks[0].kind)
+    };
+    assert_eq!(spec.fi_info.as_deref(), Some("/usr/bin/fi_info"));
+    assert!(spec.max_rate_per_min.is_empty());
+    // Without libfabric = true, fi_info is not run.
+    let set = parse_one("[[check]]\nkind = \"efa\"\n").unwrap();
+    let CheckKind::Efa(spec) = &set.checks[0].kind else {
+        panic!("{:?}", set.checks[0].kind)
+    };
+    assert_eq!(spec.fi_info, None);
+
+    let err = |text: &str| parse_one(text).unwrap_err().to_string();
+    let at = "/etc/slurm-node-agent/checks.d/50-efa.toml:1: [[check]] kind = \"efa\": ";
+    assert_eq!(
+        err("[[check]]\nkind = \"efa\"\nmax_rate_per_min = { rx_drops = -1 }\n"),
+        format!("{at}max_rate_per_min.rx_drops: expected events per minute, a number at or above 0, got -1")
+    );
+    assert_eq!(
+        err("[[check]]\nkind = \"efa\"\nmax_rate_per_min = { rx_drops = \"lots\" }\n"),
+        format!("{at}max_rate_per_min.rx_drops: expected events per minute, a number at or above 0, got \"lots\"")
+    );
+    let e = err("[[check]]\nkind = \"efa\"\nmax_rate_per_min = { rx_dropz = 1 }\n");
+    assert!(
+        e.starts_with(&format!(
+            "{at}max_rate_per_min: unknown counter \"rx_dropz\" (known: "
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("rx_drops") && e.contains("unresponsive_remote_events"),
+        "{e}"
+    );
+    // A counter that must never move takes no rate.
+    let e = err("[[check]]\nkind = \"efa\"\nmax_rate_per_min = { no_completion_cmds = 1 }\n");
+    assert!(e.contains("unknown counter \"no_completion_cmds\""), "{e}");
+    let e = err("[[check]]\nkind = \"efa\"\nmax_rate_per_min = 5\n");
+    assert!(
+        e.starts_with(&format!("{at}max_rate_per_min: expected a table")),
+        "{e}"
+    );
+    assert_eq!(
+        err("[[check]]\nkind = \"efa\"\nlibfabric = true\nfi_info_program = \"fi_info\"\n"),
+        format!("{at}fi_info_program: \"fi_info\" must be an absolute path")
+    );
+    let e = err("[[check]]\nkind = \"gpu\"\nlibfabric = true\n");
+    assert!(e.contains("key \"libfabric\" does not apply"), "{e}");
+}

@@ -26,12 +26,15 @@
 //! `name` replaces every check of that name from earlier files, at the place of the first;
 //! with `enabled = false` (and no `kind`) it only turns them off ([`load_dir`]).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::checks::cmd::CommandSpec;
+use super::checks::efa::counters::RATE_COUNTERS;
+use super::checks::efa::libfabric::FI_INFO_PROGRAM;
 use super::checks::efa::{EfaCount, EfaSpec};
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, KeySpec};
 use super::checks::fs::{FreeSpaceSpec, MountSpec, SpaceSpec, SpaceWhat};
@@ -96,6 +99,9 @@ struct Def {
     library: Option<String>,
     fabric_manager: Option<bool>,
     fabric_manager_program: Option<String>,
+    max_rate_per_min: Option<toml::Value>,
+    libfabric: Option<bool>,
+    fi_info_program: Option<String>,
     // process
     process: Option<String>,
     full_command_line: Option<bool>,
@@ -521,6 +527,40 @@ pub enum DefError {
         /// The value.
         value: toml::Value,
     },
+    /// `max_rate_per_min` that is not a table.
+    #[error(
+        "max_rate_per_min: expected a table of counter = events per minute \
+         ({{ rx_drops = 100 }}), got {value}"
+    )]
+    BadRateTable {
+        /// The value.
+        value: toml::Value,
+    },
+    /// A `max_rate_per_min` entry that is not a number at or above zero.
+    #[error("max_rate_per_min.{counter}: expected events per minute, a number at or above 0, got {value}")]
+    BadRate {
+        /// The counter.
+        counter: String,
+        /// The value.
+        value: toml::Value,
+    },
+    /// A `max_rate_per_min` counter that is none of the EFA driver's error counters.
+    #[error(
+        "max_rate_per_min: unknown counter {counter:?} (known: {})",
+        RATE_COUNTERS.join(", ")
+    )]
+    UnknownCounter {
+        /// The counter as written.
+        counter: String,
+    },
+    /// A program path that is not absolute (no PATH lookup).
+    #[error("{key}: {path:?} must be an absolute path")]
+    RelativeProgram {
+        /// The key.
+        key: &'static str,
+        /// The path as written.
+        path: String,
+    },
     /// `unit` that is not a systemd unit name (systemd.unit(5)).
     #[error(transparent)]
     BadUnitName(#[from] crate::systemd::InvalidUnitName),
@@ -599,7 +639,7 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
             "fabric_manager",
             "fabric_manager_program",
         ],
-        "efa" => &["count"],
+        "efa" => &["count", "max_rate_per_min", "libfabric", "fi_info_program"],
         "process" => &["process", "full_command_line", "user", "running", "start"],
         "unit" => &["unit", "state"],
         "file" => &["path", "exists", "mode", "owner", "contains"],
@@ -645,6 +685,9 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
         library,
         fabric_manager,
         fabric_manager_program,
+        max_rate_per_min,
+        libfabric,
+        fi_info_program,
         process,
         full_command_line,
         user,
@@ -733,6 +776,38 @@ fn own_mount(
         space: space_limits(d, path)?,
         actions: Default::default(),
     }))
+}
+
+/// `max_rate_per_min`: a table of the EFA driver's error counters
+/// ([`RATE_COUNTERS`]) to events per minute, each a number at or above zero.
+fn efa_rates(v: Option<&toml::Value>) -> Result<BTreeMap<String, f64>, DefError> {
+    let Some(v) = v else {
+        return Ok(BTreeMap::new());
+    };
+    let toml::Value::Table(t) = v else {
+        return Err(DefError::BadRateTable { value: v.clone() });
+    };
+    t.iter()
+        .map(|(counter, value)| {
+            if !RATE_COUNTERS.contains(&counter.as_str()) {
+                return Err(DefError::UnknownCounter {
+                    counter: counter.clone(),
+                });
+            }
+            let rate = match value {
+                toml::Value::Integer(n) => *n as f64,
+                toml::Value::Float(f) => *f,
+                _ => f64::NAN,
+            };
+            if rate.is_nan() || rate < 0.0 || rate.is_infinite() {
+                return Err(DefError::BadRate {
+                    counter: counter.clone(),
+                    value: value.clone(),
+                });
+            }
+            Ok((counter.clone(), rate))
+        })
+        .collect()
 }
 
 fn build(
@@ -963,6 +1038,17 @@ fn build(
                 Some(toml::Value::String(a)) if a == "auto" => EfaCount::Auto,
                 Some(toml::Value::Integer(n)) if *n >= 0 => EfaCount::AtLeast(*n as u32),
                 Some(v) => return Err(DefError::BadCount { value: v.clone() }),
+            },
+            max_rate_per_min: efa_rates(d.max_rate_per_min.as_ref())?,
+            fi_info: match (d.libfabric.unwrap_or(false), &d.fi_info_program) {
+                (_, Some(p)) if !p.starts_with('/') => {
+                    return Err(DefError::RelativeProgram {
+                        key: "fi_info_program",
+                        path: p.clone(),
+                    })
+                }
+                (true, p) => Some(p.clone().unwrap_or_else(|| FI_INFO_PROGRAM.into())),
+                (false, _) => None,
             },
         }),
         "process" => {

@@ -95,6 +95,10 @@ pub enum FactsError {
     },
 }
 
+/// The default of `agent.state_dir` ([`Host::state_dir`] unless the caller sets the
+/// configured one).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/slurm-node-agent";
+
 /// Where host facts come from.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -108,6 +112,10 @@ pub struct Host {
     pub dmidecode: PathBuf,
     /// The kernel log device for GPU XID errors (`/dev/kmsg`).
     pub kmsg: PathBuf,
+    /// The agent's state folder (`agent.state_dir`, default `/var/lib/slurm-node-agent`),
+    /// where a check keeps what it compares between runs (the EFA counters). A folder
+    /// that does not exist keeps nothing.
+    pub state_dir: PathBuf,
 }
 
 impl Default for Host {
@@ -118,6 +126,7 @@ impl Default for Host {
             passwd: PathBuf::from("/etc/passwd"),
             dmidecode: PathBuf::from("/usr/sbin/dmidecode"),
             kmsg: PathBuf::from("/dev/kmsg"),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
 }
@@ -578,6 +587,15 @@ mod tests {
                 swap_total: 50,
                 swap_free: 40
             }
+        );
+    }
+
+    /// The state folder checks write to by default is the settings' default folder.
+    #[test]
+    fn the_default_state_dir_is_the_settings_default() {
+        assert_eq!(
+            Host::default().state_dir,
+            crate::settings::Agent::default().state_dir
         );
     }
 

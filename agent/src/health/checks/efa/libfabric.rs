@@ -1,0 +1,84 @@
+//! Whether libfabric finds its EFA provider: `fi_info -p efa`, the EFA installer's own
+//! check ("Verify that the EFA software components were successfully installed", in the
+//! EC2 User Guide's "Get started with EFA and MPI"), run without a shell through
+//! [`crate::health::checks::cmd::run_command`] (its own process group and cgroup, killed
+//! at [`FI_INFO_TIMEOUT`]).
+
+use std::time::Duration;
+
+use crate::health::checks::cmd;
+
+/// Where the EFA installer puts `fi_info` (`aws-efa-installer`: `/opt/amazon/efa`).
+pub const FI_INFO_PROGRAM: &str = "/opt/amazon/efa/bin/fi_info";
+
+/// How long `fi_info` may take: it opens every EFA device (32 on a p5.48xlarge), which
+/// takes well under a second on a healthy node; a hung device holds it.
+pub const FI_INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes of `fi_info`'s output kept (a `provider:` block is about 150 bytes).
+const OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// The `domain:`s of the `provider: efa` blocks of `fi_info`'s output, in order; `None`
+/// when no block names `provider: efa` (libfabric's provider list format, `fi_info(1)`:
+/// `provider: NAME` then indented `fabric:`, `domain:`, `version:`, `type:`, `protocol:`).
+pub fn efa_domains(output: &str) -> Option<Vec<String>> {
+    let mut found = false;
+    let mut in_efa = false;
+    let mut domains = Vec::new();
+    for line in output.lines() {
+        let l = line.trim();
+        if let Some(p) = l.strip_prefix("provider:") {
+            in_efa = p.trim() == "efa";
+            found |= in_efa;
+        } else if let Some(d) = l.strip_prefix("domain:").filter(|_| in_efa) {
+            domains.push(d.trim().to_string());
+        }
+    }
+    found.then_some(domains)
+}
+
+/// Runs `<program> -p efa` and judges it: `Ok` with what it found, `Err` with what is
+/// wrong in NHC's words (`/opt/amazon/efa/bin/fi_info -p efa: exited with 1 (...)`).
+///
+/// # Errors
+/// The program cannot be started, was killed at [`FI_INFO_TIMEOUT`], exited non-zero, or
+/// printed no `provider: efa`.
+pub fn check_provider(program: &str) -> Result<String, String> {
+    let argv = vec![program.to_string(), "-p".into(), "efa".into()];
+    let shown = argv.join(" ");
+    // A blocking check runs on a thread of its own; the command runner is async: a
+    // runtime of its own on one more thread, which never nests in the caller's.
+    let run = {
+        let argv = argv.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("starting a runtime: {e}"))?;
+            rt.block_on(cmd::run_command(&argv, FI_INFO_TIMEOUT, OUTPUT_LIMIT))
+                .map_err(|e| e.to_string())
+        })
+    };
+    let o = run
+        .join()
+        .map_err(|_| format!("{shown}: internal error: its runner panicked"))?
+        .map_err(|e| format!("{shown}: {e}"))?;
+    if o.timed_out {
+        return Err(format!(
+            "{shown}: no answer within {} (killed)",
+            cmd::shown_duration(FI_INFO_TIMEOUT)
+        ));
+    }
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let first = stderr.lines().map(str::trim).find(|l| !l.is_empty());
+    let why = first.map(|l| format!(" ({l})")).unwrap_or_default();
+    match o.code {
+        Some(0) => {}
+        Some(c) => return Err(format!("{shown}: exited with {c}{why}")),
+        None => return Err(format!("{shown}: killed by a signal{why}")),
+    }
+    match efa_domains(&String::from_utf8_lossy(&o.stdout)) {
+        Some(d) => Ok(format!("libfabric's efa provider: {}", d.join(", "))),
+        None => Err(format!("{shown}: no \"provider: efa\" in its output")),
+    }
+}
