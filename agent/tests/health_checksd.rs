@@ -527,3 +527,75 @@ fn efa_keys_parse_and_bad_values_are_refused_by_name() {
     let e = err("[[check]]\nkind = \"gpu\"\nlibfabric = true\n");
     assert!(e.contains("key \"libfabric\" does not apply"), "{e}");
 }
+
+/// The `gpu` kind's fabric keys: `fabric` ("auto", true, false) and `nvidia_smi` (an
+/// absolute path) are taken; any other value is refused naming the file, line and key.
+#[test]
+fn gpu_fabric_keys_are_taken_and_bad_values_refused_by_name() {
+    use slurm_node_agent::health::checks::gpu::{FabricCheck, NVIDIA_SMI_PROGRAM};
+    let dir = tempfile::tempdir().unwrap();
+    let t = target("gpu-1", Role::Compute, AuthType::Slurm, Host::default());
+    let gpu_spec = |body: &str| {
+        std::fs::write(
+            dir.path().join("40-gpu.toml"),
+            format!("[[check]]\nname = \"GPUs\"\nkind = \"gpu\"\n{body}"),
+        )
+        .unwrap();
+        let set = load(dir.path(), &t);
+        match &set.checks[0].kind {
+            CheckKind::Gpu(s) => Ok(s.clone()),
+            CheckKind::Invalid(e) => Err(e.to_string()),
+            k => panic!("{k:?}"),
+        }
+    };
+    let s = gpu_spec("").unwrap();
+    assert_eq!(
+        (s.fabric, s.nvidia_smi.as_str()),
+        (FabricCheck::Auto, NVIDIA_SMI_PROGRAM)
+    );
+    assert_eq!(
+        gpu_spec("fabric = \"auto\"\n").unwrap().fabric,
+        FabricCheck::Auto
+    );
+    assert_eq!(gpu_spec("fabric = true\n").unwrap().fabric, FabricCheck::On);
+    assert_eq!(
+        gpu_spec("fabric = false\n").unwrap().fabric,
+        FabricCheck::Off
+    );
+    let s = gpu_spec("nvidia_smi = \"/opt/nvidia/bin/nvidia-smi\"\n").unwrap();
+    assert_eq!(s.nvidia_smi, "/opt/nvidia/bin/nvidia-smi");
+    for (body, want) in [
+        (
+            "fabric = \"yes\"\n",
+            "fabric: expected \"auto\", true or false, got \"yes\"",
+        ),
+        (
+            "fabric = 1\n",
+            "fabric: expected \"auto\", true or false, got 1",
+        ),
+        (
+            "nvidia_smi = \"nvidia-smi\"\n",
+            "nvidia_smi: expected an absolute path, got \"nvidia-smi\"",
+        ),
+    ] {
+        let e = gpu_spec(body).unwrap_err();
+        assert!(
+            e.contains("40-gpu.toml:1: ") && e.contains("kind = \"gpu\"") && e.contains(want),
+            "{body}: {e}"
+        );
+    }
+    // The keys belong to the gpu kind only.
+    std::fs::write(
+        dir.path().join("40-gpu.toml"),
+        "[[check]]\nname = \"EFA\"\nkind = \"efa\"\nfabric = true\n",
+    )
+    .unwrap();
+    let set = load(dir.path(), &t);
+    let e = invalid(&set);
+    assert!(
+        e[0].to_string()
+            .contains("key \"fabric\" does not apply to this kind"),
+        "{}",
+        e[0]
+    );
+}

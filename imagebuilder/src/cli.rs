@@ -371,6 +371,9 @@ impl Cli {
             if recipe.dcgm { " + DCGM" } else { "" },
             recipe.agent_version
         ));
+        for f in recipe.nvidia_fabric() {
+            text.push_str(&format!("NVIDIA fabric: {f}\n"));
+        }
         text.push_str(&format!("Sources ({}):\n", recipe.sources_file.display()));
         for (name, pin) in recipe.downloads() {
             text.push_str(&format!(
@@ -387,6 +390,7 @@ impl Cli {
             "sources": recipe.downloads().into_iter().map(|(n, p)| json!({"name": n, "url": p.url, "sha256": p.sha256})).collect::<Vec<_>>(),
             "template": template.path,
             "variables": vars,
+            "nvidia_fabric": recipe.nvidia_fabric(),
         });
         if args.target == Target::Amazon {
             // The build would stop here too: the same refusal, before anything else.

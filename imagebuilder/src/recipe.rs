@@ -399,7 +399,51 @@ fn version_at_least(version: &str, major: u64, minor: u64) -> bool {
     (a, b) >= (major, minor)
 }
 
+/// The first NVIDIA driver branch that supports Blackwell and NVLink 5 (HGX B200, p6-b200).
+pub const NVLINK5_FIRST_BRANCH: u32 = 570;
+
+/// The file `60-nvidia.sh` writes so that `ib_umad` loads at boot (systemd's
+/// modules-load.d(5)).
+pub const NVLINK5_MODULES_LOAD: &str = "/etc/modules-load.d/nvidia-fabric.conf";
+
 impl Recipe {
+    /// What the image gets for NVIDIA's NVLink fabrics, in the plan's words (empty without a
+    /// driver). The builder does not know which instance types an image is for; the driver
+    /// branch says which GPUs it can drive, so every image whose branch supports NVLink 5
+    /// ([`NVLINK5_FIRST_BRANCH`]) gets what p6-b200's Fabric Manager needs: NVLSM, and
+    /// `ib_umad` (with Ubuntu's `linux-modules-extra`, where it ships) loaded at boot
+    /// through [`NVLINK5_MODULES_LOAD`]. Fabric Manager starts NVLSM only on NVLink 5
+    /// systems, and `ib_umad` is harmless elsewhere (`packer/scripts/60-nvidia.sh`).
+    pub fn nvidia_fabric(&self) -> Vec<String> {
+        if self.nvidia_driver.is_empty() {
+            return Vec::new();
+        }
+        let mut out = vec![
+            "Fabric Manager of the driver's version (started only where NVSwitches are)".into(),
+        ];
+        let branch: u32 = self
+            .nvidia_driver
+            .split('.')
+            .next()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(0);
+        if branch >= NVLINK5_FIRST_BRANCH {
+            let extra = if self.family == "deb" {
+                " and linux-modules-extra"
+            } else {
+                ""
+            };
+            out.push(format!(
+                "NVLink 5 (p6-b200): NVLSM{extra} installed, ib_umad loaded at boot ({NVLINK5_MODULES_LOAD})"
+            ));
+        } else {
+            out.push(format!(
+                "NVLink 5 (p6-b200): not supported by driver branch {branch} (needs {NVLINK5_FIRST_BRANCH} or later)"
+            ));
+        }
+        out
+    }
+
     /// Resolve a request against the pins and the OS catalog.
     pub fn resolve(
         req: &Request,

@@ -162,6 +162,55 @@ fn plan_prints_versions_checksums_and_variables() {
         .any(|s| s["name"].as_str().unwrap().starts_with("EFA installer")));
 }
 
+/// The plan names what the image gets for NVIDIA's NVLink fabrics, by driver branch:
+/// NVLink 5 (p6-b200) needs NVLSM and ib_umad, which a branch from 570 on brings.
+#[test]
+fn plan_names_the_nvlink5_prerequisites_by_driver_branch() {
+    let out = run(sib().args([
+        "--output",
+        "json",
+        "plan",
+        "--os",
+        "ubuntu-22.04",
+        "--nvidia-driver",
+        "580.126.09",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let v = json(&out);
+    let fabric: Vec<&str> = v["nvidia_fabric"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fabric,
+        [
+            "Fabric Manager of the driver's version (started only where NVSwitches are)",
+            "NVLink 5 (p6-b200): NVLSM and linux-modules-extra installed, ib_umad loaded at boot (/etc/modules-load.d/nvidia-fabric.conf)",
+        ]
+    );
+    let out = run(sib().args(["plan", "--os", "rocky9", "--nvidia-driver", "580"]));
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "NVIDIA fabric: NVLink 5 (p6-b200): NVLSM installed, ib_umad loaded at boot (/etc/modules-load.d/nvidia-fabric.conf)\n"
+        ),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args(["plan", "--nvidia-driver", "550"]));
+    assert!(
+        text(&out).contains(
+            "NVIDIA fabric: NVLink 5 (p6-b200): not supported by driver branch 550 (needs 570 or later)"
+        ) && !text(&out).contains("ib_umad"),
+        "{}",
+        text(&out)
+    );
+    let out = run(sib().args(["--output", "json", "plan"]));
+    assert_eq!(json(&out)["nvidia_fabric"], serde_json::json!([]));
+}
+
 #[test]
 fn unknown_os_is_refused() {
     let out = run(sib().args(["plan", "--os", "centos7"]));

@@ -599,6 +599,68 @@ fn nvidia_step_sets_up_fabric_manager_persistenced_and_device_nodes_before_slurm
     }
 }
 
+/// NVLink 5 (HGX B200, p6-b200): Fabric Manager needs NVLSM and `ib_umad`
+/// (NVIDIA/gpu-operator #2781). An image whose driver branch supports Blackwell (570+)
+/// installs NVLSM (and on Ubuntu linux-modules-extra, where ib_umad ships) and loads
+/// ib_umad at boot; an older branch (which cannot drive a B200) gets neither.
+#[test]
+fn nvidia_step_loads_ib_umad_and_installs_nvlsm_for_nvlink5_with_branch_570_and_later() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a private mount namespace");
+        return;
+    }
+    let kernel = String::from_utf8(Command::new("uname").arg("-r").output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let modules_load = "/etc/modules-load.d/nvidia-fabric.conf";
+    for (os, version, extra) in [
+        ("ubuntu-22.04", "580.126.09", true),
+        ("ubuntu-24.04", "580", true),
+        ("rocky9", "580", false),
+    ] {
+        let s = StandIn::new();
+        let env = [
+            ("IMAGE_OS", os),
+            ("IMAGE_ARCH", "x86_64"),
+            ("NVIDIA_DRIVER_VERSION", version),
+        ];
+        let (out, written) = step(&s, "60-nvidia.sh", &env);
+        assert!(out.status.success(), "{os}: {}", text(&out));
+        let installed = s.lines("installed");
+        assert!(
+            installed.iter().any(|i| i == "nvlsm"),
+            "{os}: nvlsm not in {installed:?}"
+        );
+        let modules_extra = format!("linux-modules-extra-{kernel}");
+        assert_eq!(
+            installed.contains(&modules_extra),
+            extra,
+            "{os}: {modules_extra} in {installed:?}"
+        );
+        let conf = written.read(modules_load);
+        assert!(
+            conf.lines().any(|l| l.trim() == "ib_umad"),
+            "{os}: {modules_load}: {conf:?}"
+        );
+        assert!(
+            text(&out).contains("NVLink 5 prerequisites: nvlsm installed, ib_umad loaded at boot"),
+            "{os}: {}",
+            text(&out)
+        );
+    }
+    let s = StandIn::new();
+    let env = [
+        ("IMAGE_OS", "ubuntu-22.04"),
+        ("IMAGE_ARCH", "x86_64"),
+        ("NVIDIA_DRIVER_VERSION", "550"),
+    ];
+    let (out, written) = step(&s, "60-nvidia.sh", &env);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!s.lines("installed").iter().any(|i| i == "nvlsm"));
+    assert_eq!(written.read(modules_load), "");
+}
+
 #[test]
 fn an_exact_nvidia_version_pins_and_holds_the_driver_and_fabric_manager_and_acceptance_compares_them(
 ) {

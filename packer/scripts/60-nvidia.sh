@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # 60-nvidia: optional NVIDIA driver (a pinned branch from NVIDIA's CUDA repository), with
 # what the big instances need: Fabric Manager of the driver's branch (NVSwitch instance
-# types p4d, p4de, p5, p5e cannot use their GPUs without it; it runs only where NVSwitches
-# are), nvidia-persistenced, and the /dev/nvidia* device nodes created (nvidia-modprobe)
+# types p4d, p4de, p5, p5e, p5en, p6-b200 cannot use their GPUs without it; it runs only
+# where NVSwitches are), with branch 570 and later NVLSM and ib_umad for NVLink 5
+# (p6-b200), nvidia-persistenced, and the /dev/nvidia* device nodes created (nvidia-modprobe)
 # before slurmd starts; DCGM when NVIDIA_DCGM=true.
 set -Eeuo pipefail
 STEP=60-nvidia
@@ -81,6 +82,28 @@ else
 	mkdir -p /etc/slurm-image
 	echo "$branch" >/etc/slurm-image/nvidia-branch
 	[ -z "$exact" ] || echo "$exact" >/etc/slurm-image/nvidia-version
+fi
+
+# NVLink 5 (HGX B200, p6-b200): Fabric Manager starts NVLSM, the NVLink subnet manager,
+# which programs the NVSwitches through the InfiniBand stack and needs ib_umad; without
+# them Fabric Manager exits and every GPU's fabric state stays "In Progress" (CUDA error
+# 802; NVIDIA/gpu-operator #2781, Ubuntu AMIs without linux-modules-extra). The image is
+# not built for one instance type, so every image with a driver branch that supports
+# Blackwell (570 and later) gets them: ib_umad loaded at boot is harmless elsewhere, and
+# Fabric Manager's start script starts NVLSM only on NVLink 5 systems.
+if [ "$branch" -ge 570 ]; then
+	if [ "$(os_family)" = deb ]; then
+		# ib_umad and mlx5_ib ship in linux-modules-extra on Ubuntu's kernels.
+		pkg_install "linux-modules-extra-$(uname -r)" nvlsm
+	else
+		pkg_install nvlsm
+	fi
+	write_if_changed /etc/modules-load.d/nvidia-fabric.conf 0644 <<'EOS'
+# NVIDIA Fabric Manager on NVLink 5 systems (HGX B200, p6-b200) runs NVLSM, which needs
+# ib_umad (packer/scripts/60-nvidia.sh).
+ib_umad
+EOS
+	log "NVLink 5 prerequisites: nvlsm installed, ib_umad loaded at boot (/etc/modules-load.d/nvidia-fabric.conf)"
 fi
 
 # Device nodes before slurmd: slurmd (and the agent's GPU count) need /dev/nvidia<N>,

@@ -162,6 +162,8 @@ impl CheckArgs {
         };
         let mut env = RunEnv::new(&s.health, &s.systemd.bus);
         env.node = node.clone();
+        // The EFA check's last counter reading is kept in the agent's state folder.
+        env.host.state_dir = s.agent.state_dir.clone();
         // Report only: no NHC -S/-r/-c service starts either.
         env.service_actions = !self.no_act;
         // How slurmd runs its HealthCheckProgram here, read beside the checks (slurmd -V

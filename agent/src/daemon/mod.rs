@@ -375,6 +375,8 @@ async fn start_context(
     // file counts from the next pass for both, so they never judge by different checks.
     let mut health_env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
     health_env.node = Some(node.clone());
+    // The EFA check's last counter reading is kept in the agent's state folder.
+    health_env.host.state_dir = s.agent.state_dir.clone();
     repair::warn_unknown_repair_checks(&s, &node);
     let ctx = Arc::new(Ctx {
         budget: Budget::new(),
@@ -631,7 +633,8 @@ async fn login_loop(
     notifier.status("login node: sackd; health checks not run yet");
     let mut health_tick = interval_at(Instant::now(), s.health.interval.0);
     health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
+    let mut env = crate::health::RunEnv::new(&s.health, &s.systemd.bus);
+    env.host.state_dir = s.agent.state_dir.clone();
     let mut pass: Option<tokio::task::JoinHandle<String>> = None;
     loop {
         tokio::select! {

@@ -38,7 +38,7 @@ use super::checks::efa::libfabric::FI_INFO_PROGRAM;
 use super::checks::efa::{EfaCount, EfaSpec};
 use super::checks::file::{FileContentsSpec, FileStatSpec, FileTestSpec, KeySpec};
 use super::checks::fs::{FreeSpaceSpec, MountSpec, SpaceSpec, SpaceWhat};
-use super::checks::gpu::{GpuCount, GpuSpec};
+use super::checks::gpu::{FabricCheck, GpuCount, GpuSpec};
 use super::checks::hw::{instance_type_shape, CpuSpec, HardwareSpec, MemSpec, MemWhat};
 use super::checks::ps::{MatchOn, ProcessSpec, ServiceAction};
 use super::checks::{CheckKind, UnitSpec};
@@ -102,6 +102,8 @@ struct Def {
     max_rate_per_min: Option<toml::Value>,
     libfabric: Option<bool>,
     fi_info_program: Option<String>,
+    fabric: Option<toml::Value>,
+    nvidia_smi: Option<String>,
     // process
     process: Option<String>,
     full_command_line: Option<bool>,
@@ -561,6 +563,17 @@ pub enum DefError {
         /// The path as written.
         path: String,
     },
+    /// A key whose value is not one the key takes (`fabric = "yes"`, `nvidia_smi =
+    /// "nvidia-smi"`).
+    #[error("{key}: expected {expected}, got {value}")]
+    BadValue {
+        /// The key.
+        key: &'static str,
+        /// What it takes.
+        expected: &'static str,
+        /// The value as written (TOML).
+        value: String,
+    },
     /// `unit` that is not a systemd unit name (systemd.unit(5)).
     #[error(transparent)]
     BadUnitName(#[from] crate::systemd::InvalidUnitName),
@@ -638,6 +651,8 @@ fn allowed(kind: &str) -> Option<&'static [&'static str]> {
             "library",
             "fabric_manager",
             "fabric_manager_program",
+            "fabric",
+            "nvidia_smi",
         ],
         "efa" => &["count", "max_rate_per_min", "libfabric", "fi_info_program"],
         "process" => &["process", "full_command_line", "user", "running", "start"],
@@ -688,6 +703,8 @@ fn set_keys(d: &Def) -> Vec<&'static str> {
         max_rate_per_min,
         libfabric,
         fi_info_program,
+        fabric,
+        nvidia_smi,
         process,
         full_command_line,
         user,
@@ -1029,6 +1046,29 @@ fn build(
             s.fabric_manager = d.fabric_manager;
             if let Some(p) = &d.fabric_manager_program {
                 s.fabric_manager_program = p.clone();
+            }
+            s.fabric = match &d.fabric {
+                None => FabricCheck::Auto,
+                Some(toml::Value::String(a)) if a == "auto" => FabricCheck::Auto,
+                Some(toml::Value::Boolean(true)) => FabricCheck::On,
+                Some(toml::Value::Boolean(false)) => FabricCheck::Off,
+                Some(v) => {
+                    return Err(DefError::BadValue {
+                        key: "fabric",
+                        expected: "\"auto\", true or false",
+                        value: v.to_string(),
+                    })
+                }
+            };
+            if let Some(p) = &d.nvidia_smi {
+                if !p.starts_with('/') {
+                    return Err(DefError::BadValue {
+                        key: "nvidia_smi",
+                        expected: "an absolute path",
+                        value: toml::Value::String(p.clone()).to_string(),
+                    });
+                }
+                s.nvidia_smi = p.clone();
             }
             CheckKind::Gpu(s)
         }

@@ -220,8 +220,11 @@ pub enum Fault {
     /// performance error (NVLink, NVSwitch, PCIe, other hardware; a bandwidth or throughput
     /// under its threshold): it fails under load.
     GpuDiagnostic,
-    /// Fewer EFA devices than the instance has.
+    /// Fewer EFA devices than the instance has, or one whose device stopped answering its
+    /// driver's admin commands (`no_completion_cmds` moved).
     EfaMissing,
+    /// An EFA port not ACTIVE or not LinkUp.
+    EfaPort,
     /// The instance has less memory or fewer CPUs than its type, or machine check errors.
     HardwareDegraded,
     /// A required file system is not mounted, not writable or full.
@@ -274,14 +277,20 @@ pub const AUTO: &[AutoRow] = &[
     AutoRow {
         fault: Fault::GpuDiagnostic,
         action: Planned::Replace,
-        what: "a DCGM diagnostic of the start-up gate failed on a GPU with a hardware error (NVLink, NVSwitch, PCIe, other) or under a performance threshold",
+        what: "a DCGM diagnostic of the start-up gate failed on a GPU with a hardware error (NVLink, NVSwitch, PCIe, other) or under a performance threshold, or a GPU's NVLink fabric health is Unhealthy",
         why: "the GPU fails under load on a fresh boot; a reboot was the start of the test",
     },
     AutoRow {
         fault: Fault::EfaMissing,
         action: Planned::Replace,
-        what: "fewer EFA devices than the instance type has, or one on PCI without its device",
+        what: "fewer EFA devices than the instance type has, one on PCI without its device, or one that stopped answering its driver (no_completion_cmds moved)",
         why: "the network interface is gone; another instance gets new ones",
+    },
+    AutoRow {
+        fault: Fault::EfaPort,
+        action: Planned::Reboot,
+        what: "an EFA port not ACTIVE or not LinkUp, or its state unreadable",
+        why: "the driver brings the port up again at the boot; the checks after it decide",
     },
     AutoRow {
         fault: Fault::HardwareDegraded,
@@ -311,13 +320,14 @@ pub const AUTO: &[AutoRow] = &[
 
 impl Fault {
     /// Every fault, in [`AUTO`]'s order.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::GpuLost,
         Fault::GpuMemoryDegraded,
         Fault::GpuResettable,
         Fault::GpuThermal,
         Fault::GpuDiagnostic,
         Fault::EfaMissing,
+        Fault::EfaPort,
         Fault::HardwareDegraded,
         Fault::FileSystem,
         Fault::CheckConfig,
@@ -333,6 +343,7 @@ impl Fault {
             Fault::GpuThermal => "gpu_thermal",
             Fault::GpuDiagnostic => "gpu_diagnostic",
             Fault::EfaMissing => "efa_missing",
+            Fault::EfaPort => "efa_port",
             Fault::HardwareDegraded => "hardware_degraded",
             Fault::FileSystem => "file_system",
             Fault::CheckConfig => "check_config",
@@ -362,7 +373,11 @@ impl Fault {
                 .map(gpu_fault)
                 .max_by_key(|f| (f.auto(), *f))
                 .unwrap_or(Fault::GpuResettable),
-            "efa" => Fault::EfaMissing,
+            "efa" => message
+                .split("; ")
+                .map(efa_fault)
+                .max_by_key(|f| (f.auto(), *f))
+                .unwrap_or(Fault::EfaMissing),
             "gate" => gate_fault(message),
             "hardware" | "mcelog" => Fault::HardwareDegraded,
             "mount" | "space" => Fault::FileSystem,
@@ -403,6 +418,24 @@ fn gate_fault(message: &str) -> Fault {
         .unwrap_or(Fault::Other)
 }
 
+/// One problem of the EFA check (`health::checks::efa`'s words): a port's state, a counter
+/// that must never move, an error counter over its rate, libfabric's provider, or the
+/// device count.
+fn efa_fault(problem: &str) -> Fault {
+    if problem.contains("must never move") {
+        Fault::EfaMissing
+    } else if problem.contains(" port ")
+        && (problem.contains(": state ") || problem.contains(": phys_state "))
+    {
+        Fault::EfaPort
+    } else if problem.contains("/min, more than") || problem.contains("fi_info") {
+        // An error rate (the network, or a peer), libfabric (the image): not the device.
+        Fault::Other
+    } else {
+        Fault::EfaMissing
+    }
+}
+
 /// One problem of the GPU check (`health::checks::gpu`'s words).
 fn gpu_fault(problem: &str) -> Fault {
     let p = problem.to_ascii_lowercase();
@@ -436,6 +469,12 @@ fn gpu_fault(problem: &str) -> Fault {
         || p.contains("row remapping failed")
     {
         Fault::GpuMemoryDegraded
+    } else if p.contains("fabric health unhealthy") {
+        // NVLink degraded (the driver's fabric health): the GPU's links under load.
+        Fault::GpuDiagnostic
+    } else if p.contains("shows no fabric section") || p.contains("-q could not be started") {
+        // A driver older than R530, or the image's nvidia-smi: not this GPU's fault.
+        Fault::Other
     } else if p.contains("temperature") || p.contains("slowdown") {
         Fault::GpuThermal
     } else {

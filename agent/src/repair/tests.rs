@@ -127,6 +127,26 @@ fn the_start_up_gates_failures_are_classified_by_dcgms_category() {
 }
 
 #[test]
+fn efa_ports_counters_and_gpu_fabric_state_have_their_faults() {
+    for (family, message, fault) in [
+        ("efa", "rdmap16s27 port 1: state 1: DOWN", Fault::EfaPort),
+        ("efa", "rdmap16s27 port 1: phys_state 3: Disabled", Fault::EfaPort),
+        ("efa", "rdmap16s27: no_completion_cmds moved 0 -> 3 this boot (must never move)", Fault::EfaMissing),
+        ("efa", "rdmap16s27 port 1: retrans_timeout_events 120/min, more than 10/min", Fault::Other),
+        ("efa", "/opt/amazon/efa/bin/fi_info -p efa: exited with 1 (fi_getinfo: -61)", Fault::Other),
+        ("efa", "3 EFA devices found, expected at least 4 for p4d.24xlarge", Fault::EfaMissing),
+        // A port down beside an error rate: the reboot counts.
+        ("efa", "rdmap16s27 port 1: rx_drops 500/min, more than 100/min; rdmap16s27 port 1: state 1: DOWN", Fault::EfaPort),
+        ("gpu", "GPU 3 (00000000:9A:00.0): fabric state In Progress, status N/A (Fabric Manager has not finished)", Fault::GpuResettable),
+        ("gpu", "GPU 1 (00000000:1B:00.0): fabric health Unhealthy (Bandwidth Degraded)", Fault::GpuDiagnostic),
+        ("gpu", "GPU 0 (00000000:1B:00.0): nvidia-smi -q shows no Fabric section (a driver older than R530 reports no fabric state)", Fault::Other),
+    ] {
+        assert_eq!(Fault::classify(family, message, false), fault, "{message}");
+    }
+    assert_eq!(Fault::EfaPort.auto(), Planned::Reboot);
+}
+
+#[test]
 fn each_family_has_its_fault_and_the_auto_table_its_action() {
     for (family, fault, action) in [
         ("efa", Fault::EfaMissing, Planned::Replace),

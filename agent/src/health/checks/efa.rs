@@ -254,7 +254,7 @@ pub fn check_efa(spec: &EfaSpec, facts: &Facts) -> Result<String, Failed> {
     if let Some(program) = &spec.fi_info {
         match libfabric::check_provider(program) {
             Ok(m) => provider = format!("; {m}"),
-            Err(p) => problems.push(p),
+            Err(p) => problems.push(p.to_string()),
         }
     }
     if !problems.is_empty() {

@@ -3,6 +3,8 @@
 //! `NVRM: Xid (PCI:...): <n>, ...`), uncorrected ECC errors, retired pages and remapped
 //! rows, temperature and hardware slowdown reasons, and NVLink state.
 //!
+//! The GPUs' NVLink fabric state, per GPU, is read from `nvidia-smi -q` ([`fabric`]).
+//!
 //! A node without the driver (the library does not load, or the driver is not loaded)
 //! reports "no GPU": that passes unless GPUs are expected (a count, an instance type
 //! known to have them, or, with `count = "auto"`, NVIDIA GPUs the kernel sees on PCI).
@@ -19,6 +21,10 @@ use nvml_wrapper::Nvml;
 
 use super::{Checked, Failed};
 use crate::health::facts::{Facts, FactsError, HostIo, HostOp};
+
+pub mod fabric;
+
+pub use fabric::{FabricCheck, NvlinkFabric, NVIDIA_SMI_PROGRAM};
 
 /// How many GPUs are expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,11 +62,19 @@ pub struct GpuSpec {
     /// NVML must load (NHC's `check_nvsmi_healthmon`: nvidia-smi fails without the
     /// driver): "no GPU" fails too.
     pub require: bool,
-    /// Fabric Manager must run at the driver's version: `None` (the default) on NVSwitch
-    /// instance types only ([`has_nvswitch`]), `Some(true)` always, `Some(false)` never.
+    /// Fabric Manager must run at the driver's version: `None` (the default) where the
+    /// instance type needs it on the node ([`fabric_manager_expected`]: p4d, p4de, p5, p5e,
+    /// p5en, p6-b200; not p6e-gb200), `Some(true)` always, `Some(false)` never.
     pub fabric_manager: Option<bool>,
     /// The Fabric Manager program asked for its version (`<program> --version`).
     pub fabric_manager_program: String,
+    /// Each GPU's fabric state must be `Completed` with status `Success`
+    /// ([`fabric::fabric_problems`]): on the NVLink-fabric instance types
+    /// ([`NvlinkFabric::of`]) with [`FabricCheck::Auto`], the default.
+    pub fabric: FabricCheck,
+    /// nvidia-smi, run as `<program> -q` for the fabric state (absolute; default
+    /// [`NVIDIA_SMI_PROGRAM`]).
+    pub nvidia_smi: String,
 }
 
 impl Default for GpuSpec {
@@ -79,6 +93,8 @@ impl Default for GpuSpec {
             require: false,
             fabric_manager: None,
             fabric_manager_program: FABRIC_MANAGER_PROGRAM.into(),
+            fabric: FabricCheck::Auto,
+            nvidia_smi: NVIDIA_SMI_PROGRAM.into(),
         }
     }
 }
@@ -111,6 +127,15 @@ pub const FABRIC_MANAGER_TIMEOUT: std::time::Duration = std::time::Duration::fro
 pub fn has_nvswitch(instance_type: &str) -> bool {
     let family = instance_type.split('.').next().unwrap_or_default();
     matches!(family, "p4d" | "p4de" | "p5" | "p5e" | "p5en" | "p6-b200")
+}
+
+/// Whether NVIDIA Fabric Manager must run on instances of this type by default: where the
+/// node has NVSwitches ([`has_nvswitch`]: p4d, p4de, p5, p5e, p5en, p6-b200). Not on
+/// p6e-gb200 (GB200 NVL72), whose NVLink fabric is managed outside the node and whose
+/// Fabric Manager is expected inactive ([`NvlinkFabric::fabric_manager_on_node`]).
+pub fn fabric_manager_expected(instance_type: &str) -> bool {
+    has_nvswitch(instance_type)
+        && NvlinkFabric::of(instance_type).is_none_or(NvlinkFabric::fabric_manager_on_node)
 }
 
 /// The version in Fabric Manager's `--version` output (`Fabric Manager version is :
@@ -457,9 +482,12 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
         }
     }
     let mut problems = Vec::new();
+    let instance_type = super::hw::detect_instance_type(facts);
     // NVSwitch instance types: Fabric Manager at the driver's version.
     let fm_wanted = spec.fabric_manager.unwrap_or_else(|| {
-        super::hw::detect_instance_type(facts).is_some_and(|t| has_nvswitch(&t))
+        instance_type
+            .as_deref()
+            .is_some_and(fabric_manager_expected)
     });
     if fm_wanted {
         let driver = nvml
@@ -474,6 +502,20 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
         ) {
             problems.push(p);
         }
+    }
+    // NVLink-fabric instance types: every GPU registered with the fabric.
+    let platform = instance_type.as_deref().and_then(NvlinkFabric::of);
+    let fabric_wanted = match spec.fabric {
+        FabricCheck::Auto => platform.is_some(),
+        FabricCheck::On => true,
+        FabricCheck::Off => false,
+    };
+    if fabric_wanted {
+        problems.extend(fabric::check_fabric(
+            &spec.nvidia_smi,
+            fabric::NVIDIA_SMI_TIMEOUT,
+            platform,
+        ));
     }
     // A GPU the kernel has on PCI that NVML lost (fallen off the bus, a driver that gave
     // up on it): the kernel's count is the one the instance has.
@@ -677,6 +719,19 @@ mod tests {
     fn fabric_manager_at_another_version_than_the_driver_fails_naming_both() {
         assert!(has_nvswitch("p5.48xlarge") && has_nvswitch("p4d.24xlarge"));
         assert!(has_nvswitch("p6-b200.48xlarge") && !has_nvswitch("g6.48xlarge"));
+        // Fabric Manager by default: on the node's NVSwitches, never on GB200 NVL72, whose
+        // fabric is managed outside the node.
+        for t in [
+            "p4d.24xlarge",
+            "p5.48xlarge",
+            "p5en.48xlarge",
+            "p6-b200.48xlarge",
+        ] {
+            assert!(fabric_manager_expected(t), "{t}");
+        }
+        for t in ["p6e-gb200.36xlarge", "g6.48xlarge", "g5.xlarge"] {
+            assert!(!fabric_manager_expected(t), "{t}");
+        }
         assert_eq!(
             parse_fabric_manager_version("Fabric Manager version is : 590.48.01\n").as_deref(),
             Some("590.48.01")

@@ -37,13 +37,29 @@ pub fn efa_domains(output: &str) -> Option<Vec<String>> {
     found.then_some(domains)
 }
 
-/// Runs `<program> -p efa` and judges it: `Ok` with what it found, `Err` with what is
-/// wrong in NHC's words (`/opt/amazon/efa/bin/fi_info -p efa: exited with 1 (...)`).
+/// Runs `<program> -p efa` and judges it: `Ok` with what it found.
 ///
 /// # Errors
-/// The program cannot be started, was killed at [`FI_INFO_TIMEOUT`], exited non-zero, or
-/// printed no `provider: efa`.
-pub fn check_provider(program: &str) -> Result<String, String> {
+/// [`super::super::Failed`] (EFA) with what is wrong in NHC's words
+/// (`/opt/amazon/efa/bin/fi_info -p efa: exited with 1 (...)`): the program cannot be
+/// started, was killed at [`FI_INFO_TIMEOUT`], exited non-zero, or printed no
+/// `provider: efa`.
+pub fn check_provider(program: &str) -> Result<String, super::super::Failed> {
+    provider_words(program)
+        .map_err(|m| super::super::Failed::new(super::super::Checked::Efa, m.to_string()))
+}
+
+/// What is wrong with the provider, in NHC's words (the EFA check's message).
+#[derive(Debug, thiserror::Error)]
+#[error("{argv}: {problem}")]
+struct ProviderProblem {
+    /// The command line run (`/opt/amazon/efa/bin/fi_info -p efa`).
+    argv: String,
+    /// What is wrong.
+    problem: String,
+}
+
+fn provider_words(program: &str) -> Result<String, ProviderProblem> {
     let argv = vec![program.to_string(), "-p".into(), "efa".into()];
     let shown = argv.join(" ");
     // A blocking check runs on a thread of its own; the command runner is async: a
@@ -61,24 +77,46 @@ pub fn check_provider(program: &str) -> Result<String, String> {
     };
     let o = run
         .join()
-        .map_err(|_| format!("{shown}: internal error: its runner panicked"))?
-        .map_err(|e| format!("{shown}: {e}"))?;
+        .map_err(|_| ProviderProblem {
+            argv: shown.clone(),
+            problem: "internal error: its runner panicked".into(),
+        })?
+        .map_err(|e| ProviderProblem {
+            argv: shown.clone(),
+            problem: e,
+        })?;
     if o.timed_out {
-        return Err(format!(
-            "{shown}: no answer within {} (killed)",
-            cmd::shown_duration(FI_INFO_TIMEOUT)
-        ));
+        return Err(ProviderProblem {
+            argv: shown.clone(),
+            problem: format!(
+                "no answer within {} (killed)",
+                cmd::shown_duration(FI_INFO_TIMEOUT)
+            ),
+        });
     }
     let stderr = String::from_utf8_lossy(&o.stderr);
     let first = stderr.lines().map(str::trim).find(|l| !l.is_empty());
     let why = first.map(|l| format!(" ({l})")).unwrap_or_default();
     match o.code {
         Some(0) => {}
-        Some(c) => return Err(format!("{shown}: exited with {c}{why}")),
-        None => return Err(format!("{shown}: killed by a signal{why}")),
+        Some(c) => {
+            return Err(ProviderProblem {
+                argv: shown.clone(),
+                problem: format!("exited with {c}{why}"),
+            })
+        }
+        None => {
+            return Err(ProviderProblem {
+                argv: shown.clone(),
+                problem: format!("killed by a signal{why}"),
+            })
+        }
     }
     match efa_domains(&String::from_utf8_lossy(&o.stdout)) {
         Some(d) => Ok(format!("libfabric's efa provider: {}", d.join(", "))),
-        None => Err(format!("{shown}: no \"provider: efa\" in its output")),
+        None => Err(ProviderProblem {
+            argv: shown.clone(),
+            problem: "no \"provider: efa\" in its output".into(),
+        }),
     }
 }
