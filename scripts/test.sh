@@ -119,7 +119,8 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			faulty_nodes_are_replaced_after_their_jobs_one_budget_slot_at_a_time \
 			a_fault_on_every_node_trips_the_breaker_and_no_node_leaves \
 			a_replacement_failing_the_same_check_is_not_replaced_again \
-			a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it
+			a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it \
+			the_start_up_gate_holds_every_boot_and_a_failing_diagnostic_never_runs_a_job
 		echo "test.sh: fleet matrix on Slurm $v passed in $(($(date +%s) - start)) s" >&2
 	done
 	scripts/slurm-build.sh "$suite_version" >/dev/null

@@ -391,6 +391,72 @@ fn precedence_between_files() {
     );
 }
 
+/// The image's `start-up gate` entry gives one check per part of the node's gate, each
+/// failing with the gate's words once its part failed in this boot; a node without a gate
+/// has none.
+#[tokio::test]
+async fn the_default_start_gate_entry_reports_each_part_of_this_boots_gate() {
+    use slurm_node_agent::health::startgate::{GateRecord, Part, PartStatus};
+    use slurm_node_agent::health::target::GateTarget;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(defaults_file(), dir.path().join("10-defaults.toml")).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let mut t = target("n1", Role::Compute, AuthType::Munge, Host::default());
+    assert!(!names(&load(dir.path(), &t))
+        .iter()
+        .any(|n| n.starts_with("start-up gate")));
+    t.gate = Some(GateTarget {
+        state_dir: state.path().to_path_buf(),
+        parts: vec!["dcgm".into(), "efa-loopback".into()],
+    });
+    let set = load(dir.path(), &t);
+    let gate: Vec<&str> = names(&set)
+        .into_iter()
+        .filter(|n| n.starts_with("start-up gate"))
+        .collect();
+    assert_eq!(gate, ["start-up gate: dcgm", "start-up gate: efa-loopback"]);
+    let part = |name: &str, status, message: &str| Part {
+        name: name.into(),
+        status,
+        message: message.into(),
+        budget_s: 300,
+        started_unix: 1_800_000_000,
+        ended_unix: Some(1_800_000_060),
+    };
+    GateRecord {
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .unwrap()
+            .trim()
+            .to_string(),
+        instance_id: "i-0123456789abcdef0".into(),
+        started_unix: 1_800_000_000,
+        deadline_unix: 1_800_000_600,
+        parts: vec![
+            part("dcgm", PartStatus::Failed, "memory failed on GPU 3: x"),
+            part("efa-loopback", PartStatus::Passed, "exited 0"),
+        ],
+    }
+    .save(state.path())
+    .unwrap();
+    let only_gate = CheckSet {
+        checks: set
+            .checks
+            .into_iter()
+            .filter(|c| c.name.starts_with("start-up gate"))
+            .collect(),
+        notes: Vec::new(),
+    };
+    let report = health::run_checks(&only_gate, &RunEnv::default()).await;
+    let failed: Vec<_> = report
+        .failures()
+        .map(|r| (r.name.as_str(), r.message.as_str(), r.family.as_str()))
+        .collect();
+    assert_eq!(
+        failed,
+        [("start-up gate: dcgm", "memory failed on GPU 3: x", "gate")]
+    );
+}
+
 /// The HealthCheckProgram, as slurmd runs it, loads the defaults for the node its settings
 /// describe: a login node with auth/slurm, its key at `auth.key_path`, one of `[[mounts]]`.
 #[test]

@@ -11,8 +11,9 @@
 use std::fmt;
 use std::path::Path;
 
+use object::elf::{self, FileHeader64};
 use object::read::elf::{ElfFile64, FileHeader};
-use object::{Architecture, Endianness, Object};
+use object::{Architecture, Endianness, Object, ReadCache};
 
 use crate::error::{Error, Result};
 
@@ -65,23 +66,29 @@ pub struct Needs {
 /// with well-formed version sections.
 pub fn needs(path: &Path) -> Result<Needs> {
     let bad = |what: String| Error::BadInput(format!("{}: {what}", path.display()));
-    let data = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
-    let file = ElfFile64::<Endianness>::parse(&*data)
-        .map_err(|e| bad(format!("not a 64-bit ELF program: {e}")))?;
-    let arch = match file.architecture() {
-        Architecture::X86_64 => "x86_64".to_string(),
-        Architecture::Aarch64 => "arm64".to_string(),
-        other => {
-            let machine = file.elf_header().e_machine(file.endian());
+    let not_elf = |e: object::Error| bad(format!("not a 64-bit ELF program: {e}"));
+    // Read as needed, not whole: the ELF header, the section headers and the version
+    // sections are a few KiB of an agent build of about 100 MB.
+    let file = std::fs::File::open(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let cache = ReadCache::new(file);
+    let data = &cache;
+    let header = FileHeader64::<Endianness>::parse(data).map_err(not_elf)?;
+    let endian = header.endian().map_err(not_elf)?;
+    let arch = match header.e_machine(endian) {
+        elf::EM_X86_64 => "x86_64".to_string(),
+        elf::EM_AARCH64 => "arm64".to_string(),
+        machine => {
+            // Another machine, named as `object` names it (its symbol tables read too).
+            let other = ElfFile64::<Endianness, _>::parse(data)
+                .map_or(Architecture::Unknown, |f| f.architecture());
             format!("{other:?} (ELF machine {machine})")
         }
     };
-    let endian = file.endian();
-    let sections = file.elf_section_table();
+    let sections = header.sections(endian, data).map_err(not_elf)?;
     let mut glibc: Option<GlibcVersion> = None;
     let malformed = |e: object::Error| bad(format!("its .gnu.version_r section: {e}"));
-    if let Some((mut needed, link)) = sections.gnu_verneed(endian, &*data).map_err(malformed)? {
-        let strings = sections.strings(endian, &*data, link).map_err(malformed)?;
+    if let Some((mut needed, link)) = sections.gnu_verneed(endian, data).map_err(malformed)? {
+        let strings = sections.strings(endian, data, link).map_err(malformed)?;
         while let Some((_, mut versions)) = needed.next().map_err(malformed)? {
             while let Some(aux) = versions.next().map_err(malformed)? {
                 let name = aux.name(endian, strings).map_err(malformed)?;
@@ -219,6 +226,34 @@ mod tests {
             check_fits(&me(), "--agent-bin x", host_arch(), "os", Some(floor)).unwrap(),
             n
         );
+    }
+
+    /// A copy of this test's executable with its ELF header's `e_machine` set to `machine`.
+    fn as_machine(dir: &Path, machine: elf::Machine) -> std::path::PathBuf {
+        let mut bytes = std::fs::read(me()).unwrap();
+        // e_machine: 2 bytes at offset 18, in the file's byte order (little-endian here).
+        assert_eq!(bytes[5], elf::ELFDATA2LSB.0);
+        bytes[18..20].copy_from_slice(&machine.0.to_le_bytes());
+        let p = dir.join(format!("machine-{machine}"));
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn the_machine_field_names_the_architecture() {
+        let dir = tempfile::tempdir().unwrap();
+        let arch = |m| needs(&as_machine(dir.path(), m)).unwrap().arch;
+        assert_eq!(arch(elf::EM_X86_64), "x86_64");
+        assert_eq!(arch(elf::EM_AARCH64), "arm64");
+        // Another machine: object's name and the number, refused for either arch.
+        assert_eq!(arch(elf::EM_RISCV), "Riscv64 (ELF machine 243)");
+        let riscv = as_machine(dir.path(), elf::EM_RISCV);
+        for image in ["x86_64", "arm64"] {
+            let e = check_fits(&riscv, "--agent-bin x", image, "al2023", None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--agent-bin x: built for Riscv64"), "{e}");
+        }
     }
 
     #[test]

@@ -542,7 +542,13 @@ impl Cli {
 
     async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
         let (mut recipe, template, mut vars) = self.resolve(&args.recipe)?;
-        check_agent_fits(args, &recipe, &self.packer_dir())?;
+        let agent = agent_source(args.agent_bin.as_deref(), args.without_agent)?;
+        check_agent_fits(
+            agent.as_deref(),
+            args.agent_bin.is_some(),
+            &recipe,
+            &self.packer_dir(),
+        )?;
         let work = absolute(
             &args
                 .work_dir
@@ -569,7 +575,7 @@ impl Cli {
 
         let mut assembled = assemble_agent(
             &agent_dir,
-            args.agent_bin.as_deref(),
+            agent.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
@@ -668,7 +674,13 @@ impl Cli {
 
     async fn build_local(&self, args: &BuildArgs) -> Result<Report> {
         let (mut recipe, _template, _vars) = self.resolve(&args.recipe)?;
-        check_agent_fits(args, &recipe, &self.packer_dir())?;
+        let agent = agent_source(args.agent_bin.as_deref(), args.without_agent)?;
+        check_agent_fits(
+            agent.as_deref(),
+            args.agent_bin.is_some(),
+            &recipe,
+            &self.packer_dir(),
+        )?;
         let work = absolute(
             &args
                 .work_dir
@@ -678,7 +690,7 @@ impl Cli {
         let agent_dir = work.join("agent");
         let mut assembled = assemble_agent(
             &agent_dir,
-            args.agent_bin.as_deref(),
+            agent.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
@@ -1003,8 +1015,6 @@ fn check_variables(template: &Template, vars: &BTreeMap<String, Json>) -> Result
 /// The agent's HealthCheckProgram, a second binary of the agent's package.
 const HEALTHCHECK_BIN: &str = "slurm-node-agent-healthcheck";
 
-/// Put the agent build where the steps expect it (see packer/scripts/70-agent.sh).
-/// Returns notes about missing parts (the steps say so again, plainly).
 /// The agent binary a build stages: `--agent-bin`, else the workspace's release or debug
 /// build; `None` with `--without-agent` or where none is built.
 ///
@@ -1030,31 +1040,30 @@ fn agent_source(agent_bin: Option<&Path>, without_agent: bool) -> Result<Option<
     })
 }
 
-/// Refuses, before Packer or the local build starts, an agent binary (and the
-/// HealthCheckProgram beside it) that cannot start on the image: another architecture
-/// than the recipe's, or a glibc floor above the OS's (`glibc` of the template's
-/// `local.os_catalog`; Debian 12's for the local target).
+/// Refuses, before Packer or the local build starts, an agent binary `bin` (from
+/// [`agent_source`]; `given`: `--agent-bin` named it) and the HealthCheckProgram beside it
+/// that cannot start on the image: another architecture than the recipe's, or a glibc floor
+/// above the OS's ([`Recipe::os_glibc`]: `glibc` of the project template's
+/// `local.os_catalog`, `packer_dir`, as the recipe's OS was checked against; Debian 12's
+/// for the local target).
 ///
 /// # Errors
 /// [`Error::BadInput`] naming the binary, what it needs and what the image has.
-fn check_agent_fits(args: &BuildArgs, recipe: &Recipe, packer_dir: &Path) -> Result<()> {
-    let Some(bin) = agent_source(args.agent_bin.as_deref(), args.without_agent)? else {
+fn check_agent_fits(
+    bin: Option<&Path>,
+    given: bool,
+    recipe: &Recipe,
+    packer_dir: &Path,
+) -> Result<()> {
+    let Some(bin) = bin else {
         return Ok(());
     };
-    // The catalog of the project's templates, as the recipe's OS was checked against
-    // (`--template` may name a template without one).
-    let template = Template::load(packer_dir)?;
-    let glibc = if args.recipe.target == Target::Local {
-        Some(crate::recipe::LOCAL_OS_GLIBC.to_string())
-    } else {
-        os_catalog(&template)?
-            .get(&recipe.os)
-            .and_then(|e| e.glibc.clone())
-    };
-    let glibc = glibc
+    let glibc = recipe
+        .os_glibc
+        .as_deref()
         .map(|g| {
-            crate::binary::GlibcVersion::parse(&g).ok_or_else(|| Error::File {
-                path: template.path.clone(),
+            crate::binary::GlibcVersion::parse(g).ok_or_else(|| Error::File {
+                path: packer_dir.to_path_buf(),
                 message: format!(
                     "local.os_catalog[\"{}\"].glibc: not a version: {g:?}",
                     recipe.os
@@ -1062,20 +1071,26 @@ fn check_agent_fits(args: &BuildArgs, recipe: &Recipe, packer_dir: &Path) -> Res
             })
         })
         .transpose()?;
-    let named = |p: &Path| match &args.agent_bin {
-        Some(_) if p == bin => format!("--agent-bin {}", p.display()),
-        _ => format!("the agent binary {}", p.display()),
+    let named = |p: &Path| {
+        if given && p == bin {
+            format!("--agent-bin {}", p.display())
+        } else {
+            format!("the agent binary {}", p.display())
+        }
     };
     let hc = bin.with_file_name(HEALTHCHECK_BIN);
-    for p in std::iter::once(bin.clone()).chain(hc.is_file().then_some(hc)) {
-        crate::binary::check_fits(&p, &named(&p), &recipe.arch, &recipe.os, glibc)?;
+    for p in std::iter::once(bin).chain(hc.is_file().then_some(hc.as_path())) {
+        crate::binary::check_fits(p, &named(p), &recipe.arch, &recipe.os, glibc)?;
     }
     Ok(())
 }
 
+/// Put the agent build (`bin`, from [`agent_source`]) where the steps expect it (see
+/// packer/scripts/70-agent.sh). Returns notes about missing parts (the steps say so again,
+/// plainly).
 fn assemble_agent(
     dest: &Path,
-    agent_bin: Option<&Path>,
+    bin: Option<&Path>,
     without_agent: bool,
     units: &Path,
     packer_dir: &Path,
@@ -1087,9 +1102,9 @@ fn assemble_agent(
     }
     std::fs::create_dir_all(dest)
         .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
-    match agent_source(agent_bin, without_agent)? {
+    match bin {
         Some(b) => {
-            std::fs::copy(&b, dest.join("slurm-node-agent"))
+            std::fs::copy(b, dest.join("slurm-node-agent"))
                 .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;
             // Slurm's HealthCheckProgram, built next to the agent (same package).
             let hc = b.with_file_name(HEALTHCHECK_BIN);

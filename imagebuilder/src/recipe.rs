@@ -207,6 +207,10 @@ pub struct Recipe {
     pub ami_regions: Vec<String>,
     /// Where the pins came from.
     pub sources_file: PathBuf,
+    /// The OS's glibc as the catalog gives it ([`OsEntry::glibc`]; [`LOCAL_OS_GLIBC`] for
+    /// the local target): what an agent binary put into the image may need at most.
+    #[serde(skip)]
+    pub os_glibc: Option<String>,
 }
 
 /// One Slurm version of a recipe, resolved.
@@ -452,7 +456,7 @@ impl Recipe {
         catalog: &BTreeMap<String, OsEntry>,
     ) -> Result<Recipe> {
         let known_os = || catalog.keys().cloned().collect::<Vec<_>>().join(", ");
-        let (os, family, arch) = if req.local {
+        let (os, family, arch, os_glibc) = if req.local {
             let os = req.os.clone().unwrap_or_else(|| LOCAL_OS.to_string());
             if os != LOCAL_OS {
                 return Err(Error::BadInput(format!(
@@ -470,7 +474,12 @@ impl Recipe {
                     "unknown architecture '{arch}' for --target local: it builds for this host ({host_arch})"
                 )));
             }
-            (os, "deb".to_string(), arch)
+            (
+                os,
+                "deb".to_string(),
+                arch,
+                Some(LOCAL_OS_GLIBC.to_string()),
+            )
         } else {
             let os = req.os.clone().unwrap_or_else(|| "al2023".to_string());
             let entry = catalog.get(&os).ok_or_else(|| {
@@ -488,7 +497,7 @@ impl Recipe {
                         .join(", ")
                 )));
             }
-            (os, entry.family.clone(), arch)
+            (os, entry.family.clone(), arch, entry.glibc.clone())
         };
 
         let slurm_source = req
@@ -627,6 +636,7 @@ impl Recipe {
                 .unwrap_or_else(|| "us-east-1".to_string()),
             ami_regions: req.ami_regions.clone(),
             sources_file: sources_file.to_path_buf(),
+            os_glibc,
         })
     }
 
@@ -946,6 +956,37 @@ mod tests {
         let r = resolve(&request(&[], Some("25.11"))).unwrap();
         assert_eq!(r.slurm_version, "25.11.6");
         assert_eq!(r.slurm_versions.len(), 1);
+    }
+
+    #[test]
+    fn the_os_glibc_comes_from_the_catalog_or_the_local_target() {
+        let r = resolve(&request(&[], None)).unwrap();
+        assert_eq!(r.os_glibc.as_deref(), Some("2.39"));
+        let local = Request {
+            os: None,
+            local: true,
+            ..request(&[], None)
+        };
+        let r = resolve(&local).unwrap();
+        assert_eq!(r.os_glibc.as_deref(), Some(super::LOCAL_OS_GLIBC));
+    }
+
+    #[test]
+    fn nvlink5_prerequisites_start_at_branch_570() {
+        let fabric = |driver: &str| {
+            resolve(&Request {
+                nvidia_driver: Some(driver.into()),
+                ..request(&[], None)
+            })
+            .unwrap()
+            .nvidia_fabric()
+        };
+        assert!(fabric("570")[1].contains("NVLSM and linux-modules-extra installed"));
+        assert!(fabric("570.86.15")[1].contains(super::NVLINK5_MODULES_LOAD));
+        assert_eq!(
+            fabric("565.57.01")[1],
+            "NVLink 5 (p6-b200): not supported by driver branch 565 (needs 570 or later)"
+        );
     }
 
     #[test]

@@ -13,6 +13,13 @@ fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
 }
 
+/// `--output json plan <args>` on packer/, which must succeed: its JSON.
+fn plan_json(args: &[&str]) -> serde_json::Value {
+    let out = run(sib().args(["--output", "json", "plan"]).args(args));
+    assert!(out.status.success(), "plan {args:?}: {}", text(&out));
+    json(&out)
+}
+
 /// Recipe flags that need no download (the test templates never reach the steps).
 const OFFLINE: &[&str] = &[
     "--slurm-source",
@@ -140,17 +147,7 @@ fn validate_fails_on_an_unformatted_template() {
 
 #[test]
 fn plan_prints_versions_checksums_and_variables() {
-    let out = run(sib().args([
-        "--output",
-        "json",
-        "plan",
-        "--os",
-        "ubuntu-22.04",
-        "--arch",
-        "arm64",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
-    let v = json(&out);
+    let v = plan_json(&["--os", "ubuntu-22.04", "--arch", "arm64"]);
     assert_eq!(v["variables"]["os"], "ubuntu-22.04");
     assert_eq!(v["variables"]["arch"], "arm64");
     assert_eq!(v["variables"]["slurm_version"], "24.11.7");
@@ -166,17 +163,7 @@ fn plan_prints_versions_checksums_and_variables() {
 /// NVLink 5 (p6-b200) needs NVLSM and ib_umad, which a branch from 570 on brings.
 #[test]
 fn plan_names_the_nvlink5_prerequisites_by_driver_branch() {
-    let out = run(sib().args([
-        "--output",
-        "json",
-        "plan",
-        "--os",
-        "ubuntu-22.04",
-        "--nvidia-driver",
-        "580.126.09",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
-    let v = json(&out);
+    let v = plan_json(&["--os", "ubuntu-22.04", "--nvidia-driver", "580.126.09"]);
     let fabric: Vec<&str> = v["nvidia_fabric"]
         .as_array()
         .unwrap()
@@ -207,8 +194,7 @@ fn plan_names_the_nvlink5_prerequisites_by_driver_branch() {
         "{}",
         text(&out)
     );
-    let out = run(sib().args(["--output", "json", "plan"]));
-    assert_eq!(json(&out)["nvidia_fabric"], serde_json::json!([]));
+    assert_eq!(plan_json(&[])["nvidia_fabric"], serde_json::json!([]));
 }
 
 #[test]
@@ -273,9 +259,7 @@ fn the_managed_services_slurm_versions_are_pinned_with_their_source_and_25_05_is
     // Each pinned version resolves to its own tarball and a 64-hex sha256.
     let mut seen = std::collections::BTreeSet::new();
     for v in ["24.05.8", "24.11.7", "25.11.6", "26.05.3"] {
-        let out = run(sib().args(["--output", "json", "plan", "--slurm-version", v]));
-        assert!(out.status.success(), "{v}: {}", text(&out));
-        let j = json(&out);
+        let j = plan_json(&["--slurm-version", v]);
         let url = j["variables"]["slurm_url"].as_str().unwrap().to_string();
         assert!(
             url.ends_with(&format!("slurm-{}-1.tar.gz", v.replace('.', "-"))),
@@ -315,17 +299,7 @@ fn debian_source_needs_a_debian_root_and_no_pin() {
         "{}",
         text(&out)
     );
-    let out = run(sib().args([
-        "--output",
-        "json",
-        "plan",
-        "--target",
-        "local",
-        "--slurm-source",
-        "debian-source",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
-    let j = json(&out);
+    let j = plan_json(&["--target", "local", "--slurm-source", "debian-source"]);
     assert_eq!(j["variables"]["slurm_source"], "debian-source");
     // Debian 12's own Slurm, and no tarball of ours to fetch.
     assert_eq!(j["variables"]["slurm_version"], "22.05.8");
@@ -1126,17 +1100,7 @@ fn validate_reads_the_signing_key_pins_as_the_build_does() {
 
 #[test]
 fn plan_takes_several_slurm_versions_and_refuses_one_listed_twice() {
-    let out = run(sib().args([
-        "--output",
-        "json",
-        "plan",
-        "--slurm-version",
-        "25.11,26.05",
-        "--slurm-default",
-        "26.05",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
-    let j = json(&out);
+    let j = plan_json(&["--slurm-version", "25.11,26.05", "--slurm-default", "26.05"]);
     let vars = &j["variables"];
     assert_eq!(vars["slurm_version"], "26.05.3");
     assert!(vars["slurm_url"]

@@ -411,17 +411,7 @@ fn an_agent_binary_that_cannot_run_on_the_image_is_refused_before_packer_starts(
     let plugins = tempfile::tempdir().unwrap();
     let packer = StandinPacker::new(dir.path(), "1.11.2");
     let build = |packer_dir: Option<&std::path::Path>, arch: &str| {
-        let work = tempfile::tempdir().unwrap();
-        let mut cmd = sib_with(&packer, plugins.path());
-        if let Some(p) = packer_dir {
-            cmd.arg("--packer-dir").arg(p);
-        }
-        run(cmd
-            .args(["build", "--agent-bin"])
-            .arg(&agent)
-            .args(OFFLINE)
-            .args(["--arch", arch, "--region", "eu-west-1", "--work-dir"])
-            .arg(work.path()))
+        build_with_agent(&packer, plugins.path(), packer_dir, arch, &agent)
     };
     let out = build(None, other);
     assert!(!out.status.success());
@@ -461,6 +451,75 @@ fn an_agent_binary_that_cannot_run_on_the_image_is_refused_before_packer_starts(
         text(&out)
     );
     assert!(!packer.calls().is_empty(), "{}", text(&out));
+}
+
+/// A file that is not an ELF program is refused by its path before Packer starts: as
+/// `--agent-bin`, and as the HealthCheckProgram beside an agent that fits (checked too).
+#[test]
+fn an_agent_or_healthcheck_that_is_no_elf_program_is_refused_before_packer_starts() {
+    let own = if cfg!(target_arch = "aarch64") {
+        "arm64"
+    } else {
+        "x86_64"
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    let packer = StandinPacker::new(dir.path(), "1.11.2");
+    let bins = tempfile::tempdir().unwrap();
+    let script = bins.path().join("slurm-node-agent");
+    std::fs::write(&script, "#!/bin/sh\necho slurm-node-agent 1.0.0\n").unwrap();
+    let out = build_with_agent(&packer, plugins.path(), None, own, &script);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains(&format!("{}: not a 64-bit ELF program", script.display())),
+        "{}",
+        text(&out)
+    );
+    assert!(packer.calls().is_empty(), "{:?}", packer.calls());
+
+    let Some(agent) = built_agent() else {
+        return;
+    };
+    let beside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&agent, beside.path().join("slurm-node-agent")).unwrap();
+    let hc = beside.path().join("slurm-node-agent-healthcheck");
+    std::fs::write(&hc, "not a program\n").unwrap();
+    let out = build_with_agent(
+        &packer,
+        plugins.path(),
+        None,
+        own,
+        &beside.path().join("slurm-node-agent"),
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains(&format!("{}: not a 64-bit ELF program", hc.display())),
+        "{}",
+        text(&out)
+    );
+    assert!(packer.calls().is_empty(), "{:?}", packer.calls());
+}
+
+/// `build` with `--agent-bin agent` for `arch` (of packer/, or of `packer_dir`), with the
+/// offline recipe flags, the stand-in Packer and a work folder of its own.
+fn build_with_agent(
+    packer: &StandinPacker,
+    plugins: &std::path::Path,
+    packer_dir: Option<&std::path::Path>,
+    arch: &str,
+    agent: &std::path::Path,
+) -> std::process::Output {
+    let work = tempfile::tempdir().unwrap();
+    let mut cmd = sib_with(packer, plugins);
+    if let Some(p) = packer_dir {
+        cmd.arg("--packer-dir").arg(p);
+    }
+    run(cmd
+        .args(["build", "--agent-bin"])
+        .arg(agent)
+        .args(OFFLINE)
+        .args(["--arch", arch, "--region", "eu-west-1", "--work-dir"])
+        .arg(work.path()))
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {

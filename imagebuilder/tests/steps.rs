@@ -613,7 +613,8 @@ fn nvidia_step_loads_ib_umad_and_installs_nvlsm_for_nvlink5_with_branch_570_and_
         .unwrap()
         .trim()
         .to_string();
-    let modules_load = "/etc/modules-load.d/nvidia-fabric.conf";
+    // Where the plan says ib_umad is loaded from.
+    let modules_load = slurm_image_builder::recipe::NVLINK5_MODULES_LOAD;
     for (os, version, extra) in [
         ("ubuntu-22.04", "580.126.09", true),
         ("ubuntu-24.04", "580", true),

@@ -1021,6 +1021,10 @@ pub struct Launch {
     /// When EC2 launched it (Unix seconds): the `pendingTime` of its instance identity
     /// document. Default: when [`Fleet::new_launch`] made this description.
     pub pending_time: u64,
+    /// Programs the image carries beyond the fleet's: `(absolute path, text)`, written
+    /// executable (0755) on the node's disk before its first boot (stand-ins for
+    /// `dcgmi`, `nvidia-smi`...). Default none.
+    pub programs: Vec<(String, String)>,
 }
 
 /// One node: its network namespace, metadata, disk and container.
@@ -1904,6 +1908,7 @@ impl Fleet {
             role_credentials: None,
             image_toml: String::new(),
             pending_time: crate::unix_now(),
+            programs: Vec::new(),
         }
     }
 
@@ -2022,6 +2027,18 @@ impl Fleet {
         )?;
         if !node.launch.image_toml.is_empty() {
             fs::write(dropins.join("60-launch.toml"), &node.launch.image_toml)?;
+        }
+        for (path, text) in &node.launch.programs {
+            use std::os::unix::fs::PermissionsExt;
+            let Some(rel) = path.strip_prefix('/') else {
+                bail!("Launch::programs: {path:?} is not an absolute path");
+            };
+            let p = node.dir.join("upper").join(rel);
+            if let Some(parent) = p.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::write(&p, text)?;
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755))?;
         }
         if self.builder.auth_slurm {
             // sackd (login nodes) runs as SlurmUser, which the fleet's controller keeps at

@@ -731,6 +731,159 @@ fn a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_repla
     );
 }
 
+/// Issue 39 §1: the start-up gate on the fleet, with stand-in `dcgmi` and `nvidia-smi` in
+/// the image playing back DCGM's JSON (`agent/tests/fixtures/dcgm`). node001's diagnostic
+/// passes, but only once the test lets it (it waits for a file in `/run`): until then the
+/// node is registered and drained with the gate's reason, and a job bound to it stays
+/// pending; then the drain is lifted and the job runs. node002's diagnostic fails (the
+/// `memory` test on GPU 3): it never runs a job, and the repair replaces it (DCGM's
+/// hardware memory category). A reboot of node001 runs the gate again (held again until
+/// let go), and it comes back IDLE.
+#[test]
+fn the_start_up_gate_holds_every_boot_and_a_failing_diagnostic_never_runs_a_job() {
+    const GO: &str = "/run/slurm-e2e-gate-go";
+    const RUNS: &str = "/var/lib/slurm-e2e-dcgmi-runs";
+    let fixture = |name: &str| {
+        std::fs::read_to_string(format!(
+            "{}/../agent/tests/fixtures/dcgm/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
+    };
+    let dcgmi = |json: &str, wait: bool| {
+        let hold = if wait {
+            format!("while [ ! -e {GO} ]; do sleep 0.2; done\n")
+        } else {
+            String::new()
+        };
+        format!("#!/bin/sh\necho \"$@\" >> {RUNS}\n{hold}cat <<'EOF'\n{json}EOF\n")
+    };
+    let nvidia_smi =
+        "#!/bin/sh\nprintf '0, Disabled\\n1, Disabled\\n2, Disabled\\n3, Disabled\\n'\n";
+    let image_toml = "[start_gate]\nprofile = \"quick\"\ndcgmi = \"/opt/stand-in/dcgmi\"\n\
+                      nvidia_smi = \"/opt/stand-in/nvidia-smi\"\nhost_engine_wait = \"1s\"\n";
+    let mut fleet = Fleet::builder()
+        .agent_toml(
+            "[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"2s\"\n\
+             breaker_min_nodes = 10\n",
+        )
+        .start()
+        .unwrap();
+    for (name, json, wait) in [
+        ("node001", fixture("diag-r1-pass.json"), true),
+        ("node002", fixture("diag-r2-memory-fail-gpu3.json"), false),
+    ] {
+        let mut l = fleet.new_launch(name);
+        l.image_toml = image_toml.into();
+        l.programs = vec![
+            ("/opt/stand-in/dcgmi".into(), dcgmi(&json, wait)),
+            ("/opt/stand-in/nvidia-smi".into(), nvidia_smi.into()),
+        ];
+        fleet.launch(l).unwrap();
+    }
+    let held = |fleet: &Fleet| {
+        slurm_e2e::wait_until(
+            "node001 registered and held by its gate",
+            BOOT_TIMEOUT,
+            Duration::from_millis(500),
+            || {
+                // The fleet's nodes are dynamic: no record before the registration.
+                let Some(st) = fleet.ctld.node_state("node001")? else {
+                    return Ok(None);
+                };
+                let r = full_reason(fleet, "node001");
+                Ok((st.contains("DRAIN")
+                    && slurmd_start_time(fleet, "node001")?.is_some()
+                    && r.starts_with("slurm-node-agent/gate@")
+                    && r.contains("start-up gate running: dcgm quick"))
+                .then_some(()))
+            },
+        )
+        .unwrap();
+    };
+    held(&fleet);
+    // A job bound to node001 while the gate runs: not started.
+    let job = fleet
+        .sbatch(&["-N1", "-w", "node001", "--wrap", "sleep 1"])
+        .unwrap();
+    let job_state = |fleet: &Fleet, job: &str| {
+        let line = fleet
+            .ctld
+            .scontrol_ok(&["show", "job", "-o", job])
+            .unwrap_or_default();
+        slurm_e2e::slurm::field(&line, "JobState")
+            .unwrap_or_default()
+            .to_string()
+    };
+    // node002's gate fails: the repair powers it off, no job ever ran on it.
+    slurm_e2e::wait_until(
+        "node002 powered off for replacement",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok(fleet.exited("node002")?.map(|_| ())),
+    )
+    .unwrap();
+    let off = full_reason(&fleet, "node002");
+    assert!(
+        off.starts_with("slurm-node-agent/repair@")
+            && off.contains("start-up gate: dcgm")
+            && off.contains(" [powered off for replacement at "),
+        "{off}"
+    );
+    assert_eq!(
+        job_state(&fleet, &job),
+        "PENDING",
+        "the job started under the gate"
+    );
+    assert!(
+        fleet.job_records().is_empty(),
+        "a job ran: {:?}",
+        fleet.job_records()
+    );
+    // node001 let go: its gate passes, its drain is lifted, the job runs and completes.
+    let go = |fleet: &Fleet| {
+        let out = fleet.exec("node001", "/bin/touch", &[GO]).unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    go(&fleet);
+    slurm_e2e::wait_until(
+        "the job on node001 completed",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((job_state(&fleet, &job) == "COMPLETED").then_some(())),
+    )
+    .unwrap();
+    fleet
+        .ctld
+        .check_reason_lifted("node001", &reason(&fleet, "node001"))
+        .unwrap();
+    // A reboot runs the gate again: held until let go, then IDLE.
+    fleet.reboot("node001").unwrap();
+    slurm_e2e::wait_until(
+        "node001 rebooted",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((fleet.boots("node001")? == 2).then_some(())),
+    )
+    .unwrap();
+    held(&fleet);
+    go(&fleet);
+    fleet
+        .ctld
+        .wait_node_state(
+            "node001",
+            |s| s.starts_with("IDLE") && !s.contains("DRAIN"),
+            BOOT_TIMEOUT,
+        )
+        .unwrap();
+    let runs = fleet.exec("node001", "/bin/cat", &[RUNS]).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&runs.stdout),
+        "diag -r 1 -j\ndiag -r 1 -j\n",
+        "one diagnostic per boot"
+    );
+}
+
 /// Issue 38 §3: the same fault on every node of the partition (a check that fails on all
 /// four, as a shared file system gone for everyone would) trips the breaker: no node is
 /// repaired (none leaves, no slot is taken, every node stays drained by its health checks);

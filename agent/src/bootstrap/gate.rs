@@ -27,9 +27,9 @@ pub(super) async fn before_slurmd(
     s: &StartGateSettings,
     state_dir: &std::path::Path,
     instance_id: &str,
+    boot_id: &str,
     gateway: &Gateway,
 ) -> Option<Pending> {
-    let boot_id = crate::hostfacts::boot_id().unwrap_or_default();
     // A gate turned off since, or one that passed in this boot before a crash: its drain
     // (this instance's) is over.
     let lift = |why: &'static str| async move {
@@ -41,13 +41,14 @@ pub(super) async fn before_slurmd(
             ),
         }
     };
+    let earlier = GateRecord::load(state_dir);
     if !s.enabled() {
-        if GateRecord::load(state_dir).is_some() {
+        if earlier.is_some() {
             lift("no [start_gate] parts any more: an earlier gate's drain lifted").await;
         }
         return None;
     }
-    if let Some(r) = GateRecord::load(state_dir).filter(|r| r.boot_id == boot_id && r.ended()) {
+    if let Some(r) = earlier.filter(|r| r.boot_id == boot_id && r.ended()) {
         tracing::info!(
             passed = r.passed(),
             "START GATE: already ran in this boot; not run again"
@@ -57,14 +58,11 @@ pub(super) async fn before_slurmd(
         }
         return None;
     }
-    if let Err(e) = crate::gate::starting_record(s, &boot_id, instance_id).save(state_dir) {
+    if let Err(e) = crate::gate::starting_record(s, boot_id, instance_id).save(state_dir) {
         tracing::warn!("start-up gate record not written: {e}");
     }
-    let cause = Cause::Gate {
-        detail: s.running_words(),
-    };
-    let drained = match gateway.drain(cause, None).await {
-        Ok(_) => {
+    let drained = match hold(s, gateway).await {
+        Ok(()) => {
             tracing::info!(
                 node = gateway.node(),
                 "START GATE: node held before slurmd registers: {}",
@@ -80,7 +78,18 @@ pub(super) async fn before_slurmd(
             false
         }
     };
-    Some(Pending { drained, boot_id })
+    Some(Pending {
+        drained,
+        boot_id: boot_id.to_string(),
+    })
+}
+
+/// Drains the node with the gate's reason while it runs.
+async fn hold(s: &StartGateSettings, gateway: &Gateway) -> Result<(), crate::drain::DrainError> {
+    let cause = Cause::Gate {
+        detail: s.running_words(),
+    };
+    gateway.drain(cause, None).await.map(|_| ())
 }
 
 /// After the join: the drain (when it could not be made before), then the parts, then the
@@ -94,10 +103,7 @@ pub(super) async fn after_join(
     units: &dyn crate::systemd::Units,
 ) -> GateRecord {
     if !pending.drained {
-        let cause = Cause::Gate {
-            detail: s.running_words(),
-        };
-        if let Err(e) = gateway.drain(cause, None).await {
+        if let Err(e) = hold(s, gateway).await {
             tracing::error!(
                 node = gateway.node(),
                 "START GATE: the node could not be held: {e}"
@@ -109,7 +115,7 @@ pub(super) async fn after_join(
         state_dir,
         boot_id: pending.boot_id,
         instance_id: instance_id.to_string(),
-        sys_dir: "/sys".into(),
+        sys_dir: crate::health::facts::Host::default().sys_dir,
     };
     tracing::info!(node = gateway.node(), budget = %crate::section::HumanDuration(s.total_budget()), "START GATE: running {}", s.parts().join(", "));
     let record = crate::gate::run(s, &env).await;
@@ -135,4 +141,216 @@ pub(super) async fn after_join(
         }
     }
     record
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    //! The step against an in-memory slurmctld, with site commands as the gate's parts: a
+    //! first boot, a failure, bootstrap again in the same boot, the next boot, a corrupt
+    //! record, a dynamic node, an administrator's drain, the gate turned off.
+
+    use super::*;
+    use crate::gate::GateCommand;
+    use crate::section::HumanDuration;
+    use crate::slurm::ctl::fake::FakeSlurmctld;
+    use crate::systemd::fake::FakeUnits;
+
+    const ME: &str = "i-0123456789abcdef0";
+
+    struct Node {
+        dir: tempfile::TempDir,
+        slurmctld: FakeSlurmctld,
+        gateway: Gateway,
+    }
+
+    impl Node {
+        /// n1 with `record` in slurmctld (`None`: not known yet, a dynamic node).
+        fn new(record: Option<&str>) -> Node {
+            let dir = tempfile::tempdir().unwrap();
+            let slurmctld = FakeSlurmctld::default();
+            if let Some(r) = record {
+                slurmctld.set_record(r);
+            }
+            let gateway = Gateway::new(
+                "n1",
+                crate::slurm::Scontrol::new(dir.path()),
+                dir.path(),
+                std::time::Duration::from_secs(1),
+                dir.path().join("drain.prom"),
+            )
+            .with_instance(ME)
+            .through(slurmctld.clone());
+            crate::fsutil::write_test_program(&dir.path().join("ok"), "#!/bin/sh\nexit 0\n");
+            crate::fsutil::write_test_program(
+                &dir.path().join("bad"),
+                "#!/bin/sh\necho 'no loopback' >&2\nexit 1\n",
+            );
+            Node {
+                dir,
+                slurmctld,
+                gateway,
+            }
+        }
+
+        /// A gate of one command, `ok` or `bad`.
+        fn settings(&self, program: &str) -> StartGateSettings {
+            StartGateSettings {
+                commands: vec![GateCommand {
+                    name: "loopback".into(),
+                    argv: vec![self.dir.path().join(program).display().to_string()],
+                    budget: HumanDuration(std::time::Duration::from_secs(10)),
+                }],
+                ..StartGateSettings::default()
+            }
+        }
+
+        async fn before(&self, s: &StartGateSettings, boot: &str) -> Option<Pending> {
+            before_slurmd(s, self.dir.path(), ME, boot, &self.gateway).await
+        }
+
+        async fn after(&self, s: &StartGateSettings, p: Pending) -> GateRecord {
+            after_join(
+                s,
+                p,
+                self.dir.path(),
+                ME,
+                &self.gateway,
+                &FakeUnits::default(),
+            )
+            .await
+        }
+
+        fn reason(&self) -> Option<String> {
+            let n = self.slurmctld.record("n1").unwrap();
+            n.is_drained()
+                .then(|| n.reason().unwrap_or_default().to_string())
+        }
+    }
+
+    const IDLE: &str = "NodeName=n1 State=IDLE Partitions=p";
+
+    #[tokio::test]
+    async fn held_before_slurmd_and_lifted_when_it_passes_then_not_run_again_in_the_boot() {
+        let n = Node::new(Some(IDLE));
+        let s = n.settings("ok");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        let held = n.reason().unwrap();
+        assert!(
+            held.starts_with(&format!(
+                "slurm-node-agent/gate@{ME}: start-up gate running: loopback (up to 10s)"
+            )),
+            "{held}"
+        );
+        assert!(n.after(&s, p).await.passed());
+        assert_eq!(n.reason(), None);
+        // Bootstrap again in the same boot: nothing runs, nothing is drained.
+        assert!(n.before(&s, "boot-1").await.is_none());
+        assert_eq!(n.reason(), None);
+        // A crash between the pass and the lift: the same boot's run lifts the drain.
+        n.slurmctld.set_record(&format!(
+            "NodeName=n1 State=IDLE+DRAIN Partitions=p Reason=slurm-node-agent/gate@{ME}: start-up gate running: loopback"
+        ));
+        assert!(n.before(&s, "boot-1").await.is_none());
+        assert_eq!(n.reason(), None);
+        // The next boot runs it again.
+        assert!(n.before(&s, "boot-2").await.is_some());
+        assert!(n.reason().unwrap().contains("start-up gate running"));
+    }
+
+    #[tokio::test]
+    async fn a_failure_stays_drained_through_the_boot_and_the_next_boot_lifts_it_when_it_passes() {
+        let n = Node::new(Some(IDLE));
+        let bad = n.settings("bad");
+        let p = n.before(&bad, "boot-1").await.unwrap();
+        assert!(!n.after(&bad, p).await.passed());
+        let failed = n.reason().unwrap();
+        assert!(
+            failed.starts_with(&format!(
+                "slurm-node-agent/gate@{ME}: start-up gate failed: loopback: "
+            )) && failed.contains("exited 1: no loopback"),
+            "{failed}"
+        );
+        // Bootstrap again in the same boot: the failure stands, not run again.
+        assert!(n.before(&bad, "boot-1").await.is_none());
+        assert_eq!(n.reason().unwrap(), failed);
+        // The next boot (fixed): the gate runs, its drain restated, then lifted.
+        let ok = n.settings("ok");
+        let p = n.before(&ok, "boot-2").await.unwrap();
+        assert!(n.reason().unwrap().contains("start-up gate running"));
+        assert!(n.after(&ok, p).await.passed());
+        assert_eq!(n.reason(), None);
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_record_runs_the_gate_again() {
+        let n = Node::new(Some(IDLE));
+        std::fs::write(
+            crate::health::startgate::record_path(n.dir.path()),
+            "{\"boot_id\":",
+        )
+        .unwrap();
+        let s = n.settings("ok");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        assert!(n.after(&s, p).await.passed());
+        assert_eq!(GateRecord::load(n.dir.path()).unwrap().boot_id, "boot-1");
+    }
+
+    #[tokio::test]
+    async fn a_dynamic_node_is_held_right_after_its_registration() {
+        let n = Node::new(None);
+        let s = n.settings("bad");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        assert!(!p.drained);
+        // slurmd registers (slurmd -Z creates the record).
+        n.slurmctld.set_record(IDLE);
+        assert!(!n.after(&s, p).await.passed());
+        assert!(n
+            .reason()
+            .unwrap()
+            .contains("start-up gate failed: loopback"));
+    }
+
+    #[tokio::test]
+    async fn an_administrators_drain_is_kept_through_the_gate() {
+        let n = Node::new(Some(
+            "NodeName=n1 State=IDLE+DRAIN Partitions=p Reason=bad DIMM, ticket 42 [admin@2026-12-06T00:00:00]",
+        ));
+        let s = n.settings("ok");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        assert!(n.reason().unwrap().starts_with("bad DIMM, ticket 42"));
+        assert!(n.after(&s, p).await.passed());
+        assert!(n.reason().unwrap().starts_with("bad DIMM, ticket 42"));
+    }
+
+    /// A replacement under the same NodeName (a new instance, its own empty state folder)
+    /// finds its predecessor's failed gate on the record: its own gate takes the drain over
+    /// and lifts it when it passes.
+    #[tokio::test]
+    async fn a_replacement_takes_over_its_predecessors_failed_gate() {
+        let n = Node::new(Some(
+            "NodeName=n1 State=IDLE+DRAIN Partitions=p Reason=slurm-node-agent/gate@i-0fedcba9876543210: start-up gate failed: dcgm: x [root@2026-12-06T00:00:00]",
+        ));
+        let s = n.settings("ok");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        assert!(n.reason().unwrap().starts_with(&format!(
+            "slurm-node-agent/gate@{ME}: start-up gate running"
+        )));
+        assert!(n.after(&s, p).await.passed());
+        assert_eq!(n.reason(), None);
+    }
+
+    #[tokio::test]
+    async fn a_gate_turned_off_lifts_an_earlier_gates_drain() {
+        let n = Node::new(Some(IDLE));
+        let bad = n.settings("bad");
+        let p = n.before(&bad, "boot-1").await.unwrap();
+        n.after(&bad, p).await;
+        assert!(n.reason().is_some());
+        assert!(n
+            .before(&StartGateSettings::default(), "boot-2")
+            .await
+            .is_none());
+        assert_eq!(n.reason(), None);
+    }
 }

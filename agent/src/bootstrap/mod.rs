@@ -441,8 +441,15 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     )
     .await?;
     let state_dir = &cx.s.agent.state_dir;
-    let gate_pending =
-        gate::before_slurmd(&cx.s.start_gate, state_dir, &id.instance_id, &gateway).await;
+    let boot_id = crate::hostfacts::boot_id().unwrap_or_default();
+    let gate_pending = gate::before_slurmd(
+        &cx.s.start_gate,
+        state_dir,
+        &id.instance_id,
+        &boot_id,
+        &gateway,
+    )
+    .await;
     start_slurmd(&cx, &systemd, prepared.time, &mut t).await?;
     let slurmctld = slurm_mod::Scontrol::configured(&cx.s.slurm);
     let peers = join::Peers {

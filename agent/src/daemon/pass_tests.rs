@@ -455,6 +455,34 @@ async fn repair_on_takes_a_slot_drains_for_the_reboot_and_lifts_it_when_healthy_
     assert_eq!((r.slot, r.current), (None, None));
 }
 
+/// `on`, the node held by a failed start-up gate (its failure a failing check of this
+/// boot): the repair takes the gate's drain over, as it does the health checks'.
+#[tokio::test]
+async fn repair_on_takes_over_a_failed_start_up_gates_drain() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx, _flag) = repair_on_ctx(&imds, &slurmctld, crate::repair::RepairAction::Reboot);
+    let gate = Cause::Gate {
+        detail: "start-up gate failed: dcgm: memory failed on GPU 3".into(),
+    };
+    ctx.engine.gateway.drain(gate, None).await.unwrap();
+    health_pass(&ctx).await;
+    let reason = slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string();
+    assert!(
+        reason.starts_with(&format!("slurm-node-agent/repair@{ME}: flagged: "))
+            && reason.ends_with(" [reboot after jobs]"),
+        "{reason}"
+    );
+    assert_eq!(
+        ctx.engine.load().unwrap().cause.as_ref().map(Cause::kind),
+        Some("repair")
+    );
+}
+
 /// `on` at the budget (the one slot held by another node): the node stays drained by the
 /// health checks, the plan withheld saying why; a slot freed, the repair goes on.
 #[tokio::test]

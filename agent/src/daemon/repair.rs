@@ -168,6 +168,17 @@ pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
     keep_record(ctx, &path, record, dirty || change != Change::Same);
 }
 
+/// Whether a repair may take over a drain of `cause`: its own (stated again), the health
+/// checks', the start-up gate's (its failure is a failing check of this boot), or an
+/// upgrade's (the node is faulty whatever its image; the slot the upgrade holds is the
+/// repair's). Any other drain outranks a repair.
+fn repairs_from(cause: &Cause) -> bool {
+    matches!(
+        cause,
+        Cause::Repair { .. } | Cause::Health { .. } | Cause::Gate { .. } | Cause::Upgrade { .. }
+    )
+}
+
 /// `repair.mode = "on"`: moves the drain for `plan` (see the module's docs). Returns the
 /// plan as it stands (withheld when the budget is full or another drain outranks it) and
 /// whether `record` changed (its slot, its reboots).
@@ -215,11 +226,7 @@ async fn repair_on(
     }
     // A cause of higher rank took the node from the repair (a spot or lifecycle notice, an
     // operator's drain, a maintenance event): the slot goes back.
-    let outranked = st.phase != Phase::Active
-        && !matches!(
-            st.cause,
-            Some(Cause::Repair { .. } | Cause::Health { .. } | Cause::Upgrade { .. })
-        );
+    let outranked = st.phase != Phase::Active && !st.cause.as_ref().is_some_and(repairs_from);
     if outranked && record.slot.is_some() {
         changed |= release_slot(ctx, record).await;
     }
@@ -271,10 +278,7 @@ async fn repair_on(
             return (Some(p.withhold(why)), changed);
         }
     }
-    // A repair starts from the health checks' drain, or from an upgrade's (the node is
-    // faulty whatever its image; the slot the upgrade holds is the repair's), or is its own
-    // stated again.
-    let from = repairing || matches!(st.cause, Some(Cause::Health { .. } | Cause::Upgrade { .. }));
+    let from = st.cause.as_ref().is_some_and(repairs_from);
     let detail = match &health {
         Some(Cause::Health { detail }) if open && from => detail.clone(),
         _ => {

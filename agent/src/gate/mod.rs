@@ -223,14 +223,19 @@ impl StartGateSettings {
         self.profile != Profile::None || !self.commands.is_empty()
     }
 
+    /// The parts in the order they run, each its name and its command (`None`: DCGM's
+    /// diagnostic, first when a profile is set), then the site's commands.
+    fn steps(&self) -> impl Iterator<Item = (&str, Option<&GateCommand>)> {
+        (self.profile != Profile::None)
+            .then_some((DCGM_PART, None))
+            .into_iter()
+            .chain(self.commands.iter().map(|c| (c.name.as_str(), Some(c))))
+    }
+
     /// The parts' names, in the order they run: `dcgm` when a profile is set, then the
     /// commands'.
     pub fn parts(&self) -> Vec<String> {
-        (self.profile != Profile::None)
-            .then(|| DCGM_PART.to_string())
-            .into_iter()
-            .chain(self.commands.iter().map(|c| c.name.clone()))
-            .collect()
+        self.steps().map(|(name, _)| name.to_string()).collect()
     }
 
     /// The DCGM part's budget.
@@ -242,14 +247,17 @@ impl StartGateSettings {
         }
     }
 
+    /// A part's budget: DCGM's with the host engine's wait, or the command's.
+    fn step_budget(&self, command: Option<&GateCommand>) -> Duration {
+        command.map_or_else(
+            || self.dcgm_budget() + self.host_engine_wait.0,
+            |c| c.budget.0,
+        )
+    }
+
     /// The whole gate's budget: its parts' added (the host engine's wait included).
     pub fn total_budget(&self) -> Duration {
-        let dcgm = if self.profile == Profile::None {
-            Duration::ZERO
-        } else {
-            self.dcgm_budget() + self.host_engine_wait.0
-        };
-        self.commands.iter().map(|c| c.budget.0).sum::<Duration>() + dcgm
+        self.steps().map(|(_, c)| self.step_budget(c)).sum()
     }
 
     /// What the gate's drain says while it runs: `start-up gate running: dcgm quick, efa
@@ -292,27 +300,16 @@ pub struct GateEnv<'a> {
 /// [`run`] before the first part, and by bootstrap before its drain).
 pub fn starting_record(s: &StartGateSettings, boot_id: &str, instance_id: &str) -> GateRecord {
     let now = crate::time::now();
-    let budget_of = |p: &str| {
-        if p == DCGM_PART {
-            s.dcgm_budget() + s.host_engine_wait.0
-        } else {
-            s.commands
-                .iter()
-                .find(|c| c.name == p)
-                .map_or(Duration::ZERO, |c| c.budget.0)
-        }
-    };
     GateRecord {
         boot_id: boot_id.to_string(),
         instance_id: instance_id.to_string(),
         started_unix: now,
         deadline_unix: now + i64::try_from(s.total_budget().as_secs()).unwrap_or(i64::MAX / 2),
         parts: s
-            .parts()
-            .into_iter()
-            .map(|name| Part {
-                budget_s: budget_of(&name).as_secs(),
-                name,
+            .steps()
+            .map(|(name, command)| Part {
+                budget_s: s.step_budget(command).as_secs(),
+                name: name.to_string(),
                 status: PartStatus::Running,
                 message: String::new(),
                 started_unix: now,
@@ -327,19 +324,13 @@ pub fn starting_record(s: &StartGateSettings, boot_id: &str, instance_id: &str) 
 /// stop the next ones (every fault is named at once).
 pub async fn run(s: &StartGateSettings, env: &GateEnv<'_>) -> GateRecord {
     let mut record = starting_record(s, &env.boot_id, &env.instance_id);
-    save(&record, env.state_dir);
-    for i in 0..record.parts.len() {
-        let name = record.parts[i].name.clone();
+    for (i, (name, command)) in s.steps().enumerate() {
         record.parts[i].started_unix = crate::time::now();
         save(&record, env.state_dir);
         let started = std::time::Instant::now();
-        let (status, message) = if name == DCGM_PART {
-            run_dcgm(s, env).await
-        } else {
-            match s.commands.iter().find(|c| c.name == name) {
-                Some(c) => run_command(c).await,
-                None => (PartStatus::Skipped, "no such command".into()),
-            }
+        let (status, message) = match command {
+            None => run_dcgm(s, env).await,
+            Some(c) => run_command(c).await,
         };
         let p = &mut record.parts[i];
         p.status = status;
@@ -475,20 +466,6 @@ pub fn parse_mig(out: &str) -> Vec<(u32, bool)> {
         .collect()
 }
 
-/// NVIDIA display controllers on PCI (vendor `0x10de`, class `0x03....`).
-fn pci_nvidia_gpus(sys_dir: &Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(sys_dir.join("bus/pci/devices")) else {
-        return 0;
-    };
-    rd.flatten()
-        .filter(|e| {
-            let read = |f: &str| std::fs::read_to_string(e.path().join(f)).unwrap_or_default();
-            read("vendor").trim().eq_ignore_ascii_case("0x10de")
-                && read("class").trim().starts_with("0x03")
-        })
-        .count()
-}
-
 /// The host engine's unit: active already, or started and waited for.
 ///
 /// # Errors
@@ -536,7 +513,7 @@ async fn run_dcgm(s: &StartGateSettings, env: &GateEnv<'_>) -> (PartStatus, Stri
             Err(e) => return (PartStatus::Failed, e.to_string()),
         }
     } else {
-        let on_pci = pci_nvidia_gpus(&env.sys_dir);
+        let on_pci = crate::health::checks::gpu::kernel_gpus(&env.sys_dir).len();
         if on_pci > 0 {
             return (
                 PartStatus::Failed,

@@ -205,10 +205,13 @@ async fn mig_no_gpu_and_no_dcgmi_are_answers_not_failures() {
         "no NVIDIA GPU on this node: DCGM diagnostics not run"
     );
     // An NVIDIA GPU on PCI without the driver's nvidia-smi: that fails.
-    let gpu = n.path("sys/bus/pci/devices/0000:00:1e.0");
-    std::fs::create_dir_all(&gpu).unwrap();
-    std::fs::write(gpu.join("vendor"), "0x10de\n").unwrap();
-    std::fs::write(gpu.join("class"), "0x030200\n").unwrap();
+    crate::health::facts::write_pci_device(
+        &n.path("sys"),
+        "0000:00:1e.0",
+        "0x10de",
+        "0x2330",
+        "0x030200",
+    );
     let r = run(&n.settings(Profile::Long), &n.env(&units)).await;
     assert_eq!(r.parts[0].status, PartStatus::Failed);
     assert!(r.parts[0].message.contains("the driver is not installed"));

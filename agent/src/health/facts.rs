@@ -529,6 +529,27 @@ fn read_procs(proc_dir: &Path) -> Result<Vec<ProcEntry>, FactsError> {
     Ok(out)
 }
 
+/// Test support: a PCI function under `<sys_dir>/bus/pci/devices/<addr>` with its
+/// `vendor`, `device` and `class` files, as sysfs shows them.
+///
+/// # Panics
+/// When a write fails (tests only).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn write_pci_device(
+    sys_dir: &Path,
+    addr: &str,
+    vendor: &str,
+    device: &str,
+    class: &str,
+) {
+    let d = sys_dir.join("bus/pci/devices").join(addr);
+    std::fs::create_dir_all(&d).unwrap();
+    for (file, value) in [("vendor", vendor), ("device", device), ("class", class)] {
+        std::fs::write(d.join(file), format!("{value}\n")).unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -195,11 +195,7 @@ mod tests {
     }
 
     fn pci(dir: &std::path::Path, addr: &str, vendor: &str, device: &str, class: &str) {
-        let d = dir.join("sys/bus/pci/devices").join(addr);
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("vendor"), format!("{vendor}\n")).unwrap();
-        std::fs::write(d.join("device"), format!("{device}\n")).unwrap();
-        std::fs::write(d.join("class"), format!("{class}\n")).unwrap();
+        crate::health::facts::write_pci_device(&dir.join("sys"), addr, vendor, device, class);
     }
 
     #[test]

@@ -128,10 +128,14 @@ pub async fn check(
         .clone()
         .unwrap_or_else(|| running.to_string());
     if desired == current {
-        if st.phase == Phase::Active {
-            lift_leftover(engine, &desired, &current).await?;
-        }
-        let returning = returning(engine).await?;
+        // slurmctld's record, read once for the leftover drain and the hand-off.
+        let node = engine.ops.scontrol.show_node(&engine.node).await?;
+        let lifted = match (&node, st.phase) {
+            (Some(n), Phase::Active) => lift_leftover(engine, n, &desired, &current).await?,
+            _ => false,
+        };
+        // A drain just lifted puts the node in service: not on its way in any more.
+        let returning = !lifted && returning(engine, node.as_ref()).await?;
         return Ok(Check::UpToDate {
             image: current,
             returning,
@@ -254,11 +258,14 @@ async fn release_when_back(engine: &Engine) -> Result<(), DrainError> {
 /// NodeName's, or a gone holder's). Not a node drained for any other reason than its
 /// predecessor's upgrade or repair (its own health checks, an administrator): it is not
 /// coming into service soon, and its checks stay at the poll's pace.
-async fn returning(engine: &Engine) -> Result<bool, DrainError> {
-    let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
+async fn returning(
+    engine: &Engine,
+    node: Option<&crate::slurm::NodeInfo>,
+) -> Result<bool, DrainError> {
+    let Some(node) = node else {
         return Ok(false);
     };
-    if node.is_available() || !in_replacement_window(engine, &node) {
+    if node.is_available() || !in_replacement_window(engine, node) {
         return Ok(false);
     }
     let me = engine.instance_id.as_str();
@@ -432,10 +439,12 @@ async fn stuck_after_launch(
 /// Up to date: an upgrade drain the agent left on the node (an earlier instance's, or a
 /// stuck replacement's) no longer applies; lift it. A node in service releases the
 /// upgrade budget slot its NodeName holds (the next check, after a lift).
-async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<(), DrainError> {
-    let Some(node) = engine.ops.scontrol.show_node(&engine.node).await? else {
-        return Ok(());
-    };
+async fn lift_leftover(
+    engine: &Engine,
+    node: &crate::slurm::NodeInfo,
+    desired: &str,
+    current: &str,
+) -> Result<bool, DrainError> {
     let leftover = node.is_drained()
         && node
             .reason()
@@ -443,16 +452,18 @@ async fn lift_leftover(engine: &Engine, desired: &str, current: &str) -> Result<
             .is_some_and(|r| r.instance_id.is_some());
     if leftover {
         tracing::info!(node = %engine.node, %current, %desired, reason = ?node.reason(), "the node runs the desired image; lifting the upgrade drain left on it");
-        engine.gateway.lift(CauseKind::Upgrade, Some(&node)).await?;
-    } else if node.is_available() {
+        engine.gateway.lift(CauseKind::Upgrade, Some(node)).await?;
+        return Ok(true);
+    }
+    if node.is_available() {
         let released = slot::release(&engine.ops.scontrol, &engine.node).await?;
         if !released.is_empty() {
             tracing::info!(node = %engine.node, image = %current, ?released, state = node.state(), "up to date and in service: released the upgrade budget slot");
         } else {
-            release_for_a_holder_that_is_gone(engine, &node, current).await?;
+            release_for_a_holder_that_is_gone(engine, node, current).await?;
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 /// A node up to date and in service that holds no slot (or a replacement stuck on the old
@@ -563,6 +574,14 @@ esac
     }
 
     /// The engine of `ip-10-0-0-9`, instance `instance`, over the fake.
+    /// [`lift_leftover`] on the record slurmctld has now, as [`check`] calls it.
+    async fn lift_leftover_now(engine: &Engine, desired: &str, current: &str) {
+        let node = engine.ops.scontrol.show_node(&engine.node).await.unwrap();
+        lift_leftover(engine, &node.unwrap(), desired, current)
+            .await
+            .unwrap();
+    }
+
     fn engine_of(dir: &tempfile::TempDir, bin: &std::path::Path, instance: &str) -> Engine {
         Engine::new(
             "ip-10-0-0-9",
@@ -592,7 +611,7 @@ esac
         std::fs::write(bin.join("node-ip-10-0-0-9"), replacement_record(60)).unwrap();
         let engine = engine_of(&dir, &bin, "i-0000000000000000f");
         let image = "ami-0123456789abcdef0";
-        lift_leftover(&engine, image, image).await.unwrap();
+        lift_leftover_now(&engine, image, image).await;
         assert!(!bin.join("deleted").exists(), "a slot was released");
         assert!(
             !bin.join("deleted-records").exists(),
@@ -601,7 +620,7 @@ esac
 
         // The holder's own instance as the last registration: gone; released, deleted.
         std::fs::write(bin.join("node-ip-10-0-0-1"), holder("i-0000000000000000a")).unwrap();
-        lift_leftover(&engine, image, image).await.unwrap();
+        lift_leftover_now(&engine, image, image).await;
         assert_eq!(
             std::fs::read_to_string(bin.join("deleted-records")).unwrap(),
             "NodeName=ip-10-0-0-1\n"
@@ -633,17 +652,17 @@ esac
 
         // Long after its slurmd started (past slot_timeout, 30 min): nothing released.
         std::fs::write(bin.join("node-ip-10-0-0-9"), started(3600)).unwrap();
-        lift_leftover(&engine(), image, image).await.unwrap();
+        lift_leftover_now(&engine(), image, image).await;
         assert_eq!(deleted(), "");
 
         // Just joined: the oldest gone holder's slot, once.
         std::fs::write(bin.join("node-ip-10-0-0-9"), started(60)).unwrap();
-        lift_leftover(&engine(), image, image).await.unwrap();
+        lift_leftover_now(&engine(), image, image).await;
         assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
         let records = || std::fs::read_to_string(bin.join("deleted-records")).unwrap_or_default();
         assert_eq!(records(), "NodeName=ip-10-0-0-1\n");
-        lift_leftover(&engine(), image, image).await.unwrap();
-        lift_leftover(&engine(), image, image).await.unwrap();
+        lift_leftover_now(&engine(), image, image).await;
+        lift_leftover_now(&engine(), image, image).await;
         assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
         assert_eq!(records(), "NodeName=ip-10-0-0-1\n");
         assert_eq!(
@@ -672,7 +691,7 @@ esac
         )
         .unwrap();
         let other = engine().with_instance("i-0000000000000000e");
-        lift_leftover(&other, image, image).await.unwrap();
+        lift_leftover_now(&other, image, image).await;
         assert_eq!(
             deleted(),
             "slurm-node-agent-upgrade-main-slot-1\nslurm-node-agent-upgrade-main-slot-1\n"

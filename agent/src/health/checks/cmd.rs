@@ -150,6 +150,48 @@ pub enum CommandError {
         #[source]
         source: std::sync::Arc<std::io::Error>,
     },
+    /// No runtime could be made to run it from a blocking check.
+    #[error("running {program}: no runtime: {source}")]
+    Runtime {
+        /// The program as given.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::sync::Arc<std::io::Error>,
+    },
+}
+
+/// [`run_command`] from a blocking check (a worker thread of the engine's, outside any
+/// runtime): on a runtime of its own, made on this thread, or on one more thread when the
+/// caller is inside a runtime already (a runtime never nests).
+///
+/// # Errors
+/// [`CommandError`]: the program could not be started, or no runtime could be made.
+pub fn run_command_blocking(
+    argv: &[String],
+    timeout: Duration,
+    output_limit: usize,
+) -> Result<CommandOutcome, CommandError> {
+    let run = |argv: &[String]| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CommandError::Runtime {
+                program: argv.first().cloned().unwrap_or_default(),
+                source: std::sync::Arc::new(e),
+            })?;
+        rt.block_on(run_command(argv, timeout, output_limit))
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        return run(argv);
+    }
+    let argv = argv.to_vec();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| run(&argv))
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
 }
 
 /// Runs `argv` in its own process group, with [`SAFE_PATH`], stdin from /dev/null, and

@@ -181,12 +181,13 @@ fn judge_counters(spec: &EfaSpec, facts: &Facts, devices: &[String]) -> (Vec<Str
     }
     let proc = &facts.host.proc_dir;
     let boot = fs::read_to_string(proc.join("sys/kernel/random/boot_id"))
+        .ok()
         .map(|b| b.trim().to_string())
-        .unwrap_or_default();
+        .filter(|b| !b.is_empty());
     let uptime = fs::read_to_string(proc.join("uptime"))
         .ok()
         .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok());
-    let (Some(uptime), false) = (uptime, boot.is_empty()) else {
+    let (Some(boot), Some(uptime)) = (boot, uptime) else {
         return (
             Vec::new(),
             format!(
@@ -500,6 +501,67 @@ mod tests {
     }
 
     #[test]
+    fn a_corrupt_or_truncated_state_file_is_set_aside_and_the_next_run_compares_again() {
+        let t = Tree::new();
+        t.run(&[]).unwrap();
+        let path = counters::state_path(&t.facts_host.state_dir);
+        let whole = fs::read(&path).unwrap();
+        let set_aside = || -> Vec<Vec<u8>> {
+            let mut names: Vec<PathBuf> = fs::read_dir(&t.facts_host.state_dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with("efa-counters.json.corrupt-")
+                })
+                .collect();
+            names.sort();
+            names.iter().map(|p| fs::read(p).unwrap()).collect()
+        };
+        let mut uptime = 1000.0;
+        let mut moved = 0;
+        for (n, bad) in [&whole[..whole.len() / 2], b"".as_slice()]
+            .into_iter()
+            .enumerate()
+        {
+            fs::write(&path, bad).unwrap();
+            // A move while the reading was lost goes unseen, as before a boot's first run.
+            moved += 1;
+            t.device_counter("no_completion_cmds", moved);
+            uptime += 60.0;
+            t.boot("boot-a", uptime);
+            let ok = t.run(&[]).unwrap();
+            assert!(
+                ok.contains("counters recorded (first run of this boot)"),
+                "{ok}"
+            );
+            // Kept aside, not lost; a good reading in its place.
+            let aside = set_aside();
+            assert_eq!(aside.len(), n + 1);
+            assert!(aside.contains(&bad.to_vec()));
+            let kept = counters::load(&t.facts_host.state_dir).unwrap();
+            assert_eq!(kept.last["rdmap16s27"]["no_completion_cmds"], moved);
+            // The next run compares again: no move passes, a move fails.
+            uptime += 60.0;
+            t.boot("boot-a", uptime);
+            t.run(&[]).unwrap();
+            t.device_counter("no_completion_cmds", moved + 1);
+            uptime += 60.0;
+            t.boot("boot-a", uptime);
+            assert_eq!(
+                t.run(&[]).unwrap_err(),
+                format!(
+                    "rdmap16s27: no_completion_cmds moved {moved} -> {} this boot (must never move)",
+                    moved + 1
+                )
+            );
+            moved += 1;
+        }
+    }
+
+    #[test]
     fn without_a_state_folder_counters_are_not_compared() {
         let mut t = Tree::new();
         t.facts_host.state_dir = t.facts_host.state_dir.join("missing");
@@ -545,12 +607,11 @@ provider: efa;ofi_rxd
         assert_eq!(libfabric::efa_domains(tcp_only), None);
     }
 
-    /// A stand-in `fi_info` in `dir` running `body` (sh).
+    /// A stand-in `fi_info` in `dir` running `body` (sh), written without this process
+    /// holding it open for writing (ETXTBSY: [`crate::fsutil::write_test_program`]).
     fn script(dir: &Path, name: &str, body: &str) -> String {
-        use std::os::unix::fs::PermissionsExt;
         let p = dir.join(name);
-        fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        crate::fsutil::write_test_program(&p, &format!("#!/bin/sh\n{body}\n"));
         p.display().to_string()
     }
 

@@ -63,8 +63,8 @@ pub struct GpuSpec {
     /// driver): "no GPU" fails too.
     pub require: bool,
     /// Fabric Manager must run at the driver's version: `None` (the default) where the
-    /// instance type needs it on the node ([`fabric_manager_expected`]: p4d, p4de, p5, p5e,
-    /// p5en, p6-b200; not p6e-gb200), `Some(true)` always, `Some(false)` never.
+    /// instance type needs it on the node ([`has_nvswitch`]: p4d, p4de, p5, p5e, p5en,
+    /// p6-b200; not p6e-gb200), `Some(true)` always, `Some(false)` never.
     pub fabric_manager: Option<bool>,
     /// The Fabric Manager program asked for its version (`<program> --version`).
     pub fabric_manager_program: String,
@@ -123,19 +123,11 @@ pub const FABRIC_MANAGER_TIMEOUT: std::time::Duration = std::time::Duration::fro
 
 /// Whether instances of this type have NVSwitches, whose GPUs need NVIDIA Fabric Manager
 /// (at the driver's exact version) before CUDA can use them: p4d, p4de, p5, p5e, p5en,
-/// p6-b200.
+/// p6-b200. Not p6e-gb200 (GB200 NVL72): its NVLink fabric is managed outside the node, and
+/// its Fabric Manager is expected inactive.
 pub fn has_nvswitch(instance_type: &str) -> bool {
     let family = instance_type.split('.').next().unwrap_or_default();
     matches!(family, "p4d" | "p4de" | "p5" | "p5e" | "p5en" | "p6-b200")
-}
-
-/// Whether NVIDIA Fabric Manager must run on instances of this type by default: where the
-/// node has NVSwitches ([`has_nvswitch`]: p4d, p4de, p5, p5e, p5en, p6-b200). Not on
-/// p6e-gb200 (GB200 NVL72), whose NVLink fabric is managed outside the node and whose
-/// Fabric Manager is expected inactive ([`NvlinkFabric::fabric_manager_on_node`]).
-pub fn fabric_manager_expected(instance_type: &str) -> bool {
-    has_nvswitch(instance_type)
-        && NvlinkFabric::of(instance_type).is_none_or(NvlinkFabric::fabric_manager_on_node)
 }
 
 /// The version in Fabric Manager's `--version` output (`Fabric Manager version is :
@@ -484,11 +476,9 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
     let mut problems = Vec::new();
     let instance_type = super::hw::detect_instance_type(facts);
     // NVSwitch instance types: Fabric Manager at the driver's version.
-    let fm_wanted = spec.fabric_manager.unwrap_or_else(|| {
-        instance_type
-            .as_deref()
-            .is_some_and(fabric_manager_expected)
-    });
+    let fm_wanted = spec
+        .fabric_manager
+        .unwrap_or_else(|| instance_type.as_deref().is_some_and(has_nvswitch));
     if fm_wanted {
         let driver = nvml
             .sys_driver_version()
@@ -505,12 +495,7 @@ pub fn check_gpus(spec: &GpuSpec, facts: &Facts) -> Result<String, Failed> {
     }
     // NVLink-fabric instance types: every GPU registered with the fabric.
     let platform = instance_type.as_deref().and_then(NvlinkFabric::of);
-    let fabric_wanted = match spec.fabric {
-        FabricCheck::Auto => platform.is_some(),
-        FabricCheck::On => true,
-        FabricCheck::Off => false,
-    };
-    if fabric_wanted {
+    if spec.fabric.wanted(platform) {
         problems.extend(fabric::check_fabric(
             &spec.nvidia_smi,
             fabric::NVIDIA_SMI_TIMEOUT,
@@ -727,10 +712,10 @@ mod tests {
             "p5en.48xlarge",
             "p6-b200.48xlarge",
         ] {
-            assert!(fabric_manager_expected(t), "{t}");
+            assert!(has_nvswitch(t), "{t}");
         }
         for t in ["p6e-gb200.36xlarge", "g6.48xlarge", "g5.xlarge"] {
-            assert!(!fabric_manager_expected(t), "{t}");
+            assert!(!has_nvswitch(t), "{t}");
         }
         assert_eq!(
             parse_fabric_manager_version("Fabric Manager version is : 590.48.01\n").as_deref(),

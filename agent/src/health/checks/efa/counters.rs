@@ -129,10 +129,21 @@ pub fn state_path(state_dir: &Path) -> PathBuf {
     state_dir.join(STATE_FILE)
 }
 
-/// The kept reading, if there is one that parses.
+/// The kept reading, if there is one. One that does not parse (empty, truncated, edited)
+/// is set aside as `efa-counters.json.corrupt-<unix seconds>` with an error in the log
+/// ([`crate::fsutil::set_aside_corrupt`], as the agent's other state files), and the run
+/// counts as the boot's first: it records, and the next run compares again.
 pub fn load(state_dir: &Path) -> Option<Reading> {
-    let text = std::fs::read(state_path(state_dir)).ok()?;
-    serde_json::from_slice(&text).ok()
+    let path = state_path(state_dir);
+    let bytes = std::fs::read(&path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let problem = format!("invalid EFA counters reading: {e}");
+            crate::fsutil::set_aside_corrupt(&path, &bytes, &problem);
+            None
+        }
+    }
 }
 
 /// Writes `r` to `state_dir` (atomically, mode 0644).
@@ -188,7 +199,7 @@ pub fn judge(
             boot_id: boot_id.to_string(),
             uptime_s,
             last: now.clone(),
-            baseline: never.clone(),
+            baseline: never,
         },
     };
     let prev = match prev {

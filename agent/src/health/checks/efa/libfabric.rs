@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::health::checks::cmd;
+use crate::health::checks::{cmd, Checked, Failed};
 
 /// Where the EFA installer puts `fi_info` (`aws-efa-installer`: `/opt/amazon/efa`).
 pub const FI_INFO_PROGRAM: &str = "/opt/amazon/efa/bin/fi_info";
@@ -40,83 +40,30 @@ pub fn efa_domains(output: &str) -> Option<Vec<String>> {
 /// Runs `<program> -p efa` and judges it: `Ok` with what it found.
 ///
 /// # Errors
-/// [`super::super::Failed`] (EFA) with what is wrong in NHC's words
+/// [`Failed`] (EFA) with what is wrong in NHC's words
 /// (`/opt/amazon/efa/bin/fi_info -p efa: exited with 1 (...)`): the program cannot be
 /// started, was killed at [`FI_INFO_TIMEOUT`], exited non-zero, or printed no
 /// `provider: efa`.
-pub fn check_provider(program: &str) -> Result<String, super::super::Failed> {
-    provider_words(program)
-        .map_err(|m| super::super::Failed::new(super::super::Checked::Efa, m.to_string()))
-}
-
-/// What is wrong with the provider, in NHC's words (the EFA check's message).
-#[derive(Debug, thiserror::Error)]
-#[error("{argv}: {problem}")]
-struct ProviderProblem {
-    /// The command line run (`/opt/amazon/efa/bin/fi_info -p efa`).
-    argv: String,
-    /// What is wrong.
-    problem: String,
-}
-
-fn provider_words(program: &str) -> Result<String, ProviderProblem> {
-    let argv = vec![program.to_string(), "-p".into(), "efa".into()];
-    let shown = argv.join(" ");
-    // A blocking check runs on a thread of its own; the command runner is async: a
-    // runtime of its own on one more thread, which never nests in the caller's.
-    let run = {
-        let argv = argv.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| format!("starting a runtime: {e}"))?;
-            rt.block_on(cmd::run_command(&argv, FI_INFO_TIMEOUT, OUTPUT_LIMIT))
-                .map_err(|e| e.to_string())
-        })
-    };
-    let o = run
-        .join()
-        .map_err(|_| ProviderProblem {
-            argv: shown.clone(),
-            problem: "internal error: its runner panicked".into(),
-        })?
-        .map_err(|e| ProviderProblem {
-            argv: shown.clone(),
-            problem: e,
-        })?;
+pub fn check_provider(program: &str) -> Result<String, Failed> {
+    let fail = |problem: String| Failed::new(Checked::Efa, format!("{program} -p efa: {problem}"));
+    let argv = [program.to_string(), "-p".into(), "efa".into()];
+    let o = cmd::run_command_blocking(&argv, FI_INFO_TIMEOUT, OUTPUT_LIMIT)
+        .map_err(|e| fail(e.to_string()))?;
     if o.timed_out {
-        return Err(ProviderProblem {
-            argv: shown.clone(),
-            problem: format!(
-                "no answer within {} (killed)",
-                cmd::shown_duration(FI_INFO_TIMEOUT)
-            ),
-        });
+        return Err(fail(format!(
+            "no answer within {} (killed)",
+            cmd::shown_duration(FI_INFO_TIMEOUT)
+        )));
     }
     let stderr = String::from_utf8_lossy(&o.stderr);
     let first = stderr.lines().map(str::trim).find(|l| !l.is_empty());
     let why = first.map(|l| format!(" ({l})")).unwrap_or_default();
     match o.code {
         Some(0) => {}
-        Some(c) => {
-            return Err(ProviderProblem {
-                argv: shown.clone(),
-                problem: format!("exited with {c}{why}"),
-            })
-        }
-        None => {
-            return Err(ProviderProblem {
-                argv: shown.clone(),
-                problem: format!("killed by a signal{why}"),
-            })
-        }
+        Some(c) => return Err(fail(format!("exited with {c}{why}"))),
+        None => return Err(fail(format!("killed by a signal{why}"))),
     }
-    match efa_domains(&String::from_utf8_lossy(&o.stdout)) {
-        Some(d) => Ok(format!("libfabric's efa provider: {}", d.join(", "))),
-        None => Err(ProviderProblem {
-            argv: shown.clone(),
-            problem: "no \"provider: efa\" in its output".into(),
-        }),
-    }
+    efa_domains(&String::from_utf8_lossy(&o.stdout))
+        .map(|d| format!("libfabric's efa provider: {}", d.join(", ")))
+        .ok_or_else(|| fail("no \"provider: efa\" in its output".into()))
 }

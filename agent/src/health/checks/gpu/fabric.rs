@@ -7,8 +7,9 @@
 //! started without `ib_umad` and NVLSM, exited, and every GPU stayed "In Progress").
 //! NVML reports the state through `nvmlDeviceGetGpuFabricInfoV`, which nvml-wrapper does
 //! not wrap safely, and the workspace denies `unsafe`: so `nvidia-smi -q` is run as a
-//! program (argv, no shell, killed with its process group at a timeout) and the `Fabric`
-//! section of each GPU read from its text ([`parse_query`]).
+//! program with the checks' command runner ([`cmd::run_command`]: argv, no shell, killed
+//! with its cgroup and process group at a timeout) and the `Fabric` section of each GPU
+//! read from its text ([`parse_query`]).
 //!
 //! The section, as drivers since R530 print it (NVIDIA's nvidia-smi(1), "Fabric"):
 //!
@@ -29,9 +30,9 @@
 //! `Completed` (NVML: "must be checked only if state returns complete"). R570 and later
 //! add `Health` fields (`Summary`, `Bandwidth`, `Route Recovery in progress`, ...).
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::super::cmd;
 
 /// nvidia-smi's program (the driver's `nvidia-utils` / `nvidia-driver` packages).
 pub const NVIDIA_SMI_PROGRAM: &str = "/usr/bin/nvidia-smi";
@@ -40,7 +41,8 @@ pub const NVIDIA_SMI_PROGRAM: &str = "/usr/bin/nvidia-smi";
 /// images enable it), longer without while the driver initialises each GPU.
 pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Most bytes of `nvidia-smi -q` kept: about 10 KiB per GPU; the rest is read and dropped.
+/// Most bytes of `nvidia-smi -q` kept (about 10 KiB per GPU): beyond it, its first and last
+/// halves ([`cmd::run_command`]).
 const OUTPUT_LIMIT: usize = 4 << 20;
 
 /// Whether a GPU check looks at the fabric state (checks.d key `fabric`).
@@ -53,6 +55,18 @@ pub enum FabricCheck {
     On,
     /// Never.
     Off,
+}
+
+impl FabricCheck {
+    /// Whether the fabric is checked on a node of `platform` (`None`: an instance type
+    /// without an NVLink fabric, or none detected).
+    pub fn wanted(self, platform: Option<NvlinkFabric>) -> bool {
+        match self {
+            FabricCheck::Auto => platform.is_some(),
+            FabricCheck::On => true,
+            FabricCheck::Off => false,
+        }
+    }
 }
 
 /// The NVLink fabric of an instance type family, where its GPUs must register with one
@@ -81,11 +95,6 @@ impl NvlinkFabric {
             "p6e-gb200" => Some(NvlinkFabric::Gb200),
             _ => None,
         }
-    }
-
-    /// Whether NVIDIA Fabric Manager must run on the node.
-    pub fn fabric_manager_on_node(self) -> bool {
-        !matches!(self, NvlinkFabric::Gb200)
     }
 
     /// What a GPU that has not finished registering points to.
@@ -285,110 +294,6 @@ pub fn fabric_problems(gpus: &[GpuFabric], platform: Option<NvlinkFabric>) -> Ve
     out
 }
 
-/// What `nvidia-smi -q` answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SmiAnswer {
-    /// It exited 0: its stdout.
-    Output(String),
-    /// It exited otherwise: its exit code (`None`: a signal) and the first line it printed
-    /// (nvidia-smi writes its errors to stdout: "NVIDIA-SMI has failed because it couldn't
-    /// communicate with the NVIDIA driver").
-    Failed(Option<i32>, String),
-    /// Nothing within the timeout (killed with its process group).
-    Silent,
-    /// It could not be started.
-    NotStarted(String),
-}
-
-/// Reads `r` to its end, keeping its first `limit` bytes.
-fn read_bounded(mut r: impl Read, limit: usize) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        match r.read(&mut buf) {
-            Ok(0) | Err(_) => return kept,
-            Ok(n) => {
-                let room = limit.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-        }
-    }
-}
-
-/// Runs `<program> -q` (never through a shell, PATH [`super::super::cmd::SAFE_PATH`],
-/// stdin from /dev/null) in a process group of its own, reading its output as it comes
-/// (8 GPUs print more than a pipe holds), and kills the group at `timeout`.
-pub fn run_nvidia_smi(program: &str, timeout: Duration) -> SmiAnswer {
-    use std::os::unix::process::CommandExt;
-    let mut child = match Command::new(program)
-        .arg("-q")
-        .env("PATH", super::super::cmd::SAFE_PATH)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return SmiAnswer::NotStarted(e.to_string()),
-    };
-    let reader = |r: Option<Box<dyn Read + Send>>| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        if let Some(r) = r {
-            std::thread::spawn(move || {
-                let _ = tx.send(read_bounded(r, OUTPUT_LIMIT));
-            });
-        }
-        rx
-    };
-    let stdout = reader(
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
-    let stderr = reader(
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    );
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                if let Some(p) = rustix::process::Pid::from_raw(child.id() as i32) {
-                    let _ = rustix::process::kill_process_group(p, rustix::process::Signal::KILL);
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-                return SmiAnswer::Silent;
-            }
-        }
-    };
-    // A child it left behind may hold the pipes open: wait a little, never for it.
-    let grace = Duration::from_secs(2);
-    let out = stdout.recv_timeout(grace).unwrap_or_default();
-    let err = stderr.recv_timeout(grace).unwrap_or_default();
-    if status.success() {
-        return SmiAnswer::Output(String::from_utf8_lossy(&out).into_owned());
-    }
-    let said = [out, err]
-        .iter()
-        .flat_map(|b| {
-            String::from_utf8_lossy(b)
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .map(|l| l.trim().to_string())
-        .find(|l| !l.is_empty())
-        .unwrap_or_default();
-    SmiAnswer::Failed(status.code(), said.chars().take(200).collect())
-}
-
 /// Runs `<program> -q` and returns what is wrong with the GPUs' fabric
 /// ([`fabric_problems`]), or the one problem of nvidia-smi itself (not started, failed,
 /// silent past `timeout`), naming the program.
@@ -397,33 +302,62 @@ pub fn check_fabric(
     timeout: Duration,
     platform: Option<NvlinkFabric>,
 ) -> Vec<String> {
-    match run_nvidia_smi(program, timeout) {
-        SmiAnswer::Output(text) => fabric_problems(&parse_query(&text), platform),
-        SmiAnswer::Failed(code, said) => {
-            let how = code.map_or_else(
-                || "was killed by a signal".to_string(),
-                |c| format!("exited with status {c}"),
-            );
-            vec![format!(
-                "nvidia-smi -q {how} ({program}): {said:?}: the GPUs' fabric state is unknown"
-            )]
+    // The checks' command runner: no shell, a cgroup and process group of its own killed
+    // at `timeout`, output read as it comes and bounded.
+    let argv = [program.to_string(), "-q".to_string()];
+    let o = match cmd::run_command_blocking(&argv, timeout, OUTPUT_LIMIT) {
+        Ok(o) => o,
+        Err(e) => {
+            // The program is named once: the start error's own words without it.
+            let why = match e {
+                cmd::CommandError::Start { source, .. } => source.to_string(),
+                e => e.to_string(),
+            };
+            return vec![format!(
+                "nvidia-smi -q could not be started ({program}: {why}): the GPUs' fabric state \
+                 is unknown"
+            )];
         }
-        SmiAnswer::Silent => vec![format!(
+    };
+    if o.timed_out {
+        return vec![format!(
             "nvidia-smi -q answered nothing within {}s ({program}; killed): the GPUs' fabric \
              state is unknown",
             timeout.as_secs_f32()
-        )],
-        SmiAnswer::NotStarted(e) => vec![format!(
-            "nvidia-smi -q could not be started ({program}: {e}): the GPUs' fabric state is \
-             unknown"
-        )],
+        )];
     }
+    if o.code == Some(0) {
+        return fabric_problems(&parse_query(&String::from_utf8_lossy(&o.stdout)), platform);
+    }
+    // nvidia-smi writes its errors to stdout ("NVIDIA-SMI has failed because it couldn't
+    // communicate with the NVIDIA driver"): the first line it printed.
+    let said: String = [&o.stdout, &o.stderr]
+        .iter()
+        .flat_map(|b| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .map(|l| l.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .chars()
+        .take(200)
+        .collect();
+    let how = o.code.map_or_else(
+        || "was killed by a signal".to_string(),
+        |c| format!("exited with status {c}"),
+    );
+    vec![format!(
+        "nvidia-smi -q {how} ({program}): {said:?}: the GPUs' fabric state is unknown"
+    )]
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::time::Instant;
 
     fn fixture(name: &str) -> String {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -585,9 +519,17 @@ mod tests {
         ] {
             assert_eq!(NvlinkFabric::of(t), None, "{t}");
         }
-        assert!(NvlinkFabric::Hopper.fabric_manager_on_node());
-        assert!(NvlinkFabric::Blackwell.fabric_manager_on_node());
-        assert!(!NvlinkFabric::Gb200.fabric_manager_on_node());
+        // Auto: on the fabric families only; true and false whatever the type.
+        for p in [
+            Some(NvlinkFabric::Hopper),
+            Some(NvlinkFabric::Blackwell),
+            Some(NvlinkFabric::Gb200),
+        ] {
+            assert!(FabricCheck::Auto.wanted(p), "{p:?}");
+        }
+        assert!(!FabricCheck::Auto.wanted(NvlinkFabric::of("p4d.24xlarge")));
+        assert!(FabricCheck::On.wanted(None));
+        assert!(!FabricCheck::Off.wanted(Some(NvlinkFabric::Blackwell)));
     }
 
     fn script(dir: &std::path::Path, name: &str, body: &str) -> String {
