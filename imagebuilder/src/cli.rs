@@ -540,15 +540,23 @@ impl Cli {
         }
     }
 
-    async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
-        let (mut recipe, template, mut vars) = self.resolve(&args.recipe)?;
+    /// The agent binary a build puts in the image (`None`: `--without-agent`), refused
+    /// before Packer starts when it cannot run on `recipe`'s architecture and OS
+    /// ([`check_agent_fits`]).
+    fn fitting_agent(&self, args: &BuildArgs, recipe: &Recipe) -> Result<Option<PathBuf>> {
         let agent = agent_source(args.agent_bin.as_deref(), args.without_agent)?;
         check_agent_fits(
             agent.as_deref(),
             args.agent_bin.is_some(),
-            &recipe,
+            recipe,
             &self.packer_dir(),
         )?;
+        Ok(agent)
+    }
+
+    async fn build_amazon(&self, args: &BuildArgs) -> Result<Report> {
+        let (mut recipe, template, mut vars) = self.resolve(&args.recipe)?;
+        let agent = self.fitting_agent(args, &recipe)?;
         let work = absolute(
             &args
                 .work_dir
@@ -674,13 +682,7 @@ impl Cli {
 
     async fn build_local(&self, args: &BuildArgs) -> Result<Report> {
         let (mut recipe, _template, _vars) = self.resolve(&args.recipe)?;
-        let agent = agent_source(args.agent_bin.as_deref(), args.without_agent)?;
-        check_agent_fits(
-            agent.as_deref(),
-            args.agent_bin.is_some(),
-            &recipe,
-            &self.packer_dir(),
-        )?;
+        let agent = self.fitting_agent(args, &recipe)?;
         let work = absolute(
             &args
                 .work_dir

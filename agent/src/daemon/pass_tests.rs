@@ -385,6 +385,16 @@ fn repair_on_ctx(
     (dir, ctx, flag)
 }
 
+/// This node's reason in slurmctld now.
+fn node_reason(slurmctld: &FakeSlurmctld) -> String {
+    slurmctld
+        .record(NODE)
+        .unwrap()
+        .reason()
+        .unwrap()
+        .to_string()
+}
+
 /// The plan in effect in `repair.json`.
 fn current_plan(ctx: &Ctx) -> crate::repair::Plan {
     let path = crate::repair::record::record_path(&ctx.s.agent.state_dir);
@@ -466,12 +476,7 @@ async fn repair_on_takes_over_a_failed_start_up_gates_drain() {
     };
     ctx.engine.gateway.drain(gate, None).await.unwrap();
     health_pass(&ctx).await;
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(
         reason.starts_with(&format!("slurm-node-agent/repair@{ME}: flagged: "))
             && reason.ends_with(" [reboot after jobs]"),
@@ -492,12 +497,7 @@ async fn repair_on_waits_at_the_budget_and_goes_on_once_a_slot_frees() {
     let held = "ReservationName=slurm-node-agent-upgrade-p-slot-1 Nodes=compute-2 EndTime=2026-12-07T03:00:00 Comment=slurm-node-agent/upgrade@i-0fedcba9876543210\n";
     std::fs::write(ctx.s.slurm.bin_dir.join("listed"), held).unwrap();
     health_pass(&ctx).await;
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(
         reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
         "{reason}"
@@ -515,12 +515,7 @@ async fn repair_on_waits_at_the_budget_and_goes_on_once_a_slot_frees() {
     // The upgrade's node is back: its slot released; this node takes it.
     std::fs::write(ctx.s.slurm.bin_dir.join("listed"), "").unwrap();
     health_pass(&ctx).await;
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(reason.ends_with(" [replace after jobs]"), "{reason}");
     assert!(listed(&ctx).contains(&format!("Nodes={NODE}")));
 }
@@ -563,12 +558,7 @@ async fn a_spot_notice_outranks_a_repair_and_its_slot_goes_back() {
     assert_eq!(st.cause.as_ref().map(Cause::kind), Some("spot"));
     health_pass(&ctx).await;
     assert_eq!(listed(&ctx), "");
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(
         reason.starts_with(&format!("slurm-node-agent/spot@{ME}: ")),
         "{reason}"
@@ -610,12 +600,7 @@ async fn the_flap_guard_withholds_a_replacement_after_replacements_for_the_same_
         ));
     }
     health_pass(&ctx).await;
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(
         reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
         "{reason}"
@@ -769,12 +754,7 @@ async fn a_fault_just_found_settles_before_its_repair() {
         w.why
     );
     assert_eq!(listed(&ctx), "");
-    let reason = slurmctld
-        .record(NODE)
-        .unwrap()
-        .reason()
-        .unwrap()
-        .to_string();
+    let reason = node_reason(&slurmctld);
     assert!(
         reason.starts_with(&format!("slurm-node-agent/health@{ME}: ")),
         "{reason}"
