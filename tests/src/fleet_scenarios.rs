@@ -259,6 +259,13 @@ pub fn rolling_upgrade(
                         awaiting.insert(name.clone());
                     }
                 }
+                // The record is gone while its instance still shuts down: a replacement
+                // under another NodeName released the slot of a holder that had written
+                // "powered off" and deleted its record between two samples. Decided once
+                // the instance has exited (a withdrawn drain leaves the record in service).
+                _ if state.is_empty()
+                    && open.contains_key(name)
+                    && fleet.exited(&node_name)?.is_none() => {}
                 _ => {
                     drained_now.remove(name);
                     if let Some((oid, start)) = open.remove(name) {
