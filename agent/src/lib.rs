@@ -20,7 +20,7 @@
 //! | 5 | [`health`], [`mounts`], [`node_lifecycle`], [`upgrade`] |
 //! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
-//! | 2 | [`authkey`], [`ec2tags`], [`nodedef`] |
+//! | 2 | [`authkey`], [`capacity_block`], [`ec2tags`], [`nodedef`] |
 //! | 1 | [`cloudinit`], [`imds`], [`repair`], [`systemd`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
@@ -45,7 +45,8 @@
 //!   munge / auth/slurm key from SSM, Secrets Manager or a file; [`nodedef`], the Slurm
 //!   node definition (NodeName, dynamic `--conf` line) from host facts; [`imds`], the EC2
 //!   instance metadata service (IMDSv2 only), through aws-config's client; [`ec2tags`], the
-//!   instance's tags through EC2's `DescribeTags` (`imds.tags = "describe-tags"`); [`systemd`], the
+//!   instance's tags through EC2's `DescribeTags` (`imds.tags = "describe-tags"`);
+//!   [`capacity_block`], the Capacity Block the instance runs in and its end; [`systemd`], the
 //!   systemd Manager API over D-Bus (zbus); [`cloudinit`], the bounded wait for cloud-init;
 //!   and, on floor 1 though it is no outside system, [`repair`], what a fault the health
 //!   checks found calls for (the `auto` table, the site's overrides, `report` mode's record).
@@ -65,6 +66,7 @@
 
 pub mod authkey;
 pub mod bootstrap;
+pub mod capacity_block;
 pub mod cli;
 pub mod cloudinit;
 pub mod daemon;

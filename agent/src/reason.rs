@@ -60,11 +60,15 @@ pub enum ReasonCause {
     /// The start-up gate (`[start_gate]`: DCGM's diagnostics, the site's commands) runs, or
     /// failed, in this boot: the node takes no job before it passes.
     Gate,
+    /// The instance's Capacity Block for ML ends: EC2 terminates its instances from 30
+    /// minutes before the end, and the node drains `events.capacity_block_lead` ahead of
+    /// that.
+    CapacityBlock,
 }
 
 impl ReasonCause {
     /// Every cause, in the order `docs/operator-guide.md` ("Drain reasons") lists them.
-    pub const ALL: [ReasonCause; 14] = [
+    pub const ALL: [ReasonCause; 15] = [
         ReasonCause::Health,
         ReasonCause::Mount,
         ReasonCause::Spot,
@@ -79,6 +83,7 @@ impl ReasonCause {
         ReasonCause::Scratch,
         ReasonCause::Repair,
         ReasonCause::Gate,
+        ReasonCause::CapacityBlock,
     ];
 
     /// The word in the reason: `health`, `mount`, `spot`...
@@ -98,6 +103,7 @@ impl ReasonCause {
             ReasonCause::Scratch => "scratch",
             ReasonCause::Repair => "repair",
             ReasonCause::Gate => "gate",
+            ReasonCause::CapacityBlock => "capacity-block",
         }
     }
 
@@ -131,6 +137,7 @@ impl ReasonCause {
                 | ReasonCause::Upgrade
                 | ReasonCause::Repair
                 | ReasonCause::Gate
+                | ReasonCause::CapacityBlock
         )
     }
 }

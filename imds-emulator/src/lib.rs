@@ -33,6 +33,8 @@
 //! assert!(emu.endpoint().starts_with("http://127.0.0.1:"));
 //! ```
 
+mod aws;
+pub mod ec2;
 mod fault;
 pub mod pcs;
 mod server;

@@ -37,17 +37,16 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use hmac::{Hmac, KeyInit, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+
+use crate::aws::{expected_signature, header, parse_authorization, Resp, Server};
 
 /// The `X-Amz-Target` of the registration call.
 pub const REGISTER_TARGET: &str = "AWSParallelComputingService.RegisterComputeNodeGroupInstance";
@@ -196,10 +195,8 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 /// A running registration emulator; dropping it stops the server.
 #[derive(Debug)]
 pub struct PcsEmulator {
-    addr: SocketAddr,
+    server: Server,
     shared: Shared,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl PcsEmulator {
@@ -218,59 +215,17 @@ impl PcsEmulator {
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
     pub fn start_on(addr: SocketAddr) -> io::Result<PcsEmulator> {
-        let std_listener = std::net::TcpListener::bind(addr)?;
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let listener = {
-            let _guard = runtime.enter();
-            tokio::net::TcpListener::from_std(std_listener)?
-        };
         let shared: Shared = Arc::default();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let server_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("pcs-emulator-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    loop {
-                        tokio::select! {
-                            _ = &mut stopped => break,
-                            accepted = listener.accept() => match accepted {
-                                Ok((stream, _)) => {
-                                    let shared = server_shared.clone();
-                                    tokio::spawn(async move {
-                                        let io = hyper_util::rt::TokioIo::new(stream);
-                                        let service = hyper::service::service_fn(move |req| {
-                                            handle(shared.clone(), req)
-                                        });
-                                        let _ = hyper::server::conn::http1::Builder::new()
-                                            .serve_connection(io, service)
-                                            .await;
-                                    });
-                                }
-                                Err(_) => {
-                                    tokio::time::sleep(std::time::Duration::from_millis(50))
-                                        .await;
-                                }
-                            },
-                        }
-                    }
-                });
-            })?;
-        Ok(PcsEmulator {
-            addr,
-            shared,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        let server = Server::start(addr, "pcs-emulator", move |req| {
+            handle(server_shared.clone(), req)
+        })?;
+        Ok(PcsEmulator { server, shared })
     }
 
     /// The endpoint URL, e.g. `http://127.0.0.1:40123` (the SDK's `endpoint_url`).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// Adds (or replaces, by id) a cluster.
@@ -330,19 +285,6 @@ impl PcsEmulator {
     }
 }
 
-impl Drop for PcsEmulator {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-type Resp = Response<Full<Bytes>>;
-
 fn json_response(status: StatusCode, body: &Value) -> Resp {
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
     *resp.status_mut() = status;
@@ -392,120 +334,6 @@ async fn handle(shared: Shared, req: Request<Incoming>) -> Result<Resp, std::con
     }
     lock(&shared).log.push(record);
     Ok(resp)
-}
-
-fn header<'a>(h: &'a hyper::HeaderMap, name: &str) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// The parsed `Authorization: AWS4-HMAC-SHA256 Credential=..., SignedHeaders=...,
-/// Signature=...` header.
-struct SigV4<'a> {
-    access_key_id: &'a str,
-    date: &'a str,
-    region: &'a str,
-    service: &'a str,
-    signed_headers: Vec<&'a str>,
-    signature: &'a str,
-}
-
-fn parse_authorization(value: &str) -> Option<SigV4<'_>> {
-    let rest = value.strip_prefix("AWS4-HMAC-SHA256 ")?;
-    let mut credential = None;
-    let mut signed = None;
-    let mut signature = None;
-    for part in rest.split(',') {
-        let (k, v) = part.trim().split_once('=')?;
-        match k {
-            "Credential" => credential = Some(v),
-            "SignedHeaders" => signed = Some(v),
-            "Signature" => signature = Some(v),
-            _ => return None,
-        }
-    }
-    let scope: Vec<&str> = credential?.split('/').collect();
-    if scope.len() != 5 || scope[4] != "aws4_request" {
-        return None;
-    }
-    Some(SigV4 {
-        access_key_id: scope[0],
-        date: scope[1],
-        region: scope[2],
-        service: scope[3],
-        signed_headers: signed?.split(';').collect(),
-        signature: signature?,
-    })
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    // HMAC takes keys of any length.
-    let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => return Vec::new(),
-    };
-    mac.update(data);
-    mac.finalize().into_bytes().to_vec()
-}
-
-/// The signature SigV4 expects for this request (AWS General Reference, "Create a signed
-/// AWS API request"): canonical request, string to sign, derived signing key.
-fn expected_signature(
-    parts: &hyper::http::request::Parts,
-    body: &[u8],
-    auth: &SigV4<'_>,
-    secret: &str,
-) -> Option<String> {
-    let mut canonical_headers = String::new();
-    for name in &auth.signed_headers {
-        let value = if *name == "host" {
-            header(&parts.headers, "host")?.to_string()
-        } else {
-            let values: Vec<&str> = parts
-                .headers
-                .get_all(*name)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .collect();
-            if values.is_empty() {
-                return None;
-            }
-            values.join(",")
-        };
-        let collapsed = value.split_whitespace().collect::<Vec<_>>().join(" ");
-        canonical_headers.push_str(&format!("{name}:{collapsed}\n"));
-    }
-    let payload_hash = match header(&parts.headers, "x-amz-content-sha256") {
-        Some(h) => h.to_string(),
-        None => hex::encode(Sha256::digest(body)),
-    };
-    let path = if parts.uri.path().is_empty() {
-        "/"
-    } else {
-        parts.uri.path()
-    };
-    let canonical_request = format!(
-        "{}\n{}\n{}\n{}\n{}\n{}",
-        parts.method,
-        path,
-        parts.uri.query().unwrap_or(""),
-        canonical_headers,
-        auth.signed_headers.join(";"),
-        payload_hash
-    );
-    let amz_date = header(&parts.headers, "x-amz-date")?;
-    let scope = format!(
-        "{}/{}/{}/aws4_request",
-        auth.date, auth.region, auth.service
-    );
-    let string_to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        hex::encode(Sha256::digest(canonical_request.as_bytes()))
-    );
-    let k_date = hmac(format!("AWS4{secret}").as_bytes(), auth.date.as_bytes());
-    let k_region = hmac(&k_date, auth.region.as_bytes());
-    let k_service = hmac(&k_region, auth.service.as_bytes());
-    let k_signing = hmac(&k_service, b"aws4_request");
-    Some(hex::encode(hmac(&k_signing, string_to_sign.as_bytes())))
 }
 
 /// `clusterIdentifier`'s pattern in the model: `(pcs_[a-zA-Z0-9]+|[A-Za-z][A-Za-z0-9-]{2,40})`.

@@ -2617,3 +2617,153 @@ fn a_drain_in_the_state_folder_is_continued_only_while_slurms_record_names_this_
     assert_eq!(w.reason(), reason);
     d.stop().unwrap();
 }
+
+/// Issue 40 §2: a node in a Capacity Block for ML (EC2's calls served by the project's
+/// emulator: moto has no capacity reservations) whose end is within
+/// `events.capacity_block_lead` of EC2's reclaim (30 minutes before the end) drains with
+/// the block and its end in the reason, its running job is requeued before the reclaim
+/// (`events.spot_job_action = "requeue"`), and an extension of the block lifts the drain.
+#[test]
+fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_drain() {
+    use slurm_e2e::imds_emulator::ec2::{CapacityReservation, Ec2Emulator, Ec2Instance};
+    const ME: &str = "i-0cb0000000000000a";
+    const CR: &str = "cr-0cb00000000000001";
+    let w = World::start(
+        "cb1",
+        &[],
+        "[events]\ninterval = \"1s\"\ncapacity_block_interval = \"1s\"\n\
+         capacity_block_lead = \"1m\"\nspot_job_action = \"requeue\"\n\
+         spot_job_action_lead = \"10m\"\n",
+    );
+    w.imds.set("instance-id", ME);
+    let ec2 = Ec2Emulator::start().unwrap();
+    let (key, secret, token) = ("ASIACAPACITYBLOCK001", "cb-secret", "cb-token");
+    ec2.add_instance(Ec2Instance {
+        instance_id: ME.into(),
+        instance_type: "p5.48xlarge".into(),
+        availability_zone: "us-east-1a".into(),
+        instance_lifecycle: Some("capacity-block".into()),
+        capacity_reservation_id: Some(CR.into()),
+        role: "compute".into(),
+        access_key_id: key.into(),
+        secret_access_key: secret.into(),
+        session_token: Some(token.into()),
+    });
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs(),
+    )
+    .unwrap();
+    // A day-long block that ends in two hours: its reclaim is 90 minutes away.
+    ec2.put_capacity_reservation(CapacityReservation {
+        id: CR.into(),
+        instance_type: "p5.48xlarge".into(),
+        availability_zone: "us-east-1a".into(),
+        total_instance_count: 1,
+        state: "active".into(),
+        start_date: now - 86_400 + 7200,
+        end_date: Some(now + 7200),
+        reservation_type: "capacity-block".into(),
+    });
+    let out = w
+        .ctld
+        .run_job(
+            "sbatch",
+            &[
+                "-w",
+                "cb1",
+                "--requeue",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 600",
+            ],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .to_string();
+    w.wait_state("job running", |s| {
+        s.starts_with("ALLOCATED") || s.starts_with("MIXED")
+    });
+    let mut c = w.agent(&["run"]);
+    c.env("AWS_ENDPOINT_URL_EC2", ec2.endpoint())
+        .env("AWS_ACCESS_KEY_ID", key)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .env("AWS_SESSION_TOKEN", token)
+        .env("AWS_REGION", "us-east-1");
+    let mut d = Daemon::spawn("agent", c, w.root.path()).unwrap();
+    // Out of the lead: looked up, nothing drained.
+    wait_until(
+        "the daemon to look the block up",
+        WAIT,
+        Duration::from_millis(200),
+        || {
+            Ok(ec2
+                .requests()
+                .iter()
+                .any(|r| {
+                    r.action.as_deref() == Some("DescribeCapacityReservations") && r.status == 200
+                })
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{:?}\n{}", ec2.requests(), d.log_tail(30)));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!w.state().contains("DRAIN"), "{}", w.state());
+
+    // The block ends sooner (as booked): its reclaim within the lead, the node drains.
+    let end = now + 1800 + 30;
+    ec2.set_end_date(CR, Some(end));
+    w.wait_state("drained for the block", |s| s.contains("DRAIN"));
+    let reason = w.reason();
+    assert!(
+        reason.starts_with(&format!(
+            "slurm-node-agent/capacity-block@{ME}: capacity block {CR} ends "
+        )),
+        "{reason}"
+    );
+    // The job is requeued before the reclaim: pending, the node drained under it.
+    wait_until("the job requeued", WAIT, Duration::from_millis(200), || {
+        let out = w.ctld.run_job("squeue", &["-h", "-j", &job, "-o", "%T"])?;
+        let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok((st == "PENDING").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    let st = w.status();
+    assert_eq!(st["state"]["job_action_done"], true, "{st}");
+    assert!(
+        d.log_tail(200)
+            .contains("requeueing jobs before the capacity block's reclaim"),
+        "{}",
+        d.log_tail(60)
+    );
+
+    // Extended by a day: the drain is lifted; the requeued job is still queued (Slurm holds
+    // a requeued batch job back a while before it is eligible again), not lost.
+    ec2.set_end_date(CR, Some(end + 86_400));
+    w.wait_state("the drain lifted", |s| !s.contains("DRAIN"));
+    w.assert_lifted("after the extension");
+    let out = w
+        .ctld
+        .run_job("squeue", &["-h", "-j", &job, "-o", "%T"])
+        .unwrap();
+    let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(st == "PENDING" || st == "RUNNING", "job {job}: {st}");
+    assert!(
+        d.log_tail(200)
+            .contains("the Capacity Block's end moved (extended)"),
+        "{}",
+        d.log_tail(60)
+    );
+    d.stop().unwrap();
+}

@@ -16,6 +16,7 @@
 //! Floor 10 (roof): the `run` loop, beside `bootstrap` (it settles its settings through
 //! the one pipeline, `settings::pipeline`, not through bootstrap).
 
+mod capacity;
 pub mod notify;
 mod repair;
 pub mod schedule;
@@ -178,6 +179,10 @@ struct Ctx {
     /// The notices' and events' polls ([`Imds`] in the program).
     imds: Arc<dyn InstanceMetadata>,
     aws: Option<(aws_sdk_ssm::Client, aws_sdk_ec2::Client)>,
+    /// EC2 for the Capacity Block watch (`events.capacity_block`; [`capacity`]).
+    capacity_ec2: Option<aws_sdk_ec2::Client>,
+    /// What the Capacity Block lookups found.
+    capacity: std::sync::Mutex<capacity::CapacityLook>,
     mount_env: crate::mounts::MountEnv,
     /// The gateway of the mounts' drains (through the configless `scontrol`, as bootstrap
     /// and the health checks reach slurmctld).
@@ -323,22 +328,29 @@ async fn start_context(
 ) -> Result<(Arc<Ctx>, Shown), DaemonError> {
     let engine = s.drain_engine(&node).with_instance(&ident.instance_id);
     let imds = Arc::new(Imds::new(&s.imds));
-    let aws = if s.upgrade.parameter.is_empty() {
+    let watch_block = s.events.enabled && s.events.capacity_block;
+    let sdk = if s.upgrade.parameter.is_empty() && !watch_block {
         None
     } else {
         let region = std::env::var("AWS_REGION")
             .ok()
             .filter(|r| !r.is_empty())
             .unwrap_or_else(|| id.region.clone());
-        let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .region(aws_config::Region::new(region))
-            .load()
-            .await;
-        Some((
-            aws_sdk_ssm::Client::new(&sdk),
-            aws_sdk_ec2::Client::new(&sdk),
-        ))
+        Some(
+            aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new(region))
+                .load()
+                .await,
+        )
     };
+    let aws = sdk
+        .as_ref()
+        .filter(|_| !s.upgrade.parameter.is_empty())
+        .map(|sdk| (aws_sdk_ssm::Client::new(sdk), aws_sdk_ec2::Client::new(sdk)));
+    let capacity_ec2 = sdk
+        .as_ref()
+        .filter(|_| watch_block)
+        .map(aws_sdk_ec2::Client::new);
 
     // A drain in progress is continued only when it is this instance's (drain.json's
     // writer against slurmctld's record: a state folder from a predecessor is set aside).
@@ -389,6 +401,8 @@ async fn start_context(
         health_act: crate::health::act::ActOptions::new(&s.agent.state_dir),
         health_env,
         aws,
+        capacity_ec2,
+        capacity: std::sync::Mutex::default(),
         imds,
         engine,
         id,
@@ -536,6 +550,7 @@ async fn main_loop(
                 Job::Spot => Work::Spot,
                 Job::Notices => Work::Notices,
                 Job::Maintenance => Work::Maintenance,
+                Job::CapacityBlock => Work::CapacityBlock,
                 Job::Health => Work::Health,
                 Job::Mounts => Work::Mounts,
                 Job::Upgrade => {
@@ -822,6 +837,7 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                 Observations {
                     rebalance: keep(&mut outage, rb, events::notice::REBALANCE_PATH),
                     lifecycle: keep(&mut outage, lc, events::notice::LIFECYCLE_PATH),
+                    capacity_block: capacity::cached(&ctx),
                     ..Default::default()
                 }
             };
@@ -843,6 +859,13 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     ),
                     ..Default::default()
                 }
+            };
+            return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
+        }
+        Work::CapacityBlock => {
+            let obs = Observations {
+                capacity_block: capacity::look(&ctx).await,
+                ..Default::default()
             };
             return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
         }
@@ -927,6 +950,7 @@ enum Work {
     Spot,
     Notices,
     Maintenance,
+    CapacityBlock,
     Upgrade,
     Progress,
     Mounts,
@@ -1015,6 +1039,9 @@ fn daemon_schedule(
         jobs.push((Job::Spot, s.events.spot_interval.0));
         jobs.push((Job::Notices, s.events.interval.0));
         jobs.push((Job::Maintenance, s.events.maintenance_interval.0));
+        if s.events.capacity_block {
+            jobs.push((Job::CapacityBlock, s.events.capacity_block_interval.0));
+        }
     }
     jobs.push((Job::Progress, s.drain.check_interval.0));
     jobs.push((Job::Health, s.health.interval.0));

@@ -40,6 +40,8 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         health_act: crate::health::act::ActOptions::new(&s.agent.state_dir),
         health_env: crate::health::RunEnv::new(&s.health, &s.systemd.bus),
         aws: None,
+        capacity_ec2: None,
+        capacity: std::sync::Mutex::default(),
         imds: Arc::new(imds.clone()),
         engine,
         id: InstanceIdentity {
@@ -169,6 +171,174 @@ async fn a_spot_interruption_notice_drains_with_its_action_and_time() {
         "{reason}"
     );
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+}
+
+/// EC2 (the project's emulator: moto has no capacity reservations) with instance `ME`,
+/// in capacity reservation `reservation` when given, and a client signed as its instance
+/// profile.
+fn ec2_with(reservation: Option<&str>) -> (imds_emulator::ec2::Ec2Emulator, aws_sdk_ec2::Client) {
+    use imds_emulator::ec2::{Ec2Emulator, Ec2Instance};
+    let emu = Ec2Emulator::start().unwrap();
+    emu.add_instance(Ec2Instance {
+        instance_id: ME.into(),
+        instance_type: "p5.48xlarge".into(),
+        availability_zone: "us-east-1a".into(),
+        instance_lifecycle: reservation.map(|_| "capacity-block".into()),
+        capacity_reservation_id: reservation.map(str::to_string),
+        role: "compute".into(),
+        access_key_id: "ASIAPASSTESTS0000001".into(),
+        secret_access_key: "pass-tests-secret".into(),
+        session_token: Some("pass-tests-token".into()),
+    });
+    let config = aws_sdk_ec2::Config::builder()
+        .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+        .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+        .endpoint_url(emu.endpoint())
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new(
+            "ASIAPASSTESTS0000001",
+            "pass-tests-secret",
+            Some("pass-tests-token".into()),
+            None,
+            "pass-tests",
+        ))
+        .build();
+    (emu, aws_sdk_ec2::Client::from_conf(config))
+}
+
+/// Capacity Block `id` from an hour ago to `end`.
+fn block(id: &str, end: Option<i64>) -> imds_emulator::ec2::CapacityReservation {
+    imds_emulator::ec2::CapacityReservation {
+        id: id.into(),
+        instance_type: "p5.48xlarge".into(),
+        availability_zone: "us-east-1a".into(),
+        total_instance_count: 1,
+        state: "active".into(),
+        start_date: crate::time::now() - 3600,
+        end_date: end,
+        reservation_type: "capacity-block".into(),
+    }
+}
+
+/// [`ctx`] with the Capacity Block watch's EC2 client `ec2`.
+fn with_ec2(ctx: Arc<Ctx>, ec2: aws_sdk_ec2::Client) -> Arc<Ctx> {
+    Arc::new(Ctx {
+        capacity_ec2: Some(ec2),
+        ..Arc::try_unwrap(ctx).ok().unwrap()
+    })
+}
+
+#[tokio::test]
+async fn a_capacity_block_ending_within_the_lead_drains_and_its_extension_undoes_the_drain() {
+    const CR: &str = "cr-0123456789abcdef0";
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = ctx(&imds, &slurmctld);
+    let (emu, ec2) = ec2_with(Some(CR));
+    let ctx = with_ec2(ctx, ec2);
+    let now = crate::time::now();
+    let lead = i64::try_from(ctx.s.events.capacity_block_lead.0.as_secs()).unwrap();
+    // EC2 begins terminating 30 minutes before the end; the drain is due a lead before:
+    // a minute after that is still a minute too early.
+    let end = now + 30 * 60 + lead + 60;
+    emu.put_capacity_reservation(block(CR, Some(end)));
+    pass(&ctx, Work::CapacityBlock).await;
+    assert!(slurmctld.record(NODE).unwrap().is_available());
+    // The block ends two minutes sooner (as if a minute past the drain time).
+    let end = end - 120;
+    emu.set_end_date(CR, Some(end));
+    pass(&ctx, Work::CapacityBlock).await;
+    let record = slurmctld.record(NODE).unwrap();
+    assert!(record.is_drained(), "{record:?}");
+    let reason = record.reason().unwrap();
+    assert_eq!(
+        reason,
+        format!(
+            "slurm-node-agent/capacity-block@{ME}: capacity block {CR} ends {}; EC2 terminates its instances from {}",
+            crate::time::format(end),
+            crate::time::format(end - 1800)
+        )
+    );
+    let st = ctx.engine.load().unwrap();
+    assert_eq!(st.cause.as_ref().map(Cause::kind), Some("capacity-block"));
+    // Only the first lookup asked for the instance's reservation.
+    let actions: Vec<String> = emu
+        .requests()
+        .into_iter()
+        .filter_map(|r| r.action)
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "DescribeInstances",
+            "DescribeCapacityReservations",
+            "DescribeCapacityReservations"
+        ]
+    );
+
+    // The notices' poll decides from the last lookup: the drain stays, nothing is asked.
+    pass(&ctx, Work::Notices).await;
+    assert!(slurmctld.record(NODE).unwrap().is_drained());
+    assert_eq!(emu.requests().len(), 3);
+
+    // The block is extended by a day: the drain is undone at the next lookup.
+    emu.set_end_date(CR, Some(end + 86_400));
+    pass(&ctx, Work::CapacityBlock).await;
+    let record = slurmctld.record(NODE).unwrap();
+    assert!(record.is_available(), "{record:?}");
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Active);
+}
+
+#[tokio::test]
+async fn outside_a_capacity_block_or_without_permission_nothing_drains() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    // In no reservation: one lookup, then none.
+    {
+        let (_dir, ctx) = ctx(&imds, &slurmctld);
+        let (emu, ec2) = ec2_with(None);
+        let ctx = with_ec2(ctx, ec2);
+        pass(&ctx, Work::CapacityBlock).await;
+        pass(&ctx, Work::CapacityBlock).await;
+        assert!(slurmctld.record(NODE).unwrap().is_available());
+        assert_eq!(emu.requests().len(), 1, "{:?}", emu.requests());
+    }
+    // In an On-Demand Capacity Reservation ending now: its instances outlive it.
+    {
+        let (_dir, ctx) = ctx(&imds, &slurmctld);
+        let (emu, ec2) = ec2_with(Some("cr-0aaaaaaaaaaaaaaaa"));
+        let mut odcr = block("cr-0aaaaaaaaaaaaaaaa", Some(crate::time::now()));
+        odcr.reservation_type = "default".into();
+        emu.put_capacity_reservation(odcr);
+        let ctx = with_ec2(ctx, ec2);
+        pass(&ctx, Work::CapacityBlock).await;
+        pass(&ctx, Work::CapacityBlock).await;
+        assert!(slurmctld.record(NODE).unwrap().is_available());
+        assert_eq!(emu.requests().len(), 2, "{:?}", emu.requests());
+    }
+    // A block without an end date is left alone.
+    {
+        let (_dir, ctx) = ctx(&imds, &slurmctld);
+        let (emu, ec2) = ec2_with(Some("cr-0bbbbbbbbbbbbbbbb"));
+        emu.put_capacity_reservation(block("cr-0bbbbbbbbbbbbbbbb", None));
+        let ctx = with_ec2(ctx, ec2);
+        pass(&ctx, Work::CapacityBlock).await;
+        assert!(slurmctld.record(NODE).unwrap().is_available());
+    }
+    // No permission to describe reservations: no failure, no drain; allowed again, the
+    // next lookup drains for a block that ends now.
+    {
+        const CR: &str = "cr-0cccccccccccccccc";
+        let (_dir, ctx) = ctx(&imds, &slurmctld);
+        let (emu, ec2) = ec2_with(Some(CR));
+        emu.put_capacity_reservation(block(CR, Some(crate::time::now() + 600)));
+        emu.deny(ME, "DescribeCapacityReservations", true);
+        let ctx = with_ec2(ctx, ec2);
+        pass(&ctx, Work::CapacityBlock).await;
+        assert!(slurmctld.record(NODE).unwrap().is_available());
+        let denied = emu.requests().last().cloned().unwrap();
+        assert_eq!(denied.error.as_deref(), Some("UnauthorizedOperation"));
+        emu.deny(ME, "DescribeCapacityReservations", false);
+        pass(&ctx, Work::CapacityBlock).await;
+        assert!(slurmctld.record(NODE).unwrap().is_drained());
+    }
 }
 
 /// A checks.d file whose check fails: a CPU count the host does not have (a hardware

@@ -129,6 +129,8 @@ pub enum Job {
     Notices,
     /// Scheduled maintenance events and their history (`events.maintenance_interval`).
     Maintenance,
+    /// The end of the Capacity Block the instance runs in (`events.capacity_block_interval`).
+    CapacityBlock,
     /// A look at the drain state, and a step of the drain when one is in progress
     /// (`drain.check_interval`).
     Progress,
@@ -149,6 +151,8 @@ impl Job {
     pub fn idle_aws_calls(self) -> &'static [&'static str] {
         match self {
             Job::Upgrade => &["ssm:GetParameter"],
+            // In a Capacity Block (outside one: none after the first lookup).
+            Job::CapacityBlock => &["ec2:DescribeCapacityReservations"],
             Job::Spot
             | Job::Notices
             | Job::Maintenance
@@ -165,6 +169,7 @@ impl Job {
             Job::Spot => "spot interruption notice",
             Job::Notices => "rebalance recommendation and target lifecycle state",
             Job::Maintenance => "scheduled maintenance events",
+            Job::CapacityBlock => "capacity block end",
             Job::Progress => "drain state",
             Job::Health => "health checks",
             Job::Mounts => "mounts",

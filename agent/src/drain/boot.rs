@@ -48,7 +48,8 @@ pub fn found_drain(
         | ReasonCause::Hibernate
         | ReasonCause::Maintenance
         | ReasonCause::Rebalance
-        | ReasonCause::Lifecycle => true,
+        | ReasonCause::Lifecycle
+        | ReasonCause::CapacityBlock => true,
         // Bootstrap puts scratch in place at every boot, and drains again when it fails.
         ReasonCause::Scratch => true,
         // This instance's upgrade drain is the upgrade's to finish; another instance's is

@@ -338,25 +338,31 @@ impl Engine {
             self.save(&st)?;
             return Ok(st.phase);
         }
-        if let Some(Cause::Spot { time: deadline, .. }) = st.cause.clone() {
+        // A spot notice's interruption, a Capacity Block's reclaim: the job action
+        // (`events.spot_job_action`) `spot_job_action_lead` before it.
+        if let Some((deadline, kind)) = st
+            .cause
+            .as_ref()
+            .and_then(|c| Some((c.job_action_deadline()?, c.cause_kind())))
+        {
             let lead = i64::try_from(self.spot_jobs.lead.as_secs()).unwrap_or(0);
             if !st.job_action_done
                 && self.spot_jobs.action != SpotJobAction::None
                 && deadline - lead <= now
             {
+                let before = match kind {
+                    CauseKind::CapacityBlock => "the capacity block's reclaim",
+                    _ => "the spot interruption",
+                };
                 let jobs = self.ops.jobs_on(&self.node).await?;
                 let r = match self.spot_jobs.action {
                     SpotJobAction::Signal => {
                         let sig = self.spot_jobs.signal.trim_start_matches("SIG");
-                        tracing::info!(
-                            ?jobs,
-                            signal = sig,
-                            "signalling jobs before the spot interruption"
-                        );
+                        tracing::info!(?jobs, signal = sig, "signalling jobs before {before}");
                         self.ops.signal_jobs(&jobs, sig).await
                     }
                     SpotJobAction::Requeue => {
-                        tracing::info!(?jobs, "requeueing jobs before the spot interruption");
+                        tracing::info!(?jobs, "requeueing jobs before {before}");
                         self.ops.requeue_jobs(&jobs).await
                     }
                     SpotJobAction::None => Ok(()),

@@ -32,9 +32,11 @@ pub mod notice;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capacity_block::CapacityBlock;
 use crate::drain::Cause;
 use crate::drain::{SpotJobAction, SpotJobs};
 use crate::imds::{ImdsError, InstanceMetadata};
+use crate::node_state::CAPACITY_BLOCK_RECLAIM_SECS;
 use crate::section::{HumanDuration, InvalidKey};
 pub use notice::{MaintenanceEvent, NoticeError, RebalanceNotice, SpotAction, SpotNotice};
 
@@ -88,8 +90,22 @@ pub struct EventsSettings {
     /// Signal for `spot_job_action = "signal"`: a name (`TERM`, `USR1`, ...) or number.
     pub spot_job_signal: String,
     /// Take the job action this long before the interruption time (at once when less is
-    /// left).
+    /// left); for a Capacity Block, before EC2 begins terminating its instances.
     pub spot_job_action_lead: HumanDuration,
+    /// Look up the Capacity Block for ML the instance runs in (EC2 `DescribeInstances`, then
+    /// `DescribeCapacityReservations`; the instance profile needs `ec2:DescribeInstances`
+    /// and `ec2:DescribeCapacityReservations`) and drain ahead of its end. An instance in no
+    /// capacity reservation, in an On-Demand Capacity Reservation (its instances outlive
+    /// it) or in one without an end date is left alone, after one lookup at start.
+    pub capacity_block: bool,
+    /// Drain this long before EC2 begins terminating a Capacity Block's instances (30
+    /// minutes before the block's end), so that jobs can finish (default 1h; set it to the
+    /// longest job time limit the block should still take). The job action
+    /// (`spot_job_action`) is taken `spot_job_action_lead` before the termination begins.
+    pub capacity_block_lead: HumanDuration,
+    /// How often the Capacity Block's end is read again (default 10m): an extended block
+    /// moves it, and a drain that no longer falls within `capacity_block_lead` is undone.
+    pub capacity_block_interval: HumanDuration,
 }
 
 impl Default for EventsSettings {
@@ -108,6 +124,9 @@ impl Default for EventsSettings {
             spot_job_action: SpotJobAction::None,
             spot_job_signal: "TERM".into(),
             spot_job_action_lead: HumanDuration(Duration::from_secs(30)),
+            capacity_block: true,
+            capacity_block_lead: HumanDuration(Duration::from_secs(3600)),
+            capacity_block_interval: HumanDuration(Duration::from_secs(600)),
         }
     }
 }
@@ -130,6 +149,9 @@ impl crate::section::Classified for EventsSettings {
             K::user_data("spot_job_action"),
             K::user_data("spot_job_signal"),
             K::user_data("spot_job_action_lead"),
+            K::user_data("capacity_block"),
+            K::user_data("capacity_block_lead"),
+            K::user_data("capacity_block_interval"),
         ]
     };
 }
@@ -168,6 +190,9 @@ impl EventsSettings {
         if self.maintenance_interval.0.is_zero() {
             return e("maintenance_interval", "must be more than 0");
         }
+        if self.capacity_block_interval.0.is_zero() {
+            return e("capacity_block_interval", "must be more than 0");
+        }
         let sig = self.spot_job_signal.trim_start_matches("SIG");
         let numeric = sig.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n));
         if !numeric && !SIGNALS.contains(&sig) {
@@ -204,6 +229,9 @@ pub struct Observations {
     pub maintenance_history: Option<Observed<Vec<MaintenanceEvent>>>,
     /// Lifecycle state.
     pub lifecycle: Option<Observed<String>>,
+    /// The Capacity Block the instance runs in, from EC2's API (`Absent`: none, or a
+    /// capacity reservation that is not a Capacity Block).
+    pub capacity_block: Option<Observed<CapacityBlock>>,
 }
 
 /// Polls one path.
@@ -337,6 +365,7 @@ pub fn decide(
         }
     }
     decide_maintenance(s, obs, current, now, &mut out);
+    decide_capacity_block(s, obs, current, now, &mut out);
     if s.rebalance == RebalancePolicy::Drain {
         let window = i64::try_from(s.rebalance_window.0.as_secs()).unwrap_or(i64::MAX);
         match &obs.rebalance {
@@ -360,6 +389,50 @@ pub fn decide(
         }
     }
     out
+}
+
+/// The Capacity Block part of [`decide`]: drain once `events.capacity_block_lead` before
+/// EC2 begins terminating the block's instances (30 minutes before its end); undo this
+/// block's drain when its end moved out of the lead (the block was extended). A block
+/// without an end date is left alone.
+fn decide_capacity_block(
+    s: &EventsSettings,
+    obs: &Observations,
+    current: Option<&Cause>,
+    now: i64,
+    out: &mut Vec<Decision>,
+) {
+    if !s.capacity_block {
+        return;
+    }
+    let Some(Observed::Present(block)) = &obs.capacity_block else {
+        return;
+    };
+    let Some(end) = block.end else {
+        return;
+    };
+    let lead = i64::try_from(s.capacity_block_lead.0.as_secs()).unwrap_or(i64::MAX);
+    let drain_at = (end - CAPACITY_BLOCK_RECLAIM_SECS).saturating_sub(lead);
+    let ours = match current {
+        Some(c @ Cause::CapacityBlock { reservation_id, .. })
+            if *reservation_id == block.reservation_id =>
+        {
+            Some(c)
+        }
+        _ => None,
+    };
+    if now >= drain_at {
+        // A drain for this block already in place stays as it is (its end moved, but not
+        // out of the lead).
+        if ours.is_none() {
+            out.push(Decision::Drain(Cause::CapacityBlock {
+                reservation_id: block.reservation_id.clone(),
+                end,
+            }));
+        }
+    } else if let Some(c) = ours {
+        out.push(Decision::Undo(c.key()));
+    }
 }
 
 /// How a maintenance event ended, as far as IMDS tells.
@@ -480,6 +553,51 @@ mod tests {
             not_after: na,
             state,
         }
+    }
+
+    #[test]
+    fn a_capacity_block_drains_a_lead_before_the_reclaim_and_an_extension_undoes_it() {
+        let mut s = EventsSettings::default();
+        s.capacity_block_lead = HumanDuration(std::time::Duration::from_secs(600));
+        let end = 1_000_000;
+        // EC2 terminates from end - 30 min; the drain is due 10 min before that.
+        let drain_at = end - 1800 - 600;
+        let obs = |end: Option<i64>| Observations {
+            capacity_block: Some(Observed::Present(CapacityBlock {
+                reservation_id: "cr-1".into(),
+                start: Some(end.unwrap_or(0) - 86_400),
+                end,
+                state: "active".into(),
+            })),
+            ..Default::default()
+        };
+        let cause = Cause::CapacityBlock {
+            reservation_id: "cr-1".into(),
+            end,
+        };
+        assert!(decide(&s, &obs(Some(end)), None, drain_at - 1).is_empty());
+        assert_eq!(
+            decide(&s, &obs(Some(end)), None, drain_at),
+            [Decision::Drain(cause.clone())]
+        );
+        // Drained for it: nothing new while it stands; the job action is due at the reclaim.
+        assert!(decide(&s, &obs(Some(end)), Some(&cause), drain_at + 5).is_empty());
+        assert_eq!(cause.job_action_deadline(), Some(end - 1800));
+        // Extended by an hour: out of the lead, the drain is undone.
+        assert_eq!(
+            decide(&s, &obs(Some(end + 3600)), Some(&cause), drain_at + 5),
+            [Decision::Undo(cause.key())]
+        );
+        // Another block's, or a maintenance drain, is not this block's to undo.
+        let other = Cause::CapacityBlock {
+            reservation_id: "cr-2".into(),
+            end,
+        };
+        assert!(decide(&s, &obs(Some(end + 3600)), Some(&other), drain_at).is_empty());
+        // No end date, or the watch turned off: left alone.
+        assert!(decide(&s, &obs(None), None, end).is_empty());
+        s.capacity_block = false;
+        assert!(decide(&s, &obs(Some(end)), None, end).is_empty());
     }
 
     #[test]

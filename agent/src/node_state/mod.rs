@@ -37,7 +37,7 @@ use std::time::Duration;
 use crate::reason::{Incarnation, RecordHolder};
 use crate::slurm::{NodeInfo, ScontrolError, Slurmctld};
 use crate::time;
-pub use state::{Begin, Cause, CauseKind, DrainState, Phase};
+pub use state::{Begin, Cause, CauseKind, DrainState, Phase, CAPACITY_BLOCK_RECLAIM_SECS};
 pub use store::{Store, StoreError};
 
 /// A change of the node's state failed.

@@ -101,16 +101,21 @@ pub enum CauseKind {
     /// The start-up gate runs (or failed) in this boot (the `gate` module): lifted by the gate
     /// alone, when it passes.
     Gate,
+    /// The instance's Capacity Block ends: drained `events.capacity_block_lead` before EC2
+    /// begins terminating its instances; undone when the block is extended.
+    #[serde(rename = "capacity-block")]
+    CapacityBlock,
 }
 
 impl CauseKind {
     /// Every kind, in the order of the table of causes in `docs/drain-state-machine.md`.
-    pub const ALL: [CauseKind; 12] = [
+    pub const ALL: [CauseKind; 13] = [
         CauseKind::Spot,
         CauseKind::Lifecycle,
         CauseKind::Script,
         CauseKind::Manual,
         CauseKind::Maintenance,
+        CauseKind::CapacityBlock,
         CauseKind::Repair,
         CauseKind::Upgrade,
         CauseKind::Rebalance,
@@ -137,6 +142,7 @@ impl CauseKind {
             CauseKind::Scratch => "scratch",
             CauseKind::Repair => "repair",
             CauseKind::Gate => "gate",
+            CauseKind::CapacityBlock => "capacity-block",
         }
     }
 
@@ -151,7 +157,7 @@ impl CauseKind {
         match self {
             CauseKind::Spot | CauseKind::Lifecycle | CauseKind::Script => 40,
             CauseKind::Manual => 30,
-            CauseKind::Maintenance => 20,
+            CauseKind::Maintenance | CauseKind::CapacityBlock => 20,
             CauseKind::Repair => 17,
             CauseKind::Upgrade => 15,
             CauseKind::Rebalance => 10,
@@ -197,6 +203,7 @@ impl CauseKind {
             ReasonCause::Scratch => CauseKind::Scratch,
             ReasonCause::Repair => CauseKind::Repair,
             ReasonCause::Gate => CauseKind::Gate,
+            ReasonCause::CapacityBlock => CauseKind::CapacityBlock,
         }
     }
 }
@@ -206,6 +213,11 @@ impl std::fmt::Display for CauseKind {
         f.write_str(self.as_str())
     }
 }
+
+/// How long before a Capacity Block's end EC2 begins terminating its instances, seconds
+/// (EC2 User Guide, "Capacity Blocks for ML": "EC2 starts terminating any instances that
+/// are running in the Capacity Block 30 minutes before the end time").
+pub const CAPACITY_BLOCK_RECLAIM_SECS: i64 = 30 * 60;
 
 /// Why the node is drained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +287,15 @@ pub enum Cause {
         /// The reason's words after `slurm-node-agent/gate@<instance-id>: `.
         detail: String,
     },
+    /// The instance's Capacity Block for ML ends: EC2 begins terminating its instances 30
+    /// minutes before `end`; drained `events.capacity_block_lead` before that.
+    #[serde(rename = "capacity-block")]
+    CapacityBlock {
+        /// The capacity reservation, `cr-...`.
+        reservation_id: String,
+        /// The block's end (`EndDate`), Unix seconds.
+        end: i64,
+    },
     /// A repair: the health checks' fault calls for a reboot or a replacement
     /// ([`crate::repair`]).
     Repair {
@@ -306,6 +327,7 @@ impl Cause {
             Cause::Scratch { .. } => CauseKind::Scratch,
             Cause::Repair { .. } => CauseKind::Repair,
             Cause::Gate { .. } => CauseKind::Gate,
+            Cause::CapacityBlock { .. } => CauseKind::CapacityBlock,
         }
     }
 
@@ -349,6 +371,10 @@ impl Cause {
             Cause::Maintenance { event_id, .. } => format!("maintenance:{event_id}"),
             Cause::Upgrade { desired, .. } => format!("upgrade:{desired}"),
             Cause::Rebalance { notice_time } => format!("rebalance:{notice_time}"),
+            Cause::CapacityBlock {
+                reservation_id,
+                end,
+            } => format!("capacity-block:{reservation_id}:{end}"),
             Cause::Health { .. }
             | Cause::Mount { .. }
             | Cause::Script { .. }
@@ -375,6 +401,7 @@ impl Cause {
             Cause::Scratch { .. } => ReasonCause::Scratch,
             Cause::Repair { .. } => ReasonCause::Repair,
             Cause::Gate { .. } => ReasonCause::Gate,
+            Cause::CapacityBlock { .. } => ReasonCause::CapacityBlock,
         }
     }
 
@@ -411,6 +438,14 @@ impl Cause {
             Cause::Rebalance { notice_time } => {
                 format!("rebalance recommendation at {}", time::format(*notice_time))
             }
+            Cause::CapacityBlock {
+                reservation_id,
+                end,
+            } => format!(
+                "capacity block {reservation_id} ends {}; EC2 terminates its instances from {}",
+                time::format(*end),
+                time::format(end - CAPACITY_BLOCK_RECLAIM_SECS)
+            ),
             Cause::Health { detail }
             | Cause::Mount { detail }
             | Cause::Script { detail }
@@ -435,7 +470,10 @@ impl Cause {
     /// `events.rebalance_window` without an interruption notice). Health, mount and
     /// scratch drains are lifted by their owners ([`crate::node_state::Gateway::lift`]).
     pub fn undoable(&self) -> bool {
-        matches!(self, Cause::Maintenance { .. } | Cause::Rebalance { .. })
+        matches!(
+            self,
+            Cause::Maintenance { .. } | Cause::Rebalance { .. } | Cause::CapacityBlock { .. }
+        )
     }
 
     /// The deadline by which jobs must be off the node, if the cause has one.
@@ -443,6 +481,18 @@ impl Cause {
         match self {
             Cause::Spot { time, .. } => Some(*time),
             Cause::Maintenance { not_before, .. } => *not_before,
+            Cause::CapacityBlock { end, .. } => Some(end - CAPACITY_BLOCK_RECLAIM_SECS),
+            _ => None,
+        }
+    }
+
+    /// When the job action (`events.spot_job_action`) is due against, Unix seconds: a spot
+    /// notice's interruption time, the time EC2 begins terminating a Capacity Block's
+    /// instances. `None`: the cause leaves running jobs alone.
+    pub fn job_action_deadline(&self) -> Option<i64> {
+        match self {
+            Cause::Spot { time, .. } => Some(*time),
+            Cause::CapacityBlock { end, .. } => Some(end - CAPACITY_BLOCK_RECLAIM_SECS),
             _ => None,
         }
     }
