@@ -1612,3 +1612,143 @@ fn the_readmes_first_cluster_joins_with_the_documented_instance_role() {
     // The key came from the README's secret through the role's permissions.
     assert_eq!(std::fs::read(env.key_path()).unwrap(), key);
 }
+
+/// Issue 39 §1: a job Slurm allocated to a `CLOUD` node when it powered the node up for it
+/// (power saving: `ResumeProgram`) would start as soon as slurmd registers, drained or not.
+/// Bootstrap's start-up gate holds the node with its reason before slurmd registers, and
+/// slurmctld requeues the job of a node drained while it powers up ("DRAIN/FAIL request for
+/// node ... which is allocated and being powered up. Requeuing jobs"); the gate requeues
+/// whatever is still allocated to the node once it holds it (a job started between a
+/// registration and the hold). The job never runs while the gate does: it is back in the
+/// queue (its restart counted), the node drained with the gate's reason; once the gate
+/// passes the drain is lifted.
+#[test]
+fn a_job_slurm_allocated_to_a_cloud_node_at_power_up_is_requeued_while_the_gate_runs() {
+    use std::time::Duration;
+    let host = slurm_e2e::slurm::short_hostname().unwrap();
+    let scripts = slurm_e2e::TempRoot::new("gate-cloud-").unwrap();
+    std::fs::set_permissions(scripts.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = |name: &str, body: &str| {
+        let p = scripts.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    let resumed = scripts.path().join("resumed");
+    let pass = scripts.path().join("pass");
+    let resume = program(
+        "resume.sh",
+        &format!("echo \"$1\" >> {}", resumed.display()),
+    );
+    let suspend = program("suspend.sh", "exit 0");
+    // The gate's one part waits until the test lets it pass.
+    let gate = program(
+        "gate.sh",
+        &format!("while [ ! -e {p} ]; do sleep 0.2; done", p = pass.display()),
+    );
+    let env = NodeEnv::start_with(
+        &[
+            format!("SuspendProgram={}", suspend.display()),
+            format!("ResumeProgram={}", resume.display()),
+            "SuspendTime=3600".into(),
+            "SuspendTimeout=5".into(),
+            "ResumeTimeout=120".into(),
+            format!(
+                "NodeName=cloud-1 NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=CLOUD"
+            ),
+        ],
+        &format!(
+            "[[start_gate.commands]]\nname = \"held\"\nargv = [\"{}\"]\nbudget = \"2m\"\n",
+            gate.display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(env.ctld.spool_dir("cloud-1")).unwrap();
+    // `-b`: slurmd reports its start as the boot (slurmctld waits for a boot after the
+    // power-up it asked for; this host booted long before).
+    let unit = std::fs::read_to_string(env.systemd.unit_dir().join("slurmd.service")).unwrap();
+    let exec = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .unwrap();
+    let (program, args) = exec.split_once(' ').unwrap_or((exec, ""));
+    let dropin = env.systemd.unit_dir().join("slurmd.service.d");
+    std::fs::create_dir_all(&dropin).unwrap();
+    std::fs::write(
+        dropin.join("50-boot.conf"),
+        format!("[Service]\nExecStart=\nExecStart={program} -b {args}\n"),
+    )
+    .unwrap();
+    env.systemd.daemon_reload().unwrap();
+
+    // The job powers the node up: allocated to it while it boots.
+    let mut c = env.ctld.command("sbatch");
+    let ran = scripts.path().join("job-ran");
+    let wrap = format!("touch {}; sleep 300", ran.display());
+    c.args([
+        "-w",
+        "cloud-1",
+        "--requeue",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        &wrap,
+    ]);
+    let out = slurm_e2e::run_with_timeout(c, Duration::from_secs(60)).unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let job = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .to_string();
+    slurm_e2e::wait_until(
+        "ResumeProgram",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(resumed.exists().then_some(())),
+    )
+    .unwrap();
+    let show_job = || env.ctld.scontrol_ok(&["show", "job", "-o", &job]).unwrap();
+    let before = show_job();
+    assert!(before.contains("JobState=CONFIGURING"), "{before}");
+
+    std::thread::scope(|scope| {
+        let boot = scope.spawn(|| {
+            env.bootstrap(&["--node-name", "cloud-1", "--set", "node.dynamic=false"])
+                .unwrap()
+        });
+        // While the gate runs: the node registered, held with the gate's reason, the job
+        // requeued (back to PENDING, one restart).
+        let waited = slurm_e2e::wait_until(
+            "the job requeued while the gate holds the node",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || {
+                let j = show_job();
+                let node = env.ctld.scontrol_ok(&["show", "node", "-o", "cloud-1"])?;
+                Ok((j.contains("JobState=PENDING")
+                    && j.contains("Restarts=1")
+                    && node.contains("DRAIN")
+                    && node.contains("slurm-node-agent/gate@"))
+                .then_some((j, node)))
+            },
+        );
+        // Give a job that was not requeued the time to start.
+        std::thread::sleep(Duration::from_secs(2));
+        let job_ran = ran.exists();
+        // Let the gate end either way, so that bootstrap returns.
+        std::fs::write(&pass, "").unwrap();
+        let out = boot.join().unwrap();
+        let (j, node) =
+            waited.unwrap_or_else(|e| panic!("{e:#}\njob: {}\n{}", show_job(), stderr(&out)));
+        assert!(node.contains("start-up gate running: held"), "{node}");
+        assert!(!job_ran, "job {job} ran while the gate held the node: {j}");
+        assert!(out.status.success(), "{}", stderr(&out));
+    });
+    // The gate passed: the drain is lifted.
+    let node = env
+        .ctld
+        .scontrol_ok(&["show", "node", "-o", "cloud-1"])
+        .unwrap();
+    assert!(!node.contains("DRAIN"), "{node}");
+}

@@ -84,6 +84,39 @@ pub(super) async fn before_slurmd(
     })
 }
 
+/// Requeues the jobs allocated to the node before the gate's drain held it: the job Slurm
+/// powered a `CLOUD` node up for (allocated at the power-up, it starts when slurmd
+/// registers, drained or not), or one scheduled on a dynamic node between its registration
+/// and the drain. They go back to the queue: to another node, or to this one once the gate
+/// passed. A job that may not be requeued (`--no-requeue`, `JobRequeue=0`) is named in a
+/// warning and left running.
+async fn requeue_allocated(ops: &crate::drain::SlurmOps, node: &str) {
+    let jobs = match ops.jobs_allocated(node).await {
+        Ok(j) => j,
+        Err(e) => {
+            tracing::warn!(
+                node,
+                "START GATE: the jobs allocated to the node could not be listed: {e}"
+            );
+            return;
+        }
+    };
+    for job in jobs {
+        match ops.requeue_job(&job).await {
+            Ok(()) => tracing::info!(
+                node,
+                job = %job,
+                "START GATE: job {job}, allocated to the node before the gate held it, requeued: it runs once the gate passes, here or elsewhere"
+            ),
+            Err(e) => tracing::warn!(
+                node,
+                job = %job,
+                "START GATE: job {job}, allocated to the node before the gate held it, could not be requeued ({e}): it runs while the gate does"
+            ),
+        }
+    }
+}
+
 /// Drains the node with the gate's reason while it runs.
 async fn hold(s: &StartGateSettings, gateway: &Gateway) -> Result<(), crate::drain::DrainError> {
     let cause = Cause::Gate {
@@ -101,6 +134,7 @@ pub(super) async fn after_join(
     instance_id: &str,
     gateway: &Gateway,
     units: &dyn crate::systemd::Units,
+    ops: &crate::drain::SlurmOps,
 ) -> GateRecord {
     if !pending.drained {
         if let Err(e) = hold(s, gateway).await {
@@ -110,6 +144,7 @@ pub(super) async fn after_join(
             );
         }
     }
+    requeue_allocated(ops, gateway.node()).await;
     let env = GateEnv {
         units,
         state_dir,
@@ -182,6 +217,21 @@ mod tests {
             .with_instance(ME)
             .through(slurmctld.clone());
             crate::fsutil::write_test_program(&dir.path().join("ok"), "#!/bin/sh\nexit 0\n");
+            // Slurm's job commands: squeue lists `jobs`; scontrol notes each requeue and
+            // refuses job 42 as Slurm refuses a job that may not be requeued.
+            let bin = dir.path().join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            let d = dir.path().display();
+            crate::fsutil::write_test_program(
+                &bin.join("squeue"),
+                &format!("#!/bin/sh\necho \"$*\" >> {d}/squeue-args\ncat {d}/jobs 2>/dev/null\n"),
+            );
+            crate::fsutil::write_test_program(
+                &bin.join("scontrol"),
+                &format!(
+                    "#!/bin/sh\n[ \"$2\" = 42 ] && {{ echo 'Requested operation is presently disabled for job 42' >&2; exit 1; }}\necho \"$*\" >> {d}/requeued\n"
+                ),
+            );
             crate::fsutil::write_test_program(
                 &dir.path().join("bad"),
                 "#!/bin/sh\necho 'no loopback' >&2\nexit 1\n",
@@ -217,6 +267,7 @@ mod tests {
                 ME,
                 &self.gateway,
                 &FakeUnits::default(),
+                &crate::drain::SlurmOps::new(&self.dir.path().join("bin")),
             )
             .await
         }
@@ -256,6 +307,22 @@ mod tests {
         // The next boot runs it again.
         assert!(n.before(&s, "boot-2").await.is_some());
         assert!(n.reason().unwrap().contains("start-up gate running"));
+    }
+
+    /// A job Slurm allocated to the node before the gate's drain (at a `CLOUD` node's
+    /// power-up, or between a dynamic node's registration and the drain) goes back to the
+    /// queue; one that may not be requeued is left running, named in a warning.
+    #[tokio::test]
+    async fn jobs_allocated_before_the_hold_are_requeued_while_the_gate_runs() {
+        let n = Node::new(Some(IDLE));
+        std::fs::write(n.dir.path().join("jobs"), "41\n42\n").unwrap();
+        let s = n.settings("ok");
+        let p = n.before(&s, "boot-1").await.unwrap();
+        assert!(n.after(&s, p).await.passed());
+        let args = std::fs::read_to_string(n.dir.path().join("squeue-args")).unwrap();
+        assert_eq!(args.trim(), "-h -w n1 -t CONFIGURING,RUNNING -o %i");
+        let requeued = std::fs::read_to_string(n.dir.path().join("requeued")).unwrap();
+        assert_eq!(requeued, "requeue 41\n");
     }
 
     #[tokio::test]

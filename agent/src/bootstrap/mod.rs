@@ -485,6 +485,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
             &id.instance_id,
             &gateway,
             &systemd,
+            &crate::drain::SlurmOps::new(&cx.s.slurm.bin_dir),
         )
         .await;
         t.done("start_gate");

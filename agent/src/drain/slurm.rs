@@ -50,6 +50,32 @@ impl SlurmOps {
             .collect())
     }
 
+    /// Ids of the jobs allocated to `node` that have not ended: configuring (a node Slurm
+    /// powers up for them) or running: `squeue -h -w <node> -t CONFIGURING,RUNNING -o %i`.
+    ///
+    /// # Errors
+    /// [`ScontrolError`].
+    pub async fn jobs_allocated(&self, node: &str) -> Result<Vec<String>, ScontrolError> {
+        let out = self
+            .squeue
+            .run(&["-h", "-w", node, "-t", "CONFIGURING,RUNNING", "-o", "%i"])
+            .await?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// `scontrol requeue <job>` for one job.
+    ///
+    /// # Errors
+    /// [`ScontrolError`] with Slurm's words (a job that may not be requeued, one that ended).
+    pub async fn requeue_job(&self, job: &str) -> Result<(), ScontrolError> {
+        self.scontrol.run(&["requeue", job]).await.map(drop)
+    }
+
     /// `scancel --signal=<sig> <job>` for each job (the job steps get the signal).
     ///
     /// # Errors
@@ -72,7 +98,7 @@ impl SlurmOps {
     pub async fn requeue_jobs(&self, jobs: &[String]) -> Result<(), ScontrolError> {
         let mut first = None;
         for j in jobs {
-            if let Err(e) = self.scontrol.run(&["requeue", j]).await {
+            if let Err(e) = self.requeue_job(j).await {
                 first.get_or_insert(e);
             }
         }
