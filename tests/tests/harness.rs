@@ -368,47 +368,176 @@ fn daemon_dies_with_its_thread_when_no_drop_runs() {
     .unwrap();
 }
 
+/// Serves the files of `dir` over HTTP/1.0 on a free loopback port until the returned
+/// flag is set: `GET /<name>` answers the file (200) or 404. Returns the base URL.
+fn serve_dir(dir: &std::path::Path) -> (String, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (dir, stopped) = (dir.to_path_buf(), stop.clone());
+    std::thread::spawn(move || {
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((stream, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            stream.set_nonblocking(false).unwrap();
+            let mut reader = std::io::BufReader::new(stream);
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            // The rest of the request head.
+            let mut h = String::new();
+            while reader.read_line(&mut h).is_ok_and(|n| n > 2) {
+                h.clear();
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/");
+            let name = path.trim_start_matches('/');
+            let mut stream = reader.into_inner();
+            match std::fs::read(dir.join(name))
+                .ok()
+                .filter(|_| !name.contains('/'))
+            {
+                Some(body) => {
+                    let _ = write!(
+                        stream,
+                        "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(&body);
+                }
+                None => {
+                    let _ =
+                        stream.write_all(b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n");
+                }
+            }
+        }
+    });
+    (base, stop)
+}
+
 /// `scripts/slurm-build.sh` refuses what it cannot vouch for, names it, and installs
 /// nothing: a version without a pin (64), a tarball whose checksum differs from the pin
-/// (65), a sources folder without the version's tarball (66).
+/// (65), a tarball neither in the sources folder nor downloadable (66). A tarball missing
+/// from the sources folder is downloaded (here from a loopback server standing in for the
+/// pinned URL: `SLURM_SOURCE_URL`) and used only when its sha256 is the pin's: a tampered
+/// download is refused naming both checksums and deleted.
 #[test]
 fn slurm_build_refuses_unpinned_versions_bad_checksums_and_missing_tarballs() {
     let repo = slurm_e2e::fleet::repo_root();
     let marker = std::fs::read_to_string("/opt/slurm/.slurm-build").ok();
     let dir = tempfile::tempdir().unwrap();
-    let run = |version: &str| {
+    let served = tempfile::tempdir().unwrap();
+    let (base, stop) = serve_dir(served.path());
+    let run = |version: &str, args: &[&str], url: &str| {
         let out = std::process::Command::new(repo.join("scripts/slurm-build.sh"))
+            .args(args)
             .arg(version)
-            .env("SLURM_SOURCES_DIR", dir.path())
+            .env("SLURM_SOURCES_DIR", dir.path().join("sources"))
             .env("SLURM_BUILD_CACHE", dir.path().join("cache"))
+            .env("SLURM_DOWNLOAD_DIR", dir.path().join("downloads"))
+            .env("SLURM_SOURCE_URL", url)
             .output()
             .unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).to_string(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
         )
     };
+    std::fs::create_dir_all(dir.path().join("sources")).unwrap();
+    let missing = format!("{base}/missing.tar.gz");
     // 23.11 (pinned, end of life) is never the version in /opt/slurm, which would count as
     // already in place.
-    let (code, err) = run("25.05");
+    let (code, err, _) = run("25.05", &[], &missing);
     assert_eq!(code, Some(64), "{err}");
     assert!(
         err.contains("Slurm 25.05 is not pinned") && err.contains("sources.toml"),
         "{err}"
     );
-    let (code, err) = run("23.11");
+    // Not in the sources folder, and the URL answers 404.
+    let (code, err, _) = run("23.11", &[], &missing);
     assert_eq!(code, Some(66), "{err}");
-    assert!(err.contains("slurm-23-11-4-1.tar.gz"), "{err}");
-    let tarball = dir.path().join("slurm-23-11-4-1.tar.gz");
+    assert!(
+        err.contains("slurm-23-11-4-1.tar.gz") && err.contains(&missing),
+        "{err}"
+    );
+    // A tampered download: refused naming both checksums, deleted.
+    std::fs::write(
+        served.path().join("tampered.tar.gz"),
+        b"not SchedMD's tarball",
+    )
+    .unwrap();
+    let (code, err, _) = run("23.11", &[], &format!("{base}/tampered.tar.gz"));
+    assert_eq!(code, Some(65), "{err}");
+    let sha_of = |p: &std::path::Path| {
+        let out = std::process::Command::new("sha256sum")
+            .arg(p)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let tampered = sha_of(&served.path().join("tampered.tar.gz"));
+    let toml = std::fs::read_to_string(repo.join("packer/sources.toml")).unwrap();
+    let pinned = toml
+        .split("[slurm.\"23.11.4\"]")
+        .nth(1)
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("sha256 = \"")))
+        .unwrap()
+        .trim_end_matches('"')
+        .to_string();
+    assert!(
+        err.contains("checksum mismatch")
+            && err.contains(&pinned)
+            && err.contains(&tampered)
+            && err.contains("deleted and nothing was installed"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path().join("downloads"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "a tampered download was kept"
+    );
+    // A tampered file in the sources folder: refused the same way.
+    let tarball = dir.path().join("sources/slurm-23-11-4-1.tar.gz");
     std::fs::write(&tarball, b"not SchedMD's tarball").unwrap();
-    let (code, err) = run("23.11");
+    let (code, err, _) = run("23.11", &[], &missing);
     assert_eq!(code, Some(65), "{err}");
     assert!(
         err.contains("checksum mismatch") && err.contains(&tarball.display().to_string()),
         "{err}"
     );
     assert!(err.contains("nothing was installed"), "{err}");
-    let (code, err) = run("not-a-version");
+    std::fs::remove_file(&tarball).unwrap();
+    // The genuine tarball, served: downloaded, verified, in place (`--fetch-only` stops
+    // there; a build would take minutes).
+    let genuine = repo.join("../shared/sources/slurm-24-11-7-1.tar.gz");
+    if genuine.is_file() {
+        std::fs::copy(&genuine, served.path().join("slurm-24-11-7-1.tar.gz")).unwrap();
+        let (code, err, out) = run(
+            "24.11",
+            &["--fetch-only"],
+            &format!("{base}/slurm-24-11-7-1.tar.gz"),
+        );
+        assert_eq!(code, Some(0), "{err}");
+        let got = std::path::PathBuf::from(out.trim());
+        assert_eq!(got, dir.path().join("downloads/slurm-24-11-7-1.tar.gz"));
+        assert_eq!(
+            std::fs::read(&got).unwrap(),
+            std::fs::read(&genuine).unwrap()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (code, err, _) = run("not-a-version", &[], &missing);
     assert_eq!(code, Some(64), "{err}");
     // Nothing changed where the suite's Slurm lives, and nothing was cached.
     assert_eq!(
