@@ -116,7 +116,7 @@ variable "munge_sha256" {
 variable "efa_installer_version" {
   type        = string
   description = "EFA installer version; empty leaves EFA out."
-  default     = "1.32.0"
+  default     = "1.41.0"
 }
 
 variable "efa_installer_url" {

@@ -840,7 +840,7 @@ pub fn check_values(
     let efa = text("efa_installer_version");
     if !efa.is_empty() && !driver_version_form(efa) {
         return Err(Error::BadInput(format!(
-            "variable 'efa_installer_version': '{efa}' is not a version (e.g. 1.32.0)"
+            "variable 'efa_installer_version': '{efa}' is not a version (e.g. 1.41.0)"
         )));
     }
     Ok(())

@@ -97,7 +97,7 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
     let skipped: Vec<String> = serde_json::from_value(v["skipped"].clone()).unwrap();
     assert!(
         skipped.iter().any(|s| s.starts_with(
-            "EFA installer 1.32.0: unreachable from here (https://efa-installer.amazonaws.com/"
+            "EFA installer 1.41.0: unreachable from here (https://efa-installer.amazonaws.com/"
         )),
         "{skipped:#?}"
     );
@@ -109,7 +109,7 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("skipped: EFA installer 1.32.0 unreachable from here"),
+        stderr.contains("skipped: EFA installer 1.41.0 unreachable from here"),
         "{stderr}"
     );
 
