@@ -2767,3 +2767,103 @@ fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_d
     );
     d.stop().unwrap();
 }
+
+/// Issue 41 §2.7: a node already draining for an upgrade (a job still running, the upgrade
+/// waiting for it) gets a spot interruption notice: the spot cause outranks the upgrade
+/// (`escalate`: the reason is the spot's), and the spot job action (`requeue`) happens
+/// before the interruption, not after the upgrade's wait for the job; the upgrade's action
+/// (`reboot`) never runs.
+#[test]
+fn a_spot_notice_during_an_upgrade_drain_takes_over_and_its_job_action_runs_before_the_deadline() {
+    let root = TempRoot::new("drain-spot-up-").unwrap();
+    let rebooted = root.path().join("rebooted");
+    let reboot = root.path().join("reboot.sh");
+    fs::write(
+        &reboot,
+        format!("#!/bin/sh\necho rebooted >> {}\n", rebooted.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
+    let mut w = World::start(
+        "su1",
+        &[format!("RebootProgram={}", reboot.display())],
+        "[upgrade]\nparameter = \"/cluster/compute/desired-ami\"\ninterval = \"1s\"\naction = \"reboot\"\n\n\
+         [events]\nspot_interval = \"200ms\"\nspot_job_action = \"requeue\"\nspot_job_action_lead = \"5m\"\n",
+    )
+    .with_moto();
+    let desired_ami = w.new_image("node-v2");
+    w.moto
+        .as_ref()
+        .unwrap()
+        .put_parameter("/cluster/compute/desired-ami", &desired_ami, "String")
+        .unwrap();
+    let out = w
+        .ctld
+        .run_job(
+            "sbatch",
+            &[
+                "-w",
+                "su1",
+                "--requeue",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 600",
+            ],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .to_string();
+    w.wait_state("job running", |s| {
+        s.starts_with("ALLOCATED") || s.starts_with("MIXED")
+    });
+    let mut d = w.daemon("agent", None);
+    w.wait_state("drained for the upgrade", |s| s.contains("DRAIN"));
+    assert!(
+        w.reason().starts_with("slurm-node-agent/upgrade@"),
+        "{}",
+        w.reason()
+    );
+    w.wait_phase("draining");
+    // The job runs on: the upgrade waits for it (10 minutes). The spot notice comes: two
+    // minutes to the interruption, within the 5 min lead.
+    w.imds
+        .set_spot_instance_action("terminate", &in_two_minutes());
+    let st = w.wait_cause("spot");
+    assert_eq!(st["phase"], "draining", "{st}");
+    assert!(
+        w.reason().starts_with("slurm-node-agent/spot@"),
+        "{}",
+        w.reason()
+    );
+    wait_until("the job requeued", WAIT, Duration::from_millis(200), || {
+        let out = w.ctld.run_job("squeue", &["-h", "-j", &job, "-o", "%T"])?;
+        let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok((st == "PENDING").then_some(()))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
+    assert!(
+        d.log_tail(200)
+            .contains("requeueing jobs before the spot interruption"),
+        "{}",
+        d.log_tail(60)
+    );
+    let st = w.wait_phase("drained");
+    assert_eq!(st["state"]["job_action_done"], true, "{st}");
+    assert_eq!(st["cause"], "spot", "{st}");
+    // The spot drain has no action: the upgrade's reboot never comes.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !rebooted.exists(),
+        "the upgrade's reboot ran under a spot drain"
+    );
+    d.stop().unwrap();
+}
