@@ -2784,7 +2784,7 @@ fn a_spot_notice_during_an_upgrade_drain_takes_over_and_its_job_action_runs_befo
     )
     .unwrap();
     fs::set_permissions(&reboot, fs::Permissions::from_mode(0o755)).unwrap();
-    let mut w = World::start(
+    let w = World::start(
         "su1",
         &[format!("RebootProgram={}", reboot.display())],
         "[upgrade]\nparameter = \"/cluster/compute/desired-ami\"\ninterval = \"1s\"\naction = \"reboot\"\n\n\
