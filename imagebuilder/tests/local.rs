@@ -74,6 +74,20 @@ fn local_target_builds_a_debian_root_that_passes_acceptance() {
     assert!(has("ok: munge: round trip"), "{acceptance:#?}");
     assert!(has("ok: unit slurmd.service enabled"), "{acceptance:#?}");
     assert!(has("ok: cleanup: nothing left"), "{acceptance:#?}");
+    // Package updates on a node: apt waits on the lock and upgrades nothing by itself (as
+    // apt reads its configuration); needrestart never restarts the node's daemons.
+    assert!(
+        has("ok: package updates: apt has DPkg::Lock::Timeout \"600\";"),
+        "{acceptance:#?}"
+    );
+    assert!(
+        has("ok: package updates: apt has APT::Periodic::Unattended-Upgrade \"0\";"),
+        "{acceptance:#?}"
+    );
+    assert!(
+        has("ok: package updates: needrestart never restarts slurmd, sackd, munge, the agent"),
+        "{acceptance:#?}"
+    );
     assert!(!has("FAIL"), "{acceptance:#?}");
     if agent.is_some() {
         assert!(has("ok: slurm-node-agent --version"), "{acceptance:#?}");

@@ -53,6 +53,40 @@ else
 	command -v curl >/dev/null 2>&1 || pkg_install curl-minimal
 fi
 
+# Package updates on a running node: a node changes by a new image (a rolling upgrade), not
+# by updates in place. A restart of slurmd kills and requeues the jobs it runs (Ubuntu's
+# unattended upgrades updated glibc and needrestart restarted slurmd), and cloud-init's
+# first-boot update failed on the dpkg lock. So: apt waits for the lock instead of failing,
+# no automatic upgrades or list updates (read after Ubuntu's 20auto-upgrades, which turns
+# them on), and needrestart, where it is installed, never restarts the node's daemons.
+if [ "$(os_family)" = deb ]; then
+	write_if_changed /etc/apt/apt.conf.d/90slurm-node 0644 <<'CONF'
+// packer/scripts/10-base.sh: a Slurm node changes by a new image, not by updates in place.
+// Wait for the package lock (cloud-init's first-boot update, an operator) instead of failing.
+DPkg::Lock::Timeout "600";
+// No automatic upgrades: a restarted slurmd kills and requeues the jobs it runs.
+APT::Periodic::Unattended-Upgrade "0";
+APT::Periodic::Update-Package-Lists "0";
+CONF
+	write_if_changed /etc/needrestart/conf.d/50-slurm-node.conf 0644 <<'CONF'
+# packer/scripts/10-base.sh: needrestart (run by apt after an update) never restarts the
+# daemons of a Slurm node: restarting slurmd kills and requeues the jobs it runs, and the
+# agent, munge and sackd hold the node's place in the cluster. A new image replaces them.
+$nrconf{override_rc}->{qr(^slurmd\.service$)} = 0;
+$nrconf{override_rc}->{qr(^sackd\.service$)} = 0;
+$nrconf{override_rc}->{qr(^munge\.service$)} = 0;
+$nrconf{override_rc}->{qr(^slurm-node-agent(-[a-z]+)?\.service$)} = 0;
+CONF
+else
+	# dnf has no automatic updates unless dnf-automatic's timers run: masked where present.
+	for t in dnf-automatic.timer dnf-automatic-install.timer dnf-automatic-notifyonly.timer; do
+		if systemctl list-unit-files "$t" 2>/dev/null | grep -q "^$t"; then
+			systemctl mask "$t" >/dev/null 2>&1 || true
+			log "$t masked: no automatic updates on a node"
+		fi
+	done
+fi
+
 # Kernel hold.
 if [ "$(os_family)" = deb ]; then
 	kernels=$(dpkg-query -W -f='${Package} ${Status}\n' 'linux-image-*' 2>/dev/null | awk '/install ok installed/ {print $1}' || true)

@@ -37,6 +37,32 @@ skipped_reason() {
 [ -r "$BUILD_INFO" ] || fail "no build record $BUILD_INFO: 10-base.sh did not run"
 PATH=$PATH:/opt/slurm/bin:/opt/slurm/sbin:/usr/local/bin:/usr/local/sbin
 
+# Package updates on a running node (10-base.sh): apt waits for the lock and upgrades
+# nothing by itself, as apt itself reads its configuration; needrestart's rule (Perl, as
+# needrestart reads it) leaves slurmd, sackd, munge and the agent alone.
+if [ "$(os_family)" = deb ]; then
+	aptconf=$(apt-config dump 2>/dev/null || true)
+	for want in 'DPkg::Lock::Timeout "600";' 'APT::Periodic::Unattended-Upgrade "0";' 'APT::Periodic::Update-Package-Lists "0";'; do
+		if grep -qxF "$want" <<<"$aptconf"; then
+			pass "package updates: apt has $want"
+		else
+			fail "package updates: apt-config dump lacks $want (/etc/apt/apt.conf.d/90slurm-node)"
+		fi
+	done
+	nr=/etc/needrestart/conf.d/50-slurm-node.conf
+	# shellcheck disable=SC2016
+	if out=$(perl -e 'our %nrconf; do $ARGV[0]; die "$ARGV[0]: " . ($@ || $! || "no rules") . "\n" if $@ || !$nrconf{override_rc};
+		for my $u (qw(slurmd.service sackd.service munge.service slurm-node-agent.service slurm-node-agent-bootstrap.service)) {
+			my @hit = grep { $u =~ $_ } keys %{$nrconf{override_rc}};
+			die "$u: no rule\n" unless @hit;
+			die "$u: restarted\n" if grep { $nrconf{override_rc}{$_} } @hit;
+		}' "$nr" 2>&1); then
+		pass "package updates: needrestart never restarts slurmd, sackd, munge, the agent"
+	else
+		fail "package updates: $nr: $out"
+	fi
+fi
+
 # Lustre: a module for every installed kernel.
 if [ "${LUSTRE_CLIENT:-false}" != true ]; then
 	pass "lustre: not requested"
