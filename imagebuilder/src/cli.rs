@@ -363,6 +363,25 @@ impl Cli {
                 recipe.slurm_version
             ));
         }
+        let month = this_month();
+        let support = recipe.slurm_support_at(&month);
+        let words = |ended: bool| {
+            support
+                .iter()
+                .filter(|(_, _, e)| *e == ended)
+                .map(|(r, u, _)| format!("{r} (until {u})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        text.push_str(&format!(
+            "Slurm support: {} (SchedMD: 18 months per release); ended: {}\n",
+            words(false),
+            words(true)
+        ));
+        let support_warning = recipe.slurm_support_warning(&month);
+        if let Some(w) = &support_warning {
+            text.push_str(&format!("WARNING: {w}\n"));
+        }
         text.push_str(&format!(
             "EFA installer: {}\nLustre client: {}\nNVIDIA driver: {}{}\nAgent:         {}\n",
             none_if_empty(&recipe.efa_version),
@@ -391,6 +410,8 @@ impl Cli {
             "template": template.path,
             "variables": vars,
             "nvidia_fabric": recipe.nvidia_fabric(),
+            "slurm_support": support.iter().map(|(r, u, e)| json!({"release": r, "until": u, "ended": e})).collect::<Vec<_>>(),
+            "slurm_support_warning": support_warning,
         });
         if args.target == Target::Amazon {
             // The build would stop here too: the same refusal, before anything else.
@@ -1183,6 +1204,11 @@ fn staged_agent_version(
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '+'))
     })?;
     Some(version.to_string())
+}
+
+/// This month, `YYYY-MM` (UTC), to compare with the ends of support.
+fn this_month() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..7].to_string()
 }
 
 /// The file provisioners upload `var.agent_dir` and `var.sources_dir`, and Packer checks

@@ -50,6 +50,10 @@ pub struct Sources {
     /// Default versions.
     #[serde(default)]
     pub defaults: Defaults,
+    /// SchedMD's end of support by Slurm release (`"24.11" = "2026-05"`, year and month):
+    /// each release is supported for 18 months after it comes out.
+    #[serde(default)]
+    pub slurm_support: BTreeMap<String, String>,
 }
 
 /// `[defaults]` of sources.toml.
@@ -171,6 +175,9 @@ pub struct Recipe {
     pub slurm_version: String,
     /// `tarball`, `debian-source` or `distro`.
     pub slurm_source: String,
+    /// SchedMD's end of support by Slurm release, as `packer/sources.toml` lists it
+    /// (`"25.11" = "2027-05"`).
+    pub slurm_support: BTreeMap<String, String>,
     /// Slurm tarball pin of the default version (tarball builds).
     pub slurm: Option<Pin>,
     /// Every Slurm version of the image, in the order asked for (one entry for a
@@ -448,6 +455,38 @@ impl Recipe {
         out
     }
 
+    /// SchedMD's support of each listed Slurm release against `month` (`YYYY-MM`, today's):
+    /// `(release, until, ended)` in release order.
+    pub fn slurm_support_at(&self, month: &str) -> Vec<(String, String, bool)> {
+        self.slurm_support
+            .iter()
+            .map(|(r, until)| (r.clone(), until.clone(), until.as_str() < month))
+            .collect()
+    }
+
+    /// The end of SchedMD's support of the image's default Slurm, when that has passed by
+    /// `month` (`YYYY-MM`) or the release is not listed: the plan's warning.
+    pub fn slurm_support_warning(&self, month: &str) -> Option<String> {
+        let release: String = self
+            .slurm_version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".");
+        match self.slurm_support.get(&release) {
+            Some(until) if until.as_str() < month => Some(format!(
+                "Slurm {}: SchedMD's support of {release} ended {until}",
+                self.slurm_version
+            )),
+            Some(_) => None,
+            None if self.slurm_source == "distro" => None,
+            None => Some(format!(
+                "Slurm {}: {release} is not in [slurm_support] of packer/sources.toml: its support is unknown",
+                self.slurm_version
+            )),
+        }
+    }
+
     /// Resolve a request against the pins and the OS catalog.
     pub fn resolve(
         req: &Request,
@@ -615,6 +654,7 @@ impl Recipe {
             family,
             slurm_version,
             slurm_source,
+            slurm_support: sources.slurm_support.clone(),
             slurm,
             slurm_versions,
             auth,

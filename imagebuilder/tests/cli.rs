@@ -150,7 +150,18 @@ fn plan_prints_versions_checksums_and_variables() {
     let v = plan_json(&["--os", "ubuntu-22.04", "--arch", "arm64"]);
     assert_eq!(v["variables"]["os"], "ubuntu-22.04");
     assert_eq!(v["variables"]["arch"], "arm64");
-    assert_eq!(v["variables"]["slurm_version"], "24.11.7");
+    assert_eq!(v["variables"]["slurm_version"], "25.11.7");
+    // SchedMD's support: the default's release is supported, 24.11's ended in May 2026.
+    assert!(
+        v["slurm_support_warning"].is_null(),
+        "{}",
+        v["slurm_support_warning"]
+    );
+    let support = v["slurm_support"].as_array().unwrap();
+    let of = |r: &str| support.iter().find(|s| s["release"] == r).unwrap().clone();
+    assert_eq!(of("24.11")["until"], "2026-05");
+    assert_eq!(of("24.11")["ended"], true);
+    assert_eq!(of("25.11")["until"], "2027-05");
     assert_eq!(v["variables"]["slurm_sha256"].as_str().unwrap().len(), 64);
     assert!(v["sources"]
         .as_array()
@@ -258,7 +269,7 @@ fn version_without_checksum_is_refused() {
 fn the_managed_services_slurm_versions_are_pinned_with_their_source_and_25_05_is_refused() {
     // Each pinned version resolves to its own tarball and a 64-hex sha256.
     let mut seen = std::collections::BTreeSet::new();
-    for v in ["24.05.8", "24.11.7", "25.11.6", "26.05.3"] {
+    for v in ["24.05.8", "24.11.7", "25.11.6", "25.11.7", "26.05.3"] {
         let j = plan_json(&["--slurm-version", v]);
         let url = j["variables"]["slurm_url"].as_str().unwrap().to_string();
         assert!(
@@ -1109,7 +1120,7 @@ fn plan_takes_several_slurm_versions_and_refuses_one_listed_twice() {
         .ends_with("slurm-26-05-3-1.tar.gz"));
     let list = vars["slurm_versions"].as_array().unwrap();
     assert_eq!(list.len(), 2);
-    assert_eq!(list[0]["version"], "25.11.6");
+    assert_eq!(list[0]["version"], "25.11.7");
     assert_eq!(list[0]["sha256"].as_str().unwrap().len(), 64);
     assert_eq!(list[1]["version"], "26.05.3");
 
@@ -1118,11 +1129,11 @@ fn plan_takes_several_slurm_versions_and_refuses_one_listed_twice() {
         "--slurm-version",
         "25.11",
         "--slurm-version",
-        "25.11.6",
+        "25.11.7",
     ]));
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
-        text(&out).contains("entries '25.11' and '25.11.6' are both Slurm 25.11.6"),
+        text(&out).contains("entries '25.11' and '25.11.7' are both Slurm 25.11.7"),
         "{}",
         text(&out)
     );
