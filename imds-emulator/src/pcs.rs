@@ -394,22 +394,22 @@ async fn handle(shared: Shared, req: Request<Incoming>) -> Result<Resp, std::con
     Ok(resp)
 }
 
-fn header<'a>(h: &'a hyper::HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(h: &'a hyper::HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// The parsed `Authorization: AWS4-HMAC-SHA256 Credential=..., SignedHeaders=...,
 /// Signature=...` header.
-struct SigV4<'a> {
-    access_key_id: &'a str,
-    date: &'a str,
-    region: &'a str,
-    service: &'a str,
-    signed_headers: Vec<&'a str>,
-    signature: &'a str,
+pub(crate) struct SigV4<'a> {
+    pub(crate) access_key_id: &'a str,
+    pub(crate) date: &'a str,
+    pub(crate) region: &'a str,
+    pub(crate) service: &'a str,
+    pub(crate) signed_headers: Vec<&'a str>,
+    pub(crate) signature: &'a str,
 }
 
-fn parse_authorization(value: &str) -> Option<SigV4<'_>> {
+pub(crate) fn parse_authorization(value: &str) -> Option<SigV4<'_>> {
     let rest = value.strip_prefix("AWS4-HMAC-SHA256 ")?;
     let mut credential = None;
     let mut signed = None;
@@ -449,7 +449,7 @@ fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
 
 /// The signature SigV4 expects for this request (AWS General Reference, "Create a signed
 /// AWS API request"): canonical request, string to sign, derived signing key.
-fn expected_signature(
+pub(crate) fn expected_signature(
     parts: &hyper::http::request::Parts,
     body: &[u8],
     auth: &SigV4<'_>,

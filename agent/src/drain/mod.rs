@@ -63,6 +63,10 @@ pub struct SpotJobs {
     pub signal: String,
     /// How long before the interruption time the action is taken.
     pub lead: Duration,
+    /// A lifecycle drain's (Auto Scaling termination) interruption time: this long after
+    /// the drain began (`events.lifecycle_max_wait`, when the lifecycle action is
+    /// completed whatever runs).
+    pub lifecycle_max_wait: Duration,
 }
 
 /// `[drain]`: the drain machine itself.
@@ -338,7 +342,16 @@ impl Engine {
             self.save(&st)?;
             return Ok(st.phase);
         }
-        if let Some(Cause::Spot { time: deadline, .. }) = st.cause.clone() {
+        let deadline = match &st.cause {
+            Some(Cause::Spot { time, .. }) => Some(*time),
+            Some(Cause::Lifecycle { .. }) => Some(
+                st.started.unwrap_or(st.since).saturating_add(
+                    i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs()).unwrap_or(i64::MAX),
+                ),
+            ),
+            _ => None,
+        };
+        if let Some(deadline) = deadline {
             let lead = i64::try_from(self.spot_jobs.lead.as_secs()).unwrap_or(0);
             if !st.job_action_done
                 && self.spot_jobs.action != SpotJobAction::None
