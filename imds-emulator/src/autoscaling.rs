@@ -157,8 +157,7 @@ impl AutoScalingEmulator {
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
     pub fn start(upstream: Option<SocketAddr>) -> io::Result<AutoScalingEmulator> {
-        let std_listener =
-            std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        let std_listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -218,8 +217,9 @@ impl AutoScalingEmulator {
     pub fn begin(&self, action: LifecycleAction) -> String {
         let token = uuid_like();
         let mut s = lock(&self.shared);
-        s.actions
-            .retain(|a| !(a.action.instance_id == action.instance_id && a.action.hook == action.hook));
+        s.actions.retain(|a| {
+            !(a.action.instance_id == action.instance_id && a.action.hook == action.hook)
+        });
         s.actions.push(Active {
             deadline: Instant::now() + action.heartbeat_timeout,
             action,
@@ -513,7 +513,10 @@ fn serve(
         ));
     }
     let hook = form.get("LifecycleHookName").cloned().unwrap_or_default();
-    let group = form.get("AutoScalingGroupName").cloned().unwrap_or_default();
+    let group = form
+        .get("AutoScalingGroupName")
+        .cloned()
+        .unwrap_or_default();
     if hook.is_empty() || hook.len() > 255 {
         return invalid(
             "1 validation error detected: Value at 'lifecycleHookName' failed to satisfy \
@@ -548,7 +551,7 @@ fn serve(
             Some("CONTINUE" | "ABANDON") => {}
             Some(other) => {
                 return invalid(format!(
-                    "Invalid value '{other}' for LifecycleActionResult: expected CONTINUE or ABANDON"
+                    "Invalid LifecycleActionResult '{other}': expected CONTINUE or ABANDON"
                 ))
             }
             None => {
@@ -605,7 +608,9 @@ mod tests {
 
     #[test]
     fn forms_decode_plus_and_percent() {
-        let f = parse_form("Action=CompleteLifecycleAction&Version=2011-01-01&LifecycleHookName=my+hook%2F1&X=");
+        let f = parse_form(
+            "Action=CompleteLifecycleAction&Version=2011-01-01&LifecycleHookName=my+hook%2F1&X=",
+        );
         assert_eq!(f["LifecycleHookName"], "my hook/1");
         assert_eq!(f["X"], "");
         assert_eq!(f["Version"], VERSION);

@@ -344,11 +344,9 @@ impl Engine {
         }
         let deadline = match &st.cause {
             Some(Cause::Spot { time, .. }) => Some(*time),
-            Some(Cause::Lifecycle { .. }) => Some(
-                st.started.unwrap_or(st.since).saturating_add(
-                    i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs()).unwrap_or(i64::MAX),
-                ),
-            ),
+            Some(Cause::Lifecycle { .. }) => Some(st.started.unwrap_or(st.since).saturating_add(
+                i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs()).unwrap_or(i64::MAX),
+            )),
             _ => None,
         };
         if let Some(deadline) = deadline {

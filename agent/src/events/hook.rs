@@ -134,7 +134,10 @@ where
             se.err().code().map(str::to_string),
             se.err().message().unwrap_or_default().to_string(),
         ),
-        other => (None, aws_sdk_autoscaling::error::DisplayErrorContext(other).to_string()),
+        other => (
+            None,
+            aws_sdk_autoscaling::error::DisplayErrorContext(other).to_string(),
+        ),
     };
     let instance = instance.to_string();
     match code.as_deref() {
@@ -148,10 +151,10 @@ where
         }
         Some(c @ ("ValidationError" | "ValidationException" | "InvalidParameterValue")) => {
             HookError::Rejected {
-            api,
-            instance,
-            code: c.to_string(),
-            message,
+                api,
+                instance,
+                code: c.to_string(),
+                message,
             }
         }
         Some(c) => HookError::Unavailable {
@@ -240,6 +243,17 @@ pub async fn discover(
         })
         .collect();
     Ok(Discovery::Group { group, hooks })
+}
+
+/// The Auto Scaling client for `region`: aws-config's default credentials (the instance
+/// profile's through IMDS on a node), endpoint from `AWS_ENDPOINT_URL_AUTO_SCALING` or
+/// `AWS_ENDPOINT_URL` when set (tests), and the SDK's standard retries.
+pub async fn client(region: &str) -> aws_sdk_autoscaling::Client {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_string()))
+        .load()
+        .await;
+    aws_sdk_autoscaling::Client::new(&sdk)
 }
 
 /// `RecordLifecycleActionHeartbeat` for `hook` and `instance`.
@@ -383,7 +397,8 @@ impl Tracker {
     /// group not asked yet).
     pub fn live(&self) -> bool {
         self.terminated_at.is_some()
-            && (matches!(self.found, Found::Pending(_)) || self.hooks.iter().any(|t| t.end.is_none()))
+            && (matches!(self.found, Found::Pending(_))
+                || self.hooks.iter().any(|t| t.end.is_none()))
     }
 
     /// The hooks tracked, and why each is over (`None`: still live).
@@ -702,7 +717,11 @@ mod tests {
         };
         t.done(&Due::Heartbeat(0), Err(rejected), 1300);
         assert!(!t.live());
-        assert!(t.hooks()[0].1.as_deref().unwrap().contains("No active Lifecycle Action"));
+        assert!(t.hooks()[0]
+            .1
+            .as_deref()
+            .unwrap()
+            .contains("No active Lifecycle Action"));
     }
 
     #[test]

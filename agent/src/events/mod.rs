@@ -778,7 +778,7 @@ mod tests {
         s.lifecycle_max_wait = HumanDuration(std::time::Duration::from_secs(49 * 3600));
         let err = s.validate().unwrap_err();
         assert_eq!(err.key, "events.lifecycle_max_wait");
-        assert!(err.message.contains("49h"), "{}", err.message);
+        assert!(err.message.contains("2days 1h"), "{}", err.message);
     }
 
     #[test]
