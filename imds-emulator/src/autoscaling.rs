@@ -157,7 +157,20 @@ impl AutoScalingEmulator {
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
     pub fn start(upstream: Option<SocketAddr>) -> io::Result<AutoScalingEmulator> {
-        let std_listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+        Self::start_on(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), upstream)
+    }
+
+    /// Like [`AutoScalingEmulator::start`], bound to `addr` (port 0: a free one), e.g. an
+    /// address of a network namespace the caller runs in (the socket, and the server
+    /// thread's connections to `upstream`, stay in the namespace it was started in).
+    ///
+    /// # Errors
+    /// When the socket, runtime or thread cannot be created.
+    pub fn start_on(
+        addr: SocketAddr,
+        upstream: Option<SocketAddr>,
+    ) -> io::Result<AutoScalingEmulator> {
+        let std_listener = std::net::TcpListener::bind(addr)?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
