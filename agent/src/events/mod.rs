@@ -101,12 +101,13 @@ pub struct EventsSettings {
     /// Names of the termination hooks the agent heartbeats and completes. Empty (default):
     /// every `autoscaling:EC2_INSTANCE_TERMINATING` hook of the instance's group.
     pub lifecycle_hooks: Vec<String>,
-    /// `none`, `signal` or `requeue` the jobs still running near a spot interruption.
+    /// `none`, `signal` or `requeue` the jobs still running near a spot interruption, and
+    /// near `lifecycle_max_wait` on a node Auto Scaling terminates.
     pub spot_job_action: SpotJobAction,
     /// Signal for `spot_job_action = "signal"`: a name (`TERM`, `USR1`, ...) or number.
     pub spot_job_signal: String,
     /// Take the job action this long before the interruption time (at once when less is
-    /// left).
+    /// left); for a lifecycle drain, before `lifecycle_max_wait` has passed.
     pub spot_job_action_lead: HumanDuration,
 }
 
