@@ -871,6 +871,7 @@ fn hook_ctx(
     hooks.client = Some(asg.client.clone());
     let mut inner = Arc::try_unwrap(ctx).ok().unwrap();
     inner.id.instance_id = asg.instance.clone();
+    inner.engine.spot_jobs = s.events.spot_jobs();
     inner.hooks = tokio::sync::Mutex::new(hooks);
     inner.s = s;
     (dir, Arc::new(inner))
@@ -959,15 +960,47 @@ async fn a_terminating_node_heartbeats_while_its_job_runs_and_continues_once_dra
 async fn the_maximum_wait_ends_heartbeats_and_completes_with_the_job_still_running() {
     let asg = Asg::start(60, Duration::from_secs(60)).await;
     let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
-    let (_dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 2);
+    let (dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 2);
+    // The spot job action, `signal` at the maximum (lead 0): through stand-ins of squeue
+    // (one job on the node) and scancel (its arguments kept).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let signalled = dir.path().join("scancel.args");
+    for (name, text) in [
+        ("squeue", "#!/bin/sh\necho 4242\n".to_string()),
+        (
+            "scancel",
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", signalled.display()),
+        ),
+    ] {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(bin.join(name), text).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut engine = ctx.engine.clone();
+    engine.spot_jobs.action = crate::drain::SpotJobAction::Signal;
+    engine.spot_jobs.lead = Duration::ZERO;
+    let mut inner = Arc::try_unwrap(ctx).ok().unwrap();
+    inner.engine = engine;
+    let ctx = Arc::new(inner);
     imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
     pass(&ctx, Work::Notices).await;
     running_job(&slurmctld, true);
+    pass(&ctx, Work::Progress).await;
+    // Before the maximum: no job action.
+    assert!(!ctx.engine.load().unwrap().job_action_done);
+    assert!(!signalled.exists());
     for _ in 0..3 {
         next_second().await;
         pass(&ctx, Work::Progress).await;
     }
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+    // At the maximum the job was signalled, then the action completed.
+    assert!(ctx.engine.load().unwrap().job_action_done);
+    assert_eq!(
+        std::fs::read_to_string(&signalled).unwrap().trim(),
+        "--signal=TERM 4242"
+    );
     assert_eq!(
         asg.outcome(),
         imds_emulator::autoscaling::ActionOutcome::Completed("CONTINUE".into())
