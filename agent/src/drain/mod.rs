@@ -356,18 +356,23 @@ impl Engine {
                 && deadline - lead <= now
             {
                 let jobs = self.ops.jobs_on(&self.node).await?;
+                let ahead_of = if matches!(st.cause, Some(Cause::Lifecycle { .. })) {
+                    "events.lifecycle_max_wait (the lifecycle action is completed then)"
+                } else {
+                    "spot interruption"
+                };
                 let r = match self.spot_jobs.action {
                     SpotJobAction::Signal => {
                         let sig = self.spot_jobs.signal.trim_start_matches("SIG");
                         tracing::info!(
                             ?jobs,
                             signal = sig,
-                            "signalling jobs before the spot interruption"
+                            "signalling jobs before the {ahead_of}"
                         );
                         self.ops.signal_jobs(&jobs, sig).await
                     }
                     SpotJobAction::Requeue => {
-                        tracing::info!(?jobs, "requeueing jobs before the spot interruption");
+                        tracing::info!(?jobs, "requeueing jobs before the {ahead_of}");
                         self.ops.requeue_jobs(&jobs).await
                     }
                     SpotJobAction::None => Ok(()),
