@@ -367,6 +367,14 @@ pub struct Tracker {
     found: Found,
     hooks: Vec<Tracked>,
     saw_drain: bool,
+    /// Every warning given (also logged), oldest first.
+    warnings: Vec<String>,
+}
+
+/// Logs `message` as a warning and keeps it in `list`.
+fn note(list: &mut Vec<String>, message: String) {
+    tracing::warn!("{message}");
+    list.push(message);
 }
 
 impl Tracker {
@@ -380,6 +388,7 @@ impl Tracker {
             found: Found::Pending(0),
             hooks: Vec::new(),
             saw_drain: false,
+            warnings: Vec::new(),
         }
     }
 
@@ -409,6 +418,12 @@ impl Tracker {
             .collect()
     }
 
+    /// The warnings given so far (each also logged): an interval or maximum that does not
+    /// fit a hook, a hook likely expired, heartbeats that stopped and why.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// Whether the group and hooks must be asked for at `now`.
     pub fn needs_discovery(&self, now: i64) -> bool {
         self.terminated_at.is_some() && matches!(self.found, Found::Pending(at) if at <= now)
@@ -421,13 +436,19 @@ impl Tracker {
         let start = self.terminated_at.unwrap_or(now);
         match d {
             Err(e @ HookError::Unavailable { .. }) => {
-                tracing::warn!("lifecycle hooks: {e}; asked again in {RETRY_AFTER} s");
+                note(
+                    &mut self.warnings,
+                    format!("lifecycle hooks: {e}; asked again in {RETRY_AFTER} s"),
+                );
                 self.found = Found::Pending(now + RETRY_AFTER);
             }
             Err(e) => {
-                tracing::warn!(
-                    "lifecycle hooks: {e}; the lifecycle action is not completed by the agent \
-                     (the hook's DefaultResult applies at its timeout)"
+                note(
+                    &mut self.warnings,
+                    format!(
+                        "lifecycle hooks: {e}; the lifecycle action is not completed by the \
+                         agent (the hook's DefaultResult applies at its timeout)"
+                    ),
                 );
                 self.found = Found::Done;
             }
@@ -442,42 +463,49 @@ impl Tracker {
                     tracing::info!(group = %group, names = ?self.names, "lifecycle hooks: the group has no termination hook (autoscaling:EC2_INSTANCE_TERMINATING) to complete");
                 }
                 self.found = Found::Done;
+                let policy = self.policy;
+                let warnings = &mut self.warnings;
                 self.hooks = hooks
                     .into_iter()
-                    .map(|hook| self.track(hook, start))
+                    .map(|hook| Self::track(policy, hook, start, warnings))
                     .collect();
             }
         }
     }
 
-    fn track(&self, hook: Hook, start: i64) -> Tracked {
-        let mut interval = self.policy.interval;
+    fn track(policy: HookPolicy, hook: Hook, start: i64, warnings: &mut Vec<String>) -> Tracked {
+        let mut interval = policy.interval;
         if interval >= hook.heartbeat_timeout {
             interval = hook.heartbeat_timeout / 2;
-            tracing::warn!(
-                key = "events.lifecycle_heartbeat_interval",
-                value = %humantime::format_duration(self.policy.interval),
-                hook = %hook.name,
-                group = %hook.group,
-                heartbeat_timeout_s = hook.heartbeat_timeout.as_secs(),
-                "events.lifecycle_heartbeat_interval = {} is at or above the hook's HeartbeatTimeout ({} s): heartbeats would come after the hook expired; every {} s instead",
-                humantime::format_duration(self.policy.interval),
-                hook.heartbeat_timeout.as_secs(),
-                interval.as_secs()
+            note(
+                warnings,
+                format!(
+                    "events.lifecycle_heartbeat_interval = {} is at or above the HeartbeatTimeout \
+                     of lifecycle hook {} of group {} ({} s): heartbeats would come after the \
+                     hook expired; every {} s instead",
+                    humantime::format_duration(policy.interval),
+                    hook.name,
+                    hook.group,
+                    hook.heartbeat_timeout.as_secs(),
+                    interval.as_secs()
+                ),
             );
         }
         let global = global_timeout(&hook);
-        let mut max_wait = self.policy.max_wait;
+        let mut max_wait = policy.max_wait;
         if max_wait + interval > global {
             max_wait = global.saturating_sub(interval);
-            tracing::warn!(
-                key = "events.lifecycle_max_wait",
-                value = %humantime::format_duration(self.policy.max_wait),
-                hook = %hook.name,
-                "events.lifecycle_max_wait = {} is beyond what Auto Scaling allows this hook ({} s: 48 h or 100 x HeartbeatTimeout, whichever is smaller); completing after {} s instead",
-                humantime::format_duration(self.policy.max_wait),
-                global.as_secs(),
-                max_wait.as_secs()
+            note(
+                warnings,
+                format!(
+                    "events.lifecycle_max_wait = {} is beyond what Auto Scaling allows lifecycle \
+                     hook {} ({} s: 48 h or 100 x HeartbeatTimeout, whichever is smaller); \
+                     completing after {} s instead",
+                    humantime::format_duration(policy.max_wait),
+                    hook.name,
+                    global.as_secs(),
+                    max_wait.as_secs()
+                ),
             );
         }
         tracing::info!(
@@ -530,14 +558,26 @@ impl Tracker {
             let timeout = secs(t.hook.heartbeat_timeout);
             if now - t.last_beat >= timeout && !t.expiry_warned {
                 t.expiry_warned = true;
-                tracing::warn!(
-                    hook = %t.hook.name,
-                    heartbeat_timeout_s = timeout,
-                    terminated_at = start,
-                    last_heartbeat = t.last_beat,
-                    "lifecycle hook {}: its HeartbeatTimeout ({timeout} s) has passed since the last heartbeat this agent knows of (or since the lifecycle state turned Terminated): the hook has likely expired (Auto Scaling then applies {}); asking Auto Scaling",
-                    t.hook.name,
-                    t.hook.default_result
+                note(
+                    &mut self.warnings,
+                    format!(
+                        "lifecycle hook {} of group {}: its HeartbeatTimeout ({timeout} s) has \
+                         passed since {} (the lifecycle state turned Terminated at {}): the hook \
+                         has likely expired and Auto Scaling applied its DefaultResult {}; \
+                         asking Auto Scaling",
+                        t.hook.name,
+                        t.hook.group,
+                        if t.last_beat > start {
+                            format!(
+                                "the last heartbeat, at {}",
+                                crate::time::format(t.last_beat)
+                            )
+                        } else {
+                            "then".to_string()
+                        },
+                        crate::time::format(start),
+                        t.hook.default_result
+                    ),
                 );
             }
             if view == DrainView::Ended {
@@ -564,7 +604,13 @@ impl Tracker {
             Due::Complete(i, _) => (*i, "completion"),
             Due::Stop(i, why) => {
                 if let Some(t) = self.hooks.get_mut(*i) {
-                    tracing::warn!(hook = %t.hook.name, group = %t.hook.group, "lifecycle action heartbeats stop: {why}");
+                    note(
+                        &mut self.warnings,
+                        format!(
+                            "lifecycle hook {} of group {}: heartbeats stop: {why}",
+                            t.hook.name, t.hook.group
+                        ),
+                    );
                     t.end = Some(why.clone());
                 }
                 return;
@@ -584,11 +630,24 @@ impl Tracker {
                 t.end = Some(format!("completed with CONTINUE: {why}"));
             }
             (_, Err(e @ HookError::Unavailable { .. })) => {
-                tracing::warn!(hook = %t.hook.name, "lifecycle action {what}: {e}; tried again in {RETRY_AFTER} s");
+                note(
+                    &mut self.warnings,
+                    format!(
+                        "lifecycle hook {}: {what}: {e}; tried again in {RETRY_AFTER} s",
+                        t.hook.name
+                    ),
+                );
                 t.retry_at = now + RETRY_AFTER;
             }
             (Due::Heartbeat(_), Err(e @ HookError::Denied { .. })) => {
-                tracing::warn!(hook = %t.hook.name, "lifecycle action heartbeats stop: {e}; the action is still completed when the drain ends, within the hook's timeout or not");
+                note(
+                    &mut self.warnings,
+                    format!(
+                        "lifecycle hook {}: heartbeats stop: {e}; the action is still completed \
+                         when the drain ends",
+                        t.hook.name
+                    ),
+                );
                 t.beats_denied = true;
             }
             (_, Err(e)) => {
@@ -598,7 +657,13 @@ impl Tracker {
                     ),
                     _ => e.to_string(),
                 };
-                tracing::warn!(hook = %t.hook.name, group = %t.hook.group, "lifecycle action heartbeats stop: {why}");
+                note(
+                    &mut self.warnings,
+                    format!(
+                        "lifecycle hook {} of group {}: heartbeats stop: {why}",
+                        t.hook.name, t.hook.group
+                    ),
+                );
                 t.end = Some(why);
             }
             (Due::Stop(..), Ok(())) => {}
@@ -693,8 +758,55 @@ mod tests {
     #[test]
     fn an_interval_at_or_above_the_timeout_is_halved_timeout() {
         let mut t = tracker(900, 3600, 600);
-        // Every 300 s (600 / 2), not 900.
+        // Every 300 s (600 / 2), not 900; the warning names the key, its value and the
+        // hook's timeout.
         assert_eq!(t.due(DrainView::Draining, 1300), [Due::Heartbeat(0)]);
+        let w = t.warnings().join("\n");
+        assert!(
+            w.contains("events.lifecycle_heartbeat_interval = 15m")
+                && w.contains("drain of group g (600 s)"),
+            "{w}"
+        );
+        // A maximum beyond 100 x HeartbeatTimeout (here 30 s: 3,000 s) is shortened, named.
+        let t = tracker(10, 3 * 3600, 30);
+        let w = t.warnings().join("\n");
+        assert!(
+            w.contains("events.lifecycle_max_wait = 3h") && w.contains("(3000 s"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn a_hook_whose_timeout_passed_since_terminated_is_warned_about_and_asked_once() {
+        let mut t = tracker(300, 36_000, 900);
+        // A restart found the drain begun 1,000 s ago, past the 900 s timeout.
+        let d = t.due(DrainView::Draining, 2000);
+        assert_eq!(d, [Due::Heartbeat(0)]);
+        assert_eq!(t.warnings().len(), 1);
+        assert!(
+            t.warnings()[0].contains("HeartbeatTimeout (900 s) has passed")
+                && t.warnings()[0].contains("likely expired"),
+            "{:?}",
+            t.warnings()
+        );
+        // Warned once; Auto Scaling's answer decides.
+        t.done(
+            &d[0],
+            Err(HookError::Unavailable {
+                api: "RecordLifecycleActionHeartbeat",
+                instance: "i-1".into(),
+                message: "timeout".into(),
+            }),
+            2000,
+        );
+        let _ = t.due(DrainView::Draining, 2000 + RETRY_AFTER);
+        assert_eq!(
+            t.warnings()
+                .iter()
+                .filter(|w| w.contains("likely expired"))
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -748,6 +860,34 @@ mod tests {
         t.done(&d[0], Err(down), 1701);
         assert!(t.due(DrainView::Ended, 1702).is_empty());
         assert_eq!(t.due(DrainView::Ended, 1701 + RETRY_AFTER).len(), 1);
+    }
+
+    #[test]
+    fn no_permission_to_find_the_hooks_is_a_warning_naming_the_iam_action() {
+        let mut t = Tracker::new(
+            HookPolicy {
+                interval: Duration::from_secs(300),
+                max_wait: Duration::from_secs(3600),
+            },
+            Vec::new(),
+        );
+        t.terminated(1000);
+        assert!(t.needs_discovery(1000));
+        t.found(
+            Err(HookError::Denied {
+                api: "DescribeAutoScalingInstances",
+                iam_action: iam_action("DescribeAutoScalingInstances"),
+                instance: "i-1".into(),
+                message: "not authorized".into(),
+            }),
+            1000,
+        );
+        assert!(!t.live() && !t.needs_discovery(2000));
+        assert!(
+            t.warnings()[0].contains("autoscaling:DescribeAutoScalingInstances"),
+            "{:?}",
+            t.warnings()
+        );
     }
 
     #[test]
