@@ -435,7 +435,12 @@ impl Tracker {
     pub fn found(&mut self, d: Result<Discovery, HookError>, now: i64) {
         let start = self.terminated_at.unwrap_or(now);
         match d {
-            Err(e @ HookError::Unavailable { .. }) => {
+            Err(e @ HookError::Unavailable { .. })
+                if now
+                    < start.saturating_add(
+                        i64::try_from(self.policy.max_wait.as_secs()).unwrap_or(i64::MAX),
+                    ) =>
+            {
                 note(
                     &mut self.warnings,
                     format!("lifecycle hooks: {e}; asked again in {RETRY_AFTER} s"),
@@ -447,7 +452,8 @@ impl Tracker {
                     &mut self.warnings,
                     format!(
                         "lifecycle hooks: {e}; the lifecycle action is not completed by the \
-                         agent (the hook's DefaultResult applies at its timeout)"
+                         agent (the hook's DefaultResult applies at its timeout; an outage is \
+                         retried until events.lifecycle_max_wait has passed)"
                     ),
                 );
                 self.found = Found::Done;
@@ -883,6 +889,26 @@ mod tests {
             1000,
         );
         assert!(!t.live() && !t.needs_discovery(2000));
+        // Auto Scaling unreachable: asked again, until the maximum has passed.
+        let mut u = Tracker::new(
+            HookPolicy {
+                interval: Duration::from_secs(300),
+                max_wait: Duration::from_secs(3600),
+            },
+            Vec::new(),
+        );
+        u.terminated(1000);
+        let down = || {
+            Err(HookError::Unavailable {
+                api: "DescribeAutoScalingInstances",
+                instance: "i-1".into(),
+                message: "dispatch failure".into(),
+            })
+        };
+        u.found(down(), 1000);
+        assert!(u.live() && !u.needs_discovery(1001) && u.needs_discovery(1000 + RETRY_AFTER));
+        u.found(down(), 1000 + 3600);
+        assert!(!u.live());
         assert!(
             t.warnings()[0].contains("autoscaling:DescribeAutoScalingInstances"),
             "{:?}",
