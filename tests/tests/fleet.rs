@@ -2048,7 +2048,7 @@ fn terminating_nodes_heartbeat_their_lifecycle_hook_and_continue_when_drained_or
     let names: Vec<String> = ids.iter().map(|(n, _)| n.to_string()).collect();
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
     let _short = job_running(&fleet, "hook001", 40);
-    let _long = job_running(&fleet, "hook002", 600);
+    let long = job_running(&fleet, "hook002", 600);
     for (name, id) in &ids {
         asg.begin(LifecycleAction {
             instance_id: id.clone(),
@@ -2130,4 +2130,14 @@ fn terminating_nodes_heartbeat_their_lifecycle_hook_and_continue_when_drained_or
         ),
         "{journal}"
     );
+    // The instance would be gone now; the job is cancelled so that the node stops cleanly.
+    fleet.ctld.run_job("scancel", &[&long]).unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            "hook002",
+            |s| s.starts_with("IDLE"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
 }
