@@ -41,7 +41,7 @@ fn policy(rel: &str) -> BTreeMap<String, (BTreeSet<String>, String)> {
 }
 
 /// IAM's service prefix of an SDK crate (`aws-sdk-secretsmanager` → `secretsmanager`).
-const SERVICES: [&str; 5] = ["ssm", "ec2", "secretsmanager", "pcs", "s3"];
+const SERVICES: [&str; 6] = ["ssm", "ec2", "secretsmanager", "pcs", "s3", "autoscaling"];
 
 /// The operations of each SDK crate the workspace builds with, as snake_case names (the
 /// folders of `src/operation/`): the version locked in Cargo.lock, in Cargo's registry

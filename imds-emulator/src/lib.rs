@@ -33,6 +33,7 @@
 //! assert!(emu.endpoint().starts_with("http://127.0.0.1:"));
 //! ```
 
+pub mod autoscaling;
 mod aws;
 pub mod ec2;
 mod fault;

@@ -432,13 +432,19 @@ async fn forward(
 ) -> Result<Resp, Box<dyn std::error::Error + Send + Sync>> {
     let (parts, body) = req.into_parts();
     let body = body.collect().await?.to_bytes();
+    forward_full(upstream, Request::from_parts(parts, Full::new(body))).await
+}
+
+/// Sends a request already read, headers unchanged, on a new connection to `upstream`.
+pub(crate) async fn forward_full(
+    upstream: SocketAddr,
+    req: Request<Full<Bytes>>,
+) -> Result<Resp, Box<dyn std::error::Error + Send + Sync>> {
     let stream = tokio::net::TcpStream::connect(upstream).await?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     tokio::spawn(conn);
-    let out = sender
-        .send_request(Request::from_parts(parts, Full::new(body)))
-        .await?;
+    let out = sender.send_request(req).await?;
     let (parts, body) = out.into_parts();
     let body = body.collect().await?.to_bytes();
     Ok(Response::from_parts(parts, Full::new(body)))

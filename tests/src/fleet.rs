@@ -1025,6 +1025,10 @@ pub struct Launch {
     /// executable (0755) on the node's disk before its first boot (stand-ins for
     /// `dcgmi`, `nvidia-smi`...). Default none.
     pub programs: Vec<(String, String)>,
+    /// Environment of the node's daemon beyond the fleet's (a drop-in of
+    /// `slurm-node-agent.service` on its disk), e.g. `AWS_ENDPOINT_URL_AUTO_SCALING` for an
+    /// emulator in the fleet network. Default none.
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// One node: its network namespace, metadata, disk and container.
@@ -1909,6 +1913,7 @@ impl Fleet {
             image_toml: String::new(),
             pending_time: crate::unix_now(),
             programs: Vec::new(),
+            agent_env: Vec::new(),
         }
     }
 
@@ -2066,6 +2071,15 @@ impl Fleet {
                     self.moto_endpoint_for_nodes()?
                 ),
             )?;
+        }
+        if !node.launch.agent_env.is_empty() {
+            let d = etc.join("systemd/system/slurm-node-agent.service.d");
+            fs::create_dir_all(&d)?;
+            let mut text = String::from("[Service]\n");
+            for (k, v) in &node.launch.agent_env {
+                let _ = writeln!(text, "Environment={k}={v}");
+            }
+            fs::write(d.join("60-launch-env.conf"), text)?;
         }
         if let Some(sh) = &self.shared {
             let dest = etc.join(

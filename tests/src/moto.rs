@@ -206,6 +206,41 @@ impl Moto {
         self.query("ec2", &format!("{params}&Version=2016-11-15"))
     }
 
+    /// An Auto Scaling group `group` of one instance (from a launch configuration of
+    /// `image`, `us-east-1a`) with the termination lifecycle hook `hook`
+    /// (`autoscaling:EC2_INSTANCE_TERMINATING`, `HeartbeatTimeout` `timeout_s`,
+    /// `DefaultResult` `ABANDON`): the instance's id. Query protocol, Auto Scaling's
+    /// `Version=2011-01-01`.
+    pub fn autoscaling_group_with_hook(
+        &self,
+        group: &str,
+        hook: &str,
+        timeout_s: u32,
+        image: &str,
+    ) -> Result<String> {
+        let asg =
+            |params: String| self.query("autoscaling", &format!("{params}&Version=2011-01-01"));
+        let (group, hook) = (form_encode(group), form_encode(hook));
+        asg(format!(
+            "Action=CreateLaunchConfiguration&LaunchConfigurationName={group}-lc\
+             &ImageId={image}&InstanceType=t3.micro"
+        ))?;
+        asg(format!(
+            "Action=CreateAutoScalingGroup&AutoScalingGroupName={group}\
+             &LaunchConfigurationName={group}-lc&MinSize=0&MaxSize=1&DesiredCapacity=1\
+             &AvailabilityZones.member.1=us-east-1a"
+        ))?;
+        asg(format!(
+            "Action=PutLifecycleHook&AutoScalingGroupName={group}&LifecycleHookName={hook}\
+             &LifecycleTransition=autoscaling%3AEC2_INSTANCE_TERMINATING\
+             &HeartbeatTimeout={timeout_s}&DefaultResult=ABANDON"
+        ))?;
+        let body = asg(format!(
+            "Action=DescribeAutoScalingGroups&AutoScalingGroupNames.member.1={group}"
+        ))?;
+        xml_value(&body, "InstanceId")
+    }
+
     /// `ec2:RegisterImage` named `name`: the new image's id (`ami-` and 17 hex digits),
     /// `available` at once in moto.
     pub fn register_image(&self, name: &str) -> Result<String> {

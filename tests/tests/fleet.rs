@@ -1988,3 +1988,156 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
     fleet.check_no_job_killed(jobs.len() + 1).unwrap();
     step("a step across both releases ran; every job COMPLETED");
 }
+
+/// The daemon's journal of this boot of `node`.
+fn agent_journal(fleet: &Fleet, node: &str) -> String {
+    let out = fleet
+        .exec(
+            node,
+            "journalctl",
+            &["-b", "-o", "cat", "-u", "slurm-node-agent.service"],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 40 §3: two nodes of Auto Scaling groups with a termination lifecycle hook (moto:
+/// groups, instances, `DescribeLifecycleHooks`; the project's emulator in the fleet network:
+/// `RecordLifecycleActionHeartbeat`, `CompleteLifecycleAction`) are told `Terminated` in
+/// instance metadata while a job runs on each. `hook001`'s job ends: heartbeats while it
+/// ran, then `CONTINUE`, and its journal says so. `hook002`'s job outlasts
+/// `events.lifecycle_max_wait`: the heartbeats stop at the maximum, the action is completed
+/// with the job still running, and the journal names the key.
+#[test]
+fn terminating_nodes_heartbeat_their_lifecycle_hook_and_continue_when_drained_or_at_the_maximum() {
+    use slurm_e2e::imds_emulator::autoscaling::{
+        ActionOutcome, AutoScalingEmulator, LifecycleAction,
+    };
+    let mut fleet = Fleet::builder().moto(true).start().unwrap();
+    let moto_port = fleet.moto().unwrap().port();
+    let image = fleet.moto().unwrap().register_image("asg").unwrap();
+    let asg = fleet
+        .netns()
+        .run_in(|| {
+            Ok(AutoScalingEmulator::start_on(
+                std::net::SocketAddr::from((FLEET_GATEWAY, 0)),
+                Some(std::net::SocketAddr::from((FLEET_GATEWAY, moto_port))),
+            )?)
+        })
+        .unwrap();
+    let endpoint = asg.endpoint();
+    let hook = "slurm-drain";
+    let mut ids = Vec::new();
+    for (name, max_wait) in [("hook001", "1h"), ("hook002", "12s")] {
+        let id = fleet
+            .moto()
+            .unwrap()
+            .autoscaling_group_with_hook(&format!("{name}-asg"), hook, 60, &image)
+            .unwrap();
+        let mut l = fleet.new_launch(name);
+        l.instance_id = id.clone();
+        l.agent_toml.push_str(&format!(
+            "\n[events]\ninterval = \"1s\"\nlifecycle_heartbeat_interval = \"2s\"\n\
+             lifecycle_max_wait = \"{max_wait}\"\n"
+        ));
+        l.agent_env
+            .push(("AWS_ENDPOINT_URL_AUTO_SCALING".into(), endpoint.clone()));
+        fleet.launch(l).unwrap();
+        ids.push((name, id));
+    }
+    let names: Vec<String> = ids.iter().map(|(n, _)| n.to_string()).collect();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let _short = job_running(&fleet, "hook001", 40);
+    let long = job_running(&fleet, "hook002", 600);
+    for (name, id) in &ids {
+        asg.begin(LifecycleAction {
+            instance_id: id.clone(),
+            group: format!("{name}-asg"),
+            hook: hook.into(),
+            heartbeat_timeout: Duration::from_secs(60),
+            default_result: "ABANDON".into(),
+        });
+        fleet
+            .imds(name, |e| e.set_target_lifecycle_state("Terminated"))
+            .unwrap();
+    }
+    let (a, b) = (&ids[0].1, &ids[1].1);
+    // hook001: heartbeats while its job runs, then CONTINUE once it ended.
+    slurm_e2e::wait_until(
+        "heartbeats from hook001",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || Ok((asg.heartbeats(a, hook) >= 2).then_some(())),
+    )
+    .unwrap();
+    assert!(
+        fleet
+            .ctld
+            .node_state("hook001")
+            .unwrap()
+            .unwrap()
+            .contains("DRAIN"),
+        "hook001 drained"
+    );
+    slurm_e2e::wait_until(
+        "hook001's lifecycle action completed",
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        || Ok((asg.outcome(a, hook) != Some(ActionOutcome::Waiting)).then_some(())),
+    )
+    .unwrap();
+    assert_eq!(
+        asg.outcome(a, hook),
+        Some(ActionOutcome::Completed("CONTINUE".into())),
+        "{:?}",
+        asg.calls()
+    );
+    let state = fleet.ctld.node_state("hook001").unwrap().unwrap();
+    assert!(
+        slurm_e2e::is_idle(&state) || state.contains("IDLE"),
+        "{state}"
+    );
+    let journal = agent_journal(&fleet, "hook001");
+    assert!(
+        journal.contains("lifecycle action heartbeat recorded")
+            && journal.contains(
+                "lifecycle action completed with CONTINUE (the drain ended: no job left)"
+            ),
+        "{journal}"
+    );
+    // hook002: its job still runs at the maximum: completed anyway, the journal says why.
+    slurm_e2e::wait_until(
+        "hook002's lifecycle action completed at the maximum",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || Ok((asg.outcome(b, hook) != Some(ActionOutcome::Waiting)).then_some(())),
+    )
+    .unwrap();
+    assert_eq!(
+        asg.outcome(b, hook),
+        Some(ActionOutcome::Completed("CONTINUE".into()))
+    );
+    assert!(asg.heartbeats(b, hook) >= 1, "{:?}", asg.calls());
+    let state = fleet.ctld.node_state("hook002").unwrap().unwrap();
+    assert!(
+        state.starts_with("ALLOCATED") || state.starts_with("MIXED"),
+        "hook002's job still runs: {state}"
+    );
+    let journal = agent_journal(&fleet, "hook002");
+    assert!(
+        journal.contains(
+            "events.lifecycle_max_wait (12s) reached with jobs still running: heartbeats stop"
+        ),
+        "{journal}"
+    );
+    // The instance would be gone now; the job is cancelled so that the node stops cleanly.
+    fleet.ctld.run_job("scancel", &[&long]).unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            "hook002",
+            |s| s.starts_with("IDLE"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+}

@@ -205,6 +205,30 @@ struct Ctx {
     /// Whether a repair pass has released a previous instance's repair slot under this
     /// NodeName since the daemon started (`repair.mode = "on"`).
     repair_predecessors_looked: std::sync::atomic::AtomicBool,
+    /// Unix seconds when `autoscaling/target-lifecycle-state` was first seen `Terminated`
+    /// (or when this instance's lifecycle drain began, after a restart); 0: not seen.
+    terminated_at: std::sync::atomic::AtomicI64,
+    /// The termination lifecycle hooks ([`events::hook`]) and their Auto Scaling client
+    /// (built at the first pass that needs it).
+    hooks: tokio::sync::Mutex<Hooks>,
+}
+
+/// The termination lifecycle hooks' tracker and client.
+struct Hooks {
+    tracker: events::hook::Tracker,
+    client: Option<aws_sdk_autoscaling::Client>,
+}
+
+impl Hooks {
+    fn new(s: &Settings) -> Hooks {
+        Hooks {
+            tracker: events::hook::Tracker::new(
+                s.events.hook_policy(),
+                s.events.lifecycle_hooks.clone(),
+            ),
+            client: None,
+        }
+    }
 }
 
 /// What `STATUS=` last said, and the phase it was for.
@@ -332,10 +356,7 @@ async fn start_context(
     let sdk = if s.upgrade.parameter.is_empty() && !watch_block {
         None
     } else {
-        let region = std::env::var("AWS_REGION")
-            .ok()
-            .filter(|r| !r.is_empty())
-            .unwrap_or_else(|| id.region.clone());
+        let region = aws_region(&id);
         Some(
             aws_config::defaults(aws_config::BehaviorVersion::latest())
                 .region(aws_config::Region::new(region))
@@ -407,13 +428,22 @@ async fn start_context(
         engine,
         id,
         node,
-        s,
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
         repair_looked: std::sync::atomic::AtomicBool::new(false),
         repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
+        terminated_at: std::sync::atomic::AtomicI64::new(0),
+        hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
+        s,
     });
+    if let (Some(Cause::Lifecycle { .. }), false) = (&st.cause, st.phase == Phase::Active) {
+        // A lifecycle drain continued after a restart: its hooks are still to complete.
+        ctx.terminated_at.store(
+            st.started.unwrap_or(st.since),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
     Ok((ctx, shown))
 }
 
@@ -540,7 +570,7 @@ async fn main_loop(
                 Job::Progress => match ctx.engine.load() {
                     Ok(st) => {
                         shown.observe(&st, &upgrade_status, notifier);
-                        if st.phase == Phase::Active {
+                        if st.phase == Phase::Active && !hooks_pending(ctx) {
                             continue;
                         }
                         Work::Progress
@@ -841,7 +871,19 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
                     ..Default::default()
                 }
             };
-            return decide_and_apply(&ctx, &work_rt, &obs, cur).await;
+            let out = decide_and_apply(&ctx, &work_rt, &obs, cur).await;
+            if let Some(events::Observed::Present(state)) = &obs.lifecycle {
+                if s.events.lifecycle && events::notice::lifecycle_is_terminating(state) {
+                    // The first sighting counts (compare_exchange from 0).
+                    let _ = ctx.terminated_at.compare_exchange(
+                        0,
+                        crate::time::now(),
+                        std::sync::atomic::Ordering::Relaxed,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+            }
+            return out;
         }
         Work::Maintenance => {
             let (mt, mh) = tokio::join!(
@@ -894,12 +936,14 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             Ok(())
         }
         Work::Progress => {
-            if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
+            let r = if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
                 Ok(())
             } else {
                 ctx.budget.keep(engine).await;
                 engine.progress().await.map(drop)
-            }
+            };
+            hooks_pass(&ctx).await;
+            r
         }
     };
     Outcome {
@@ -926,6 +970,68 @@ async fn decide_and_apply(
         bound: None,
         acted,
     }
+}
+
+/// Whether the termination lifecycle hooks still need passes: `Terminated` seen (with
+/// `events.lifecycle`) and the hooks not over.
+fn hooks_pending(ctx: &Ctx) -> bool {
+    ctx.s.events.lifecycle
+        && ctx.terminated_at.load(std::sync::atomic::Ordering::Relaxed) != 0
+        && ctx.hooks.try_lock().is_ok_and(|h| h.tracker.live())
+}
+
+/// One pass of the termination lifecycle hooks ([`events::hook::pass`]) after the drain's
+/// step: heartbeats while the node drains with jobs, `CONTINUE` once the drain ended or
+/// `events.lifecycle_max_wait` passed. Nothing before `Terminated` was seen; a pass in
+/// progress is not waited for.
+async fn hooks_pass(ctx: &Ctx) {
+    let at = ctx.terminated_at.load(std::sync::atomic::Ordering::Relaxed);
+    if at == 0 || !ctx.s.events.lifecycle {
+        return;
+    }
+    let Ok(mut hooks) = ctx.hooks.try_lock() else {
+        return;
+    };
+    let hooks = &mut *hooks;
+    hooks.tracker.terminated(at);
+    if !hooks.tracker.live() {
+        return;
+    }
+    let view = match ctx.engine.load() {
+        Ok(st) => match st.phase {
+            Phase::Active => events::hook::DrainView::Active,
+            Phase::Draining => events::hook::DrainView::Draining,
+            Phase::Drained | Phase::Acting | Phase::Done => events::hook::DrainView::Ended,
+        },
+        Err(e) => {
+            tracing::warn!("lifecycle hooks: the drain state: {e}");
+            return;
+        }
+    };
+    let client = match &hooks.client {
+        Some(c) => c.clone(),
+        None => {
+            let c = events::hook::client(&aws_region(&ctx.id)).await;
+            hooks.client = Some(c.clone());
+            c
+        }
+    };
+    events::hook::pass(
+        &mut hooks.tracker,
+        &client,
+        &ctx.id.instance_id,
+        view,
+        crate::time::now(),
+    )
+    .await;
+}
+
+/// The region of the AWS clients: `AWS_REGION` when set, else the instance's.
+fn aws_region(id: &InstanceIdentity) -> String {
+    std::env::var("AWS_REGION")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| id.region.clone())
 }
 
 fn lock_outage(ctx: &Ctx) -> std::sync::MutexGuard<'_, Outage> {

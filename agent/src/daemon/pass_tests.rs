@@ -49,12 +49,14 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
             ..InstanceIdentity::default()
         },
         node: NODE.into(),
-        s,
         outage: std::sync::Mutex::new(Outage::default()),
         health_looked: std::sync::atomic::AtomicBool::new(false),
         repair_record: std::sync::Mutex::new(None),
         repair_looked: std::sync::atomic::AtomicBool::new(false),
         repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
+        terminated_at: std::sync::atomic::AtomicI64::new(0),
+        hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
+        s,
     };
     (dir, Arc::new(ctx))
 }
@@ -960,4 +962,267 @@ async fn a_corrupt_repair_record_during_a_repair_still_gives_the_slot_back() {
                 .starts_with("repair.json.corrupt")
         });
     assert!(aside, "the corrupt record was not set aside");
+}
+
+/// Auto Scaling for the hooks' passes: moto (groups, instances, `DescribeLifecycleHooks`)
+/// behind the project's emulator of the two calls moto lacks (`RecordLifecycleActionHeartbeat`,
+/// `CompleteLifecycleAction`), one group with this instance and a termination hook.
+struct Asg {
+    _moto: slurm_e2e::moto::Moto,
+    emu: imds_emulator::autoscaling::AutoScalingEmulator,
+    client: aws_sdk_autoscaling::Client,
+    instance: String,
+}
+
+const GROUP: &str = "compute-asg";
+const HOOK: &str = "slurm-drain";
+
+impl Asg {
+    /// moto seeded with a group of one instance and the hook `HOOK` (`timeout_s`), the
+    /// emulator in front; the instance is put in `Terminating:Wait` with `emulated_timeout`.
+    async fn start(timeout_s: u32, emulated_timeout: Duration) -> Asg {
+        let moto = slurm_e2e::moto::Moto::start().unwrap();
+        let emu = imds_emulator::autoscaling::AutoScalingEmulator::start(Some(
+            std::net::SocketAddr::from(([127, 0, 0, 1], moto.port())),
+        ))
+        .unwrap();
+        let client = |endpoint: String| async move {
+            let creds = aws_sdk_autoscaling::config::Credentials::new(
+                "testing", "testing", None, None, "test",
+            );
+            let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .region(aws_config::Region::new("us-east-1"))
+                .credentials_provider(creds)
+                .endpoint_url(endpoint)
+                .load()
+                .await;
+            aws_sdk_autoscaling::Client::new(&sdk)
+        };
+        let image = moto.register_image("asg").unwrap();
+        let instance = moto
+            .autoscaling_group_with_hook(GROUP, HOOK, timeout_s, &image)
+            .unwrap();
+        emu.begin(imds_emulator::autoscaling::LifecycleAction {
+            instance_id: instance.clone(),
+            group: GROUP.into(),
+            hook: HOOK.into(),
+            heartbeat_timeout: emulated_timeout,
+            default_result: "ABANDON".into(),
+        });
+        let client = client(emu.endpoint()).await;
+        Asg {
+            _moto: moto,
+            emu,
+            client,
+            instance,
+        }
+    }
+
+    fn outcome(&self) -> imds_emulator::autoscaling::ActionOutcome {
+        self.emu.outcome(&self.instance, HOOK).unwrap()
+    }
+}
+
+/// [`ctx`] as the instance `asg` holds, with `interval_s` between heartbeats and
+/// `max_wait_s` at most, its hooks reaching Auto Scaling through `asg`.
+fn hook_ctx(
+    imds: &FakeImds,
+    slurmctld: &FakeSlurmctld,
+    asg: &Asg,
+    interval_s: u64,
+    max_wait_s: u64,
+) -> (tempfile::TempDir, Arc<Ctx>) {
+    let (dir, ctx) = ctx(imds, slurmctld);
+    let mut s = ctx.s.clone();
+    s.events.lifecycle_heartbeat_interval =
+        crate::section::HumanDuration(Duration::from_secs(interval_s));
+    s.events.lifecycle_max_wait = crate::section::HumanDuration(Duration::from_secs(max_wait_s));
+    let mut hooks = Hooks::new(&s);
+    hooks.client = Some(asg.client.clone());
+    let mut inner = Arc::try_unwrap(ctx).ok().unwrap();
+    inner.id.instance_id = asg.instance.clone();
+    inner.engine.spot_jobs = s.events.spot_jobs();
+    inner.hooks = tokio::sync::Mutex::new(hooks);
+    inner.s = s;
+    (dir, Arc::new(inner))
+}
+
+/// The node with a job running (drained or not, as `drain` says).
+fn running_job(slurmctld: &FakeSlurmctld, drain: bool) {
+    let state = if drain { "MIXED+DRAIN" } else { "MIXED" };
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State={state} CPUAlloc=2 SlurmdStartTime=2026-12-06T00:00:00 Version=25.11.6 InstanceId={ME}"
+    ));
+}
+
+/// Why each tracked hook is over (`None`: live).
+async fn hook_ends(ctx: &Ctx) -> Vec<Option<String>> {
+    ctx.hooks
+        .lock()
+        .await
+        .tracker
+        .hooks()
+        .into_iter()
+        .map(|(_, end)| end)
+        .collect()
+}
+
+/// Waits past a whole second (the tracker counts Unix seconds).
+async fn next_second() {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_node_heartbeats_while_its_job_runs_and_continues_once_drained() {
+    let asg = Asg::start(60, Duration::from_secs(60)).await;
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 3600);
+    running_job(&slurmctld, false);
+    // Not terminating: no call to Auto Scaling.
+    pass(&ctx, Work::Notices).await;
+    pass(&ctx, Work::Progress).await;
+    assert!(asg.emu.calls().is_empty());
+
+    imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
+    pass(&ctx, Work::Notices).await;
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+    running_job(&slurmctld, true);
+    for _ in 0..2 {
+        next_second().await;
+        pass(&ctx, Work::Progress).await;
+    }
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+    assert!(
+        asg.emu.heartbeats(&asg.instance, HOOK) >= 2,
+        "{:?}",
+        asg.emu.calls()
+    );
+    assert_eq!(
+        asg.outcome(),
+        imds_emulator::autoscaling::ActionOutcome::Waiting
+    );
+
+    // The job ends: the node is drained, the action completed with CONTINUE, once.
+    slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE+DRAIN CPUAlloc=0 SlurmdStartTime=2026-12-06T00:00:00 Version=25.11.6 InstanceId={ME}"
+    ));
+    pass(&ctx, Work::Progress).await;
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Drained);
+    assert_eq!(
+        asg.outcome(),
+        imds_emulator::autoscaling::ActionOutcome::Completed("CONTINUE".into())
+    );
+    let ends = hook_ends(&ctx).await;
+    assert!(
+        ends[0]
+            .as_deref()
+            .is_some_and(|e| e.contains("completed with CONTINUE")),
+        "{ends:?}"
+    );
+    let calls = asg.emu.calls().len();
+    next_second().await;
+    pass(&ctx, Work::Progress).await;
+    assert_eq!(asg.emu.calls().len(), calls, "{:?}", asg.emu.calls());
+    assert!(!hooks_pending(&ctx));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_maximum_wait_ends_heartbeats_and_completes_with_the_job_still_running() {
+    let asg = Asg::start(60, Duration::from_secs(60)).await;
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 2);
+    // The spot job action, `signal` at the maximum (lead 0): through stand-ins of squeue
+    // (one job on the node) and scancel (its arguments kept).
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let signalled = dir.path().join("scancel.args");
+    for (name, text) in [
+        ("squeue", "#!/bin/sh\necho 4242\n".to_string()),
+        (
+            "scancel",
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", signalled.display()),
+        ),
+    ] {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(bin.join(name), text).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut engine = ctx.engine.clone();
+    engine.spot_jobs.action = crate::drain::SpotJobAction::Signal;
+    engine.spot_jobs.lead = Duration::ZERO;
+    let mut inner = Arc::try_unwrap(ctx).ok().unwrap();
+    inner.engine = engine;
+    let ctx = Arc::new(inner);
+    imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
+    pass(&ctx, Work::Notices).await;
+    running_job(&slurmctld, true);
+    pass(&ctx, Work::Progress).await;
+    // Before the maximum: no job action.
+    assert!(!ctx.engine.load().unwrap().job_action_done);
+    assert!(!signalled.exists());
+    for _ in 0..3 {
+        next_second().await;
+        pass(&ctx, Work::Progress).await;
+    }
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
+    // At the maximum the job was signalled, then the action completed.
+    assert!(ctx.engine.load().unwrap().job_action_done);
+    assert_eq!(
+        std::fs::read_to_string(&signalled).unwrap().trim(),
+        "--signal=TERM 4242"
+    );
+    assert_eq!(
+        asg.outcome(),
+        imds_emulator::autoscaling::ActionOutcome::Completed("CONTINUE".into())
+    );
+    let ends = hook_ends(&ctx).await;
+    assert!(
+        ends[0]
+            .as_deref()
+            .is_some_and(|e| e.contains("events.lifecycle_max_wait (2s) reached")),
+        "{ends:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_hook_or_a_denied_completion_is_a_warning_not_a_failure() {
+    // Auto Scaling already ended the action (its timeout passed): the heartbeat is
+    // refused, and the heartbeats stop saying why.
+    let asg = Asg::start(60, Duration::ZERO).await;
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 3600);
+    imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
+    pass(&ctx, Work::Notices).await;
+    running_job(&slurmctld, true);
+    next_second().await;
+    pass(&ctx, Work::Progress).await;
+    let ends = hook_ends(&ctx).await;
+    assert!(
+        ends[0].as_deref().is_some_and(|e| e.contains(&format!(
+            "No active Lifecycle Action found with instance ID {}",
+            asg.instance
+        ))),
+        "{ends:?}"
+    );
+
+    // No permission to complete: a warning naming the IAM action.
+    let asg = Asg::start(60, Duration::from_secs(60)).await;
+    asg.emu.deny(&asg.instance, "CompleteLifecycleAction", true);
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 3600);
+    imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
+    pass(&ctx, Work::Notices).await;
+    pass(&ctx, Work::Progress).await;
+    assert_eq!(ctx.engine.load().unwrap().phase, Phase::Drained);
+    let ends = hook_ends(&ctx).await;
+    assert!(
+        ends[0]
+            .as_deref()
+            .is_some_and(|e| e.contains("autoscaling:CompleteLifecycleAction")),
+        "{ends:?}"
+    );
+    assert_eq!(
+        asg.outcome(),
+        imds_emulator::autoscaling::ActionOutcome::Waiting
+    );
 }

@@ -63,6 +63,10 @@ pub struct SpotJobs {
     pub signal: String,
     /// How long before the interruption time the action is taken.
     pub lead: Duration,
+    /// A lifecycle drain's (Auto Scaling termination) interruption time: this long after
+    /// the drain began (`events.lifecycle_max_wait`, when the lifecycle action is
+    /// completed whatever runs).
+    pub lifecycle_max_wait: Duration,
 }
 
 /// `[drain]`: the drain machine itself.
@@ -338,20 +342,27 @@ impl Engine {
             self.save(&st)?;
             return Ok(st.phase);
         }
-        // A spot notice's interruption, a Capacity Block's reclaim: the job action
+        // A spot notice's interruption, a Capacity Block's reclaim, the lifecycle action's
+        // completion at `events.lifecycle_max_wait`: the job action
         // (`events.spot_job_action`) `spot_job_action_lead` before it.
-        if let Some((deadline, kind)) = st
-            .cause
-            .as_ref()
-            .and_then(|c| Some((c.job_action_deadline()?, c.cause_kind())))
-        {
+        let deadline = match &st.cause {
+            Some(Cause::Lifecycle { .. }) => Some(st.started.unwrap_or(st.since).saturating_add(
+                i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs()).unwrap_or(i64::MAX),
+            )),
+            Some(c) => c.job_action_deadline(),
+            None => None,
+        };
+        if let Some(deadline) = deadline {
             let lead = i64::try_from(self.spot_jobs.lead.as_secs()).unwrap_or(0);
             if !st.job_action_done
                 && self.spot_jobs.action != SpotJobAction::None
                 && deadline - lead <= now
             {
-                let before = match kind {
-                    CauseKind::CapacityBlock => "the capacity block's reclaim",
+                let before = match st.cause.as_ref().map(Cause::cause_kind) {
+                    Some(CauseKind::CapacityBlock) => "the capacity block's reclaim",
+                    Some(CauseKind::Lifecycle) => {
+                        "the events.lifecycle_max_wait (the lifecycle action is completed then)"
+                    }
                     _ => "the spot interruption",
                 };
                 let jobs = self.ops.jobs_on(&self.node).await?;

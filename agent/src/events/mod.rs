@@ -16,7 +16,8 @@
 //!   `instance-stop`, `instance-retirement`) once slurmd has registered again.
 //! - `autoscaling/target-lifecycle-state` (every `events.interval`, 30 s): `Terminated`
 //!   drains (a termination lifecycle hook holds the instance for its heartbeat timeout,
-//!   an hour by default).
+//!   an hour by default); [`hook`] keeps the hook's lifecycle action alive with heartbeats
+//!   while jobs run and completes it with `CONTINUE` when the drain ends.
 //!
 //! Each notice is polled as often as its deadline needs and no more (a node's daemon is
 //! operating-system noise for the jobs on it): 64 metadata requests a minute with the
@@ -28,6 +29,7 @@
 //! Floor 7 (subsystems): above `drain`, to which it hands its decisions; the `[events]`
 //! settings section ([`EventsSettings`]) is this module's.
 
+pub mod hook;
 pub mod notice;
 
 use serde::{Deserialize, Serialize};
@@ -83,14 +85,32 @@ pub struct EventsSettings {
     pub maintenance_lead: HumanDuration,
     /// Maintenance event codes that do not drain (e.g. `system-maintenance`).
     pub maintenance_ignore_codes: Vec<String>,
-    /// Drain on `autoscaling/target-lifecycle-state` = `Terminated`.
+    /// Drain on `autoscaling/target-lifecycle-state` = `Terminated`, and complete the
+    /// termination lifecycle hooks' action when the drain ends ([`hook`]).
     pub lifecycle: bool,
-    /// `none`, `signal` or `requeue` the jobs still running near a spot interruption.
+    /// `RecordLifecycleActionHeartbeat` this often while jobs run on a node in
+    /// `Terminating:Wait` (default 5m). Must be below the hook's `HeartbeatTimeout` (30 s
+    /// to 2 h, default 1 h): one at or above it is warned about and half the timeout used;
+    /// 2h or more is refused (no hook's timeout is longer).
+    pub lifecycle_heartbeat_interval: HumanDuration,
+    /// The longest the agent holds a terminating instance for its jobs, from the moment
+    /// the lifecycle state turned `Terminated` (default 1h, Auto Scaling's default hook
+    /// timeout: as long as an instance without the agent waits, but ended as soon as no
+    /// job is left). At this time heartbeats stop and the action is completed with
+    /// `CONTINUE` whatever runs (`spot_job_action` taken `spot_job_action_lead` before).
+    /// At most 48h (Auto Scaling's limit; also at most 100 x the hook's timeout).
+    pub lifecycle_max_wait: HumanDuration,
+    /// Names of the termination hooks the agent heartbeats and completes. Empty (default):
+    /// every `autoscaling:EC2_INSTANCE_TERMINATING` hook of the instance's group.
+    pub lifecycle_hooks: Vec<String>,
+    /// `none`, `signal` or `requeue` the jobs still running near a spot interruption, and
+    /// near `lifecycle_max_wait` on a node Auto Scaling terminates.
     pub spot_job_action: SpotJobAction,
     /// Signal for `spot_job_action = "signal"`: a name (`TERM`, `USR1`, ...) or number.
     pub spot_job_signal: String,
     /// Take the job action this long before the interruption time (at once when less is
-    /// left); for a Capacity Block, before EC2 begins terminating its instances.
+    /// left); for a Capacity Block, before EC2 begins terminating its instances; for a
+    /// lifecycle drain, before `lifecycle_max_wait` has passed.
     pub spot_job_action_lead: HumanDuration,
     /// Look up the Capacity Block for ML the instance runs in (EC2 `DescribeInstances`, then
     /// `DescribeCapacityReservations`; the instance profile needs `ec2:DescribeInstances`
@@ -121,6 +141,9 @@ impl Default for EventsSettings {
             maintenance_lead: HumanDuration(Duration::from_secs(24 * 3600)),
             maintenance_ignore_codes: Vec::new(),
             lifecycle: true,
+            lifecycle_heartbeat_interval: HumanDuration(Duration::from_secs(300)),
+            lifecycle_max_wait: HumanDuration(Duration::from_secs(3600)),
+            lifecycle_hooks: Vec::new(),
             spot_job_action: SpotJobAction::None,
             spot_job_signal: "TERM".into(),
             spot_job_action_lead: HumanDuration(Duration::from_secs(30)),
@@ -146,6 +169,9 @@ impl crate::section::Classified for EventsSettings {
             K::user_data("maintenance_lead"),
             K::user_data("maintenance_ignore_codes"),
             K::user_data("lifecycle"),
+            K::user_data("lifecycle_heartbeat_interval"),
+            K::user_data("lifecycle_max_wait"),
+            K::user_data("lifecycle_hooks"),
             K::user_data("spot_job_action"),
             K::user_data("spot_job_signal"),
             K::user_data("spot_job_action_lead"),
@@ -163,12 +189,23 @@ const SIGNALS: [&str; 12] = [
 
 impl EventsSettings {
     /// What a spot drain does with the jobs still running (`spot_job_action`,
-    /// `spot_job_signal`, `spot_job_action_lead`), for the drain engine.
+    /// `spot_job_signal`, `spot_job_action_lead`), for the drain engine; also a lifecycle
+    /// drain, before `lifecycle_max_wait`.
     pub fn spot_jobs(&self) -> SpotJobs {
         SpotJobs {
             action: self.spot_job_action,
             signal: self.spot_job_signal.clone(),
             lead: self.spot_job_action_lead.0,
+            lifecycle_max_wait: self.lifecycle_max_wait.0,
+        }
+    }
+
+    /// What the termination hooks follow (`lifecycle_heartbeat_interval`,
+    /// `lifecycle_max_wait`).
+    pub fn hook_policy(&self) -> hook::HookPolicy {
+        hook::HookPolicy {
+            interval: self.lifecycle_heartbeat_interval.0,
+            max_wait: self.lifecycle_max_wait.0,
         }
     }
 
@@ -192,6 +229,32 @@ impl EventsSettings {
         }
         if self.capacity_block_interval.0.is_zero() {
             return e("capacity_block_interval", "must be more than 0");
+        }
+        let beat = self.lifecycle_heartbeat_interval;
+        if beat.0.is_zero() {
+            return e("lifecycle_heartbeat_interval", "must be more than 0");
+        }
+        if beat.0 >= hook::MAX_HEARTBEAT_TIMEOUT {
+            return e(
+                "lifecycle_heartbeat_interval",
+                &format!(
+                    "{beat} is at or above 2h, the longest HeartbeatTimeout a lifecycle hook \
+                     can have: every heartbeat would come after the hook expired"
+                ),
+            );
+        }
+        let wait = self.lifecycle_max_wait;
+        if wait.0.is_zero() {
+            return e("lifecycle_max_wait", "must be more than 0");
+        }
+        if wait.0 > hook::MAX_GLOBAL_TIMEOUT {
+            return e(
+                "lifecycle_max_wait",
+                &format!(
+                    "{wait} is beyond 48h, the longest Auto Scaling keeps an instance in \
+                     Terminating:Wait whatever the heartbeats"
+                ),
+            );
         }
         let sig = self.spot_job_signal.trim_start_matches("SIG");
         let numeric = sig.parse::<u8>().is_ok_and(|n| (1..=64).contains(&n));
@@ -821,6 +884,21 @@ mod tests {
             ..Default::default()
         };
         assert!(decide(&EventsSettings::default(), &inservice, None, 10).is_empty());
+    }
+
+    #[test]
+    fn heartbeat_interval_and_max_wait_are_bounded_naming_key_and_value() {
+        let mut s = EventsSettings::default();
+        assert!(s.validate().is_ok());
+        s.lifecycle_heartbeat_interval = HumanDuration(std::time::Duration::from_secs(7200));
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.key, "events.lifecycle_heartbeat_interval");
+        assert!(err.message.contains("2h"), "{}", err.message);
+        s.lifecycle_heartbeat_interval = HumanDuration(std::time::Duration::from_secs(60));
+        s.lifecycle_max_wait = HumanDuration(std::time::Duration::from_secs(49 * 3600));
+        let err = s.validate().unwrap_err();
+        assert_eq!(err.key, "events.lifecycle_max_wait");
+        assert!(err.message.contains("2days 1h"), "{}", err.message);
     }
 
     #[test]
