@@ -17,6 +17,7 @@
 //! the one pipeline, `settings::pipeline`, not through bootstrap).
 
 pub mod notify;
+mod orphan;
 mod repair;
 pub mod schedule;
 
@@ -200,6 +201,8 @@ struct Ctx {
     /// Whether a repair pass has released a previous instance's repair slot under this
     /// NodeName since the daemon started (`repair.mode = "on"`).
     repair_predecessors_looked: std::sync::atomic::AtomicBool,
+    /// The orphan watch (`[orphan]`), when it is on for this node.
+    orphan: Option<std::sync::Mutex<orphan::OrphanWatch>>,
 }
 
 /// What `STATUS=` last said, and the phase it was for.
@@ -378,6 +381,19 @@ async fn start_context(
     // The EFA check's last counter reading is kept in the agent's state folder.
     health_env.host.state_dir = s.agent.state_dir.clone();
     repair::warn_unknown_repair_checks(&s, &node);
+    let orphan = s.orphan.enabled(s.node.dynamic).then(|| {
+        std::sync::Mutex::new(orphan::OrphanWatch::new(
+            &s.orphan,
+            std::time::Instant::now(),
+        ))
+    });
+    if orphan.is_none() {
+        tracing::info!(
+            mode = s.orphan.mode.as_str(),
+            dynamic = s.node.dynamic,
+            "orphan watch off (orphan.mode; auto is on for dynamic nodes only)"
+        );
+    }
     let ctx = Arc::new(Ctx {
         budget: Budget::new(),
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
@@ -399,6 +415,7 @@ async fn start_context(
         repair_record: std::sync::Mutex::new(None),
         repair_looked: std::sync::atomic::AtomicBool::new(false),
         repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
+        orphan,
     });
     Ok((ctx, shown))
 }
@@ -538,6 +555,7 @@ async fn main_loop(
                 Job::Maintenance => Work::Maintenance,
                 Job::Health => Work::Health,
                 Job::Mounts => Work::Mounts,
+                Job::Orphan => Work::Orphan,
                 Job::Upgrade => {
                     // The first check waits for the interval of the bound read now (once
                     // on this thread; later ones are read by the check).
@@ -870,6 +888,10 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             mounts_pass(&ctx).await;
             Ok(())
         }
+        Work::Orphan => {
+            orphan::orphan_pass(&ctx).await;
+            Ok(())
+        }
         Work::Progress => {
             if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
                 Ok(())
@@ -931,6 +953,7 @@ enum Work {
     Progress,
     Mounts,
     Health,
+    Orphan,
 }
 
 impl Work {
@@ -1002,7 +1025,7 @@ impl Drop for WorkRuntime {
 /// The daemon's periodic jobs ([`schedule`]): the notices when `events.enabled`, the drain
 /// state, the health pass, the mounts, the watchdog when systemd asked for one, and the
 /// desired image (`upgrade`: its interval, [`schedule::UpgradePoll`]) when
-/// `upgrade.parameter` is set. Every job is first due at `start`; the loop arms the
+/// `upgrade.parameter` is set, and the orphan watch when `[orphan]` is on for the node. Every job is first due at `start`; the loop arms the
 /// desired image's first check itself.
 fn daemon_schedule(
     s: &Settings,
@@ -1026,6 +1049,9 @@ fn daemon_schedule(
     }
     if let Some(every) = upgrade {
         jobs.push((Job::Upgrade, every));
+    }
+    if s.orphan.enabled(s.node.dynamic) {
+        jobs.push((Job::Orphan, s.orphan.interval()));
     }
     Schedule::new(start, &jobs)
 }
