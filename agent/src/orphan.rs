@@ -331,6 +331,11 @@ impl Watch {
         }
     }
 
+    /// Whether the record was seen since the daemon started (a deletion counts only then).
+    pub fn seen(&self) -> bool {
+        self.seen
+    }
+
     /// Whether the record, seen before, is missing now (its grace running).
     pub fn missing(&self) -> bool {
         self.missing_since.is_some()

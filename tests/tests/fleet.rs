@@ -2052,18 +2052,24 @@ fn orphans_power_off_past_the_window_or_for_a_deleted_record_and_never_for_a_con
         .map(str::to_string)
         .unwrap_or_default();
     assert!(timeout.contains("= 5 sec"), "{timeout}");
-    // Every node's watch is armed: it read SlurmctldTimeout and took the window.
+    // Every node's watch is armed (it read SlurmctldTimeout and took the window) and has
+    // seen its record (a deletion counts only after that: "not found" before it is a node
+    // that has not registered yet).
     slurm_e2e::wait_until(
-        "every node's orphan watch to be armed",
+        "every node's orphan watch to be armed and to have seen its record",
         Duration::from_secs(120),
         Duration::from_secs(1),
         || {
             Ok(names
                 .iter()
                 .all(|n| {
-                    orphan_lines(&fleet, n)
+                    let lines = orphan_lines(&fleet, n);
+                    lines
                         .iter()
                         .any(|l| l.contains("ORPHAN: watching") && l.contains("5s"))
+                        && lines
+                            .iter()
+                            .any(|l| l.contains(&format!("ORPHAN: slurmctld knows {n}")))
                 })
                 .then_some(()))
         },

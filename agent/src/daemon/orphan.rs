@@ -122,7 +122,15 @@ pub(super) async fn orphan_pass(ctx: &Ctx) {
             }
             (None, false) => {}
         }
+        let was_seen = w.watch.seen();
         let verdict = w.watch.observe(look, now, crate::time::now());
+        if !was_seen && w.watch.seen() {
+            tracing::info!(
+                node = %ctx.node,
+                "ORPHAN: slurmctld knows {}: a deletion of its record counts from now",
+                ctx.node
+            );
+        }
         match (look, w.missing) {
             (Look::NotFound, false) if verdict.is_none() && w.watch.missing() => {
                 w.missing = true;
