@@ -687,3 +687,40 @@ fn repairs_are_never_turned_on_by_a_tag_and_bad_values_name_their_key() {
         assert!(e.contains("user data") && named, "{text}: {e}");
     }
 }
+
+#[test]
+fn an_orphan_window_not_longer_than_the_join_deadline_is_refused_naming_both() {
+    let text = "[orphan]\nafter = \"5m\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/etc/x.toml, line 2: key `orphan.after`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("orphan.after = 5m") && e.contains("slurm.join_deadline = 10m"),
+        "{e}"
+    );
+    // A node defined in slurm.conf has the watch off by default: not checked.
+    let text = "[orphan]\nafter = \"5m\"\n\n[node]\ndynamic = false\n";
+    Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap();
+    // Longer than the join deadline: accepted.
+    let text = "[orphan]\nafter = \"15m\"\n\n[slurm]\njoin_deadline = \"14m\"\n";
+    Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap();
+}
+
+#[test]
+fn a_join_deadline_as_long_as_the_default_orphan_window_is_refused_naming_both() {
+    let text = "[slurm]\njoin_deadline = \"30m\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key `orphan.after`"), "{e}");
+    assert!(
+        e.contains("orphan.after = 30m") && e.contains("slurm.join_deadline = 30m"),
+        "{e}"
+    );
+}
