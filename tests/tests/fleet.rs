@@ -2076,6 +2076,19 @@ fn orphans_power_off_past_the_window_or_for_a_deleted_record_and_never_for_a_con
     )
     .unwrap();
 
+    // The controller's SlurmctldTimeout is kept for a daemon started during an outage.
+    for n in &names {
+        let out = fleet
+            .exec(
+                n,
+                "cat",
+                &["/var/lib/slurm-node-agent/orphan-slurmctld-timeout.json"],
+            )
+            .unwrap();
+        let kept = String::from_utf8_lossy(&out.stdout);
+        assert!(kept.contains("\"slurmctld_timeout_secs\":5"), "{n}: {kept}");
+    }
+
     // 1. A record deleted: that node alone powers off.
     fleet
         .ctld

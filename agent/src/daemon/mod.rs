@@ -385,6 +385,7 @@ async fn start_context(
         std::sync::Mutex::new(orphan::OrphanWatch::new(
             &s.orphan,
             std::time::Instant::now(),
+            &s.agent.state_dir,
         ))
     });
     if orphan.is_none() {

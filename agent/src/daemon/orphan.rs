@@ -6,7 +6,8 @@
 //! ([`crate::upgrade::action`], `poweroff` with no record to relabel: slurmctld is gone, or
 //! has no record of the node, so no reason can be written), the journal saying why.
 
-use std::time::Instant;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::Ctx;
 use crate::orphan::{Look, Watch};
@@ -29,11 +30,64 @@ pub(super) struct OrphanWatch {
     pub(super) tried: Option<crate::orphan::Orphaned>,
 }
 
+/// The file that keeps the controller's `SlurmctldTimeout` as last read, in
+/// `agent.state_dir`: a daemon started while slurmctld does not answer (a node rebooted
+/// after its cluster was deleted) arms its unreachable watch from it. Only the timeout is
+/// kept, never a time: the window still counts from the daemon's start.
+pub(super) const TIMEOUT_FILE: &str = "orphan-slurmctld-timeout.json";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Kept {
+    /// `SlurmctldTimeout`, seconds.
+    slurmctld_timeout_secs: u64,
+}
+
+fn read_kept(state_dir: &Path) -> Option<Duration> {
+    let text = std::fs::read(state_dir.join(TIMEOUT_FILE)).ok()?;
+    let k: Kept = serde_json::from_slice(&text).ok()?;
+    Some(Duration::from_secs(k.slurmctld_timeout_secs))
+}
+
+fn keep(state_dir: &Path, t: Duration) {
+    let kept = Kept {
+        slurmctld_timeout_secs: t.as_secs(),
+    };
+    let Ok(json) = serde_json::to_vec(&kept) else {
+        return;
+    };
+    if read_kept(state_dir) == Some(t) {
+        return;
+    }
+    if let Err(e) = crate::fsutil::write_atomic(&state_dir.join(TIMEOUT_FILE), &json, 0o644, None) {
+        tracing::warn!("ORPHAN: keeping SlurmctldTimeout: {e}");
+    }
+}
+
 impl OrphanWatch {
-    /// The watch of a daemon started at `start`.
-    pub(super) fn new(s: &crate::orphan::OrphanSettings, start: Instant) -> OrphanWatch {
+    /// The watch of a daemon started at `start`; the unreachable watch armed from the
+    /// `SlurmctldTimeout` kept in `state_dir` ([`TIMEOUT_FILE`]) when there is one (the
+    /// controller's own answer counts again at its first answer).
+    pub(super) fn new(
+        s: &crate::orphan::OrphanSettings,
+        start: Instant,
+        state_dir: &Path,
+    ) -> OrphanWatch {
+        let mut watch = Watch::new(s, start);
+        if let Some(t) = read_kept(state_dir) {
+            match s.check_window(t) {
+                Ok(()) => {
+                    tracing::info!(
+                        "ORPHAN: watching from the start: SlurmctldTimeout {} as last read \
+                         ({TIMEOUT_FILE}), read again at slurmctld's first answer",
+                        crate::section::HumanDuration(t)
+                    );
+                    watch.arm_unreachable(true);
+                }
+                Err(e) => tracing::error!("ORPHAN: {e} (as last read, {TIMEOUT_FILE})"),
+            }
+        }
         OrphanWatch {
-            watch: Watch::new(s, start),
+            watch,
             window_checked: false,
             powering_off: false,
             unanswered: false,
@@ -65,6 +119,7 @@ pub(super) async fn orphan_pass(ctx: &Ctx) {
         let scontrol = crate::slurm::Scontrol::configured(&s.slurm);
         match crate::slurm::ctld_config::slurmctld_timeout(&scontrol).await {
             Ok(t) => {
+                keep(&s.agent.state_dir, t);
                 let armed = match s.orphan.check_window(t) {
                     Ok(()) => {
                         tracing::info!(
@@ -115,7 +170,7 @@ pub(super) async fn orphan_pass(ctx: &Ctx) {
                 w.unanswered = false;
                 tracing::info!(
                     "ORPHAN: slurmctld answers again after {} without an answer: nothing changes",
-                    crate::section::HumanDuration(std::time::Duration::from_secs(
+                    crate::section::HumanDuration(Duration::from_secs(
                         w.watch.unanswered(now).as_secs()
                     ))
                 );

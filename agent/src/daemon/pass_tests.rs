@@ -806,7 +806,7 @@ fn orphan_ctx(
     s.orphan.mode = crate::orphan::OrphanMode::On;
     s.orphan.record_deleted_grace = crate::section::HumanDuration(grace);
     s.systemd.bus = format!("unix:path={}", dir.path().join("no-bus").display());
-    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now());
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
     let ctx = Arc::new(Ctx {
         s,
         orphan: Some(std::sync::Mutex::new(watch)),
@@ -865,7 +865,7 @@ async fn an_unreachable_controller_whose_slurmctld_timeout_is_unknown_powers_not
     let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_millis(1));
     let mut s = ctx.s.clone();
     s.orphan.after = crate::section::HumanDuration(Duration::from_millis(1));
-    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now());
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
     let ctx = Arc::new(Ctx {
         s,
         orphan: Some(std::sync::Mutex::new(watch)),
@@ -878,4 +878,44 @@ async fn an_unreachable_controller_whose_slurmctld_timeout_is_unknown_powers_not
     orphan::orphan_pass(&ctx).await;
     orphan::orphan_pass(&ctx).await;
     assert_eq!(orphan_tried(&ctx), None);
+}
+
+/// A daemon started while slurmctld does not answer (a node rebooted after its cluster was
+/// deleted) arms its watch from the `SlurmctldTimeout` kept at an earlier answer, and
+/// powers off once the window has passed since its own start; a kept timeout not shorter
+/// than the window keeps it off.
+#[tokio::test]
+async fn a_daemon_started_during_an_outage_uses_the_kept_slurmctld_timeout() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    for (kept, fires) in [(0u64, true), (3600, false)] {
+        let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_secs(600));
+        let mut s = ctx.s.clone();
+        s.orphan.after = crate::section::HumanDuration(Duration::from_millis(50));
+        std::fs::write(
+            s.agent.state_dir.join(orphan::TIMEOUT_FILE),
+            format!("{{\"slurmctld_timeout_secs\": {kept}}}"),
+        )
+        .unwrap();
+        let watch =
+            orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+        let ctx = Arc::new(Ctx {
+            s,
+            orphan: Some(std::sync::Mutex::new(watch)),
+            ..Arc::try_unwrap(ctx).ok().unwrap()
+        });
+        slurmctld.set_unreachable(true);
+        orphan::orphan_pass(&ctx).await;
+        assert_eq!(orphan_tried(&ctx), None, "kept {kept}");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        orphan::orphan_pass(&ctx).await;
+        let tried = orphan_tried(&ctx);
+        assert_eq!(tried.is_some(), fires, "kept {kept}: {tried:?}");
+        if let Some(why) = tried {
+            assert!(
+                why.to_string().contains("since the daemon started"),
+                "{why}"
+            );
+        }
+        slurmctld.set_unreachable(false);
+    }
 }
