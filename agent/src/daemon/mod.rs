@@ -1171,6 +1171,26 @@ mod tests {
         assert!(!jobs.contains("desired image"), "{jobs}");
     }
 
+    #[test]
+    fn the_orphan_watch_is_scheduled_where_it_is_on_only() {
+        let mut s = Settings::default();
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(jobs.contains("orphan watch"), "{jobs}");
+        assert!(jobs.contains("every 1m"), "{jobs}");
+        s.node.dynamic = false;
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(!jobs.contains("orphan watch"), "{jobs}");
+        s.orphan.mode = crate::orphan::OrphanMode::On;
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(jobs.contains("orphan watch"), "{jobs}");
+    }
+
     /// Benchmark (issue 25 §2), run by `scripts/bench-upgrade-poll.sh`: every periodic AWS
     /// call of an idle node's daemon, and the fleet's desired-image checks against SSM
     /// Parameter Store's standard quota, from the daemon's own schedule ([`daemon_schedule`],
