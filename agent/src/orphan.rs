@@ -131,12 +131,18 @@ impl OrphanSettings {
             .clamp(Duration::from_secs(1), Duration::from_secs(60))
     }
 
-    /// Checks the windows: not zero, and, where the watch is on (`dynamic`:
-    /// `node.dynamic`), `after` longer than `join_deadline` (`slurm.join_deadline`).
+    /// Checks the windows: not zero, and, where the watch is on (`compute`: a Slurm node,
+    /// not a login node, which has no watch; `dynamic`: `node.dynamic`), `after` longer
+    /// than `join_deadline` (`slurm.join_deadline`).
     ///
     /// # Errors
     /// [`InvalidKey`]: the dotted key and what is wrong, naming both keys and values.
-    pub fn validate(&self, join_deadline: HumanDuration, dynamic: bool) -> Result<(), InvalidKey> {
+    pub fn validate(
+        &self,
+        join_deadline: HumanDuration,
+        dynamic: bool,
+        compute: bool,
+    ) -> Result<(), InvalidKey> {
         if self.after.is_zero() {
             return Err(InvalidKey::new("orphan.after", "must be more than 0"));
         }
@@ -146,7 +152,7 @@ impl OrphanSettings {
                 "must be more than 0",
             ));
         }
-        if self.enabled(dynamic) && self.after.0 <= join_deadline.0 {
+        if compute && self.enabled(dynamic) && self.after.0 <= join_deadline.0 {
             return Err(InvalidKey::new(
                 "orphan.after",
                 format!(
@@ -382,7 +388,7 @@ mod tests {
     fn the_default_window_is_longer_than_the_default_join_deadline() {
         let s = OrphanSettings::default();
         let join = crate::section::HumanDuration(d(600));
-        s.validate(join, true).unwrap();
+        s.validate(join, true, true).unwrap();
         // Slurm's default SlurmctldTimeout is 120 s.
         s.check_window(d(120)).unwrap();
         assert_eq!(s.interval(), d(60));
@@ -391,29 +397,33 @@ mod tests {
     #[test]
     fn a_window_not_longer_than_the_join_deadline_is_refused_naming_both() {
         let s = settings(300, 60);
-        let e = s.validate(HumanDuration(d(600)), true).unwrap_err();
+        let e = s.validate(HumanDuration(d(600)), true, true).unwrap_err();
         let m = e.to_string();
         assert!(m.contains("orphan.after"), "{m}");
         assert!(m.contains("5m"), "{m}");
         assert!(m.contains("slurm.join_deadline = 10m"), "{m}");
         // Equal is not longer.
         assert!(settings(600, 60)
-            .validate(HumanDuration(d(600)), true)
+            .validate(HumanDuration(d(600)), true, true)
             .is_err());
+        // A login node has no watch: not checked.
+        settings(300, 60)
+            .validate(HumanDuration(d(600)), true, false)
+            .unwrap();
         // Off: not checked.
         let off = OrphanSettings {
             mode: OrphanMode::Auto,
             ..s
         };
-        off.validate(HumanDuration(d(600)), false).unwrap();
+        off.validate(HumanDuration(d(600)), false, true).unwrap();
         // Zero windows are refused whatever the mode.
         let m = settings(0, 60)
-            .validate(HumanDuration(d(1)), false)
+            .validate(HumanDuration(d(1)), false, true)
             .unwrap_err()
             .to_string();
         assert!(m.contains("orphan.after"), "{m}");
         let m = settings(900, 0)
-            .validate(HumanDuration(d(1)), false)
+            .validate(HumanDuration(d(1)), false, true)
             .unwrap_err()
             .to_string();
         assert!(m.contains("orphan.record_deleted_grace"), "{m}");

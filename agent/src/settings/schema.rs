@@ -113,8 +113,11 @@ impl Settings {
         self.scratch.validate()?;
         self.repair.validate()?;
         self.start_gate.validate()?;
-        self.orphan
-            .validate(self.slurm.join_deadline, self.node.dynamic)?;
+        self.orphan.validate(
+            self.slurm.join_deadline,
+            self.node.dynamic,
+            self.node.role == crate::nodedef::Role::Compute,
+        )?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }
