@@ -2247,6 +2247,28 @@ impl Fleet {
             .map(|st| st.code().unwrap_or(-1)))
     }
 
+    /// The journal of `unit` on node `name`, every boot, as its disk keeps it
+    /// (`journalctl -D` on the node's upper layer, `/var/log/journal`), one message a line:
+    /// readable after the node powered off.
+    ///
+    /// # Errors
+    /// An unknown node; journalctl could not be run.
+    pub fn disk_journal(&self, name: &str, unit: &str) -> Result<String> {
+        let dir = {
+            let nodes = self.lock_nodes();
+            let n = nodes
+                .get(name)
+                .with_context(|| format!("no node {name} in the fleet"))?;
+            n.dir.join("upper/var/log/journal")
+        };
+        let mut c = Command::new("journalctl");
+        c.arg("-D")
+            .arg(&dir)
+            .args(["--no-pager", "-o", "cat", "-u", unit]);
+        let out = run_with_timeout(c, Duration::from_secs(60))?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// The AMI id node `name` was launched with (its IMDS `ami-id`).
     ///
     /// # Errors

@@ -2141,3 +2141,173 @@ fn terminating_nodes_heartbeat_their_lifecycle_hook_and_continue_when_drained_or
         )
         .unwrap();
 }
+
+/// Waits until node `name` has powered off (its container exited by itself), at most
+/// `timeout`; panics with the node's journal of the agent otherwise.
+fn wait_powered_off(fleet: &Fleet, name: &str, timeout: Duration) {
+    let r = slurm_e2e::wait_until(
+        &format!("{name} to power off"),
+        timeout,
+        Duration::from_millis(500),
+        || fleet.exited(name),
+    );
+    if let Err(e) = r {
+        let journal = fleet
+            .disk_journal(name, "slurm-node-agent.service")
+            .unwrap_or_default();
+        panic!("{e:#}\n{name}'s agent journal:\n{journal}");
+    }
+}
+
+/// The lines of node `name`'s agent journal that the orphan watch wrote (`ORPHAN:`).
+fn orphan_lines(fleet: &Fleet, name: &str) -> Vec<String> {
+    fleet
+        .disk_journal(name, "slurm-node-agent.service")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("ORPHAN:"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Issue 40 §1, orphans, on one fleet of three dynamic nodes (`orphan.mode = "auto"`, the
+/// default), with short windows that still pass the real checks: the controller's
+/// `SlurmctldTimeout=5`, `slurm.join_deadline = "45s"` (a drop-in of each node's disk) and
+/// `orphan.after = "50s"`, longer than both; `orphan.record_deleted_grace = "5s"`.
+/// 1. A record deleted (`scontrol delete NodeName=node003`): that node alone powers off,
+///    its journal saying the record was deleted and since when.
+/// 2. The controller stopped for less than the window and started again: nothing
+///    happens (no node powers off, no reason, slurmd never restarted), and the journal
+///    says that slurmctld answers again and nothing changes.
+/// 3. The controller stopped past the window: every node powers off, each journal saying
+///    how long slurmctld did not answer.
+#[test]
+fn orphans_power_off_past_the_window_or_for_a_deleted_record_and_never_for_a_controller_back_within_it(
+) {
+    let mut fleet = Fleet::builder()
+        .ctld_line("SlurmctldTimeout=5")
+        .agent_toml("[orphan]\nafter = \"50s\"\nrecord_deleted_grace = \"5s\"\n")
+        .start()
+        .unwrap();
+    let names: Vec<String> = (1..=3).map(|i| format!("node{i:03}")).collect();
+    for n in &names {
+        let mut l = fleet.new_launch(n);
+        l.image_toml = "[slurm]\njoin_deadline = \"45s\"\n".into();
+        fleet.launch(l).unwrap();
+    }
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let timeout = fleet
+        .ctld
+        .scontrol_ok(&["show", "config"])
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("SlurmctldTimeout"))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(timeout.contains("= 5 sec"), "{timeout}");
+    // Every node's watch is armed (it read SlurmctldTimeout and took the window) and has
+    // seen its record (a deletion counts only after that: "not found" before it is a node
+    // that has not registered yet).
+    slurm_e2e::wait_until(
+        "every node's orphan watch to be armed and to have seen its record",
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+        || {
+            Ok(names
+                .iter()
+                .all(|n| {
+                    let lines = orphan_lines(&fleet, n);
+                    lines
+                        .iter()
+                        .any(|l| l.contains("ORPHAN: watching") && l.contains("5s"))
+                        && lines
+                            .iter()
+                            .any(|l| l.contains(&format!("ORPHAN: slurmctld knows {n}")))
+                })
+                .then_some(()))
+        },
+    )
+    .unwrap();
+
+    // The controller's SlurmctldTimeout is kept for a daemon started during an outage.
+    for n in &names {
+        let out = fleet
+            .exec(
+                n,
+                "cat",
+                &["/var/lib/slurm-node-agent/orphan-slurmctld-timeout.json"],
+            )
+            .unwrap();
+        let kept = String::from_utf8_lossy(&out.stdout);
+        assert!(kept.contains("\"slurmctld_timeout_secs\":5"), "{n}: {kept}");
+    }
+
+    // 1. A record deleted: that node alone powers off.
+    fleet
+        .ctld
+        .scontrol_ok(&["delete", "nodename=node003"])
+        .unwrap();
+    wait_powered_off(&fleet, "node003", Duration::from_secs(180));
+    assert_eq!(fleet.exited("node003").unwrap(), Some(0));
+    let lines = orphan_lines(&fleet, "node003");
+    assert!(
+        lines.iter().any(|l| l.contains("powering off node003")
+            && l.contains("record was deleted from slurmctld: not found since 20")),
+        "{lines:#?}"
+    );
+    assert_eq!(fleet.ctld.node_state("node003").unwrap(), None);
+    let alive = &names[..2];
+    for n in alive {
+        assert_eq!(fleet.exited(n).unwrap(), None, "{n} powered off");
+    }
+
+    // 2. The controller away for less than the window: nothing happens.
+    fleet.ctld.stop().unwrap();
+    let stopped = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(25));
+    fleet.ctld.restart().unwrap();
+    // Past the window counted from the stop: a watch that kept counting would fire now.
+    let past = Duration::from_secs(70).saturating_sub(stopped.elapsed());
+    std::thread::sleep(past);
+    fleet.wait_all_idle(alive, BOOT_TIMEOUT).unwrap();
+    for n in alive {
+        assert_eq!(fleet.exited(n).unwrap(), None, "{n} powered off");
+        assert_eq!(fleet.boots(n).unwrap(), 1, "{n} was restarted");
+        assert_eq!(
+            fleet
+                .unit_property(n, "slurmd.service", "NRestarts")
+                .unwrap(),
+            "0",
+            "{n}: slurmd was restarted"
+        );
+        let r = reason(&fleet, n);
+        assert!(r.is_empty() || r == "(null)", "{n} has a reason: {r}");
+        let lines = orphan_lines(&fleet, n);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("slurmctld answers again") && l.contains("nothing changes")),
+            "{n}: {lines:#?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("powering off")),
+            "{n}: {lines:#?}"
+        );
+    }
+
+    // 3. The controller gone past the window: every node powers off, saying why.
+    fleet.ctld.stop().unwrap();
+    for n in alive {
+        wait_powered_off(&fleet, n, Duration::from_secs(300));
+        assert_eq!(fleet.exited(n).unwrap(), Some(0));
+        let lines = orphan_lines(&fleet, n);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&format!("powering off {n}"))
+                    && l.contains("slurmctld has not answered for")
+                    && l.contains("orphan.after = 50s")),
+            "{n}: {lines:#?}"
+        );
+    }
+}

@@ -199,7 +199,13 @@ fn an_admin_drain_survives_bootstrap_which_exits_0_and_names_it() {
         .systemctl_ok(&["stop", "slurmd.service"])
         .unwrap();
     let out = env
-        .bootstrap(&["--set", "slurm.join_deadline=30m"])
+        // (The orphan watch's window must be longer than the join deadline.)
+        .bootstrap(&[
+            "--set",
+            "slurm.join_deadline=30m",
+            "--set",
+            "orphan.after=1h",
+        ])
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let rep = report(&out).unwrap();

@@ -18,6 +18,7 @@
 
 mod capacity;
 pub mod notify;
+mod orphan;
 mod repair;
 pub mod schedule;
 
@@ -211,6 +212,8 @@ struct Ctx {
     /// The termination lifecycle hooks ([`events::hook`]) and their Auto Scaling client
     /// (built at the first pass that needs it).
     hooks: tokio::sync::Mutex<Hooks>,
+    /// The orphan watch (`[orphan]`), when it is on for this node.
+    orphan: Option<std::sync::Mutex<orphan::OrphanWatch>>,
 }
 
 /// The termination lifecycle hooks' tracker and client.
@@ -411,6 +414,34 @@ async fn start_context(
     // The EFA check's last counter reading is kept in the agent's state folder.
     health_env.host.state_dir = s.agent.state_dir.clone();
     repair::warn_unknown_repair_checks(&s, &node);
+    if s.orphan
+        .yields_to_join_deadline(s.node.dynamic, s.slurm.join_deadline)
+    {
+        tracing::warn!(
+            "orphan watch off: orphan.after = {} (its default) is not longer than slurm.join_deadline = {}, \
+             and a node still joining would power off; set orphan.after longer than both it and the \
+             controller's SlurmctldTimeout to power off orphaned nodes, or orphan.mode = \"off\" to say so",
+            s.orphan.after,
+            s.slurm.join_deadline
+        );
+    }
+    let orphan = s
+        .orphan
+        .active(s.node.dynamic, s.slurm.join_deadline)
+        .then(|| {
+            std::sync::Mutex::new(orphan::OrphanWatch::new(
+                &s.orphan,
+                std::time::Instant::now(),
+                &s.agent.state_dir,
+            ))
+        });
+    if orphan.is_none() {
+        tracing::info!(
+            mode = s.orphan.mode.as_str(),
+            dynamic = s.node.dynamic,
+            "orphan watch off (orphan.mode; auto is on for dynamic nodes only)"
+        );
+    }
     let ctx = Arc::new(Ctx {
         budget: Budget::new(),
         mount_env: crate::mounts::MountEnv::for_bus(&s.systemd.bus),
@@ -435,6 +466,7 @@ async fn start_context(
         repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
         terminated_at: std::sync::atomic::AtomicI64::new(0),
         hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
+        orphan,
         s,
     });
     if let (Some(Cause::Lifecycle { .. }), false) = (&st.cause, st.phase == Phase::Active) {
@@ -583,6 +615,7 @@ async fn main_loop(
                 Job::CapacityBlock => Work::CapacityBlock,
                 Job::Health => Work::Health,
                 Job::Mounts => Work::Mounts,
+                Job::Orphan => Work::Orphan,
                 Job::Upgrade => {
                     // The first check waits for the interval of the bound read now (once
                     // on this thread; later ones are read by the check).
@@ -935,6 +968,10 @@ async fn do_work(ctx: Arc<Ctx>, work: Work, work_rt: tokio::runtime::Handle) -> 
             mounts_pass(&ctx).await;
             Ok(())
         }
+        Work::Orphan => {
+            orphan::orphan_pass(&ctx).await;
+            Ok(())
+        }
         Work::Progress => {
             let r = if current.as_ref().is_some_and(|c| c.phase == Phase::Active) {
                 Ok(())
@@ -1061,6 +1098,7 @@ enum Work {
     Progress,
     Mounts,
     Health,
+    Orphan,
 }
 
 impl Work {
@@ -1132,7 +1170,7 @@ impl Drop for WorkRuntime {
 /// The daemon's periodic jobs ([`schedule`]): the notices when `events.enabled`, the drain
 /// state, the health pass, the mounts, the watchdog when systemd asked for one, and the
 /// desired image (`upgrade`: its interval, [`schedule::UpgradePoll`]) when
-/// `upgrade.parameter` is set. Every job is first due at `start`; the loop arms the
+/// `upgrade.parameter` is set, and the orphan watch when `[orphan]` is on for the node. Every job is first due at `start`; the loop arms the
 /// desired image's first check itself.
 fn daemon_schedule(
     s: &Settings,
@@ -1159,6 +1197,9 @@ fn daemon_schedule(
     }
     if let Some(every) = upgrade {
         jobs.push((Job::Upgrade, every));
+    }
+    if s.orphan.active(s.node.dynamic, s.slurm.join_deadline) {
+        jobs.push((Job::Orphan, s.orphan.interval()));
     }
     Schedule::new(start, &jobs)
 }
@@ -1275,6 +1316,26 @@ mod tests {
         assert!(!jobs.contains("spot"), "{jobs}");
         assert!(jobs.contains("systemd watchdog every 30s"), "{jobs}");
         assert!(!jobs.contains("desired image"), "{jobs}");
+    }
+
+    #[test]
+    fn the_orphan_watch_is_scheduled_where_it_is_on_only() {
+        let mut s = Settings::default();
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(jobs.contains("orphan watch"), "{jobs}");
+        assert!(jobs.contains("every 1m"), "{jobs}");
+        s.node.dynamic = false;
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(!jobs.contains("orphan watch"), "{jobs}");
+        s.orphan.mode = crate::orphan::OrphanMode::On;
+        let jobs = daemon_schedule(&s, None, None, Instant::now())
+            .describe()
+            .join("; ");
+        assert!(jobs.contains("orphan watch"), "{jobs}");
     }
 
     /// Benchmark (issue 25 §2), run by `scripts/bench-upgrade-poll.sh`: every periodic AWS

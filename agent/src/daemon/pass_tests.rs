@@ -56,6 +56,7 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         repair_predecessors_looked: std::sync::atomic::AtomicBool::new(false),
         terminated_at: std::sync::atomic::AtomicI64::new(0),
         hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
+        orphan: None,
         s,
     };
     (dir, Arc::new(ctx))
@@ -1225,4 +1226,131 @@ async fn an_expired_hook_or_a_denied_completion_is_a_warning_not_a_failure() {
         asg.outcome(),
         imds_emulator::autoscaling::ActionOutcome::Waiting
     );
+}
+
+/// [`ctx`] with the orphan watch on (`orphan.mode = "on"`), a grace of `grace` for a
+/// deleted record, and a system bus that is not there (no systemd in a unit test: the
+/// power-off is tried and fails, and is tried again at the next pass).
+fn orphan_ctx(
+    imds: &FakeImds,
+    slurmctld: &FakeSlurmctld,
+    grace: Duration,
+) -> (tempfile::TempDir, Arc<Ctx>) {
+    let (dir, ctx) = ctx(imds, slurmctld);
+    let mut s = ctx.s.clone();
+    s.orphan.mode = crate::orphan::OrphanMode::On;
+    s.orphan.record_deleted_grace = crate::section::HumanDuration(grace);
+    s.systemd.bus = format!("unix:path={}", dir.path().join("no-bus").display());
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+    let ctx = Arc::new(Ctx {
+        s,
+        orphan: Some(std::sync::Mutex::new(watch)),
+        ..Arc::try_unwrap(ctx).ok().unwrap()
+    });
+    (dir, ctx)
+}
+
+fn orphan_tried(ctx: &Ctx) -> Option<crate::orphan::Orphaned> {
+    ctx.orphan.as_ref().unwrap().lock().unwrap().tried.clone()
+}
+
+#[tokio::test]
+async fn a_record_deleted_past_its_grace_powers_the_node_off_and_one_back_within_it_does_not() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_millis(300));
+    orphan::orphan_pass(&ctx).await;
+    assert_eq!(orphan_tried(&ctx), None);
+    // Deleted, and created again within the grace: nothing.
+    crate::slurm::Slurmctld::delete_node(&slurmctld, NODE)
+        .await
+        .unwrap();
+    orphan::orphan_pass(&ctx).await;
+    slurmctld.set_record(&format!("NodeName={NODE} State=IDLE InstanceId={ME}"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    orphan::orphan_pass(&ctx).await;
+    assert_eq!(orphan_tried(&ctx), None);
+    // Deleted for good: past the grace the power-off is tried, saying why.
+    crate::slurm::Slurmctld::delete_node(&slurmctld, NODE)
+        .await
+        .unwrap();
+    orphan::orphan_pass(&ctx).await;
+    assert_eq!(orphan_tried(&ctx), None);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    orphan::orphan_pass(&ctx).await;
+    let why = orphan_tried(&ctx).expect("the power-off was not tried");
+    assert!(
+        matches!(why, crate::orphan::Orphaned::RecordDeleted { .. }),
+        "{why}"
+    );
+    assert!(why.to_string().contains("record was deleted"), "{why}");
+    // No reason could be written: no record; nothing else was asked of slurmctld.
+    assert!(
+        slurmctld
+            .calls()
+            .iter()
+            .all(|c| c.starts_with("show node") || c.starts_with("delete")),
+        "{:?}",
+        slurmctld.calls()
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_controller_whose_slurmctld_timeout_is_unknown_powers_nothing_off() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_millis(1));
+    let mut s = ctx.s.clone();
+    s.orphan.after = crate::section::HumanDuration(Duration::from_millis(1));
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+    let ctx = Arc::new(Ctx {
+        s,
+        orphan: Some(std::sync::Mutex::new(watch)),
+        ..Arc::try_unwrap(ctx).ok().unwrap()
+    });
+    // The node's scontrol is not there: SlurmctldTimeout cannot be read.
+    orphan::orphan_pass(&ctx).await;
+    slurmctld.set_unreachable(true);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    orphan::orphan_pass(&ctx).await;
+    orphan::orphan_pass(&ctx).await;
+    assert_eq!(orphan_tried(&ctx), None);
+}
+
+/// A daemon started while slurmctld does not answer (a node rebooted after its cluster was
+/// deleted) arms its watch from the `SlurmctldTimeout` kept at an earlier answer, and
+/// powers off once the window has passed since its own start; a kept timeout not shorter
+/// than the window keeps it off.
+#[tokio::test]
+async fn a_daemon_started_during_an_outage_uses_the_kept_slurmctld_timeout() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    for (kept, fires) in [(0u64, true), (3600, false)] {
+        let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_secs(600));
+        let mut s = ctx.s.clone();
+        s.orphan.after = crate::section::HumanDuration(Duration::from_millis(50));
+        std::fs::write(
+            s.agent.state_dir.join(orphan::TIMEOUT_FILE),
+            format!("{{\"slurmctld_timeout_secs\": {kept}}}"),
+        )
+        .unwrap();
+        let watch =
+            orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+        let ctx = Arc::new(Ctx {
+            s,
+            orphan: Some(std::sync::Mutex::new(watch)),
+            ..Arc::try_unwrap(ctx).ok().unwrap()
+        });
+        slurmctld.set_unreachable(true);
+        orphan::orphan_pass(&ctx).await;
+        assert_eq!(orphan_tried(&ctx), None, "kept {kept}");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        orphan::orphan_pass(&ctx).await;
+        let tried = orphan_tried(&ctx);
+        assert_eq!(tried.is_some(), fires, "kept {kept}: {tried:?}");
+        if let Some(why) = tried {
+            assert!(
+                why.to_string().contains("since the daemon started"),
+                "{why}"
+            );
+        }
+        slurmctld.set_unreachable(false);
+    }
 }

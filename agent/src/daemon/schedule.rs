@@ -142,6 +142,9 @@ pub enum Job {
     Watchdog,
     /// The desired image (`upgrade.interval`, or the budget's wait; set by the loop).
     Upgrade,
+    /// The orphan watch: this node's record in slurmctld (`[orphan]`, a tenth of its
+    /// shorter window, 1 s to 60 s).
+    Orphan,
 }
 
 impl Job {
@@ -159,7 +162,8 @@ impl Job {
             | Job::Progress
             | Job::Health
             | Job::Mounts
-            | Job::Watchdog => &[],
+            | Job::Watchdog
+            | Job::Orphan => &[],
         }
     }
 
@@ -175,6 +179,7 @@ impl Job {
             Job::Mounts => "mounts",
             Job::Watchdog => "systemd watchdog",
             Job::Upgrade => "desired image",
+            Job::Orphan => "orphan watch (slurmctld answers, this node's record)",
         }
     }
 }

@@ -194,6 +194,9 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("start_gate.nvidia_smi", r#""/usr/bin/nvidia-smi""#),
     ("start_gate.host_engine_unit", r#""nvidia-dcgm.service""#),
     ("start_gate.host_engine_wait", r#""1m""#),
+    ("orphan.mode", r#""on""#),
+    ("orphan.after", r#""45m""#),
+    ("orphan.record_deleted_grace", r#""15m""#),
     (
         "start_gate.commands",
         "[[start_gate.commands]]\nname = \"efa-loopback\"\nargv = [\"/opt/site/efa-loopback.sh\", \"--quick\"]\nbudget = \"2m\"\n",

@@ -44,6 +44,8 @@ pub struct Settings {
     pub repair: crate::repair::RepairSettings,
     /// `[start_gate]`: deep checks at every boot before the node takes a job.
     pub start_gate: crate::gate::StartGateSettings,
+    /// `[orphan]`: a node whose controller is gone, or whose record was deleted, powers off.
+    pub orphan: crate::orphan::OrphanSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -111,6 +113,11 @@ impl Settings {
         self.scratch.validate()?;
         self.repair.validate()?;
         self.start_gate.validate()?;
+        self.orphan.validate(
+            self.slurm.join_deadline,
+            self.node.dynamic,
+            self.node.role == crate::nodedef::Role::Compute,
+        )?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }

@@ -687,3 +687,56 @@ fn repairs_are_never_turned_on_by_a_tag_and_bad_values_name_their_key() {
         assert!(e.contains("user data") && named, "{text}: {e}");
     }
 }
+
+#[test]
+fn an_orphan_window_not_longer_than_the_join_deadline_is_refused_naming_both() {
+    let text = "[orphan]\nafter = \"5m\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("/etc/x.toml, line 2: key `orphan.after`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("orphan.after = 5m") && e.contains("slurm.join_deadline = 10m"),
+        "{e}"
+    );
+    // A node defined in slurm.conf has the watch off by default: not checked.
+    let text = "[orphan]\nafter = \"5m\"\n\n[node]\ndynamic = false\n";
+    Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap();
+    // Longer than the join deadline: accepted.
+    let text = "[orphan]\nafter = \"15m\"\n\n[slurm]\njoin_deadline = \"14m\"\n";
+    Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap();
+}
+
+/// A site that set nothing about orphans but lets its nodes join for 30 minutes or more
+/// (the default window's length) is not refused: the watch left at its defaults yields
+/// (off, the daemon says why). A window the site chose, or `mode = "on"`, is refused.
+#[test]
+fn a_join_deadline_as_long_as_the_default_orphan_window_turns_the_default_watch_off() {
+    let text = "[slurm]\njoin_deadline = \"30m\"\n";
+    let s = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap();
+    let s = &s.settings;
+    assert!(s
+        .orphan
+        .yields_to_join_deadline(true, s.slurm.join_deadline));
+    assert!(!s.orphan.active(true, s.slurm.join_deadline));
+    let text = "[slurm]\njoin_deadline = \"30m\"\n\n[orphan]\nmode = \"on\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key `orphan.after`"), "{e}");
+    assert!(
+        e.contains("orphan.after = 30m") && e.contains("slurm.join_deadline = 30m"),
+        "{e}"
+    );
+    let text = "[slurm]\njoin_deadline = \"30m\"\n\n[orphan]\nafter = \"20m\"\n";
+    let e = Resolved::merge(&[Layer::from_toml(Source::File("/etc/x.toml".into()), text).unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("orphan.after = 20m"), "{e}");
+}

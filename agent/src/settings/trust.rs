@@ -21,7 +21,7 @@ impl Source {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 16] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 17] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -42,6 +42,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 16] {
         s::<crate::scratch::ScratchSettings>(),
         s::<crate::repair::RepairSettings>(),
         s::<crate::gate::StartGateSettings>(),
+        s::<crate::orphan::OrphanSettings>(),
     ]
 }
 

@@ -156,6 +156,7 @@ pub(crate) mod fake {
     struct State {
         records: BTreeMap<String, NodeInfo>,
         calls: Vec<String>,
+        unreachable: bool,
     }
 
     impl FakeSlurmctld {
@@ -169,6 +170,12 @@ pub(crate) mod fake {
         pub(crate) fn set_record(&self, line: &str) {
             let node = NodeInfo::parse(line);
             self.state().records.insert(node.name().to_string(), node);
+        }
+
+        /// Makes every look fail as scontrol fails when slurmctld is down (`true`), or
+        /// answer again.
+        pub(crate) fn set_unreachable(&self, down: bool) {
+            self.state().unreachable = down;
         }
 
         /// The record of `name` now.
@@ -218,6 +225,15 @@ pub(crate) mod fake {
         async fn show_node(&self, name: &str) -> Result<Option<NodeInfo>, ScontrolError> {
             let mut st = self.state();
             st.calls.push(format!("show node -o {name}"));
+            if st.unreachable {
+                return Err(ScontrolError::Failed {
+                    program: "scontrol".into(),
+                    args: format!("show node -o {name}"),
+                    code: 1,
+                    stderr: "slurm_load_node error: Unable to contact slurm controller (connect failure)".into(),
+                    stdout: String::new(),
+                });
+            }
             Ok(st.records.get(name).cloned())
         }
 

@@ -8,6 +8,7 @@
 //! Floor 3 (outside systems): over the node definition and systemd.
 
 pub mod ctl;
+pub mod ctld_config;
 pub mod diagnose;
 pub mod healthcheck;
 pub mod installed;
