@@ -26,6 +26,7 @@
 #                      /var/cache/slurm-e2e/sources)
 #   SLURM_SOURCE_URL   the URL to download it from instead of the pinned one (a mirror;
 #                      the pinned sha256 still decides)
+#   SLURM_SOURCES_TOML the pins (default packer/sources.toml; the tests' own pins)
 #   SLURM_BUILD_CACHE  finished builds (default /var/cache/slurm-e2e/slurm-builds)
 #   SLURM_AUTH         munge (default) or slurm
 #
@@ -63,7 +64,7 @@ case ${1:-} in
 esac
 [ $# -eq 1 ] || fail 64 "usage: scripts/slurm-build.sh [--cache-only | --fetch-only] VERSION (e.g. 25.11 or 25.11.6; 22.05 for Debian 12's packages)"
 want=$1
-sources_toml=$repo/packer/sources.toml
+sources_toml=${SLURM_SOURCES_TOML:-$repo/packer/sources.toml}
 
 # Debian 12's own packages (installed by scripts/test-deps.sh): nothing to build.
 case $want in

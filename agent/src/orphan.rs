@@ -15,8 +15,9 @@
 //!   delete NodeName=...` by an administrator), after it knew it since the daemon started,
 //!   and for `orphan.record_deleted_grace` on end.
 //!
-//! Time is the monotonic clock and nothing is saved: a reboot or a restart of the daemon
-//! starts every window again, so that neither can power a node off at once.
+//! Time is the monotonic clock and no time is saved (only the controller's
+//! `SlurmctldTimeout`, in the state folder): a reboot or a restart of the daemon starts
+//! every window again, so that neither can power a node off at once.
 //!
 //! Floor 1 (outside systems' floor, though it is none): over `section` and `time`; below
 //! `settings` (its section) and the daemon (its pass, which powers off by the upgrade's way
@@ -70,7 +71,10 @@ pub struct OrphanSettings {
     /// Must be longer than the controller's `SlurmctldTimeout` (read from `scontrol show
     /// config` at the first answer; a backup controller takes over after it) and than
     /// `slurm.join_deadline`, so that a controller restarted, upgraded or failed over
-    /// within minutes powers nothing off; a shorter window is refused, naming both. Jobs
+    /// within minutes powers nothing off. A window not longer than the join deadline is
+    /// refused, naming both (the defaults, left alone, turn the watch off with a warning
+    /// instead); one not longer than `SlurmctldTimeout` keeps the unreachable-controller
+    /// watch off, with an error in the journal naming both. Jobs
     /// still running on the node are lost with it (slurmctld, gone, cannot requeue them):
     /// 30 minutes covers a controller upgrade with room to spare.
     pub after: HumanDuration,

@@ -214,7 +214,8 @@ fn lifecycle_terminated_and_unknown_states() {
         assert_eq!(
             events::decide(&EventsSettings::default(), &obs, None, 0),
             [Decision::Drain(Cause::Lifecycle {
-                state: "Terminated".into()
+                state: "Terminated".into(),
+                seen: 0,
             })]
         );
         emu.set_target_lifecycle_state("Exploded");

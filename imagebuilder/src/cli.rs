@@ -393,6 +393,7 @@ impl Cli {
         for f in recipe.nvidia_fabric() {
             text.push_str(&format!("NVIDIA fabric: {f}\n"));
         }
+        text.push_str(&format!("Node updates:  {}\n", recipe.node_updates()));
         text.push_str(&format!("Sources ({}):\n", recipe.sources_file.display()));
         for (name, pin) in recipe.downloads() {
             text.push_str(&format!(
@@ -412,6 +413,7 @@ impl Cli {
             "nvidia_fabric": recipe.nvidia_fabric(),
             "slurm_support": support.iter().map(|(r, u, e)| json!({"release": r, "until": u, "ended": e})).collect::<Vec<_>>(),
             "slurm_support_warning": support_warning,
+            "node_updates": recipe.node_updates(),
         });
         if args.target == Target::Amazon {
             // The build would stop here too: the same refusal, before anything else.

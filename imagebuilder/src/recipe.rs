@@ -487,6 +487,16 @@ impl Recipe {
         }
     }
 
+    /// What package updates do on a running node of the image (`10-base.sh`): nothing by
+    /// themselves; the image's next version replaces the node.
+    pub fn node_updates(&self) -> &'static str {
+        if self.family == "deb" {
+            "none by themselves: no unattended upgrades or list updates (apt.conf.d/90slurm-node), apt waits on the dpkg lock (600 s), needrestart never restarts slurmd, sackd, munge or the agent; a new image replaces the node"
+        } else {
+            "none by themselves: dnf-automatic's timers masked where installed; a new image replaces the node"
+        }
+    }
+
     /// Resolve a request against the pins and the OS catalog.
     pub fn resolve(
         req: &Request,

@@ -151,17 +151,36 @@ fn plan_prints_versions_checksums_and_variables() {
     assert_eq!(v["variables"]["os"], "ubuntu-22.04");
     assert_eq!(v["variables"]["arch"], "arm64");
     assert_eq!(v["variables"]["slurm_version"], "25.11.7");
-    // SchedMD's support: the default's release is supported, 24.11's ended in May 2026.
+    // What package updates do on a node of it: nothing by themselves (ubuntu: apt).
     assert!(
-        v["slurm_support_warning"].is_null(),
+        v["node_updates"]
+            .as_str()
+            .unwrap()
+            .contains("needrestart never restarts slurmd"),
         "{}",
-        v["slurm_support_warning"]
+        v["node_updates"]
     );
+    // SchedMD's support against this month: the listed ends, each marked ended when it is
+    // before this month, and the warning exactly when the default's release has ended.
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m"])
+        .output()
+        .unwrap();
+    let month = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let support = v["slurm_support"].as_array().unwrap();
     let of = |r: &str| support.iter().find(|s| s["release"] == r).unwrap().clone();
     assert_eq!(of("24.11")["until"], "2026-05");
-    assert_eq!(of("24.11")["ended"], true);
     assert_eq!(of("25.11")["until"], "2027-05");
+    for s in support {
+        let until = s["until"].as_str().unwrap();
+        assert_eq!(s["ended"], until < month.as_str(), "{s}");
+    }
+    assert_eq!(
+        v["slurm_support_warning"].is_null(),
+        of("25.11")["ended"] == false,
+        "{}",
+        v["slurm_support_warning"]
+    );
     assert_eq!(v["variables"]["slurm_sha256"].as_str().unwrap().len(), 64);
     assert!(v["sources"]
         .as_array()

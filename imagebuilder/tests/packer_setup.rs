@@ -235,7 +235,7 @@ fn plan_states_the_prerequisites_checks_packer_and_downloads_nothing() {
         "EBS-backed build in eu-west-1 and ec2:CopyImage to eu-central-1".into(),
         "  network: a default VPC in eu-west-1: subnet_id is empty".into(),
         format!(
-            "  outbound-access: the build instance downloads the pinned sources of {}: Slurm 24.11.7 source https://github.com/SchedMD/slurm/archive/slurm-24-11-7-1.tar.gz",
+            "  outbound-access: the build instance downloads the pinned sources of {}: Slurm 25.11.7 source https://github.com/SchedMD/slurm/archive/slurm-25-11-7-1.tar.gz",
             sources.display()
         ),
     ] {

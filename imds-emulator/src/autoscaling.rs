@@ -47,9 +47,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, StatusCode};
 
-use crate::aws::{expected_signature, header, parse_authorization, Resp, Server};
+use crate::aws::{
+    expected_signature, form_pairs, header, parse_authorization, request_id, xml_escape as escape,
+    xml_response, Resp, Server,
+};
 
 /// The Query protocol's API version of Auto Scaling.
 pub const VERSION: &str = "2011-01-01";
@@ -184,7 +187,7 @@ impl AutoScalingEmulator {
     /// returns its `LifecycleActionToken`. One replaces an earlier one of the same
     /// instance and hook.
     pub fn begin(&self, action: LifecycleAction) -> String {
-        let token = uuid_like();
+        let token = request_id();
         let mut s = lock(&self.shared);
         s.actions.retain(|a| {
             !(a.action.instance_id == action.instance_id && a.action.hook == action.hook)
@@ -244,38 +247,8 @@ impl AutoScalingEmulator {
     }
 }
 
-fn uuid_like() -> String {
-    let r = rand::random::<u128>();
-    let h = format!("{r:032x}");
-    format!(
-        "{}-{}-4{}-a{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[13..16],
-        &h[17..20],
-        &h[20..32]
-    )
-}
-
 fn xml(status: StatusCode, body: String) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/xml"),
-    );
-    resp
-}
-
-fn request_id() -> String {
-    uuid_like()
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    xml_response(status, "text/xml", body)
 }
 
 /// A Query-protocol error answer (`Sender` for 4xx, `Receiver` for 5xx).
@@ -310,38 +283,7 @@ fn success(action: &str) -> Resp {
 
 /// `application/x-www-form-urlencoded` into its pairs (`+` is a space, `%XX` a byte).
 pub fn parse_form(body: &str) -> BTreeMap<String, String> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    match std::str::from_utf8(&bytes[i + 1..i + 3])
-                        .ok()
-                        .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    {
-                        Some(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    body.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (decode(k), decode(v)),
-            None => (decode(p), String::new()),
-        })
-        .collect()
+    form_pairs(body.as_bytes()).into_iter().collect()
 }
 
 /// The two actions served here.
@@ -574,6 +516,6 @@ mod tests {
 
     #[test]
     fn tokens_are_36_characters() {
-        assert_eq!(uuid_like().len(), 36);
+        assert_eq!(request_id().len(), 36);
     }
 }

@@ -12,7 +12,8 @@ use bytes::Bytes;
 use hmac::{Hmac, KeyInit, Mac};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::{Request, Response};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
 use sha2::{Digest, Sha256};
 
 /// A response of an emulated API.
@@ -30,21 +31,41 @@ pub(crate) struct Server {
 impl Server {
     /// Binds `addr` (port 0: a free one; the socket stays in the network namespace the
     /// caller runs in) and serves HTTP/1.1 with `handler`, on a thread named
-    /// `<name>-<port>`.
+    /// `<name>-<port>` with a current-thread runtime.
     ///
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
-    pub(crate) fn start<H, F>(addr: SocketAddr, name: &str, handler: H) -> io::Result<Server>
+    pub(crate) fn start<H, F, E>(addr: SocketAddr, name: &str, handler: H) -> io::Result<Server>
     where
         H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-        F: Future<Output = Result<Resp, std::convert::Infallible>> + Send + 'static,
+        F: Future<Output = Result<Resp, E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Self::start_on(addr, name, runtime, handler)
+    }
+
+    /// [`Server::start`] on `runtime` (a multi-threaded one for a handler that waits on
+    /// another server).
+    ///
+    /// # Errors
+    /// When the socket or thread cannot be created.
+    pub(crate) fn start_on<H, F, E>(
+        addr: SocketAddr,
+        name: &str,
+        runtime: tokio::runtime::Runtime,
+        handler: H,
+    ) -> io::Result<Server>
+    where
+        H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Result<Resp, E>> + Send + 'static,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let std_listener = std::net::TcpListener::bind(addr)?;
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let listener = {
             let _guard = runtime.enter();
             tokio::net::TcpListener::from_std(std_listener)?
@@ -208,4 +229,78 @@ pub(crate) fn expected_signature(
     let k_service = hmac(&k_region, auth.service.as_bytes());
     let k_signing = hmac(&k_service, b"aws4_request");
     Some(hex::encode(hmac(&k_signing, string_to_sign.as_bytes())))
+}
+
+/// A request id as AWS's query APIs write them: a random UUID (version 4).
+pub(crate) fn request_id() -> String {
+    let h = format!("{:032x}", rand::random::<u128>());
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
+/// XML text: `&`, `<`, `>`, `"` and `'` escaped.
+pub(crate) fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// An XML answer of a query-protocol API (`content_type` as the service sends it).
+pub(crate) fn xml_response(status: StatusCode, content_type: &'static str, body: String) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// `application/x-www-form-urlencoded` pairs, in order (`+` is a space, `%XX` a byte; a
+/// `%` not followed by two hex digits stays as it is).
+pub(crate) fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < b.len() => {
+                    let hex = |c: u8| char::from(c).to_digit(16);
+                    match (hex(b[i + 1]), hex(b[i + 2])) {
+                        (Some(h), Some(l)) => {
+                            out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+                            i += 2;
+                        }
+                        _ => out.push(b'%'),
+                    }
+                }
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    String::from_utf8_lossy(body)
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
 }

@@ -41,12 +41,17 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, StatusCode};
 
-use crate::aws::{expected_signature, header, parse_authorization, Resp, Server};
+use crate::aws::{
+    expected_signature, form_pairs, header, parse_authorization, request_id, xml_escape as escape,
+    xml_response as xml, Resp, Server,
+};
+
+/// EC2's content type.
+const XML: &str = "text/xml;charset=UTF-8";
 
 /// The API version of EC2's query protocol, and its XML namespace.
 pub const API_VERSION: &str = "2016-11-15";
@@ -224,7 +229,7 @@ async fn handle(shared: Shared, req: Request<Incoming>) -> Result<Resp, std::con
         error: None,
     };
     let resp = match answer(&shared, &parts, &body, &mut record) {
-        Ok(xml) => xml_response(StatusCode::OK, xml),
+        Ok(body_xml) => xml(StatusCode::OK, XML, body_xml),
         Err(e) => {
             record.error = Some(e.code.to_string());
             e.response()
@@ -252,8 +257,9 @@ impl Ec2Error {
     }
 
     fn response(&self) -> Resp {
-        xml_response(
+        xml(
             self.status,
+            XML,
             format!(
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{}</Code><Message>{}</Message></Error></Errors><RequestID>{}</RequestID></Response>",
                 self.code,
@@ -262,80 +268,6 @@ impl Ec2Error {
             ),
         )
     }
-}
-
-fn request_id() -> String {
-    let r = rand::random::<u128>();
-    let h = format!("{r:032x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
-fn xml_response(status: StatusCode, body: String) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/xml;charset=UTF-8"),
-    );
-    resp
-}
-
-/// XML text: `&`, `<`, `>`, `"` and `'` escaped.
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// `application/x-www-form-urlencoded` pairs (`+` is a space, `%XX` a byte).
-fn form_pairs(body: &[u8]) -> Vec<(String, String)> {
-    fn decode(s: &str) -> String {
-        let b = s.as_bytes();
-        let mut out = Vec::with_capacity(b.len());
-        let mut i = 0;
-        while i < b.len() {
-            match b[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < b.len() => {
-                    let hex = |c: u8| char::from(c).to_digit(16);
-                    match (hex(b[i + 1]), hex(b[i + 2])) {
-                        (Some(h), Some(l)) => {
-                            out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
-                            i += 2;
-                        }
-                        _ => out.push(b'%'),
-                    }
-                }
-                c => out.push(c),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    String::from_utf8_lossy(body)
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 /// The values of a list parameter `<name>.1`, `<name>.2`, ... in the order of their index.

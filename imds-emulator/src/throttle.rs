@@ -37,13 +37,14 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
+
+use crate::aws::{Resp, Server};
 
 /// The front's own route: the counts as JSON.
 pub const STATS_PATH: &str = "/__front/stats";
@@ -201,10 +202,8 @@ type Shared = Arc<Mutex<State>>;
 /// A running front; dropping it stops the server.
 #[derive(Debug)]
 pub struct Front {
-    addr: SocketAddr,
+    server: Server,
     shared: Shared,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Front {
@@ -214,65 +213,29 @@ impl Front {
     /// # Errors
     /// When the socket, runtime or thread cannot be created.
     pub fn start(config: FrontConfig) -> io::Result<Front> {
-        let std_listener = std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
-        std_listener.set_nonblocking(true)?;
-        let addr = std_listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()?;
-        let listener = {
-            let _guard = runtime.enter();
-            tokio::net::TcpListener::from_std(std_listener)?
-        };
         let buckets = config.quotas.iter().map(|q| Bucket::new(q.rate)).collect();
         let shared: Shared = Arc::new(Mutex::new(State {
             config,
             buckets,
             counts: BTreeMap::new(),
         }));
-        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let server_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("throttle-front-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    loop {
-                        tokio::select! {
-                            _ = &mut stopped => break,
-                            accepted = listener.accept() => match accepted {
-                                Ok((stream, _)) => {
-                                    let shared = server_shared.clone();
-                                    tokio::spawn(async move {
-                                        let io = hyper_util::rt::TokioIo::new(stream);
-                                        let service = hyper::service::service_fn(move |req| {
-                                            handle(shared.clone(), req)
-                                        });
-                                        let _ = hyper::server::conn::http1::Builder::new()
-                                            .serve_connection(io, service)
-                                            .await;
-                                    });
-                                }
-                                Err(_) => {
-                                    tokio::time::sleep(std::time::Duration::from_millis(50))
-                                        .await;
-                                }
-                            },
-                        }
-                    }
-                });
-            })?;
-        Ok(Front {
-            addr,
-            shared,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        let server = Server::start_on(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            "throttle-front",
+            runtime,
+            move |req| handle(server_shared.clone(), req),
+        )?;
+        Ok(Front { server, shared })
     }
 
     /// The endpoint URL, e.g. `http://127.0.0.1:40123` (`AWS_ENDPOINT_URL`).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr)
     }
 
     /// Served and throttled requests per API so far.
@@ -282,17 +245,6 @@ impl Front {
             .unwrap_or_else(PoisonError::into_inner)
             .counts
             .clone()
-    }
-}
-
-impl Drop for Front {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -332,8 +284,6 @@ pub fn api_of(method: &str, path: &str, target: Option<&str>) -> String {
     };
     format!("s3:{op}")
 }
-
-type Resp = Response<Full<Bytes>>;
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)

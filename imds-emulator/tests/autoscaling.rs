@@ -23,6 +23,48 @@ async fn client(emu: &AutoScalingEmulator, secret: &str) -> aws_sdk_autoscaling:
     aws_sdk_autoscaling::Client::new(&sdk)
 }
 
+/// `CompleteLifecycleAction` of `INSTANCE` for hook `h` of group `g` with `result`:
+/// Auto Scaling's error code and message when refused.
+async fn complete(
+    c: &aws_sdk_autoscaling::Client,
+    result: &str,
+) -> Result<(), (Option<String>, Option<String>)> {
+    c.complete_lifecycle_action()
+        .auto_scaling_group_name("g")
+        .lifecycle_hook_name("h")
+        .instance_id(INSTANCE)
+        .lifecycle_action_result(result)
+        .send()
+        .await
+        .map(drop)
+        .map_err(|e| {
+            (
+                e.code().map(str::to_string),
+                e.message().map(str::to_string),
+            )
+        })
+}
+
+/// `RecordLifecycleActionHeartbeat` of `INSTANCE` for hook `h` of group `g`: Auto
+/// Scaling's error code and message when refused.
+async fn heartbeat(
+    c: &aws_sdk_autoscaling::Client,
+) -> Result<(), (Option<String>, Option<String>)> {
+    c.record_lifecycle_action_heartbeat()
+        .auto_scaling_group_name("g")
+        .lifecycle_hook_name("h")
+        .instance_id(INSTANCE)
+        .send()
+        .await
+        .map(drop)
+        .map_err(|e| {
+            (
+                e.code().map(str::to_string),
+                e.message().map(str::to_string),
+            )
+        })
+}
+
 fn action(timeout: Duration) -> LifecycleAction {
     LifecycleAction {
         instance_id: INSTANCE.into(),
@@ -40,41 +82,22 @@ async fn heartbeats_then_continue_and_then_no_active_action() {
     emu.begin(action(Duration::from_secs(60)));
     let c = client(&emu, "secret").await;
     for _ in 0..2 {
-        c.record_lifecycle_action_heartbeat()
-            .auto_scaling_group_name("g")
-            .lifecycle_hook_name("h")
-            .instance_id(INSTANCE)
-            .send()
-            .await
-            .unwrap();
+        heartbeat(&c).await.unwrap();
     }
     assert_eq!(emu.heartbeats(INSTANCE, "h"), 2);
-    c.complete_lifecycle_action()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .lifecycle_action_result("CONTINUE")
-        .send()
-        .await
-        .unwrap();
+    complete(&c, "CONTINUE").await.unwrap();
     assert_eq!(
         emu.outcome(INSTANCE, "h"),
         Some(ActionOutcome::Completed("CONTINUE".into()))
     );
     // Over: a second completion is a ValidationError naming the instance.
-    let e = c
-        .complete_lifecycle_action()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .lifecycle_action_result("CONTINUE")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("ValidationError"));
+    let (code, message) = complete(&c, "CONTINUE").await.unwrap_err();
+    assert_eq!(code.as_deref(), Some("ValidationError"));
     assert_eq!(
-        e.message(),
-        Some(format!("No active Lifecycle Action found with instance ID {INSTANCE}").as_str())
+        message,
+        Some(format!(
+            "No active Lifecycle Action found with instance ID {INSTANCE}"
+        ))
     );
 }
 
@@ -84,58 +107,27 @@ async fn a_timed_out_action_a_bad_result_a_denial_and_a_wrong_secret_are_refused
     emu.set_credentials("AKIDASG", "secret");
     emu.begin(action(Duration::ZERO));
     let c = client(&emu, "secret").await;
-    let e = c
-        .record_lifecycle_action_heartbeat()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("ValidationError"));
+    let (code, _) = heartbeat(&c).await.unwrap_err();
+    assert_eq!(code.as_deref(), Some("ValidationError"));
     assert_eq!(
         emu.outcome(INSTANCE, "h"),
         Some(ActionOutcome::TimedOut("ABANDON".into()))
     );
 
     emu.begin(action(Duration::from_secs(60)));
-    let e = c
-        .complete_lifecycle_action()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .lifecycle_action_result("MAYBE")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("ValidationError"));
+    let (code, _) = complete(&c, "MAYBE").await.unwrap_err();
+    assert_eq!(code.as_deref(), Some("ValidationError"));
 
     emu.deny(INSTANCE, "CompleteLifecycleAction", true);
-    let e = c
-        .complete_lifecycle_action()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .lifecycle_action_result("CONTINUE")
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("AccessDenied"));
-    assert!(e
-        .message()
+    let (code, message) = complete(&c, "CONTINUE").await.unwrap_err();
+    assert_eq!(code.as_deref(), Some("AccessDenied"));
+    assert!(message
         .unwrap()
         .contains("autoscaling:CompleteLifecycleAction"));
 
     let wrong = client(&emu, "not-the-secret").await;
-    let e = wrong
-        .record_lifecycle_action_heartbeat()
-        .auto_scaling_group_name("g")
-        .lifecycle_hook_name("h")
-        .instance_id(INSTANCE)
-        .send()
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("SignatureDoesNotMatch"));
+    let (code, _) = heartbeat(&wrong).await.unwrap_err();
+    assert_eq!(code.as_deref(), Some("SignatureDoesNotMatch"));
     assert_eq!(emu.outcome(INSTANCE, "h"), Some(ActionOutcome::Waiting));
     assert_eq!(emu.calls().len(), 4);
 }

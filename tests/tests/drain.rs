@@ -240,6 +240,49 @@ impl World {
         done
     }
 
+    /// A batch job on the node that may be requeued (`--requeue`), sleeping 10 minutes;
+    /// returns its id once slurmctld runs it there.
+    fn requeueable_job_running(&self) -> String {
+        let out = self
+            .ctld
+            .run_job(
+                "sbatch",
+                &[
+                    "-w",
+                    &self.node,
+                    "--requeue",
+                    "-o",
+                    "/dev/null",
+                    "--wrap",
+                    "sleep 600",
+                ],
+            )
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let job = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .to_string();
+        self.wait_state("job running", |s| {
+            s.starts_with("ALLOCATED") || s.starts_with("MIXED")
+        });
+        job
+    }
+
+    /// Job `job`'s state as squeue prints it (`PENDING`, `RUNNING`; empty once it left).
+    fn job_state(&self, job: &str) -> String {
+        let out = self
+            .ctld
+            .run_job("squeue", &["-h", "-j", job, "-o", "%T"])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     fn script(&self, name: &str, body: &str) -> PathBuf {
         let p = self.path(name);
         fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -2667,34 +2710,7 @@ fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_d
         end_date: Some(now + 7200),
         reservation_type: "capacity-block".into(),
     });
-    let out = w
-        .ctld
-        .run_job(
-            "sbatch",
-            &[
-                "-w",
-                "cb1",
-                "--requeue",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "sleep 600",
-            ],
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let job = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .to_string();
-    w.wait_state("job running", |s| {
-        s.starts_with("ALLOCATED") || s.starts_with("MIXED")
-    });
+    let job = w.requeueable_job_running();
     let mut c = w.agent(&["run"]);
     c.env("AWS_ENDPOINT_URL_EC2", ec2.endpoint())
         .env("AWS_ACCESS_KEY_ID", key)
@@ -2718,7 +2734,24 @@ fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_d
         },
     )
     .unwrap_or_else(|e| panic!("{e}\n{:?}\n{}", ec2.requests(), d.log_tail(30)));
-    std::thread::sleep(Duration::from_secs(2));
+    // The lookup was read: the block, its end and when the node would drain are in the
+    // journal; two more lookups (one a second) decided nothing.
+    wait_until(
+        "the block announced",
+        WAIT,
+        Duration::from_millis(200),
+        || {
+            Ok(d.log_tail(200)
+                .contains("in a Capacity Block: draining events.capacity_block_lead before")
+                .then_some(()))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(30)));
+    let seen = ec2.requests().len();
+    wait_until("two more lookups", WAIT, Duration::from_millis(200), || {
+        Ok((ec2.requests().len() >= seen + 2).then_some(()))
+    })
+    .unwrap();
     assert!(!w.state().contains("DRAIN"), "{}", w.state());
 
     // The block ends sooner (as booked): its reclaim within the lead, the node drains.
@@ -2734,9 +2767,7 @@ fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_d
     );
     // The job is requeued before the reclaim: pending, the node drained under it.
     wait_until("the job requeued", WAIT, Duration::from_millis(200), || {
-        let out = w.ctld.run_job("squeue", &["-h", "-j", &job, "-o", "%T"])?;
-        let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok((st == "PENDING").then_some(()))
+        Ok((w.job_state(&job) == "PENDING").then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
     let st = w.status();
@@ -2753,11 +2784,7 @@ fn a_capacity_block_ending_drains_requeues_the_job_and_its_extension_lifts_the_d
     ec2.set_end_date(CR, Some(end + 86_400));
     w.wait_state("the drain lifted", |s| !s.contains("DRAIN"));
     w.assert_lifted("after the extension");
-    let out = w
-        .ctld
-        .run_job("squeue", &["-h", "-j", &job, "-o", "%T"])
-        .unwrap();
-    let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let st = w.job_state(&job);
     assert!(st == "PENDING" || st == "RUNNING", "job {job}: {st}");
     assert!(
         d.log_tail(200)
@@ -2797,34 +2824,7 @@ fn a_spot_notice_during_an_upgrade_drain_takes_over_and_its_job_action_runs_befo
         .unwrap()
         .put_parameter("/cluster/compute/desired-ami", &desired_ami, "String")
         .unwrap();
-    let out = w
-        .ctld
-        .run_job(
-            "sbatch",
-            &[
-                "-w",
-                "su1",
-                "--requeue",
-                "-o",
-                "/dev/null",
-                "--wrap",
-                "sleep 600",
-            ],
-        )
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let job = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .to_string();
-    w.wait_state("job running", |s| {
-        s.starts_with("ALLOCATED") || s.starts_with("MIXED")
-    });
+    let job = w.requeueable_job_running();
     let mut d = w.daemon("agent", None);
     w.wait_state("drained for the upgrade", |s| s.contains("DRAIN"));
     assert!(
@@ -2845,9 +2845,7 @@ fn a_spot_notice_during_an_upgrade_drain_takes_over_and_its_job_action_runs_befo
         w.reason()
     );
     wait_until("the job requeued", WAIT, Duration::from_millis(200), || {
-        let out = w.ctld.run_job("squeue", &["-h", "-j", &job, "-o", "%T"])?;
-        let st = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        Ok((st == "PENDING").then_some(()))
+        Ok((w.job_state(&job) == "PENDING").then_some(()))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
     assert!(

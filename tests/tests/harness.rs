@@ -518,24 +518,47 @@ fn slurm_build_refuses_unpinned_versions_bad_checksums_and_missing_tarballs() {
     );
     assert!(err.contains("nothing was installed"), "{err}");
     std::fs::remove_file(&tarball).unwrap();
-    // The genuine tarball, served: downloaded, verified, in place (`--fetch-only` stops
-    // there; a build would take minutes).
-    let genuine = repo.join("../shared/sources/slurm-24-11-7-1.tar.gz");
-    if genuine.is_file() {
-        std::fs::copy(&genuine, served.path().join("slurm-24-11-7-1.tar.gz")).unwrap();
-        let (code, err, out) = run(
-            "24.11",
-            &["--fetch-only"],
-            &format!("{base}/slurm-24-11-7-1.tar.gz"),
-        );
-        assert_eq!(code, Some(0), "{err}");
-        let got = std::path::PathBuf::from(out.trim());
-        assert_eq!(got, dir.path().join("downloads/slurm-24-11-7-1.tar.gz"));
-        assert_eq!(
-            std::fs::read(&got).unwrap(),
-            std::fs::read(&genuine).unwrap()
-        );
-    }
+    // A tarball whose sha256 is the pin's (the test's own pins, `SLURM_SOURCES_TOML`),
+    // served: downloaded, verified, in place (`--fetch-only` stops there; a build would take
+    // minutes); a second run uses it without downloading.
+    let good = b"a stand-in for SchedMD's release tarball";
+    std::fs::write(served.path().join("slurm-90-1-1-1.tar.gz"), good).unwrap();
+    let good_sha = sha_of(&served.path().join("slurm-90-1-1-1.tar.gz"));
+    let pins = dir.path().join("sources.toml");
+    std::fs::write(
+        &pins,
+        format!(
+            "# Source: the test.\n[slurm.\"90.1.1\"]\nurl = \"{base}/slurm-90-1-1-1.tar.gz\"\nsha256 = \"{good_sha}\"\n"
+        ),
+    )
+    .unwrap();
+    let fetch = |url: Option<&str>| {
+        let mut c = std::process::Command::new(repo.join("scripts/slurm-build.sh"));
+        c.args(["--fetch-only", "90.1"])
+            .env("SLURM_SOURCES_TOML", &pins)
+            .env("SLURM_SOURCES_DIR", dir.path().join("sources"))
+            .env("SLURM_DOWNLOAD_DIR", dir.path().join("downloads"))
+            .env_remove("SLURM_SOURCE_URL");
+        if let Some(u) = url {
+            c.env("SLURM_SOURCE_URL", u);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code, err, out) = fetch(None);
+    assert_eq!(code, Some(0), "{err}");
+    let got = std::path::PathBuf::from(out.trim());
+    assert_eq!(got, dir.path().join("downloads/slurm-90-1-1-1.tar.gz"));
+    assert_eq!(std::fs::read(&got).unwrap(), good);
+    assert!(err.contains("verified (sha256"), "{err}");
+    // In place: not downloaded again (the URL now answers 404).
+    let (code, err, _) = fetch(Some(&missing));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("downloading"), "{err}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (code, err, _) = run("not-a-version", &[], &missing);
     assert_eq!(code, Some(64), "{err}");

@@ -136,15 +136,22 @@ pub(super) async fn after_join(
     units: &dyn crate::systemd::Units,
     ops: &crate::drain::SlurmOps,
 ) -> GateRecord {
-    if !pending.drained {
-        if let Err(e) = hold(s, gateway).await {
-            tracing::error!(
-                node = gateway.node(),
-                "START GATE: the node could not be held: {e}"
-            );
-        }
+    let held = pending.drained
+        || match hold(s, gateway).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(
+                    node = gateway.node(),
+                    "START GATE: the node could not be held: {e}"
+                );
+                false
+            }
+        };
+    // Only under the gate's drain: a job requeued from a node that takes jobs would be
+    // scheduled straight back onto it.
+    if held {
+        requeue_allocated(ops, gateway.node()).await;
     }
-    requeue_allocated(ops, gateway.node()).await;
     let env = GateEnv {
         units,
         state_dir,

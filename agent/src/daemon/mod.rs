@@ -469,12 +469,15 @@ async fn start_context(
         orphan,
         s,
     });
-    if let (Some(Cause::Lifecycle { .. }), false) = (&st.cause, st.phase == Phase::Active) {
-        // A lifecycle drain continued after a restart: its hooks are still to complete.
-        ctx.terminated_at.store(
-            st.started.unwrap_or(st.since),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+    if let (Some(Cause::Lifecycle { seen, .. }), false) = (&st.cause, st.phase == Phase::Active) {
+        // A lifecycle drain continued after a restart: its hooks are still to complete,
+        // on the clock of the first sighting of `Terminated` (not of an earlier drain that
+        // the lifecycle drain replaced).
+        let at = Some(*seen)
+            .filter(|t| *t > 0)
+            .unwrap_or(st.started.unwrap_or(st.since));
+        ctx.terminated_at
+            .store(at, std::sync::atomic::Ordering::Relaxed);
     }
     Ok((ctx, shown))
 }

@@ -22,6 +22,9 @@ pub(super) struct OrphanWatch {
     window_checked: bool,
     /// The power-off unit was started.
     powering_off: bool,
+    /// A pass has looked at slurmctld since the daemon started (the first waits for
+    /// slurmd's configuration, as the first health pass does).
+    looked: bool,
     /// The last look had no answer (the outage was logged).
     unanswered: bool,
     /// The record was missing at the last look (logged).
@@ -64,6 +67,14 @@ fn keep(state_dir: &Path, t: Duration) {
 }
 
 impl OrphanWatch {
+    /// The watch as if slurmd's configuration had been waited for already (the tests' node
+    /// has none: its scontrol is a stand-in).
+    #[cfg(test)]
+    pub(super) fn configured(mut self) -> OrphanWatch {
+        self.looked = true;
+        self
+    }
+
     /// The watch of a daemon started at `start`; the unreachable watch armed from the
     /// `SlurmctldTimeout` kept in `state_dir` ([`TIMEOUT_FILE`]) when there is one (the
     /// controller's own answer counts again at its first answer).
@@ -89,6 +100,7 @@ impl OrphanWatch {
         OrphanWatch {
             watch,
             window_checked: false,
+            looked: false,
             powering_off: false,
             unanswered: false,
             missing: false,
@@ -108,6 +120,19 @@ pub(super) async fn orphan_pass(ctx: &Ctx) {
     let s = &ctx.s;
     if lock(ctx).is_none_or(|w| w.powering_off) {
         return;
+    }
+    // The daemon starts beside bootstrap: until slurmd has fetched the configuration, a
+    // look at slurmctld would first fetch the whole of it (per node, on a fleet booting at
+    // once). The first look waits for it, one interval at most, as the first health pass
+    // does; later ones look whatever the files say.
+    if lock(ctx).is_some_and(|w| !w.looked) {
+        let configured = super::wait_for_slurm_config(&s.slurm, s.orphan.interval()).await;
+        if let Some(mut w) = lock(ctx) {
+            w.looked = true;
+        }
+        if !configured {
+            return;
+        }
     }
     let (look, error) = match ctx.gateway.record().await {
         Ok(Some(_)) => (Look::Found, None),

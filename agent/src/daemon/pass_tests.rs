@@ -1056,6 +1056,59 @@ fn running_job(slurmctld: &FakeSlurmctld, drain: bool) {
     ));
 }
 
+/// A lifecycle drain that takes over an upgrade drain begun two hours ago counts
+/// `events.lifecycle_max_wait` (1 h) from when `Terminated` was first seen, not from the
+/// upgrade drain's start: no job action at once (the old clock would have signalled the
+/// job and, after a restart, completed the lifecycle action mid-job).
+#[tokio::test]
+async fn a_lifecycle_drain_over_an_older_drain_counts_from_the_first_sighting() {
+    let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    let (dir, ctx) = ctx(&imds, &slurmctld);
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let signalled = dir.path().join("scancel.args");
+    for (name, text) in [
+        ("squeue", "#!/bin/sh\necho 4242\n".to_string()),
+        (
+            "scancel",
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", signalled.display()),
+        ),
+    ] {
+        crate::fsutil::write_test_program(&bin.join(name), &text);
+    }
+    let mut inner = Arc::try_unwrap(ctx).ok().unwrap();
+    inner.engine.spot_jobs = inner.s.events.spot_jobs();
+    inner.engine.spot_jobs.action = crate::drain::SpotJobAction::Signal;
+    let ctx = Arc::new(inner);
+    running_job(&slurmctld, false);
+    ctx.engine
+        .request(Cause::Upgrade {
+            current: "ami-0a887e401f7654935".into(),
+            desired: "ami-0123456789abcdef0".into(),
+        })
+        .await
+        .unwrap();
+    // The upgrade drain began two hours ago.
+    let path = ctx.s.agent.state_dir.join("drain.json");
+    let mut st: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let two_hours_ago = crate::time::now() - 7200;
+    st["started"] = serde_json::json!(two_hours_ago);
+    st["since"] = serde_json::json!(two_hours_ago);
+    std::fs::write(&path, st.to_string()).unwrap();
+    imds.set(events::notice::LIFECYCLE_PATH, "Terminated");
+    pass(&ctx, Work::Notices).await;
+    let st = ctx.engine.load().unwrap();
+    let Some(Cause::Lifecycle { seen, .. }) = st.cause else {
+        panic!("{st:?}")
+    };
+    assert!(seen > two_hours_ago + 3600, "seen {seen}");
+    running_job(&slurmctld, true);
+    pass(&ctx, Work::Progress).await;
+    assert!(!ctx.engine.load().unwrap().job_action_done);
+    assert!(!signalled.exists());
+}
+
 /// Why each tracked hook is over (`None`: live).
 async fn hook_ends(ctx: &Ctx) -> Vec<Option<String>> {
     ctx.hooks
@@ -1131,7 +1184,9 @@ async fn a_terminating_node_heartbeats_while_its_job_runs_and_continues_once_dra
 async fn the_maximum_wait_ends_heartbeats_and_completes_with_the_job_still_running() {
     let asg = Asg::start(60, Duration::from_secs(60)).await;
     let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
-    let (dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 2);
+    // A maximum of 8 s: the passes before it (moto's look-ups included) take less even
+    // on a loaded machine; the passes after it are waited for, not timed.
+    let (dir, ctx) = hook_ctx(&imds, &slurmctld, &asg, 1, 8);
     // The spot job action, `signal` at the maximum (lead 0): through stand-ins of squeue
     // (one job on the node) and scancel (its arguments kept).
     let bin = dir.path().join("bin");
@@ -1161,9 +1216,12 @@ async fn the_maximum_wait_ends_heartbeats_and_completes_with_the_job_still_runni
     // Before the maximum: no job action.
     assert!(!ctx.engine.load().unwrap().job_action_done);
     assert!(!signalled.exists());
-    for _ in 0..3 {
+    for _ in 0..30 {
         next_second().await;
         pass(&ctx, Work::Progress).await;
+        if asg.outcome() != imds_emulator::autoscaling::ActionOutcome::Waiting {
+            break;
+        }
     }
     assert_eq!(ctx.engine.load().unwrap().phase, Phase::Draining);
     // At the maximum the job was signalled, then the action completed.
@@ -1180,7 +1238,7 @@ async fn the_maximum_wait_ends_heartbeats_and_completes_with_the_job_still_runni
     assert!(
         ends[0]
             .as_deref()
-            .is_some_and(|e| e.contains("events.lifecycle_max_wait (2s) reached")),
+            .is_some_and(|e| e.contains("events.lifecycle_max_wait (8s) reached")),
         "{ends:?}"
     );
 }
@@ -1241,7 +1299,8 @@ fn orphan_ctx(
     s.orphan.mode = crate::orphan::OrphanMode::On;
     s.orphan.record_deleted_grace = crate::section::HumanDuration(grace);
     s.systemd.bus = format!("unix:path={}", dir.path().join("no-bus").display());
-    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir)
+        .configured();
     let ctx = Arc::new(Ctx {
         s,
         orphan: Some(std::sync::Mutex::new(watch)),
@@ -1300,7 +1359,8 @@ async fn an_unreachable_controller_whose_slurmctld_timeout_is_unknown_powers_not
     let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_millis(1));
     let mut s = ctx.s.clone();
     s.orphan.after = crate::section::HumanDuration(Duration::from_millis(1));
-    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
+    let watch = orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir)
+        .configured();
     let ctx = Arc::new(Ctx {
         s,
         orphan: Some(std::sync::Mutex::new(watch)),
@@ -1322,35 +1382,42 @@ async fn an_unreachable_controller_whose_slurmctld_timeout_is_unknown_powers_not
 #[tokio::test]
 async fn a_daemon_started_during_an_outage_uses_the_kept_slurmctld_timeout() {
     let (imds, slurmctld) = (FakeImds::default(), FakeSlurmctld::default());
+    // The window is a minute: a watch started now does not fire at its first pass, one
+    // started a minute and a second ago does (no test waits for the clock).
     for (kept, fires) in [(0u64, true), (3600, false)] {
-        let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_secs(600));
-        let mut s = ctx.s.clone();
-        s.orphan.after = crate::section::HumanDuration(Duration::from_millis(50));
-        std::fs::write(
-            s.agent.state_dir.join(orphan::TIMEOUT_FILE),
-            format!("{{\"slurmctld_timeout_secs\": {kept}}}"),
-        )
-        .unwrap();
-        let watch =
-            orphan::OrphanWatch::new(&s.orphan, std::time::Instant::now(), &s.agent.state_dir);
-        let ctx = Arc::new(Ctx {
-            s,
-            orphan: Some(std::sync::Mutex::new(watch)),
-            ..Arc::try_unwrap(ctx).ok().unwrap()
-        });
-        slurmctld.set_unreachable(true);
-        orphan::orphan_pass(&ctx).await;
-        assert_eq!(orphan_tried(&ctx), None, "kept {kept}");
-        tokio::time::sleep(Duration::from_millis(80)).await;
-        orphan::orphan_pass(&ctx).await;
-        let tried = orphan_tried(&ctx);
-        assert_eq!(tried.is_some(), fires, "kept {kept}: {tried:?}");
-        if let Some(why) = tried {
-            assert!(
-                why.to_string().contains("since the daemon started"),
-                "{why}"
+        for (ago, due) in [(0u64, false), (61, fires)] {
+            let (_dir, ctx) = orphan_ctx(&imds, &slurmctld, Duration::from_secs(600));
+            let mut s = ctx.s.clone();
+            s.orphan.after = crate::section::HumanDuration(Duration::from_secs(60));
+            std::fs::write(
+                s.agent.state_dir.join(orphan::TIMEOUT_FILE),
+                format!("{{\"slurmctld_timeout_secs\": {kept}}}"),
+            )
+            .unwrap();
+            let start = std::time::Instant::now()
+                .checked_sub(Duration::from_secs(ago))
+                .unwrap();
+            let watch = orphan::OrphanWatch::new(&s.orphan, start, &s.agent.state_dir).configured();
+            let ctx = Arc::new(Ctx {
+                s,
+                orphan: Some(std::sync::Mutex::new(watch)),
+                ..Arc::try_unwrap(ctx).ok().unwrap()
+            });
+            slurmctld.set_unreachable(true);
+            orphan::orphan_pass(&ctx).await;
+            let tried = orphan_tried(&ctx);
+            assert_eq!(
+                tried.is_some(),
+                due,
+                "kept {kept}, started {ago}s ago: {tried:?}"
             );
+            if let Some(why) = tried {
+                assert!(
+                    why.to_string().contains("since the daemon started"),
+                    "{why}"
+                );
+            }
+            slurmctld.set_unreachable(false);
         }
-        slurmctld.set_unreachable(false);
     }
 }

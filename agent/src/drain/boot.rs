@@ -48,8 +48,10 @@ pub fn found_drain(
         | ReasonCause::Hibernate
         | ReasonCause::Maintenance
         | ReasonCause::Rebalance
-        | ReasonCause::Lifecycle
-        | ReasonCause::CapacityBlock => true,
+        | ReasonCause::Lifecycle => true,
+        // The block and its end outlive a reboot: this instance's drain stays (the daemon
+        // undoes it when the block is extended); another instance's ended with it.
+        ReasonCause::CapacityBlock => incarnation != Incarnation::This,
         // Bootstrap puts scratch in place at every boot, and drains again when it fails.
         ReasonCause::Scratch => true,
         // This instance's upgrade drain is the upgrade's to finish; another instance's is
@@ -83,6 +85,9 @@ pub fn found_drain(
             }
             ReasonCause::Repair => "the repair in progress owns it",
             ReasonCause::Gate => "the start-up gate owns it: it lifts it when it passes",
+            ReasonCause::CapacityBlock => {
+                "the Capacity Block still ends: the daemon lifts it if the block is extended"
+            }
             _ => "`slurm-node-agent resume` lifts it",
         };
         let whose = match &incarnation {
@@ -148,6 +153,17 @@ mod tests {
         assert!(!lifts(&format!(
             "slurm-node-agent/repair@{ME}: GPUs: x [rebooting]"
         )));
+        // A Capacity Block's drain outlives a reboot of its instance (the block still ends:
+        // the daemon lifts it if the block is extended); another instance's ended with it.
+        let block = |writer: &str| {
+            format!("slurm-node-agent/capacity-block@{writer}: capacity block cr-1 ends 2026-12-07T12:00:00Z")
+        };
+        assert!(!lifts(&block(ME)));
+        assert!(lifts(&block(OTHER)));
+        let FoundDrain::Keep(why) = found_drain(Some(&block(ME)), ME, AMI, &unknown) else {
+            panic!()
+        };
+        assert!(why.contains("the Capacity Block still ends"), "{why}");
         for kept in ["health", "mount", "operator", "script"] {
             assert!(
                 !lifts(&format!("slurm-node-agent/{kept}@{OTHER}: x")),

@@ -346,9 +346,16 @@ impl Engine {
         // completion at `events.lifecycle_max_wait`: the job action
         // (`events.spot_job_action`) `spot_job_action_lead` before it.
         let deadline = match &st.cause {
-            Some(Cause::Lifecycle { .. }) => Some(st.started.unwrap_or(st.since).saturating_add(
-                i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs()).unwrap_or(i64::MAX),
-            )),
+            // From when `Terminated` was first seen, whatever drain came before.
+            Some(Cause::Lifecycle { seen, .. }) => Some(
+                Some(*seen)
+                    .filter(|t| *t > 0)
+                    .unwrap_or(st.started.unwrap_or(st.since))
+                    .saturating_add(
+                        i64::try_from(self.spot_jobs.lifecycle_max_wait.as_secs())
+                            .unwrap_or(i64::MAX),
+                    ),
+            ),
             Some(c) => c.job_action_deadline(),
             None => None,
         };

@@ -38,9 +38,14 @@ impl SlurmOps {
     /// # Errors
     /// [`ScontrolError`].
     pub async fn jobs_on(&self, node: &str) -> Result<Vec<String>, ScontrolError> {
+        self.jobs_in(node, "RUNNING,COMPLETING").await
+    }
+
+    /// Ids of the jobs on `node` in `states` (squeue's `-t` list).
+    async fn jobs_in(&self, node: &str, states: &str) -> Result<Vec<String>, ScontrolError> {
         let out = self
             .squeue
-            .run(&["-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i"])
+            .run(&["-h", "-w", node, "-t", states, "-o", "%i"])
             .await?;
         Ok(out
             .lines()
@@ -56,16 +61,7 @@ impl SlurmOps {
     /// # Errors
     /// [`ScontrolError`].
     pub async fn jobs_allocated(&self, node: &str) -> Result<Vec<String>, ScontrolError> {
-        let out = self
-            .squeue
-            .run(&["-h", "-w", node, "-t", "CONFIGURING,RUNNING", "-o", "%i"])
-            .await?;
-        Ok(out
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect())
+        self.jobs_in(node, "CONFIGURING,RUNNING").await
     }
 
     /// `scontrol requeue <job>` for one job.

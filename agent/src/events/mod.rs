@@ -415,7 +415,10 @@ pub fn decide(
     if s.lifecycle {
         match &obs.lifecycle {
             Some(Observed::Present(st)) if notice::lifecycle_is_terminating(st) => {
-                out.push(Decision::Drain(Cause::Lifecycle { state: st.clone() }));
+                out.push(Decision::Drain(Cause::Lifecycle {
+                    state: st.clone(),
+                    seen: now,
+                }));
             }
             Some(Observed::Present(st)) if !notice::lifecycle_is_known(st) => {
                 tracing::warn!(
@@ -860,7 +863,8 @@ mod tests {
         assert_eq!(
             decide(&s, &obs, None, 10),
             [Decision::Drain(Cause::Lifecycle {
-                state: "Terminated".into()
+                state: "Terminated".into(),
+                seen: 10,
             })]
         );
         s.rebalance = RebalancePolicy::Drain;

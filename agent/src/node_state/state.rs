@@ -234,6 +234,11 @@ pub enum Cause {
     Lifecycle {
         /// The state read.
         state: String,
+        /// When the state was first seen, Unix seconds: the lifecycle hooks' and the job
+        /// action's clock (`events.lifecycle_max_wait`), whatever drain came before. 0: not
+        /// known (a `drain.json` of an older agent): the drain's start stands in.
+        #[serde(default)]
+        seen: i64,
     },
     /// An operator's `drain --reason`.
     Manual {
@@ -366,7 +371,7 @@ impl Cause {
     pub fn key(&self) -> String {
         match self {
             Cause::Spot { time, .. } => format!("spot:{time}"),
-            Cause::Lifecycle { state } => format!("lifecycle:{state}"),
+            Cause::Lifecycle { state, .. } => format!("lifecycle:{state}"),
             Cause::Manual { reason } => format!("manual:{reason}"),
             Cause::Maintenance { event_id, .. } => format!("maintenance:{event_id}"),
             Cause::Upgrade { desired, .. } => format!("upgrade:{desired}"),
@@ -422,7 +427,9 @@ impl Cause {
                     time::format(*time)
                 )
             }
-            Cause::Lifecycle { state } => format!("auto scaling target lifecycle state {state}"),
+            Cause::Lifecycle { state, .. } => {
+                format!("auto scaling target lifecycle state {state}")
+            }
             Cause::Manual { reason } => reason.clone(),
             Cause::Maintenance {
                 event_id,
