@@ -204,6 +204,22 @@ impl NodeEnv {
         self.root.path().join("default-slurmd")
     }
 
+    /// The words of the `SLURMD_OPTIONS` the agent wrote ([`NodeEnv::options_file`]):
+    /// `-N`, the name, `--conf-server`, ... (empty when there is no such line). A test
+    /// asks these for an option, never the whole file, whose paths hold random letters.
+    pub fn slurmd_options(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.options_file()).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix("SLURMD_OPTIONS="))
+            .map(|v| {
+                v.trim_matches(|c| c == '\'' || c == '"')
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The agent's state folder.
     pub fn state_dir(&self) -> PathBuf {
         self.root.path().join("state")
