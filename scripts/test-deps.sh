@@ -32,6 +32,10 @@ APT_PACKAGES=(
   systemd-container dnsmasq-base openssh-server sshfs
   # Script linting and the benchmarks (/usr/bin/time measures peak RSS).
   shellcheck hyperfine time
+  # Logs and metrics (issue 43): promtool checks every Prometheus textfile the suite
+  # produces; logrotate rotates the exported journal as the image does; the CloudWatch
+  # agent's configuration is validated against its JSON Schema (draft-04).
+  prometheus logrotate python3-jsonschema
   # Signature checks of AWS's agent packages in the provisioning steps (gpgv), and the
   # tests' stand-in signing keys (gpg, gpg-agent).
   gpg gpgv gpg-agent

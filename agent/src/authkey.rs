@@ -757,6 +757,7 @@ where
     let status = e.raw_response().map(|r| r.status().as_u16());
     let code = e.as_service_error().and_then(|se| se.code());
     if crate::retry::is_throttling(code, status) {
+        crate::textfile::note_throttled(api);
         let message = e.as_service_error().and_then(|se| se.message());
         return KeyError::Throttled {
             source_: source,

@@ -21,7 +21,7 @@
 //! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`capacity_block`], [`ec2tags`], [`nodedef`] |
-//! | 1 | [`cloudinit`], [`imds`], [`orphan`], [`repair`], [`systemd`] |
+//! | 1 | [`cloudinit`], [`cloudwatch`], [`imds`], [`orphan`], [`repair`], [`systemd`], [`textfile`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
 //! - **Roof (10 to 12)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
@@ -51,7 +51,9 @@
 //!   and, on floor 1 though it is no outside system, [`repair`], what a fault the health
 //!   checks found calls for (the `auto` table, the site's overrides, `report` mode's record),
 //!   and [`orphan`], when a node whose controller is gone or whose record was deleted
-//!   powers itself off (`[orphan]`).
+//!   powers itself off (`[orphan]`); [`textfile`], the writer of the Prometheus
+//!   textfiles and what each carries (the build, throttled AWS calls); and [`cloudwatch`],
+//!   the CloudWatch agent's configuration (log groups, retention, native metrics).
 //! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
 //!   the agent's drain reasons in Slurm and whose a record or a drain is; [`time`], Unix
 //!   seconds and the time formats IMDS and Slurm write; [`section`], what each settings
@@ -71,6 +73,7 @@ pub mod bootstrap;
 pub mod capacity_block;
 pub mod cli;
 pub mod cloudinit;
+pub mod cloudwatch;
 pub mod daemon;
 pub mod drain;
 pub mod ec2tags;
@@ -98,6 +101,7 @@ pub mod section;
 pub mod settings;
 pub mod slurm;
 pub mod systemd;
+pub mod textfile;
 pub mod time;
 pub mod upgrade;
 pub mod userdata;

@@ -1047,6 +1047,9 @@ async fn fetch(script: &Script, region: &str) -> Result<Vec<u8>, FetchError> {
             Err(e) => {
                 let slow_down = matches!(&e, FetchError::S3Code { code, .. }
                     if crate::retry::is_throttling(Some(code), None));
+                if slow_down {
+                    crate::textfile::note_throttled("s3:GetObject");
+                }
                 if slow_down && throttled {
                     tracing::debug!(script = %script.name, attempt = attempt + 1, "S3 throttled the script's download again: {e}");
                 } else if slow_down {

@@ -372,12 +372,29 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
     ] {
         let s = StandIn::new();
         let keys = signed_agent_packages(&s);
+        // The staging folder as Packer uploads it: the agent's units and packer/files.
+        let staging = s.path().join("staging");
+        std::fs::create_dir_all(staging.join("agent/units")).unwrap();
+        std::fs::create_dir_all(staging.join("files/logrotate")).unwrap();
+        let cw_unit = "slurm-node-agent-cloudwatch-config.service";
+        std::fs::copy(
+            repo().join("units").join(cw_unit),
+            staging.join("agent/units").join(cw_unit),
+        )
+        .unwrap();
+        std::fs::copy(
+            repo().join("packer/files/logrotate/slurm-image-cloud-init"),
+            staging.join("files/logrotate/slurm-image-cloud-init"),
+        )
+        .unwrap();
+        let staging_s = staging.display().to_string();
         let env = [
             ("IMAGE_OS", os),
             ("IMAGE_ARCH", "arm64"),
             ("IMAGE_REGION", "eu-west-1"),
             ("CLOUDWATCH_AGENT", "true"),
             ("SIGNING_KEYS_DIR", keys.to_str().unwrap()),
+            ("IMAGE_STAGING", staging_s.as_str()),
         ];
         let (out, written) = step(&s, "65-services.sh", &env);
         assert!(out.status.success(), "{os}: {}", text(&out));
@@ -393,7 +410,7 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
             ssm_unit,
             chrony_unit,
             "amazon-cloudwatch-agent.service",
-            "slurm-image-journal-export.service",
+            cw_unit,
         ] {
             assert!(
                 enabled.iter().any(|e| e == want),
@@ -406,11 +423,29 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
                 && chrony.contains("server fd00:ec2::123 prefer iburst"),
             "{os}: {chrony}"
         );
-        let cw = written.read("/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json");
-        let cw: serde_json::Value = serde_json::from_str(&cw).unwrap();
+        // The CloudWatch agent's configuration is rendered at boot (the agent's
+        // `config cloudwatch --write`, tested in agent/tests/cloudwatch_config.rs): the
+        // image says where, installs the unit that renders it, caps the journal (which the
+        // CloudWatch agent reads) and rotates cloud-init's files; no export file any more.
         assert_eq!(
-            cw["logs"]["logs_collected"]["files"]["collect_list"][0]["file_path"],
-            "/var/log/slurm-node/journal.log"
+            written.read(&format!("/etc/systemd/system/{cw_unit}")),
+            std::fs::read_to_string(repo().join("units").join(cw_unit)).unwrap()
+        );
+        let cw: toml::Value =
+            toml::from_str(&written.read("/etc/slurm-node-agent/conf.d/55-cloudwatch.toml"))
+                .unwrap();
+        assert_eq!(
+            cw["cloudwatch"]["config_file"].as_str(),
+            Some("/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json")
+        );
+        let journald = written.read("/etc/systemd/journald.conf.d/slurm-image.conf");
+        assert!(journald.contains("SystemMaxUse=1G"), "{os}: {journald}");
+        assert!(
+            !written
+                .root
+                .join("etc/systemd/system/slurm-image-journal-export.service")
+                .exists(),
+            "{os}"
         );
         // The agent's textfile metrics: a node exporter with only its textfile collector on
         // loopback, the agent told (by an image drop-in) to write its textfiles there, and
@@ -426,10 +461,14 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
             )),
             _ => None,
         };
-        let prom = &cw["logs"]["metrics_collected"]["prometheus"];
         assert_eq!(
-            prom["prometheus_config_path"],
-            "/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml"
+            cw["cloudwatch"]["prometheus_config"].as_str(),
+            Some(if exporter.is_some() {
+                "/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml"
+            } else {
+                ""
+            }),
+            "{os}"
         );
         if let Some((pkg, unit)) = exporter {
             assert!(
@@ -466,30 +505,6 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
                 scrape.contains("targets: [\"127.0.0.1:9100\"]"),
                 "{os}: {scrape}"
             );
-            // Every metric the declarations select is one the agent writes.
-            for decl in prom["emf_processor"]["metric_declaration"]
-                .as_array()
-                .unwrap()
-            {
-                for sel in decl["metric_selectors"].as_array().unwrap() {
-                    let name = sel
-                        .as_str()
-                        .unwrap()
-                        .trim_start_matches('^')
-                        .trim_end_matches('$');
-                    let src = [
-                        "agent/src/health/output.rs",
-                        "agent/src/node_state/metrics.rs",
-                    ]
-                    .iter()
-                    .map(|f| std::fs::read_to_string(repo().join(f)).unwrap())
-                    .collect::<String>();
-                    assert!(
-                        src.contains(name),
-                        "{name} is not a metric the agent writes"
-                    );
-                }
-            }
         } else {
             assert!(
                 text(&out).contains(

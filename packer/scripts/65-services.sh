@@ -4,7 +4,9 @@
 #   - chrony on the Amazon Time Sync Service (169.254.169.123, and fd00:ec2::123 over IPv6
 #     on Nitro instances): munge refuses credentials when clocks drift;
 #   - optionally (CLOUDWATCH_AGENT=true) the CloudWatch agent, shipping the journal of
-#     slurmd and slurm-node-agent (exported to a file it can follow) and the agent's
+#     slurm-node-agent, slurmd and sackd, the kernel's log and cloud-init's (read by the
+#     CloudWatch agent from the journal and the files themselves; its configuration is
+#     rendered at boot by slurm-node-agent-cloudwatch-config.service), and the agent's
 #     Prometheus textfile metrics (health checks and drains). The CloudWatch agent scrapes
 #     Prometheus endpoints, not files, so the distribution's node exporter serves the
 #     textfile folder on 127.0.0.1:9100 with only its textfile collector.
@@ -187,80 +189,59 @@ if [ "${CLOUDWATCH_AGENT:-false}" = true ]; then
 		fi
 	fi
 	if [ "$cw_ok" = true ]; then
-		# The agent follows files, not the journal: a small unit exports the journal of
-		# the node's Slurm units to one file (a cursor file keeps restarts from repeating).
-		write_if_changed "$UNIT_DIR/slurm-image-journal-export.service" 0644 <<'UNIT'
-[Unit]
-Description=Export the journal of slurmd and slurm-node-agent for the CloudWatch agent
-After=systemd-journald.service
-
-[Service]
-ExecStartPre=/usr/bin/mkdir -p /var/log/slurm-node /var/lib/slurm-image
-ExecStart=/usr/bin/journalctl --follow --output=short-iso --cursor-file=/var/lib/slurm-image/journal-export.cursor --unit=slurmd.service --unit=slurm-node-agent.service --unit=slurm-node-agent-bootstrap.service
-StandardOutput=append:/var/log/slurm-node/journal.log
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-UNIT
-		write_if_changed /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json 0644 <<'JSON'
-{
-  "agent": { "run_as_user": "root" },
-  "logs": {
-    "metrics_collected": {
-      "prometheus": {
-        "log_group_name": "/slurm/nodes/prometheus",
-        "prometheus_config_path": "/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml",
-        "emf_processor": {
-          "metric_namespace": "SlurmNodeAgent",
-          "metric_declaration": [
-            {
-              "source_labels": ["job"],
-              "label_matcher": "^slurm-node-agent$",
-              "dimensions": [["node"]],
-              "metric_selectors": [
-                "^slurm_node_agent_health_healthy$",
-                "^slurm_node_agent_health_run_duration_seconds$",
-                "^slurm_node_agent_drain_phase$"
-              ]
-            },
-            {
-              "source_labels": ["job"],
-              "label_matcher": "^slurm-node-agent$",
-              "dimensions": [["node", "check"]],
-              "metric_selectors": [
-                "^slurm_node_agent_health_check_ok$",
-                "^slurm_node_agent_health_check_timed_out$"
-              ]
-            }
-          ]
-        }
-      }
-    },
-    "logs_collected": {
-      "files": {
-        "collect_list": [
-          {
-            "file_path": "/var/log/slurm-node/journal.log",
-            "log_group_name": "/slurm/nodes/journal",
-            "log_stream_name": "{instance_id}",
-            "timezone": "UTC"
-          }
-        ]
-      }
-    }
-  }
-}
-JSON
-		cw_units=(slurm-image-journal-export.service amazon-cloudwatch-agent.service)
+		# The CloudWatch agent reads the journal itself (logs_collected.journald): no
+		# export file to grow. Its configuration is rendered at each boot by
+		# slurm-node-agent-cloudwatch-config.service (before the CloudWatch agent starts)
+		# from the settings: log groups named after the cluster, the site's retention,
+		# native nvidia_smi and efa metrics where the instance has the devices.
+		CW_ETC=/opt/aws/amazon-cloudwatch-agent/etc
+		install -d -m 0755 "$AGENT_CONF_D" "$CW_ETC"
+		# An image built before this one exported the journal to a file: gone.
+		if [ -e "$UNIT_DIR/slurm-image-journal-export.service" ]; then
+			systemctl disable slurm-image-journal-export.service >/dev/null 2>&1 || true
+			rm -f "$UNIT_DIR/slurm-image-journal-export.service" /var/log/slurm-node/journal.log
+		fi
+		cw_unit=slurm-node-agent-cloudwatch-config.service
+		if [ -f "${IMAGE_STAGING:-/tmp/slurm-image}/agent/units/$cw_unit" ]; then
+			write_if_changed "$UNIT_DIR/$cw_unit" 0644 <"${IMAGE_STAGING:-/tmp/slurm-image}/agent/units/$cw_unit"
+		else
+			die "$cw_unit not found in the agent build (${IMAGE_STAGING:-/tmp/slurm-image}/agent/units)"
+		fi
+		prometheus_config=""
+		cw_units=(amazon-cloudwatch-agent.service "$cw_unit")
 		if setup_textfile_metrics; then
 			cw_units+=("$exporter_unit")
-			log "CloudWatch agent: the agent's textfile metrics ($METRICS_DIR) go to /slurm/nodes/prometheus through $exporter_unit"
+			prometheus_config=$CW_ETC/prometheus.yaml
+			log "CloudWatch agent: the agent's textfile metrics ($METRICS_DIR) are scraped through $exporter_unit"
+		fi
+		write_if_changed "$AGENT_CONF_D/55-cloudwatch.toml" 0644 <<TOML
+# slurm-image: where slurm-node-agent-cloudwatch-config.service writes the CloudWatch
+# agent's configuration at boot (image-only keys). The log groups' names and retention are
+# the launch's: cloudwatch.log_group_template, cloudwatch.cluster_name and
+# cloudwatch.retention_days in user data (docs/operator-guide.md, "Logs and metrics").
+[cloudwatch]
+config_file = "$CW_ETC/amazon-cloudwatch-agent.json"
+prometheus_config = "$prometheus_config"
+TOML
+		# journald's own files are the logs' store on the node: persistent, capped.
+		install -d -m 0755 /etc/systemd/journald.conf.d
+		write_if_changed /etc/systemd/journald.conf.d/slurm-image.conf 0644 <<'CONF'
+# slurm-image: the journal is where the node's logs live (the CloudWatch agent reads it):
+# kept across reboots, capped so that it never fills the root file system.
+[Journal]
+Storage=persistent
+SystemMaxUse=1G
+SystemKeepFree=2G
+CONF
+		# cloud-init's logs are files: rotated by size where the OS ships no rule for them.
+		if ! grep -qs 'cloud-init' /etc/logrotate.d/* 2>/dev/null; then
+			pkg_present logrotate || pkg_install logrotate
+			install -d -m 0755 /etc/logrotate.d
+			write_if_changed /etc/logrotate.d/slurm-image-cloud-init 0644 <"${IMAGE_STAGING:-/tmp/slurm-image}/files/logrotate/slurm-image-cloud-init"
 		fi
 		systemctl enable "${cw_units[@]}" >/dev/null
 		clear_skip "$NAME"
-		log "CloudWatch agent installed; ships the Slurm units' journal to /slurm/nodes/journal"
+		log "CloudWatch agent installed; its configuration is rendered at boot by $cw_unit"
 	fi
 fi
 log "done"

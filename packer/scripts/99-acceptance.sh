@@ -294,11 +294,11 @@ if [ "${CLOUDWATCH_AGENT:-false}" != true ]; then
 	pass "cloudwatch agent: not requested"
 elif reason=$(skipped_reason "CloudWatch agent"); then
 	not_checked "cloudwatch agent ($reason)"
-elif [ -s /opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json ] &&
-	[ "$(systemctl is-enabled slurm-image-journal-export.service 2>/dev/null || true)" = enabled ]; then
-	pass "cloudwatch agent configured; journal export enabled"
+elif [ "$(systemctl is-enabled slurm-node-agent-cloudwatch-config.service 2>/dev/null || true)" = enabled ] &&
+	grep -qs '^config_file = "/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json"' /etc/slurm-node-agent/conf.d/55-cloudwatch.toml; then
+	pass "cloudwatch agent: its configuration is rendered at boot (slurm-node-agent-cloudwatch-config.service)"
 else
-	fail "cloudwatch agent: configuration or slurm-image-journal-export.service missing"
+	fail "cloudwatch agent: slurm-node-agent-cloudwatch-config.service not enabled or cloudwatch.config_file not set"
 fi
 
 # NVIDIA: services enabled; on a builder with GPUs, devices, Fabric Manager's version.

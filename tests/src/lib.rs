@@ -93,6 +93,44 @@ pub fn identity_document(instance_id: &str, ami_id: &str, pending_time: u64) -> 
     .unwrap_or_default()
 }
 
+/// Reads a Prometheus textfile the agent wrote and checks it, and every other `*.prom`
+/// file in its folder, with `promtool check metrics` (Debian's `prometheus` package):
+/// panics naming the file and what promtool said. Returns the file's text.
+pub fn read_prom(path: &std::path::Path) -> String {
+    let dir = path.parent().expect("a textfile in a folder");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "prom"))
+        .collect();
+    files.sort();
+    assert!(
+        files.iter().any(|p| p == path),
+        "{} is missing",
+        path.display()
+    );
+    for f in &files {
+        let out = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::fs::File::open(f).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
+            .output()
+            .expect("promtool (scripts/test-deps.sh installs Debian's prometheus package)");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "promtool check metrics {}:\n{said}\n--- the file:\n{}",
+            f.display(),
+            std::fs::read_to_string(f).unwrap_or_default()
+        );
+    }
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

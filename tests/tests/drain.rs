@@ -420,7 +420,7 @@ fn spot_notice_drains_survives_imds_errors_and_reports_through_sd_notify() {
     assert_eq!(r["cause"], "spot");
 
     // Metrics textfile.
-    let prom = fs::read_to_string(w.path("state/drain.prom")).unwrap();
+    let prom = slurm_e2e::read_prom(&w.path("state/drain.prom"));
     assert!(
         prom.contains("slurm_node_agent_drain_phase{phase=\"drained\"} 1"),
         "{prom}"
@@ -1588,7 +1588,7 @@ fn the_daemon_runs_the_health_checks_on_its_schedule() {
         "{st}"
     );
     assert_eq!(st["reason"].as_str(), Some(w.reason().as_str()), "{st}");
-    let prom = fs::read_to_string(w.path("state/drain.prom")).unwrap();
+    let prom = slurm_e2e::read_prom(&w.path("state/drain.prom"));
     assert!(
         prom.contains("slurm_node_agent_drain_cause{kind=\"health\"} 1"),
         "{prom}"
@@ -1651,7 +1651,7 @@ fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_chan
     assert_eq!(st["repair"]["plan"]["action"], "replace", "{st}");
     assert_eq!(st["repair"]["mode"], "report", "{st}");
     assert_eq!(st["cause"], "health", "{st}");
-    let prom = fs::read_to_string(w.path("state/repair.prom")).unwrap();
+    let prom = slurm_e2e::read_prom(&w.path("state/repair.prom"));
     assert!(
         prom.contains(
             "slurm_node_agent_repair_planned_total{mode=\"report\",action=\"replace\",fault=\"hardware_degraded\"} 1"

@@ -163,7 +163,7 @@ fn health_check_program_drains_resumes_and_leaves_admin_drains_alone() {
             .is_some_and(|x| r.starts_with(&format!("{x} ["))),
         "{st}"
     );
-    let prom = fs::read_to_string(root.path().join("state/drain.prom")).unwrap();
+    let prom = slurm_e2e::read_prom(&root.path().join("state/drain.prom"));
     assert!(
         prom.contains("slurm_node_agent_drain_cause{kind=\"health\"} 1"),
         "{prom}"

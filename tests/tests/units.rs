@@ -23,6 +23,7 @@ use slurm_e2e::{run_ok, run_with_timeout, wait_until, TempRoot, UserSystemd};
 const AGENT_BIN: &str = "/usr/local/bin/slurm-node-agent";
 const BOOTSTRAP: &str = "slurm-node-agent-bootstrap.service";
 const DAEMON: &str = "slurm-node-agent.service";
+const CLOUDWATCH: &str = "slurm-node-agent-cloudwatch-config.service";
 const DROPIN: &str = "slurmd.service.d/slurm-node-agent.conf";
 const MUNGE_DROPIN: &str = "munge.service.d/slurm-node-agent.conf";
 const TMPFILES: &str = "tmpfiles.d/slurm-node-agent.conf";
@@ -53,7 +54,7 @@ fn every_unit_passes_systemd_analyze_verify() {
     let root = TempRoot::new("units-verify-").unwrap();
     let dir = root.subdir("system").unwrap();
     fs::create_dir_all(dir.join("slurmd.service.d")).unwrap();
-    for u in [BOOTSTRAP, DAEMON] {
+    for u in [BOOTSTRAP, DAEMON, CLOUDWATCH] {
         let text = read_unit(u);
         assert!(text.contains(&format!("ExecStart={AGENT_BIN} ")), "{u}");
         // The binary is not installed on this machine; verify checks it is executable.
@@ -73,7 +74,13 @@ fn every_unit_passes_systemd_analyze_verify() {
     )
     .unwrap();
     fs::write(dir.join(MUNGE_DROPIN), read_unit(MUNGE_DROPIN)).unwrap();
-    for u in [BOOTSTRAP, DAEMON, "slurmd.service", "munge.service"] {
+    for u in [
+        BOOTSTRAP,
+        DAEMON,
+        CLOUDWATCH,
+        "slurmd.service",
+        "munge.service",
+    ] {
         let (ok, stderr) = verify(&dir.join(u));
         assert!(ok && stderr.is_empty(), "{u}: {stderr}");
     }

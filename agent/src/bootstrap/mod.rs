@@ -18,6 +18,7 @@ mod auth;
 mod gate;
 pub mod join;
 pub mod login;
+pub mod metrics;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -281,6 +282,29 @@ pub struct Options {
     pub flag_layers: Vec<Layer>,
     /// Folder where GPU device files appear (`/dev`).
     pub dev_dir: PathBuf,
+    /// The run's progress, for the caller to read after it (success or not).
+    pub progress: ProgressLog,
+}
+
+/// What a bootstrap run has done so far, kept beside its result so that a failed run's
+/// steps reach its metrics too ([`metrics`]).
+#[derive(Debug, Default, Clone)]
+pub struct Progress {
+    /// Steps done, in order.
+    pub steps: Vec<Step>,
+    /// Where the metrics go (`bootstrap.prom` beside the drain metrics), once the settings
+    /// are read.
+    pub metrics_file: Option<PathBuf>,
+    /// The Slurm release slurmd runs (`slurmd -V`), once known.
+    pub slurm_release: Option<String>,
+}
+
+/// A run's [`Progress`], shared with the caller.
+pub type ProgressLog = std::sync::Arc<std::sync::Mutex<Progress>>;
+
+fn progress(log: &ProgressLog) -> std::sync::MutexGuard<'_, Progress> {
+    log.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Duration of one step.
@@ -340,32 +364,43 @@ struct Timer {
     start: Instant,
     step: Instant,
     steps: Vec<Step>,
+    log: ProgressLog,
 }
 
 impl Timer {
-    fn new() -> Timer {
+    fn new(log: &ProgressLog) -> Timer {
         let now = Instant::now();
         Timer {
             start: now,
             step: now,
             steps: Vec::new(),
+            log: log.clone(),
         }
     }
 
     /// Records a step measured on its own (one of several run together).
     fn record(&mut self, name: &'static str, d: Duration) {
         let duration_ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(step = name, duration_ms, "step done");
-        self.steps.push(Step { name, duration_ms });
+        self.push(Step { name, duration_ms });
         self.step = Instant::now();
     }
 
     fn done(&mut self, name: &'static str) {
         let now = Instant::now();
         let duration_ms = u64::try_from((now - self.step).as_millis()).unwrap_or(u64::MAX);
-        tracing::info!(step = name, duration_ms, "step done");
-        self.steps.push(Step { name, duration_ms });
+        self.push(Step { name, duration_ms });
         self.step = now;
+    }
+
+    fn push(&mut self, step: Step) {
+        tracing::info!(
+            decision = "bootstrap.step",
+            step = step.name,
+            duration_ms = step.duration_ms,
+            "step done"
+        );
+        progress(&self.log).steps.push(step.clone());
+        self.steps.push(step);
     }
 }
 
@@ -384,12 +419,13 @@ async fn timed<T, E>(
 /// [`BootstrapError`]; nothing is written before the step that needs it succeeds (no key
 /// file for a bad key, munge not restarted).
 pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
-    let mut t = Timer::new();
+    let mut t = Timer::new(&opts.progress);
     // The one settings pipeline (settings::pipeline): files and flags first (they may
     // point IMDS elsewhere), then the user data part and the tags, in precedence order.
     // Bootstrap refuses a key from a source below its trust class (exit 78).
     let inputs = Inputs::read(&opts.paths, &opts.flag_layers)?;
     let early = inputs.resolve(Enforce::Refuse)?;
+    progress(&opts.progress).metrics_file = Some(metrics::path(&early.settings));
     t.done("settings");
     // Two bootstraps at once (the unit and an operator, or user data): the second waits
     // for the first, then converges on what it did.
@@ -429,6 +465,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
     let (def, key_changed, systemd, scratch) =
         define_node_and_install_key(&cx, opts, prefetch, managed.as_ref(), &mut t).await?;
     let prepared = prepare_slurmd(&cx, &def, key_changed, &systemd, &mut t).await?;
+    progress(&opts.progress).slurm_release = prepared.version.as_ref().map(ToString::to_string);
     let facts = lifecycle_facts(&cx, &def, managed.as_ref());
     let gateway = cx.gateway(&def);
     let stages = cx.lifecycle(&facts, &gateway, managed.as_ref());

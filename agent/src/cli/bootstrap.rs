@@ -36,8 +36,10 @@ impl BootstrapArgs {
             paths: self.settings.paths(),
             flag_layers,
             dev_dir: self.dev_dir,
+            progress: bootstrap::ProgressLog::default(),
         };
-        match bootstrap::run(&opts).await {
+        let start = std::time::Instant::now();
+        let exit = match bootstrap::run(&opts).await {
             Ok(report) => {
                 print_report(&report, self.output);
                 Exit::Ok
@@ -46,7 +48,18 @@ impl BootstrapArgs {
                 print_error(&e);
                 e.exit()
             }
-        }
+        };
+        let progress = opts
+            .progress
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        bootstrap::metrics::write(
+            &progress,
+            i32::from(exit.code()),
+            start.elapsed().as_secs_f64(),
+        );
+        exit
     }
 }
 

@@ -17,6 +17,7 @@
 //! the one pipeline, `settings::pipeline`, not through bootstrap).
 
 mod capacity;
+pub mod metrics;
 pub mod notify;
 mod orphan;
 mod repair;
@@ -214,6 +215,8 @@ struct Ctx {
     hooks: tokio::sync::Mutex<Hooks>,
     /// The orphan watch (`[orphan]`), when it is on for this node.
     orphan: Option<std::sync::Mutex<orphan::OrphanWatch>>,
+    /// Distinct notices seen since the start (`agent.prom`).
+    notices: std::sync::Mutex<metrics::Notices>,
 }
 
 /// The termination lifecycle hooks' tracker and client.
@@ -467,6 +470,7 @@ async fn start_context(
         terminated_at: std::sync::atomic::AtomicI64::new(0),
         hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
         orphan,
+        notices: std::sync::Mutex::new(metrics::Notices::default()),
         s,
     });
     if let (Some(Cause::Lifecycle { seen, .. }), false) = (&st.cause, st.phase == Phase::Active) {
@@ -495,6 +499,13 @@ async fn main_loop(
     let mut upgrade_status = String::new();
     let s = &ctx.s;
     let start = Instant::now();
+    let slurm_release = crate::slurm::skew::Releases::look_local(&s.slurm)
+        .await
+        .node
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let mut agent_metrics = metrics::AgentMetrics::new(s, slurm_release);
+    agent_metrics.write(&lock_notices(ctx));
     let mut upgrade_poll = schedule::UpgradePoll::new(&s.upgrade);
     upgrade_poll.set_bound(crate::slurm::local_node_bound(&s.slurm));
     let mut schedule = daemon_schedule(
@@ -571,7 +582,9 @@ async fn main_loop(
                 if let Some(o) = outcome {
                     if let Some(c) = &o.upgrade {
                         upgrade_status = describe(c);
+                        agent_metrics.upgrade(c, crate::time::now());
                     }
+                    agent_metrics.write(&lock_notices(ctx));
                     if let Err(e) = o.result {
                         tracing::warn!("{e}");
                     }
@@ -1004,6 +1017,23 @@ async fn decide_and_apply(
 ) -> Outcome {
     let d = events::decide(&ctx.s.events, obs, current, crate::time::now());
     let acted = !d.is_empty();
+    {
+        let mut notices = lock_notices(ctx);
+        for c in d.iter().filter_map(|d| match d {
+            Decision::Drain(c) => Some(c),
+            _ => None,
+        }) {
+            if notices.saw(c) {
+                tracing::info!(
+                    decision = "notice.seen",
+                    node = %ctx.node,
+                    cause = c.kind(),
+                    key = %c.key(),
+                    "notice seen"
+                );
+            }
+        }
+    }
     Outcome {
         result: apply_on(work_rt, ctx, d).await,
         upgrade: None,
@@ -1072,6 +1102,12 @@ fn aws_region(id: &InstanceIdentity) -> String {
         .ok()
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| id.region.clone())
+}
+
+fn lock_notices(ctx: &Ctx) -> std::sync::MutexGuard<'_, metrics::Notices> {
+    ctx.notices
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn lock_outage(ctx: &Ctx) -> std::sync::MutexGuard<'_, Outage> {

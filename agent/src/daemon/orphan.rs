@@ -234,7 +234,7 @@ pub(super) async fn orphan_pass(ctx: &Ctx) {
     if let Some(mut w) = lock(ctx) {
         w.tried = Some(why.clone());
     }
-    tracing::warn!(node = %ctx.node, "ORPHAN: powering off {}: {why}", ctx.node);
+    tracing::warn!(decision = "orphan.poweroff", node = %ctx.node, "ORPHAN: powering off {}: {why}", ctx.node);
     let target = Target {
         gateway: &ctx.gateway,
         systemd_bus: &s.systemd.bus,

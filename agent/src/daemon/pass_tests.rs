@@ -57,6 +57,7 @@ fn ctx(imds: &FakeImds, slurmctld: &FakeSlurmctld) -> (tempfile::TempDir, Arc<Ct
         terminated_at: std::sync::atomic::AtomicI64::new(0),
         hooks: tokio::sync::Mutex::new(Hooks::new(&s)),
         orphan: None,
+        notices: std::sync::Mutex::new(metrics::Notices::default()),
         s,
     };
     (dir, Arc::new(ctx))

@@ -147,6 +147,7 @@ pub(super) async fn repair_pass(ctx: &Ctx, report: &crate::health::Report) {
     };
     match (&change, &plan) {
         (Change::Planned, Some(p)) => tracing::warn!(
+            decision = "repair.plan",
             node = %ctx.node,
             mode = s.repair.mode.as_str(),
             action = %p.action,

@@ -341,7 +341,7 @@ pub async fn run(s: &StartGateSettings, env: &GateEnv<'_>) -> GateRecord {
                 tracing::error!(part = %name, elapsed_ms = started.elapsed().as_millis() as u64, message = %p.message, "START GATE: {name} failed")
             }
             _ => {
-                tracing::info!(part = %name, status = status.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, message = %p.message, "START GATE: {name} {}", status.as_str())
+                tracing::info!(decision = "gate.part", part = %name, status = status.as_str(), elapsed_ms = started.elapsed().as_millis() as u64, message = %p.message, "START GATE: {name} {}", status.as_str())
             }
         }
         save(&record, env.state_dir);

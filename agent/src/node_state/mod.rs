@@ -570,7 +570,7 @@ impl Gateway {
             }
             return Ok(false);
         }
-        tracing::info!(node = %self.node, key, "cause went away; resuming");
+        tracing::info!(decision = "drain.lift", node = %self.node, key, "cause went away; resuming");
         match self.resume_in_slurm(&st, false, None).await {
             Ok(()) => {}
             Err(DrainError::Foreign { reason, .. }) => {

@@ -641,6 +641,7 @@ impl DrainState {
     fn go(&mut self, to: Phase, event: &str, now: i64) {
         let from = self.phase;
         tracing::info!(
+            decision = "drain.transition",
             from = from.as_str(),
             to = to.as_str(),
             event,

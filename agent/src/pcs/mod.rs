@@ -672,14 +672,18 @@ impl Failure {
         >,
     ) -> Failure {
         use aws_sdk_pcs::error::ProvideErrorMetadata;
-        Failure {
+        let failure = Failure {
             code: e.code().map(str::to_string),
             message: match e.message() {
                 Some(m) => m.to_string(),
                 None => crate::imds::error_chain(e),
             },
             status: e.raw_response().map(|r| r.status().as_u16()),
+        };
+        if failure.is_throttle() {
+            crate::textfile::note_throttled(API);
         }
+        failure
     }
 
     /// AWS throttled the call (its code, or HTTP 429).

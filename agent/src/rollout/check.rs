@@ -223,7 +223,7 @@ pub async fn check(
         slot::release_for(&engine.ops.scontrol, &engine.node, slot::SlotFor::Upgrade).await?;
         return Ok(Check::Busy);
     }
-    tracing::info!(%current, %desired, slot = %name, "upgrade drain started");
+    tracing::info!(decision = "upgrade.drain", %current, %desired, slot = %name, "upgrade drain started");
     Ok(Check::Started { current, desired })
 }
 

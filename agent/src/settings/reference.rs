@@ -198,6 +198,17 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     ("orphan.after", r#""45m""#),
     ("orphan.record_deleted_grace", r#""15m""#),
     (
+        "cloudwatch.config_file",
+        r#""/opt/aws/amazon-cloudwatch-agent/etc/amazon-cloudwatch-agent.json""#,
+    ),
+    ("cloudwatch.log_group_template", r#""/hpc/{cluster}/slurm-nodes/{log}""#),
+    ("cloudwatch.cluster_name", r#""genomics-prod""#),
+    ("cloudwatch.retention_days", "90"),
+    (
+        "cloudwatch.prometheus_config",
+        r#""/opt/aws/amazon-cloudwatch-agent/etc/prometheus.yaml""#,
+    ),
+    (
         "start_gate.commands",
         "[[start_gate.commands]]\nname = \"efa-loopback\"\nargv = [\"/opt/site/efa-loopback.sh\", \"--quick\"]\nbudget = \"2m\"\n",
     ),

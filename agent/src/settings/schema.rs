@@ -46,6 +46,8 @@ pub struct Settings {
     pub start_gate: crate::gate::StartGateSettings,
     /// `[orphan]`: a node whose controller is gone, or whose record was deleted, powers off.
     pub orphan: crate::orphan::OrphanSettings,
+    /// `[cloudwatch]`: the CloudWatch agent's configuration rendered at boot.
+    pub cloudwatch: crate::cloudwatch::CloudWatchSettings,
 }
 
 /// `[agent]`: the agent's own files.
@@ -118,6 +120,7 @@ impl Settings {
             self.node.dynamic,
             self.node.role == crate::nodedef::Role::Compute,
         )?;
+        self.cloudwatch.validate()?;
         crate::mounts::validate_all(&self.mounts)?;
         self.systemd.validate()
     }

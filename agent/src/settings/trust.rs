@@ -21,7 +21,7 @@ impl Source {
 }
 
 /// Every section's classes, in schema order.
-pub fn sections() -> [(&'static str, &'static [KeyTrust]); 17] {
+pub fn sections() -> [(&'static str, &'static [KeyTrust]); 18] {
     fn s<T: Classified>() -> (&'static str, &'static [KeyTrust]) {
         (T::SECTION, T::TRUST)
     }
@@ -43,6 +43,7 @@ pub fn sections() -> [(&'static str, &'static [KeyTrust]); 17] {
         s::<crate::repair::RepairSettings>(),
         s::<crate::gate::StartGateSettings>(),
         s::<crate::orphan::OrphanSettings>(),
+        s::<crate::cloudwatch::CloudWatchSettings>(),
     ]
 }
 

@@ -112,14 +112,14 @@ pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Resul
     match step.action {
         UpgradeAction::None => Ok(()),
         UpgradeAction::Reboot => {
-            tracing::info!(node = %t.gateway.node(), "scontrol reboot ASAP nextstate=resume");
+            tracing::info!(decision = "node.action", action = "reboot", node = %t.gateway.node(), "scontrol reboot ASAP nextstate=resume");
             t.gateway
                 .reboot(step.reason)
                 .await
                 .map_err(ActionError::Reboot)
         }
         UpgradeAction::Poweroff if step.power_down => {
-            tracing::info!(node = %t.gateway.node(), "scontrol update State=POWER_DOWN_ASAP (Slurm's power saving)");
+            tracing::info!(decision = "node.action", action = "power_down", node = %t.gateway.node(), "scontrol update State=POWER_DOWN_ASAP (Slurm's power saving)");
             t.gateway
                 .power_down(step.powered_off)
                 .await
@@ -128,7 +128,7 @@ pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Resul
         UpgradeAction::Poweroff => {
             leave_for_poweroff(up, t, step).await?;
             let unit = &up.poweroff_unit;
-            tracing::info!(unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
+            tracing::info!(decision = "node.action", action = "poweroff", unit, bus = %t.systemd_bus, "orderly shutdown through systemd");
             let sd = crate::systemd::Systemd::connect(t.systemd_bus).await?;
             Ok(sd.start(unit).await?)
         }
@@ -136,7 +136,7 @@ pub async fn run(up: &UpgradeSettings, t: &Target<'_>, step: &Step<'_>) -> Resul
             let Some((prog, args)) = up.hook.split_first() else {
                 return Err(ActionError::NoHook);
             };
-            tracing::info!(program = %prog, "running the upgrade hook");
+            tracing::info!(decision = "node.action", action = "hook", program = %prog, "running the upgrade hook");
             let mut cmd = tokio::process::Command::new(prog);
             cmd.args(args)
                 .env("SNA_NODE", t.gateway.node())
