@@ -207,10 +207,8 @@ impl Devices {
     /// InfiniBand device whose name starts with `efa` or `rdmap` (EFA's names).
     pub fn look(sys: &Path, dev: &Path) -> Devices {
         let any = |dir: &Path, f: &dyn Fn(&str) -> bool| {
-            std::fs::read_dir(dir).is_ok_and(|rd| {
-                rd.flatten()
-                    .any(|e| e.file_name().to_str().is_some_and(f))
-            })
+            std::fs::read_dir(dir)
+                .is_ok_and(|rd| rd.flatten().any(|e| e.file_name().to_str().is_some_and(f)))
         };
         Devices {
             nvidia_gpus: any(dev, &|n| {

@@ -101,6 +101,7 @@ fn bootstrap_textfile_of_a_failed_and_a_good_run() {
         }],
         metrics_file: None,
         slurm_release: None,
+        gate: None,
     };
     assert_clean(
         "bootstrap.prom (failed)",
@@ -111,10 +112,46 @@ fn bootstrap_textfile_of_a_failed_and_a_good_run() {
         duration_ms: 2400,
     });
     p.slurm_release = Some("25.11.7".into());
+    use slurm_node_agent::health::startgate::{GateRecord, Part, PartStatus};
+    let part = |name: &str, status, ended| Part {
+        name: name.into(),
+        status,
+        message: "a \"quoted\" word".into(),
+        budget_s: 600,
+        started_unix: 1_800_000_000,
+        ended_unix: ended,
+    };
+    p.gate = Some(GateRecord {
+        boot_id: "b".into(),
+        instance_id: "i-0".into(),
+        started_unix: 1_800_000_000,
+        deadline_unix: 1_800_001_200,
+        parts: vec![
+            part("dcgm", PartStatus::Running, None),
+            part("nccl \"one node\"", PartStatus::Running, None),
+        ],
+    });
     assert_clean(
-        "bootstrap.prom",
+        "bootstrap.prom (gate running)",
         &metrics::render(&p, 0, 2.403, 1_800_000_000),
     );
+    p.gate = Some(GateRecord {
+        parts: vec![
+            part("dcgm", PartStatus::Failed, Some(1_800_000_095)),
+            part("nccl \"one node\"", PartStatus::Passed, Some(1_800_000_100)),
+        ],
+        ..p.gate.clone().unwrap()
+    });
+    let text = metrics::render(&p, 0, 2.403, 1_800_000_000);
+    assert!(
+        text.contains("slurm_node_agent_start_gate_passed 0\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("slurm_node_agent_start_gate_part_duration_seconds{part=\"dcgm\"} 95\n"),
+        "{text}"
+    );
+    assert_clean("bootstrap.prom", &text);
 }
 
 #[test]

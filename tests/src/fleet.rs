@@ -2254,6 +2254,11 @@ impl Fleet {
     /// # Errors
     /// An unknown node; journalctl could not be run.
     pub fn disk_journal(&self, name: &str, unit: &str) -> Result<String> {
+        self.journalctl_on_disk(name, unit, "cat")
+    }
+
+    /// `journalctl -D <the node's /var/log/journal> -o <output> -u <unit>`'s output.
+    fn journalctl_on_disk(&self, name: &str, unit: &str, output: &str) -> Result<String> {
         let dir = {
             let nodes = self.lock_nodes();
             let n = nodes
@@ -2264,9 +2269,25 @@ impl Fleet {
         let mut c = Command::new("journalctl");
         c.arg("-D")
             .arg(&dir)
-            .args(["--no-pager", "-o", "cat", "-u", unit]);
+            .args(["--no-pager", "-o", output, "-u", unit]);
         let out = run_with_timeout(c, Duration::from_secs(60))?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The journal entries of `unit` on node `name`, every boot, as JSON objects
+    /// (`journalctl -D ... -o json`: `MESSAGE`, `_SYSTEMD_UNIT`, `_BOOT_ID`, ...), oldest
+    /// first; readable after the node powered off.
+    ///
+    /// # Errors
+    /// An unknown node; journalctl could not be run or wrote something else than JSON.
+    pub fn disk_journal_json(&self, name: &str, unit: &str) -> Result<Vec<serde_json::Value>> {
+        self.journalctl_on_disk(name, unit, "json")?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).with_context(|| format!("journalctl -o json wrote {l}"))
+            })
+            .collect()
     }
 
     /// The AMI id node `name` was launched with (its IMDS `ami-id`).

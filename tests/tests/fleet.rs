@@ -383,6 +383,79 @@ fn maintenance_reboot_drains_early_reboots_and_returns_to_service() {
         String::from_utf8_lossy(&out.stderr)
     );
     fleet.check_no_job_killed(2).unwrap();
+
+    // The decisions, read back from the node's journal as JSON entries: the notice seen,
+    // the drain begun for it, and its lift after the reboot, each one line with its
+    // stable fields (docs/operator-guide.md, "Decisions").
+    let decisions = decision_lines(&fleet, "node001");
+    let find = |what: &str, fields: &[&str]| {
+        decisions
+            .iter()
+            .position(|d| {
+                d.get("decision").map(String::as_str) == Some(what)
+                    && fields.iter().all(|f| {
+                        let (k, v) = f.split_once('=').unwrap();
+                        d.get(k).map(String::as_str) == Some(v)
+                    })
+            })
+            .unwrap_or_else(|| panic!("no {what} {fields:?} among {decisions:#?}"))
+    };
+    let seen = find("notice.seen", &["cause=maintenance"]);
+    let drained = find("drain.transition", &["to=draining", "cause=maintenance"]);
+    let lifted = find("drain.transition", &["to=active"]);
+    assert!(seen <= drained && drained < lifted, "{decisions:#?}");
+    assert_eq!(decisions[seen]["node"], "node001", "{decisions:#?}");
+}
+
+/// The agent's decision lines on node `name` (both units, every boot), each as its fields:
+/// read from the journal as JSON entries, the `key=value` fields of their MESSAGE parsed.
+fn decision_lines(fleet: &Fleet, name: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut out = Vec::new();
+    for unit in [
+        "slurm-node-agent-bootstrap.service",
+        "slurm-node-agent.service",
+    ] {
+        for e in fleet.disk_journal_json(name, unit).unwrap() {
+            let at: u64 = e["__REALTIME_TIMESTAMP"].as_str().unwrap().parse().unwrap();
+            let Some(msg) = e["MESSAGE"].as_str() else {
+                continue;
+            };
+            if !msg.contains("decision=") {
+                continue;
+            }
+            let mut fields = std::collections::BTreeMap::new();
+            fields.insert("@at".to_string(), format!("{at:020}"));
+            for (k, v) in parse_fields(msg) {
+                fields.insert(k, v);
+            }
+            out.push(fields);
+        }
+    }
+    out.sort_by(|a, b| a["@at"].cmp(&b["@at"]));
+    out
+}
+
+/// `key=value` and `key="quoted value"` pairs of a text log line (tracing's format).
+fn parse_fields(msg: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = msg;
+    while let Some(eq) = rest.find('=') {
+        let key_start = rest[..eq].rfind(' ').map_or(0, |i| i + 1);
+        let key = rest[key_start..eq].to_string();
+        let after = &rest[eq + 1..];
+        let (value, next) = if let Some(q) = after.strip_prefix('"') {
+            let end = q.find('"').unwrap_or(q.len());
+            (q[..end].to_string(), &q[(end + 1).min(q.len())..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        if key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !key.is_empty() {
+            out.push((key, value));
+        }
+        rest = next;
+    }
+    out
 }
 
 #[test]

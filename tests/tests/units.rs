@@ -354,3 +354,86 @@ fn munge_start_is_skipped_not_failed_until_the_key_exists() {
         "active"
     );
 }
+
+/// What replaces the journal export: `slurm-node-agent-cloudwatch-config.service`, run by a
+/// real (confined) systemd Manager with the real agent binary, writes the CloudWatch agent's
+/// configuration before the CloudWatch agent starts: a stand-in `amazon-cloudwatch-agent`
+/// that copies the configuration it finds at its start sees the rendered one, pulled in by
+/// the unit's `WantedBy=` once enabled. Started again, the unit leaves the file alone.
+#[test]
+fn the_cloudwatch_configuration_is_written_before_the_cloudwatch_agent_starts() {
+    let sd = UserSystemd::start().unwrap();
+    let root = TempRoot::new("units-cloudwatch-").unwrap();
+    let dir = sd.unit_dir();
+    let agent = slurm_e2e::agent::agent_binary().unwrap();
+    let config = root.path().join("cw/amazon-cloudwatch-agent.json");
+    let seen = root.path().join("seen.json");
+    fs::create_dir_all(root.path().join("conf.d")).unwrap();
+    fs::write(
+        root.path().join("agent.toml"),
+        format!(
+            "[cloudwatch]\nconfig_file = \"{}\"\ncluster_name = \"hpc-a\"\nretention_days = 14\n",
+            config.display()
+        ),
+    )
+    .unwrap();
+    let exec = format!(
+        "{} config cloudwatch --write --no-imds --config {} --config-dir {} --sys-dir {} --dev-dir {}",
+        agent.display(),
+        root.path().join("agent.toml").display(),
+        root.path().join("conf.d").display(),
+        root.path().display(),
+        root.path().display()
+    );
+    let unit = read_unit(CLOUDWATCH);
+    assert!(
+        unit.contains(&format!(
+            "ExecStart={AGENT_BIN} config cloudwatch --write\n"
+        )),
+        "{unit}"
+    );
+    fs::write(
+        dir.join(CLOUDWATCH),
+        unit.replace(&format!("{AGENT_BIN} config cloudwatch --write"), &exec),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("amazon-cloudwatch-agent.service"),
+        format!(
+            "[Unit]\nDescription=stand-in CloudWatch agent\n[Service]\nType=oneshot\nRemainAfterExit=yes\n\
+             ExecStart=/bin/cp {} {}\n",
+            config.display(),
+            seen.display()
+        ),
+    )
+    .unwrap();
+    // What `systemctl enable` makes of `WantedBy=amazon-cloudwatch-agent.service` (the
+    // image enables the unit; the client's enable does not see this Manager's unit folder).
+    assert!(
+        unit.contains("WantedBy=amazon-cloudwatch-agent.service"),
+        "{unit}"
+    );
+    let wants = dir.join("amazon-cloudwatch-agent.service.wants");
+    fs::create_dir_all(&wants).unwrap();
+    std::os::unix::fs::symlink(dir.join(CLOUDWATCH), wants.join(CLOUDWATCH)).unwrap();
+    sd.daemon_reload().unwrap();
+    sd.systemctl_ok(&["start", "amazon-cloudwatch-agent.service"])
+        .unwrap();
+    let text =
+        fs::read_to_string(&seen).expect("the CloudWatch agent started without its configuration");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v["logs"]["logs_collected"]["journald"]["collect_list"][0]["log_group_name"],
+        "/slurm/hpc-a/agent"
+    );
+    assert_eq!(
+        v["logs"]["logs_collected"]["journald"]["collect_list"][0]["retention_in_days"],
+        14
+    );
+    assert_eq!(sd.unit_property(CLOUDWATCH, "Result").unwrap(), "success");
+    // Again (a reboot): the same configuration, the file not rewritten.
+    let mtime = fs::metadata(&config).unwrap().modified().unwrap();
+    sd.systemctl_ok(&["restart", CLOUDWATCH]).unwrap();
+    assert_eq!(fs::metadata(&config).unwrap().modified().unwrap(), mtime);
+    assert_eq!(fs::read_to_string(&config).unwrap(), text);
+}

@@ -8,6 +8,9 @@
 //! slurm_node_agent_bootstrap_success 1                        # 0 when it failed
 //! slurm_node_agent_bootstrap_exit_code 0                      # docs/exit-codes.md
 //! slurm_node_agent_bootstrap_last_run_timestamp_seconds 1.8e9 # Unix time the run ended
+//! slurm_node_agent_start_gate_passed 1                        # when the gate ran
+//! slurm_node_agent_start_gate_part_status{part="dcgm",status="passed"} 1
+//! slurm_node_agent_start_gate_part_duration_seconds{part="dcgm"} 95
 //! slurm_node_agent_build_info{version=,commit=,slurm_release=} 1
 //! slurm_node_agent_aws_throttled_total{api="ssm:GetParameter"} 2
 //! ```
@@ -62,6 +65,44 @@ pub fn render(p: &Progress, exit_code: i32, total_s: f64, now: i64) -> String {
     #[allow(clippy::cast_precision_loss)]
     t.family(name, "Unix time the last bootstrap run ended.", Kind::Gauge)
         .sample(name, &[], now as f64);
+    if let Some(g) = &p.gate {
+        let name = "slurm_node_agent_start_gate_passed";
+        t.family(
+            name,
+            "1 when the start-up gate of this boot passed (every part passed or was skipped).",
+            Kind::Gauge,
+        )
+        .sample(name, &[], f64::from(u8::from(g.passed())));
+        let name = "slurm_node_agent_start_gate_part_status";
+        t.family(
+            name,
+            "The start-up gate's parts (dcgm, or a site command) by their status (1).",
+            Kind::Gauge,
+        );
+        for part in &g.parts {
+            t.sample(
+                name,
+                &[("part", &part.name), ("status", part.status.as_str())],
+                1.0,
+            );
+        }
+        let name = "slurm_node_agent_start_gate_part_duration_seconds";
+        t.family(
+            name,
+            "Wall time of each part of the start-up gate.",
+            Kind::Gauge,
+        );
+        for part in &g.parts {
+            if let Some(end) = part.ended_unix {
+                #[allow(clippy::cast_precision_loss)]
+                t.sample(
+                    name,
+                    &[("part", &part.name)],
+                    (end - part.started_unix).max(0) as f64,
+                );
+            }
+        }
+    }
     t.build_info(p.slurm_release.as_deref().unwrap_or(""));
     t.aws_throttled();
     t.finish()
@@ -100,6 +141,7 @@ mod tests {
             ],
             metrics_file: None,
             slurm_release: Some("25.11.7".into()),
+            gate: None,
         };
         let text = render(&p, 69, 1.52, 1_800_000_000);
         assert!(text.contains("slurm_node_agent_bootstrap_step_duration_seconds{step=\"instance_metadata\"} 1.5\n"), "{text}");

@@ -297,6 +297,8 @@ pub struct Progress {
     pub metrics_file: Option<PathBuf>,
     /// The Slurm release slurmd runs (`slurmd -V`), once known.
     pub slurm_release: Option<String>,
+    /// The start-up gate's record of this boot, when it ran.
+    pub gate: Option<crate::health::startgate::GateRecord>,
 }
 
 /// A run's [`Progress`], shared with the caller.
@@ -526,6 +528,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         )
         .await;
         t.done("start_gate");
+        progress(&opts.progress).gate = Some(record.clone());
         if let Ok(Some(n)) = gateway.record().await {
             state = n.state().to_string();
             drain = n.reason().filter(|_| n.is_drained()).map(str::to_string);

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::{ActOutcome, Report, Status};
+use crate::textfile::escape_label;
 
 /// Human text: one line per check, then notes and the action.
 pub fn text(
@@ -68,19 +69,6 @@ pub fn json(
         "action": action,
     })
     .to_string()
-}
-
-fn escape_label(v: &str) -> String {
-    let mut o = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => o.push_str("\\\\"),
-            '"' => o.push_str("\\\""),
-            '\n' => o.push_str("\\n"),
-            c => o.push(c),
-        }
-    }
-    o
 }
 
 /// Prometheus text format (version 0.0.4).
