@@ -802,10 +802,9 @@ where
 }
 
 fn is_access_denied(code: Option<&str>) -> bool {
-    matches!(
-        code,
-        Some("AccessDeniedException" | "AccessDenied" | "UnrecognizedClientException")
-    ) || code.is_some_and(|c| c.starts_with("KMS"))
+    crate::retry::is_access_denied(code)
+        || code == Some("UnrecognizedClientException")
+        || code.is_some_and(|c| c.starts_with("KMS"))
 }
 
 /// Resolves a user name to its uid and primary gid.

@@ -58,10 +58,7 @@ impl CapacityBlockError {
     /// Whether EC2 refused the call for want of permission (the instance profile lacks
     /// [`CapacityBlockError::iam_action`]).
     pub fn is_access_denied(&self) -> bool {
-        matches!(
-            self.code.as_deref(),
-            Some("UnauthorizedOperation" | "AccessDenied" | "AccessDeniedException")
-        )
+        crate::retry::is_access_denied(self.code.as_deref())
     }
 
     /// The IAM action the call needs: `ec2:DescribeInstances`,

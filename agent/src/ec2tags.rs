@@ -50,16 +50,11 @@ impl DescribeTagsError {
     /// Whether EC2 denied the call (the instance profile lacks `ec2:DescribeTags`, or the
     /// credentials are refused).
     pub fn is_access_denied(&self) -> bool {
-        matches!(
-            self.code.as_deref(),
-            Some(
-                "UnauthorizedOperation"
-                    | "AuthFailure"
-                    | "AccessDenied"
-                    | "AccessDeniedException"
-                    | "UnrecognizedClientException"
+        crate::retry::is_access_denied(self.code.as_deref())
+            || matches!(
+                self.code.as_deref(),
+                Some("AuthFailure" | "UnrecognizedClientException")
             )
-        )
     }
 
     /// The exit code: 77 (EX_NOPERM) when access is denied, as for the key; otherwise 69

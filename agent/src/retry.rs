@@ -40,6 +40,18 @@ impl Backoff {
     }
 }
 
+/// Whether an AWS error code says the caller may not make the call: `AccessDenied` (S3,
+/// Auto Scaling's query protocol), `AccessDeniedException` (JSON protocols: SSM, Secrets
+/// Manager, PCS), `UnauthorizedOperation` (EC2). Credentials that are refused outright
+/// (`AuthFailure`, `UnrecognizedClientException`) are the caller's to add where they mean
+/// the same to it.
+pub fn is_access_denied(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("AccessDenied" | "AccessDeniedException" | "UnauthorizedOperation")
+    )
+}
+
 /// Whether an AWS error code (or, for an answer without one, the HTTP status) says the
 /// request was throttled: the codes aws-smithy's retry classifier takes as throttling
 /// (`aws-runtime`'s `THROTTLING_ERRORS`), S3's `SlowDown` (503) and HTTP 429.

@@ -141,7 +141,7 @@ where
     };
     let instance = instance.to_string();
     match code.as_deref() {
-        Some("AccessDenied" | "AccessDeniedException" | "UnauthorizedOperation") => {
+        c if crate::retry::is_access_denied(c) => {
             HookError::Denied {
                 api,
                 iam_action: iam_action(api),
