@@ -93,6 +93,8 @@ trait Unit {
     fn sub_state(&self) -> zbus::Result<String>;
     #[zbus(property)]
     fn load_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn need_daemon_reload(&self) -> zbus::Result<bool>;
 }
 
 #[zbus::proxy(
@@ -372,6 +374,59 @@ impl Systemd {
             .await
             .map_err(err)?;
         u.active_state().await.map_err(err)
+    }
+
+    /// Whether the Manager must re-read its unit files for `unit` (`NeedDaemonReload`: the
+    /// file, or a drop-in, changed on disk since it was loaded). A unit the Manager never
+    /// loaded is read from disk as it is loaded now: `false`.
+    ///
+    /// # Errors
+    /// [`SystemdError::Call`].
+    pub async fn needs_reload(&self, unit: &str) -> Result<bool, SystemdError> {
+        let err = |source| SystemdError::Call {
+            call: "LoadUnit",
+            unit: unit.to_string(),
+            source,
+        };
+        let path = self.manager.load_unit(unit).await.map_err(err)?;
+        let u = UnitProxy::builder(self.manager.inner().connection())
+            .path(path)
+            .map_err(err)?
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
+            .await
+            .map_err(err)?;
+        u.need_daemon_reload().await.map_err(err)
+    }
+
+    /// `Reload()` only when one of `units` [needs it](Systemd::needs_reload) (a failed
+    /// look counts as needing it): a `daemon-reload` while slurmd runs re-applies every
+    /// unit's cgroup settings, which on Slurm before 25.11.3 could make systemd kill
+    /// slurmd (docs/slurm-versions.md). Whether it reloaded.
+    ///
+    /// # Errors
+    /// [`SystemdError`] of the reload.
+    pub async fn reload_if_needed(&self, units: &[&str]) -> Result<bool, SystemdError> {
+        let mut needed = None;
+        for u in units {
+            match self.needs_reload(u).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    needed = Some((*u).to_string());
+                    break;
+                }
+                Err(e) => {
+                    needed = Some(format!("{u} (its state unread: {e})"));
+                    break;
+                }
+            }
+        }
+        let Some(why) = needed else {
+            return Ok(false);
+        };
+        tracing::info!(unit = %why, "systemctl daemon-reload: the unit changed on disk");
+        self.reload().await?;
+        Ok(true)
     }
 
     /// The service's main process start time, PID, result and state.

@@ -54,6 +54,18 @@ impl World {
         }
     }
 
+    /// A canary of daemon-reloads: a started target whose file then changes on disk, so
+    /// that the Manager says it needs a reload until one is made.
+    async fn reload_canary(&self, systemd: &Systemd) -> &'static str {
+        let unit = "reload-canary.target";
+        let path = self.sd.unit_dir().join(unit);
+        std::fs::write(&path, "[Unit]\nDescription=canary\n").unwrap();
+        systemd.start(unit).await.unwrap();
+        std::fs::write(&path, "[Unit]\nDescription=canary, changed\n").unwrap();
+        assert!(systemd.needs_reload(unit).await.unwrap());
+        unit
+    }
+
     async fn systemd(&self) -> Systemd {
         Systemd::connect(&self.sd.bus_address()).await.unwrap()
     }
@@ -566,10 +578,22 @@ async fn failed_attempts_are_retried_with_backoff_until_the_source_appears() {
         run_ok(c, Duration::from_secs(60)).unwrap();
         std::fs::rename(&tmp, &late).unwrap();
     });
+    let canary = w.reload_canary(&systemd).await;
     let reports = mounts::ensure_all(&[m], "", &env, &systemd).await.unwrap();
     maker.join().unwrap();
     assert!(reports[0].attempts > 1, "{reports:?}");
     assert_eq!(w.mounted(&mp).unwrap().fs_type, "ext4");
+    // The failed starts made no daemon-reload (the canary still needs one): the unit was
+    // new, and a mount failing for itself is no stale unit (a reload while slurmd runs
+    // can cost it its cgroup settings).
+    assert!(
+        systemd.needs_reload(canary).await.unwrap(),
+        "a daemon-reload was made"
+    );
+    // The check can fail: asked when a unit changed on disk, the reload is made.
+    assert!(systemd.reload_if_needed(&[canary]).await.unwrap());
+    assert!(!systemd.needs_reload(canary).await.unwrap());
+    assert!(!systemd.reload_if_needed(&[canary]).await.unwrap());
     systemd.stop(&mount_unit_name(&mp)).await.unwrap();
 }
 

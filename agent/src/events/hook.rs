@@ -141,14 +141,12 @@ where
     };
     let instance = instance.to_string();
     match code.as_deref() {
-        c if crate::retry::is_access_denied(c) => {
-            HookError::Denied {
-                api,
-                iam_action: iam_action(api),
-                instance,
-                message,
-            }
-        }
+        c if crate::retry::is_access_denied(c) => HookError::Denied {
+            api,
+            iam_action: iam_action(api),
+            instance,
+            message,
+        },
         Some(c @ ("ValidationError" | "ValidationException" | "InvalidParameterValue")) => {
             HookError::Rejected {
                 api,

@@ -482,8 +482,8 @@ pub async fn ensure_all(
     let mut planned: Vec<(MountSpec, Instant, bool)> = Vec::new();
     // A new unit file is loaded on demand by StartUnit (systemd 246+ retries units it
     // could not find once its unit folders changed); only a replaced one needs Reload(),
-    // which costs 100 ms or more. mount_with_retries reloads once anyway when a start
-    // fails (older systemd, a stale unit in memory).
+    // which costs 100 ms or more. mount_with_retries reloads once when a start fails and
+    // the Manager says the unit changed on disk (older systemd, a stale unit in memory).
     let mut needs_reload = false;
     for (index, m) in mounts.iter().enumerate() {
         let start = Instant::now();
@@ -738,10 +738,14 @@ async fn mount_with_retries(
         attempt += 1;
         let mut started = systemd.start(&spec.unit).await;
         if started.is_err() && !reloaded {
-            // Older systemd, or a stale unit of that name in memory: reload once, retry.
+            // A stale unit of that name in memory (older systemd): reload once, retry;
+            // only when the Manager says the file changed on disk. A mount that fails for
+            // itself (a server down) makes no daemon-reload, which the daemon's retries
+            // would otherwise make every pass while slurmd runs (docs/slurm-versions.md).
             reloaded = true;
-            started = match systemd.reload().await {
-                Ok(()) => systemd.start(&spec.unit).await,
+            started = match systemd.reload_if_needed(&[&spec.unit]).await {
+                Ok(true) => systemd.start(&spec.unit).await,
+                Ok(false) => started,
                 Err(e) => Err(e),
             };
         }
