@@ -1647,7 +1647,17 @@ fn repair_in_report_mode_says_what_it_would_do_against_a_real_slurmctld_and_chan
         || Ok((log_count(&d, said) >= 1).then_some(())),
     )
     .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
-    let st = w.status();
+    // The plan is logged before repair.json is saved: wait for the record, not the line.
+    let st = wait_until(
+        "the repair's plan in status",
+        WAIT,
+        Duration::from_millis(100),
+        || {
+            let st = w.status();
+            Ok((!st["repair"]["plan"].is_null()).then_some(st))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_tail(40)));
     assert_eq!(st["repair"]["plan"]["action"], "replace", "{st}");
     assert_eq!(st["repair"]["mode"], "report", "{st}");
     assert_eq!(st["cause"], "health", "{st}");
