@@ -179,7 +179,9 @@ pub enum Budget {
 
 /// An `upgrade.max_unavailable` that is neither a node count nor a percentage.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected a node count (2) or a percentage (10%), got {value:?}")]
+#[error(
+    "expected a node count such as 3, or a percentage with no space before the sign such as \"10%\", got {value:?}"
+)]
 pub struct InvalidBudget {
     /// The text given.
     pub value: String,
@@ -196,7 +198,8 @@ impl Budget {
             value: s.to_string(),
         };
         match t.strip_suffix('%') {
-            Some(p) => match p.trim().parse::<u32>() {
+            // `10 %` is refused, not read: one spelling, the one the docs show.
+            Some(p) => match p.parse::<u32>() {
                 Ok(n) if (1..=100).contains(&n) => Ok(Budget::Percent(n)),
                 _ => Err(bad()),
             },
@@ -647,8 +650,8 @@ mod tests {
         assert_eq!(Budget::parse("2").unwrap().limit(100), 2);
         assert_eq!(Budget::parse("10%").unwrap().limit(100), 10);
         assert_eq!(Budget::parse("10%").unwrap().limit(5), 1);
-        assert_eq!(Budget::parse(" 50 %").unwrap().limit(3), 1);
-        for bad in ["0", "0%", "101%", "-1", "x", "", "1.5"] {
+        assert_eq!(Budget::parse(" 50% ").unwrap().limit(3), 1);
+        for bad in ["0", "0%", "101%", "-1", "x", "", "1.5", "10 %", "% 10"] {
             assert!(Budget::parse(bad).is_err(), "{bad:?}");
         }
     }
