@@ -21,7 +21,7 @@
 //! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`capacity_block`], [`ec2tags`], [`nodedef`] |
-//! | 1 | [`cloudinit`], [`imds`], [`orphan`], [`repair`], [`systemd`] |
+//! | 1 | [`cloudinit`], [`imds`], [`orphan`], [`progress`], [`repair`], [`systemd`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
 //! - **Roof (10 to 12)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
@@ -51,7 +51,8 @@
 //!   and, on floor 1 though it is no outside system, [`repair`], what a fault the health
 //!   checks found calls for (the `auto` table, the site's overrides, `report` mode's record),
 //!   and [`orphan`], when a node whose controller is gone or whose record was deleted
-//!   powers itself off (`[orphan]`).
+//!   powers itself off (`[orphan]`), and [`progress`], what a long step waits for, said
+//!   every 10 s in the journal and to `status`.
 //! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
 //!   the agent's drain reasons in Slurm and whose a record or a drain is; [`time`], Unix
 //!   seconds and the time formats IMDS and Slurm write; [`section`], what each settings
@@ -89,6 +90,7 @@ pub mod node_state;
 pub mod nodedef;
 pub mod orphan;
 pub mod pcs;
+pub mod progress;
 pub mod reason;
 pub mod repair;
 pub mod retry;

@@ -177,6 +177,46 @@ pub enum Budget {
     Percent(u32),
 }
 
+/// The daemon's last desired-image check, as `upgrade-last.json` in the state folder holds
+/// it, for `status` (`Image: running ami-..., desired ami-... (checked at T: up to date)`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageCheck {
+    /// When (Unix seconds).
+    pub at_unix: i64,
+    /// The image this instance runs (IMDS `ami-id`).
+    pub running: String,
+    /// The desired image `upgrade.parameter` held, where the check read one.
+    pub desired: Option<String>,
+    /// What the check made of it, in the daemon's `STATUS=` words (`up to date (ami-...)`,
+    /// `ami-A -> ami-B`, `waiting for a budget slot (2/2 held)`, `error: ...`).
+    pub verdict: String,
+}
+
+impl ImageCheck {
+    /// The file under `state_dir`.
+    pub fn path(state_dir: &std::path::Path) -> std::path::PathBuf {
+        state_dir.join("upgrade-last.json")
+    }
+
+    /// Writes it atomically under `state_dir`; a failure is logged, never fatal.
+    pub fn save(&self, state_dir: &std::path::Path) {
+        let path = ImageCheck::path(state_dir);
+        let written = serde_json::to_vec(self)
+            .map_err(std::io::Error::other)
+            .and_then(|b| {
+                crate::fsutil::write_atomic(&path, &b, 0o644, None).map_err(std::io::Error::other)
+            });
+        if let Err(e) = written {
+            tracing::debug!("{}: desired-image check not recorded: {e}", path.display());
+        }
+    }
+
+    /// The record under `state_dir`, if any.
+    pub fn load(state_dir: &std::path::Path) -> Option<ImageCheck> {
+        serde_json::from_slice(&std::fs::read(ImageCheck::path(state_dir)).ok()?).ok()
+    }
+}
+
 /// An `upgrade.max_unavailable` that is neither a node count nor a percentage.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
