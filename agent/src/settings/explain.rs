@@ -284,7 +284,13 @@ pub fn rewrite(key: &str, message: &str) -> String {
     match (got, &help) {
         (Some(got), Some(h)) => out.push_str(&format!("expected {}, got {got}", h.expected)),
         (Some(got), None) => out.push_str(&format!("value {got} is not accepted")),
-        // The key's own check (a duration's, a budget's): its words already say what.
+        // The key's own check (a duration's, a budget's): its words already say what;
+        // a duration's generic example gives way to the key's own below.
+        (None, Some(h)) if !h.example.is_empty() => out.push_str(
+            message
+                .strip_suffix("; write e.g. \"90s\" or \"10m\"")
+                .unwrap_or(message),
+        ),
         (None, _) => out.push_str(message),
     }
     if let Some(h) = help.filter(|h| !h.example.is_empty()) {
