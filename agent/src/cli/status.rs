@@ -173,9 +173,10 @@ pub fn plan(st: &crate::drain::DrainState, up: &crate::upgrade::UpgradeSettings)
 
 /// `status` on a login node (`node.role = "login"`): no drain state and no record in
 /// slurmctld, but sackd's unit and `scontrol ping` as the node's users would run it
-/// (through sackd's configuration and credentials). Text: `NodeName`, `Role`, `Instance`,
-/// `sackd`, `Slurm` lines; JSON: `{node, role, instance_id, sackd: {unit, state},
-/// slurm: {ping} or {error}}`. Exit 69 when the ping fails.
+/// (through sackd's configuration and credentials), and the daemon's last health pass.
+/// Text: `NodeName`, `Role`, `Instance`, `sackd`, `Last health pass`, `Slurm` lines; JSON:
+/// `{node, role, instance_id, sackd: {unit, state}, health, slurm: {ping} or {error}}`.
+/// Exit 69 when the ping fails.
 async fn login_status(
     s: &crate::settings::Settings,
     id: &crate::identity::NodeIdentity,
@@ -205,6 +206,11 @@ async fn login_status(
             },
         )
     };
+    let health = crate::health::LastPass::load(&s.agent.state_dir).and_then(|p| {
+        let mut v = serde_json::to_value(&p).ok()?;
+        v["age_s"] = (crate::time::now() - p.at_unix).max(0).into();
+        Some(v)
+    });
     match output {
         Output::Json => println!(
             "{}",
@@ -213,6 +219,7 @@ async fn login_status(
                 "role": "login",
                 "instance_id": id.instance_id,
                 "sackd": { "unit": unit, "state": sackd_state },
+                "health": health,
                 "slurm": slurm,
             })
         ),
@@ -221,6 +228,7 @@ async fn login_status(
             println!("Role: login");
             println!("Instance: {}", id.instance_id);
             println!("sackd: {sackd_state} ({unit})");
+            println!("Last health pass: {}", health_line(health.as_ref()));
             match &slurm {
                 None => println!("Slurm: not asked (--no-slurm)"),
                 Some(v) => match v.get("ping").and_then(|p| p.as_str()) {
