@@ -120,7 +120,7 @@ impl Exit {
                 "bad data: key missing, empty or the wrong size; the node's auth type or key differs from the controller's (slurmctld refuses slurmd or sackd); node registered INVALID; a NodeName that is not dynamic and unknown to slurmctld; lifecycle actions beyond the API's limits; a lifecycle script with `onError = TERMINATE` failed (the instance is powering off)"
             }
             Exit::Unavailable => {
-                "unavailable: IMDS, AWS, GPUs; slurmctld or the node unknown to it (`status` still prints what it knows locally); no bootstrap record and no instance metadata; `config show` without IMDS (use `--no-imds` off EC2)"
+                "unavailable: IMDS, AWS, GPUs; slurmctld or the node unknown to it (`status` still prints what it knows locally); no bootstrap record and no instance metadata; `config show` without IMDS (use `--no-imds` off EC2); a support bundle written but not uploaded"
             }
             Exit::OsErr => {
                 "systemd refused or failed a job; signal set-up failed; the async runtime could not start"
@@ -129,7 +129,7 @@ impl Exit {
                 "a required mount is not in place (a `[[mounts]]` entry, `required = true` by default): slurmd is not started, the node does not join"
             }
             Exit::IoErr => {
-                "I/O error: key, options or state file; `check`'s report could not be written to stdout"
+                "I/O error: key, options or state file; `check`'s report could not be written to stdout; the CloudWatch agent's configuration or the support bundle could not be written"
             }
             Exit::TempFail => {
                 "temporary: node not registered by `slurm.join_deadline`; state lock busy; `--wait` timed out; resume while the upgrade action runs"
@@ -201,7 +201,7 @@ impl Exit {
 /// code it can end with: what its error types map to (`exit()`), 2 for a usage error (clap)
 /// and 71 when the async runtime cannot start (any command). The table of all commands is
 /// made from this, and a test checks each command's own table against it.
-pub const COMMANDS: [(&str, &[Exit]); 7] = [
+pub const COMMANDS: [(&str, &[Exit]); 9] = [
     (
         "bootstrap",
         &[
@@ -291,6 +291,30 @@ pub const COMMANDS: [(&str, &[Exit]); 7] = [
             Exit::Unavailable,
             Exit::OsErr,
             Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    (
+        "config cloudwatch",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
+            Exit::NoPerm,
+            Exit::Config,
+        ],
+    ),
+    // Written, not uploaded, is 69; an unreadable part is listed, never an error.
+    (
+        "support-bundle",
+        &[
+            Exit::Ok,
+            Exit::Usage,
+            Exit::Unavailable,
+            Exit::OsErr,
+            Exit::IoErr,
             Exit::Config,
         ],
     ),

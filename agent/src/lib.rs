@@ -21,7 +21,7 @@
 //! | 4 | [`node_state`], [`pcs`] |
 //! | 3 | [`slurm`] |
 //! | 2 | [`authkey`], [`capacity_block`], [`ec2tags`], [`nodedef`] |
-//! | 1 | [`cloudinit`], [`cloudwatch`], [`imds`], [`orphan`], [`repair`], [`systemd`], [`textfile`] |
+//! | 1 | [`cloudinit`], [`cloudwatch`], [`imds`], [`orphan`], [`progress`], [`repair`], [`systemd`], [`textfile`] |
 //! | 0 | [`exit`], [`fsutil`], [`hostfacts`], [`location`], [`reason`], [`retry`], [`section`], [`time`], [`userdata`] |
 //!
 //! - **Roof (10 to 12)**: [`cli`], one file per subcommand; [`daemon`], the `run` loop (and
@@ -51,7 +51,8 @@
 //!   and, on floor 1 though it is no outside system, [`repair`], what a fault the health
 //!   checks found calls for (the `auto` table, the site's overrides, `report` mode's record),
 //!   and [`orphan`], when a node whose controller is gone or whose record was deleted
-//!   powers itself off (`[orphan]`); [`textfile`], the writer of the Prometheus
+//!   powers itself off (`[orphan]`); [`progress`], what a long step waits for, said
+//!   every 10 s in the journal and to `status`; [`textfile`], the writer of the Prometheus
 //!   textfiles and what each carries (the build, throttled AWS calls); and [`cloudwatch`],
 //!   the CloudWatch agent's configuration (log groups, retention, native metrics).
 //! - **Ground (0)**: what everything uses and that uses nothing of the crate: [`reason`],
@@ -92,6 +93,7 @@ pub mod node_state;
 pub mod nodedef;
 pub mod orphan;
 pub mod pcs;
+pub mod progress;
 pub mod reason;
 pub mod repair;
 pub mod retry;

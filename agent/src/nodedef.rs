@@ -155,6 +155,9 @@ impl NodeSettings {
         if self.name_template.trim().is_empty() {
             return e("name_template", "must not be empty".into());
         }
+        if let Err(m) = check_template(&self.name_template) {
+            return e("name_template", m.to_string());
+        }
         for f in &self.features {
             if let Err(m) = validate_feature(f) {
                 return e("features", m.to_string());
@@ -327,7 +330,11 @@ pub enum TemplateError {
         tag: String,
     },
     /// A placeholder that is none of the known ones.
-    #[error("unknown placeholder {{{placeholder}}} in {template:?}")]
+    #[error(
+        "unknown placeholder {{{placeholder}}} in {template:?}: expected {{instance_id}}, \
+         {{instance_type}}, {{instance_family}}, {{availability_zone}}, {{region}}, \
+         {{local_hostname_short}}, {{local_ipv4_dashed}} or {{tag:<key>}}"
+    )]
     UnknownPlaceholder {
         /// The placeholder, without braces.
         placeholder: String,
@@ -432,6 +439,44 @@ pub fn validate_topology(t: &str) -> Result<(), InvalidTopology> {
             topology: t.to_string(),
         })
     }
+}
+
+/// The placeholders of `node.name_template` besides `{tag:<key>}`.
+pub const TEMPLATE_PLACEHOLDERS: [&str; 7] = [
+    "instance_id",
+    "instance_type",
+    "instance_family",
+    "availability_zone",
+    "region",
+    "local_hostname_short",
+    "local_ipv4_dashed",
+];
+
+/// Checks a NodeName template's shape without the instance's facts: every `{` closed,
+/// every placeholder one of [`TEMPLATE_PLACEHOLDERS`] or `{tag:<key>}` with a key. What
+/// `config show` and every settings check refuse, as bootstrap's expansion does.
+///
+/// # Errors
+/// [`TemplateError::Unclosed`] or [`TemplateError::UnknownPlaceholder`].
+pub fn check_template(template: &str) -> Result<(), TemplateError> {
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        let end = after.find('}').ok_or_else(|| TemplateError::Unclosed {
+            template: template.to_string(),
+        })?;
+        let name = &after[..end];
+        let known = TEMPLATE_PLACEHOLDERS.contains(&name)
+            || name.strip_prefix("tag:").is_some_and(|k| !k.is_empty());
+        if !known {
+            return Err(TemplateError::UnknownPlaceholder {
+                placeholder: name.to_string(),
+                template: template.to_string(),
+            });
+        }
+        rest = &after[end + 1..];
+    }
+    Ok(())
 }
 
 /// Expands the NodeName template over instance facts and checks the result.

@@ -174,7 +174,8 @@ pub enum SystemdError {
 }
 
 /// Checks a unit name (systemd.unit(5)): ASCII letters, digits, `:-_.\@`, a known suffix,
-/// at most 255 characters.
+/// at most 255 characters, and not a template (`slurmd@.service`: systemd starts, stops
+/// and watches an instance of a template, `slurmd@gpu-001.service`, never the template).
 ///
 /// # Errors
 /// [`InvalidUnitName`]: the name.
@@ -189,7 +190,7 @@ pub fn validate_unit_name(name: &str) -> Result<(), InvalidUnitName> {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@".contains(c));
-    if ok {
+    if ok && !is_template(name) {
         Ok(())
     } else {
         Err(InvalidUnitName {
@@ -198,12 +199,34 @@ pub fn validate_unit_name(name: &str) -> Result<(), InvalidUnitName> {
     }
 }
 
+/// `foo@.service`: a template unit (an `@` right before the suffix's dot).
+fn is_template(name: &str) -> bool {
+    name.rsplit_once('.')
+        .is_some_and(|(stem, _)| stem.ends_with('@'))
+}
+
 /// A text that is not a systemd unit name ([`validate_unit_name`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid systemd unit name {name:?}")]
+#[error("{}", unit_name_problem(name))]
 pub struct InvalidUnitName {
     /// The text given.
     pub name: String,
+}
+
+fn unit_name_problem(name: &str) -> String {
+    if is_template(name) {
+        let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, "service"));
+        format!(
+            "{name:?} is a template unit, which systemd never starts itself: name one \
+             instance of it, such as \"{stem}instance.{suffix}\""
+        )
+    } else {
+        format!(
+            "invalid systemd unit name {name:?}: expected a name such as \"slurmd.service\" \
+             (letters, digits and :-_.\\@, ending .service, .mount, .target, .socket, \
+             .timer, .path, .slice or .scope)"
+        )
+    }
 }
 
 /// A connection to the systemd Manager made at its first use, for one pass of periodic
@@ -644,6 +667,7 @@ mod tests {
             "x;y.service",
             "../x.service",
             "",
+            "slurmd@.service",
         ] {
             assert!(validate_unit_name(bad).is_err(), "{bad}");
         }

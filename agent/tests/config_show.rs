@@ -182,12 +182,28 @@ fn errors_name_file_line_and_key_and_exit_78() {
     let out = agent(dir.path(), &["--no-imds"]);
     assert_eq!(out.status.code(), Some(78));
     let err = String::from_utf8_lossy(&out.stderr);
+    // The file, line and column, the key, what it takes, an example, toml's snippet.
     assert!(
-        err.contains("20-x.toml: TOML parse error at line 2, column"),
+        err.contains(
+            "20-x.toml, line 2, column 16: key `slurm.conf_servers`: expected a list of \
+             strings, got the integer 7; for example `slurm.conf_servers = ["
+        ),
         "{err}"
     );
+    assert!(err.contains("2 | conf_servers = 7\n"), "{err}");
+    // `config show` checks the NodeName template's placeholders, as bootstrap does.
+    std::fs::write(
+        dir.path().join("conf.d/20-x.toml"),
+        "[node]\nname_template = \"{instance_idd}\"\n",
+    )
+    .unwrap();
+    let out = agent(dir.path(), &["--no-imds"]);
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("conf_servers") || err.contains("invalid type"),
+        err.contains(
+            "20-x.toml, line 2: key `node.name_template`: unknown placeholder {instance_idd}"
+        ),
         "{err}"
     );
     std::fs::remove_file(dir.path().join("conf.d/20-x.toml")).unwrap();

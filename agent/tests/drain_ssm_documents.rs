@@ -24,8 +24,8 @@ fn documents() -> Vec<(String, Value)> {
     out.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
         out.len(),
-        4,
-        "expected the Drain, Repair, Resume and Status documents"
+        5,
+        "expected the Drain, Repair, Resume, Status and SupportBundle documents"
     );
     out
 }
@@ -84,6 +84,13 @@ fn samples(name: &str, p: &Value) -> Vec<String> {
             "x".into(),
         ],
         "timeout" | "liftFor" => vec!["90s".into(), "30m".into(), "2h".into()],
+        "s3Uri" => vec![
+            "s3://support-bundles/node-cases/".into(),
+            "s3://my.bucket-1/case-42/gpu-001.tar.gz".into(),
+            "s3://bkt".into(),
+        ],
+        "maxSize" => vec!["50MiB".into(), "800KiB".into(), "1GiB".into()],
+        "collectFor" => vec!["60s".into(), "5m".into(), "10m".into()],
         other => panic!("no samples for parameter {other}"),
     }
 }
@@ -172,7 +179,7 @@ fn every_command_line_is_accepted_by_the_agent() {
     }
     assert_eq!(
         seen.into_iter().collect::<Vec<_>>(),
-        ["drain", "repair", "resume", "status"]
+        ["drain", "repair", "resume", "status", "support-bundle"]
     );
 }
 

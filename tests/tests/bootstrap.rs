@@ -263,11 +263,21 @@ fn hostile_tags_and_bad_settings_are_refused_with_the_source_named() {
     let dropin = env.config_dir().join("50-broken.toml");
     std::fs::write(&dropin, "[node]\nweight = 3\nfeatures = [\"a\",\n").unwrap();
     let out = env.bootstrap(&[]).unwrap();
-    assert_failed_cleanly(&env, &out, 78, "50-broken.toml: TOML parse error at line");
+    assert_failed_cleanly(
+        &env,
+        &out,
+        78,
+        "50-broken.toml, line 3, column 17: unclosed array",
+    );
     // An unknown key.
     std::fs::write(&dropin, "[node]\nwieght = 3\n").unwrap();
     let out = env.bootstrap(&[]).unwrap();
-    assert_failed_cleanly(&env, &out, 78, "unknown field `wieght`");
+    assert_failed_cleanly(
+        &env,
+        &out,
+        78,
+        "unknown key `node.wieght`; did you mean `node.weight`?",
+    );
     std::fs::remove_file(&dropin).unwrap();
     // A flag.
     let out = env.bootstrap(&["--set", "node.features=a,b c"]).unwrap();

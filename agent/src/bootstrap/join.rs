@@ -76,8 +76,10 @@ pub(super) async fn join(
     // The next look, its scontrol started during the pause before it
     // ([`Slurmctld::look_ahead`]): the look is then one RPC, not a program's start.
     let mut ready: Option<LookAhead> = None;
-    wait_for_config_cache(s, systemd, deadline).await;
-    wait_for_slurmd_ready(s, systemd, version, deadline).await;
+    // What the join waits for, said every 10 s (journal and `status`).
+    let mut progress = crate::progress::Progress::new(Some(&s.agent.state_dir), "bootstrap: join");
+    wait_for_config_cache(s, systemd, deadline, &mut progress).await;
+    wait_for_slurmd_ready(s, systemd, version, deadline, &mut progress).await;
     loop {
         let look = async {
             match ready.take() {
@@ -149,6 +151,13 @@ pub(super) async fn join(
             None => systemd.active_state(unit).await?,
         };
         tracing::debug!(%unit_state, %seen, "waiting for the node");
+        progress.waiting(&format!(
+            "slurmd's registration with slurmctld ({unit} {unit_state}; {} of join_deadline {} left): {seen}",
+            crate::section::HumanDuration(Duration::from_secs(
+                deadline.saturating_sub(start.elapsed()).as_secs()
+            )),
+            s.slurm.join_deadline
+        ));
         if matches!(unit_state.as_str(), "failed" | "inactive") {
             restart_slurmd(
                 s,
@@ -226,9 +235,16 @@ async fn restart_slurmd(
     if let Err(e) = slurmd::restart(systemd, unit).await {
         tracing::warn!("{e}");
     }
-    wait_for_config_cache(s, systemd, deadline.saturating_sub(start.elapsed())).await;
+    let mut progress = crate::progress::Progress::new(Some(&s.agent.state_dir), "bootstrap: join");
+    wait_for_config_cache(
+        s,
+        systemd,
+        deadline.saturating_sub(start.elapsed()),
+        &mut progress,
+    )
+    .await;
     let left = deadline.saturating_sub(start.elapsed());
-    wait_for_slurmd_ready(s, systemd, version, left).await;
+    wait_for_slurmd_ready(s, systemd, version, left, &mut progress).await;
     Ok(())
 }
 
@@ -386,7 +402,12 @@ async fn not_joined(
 /// is no longer active. slurmd registers only after that, and each `scontrol` run before it
 /// would fetch the whole configuration from slurmctld (`REQUEST_CONFIG`, the largest answer
 /// it sends), once per look and per node.
-async fn wait_for_config_cache(s: &Settings, systemd: &dyn Units, time_left: Duration) {
+async fn wait_for_config_cache(
+    s: &Settings,
+    systemd: &dyn Units,
+    time_left: Duration,
+    progress: &mut crate::progress::Progress,
+) {
     let missing = || !client_has_config(s);
     if !missing() {
         return;
@@ -401,6 +422,10 @@ async fn wait_for_config_cache(s: &Settings, systemd: &dyn Units, time_left: Dur
             tracing::debug!(waited = ?start.elapsed(), "slurmd's configuration cache is there");
             return;
         }
+        progress.waiting(&format!(
+            "slurmd to fetch the configuration from slurmctld (its cache {})",
+            slurm::CONFIG_CACHE
+        ));
         // The unit's state every 4 looks (20 ms): a slurmd that failed is [`join`]'s to
         // handle, with slurmctld's answer in its message.
         if looks.is_multiple_of(4) {
@@ -436,6 +461,7 @@ async fn wait_for_slurmd_ready(
     systemd: &dyn Units,
     version: Option<SlurmVersion>,
     time_left: Duration,
+    progress: &mut crate::progress::Progress,
 ) {
     if !version.is_some_and(SlurmVersion::has_slurmd_http_probes) {
         return;
@@ -446,6 +472,9 @@ async fn wait_for_slurmd_ready(
     let mut refused_since: Option<Instant> = None;
     let mut tries = 0u32;
     while start.elapsed() < limit {
+        progress.waiting(&format!(
+            "slurmd to answer GET /readyz on port {port} (its configuration, its start-up health check, its registration)"
+        ));
         // Nothing listens on slurmd's port yet: it is still fetching its configuration.
         let Some(addr) = slurm::readyz::listening_address(port) else {
             if tries.is_multiple_of(4) && slurmd_stopped(s, systemd).await {

@@ -281,3 +281,43 @@ async fn a_node_slurmctld_never_shows_registered_fails_at_the_deadline_naming_wh
         "{last_error}"
     );
 }
+
+/// Issue 44 §2: the join says what it waits for at least every 10 s, in the journal and in
+/// `progress.json` (what `status` shows), while slurmctld does not show the registration;
+/// on tokio's paused clock, so 25 s of waiting take no time. The record goes when the join
+/// ends.
+#[tokio::test(start_paused = true)]
+async fn the_join_says_what_it_waits_for_every_ten_seconds() {
+    let mut w = World::new(AMI_NEW);
+    // Wall-clock time for the deadline: far enough that only the registration ends it.
+    w.s.slurm.join_deadline = crate::settings::HumanDuration(Duration::from_secs(600));
+    let before = crate::time::format(crate::time::now() - 3600);
+    let before = before.trim_end_matches('Z');
+    w.slurmctld.set_record(&format!(
+        "NodeName={NODE} State=IDLE+NOT_RESPONDING SlurmdStartTime={before} Version=25.11.6"
+    ));
+    let state = w.s.agent.state_dir.clone();
+    let watch = async {
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        let r = crate::progress::Record::load(&state).expect("a progress record while waiting");
+        // Now slurmd registers: the join ends.
+        w.registered("IDLE", ME, None);
+        r
+    };
+    let (joined, seen) = tokio::join!(w.join(RecordHolder::This), watch);
+    joined.unwrap();
+    assert_eq!(seen.step, "bootstrap: join");
+    assert!(
+        seen.waiting_for
+            .starts_with("slurmd's registration with slurmctld (slurmd.service active;"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.waiting_for
+            .contains("slurmctld shows no registration by the slurmd now running"),
+        "{seen:?}"
+    );
+    // Said at 0, 10 and 20 s of the wait.
+    assert_eq!(seen.lines, 3, "{seen:?}");
+    assert!(crate::progress::Record::load(&state).is_none());
+}

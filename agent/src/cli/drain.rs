@@ -140,6 +140,28 @@ pub struct Report {
     /// stands, and by when it must have ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_gate: Option<crate::health::startgate::GateRecord>,
+    /// `node.role` (`status`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// What the drain does next, in words (`status`): `none: the node takes jobs`, `no new
+    /// jobs; once the running ones end: reboot through Slurm ...`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// The daemon's last health pass (`status`; `health-last.json`), with `age_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<serde_json::Value>,
+    /// The running and desired image (`status`): `{running, desired, checked_unix,
+    /// verdict}`, the last three from the daemon's last check (`upgrade-last.json`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<serde_json::Value>,
+    /// The Slurm release `/opt/slurm` points at among those installed (`status`):
+    /// `{chosen, installed}`; absent with one release.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_release: Option<serde_json::Value>,
+    /// What a long step of the agent waits for now (`status`; `progress.json`): bootstrap's
+    /// join, a slow mount, a part of the start-up gate.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<crate::progress::Record>,
 }
 
 impl Report {
@@ -157,6 +179,12 @@ impl Report {
             waited_ms: None,
             repair: None,
             start_gate: None,
+            role: None,
+            plan: None,
+            health: None,
+            image: None,
+            slurm_release: None,
+            waiting: Vec::new(),
         }
     }
 

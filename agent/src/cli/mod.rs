@@ -17,6 +17,7 @@ pub mod repair;
 pub mod resume;
 pub mod run;
 pub mod status;
+pub mod support_bundle;
 
 use std::process::ExitCode;
 
@@ -62,6 +63,9 @@ pub enum Command {
     Status(status::StatusArgs),
     /// The repair on this node: clear its history, lift the breaker for a while.
     Repair(repair::RepairArgs),
+    /// One .tar.gz for whoever helps: versions, settings (redacted), state files, the
+    /// journal, the kernel log, slurmctld's record of the node, mounts and scratch.
+    SupportBundle(support_bundle::SupportBundleArgs),
     /// Write the man pages and shell completions (bash, zsh, fish) of slurm-node-agent and
     /// slurm-node-agent-healthcheck below a `share` folder (the image's agent step).
     #[command(hide = true)]
@@ -344,6 +348,7 @@ impl Cli {
                 Command::Resume(a) => a.run().await,
                 Command::Status(a) => a.run().await,
                 Command::Repair(a) => a.run().await,
+                Command::SupportBundle(a) => a.run().await,
                 Command::Generate(a) => a.run().await,
             }
         })

@@ -1,8 +1,10 @@
 //! `slurm-node-agent status`: the drain state, and Slurm's view of the node.
 //!
-//! Text output is one `Field: value` line each (NodeName, Instance, Phase, Cause, Reason,
-//! Last error, then Slurm's State and Reason); `--output json` is one object (the drain
-//! report with `instance_id` and `slurm`: `{state, reason}` or `{error}`).
+//! Text output is one `Field: value` line each (NodeName, Instance, Role, Phase, Plan,
+//! Cause, Reason, Last error, Repair, Start-up gate, Waiting, Last health pass, Image,
+//! Slurm release, then Slurm's State and Reason and both Slurm releases); `--output json`
+//! is one object (the drain report with `instance_id`, `role`, `plan`, `health`, `image`,
+//! `slurm_release`, `waiting` and `slurm`: `{state, reason, releases}` or `{error}`).
 //!
 //! Exit codes: 0 printed, Slurm's view included (or not asked, `--no-slurm`); 69 Slurm's
 //! view could not be had (scontrol failed, slurmctld unreachable, the node unknown to it):
@@ -58,6 +60,7 @@ impl StatusArgs {
             &s.agent.state_dir,
         ))
         .and_then(|r| r.current);
+        look_local(&mut report, &s, &id.ami_id, crate::time::now());
         let boot = crate::hostfacts::boot_id();
         report.start_gate = crate::health::startgate::GateRecord::load(&s.agent.state_dir)
             .filter(|g| boot.as_deref() == Some(g.boot_id.as_str()));
@@ -102,11 +105,78 @@ impl StatusArgs {
     }
 }
 
+/// The folder a mount's progress record is in (the mounts' runtime folder).
+const RUNTIME_DIR: &str = "/run/slurm-node-agent";
+
+/// What `status` reads from this node's own files, `now` being the time its ages count to:
+/// the role, the drain's plan, the daemon's last health pass and desired-image check, the
+/// Slurm release `/opt/slurm` points at, and what a long step waits for now.
+pub fn look_local(report: &mut Report, s: &crate::settings::Settings, running_ami: &str, now: i64) {
+    report.role = Some(s.node.role.as_str().to_string());
+    report.plan = Some(plan(&report.state, &s.upgrade));
+    report.health = crate::health::LastPass::load(&s.agent.state_dir).and_then(|p| {
+        let mut v = serde_json::to_value(&p).ok()?;
+        v["age_s"] = (now - p.at_unix).max(0).into();
+        Some(v)
+    });
+    let check = crate::upgrade::ImageCheck::load(&s.agent.state_dir);
+    report.image = Some(serde_json::json!({
+        "running": (!running_ami.is_empty()).then_some(running_ami),
+        "parameter": (!s.upgrade.parameter.is_empty()).then_some(&s.upgrade.parameter),
+        "desired": check.as_ref().and_then(|c| c.desired.clone()),
+        "checked_unix": check.as_ref().map(|c| c.at_unix),
+        "verdict": check.as_ref().map(|c| c.verdict.clone()),
+    }));
+    report.slurm_release = crate::slurm::installed::installed(&s.slurm.bin_dir).map(|i| {
+        serde_json::json!({
+            "chosen": i.current.map(|v| v.to_string()),
+            "installed": i.releases.iter().map(|(v, _)| v.to_string()).collect::<Vec<_>>(),
+        })
+    });
+    report.waiting = [
+        s.agent.state_dir.as_path(),
+        std::path::Path::new(RUNTIME_DIR),
+    ]
+    .iter()
+    .filter_map(|d| crate::progress::Record::load(d))
+    .filter(crate::progress::Record::process_alive)
+    .collect();
+}
+
+/// What the drain does next, from its phase, its cause and `[upgrade]`.
+pub fn plan(st: &crate::drain::DrainState, up: &crate::upgrade::UpgradeSettings) -> String {
+    use crate::drain::Phase;
+    use crate::upgrade::UpgradeAction;
+    let then = match crate::drain::Engine::action_of(st, up) {
+        Some(UpgradeAction::Poweroff) => format!("power off ({})", up.poweroff_unit),
+        Some(UpgradeAction::Reboot) => {
+            "reboot through Slurm (scontrol reboot ASAP nextstate=resume)".to_string()
+        }
+        Some(UpgradeAction::Hook) => format!("run the upgrade hook ({})", up.hook.join(" ")),
+        Some(UpgradeAction::None) => "stay drained (upgrade.action = \"none\")".to_string(),
+        None => match &st.cause {
+            Some(c) => format!(
+                "stay drained: a {} drain has no action of its own; it is lifted when its cause is over",
+                c.kind()
+            ),
+            None => "stay drained".to_string(),
+        },
+    };
+    match st.phase {
+        Phase::Active => "none: the node takes jobs".to_string(),
+        Phase::Draining => format!("no new jobs; once the running ones end: {then}"),
+        Phase::Drained => format!("no job left; next: {then}"),
+        Phase::Acting => format!("under way: {then}"),
+        Phase::Done => format!("done: {then}"),
+    }
+}
+
 /// `status` on a login node (`node.role = "login"`): no drain state and no record in
 /// slurmctld, but sackd's unit and `scontrol ping` as the node's users would run it
-/// (through sackd's configuration and credentials). Text: `NodeName`, `Role`, `Instance`,
-/// `sackd`, `Slurm` lines; JSON: `{node, role, instance_id, sackd: {unit, state},
-/// slurm: {ping} or {error}}`. Exit 69 when the ping fails.
+/// (through sackd's configuration and credentials), and the daemon's last health pass.
+/// Text: `NodeName`, `Role`, `Instance`, `sackd`, `Last health pass`, `Slurm` lines; JSON:
+/// `{node, role, instance_id, sackd: {unit, state}, health, slurm: {ping} or {error}}`.
+/// Exit 69 when the ping fails.
 async fn login_status(
     s: &crate::settings::Settings,
     id: &crate::identity::NodeIdentity,
@@ -136,6 +206,11 @@ async fn login_status(
             },
         )
     };
+    let health = crate::health::LastPass::load(&s.agent.state_dir).and_then(|p| {
+        let mut v = serde_json::to_value(&p).ok()?;
+        v["age_s"] = (crate::time::now() - p.at_unix).max(0).into();
+        Some(v)
+    });
     match output {
         Output::Json => println!(
             "{}",
@@ -144,6 +219,7 @@ async fn login_status(
                 "role": "login",
                 "instance_id": id.instance_id,
                 "sackd": { "unit": unit, "state": sackd_state },
+                "health": health,
                 "slurm": slurm,
             })
         ),
@@ -152,6 +228,7 @@ async fn login_status(
             println!("Role: login");
             println!("Instance: {}", id.instance_id);
             println!("sackd: {sackd_state} ({unit})");
+            println!("Last health pass: {}", health_line(health.as_ref()));
             match &slurm {
                 None => println!("Slurm: not asked (--no-slurm)"),
                 Some(v) => match v.get("ping").and_then(|p| p.as_str()) {
@@ -224,7 +301,13 @@ pub fn render_text(r: &Report) -> String {
     } else {
         String::new()
     };
+    if let Some(role) = &r.role {
+        lines.push(("Role", role.clone()));
+    }
     lines.push(("Phase", format!("{}{since}", r.phase)));
+    if let Some(p) = &r.plan {
+        lines.push(("Plan", p.clone()));
+    }
     if let Some(c) = &r.cause {
         lines.push(("Cause", c.clone()));
     }
@@ -250,6 +333,35 @@ pub fn render_text(r: &Report) -> String {
     }
     if let Some(g) = &r.start_gate {
         lines.push(("Start-up gate", gate_line(g, crate::time::now())));
+    }
+    for w in &r.waiting {
+        lines.push((
+            "Waiting",
+            format!(
+                "{}: {} (since {}, said {})",
+                w.step,
+                w.waiting_for,
+                crate::time::format(w.since_unix),
+                crate::time::format(w.updated_unix)
+            ),
+        ));
+    }
+    lines.push(("Last health pass", health_line(r.health.as_ref())));
+    if let Some(i) = &r.image {
+        lines.push(("Image", image_line(i)));
+    }
+    if let Some(rel) = &r.slurm_release {
+        let chosen = rel["chosen"]
+            .as_str()
+            .unwrap_or("none of them (/opt/slurm points elsewhere)");
+        let installed: Vec<&str> = rel["installed"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        lines.push((
+            "Slurm release",
+            format!("{chosen} (chosen among {})", installed.join(", ")),
+        ));
     }
     match &r.slurm {
         None => lines.push(("Slurm", "not asked (--no-slurm)".to_string())),
@@ -287,6 +399,53 @@ pub fn render_text(r: &Report) -> String {
         .iter()
         .map(|(k, v)| format!("{:<width$} {v}\n", format!("{k}:")))
         .collect()
+}
+
+/// `passed at 2026-12-07T08:00:00Z (2m 5s ago, 14 checks, 310 ms)`, `FAILED at ...: GPUs:
+/// ...`, or `none recorded yet (the daemon writes one after each pass)`.
+fn health_line(h: Option<&serde_json::Value>) -> String {
+    let Some(h) = h else {
+        return "none recorded yet (the daemon records each pass)".to_string();
+    };
+    let age = crate::section::HumanDuration(std::time::Duration::from_secs(
+        h["age_s"].as_u64().unwrap_or(0),
+    ));
+    let when = crate::time::format(h["at_unix"].as_i64().unwrap_or(0));
+    let head = format!(
+        "at {when} ({age} ago, {} checks, {} ms)",
+        h["checks"].as_u64().unwrap_or(0),
+        h["duration_ms"].as_u64().unwrap_or(0)
+    );
+    let action = h["action"]
+        .as_str()
+        .map(|a| format!("; action: {a}"))
+        .unwrap_or_default();
+    if h["healthy"].as_bool().unwrap_or(false) {
+        format!("passed {head}{action}")
+    } else {
+        let failed: Vec<&str> = h["failed"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        format!("FAILED {head}: {}{action}", failed.join("; "))
+    }
+}
+
+/// `running ami-A, desired ami-B (SSM /p, checked at T: ami-A -> ami-B)`.
+fn image_line(i: &serde_json::Value) -> String {
+    let running = i["running"].as_str().unwrap_or("unknown");
+    let Some(parameter) = i["parameter"].as_str() else {
+        return format!("running {running}; no desired image (upgrade.parameter is not set)");
+    };
+    match i["checked_unix"].as_i64() {
+        None => format!("running {running}; desired: not checked yet (SSM parameter {parameter})"),
+        Some(at) => format!(
+            "running {running}, desired {} (SSM parameter {parameter}, checked at {}: {})",
+            i["desired"].as_str().unwrap_or("unknown"),
+            crate::time::format(at),
+            i["verdict"].as_str().unwrap_or("")
+        ),
+    }
 }
 
 /// This boot's start-up gate in one line: `running dcgm since 2026-12-07T08:00:00Z, may run
@@ -437,6 +596,119 @@ mod tests {
         let t = render_text(&r);
         assert!(t.contains("unavailable: slurmctld unreachable\n"), "{t}");
         assert!(!t.contains('{'), "{t}");
+    }
+
+    /// Issue 44 §2: at a glance and as JSON, from the node's own files: the role, the
+    /// drain's phase and plan, the last health pass and its age, the running and desired
+    /// image, the Slurm release chosen among those installed, and what a long step waits
+    /// for now.
+    #[test]
+    fn status_shows_role_plan_health_age_images_release_and_waits() {
+        let dir = tempfile::tempdir().expect("dir");
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).expect("state");
+        // Two releases as the image builder lays them out; /opt/slurm points at the older.
+        for v in ["25.11.7", "24.11.6"] {
+            let prefix = dir.path().join(format!("slurm-{v}"));
+            std::fs::create_dir_all(prefix.join("bin")).expect("prefix");
+            std::fs::write(prefix.join(".slurm-build"), format!("version={v}\n")).expect("marker");
+        }
+        std::os::unix::fs::symlink("slurm-24.11.6", dir.path().join("slurm")).expect("link");
+        let mut s = crate::settings::Settings::default();
+        s.agent.state_dir = state.clone();
+        s.slurm.bin_dir = dir.path().join("slurm/bin");
+        s.upgrade.parameter = "/cluster/compute-image".into();
+        s.upgrade.action = crate::upgrade::UpgradeAction::Reboot;
+        let now = 1_800_000_000;
+        crate::health::LastPass {
+            at_unix: now - 125,
+            duration_ms: 310,
+            healthy: false,
+            checks: 14,
+            failed: vec!["GPUs: XID 79".into()],
+            action: Some("drain".into()),
+        }
+        .save(&state);
+        crate::upgrade::ImageCheck {
+            at_unix: now - 60,
+            running: "ami-0aaaaaaaaaaaaaaaa".into(),
+            desired: Some("ami-0bbbbbbbbbbbbbbbb".into()),
+            verdict: "ami-0aaaaaaaaaaaaaaaa -> ami-0bbbbbbbbbbbbbbbb".into(),
+        }
+        .save(&state);
+        let mut progress = crate::progress::Progress::new(Some(&state), "bootstrap: join");
+        assert!(progress.waiting("slurmd's registration with slurmctld"));
+        let mut st = DrainState::default();
+        st.begin(
+            crate::drain::Cause::Upgrade {
+                current: "ami-0aaaaaaaaaaaaaaaa".into(),
+                desired: "ami-0bbbbbbbbbbbbbbbb".into(),
+            },
+            None,
+            now - 30,
+        );
+        let mut r = Report::new("gpu-1", "status", st);
+        look_local(&mut r, &s, "ami-0aaaaaaaaaaaaaaaa", now);
+        let t = render_text(&r);
+        let line = |k: &str| {
+            t.lines()
+                .find(|l| l.starts_with(&format!("{k}:")))
+                .unwrap_or_else(|| panic!("no {k} line in\n{t}"))
+                .to_string()
+        };
+        assert!(line("Role").ends_with(" compute"), "{t}");
+        assert!(line("Phase").contains(" draining since "), "{t}");
+        assert!(
+            line("Plan").ends_with(
+                "no new jobs; once the running ones end: reboot through Slurm (scontrol reboot ASAP nextstate=resume)"
+            ),
+            "{t}"
+        );
+        assert!(
+            line("Last health pass").ends_with(
+                "FAILED at 2027-01-15T07:57:55Z (2m 5s ago, 14 checks, 310 ms): GPUs: XID 79; action: drain"
+            ),
+            "{t}"
+        );
+        assert!(
+            line("Image").ends_with(
+                "running ami-0aaaaaaaaaaaaaaaa, desired ami-0bbbbbbbbbbbbbbbb (SSM parameter /cluster/compute-image, checked at 2027-01-15T07:59:00Z: ami-0aaaaaaaaaaaaaaaa -> ami-0bbbbbbbbbbbbbbbb)"
+            ),
+            "{t}"
+        );
+        assert!(
+            line("Slurm release").ends_with(" 24.11.6 (chosen among 25.11.7, 24.11.6)"),
+            "{t}"
+        );
+        assert!(
+            line("Waiting")
+                .contains(" bootstrap: join: slurmd's registration with slurmctld (since "),
+            "{t}"
+        );
+        // The same as JSON.
+        let j = serde_json::to_value(&r).expect("JSON");
+        assert_eq!(j["role"], "compute");
+        assert_eq!(j["phase"], "draining");
+        assert!(
+            j["plan"].as_str().is_some_and(|p| p.contains("reboot")),
+            "{j}"
+        );
+        assert_eq!(j["health"]["age_s"], 125);
+        assert_eq!(j["health"]["healthy"], false);
+        assert_eq!(j["image"]["running"], "ami-0aaaaaaaaaaaaaaaa");
+        assert_eq!(j["image"]["desired"], "ami-0bbbbbbbbbbbbbbbb");
+        assert_eq!(j["slurm_release"]["chosen"], "24.11.6");
+        assert_eq!(j["waiting"][0]["step"], "bootstrap: join");
+        // Once the step ends, it waits for nothing.
+        drop(progress);
+        let mut r = Report::new("gpu-1", "status", DrainState::default());
+        look_local(&mut r, &s, "ami-0aaaaaaaaaaaaaaaa", now);
+        let t = render_text(&r);
+        assert!(!t.contains("Waiting:"), "{t}");
+        assert!(
+            t.contains("Plan:") && t.contains(" none: the node takes jobs\n"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -583,6 +583,20 @@ async fn main_loop(
                     if let Some(c) = &o.upgrade {
                         upgrade_status = describe(c);
                         agent_metrics.upgrade(c, crate::time::now());
+                        let desired = match c {
+                            Check::UpToDate { image, .. } => Some(image.clone()),
+                            Check::Started { desired, .. } | Check::Stuck { desired, .. } => {
+                                Some(desired.clone())
+                            }
+                            _ => None,
+                        };
+                        crate::upgrade::ImageCheck {
+                            at_unix: crate::time::now(),
+                            running: ctx.id.ami_id.clone(),
+                            desired,
+                            verdict: upgrade_status.clone(),
+                        }
+                        .save(&s.agent.state_dir);
                     }
                     agent_metrics.write(&lock_notices(ctx));
                     if let Err(e) = o.result {
@@ -766,6 +780,7 @@ async fn login_health_pass(s: &Settings, env: &crate::health::RunEnv, node: &str
         }
     };
     let report = crate::health::run_checks(&checks, env).await;
+    crate::health::LastPass::of(&report, None).save(&s.agent.state_dir);
     if !s.health.prometheus_textfile.as_os_str().is_empty() {
         if let Err(e) =
             crate::health::output::write_prometheus(&report, &s.health.prometheus_textfile)
@@ -840,7 +855,9 @@ async fn health_pass(ctx: &Ctx) {
                 tracing::warn!("{e}");
             }
         }
+        let mut acted = None;
         if s.health.act && !configured {
+            acted = Some("none: slurmd has no configuration yet".to_string());
             tracing::info!(
                 healthy = report.healthy(),
                 action = "none",
@@ -850,6 +867,7 @@ async fn health_pass(ctx: &Ctx) {
         } else if s.health.act {
             let outcome =
                 crate::health::act_on(&report, &ctx.health_gateway, &ctx.health_act).await;
+            acted = Some(outcome.action.to_string());
             tracing::info!(
                 healthy = report.healthy(),
                 action = %outcome.action,
@@ -857,6 +875,7 @@ async fn health_pass(ctx: &Ctx) {
                 "health checks"
             );
         }
+        crate::health::LastPass::of(&report, acted).save(&s.agent.state_dir);
         // After the health actions: this node's drain, and its peers' of the same pass
         // before it, are in slurmctld's records the breaker counts.
         repair::repair_pass(ctx, &report).await;

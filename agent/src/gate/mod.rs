@@ -328,10 +328,28 @@ pub async fn run(s: &StartGateSettings, env: &GateEnv<'_>) -> GateRecord {
         record.parts[i].started_unix = crate::time::now();
         save(&record, env.state_dir);
         let started = std::time::Instant::now();
-        let (status, message) = match command {
-            None => run_dcgm(s, env).await,
-            Some(c) => run_command(c).await,
-        };
+        let budget = record.parts[i].budget_s;
+        // What runs, said every 10 s (journal and `status`) while it runs.
+        let mut progress =
+            crate::progress::Progress::new(Some(env.state_dir), format!("start-up gate: {name}"));
+        let (status, message) = progress
+            .during(
+                |ran| {
+                    format!(
+                        "{name} to end (ran {} of its budget {})",
+                        HumanDuration(std::time::Duration::from_secs(ran.as_secs())),
+                        HumanDuration(std::time::Duration::from_secs(budget))
+                    )
+                },
+                async {
+                    match command {
+                        None => run_dcgm(s, env).await,
+                        Some(c) => run_command(c).await,
+                    }
+                },
+            )
+            .await;
+        drop(progress);
         let p = &mut record.parts[i];
         p.status = status;
         p.message = message;

@@ -355,6 +355,71 @@ impl Report {
     }
 }
 
+/// The daemon's last health pass, as `health-last.json` in the state folder holds it, for
+/// `status` (`Last health pass: passed at T (2m ago)`). Written after every pass of the
+/// daemon; the checks' own results stay in the journal and the Prometheus textfile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastPass {
+    /// When the pass started (Unix seconds).
+    pub at_unix: i64,
+    /// Whole milliseconds it took.
+    pub duration_ms: u64,
+    /// No fatal check failed.
+    pub healthy: bool,
+    /// How many checks ran.
+    pub checks: usize,
+    /// The fatal failures, `<check>: <message>` (each cut to 200 characters).
+    pub failed: Vec<String>,
+    /// What the pass did about it (`drained`, `lifted`, `none`, ...), when it acted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+}
+
+impl LastPass {
+    /// The file under `state_dir`.
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("health-last.json")
+    }
+
+    /// The record of `report`.
+    pub fn of(report: &Report, action: Option<String>) -> LastPass {
+        LastPass {
+            at_unix: report.started_unix as i64,
+            duration_ms: report.duration_ms.max(0.0).round() as u64,
+            healthy: report.healthy(),
+            checks: report.results.len(),
+            failed: report
+                .failures()
+                .map(|r| {
+                    format!("{}: {}", r.name, r.message)
+                        .chars()
+                        .take(200)
+                        .collect()
+                })
+                .collect(),
+            action,
+        }
+    }
+
+    /// Writes it atomically under `state_dir`; a failure is logged, never fatal.
+    pub fn save(&self, state_dir: &Path) {
+        let path = LastPass::path(state_dir);
+        let written = serde_json::to_vec(self)
+            .map_err(std::io::Error::other)
+            .and_then(|b| {
+                crate::fsutil::write_atomic(&path, &b, 0o644, None).map_err(std::io::Error::other)
+            });
+        if let Err(e) = written {
+            tracing::debug!("{}: last health pass not recorded: {e}", path.display());
+        }
+    }
+
+    /// The record under `state_dir`, if any.
+    pub fn load(state_dir: &Path) -> Option<LastPass> {
+        serde_json::from_slice(&std::fs::read(LastPass::path(state_dir)).ok()?).ok()
+    }
+}
+
 /// Path of the cache file in the state folder that holds the boot id of a run that found no
 /// health drain of the agent's in Slurm: while it holds the current boot id and the checks
 /// pass, no `scontrol` call is needed (see [`act`]). Never the authority: Slurm's reason is.

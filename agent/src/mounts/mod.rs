@@ -734,9 +734,28 @@ async fn mount_with_retries(
     let start = Instant::now();
     let mut attempt = 0u32;
     let mut reloaded = false;
+    // A slow mount says what it waits for every 10 s (journal and `status`).
+    let mut progress = crate::progress::Progress::new(
+        Some(&env.runtime_dir),
+        format!("mount {}", spec.mount_point),
+    );
     loop {
         attempt += 1;
-        let mut started = systemd.start(&spec.unit).await;
+        let unit = &spec.unit;
+        let mut started = progress
+            .during(
+                |waited| {
+                    format!(
+                        "{unit} to start: mounting {} ({}) at {}, attempt {attempt}, {}s so far",
+                        spec.what,
+                        spec.fs_type,
+                        spec.mount_point,
+                        waited.as_secs()
+                    )
+                },
+                systemd.start(unit),
+            )
+            .await;
         if started.is_err() && !reloaded {
             // A stale unit of that name in memory (older systemd): reload once, retry;
             // only when the Manager says the file changed on disk. A mount that fails for

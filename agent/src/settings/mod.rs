@@ -24,6 +24,7 @@
 //!
 //! Floor 8 (assembly): above every module whose section it assembles.
 
+pub mod explain;
 pub mod pipeline;
 pub mod reference;
 mod schema;
@@ -95,6 +96,27 @@ pub enum SettingsError {
         /// toml's message, with line, column and the offending key.
         message: String,
     },
+    /// A value a settings text (a file or a user data part) holds that the schema refuses,
+    /// or TOML it cannot read: where (line and column), which key (none for a syntax
+    /// error), what the key takes with an example ([`explain::rewrite`]), and toml's
+    /// snippet of the line with a caret under the value.
+    #[error("{origin}, line {line}, column {column}: {message}\n{snippet}")]
+    Text {
+        /// Where the text came from.
+        origin: Source,
+        /// Line (1-based).
+        line: usize,
+        /// Column (1-based, in characters).
+        column: usize,
+        /// The dotted key, where the error is about one (`health.interval`,
+        /// `mounts[0].source`).
+        key: Option<String>,
+        /// What is wrong, in a settings file's words, starting ``key `…`: `` where there is
+        /// a key.
+        message: String,
+        /// toml's snippet: the line, and a caret line under the offending text.
+        snippet: String,
+    },
     /// A single key's value is invalid, at a known line of a file or user data part.
     #[error("{origin}, line {line}: key `{key}`: {message}")]
     At {
@@ -160,10 +182,7 @@ impl Layer {
                 ),
             });
         }
-        let parse_err = |e: toml::de::Error| SettingsError::Parse {
-            origin: source.clone(),
-            message: e.to_string().trim_end().to_string(),
-        };
+        let parse_err = |e: toml::de::Error| text_error(&source, text, &e);
         // Deserializing from the text (not from the table) keeps line and column in errors.
         toml::from_str::<Settings>(text).map_err(parse_err)?;
         let table = text.parse::<toml::Table>().map_err(parse_err)?;
@@ -291,11 +310,25 @@ impl Layer {
             )));
         }
         let kind = key_kind(key).ok_or_else(|| {
-            key_err(format!(
-                "unknown key; known keys: {}",
-                known_keys().join(", ")
+            key_err(explain::unknown_key(key).replacen(
+                &format!("unknown key `{key}`"),
+                "unknown key",
+                1,
             ))
         })?;
+        if kind == Kind::Tables {
+            return Err(key_err(format!(
+                "an array of tables cannot be set from {}: write it in a settings file or a \
+                 user data part; for example `{}`",
+                match source {
+                    Source::Tag(_) => "a tag",
+                    _ => "the command line",
+                },
+                explain::describe(key)
+                    .map(|h| h.example)
+                    .unwrap_or_default()
+            )));
+        }
         let v = match kind {
             Kind::String => toml::Value::String(value.to_string()),
             Kind::Integer => value
@@ -313,6 +346,7 @@ impl Layer {
                 "false" => toml::Value::Boolean(false),
                 _ => return Err(key_err(format!("expected true or false, got {value:?}"))),
             },
+            Kind::Tables => unreachable!("refused above"),
             Kind::List => toml::Value::Array(
                 value
                     .split(',')
@@ -322,14 +356,23 @@ impl Layer {
                     .collect(),
             ),
         };
-        let mut table = toml::Table::new();
-        let (section, leaf) = key.split_once('.').unwrap_or(("", key));
-        let mut inner = toml::Table::new();
-        inner.insert(leaf.to_string(), v);
-        table.insert(section.to_string(), toml::Value::Table(inner));
+        // The value at its dotted path (`node_lifecycle.poweroff_unit`: two tables deep).
+        let mut value = v;
+        for part in key.rsplit('.') {
+            let mut t = toml::Table::new();
+            t.insert(part.to_string(), value);
+            value = toml::Value::Table(t);
+        }
+        let toml::Value::Table(table) = value else {
+            unreachable!("built as a table above")
+        };
         toml::Value::Table(table.clone())
             .try_into::<Settings>()
-            .map_err(|e| key_err(e.message().trim_end().to_string()))?;
+            .map_err(|e| SettingsError::Key {
+                origin: source.clone(),
+                key: key.to_string(),
+                message: strip_key(key, explain::rewrite(key, e.message())),
+            })?;
         Ok(Layer::new(source, table))
     }
 
@@ -346,6 +389,56 @@ impl Layer {
             .map(|(full, key, v)| Layer::from_key_value(Source::Tag(full.to_string()), key, v))
             .collect()
     }
+}
+
+/// A toml error in `text` from `source` as [`SettingsError::Text`]: line and column from
+/// its span, the key there, the message in a settings file's words, toml's snippet.
+fn text_error(source: &Source, text: &str, e: &toml::de::Error) -> SettingsError {
+    let span = e.span().unwrap_or(0..0);
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+    let key = explain::key_at(text, &span);
+    let message = match &key {
+        Some(k) => explain::rewrite(k, e.message()),
+        // A syntax error, or an unknown section at the top: toml's words name no Rust type.
+        None => explain::rewrite("", e.message()),
+    };
+    // toml's text: a heading line, the snippet, then the message; keep the snippet.
+    let full = e.to_string();
+    let body = full
+        .trim_end()
+        .strip_suffix(e.message().trim_end())
+        .unwrap_or(&full);
+    let snippet = body
+        .split_once('\n')
+        .map_or("", |(_, rest)| rest)
+        .trim_end()
+        .to_string();
+    let key = match &key {
+        Some(k) if message.starts_with(&format!("key `{k}`")) => Some(k.clone()),
+        _ => message
+            .strip_prefix("unknown key `")
+            .or_else(|| message.strip_prefix("key `"))
+            .and_then(|r| r.split('`').next())
+            .map(str::to_string),
+    };
+    SettingsError::Text {
+        origin: source.clone(),
+        line,
+        column,
+        key,
+        message,
+        snippet,
+    }
+}
+
+/// `key `x`: rest` → `rest`, where the error names the key already.
+fn strip_key(key: &str, message: String) -> String {
+    message
+        .strip_prefix(&format!("key `{key}`: "))
+        .map(str::to_string)
+        .unwrap_or(message)
 }
 
 /// Records the 1-based line of every key of `table` in `text` (dotted, arrays of tables
@@ -391,6 +484,8 @@ enum Kind {
     Float,
     Bool,
     List,
+    /// An array of tables (`mounts`): only a TOML text sets one.
+    Tables,
 }
 
 fn default_table() -> toml::Table {
@@ -411,6 +506,7 @@ fn leaves(table: &toml::Table, prefix: &str, out: &mut Vec<(String, toml::Value)
     }
 }
 
+#[cfg(test)]
 fn known_keys() -> Vec<String> {
     let mut out = Vec::new();
     leaves(&default_table(), "", &mut out);
@@ -422,11 +518,12 @@ fn key_kind(key: &str) -> Option<Kind> {
     leaves(&default_table(), "", &mut out);
     out.into_iter()
         .find(|(k, _)| k == key)
-        .map(|(_, v)| match v {
+        .map(|(k, v)| match v {
             toml::Value::String(_) => Kind::String,
             toml::Value::Integer(_) => Kind::Integer,
             toml::Value::Float(_) => Kind::Float,
             toml::Value::Boolean(_) => Kind::Bool,
+            toml::Value::Array(_) if explain::is_array_of_tables(&k) => Kind::Tables,
             _ => Kind::List,
         })
 }
@@ -570,7 +667,7 @@ impl Resolved {
                 .try_into()
                 .map_err(|e: toml::de::Error| SettingsError::Parse {
                     origin: Source::Default,
-                    message: e.to_string(),
+                    message: explain::rewrite("", e.message()),
                 })?;
         // The managed join uses its clusters' auth/slurm unless a layer says otherwise (and
         // bootstrap refuses any other).
@@ -590,9 +687,16 @@ impl Resolved {
         Ok(resolved)
     }
 
-    /// An error about a dotted key, naming the source that set it and its line there.
+    /// An error about a dotted key, naming the source that set it and its line there, with
+    /// an example of a valid setting where the message has none.
     pub fn key_error(&self, key: String, message: String) -> SettingsError {
         let origin = self.source_of(&key);
+        let message = match explain::describe(&key) {
+            Some(h) if !h.example.is_empty() && !message.contains("for example") => {
+                format!("{message}; for example `{}`", h.example)
+            }
+            _ => message,
+        };
         match self.lines.get(&key) {
             Some(&line) => SettingsError::At {
                 origin,

@@ -56,11 +56,12 @@ fn malformed_toml_names_file_line_and_column() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.starts_with("/etc/slurm-node-agent/conf.d/20-bad.toml: "),
+        e.starts_with("/etc/slurm-node-agent/conf.d/20-bad.toml, line 3, column 21: "),
         "{e}"
     );
-    assert!(e.contains("line 3"), "{e}");
-    assert!(e.contains("column"), "{e}");
+    // toml's snippet, its caret under the place.
+    assert!(e.contains("3 | name = \"unterminated\n"), "{e}");
+    assert!(e.ends_with('^'), "{e}");
 }
 
 #[test]
@@ -96,7 +97,8 @@ fn a_refused_flag_value_is_one_line_naming_the_key_once() {
             .unwrap_err()
             .to_string();
         assert!(!e.contains('\n'), "{e:?}");
-        assert_eq!(e.matches(key).count(), 1, "{e}");
+        // Named once as the key (its example names it again, in a line to copy).
+        assert_eq!(e.matches(&format!("`{key}`")).count(), 1, "{e}");
         assert!(
             e.starts_with(&format!("command line: key `{key}`: ")),
             "{e}"
@@ -739,4 +741,258 @@ fn a_join_deadline_as_long_as_the_default_orphan_window_turns_the_default_watch_
         .unwrap_err()
         .to_string();
     assert!(e.contains("orphan.after = 20m"), "{e}");
+}
+
+/// Where a bad input of [`every_settings_error_names_source_key_expectation_and_example`]
+/// comes from.
+enum From {
+    /// A settings file's text.
+    File(&'static str),
+    /// A user data settings part's text (the second part).
+    UserData(&'static str),
+    /// `--set KEY=VALUE`.
+    Flag(&'static str, &'static str),
+    /// A `slurm-node-agent:KEY` tag.
+    Tag(&'static str, &'static str),
+}
+
+/// The error of one bad input, through the pipeline every command uses: the layer's own
+/// check, then the merge and the validation.
+fn error_of(from: &From) -> String {
+    let layer = match from {
+        From::File(text) => Layer::from_toml(
+            Source::File("/etc/slurm-node-agent/conf.d/50-site.toml".into()),
+            text,
+        ),
+        From::UserData(text) => Layer::from_toml(Source::UserData(2), text),
+        From::Flag(k, v) => Layer::from_key_value(Source::Flag, k, v),
+        From::Tag(k, v) => Layer::from_key_value(Source::Tag(format!("{TAG_PREFIX}{k}")), k, v),
+    };
+    match layer {
+        Err(e) => e.to_string(),
+        Ok(l) => Resolved::merge(&[l])
+            .map(|_| String::from("accepted"))
+            .unwrap_or_else(|e| e.to_string()),
+    }
+}
+
+/// Rust's words that must never reach an operator: the names of the settings types (every
+/// struct and enum the schema is built from), and serde's words for Rust shapes.
+fn rust_names_in(message: &str) -> Vec<String> {
+    let mut found: Vec<String> = reference::ITEMS
+        .iter()
+        .map(|i| i.name)
+        // `Settings` alone is an English word; the section types are not.
+        .filter(|n| *n != "Settings" && n.chars().skip(1).any(char::is_uppercase))
+        .filter(|n| message.contains(n))
+        .map(str::to_string)
+        .collect();
+    let rust = regex::Regex::new(
+        r"::|\bstruct\b|\benum\b|\bsequence\b|\bmap\b|\b[iu](8|16|32|64|size)\b|\bf64\b|\bString\b|\bPathBuf\b|\bVec<|\bOption<|\bunknown field\b|\bunknown variant\b|``",
+    )
+    .unwrap();
+    found.extend(rust.find_iter(message).map(|m| m.as_str().to_string()));
+    found
+}
+
+/// Issue 44 §3: every settings error, at parse stage as at validation, names its source
+/// (file and line, user data part, flag, tag), the dotted key, what the key takes and a
+/// valid example, in a settings file's words (no Rust type, no serde phrase); a file's
+/// error keeps toml's snippet with its caret.
+#[test]
+fn every_settings_error_names_source_key_expectation_and_example() {
+    let file = "/etc/slurm-node-agent/conf.d/50-site.toml, line ";
+    let part = "user data part 2 (";
+    let flag = "command line: ";
+    let tag = "instance tag \"slurm-node-agent:";
+    // (input, where it must say it came from, key, what it expected, example)
+    let cases: &[(From, &str, &str, &str, &str)] = &[
+        // Wrong TOML types.
+        (
+            From::File("[health]\ninterval = 5\n"),
+            &format!("{file}2, column 12"),
+            "health.interval",
+            "expected a duration, got the integer 5",
+            "health.interval = \"5m\"",
+        ),
+        (
+            From::UserData("[node]\nweight = \"heavy\"\n"),
+            part,
+            "node.weight",
+            "expected an integer, got the string \"heavy\"",
+            "node.weight = 10",
+        ),
+        (
+            From::File("[events]\nlifecycle_hooks = 3\n"),
+            &format!("{file}2"),
+            "events.lifecycle_hooks",
+            "expected a list of strings",
+            "events.lifecycle_hooks = [\"slurm-drain\"]",
+        ),
+        (
+            From::File("health = 5\n"),
+            &format!("{file}1"),
+            "health",
+            "expected a table",
+            "health.",
+        ),
+        // An entry of an array of tables that is not a table: serde would name its type.
+        (
+            From::File("node_lifecycle.node_ready = [\"x\"]\n"),
+            &format!("{file}1"),
+            "node_lifecycle.node_ready",
+            "expected an array of tables",
+            "[[node_lifecycle.node_ready]]",
+        ),
+        (
+            From::File("[[node_lifecycle.node_ready]]\nname = 3\nscript_location = \"file:/x\"\n"),
+            &format!("{file}2"),
+            "node_lifecycle.node_ready[0].name",
+            "expected a string, got the integer 3",
+            "name = \"site-ready\" under [[node_lifecycle.node_ready]]",
+        ),
+        (
+            From::File("[[mounts]]\nmount_point = [\"/fsx\"]\n"),
+            &format!("{file}2"),
+            "mounts[0].mount_point",
+            "expected a path",
+            "mount_point = \"/fsx\" under [[mounts]]",
+        ),
+        // Unknown keys: the nearest known one, with its example.
+        (
+            From::File("[health]\nintervl = \"5s\"\n"),
+            &format!("{file}2, column 1"),
+            "health.intervl",
+            "did you mean `health.interval`",
+            "health.interval = \"5m\"",
+        ),
+        (
+            From::UserData("[nodes]\nweight = 1\n"),
+            part,
+            "nodes",
+            "did you mean `node`",
+            "node.",
+        ),
+        (
+            From::Flag("node.wieght", "3"),
+            flag,
+            "node.wieght",
+            "did you mean `node.weight`",
+            "node.weight = 10",
+        ),
+        // Unknown enum values.
+        (
+            From::File("[node]\nrole = \"compte\"\n"),
+            &format!("{file}2, column 8"),
+            "node.role",
+            "expected one of \"compute\", \"login\", got \"compte\"",
+            "node.role = \"login\"",
+        ),
+        (
+            From::Tag("events.rebalance", "panic"),
+            tag,
+            "events.rebalance",
+            "expected one of",
+            "events.rebalance = \"drain\"",
+        ),
+        // A missing key of an entry.
+        (
+            From::File("[[node_lifecycle.node_ready]]\nname = \"x\"\n"),
+            &format!("{file}1"),
+            "node_lifecycle.node_ready[0].script_location",
+            "missing",
+            "script_location = \"file:/opt/site/ready.sh\" under [[node_lifecycle.node_ready]]",
+        ),
+        // An array of tables from a flag: not ``unknown field `` ``.
+        (
+            From::Flag("mounts", "fs-1"),
+            flag,
+            "mounts",
+            "an array of tables cannot be set from the command line",
+            "[[mounts]]",
+        ),
+        (
+            From::Flag("health.interval", "5"),
+            flag,
+            "health.interval",
+            "invalid duration \"5\"",
+            "health.interval = \"5m\"",
+        ),
+        // Validation, after the merge.
+        (
+            From::File("[health]\ninterval = \"0s\"\n"),
+            &format!("{file}2"),
+            "health.interval",
+            "must be more than 0",
+            "health.interval = \"5m\"",
+        ),
+        (
+            From::File("[node]\nname_template = \"{bogus}-x\"\n"),
+            &format!("{file}2"),
+            "node.name_template",
+            "unknown placeholder {bogus}",
+            "node.name_template = \"{instance_family}-{local_ipv4_dashed}\"",
+        ),
+        (
+            From::File("[node]\nname_template = \"{instance_id\"\n"),
+            &format!("{file}2"),
+            "node.name_template",
+            "unclosed",
+            "node.name_template = ",
+        ),
+        (
+            From::UserData("[upgrade]\nmax_unavailable = \"10 %\"\n"),
+            part,
+            "upgrade.max_unavailable",
+            "a percentage with no space before the sign such as \"10%\"",
+            "upgrade.max_unavailable = \"10%\"",
+        ),
+        (
+            From::Flag("upgrade.max_unavailable", "10 %"),
+            flag,
+            "upgrade.max_unavailable",
+            "a node count such as 3",
+            "upgrade.max_unavailable = \"10%\"",
+        ),
+        (
+            From::File("[slurm]\nslurmd_unit = \"slurmd@.service\"\n"),
+            &format!("{file}2"),
+            "slurm.slurmd_unit",
+            "\"slurmd@.service\" is a template unit",
+            "slurm.slurmd_unit = \"slurmd.service\"",
+        ),
+        (
+            From::File("[[mounts]]\nregion = \"us-east-1\"\n"),
+            "/etc/slurm-node-agent/conf.d/50-site.toml",
+            "mounts[0].mount_point",
+            "missing",
+            "mount_point = \"/fsx\" under [[mounts]]",
+        ),
+    ];
+    for (from, source, key, expected, example) in cases {
+        let e = error_of(from);
+        assert!(e.starts_with(source), "source {source:?}:\n{e}");
+        assert!(e.contains(&format!("`{key}`")), "key `{key}`:\n{e}");
+        assert!(e.contains(expected), "expected {expected:?}:\n{e}");
+        assert!(
+            e.contains(&format!("for example `{example}"))
+                || e.contains(&format!("For example `{example}"))
+                || (example.starts_with("[[") && e.contains(&format!("for example `{example}"))),
+            "example {example:?}:\n{e}"
+        );
+        assert_eq!(
+            rust_names_in(&e),
+            Vec::<String>::new(),
+            "Rust words in:\n{e}"
+        );
+        if matches!(from, From::File(_) | From::UserData(_)) && e.contains("column") {
+            // toml's snippet: the line, and a caret under the value.
+            assert!(e.contains("\n  |\n") && e.contains('^'), "snippet:\n{e}");
+        }
+    }
+    // The Rust names check itself finds what serde says without this module.
+    let raw = toml::from_str::<Settings>("node_lifecycle.node_ready = [\"x\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(!rust_names_in(&raw).is_empty(), "{raw}");
 }

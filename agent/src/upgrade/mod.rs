@@ -177,9 +177,51 @@ pub enum Budget {
     Percent(u32),
 }
 
+/// The daemon's last desired-image check, as `upgrade-last.json` in the state folder holds
+/// it, for `status` (`Image: running ami-..., desired ami-... (checked at T: up to date)`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ImageCheck {
+    /// When (Unix seconds).
+    pub at_unix: i64,
+    /// The image this instance runs (IMDS `ami-id`).
+    pub running: String,
+    /// The desired image `upgrade.parameter` held, where the check read one.
+    pub desired: Option<String>,
+    /// What the check made of it, in the daemon's `STATUS=` words (`up to date (ami-...)`,
+    /// `ami-A -> ami-B`, `waiting for a budget slot (2/2 held)`, `error: ...`).
+    pub verdict: String,
+}
+
+impl ImageCheck {
+    /// The file under `state_dir`.
+    pub fn path(state_dir: &std::path::Path) -> std::path::PathBuf {
+        state_dir.join("upgrade-last.json")
+    }
+
+    /// Writes it atomically under `state_dir`; a failure is logged, never fatal.
+    pub fn save(&self, state_dir: &std::path::Path) {
+        let path = ImageCheck::path(state_dir);
+        let written = serde_json::to_vec(self)
+            .map_err(std::io::Error::other)
+            .and_then(|b| {
+                crate::fsutil::write_atomic(&path, &b, 0o644, None).map_err(std::io::Error::other)
+            });
+        if let Err(e) = written {
+            tracing::debug!("{}: desired-image check not recorded: {e}", path.display());
+        }
+    }
+
+    /// The record under `state_dir`, if any.
+    pub fn load(state_dir: &std::path::Path) -> Option<ImageCheck> {
+        serde_json::from_slice(&std::fs::read(ImageCheck::path(state_dir)).ok()?).ok()
+    }
+}
+
 /// An `upgrade.max_unavailable` that is neither a node count nor a percentage.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected a node count (2) or a percentage (10%), got {value:?}")]
+#[error(
+    "expected a node count such as 3, or a percentage with no space before the sign such as \"10%\", got {value:?}"
+)]
 pub struct InvalidBudget {
     /// The text given.
     pub value: String,
@@ -196,7 +238,8 @@ impl Budget {
             value: s.to_string(),
         };
         match t.strip_suffix('%') {
-            Some(p) => match p.trim().parse::<u32>() {
+            // `10 %` is refused, not read: one spelling, the one the docs show.
+            Some(p) => match p.parse::<u32>() {
                 Ok(n) if (1..=100).contains(&n) => Ok(Budget::Percent(n)),
                 _ => Err(bad()),
             },
@@ -647,8 +690,8 @@ mod tests {
         assert_eq!(Budget::parse("2").unwrap().limit(100), 2);
         assert_eq!(Budget::parse("10%").unwrap().limit(100), 10);
         assert_eq!(Budget::parse("10%").unwrap().limit(5), 1);
-        assert_eq!(Budget::parse(" 50 %").unwrap().limit(3), 1);
-        for bad in ["0", "0%", "101%", "-1", "x", "", "1.5"] {
+        assert_eq!(Budget::parse(" 50% ").unwrap().limit(3), 1);
+        for bad in ["0", "0%", "101%", "-1", "x", "", "1.5", "10 %", "% 10"] {
             assert!(Budget::parse(bad).is_err(), "{bad:?}");
         }
     }
