@@ -1160,8 +1160,9 @@ fn assemble_agent(
 }
 
 /// The version recorded on the image when `--agent-version` was not given: what the staged
-/// agent says of itself (`slurm-node-agent --version` prints `slurm-node-agent X.Y.Z`), so
-/// that an image's tags and build-info name the agent it carries. `None` when a version
+/// agent says of itself (`slurm-node-agent --version` prints
+/// `slurm-node-agent X.Y.Z (commit C)`: the second word), so that an image's tags and
+/// build-info name the agent it carries. `None` when a version
 /// was given (`--agent-version` or `--var agent_version=`), no agent is staged, or it
 /// cannot run here (another architecture: a note says so and the default stays).
 fn staged_agent_version(
