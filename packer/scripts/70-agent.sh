@@ -36,27 +36,30 @@ absent() {
 # place SRC DEST MODE: install a file when it differs.
 place() { write_if_changed "$2" "$3" <"$1"; }
 
-if [ -f "$AGENT_SRC/slurm-node-agent" ]; then
-	place "$AGENT_SRC/slurm-node-agent" /usr/local/bin/slurm-node-agent 0755
-	clear_skip "agent: slurm-node-agent binary"
-else
-	absent "slurm-node-agent binary" "$AGENT_SRC/slurm-node-agent"
-fi
-# Slurm's HealthCheckProgram: `check` as a program of its own (no arguments needed).
-if [ -f "$AGENT_SRC/slurm-node-agent-healthcheck" ]; then
-	place "$AGENT_SRC/slurm-node-agent-healthcheck" /usr/local/bin/slurm-node-agent-healthcheck 0755
-	clear_skip "agent: slurm-node-agent-healthcheck binary"
-else
-	absent "slurm-node-agent-healthcheck binary" "$AGENT_SRC/slurm-node-agent-healthcheck"
-fi
+# Both programs in /usr/bin, where the .deb and .rpm put them and the units run them from;
+# /usr/local/bin/<program> links to each, for what names the path of images built before
+# (a controller's HealthCheckProgram=, SSM documents, site scripts).
+for prog in slurm-node-agent slurm-node-agent-healthcheck; do
+	if [ -f "$AGENT_SRC/$prog" ]; then
+		place "$AGENT_SRC/$prog" "/usr/bin/$prog" 0755
+		install -d -m 0755 /usr/local/bin
+		if [ "$(readlink "/usr/local/bin/$prog" 2>/dev/null)" != "/usr/bin/$prog" ]; then
+			ln -sfn "/usr/bin/$prog" "/usr/local/bin/$prog"
+			log "/usr/local/bin/$prog -> /usr/bin/$prog"
+		fi
+		clear_skip "agent: $prog binary"
+	else
+		absent "$prog binary" "$AGENT_SRC/$prog"
+	fi
+done
 
 # Man pages and bash, zsh and fish completions of both programs, written by the agent
 # itself (`generate`: from its own command line, so they match the binary) under
-# /usr/local/share, beside /usr/local/bin: man-db, bash-completion, zsh and fish look there.
+# /usr/local/share (files no package owns): man-db, bash-completion, zsh and fish look there.
 SHARE_DIR=${AGENT_SHARE_DIR:-/usr/local/share}
-if [ -x /usr/local/bin/slurm-node-agent ]; then
+if [ -x /usr/bin/slurm-node-agent ]; then
 	generated=$(mktemp -d)
-	if /usr/local/bin/slurm-node-agent generate --out "$generated" >/dev/null; then
+	if /usr/bin/slurm-node-agent generate --out "$generated" >/dev/null; then
 		while IFS= read -r f; do
 			place "$generated/$f" "$SHARE_DIR/$f" 0644
 		done < <(cd "$generated" && find . -type f -printf '%P\n' | sort)
