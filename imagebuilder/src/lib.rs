@@ -20,6 +20,7 @@ pub mod keys;
 pub mod local;
 pub mod machine_readable;
 pub mod manual;
+pub mod package;
 pub mod packer;
 pub mod publish;
 pub mod recipe;
