@@ -8,6 +8,8 @@
 //! - [`machine_readable`]: parsing `-machine-readable` output and the manifest;
 //! - [`sources`]: sha256-verified downloads;
 //! - [`keys`]: the signing-key pins of `packer/files/keys/`;
+//! - [`binary`]: what an agent binary needs (architecture, glibc floor); [`package`]: an
+//!   agent `.deb` or `.rpm` (`--agent-package`), read and unpacked to check its programs;
 //! - [`publish`]: the SSM parameter nodes watch;
 //! - [`local`]: the Debian 12 chroot target;
 //! - [`cli`]: the command line; [`error`]: errors and exit codes; [`manual`]: man pages
