@@ -88,7 +88,6 @@ const CONFIG: &[&str] = &[
 ];
 
 struct Packages {
-    _dir: tempfile::TempDir,
     deb: PathBuf,
     rpm: PathBuf,
     /// The same .deb at version [`UPGRADE`].
@@ -132,9 +131,14 @@ fn package(out: &Path, version: Option<&str>) -> (PathBuf, PathBuf) {
 fn packages() -> &'static Packages {
     static P: OnceLock<Packages> = OnceLock::new();
     P.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
+        // In the target folder, made again by each run: a static is never dropped, so a
+        // temporary folder would be left behind in /tmp.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("packages");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
         let started = Instant::now();
-        let (deb, rpm) = package(&dir.path().join("now"), None);
+        let (deb, rpm) = package(&dir.join("now"), None);
         eprintln!(
             "packages: {} ({} bytes), {} ({} bytes), made in {:.1}s",
             deb.display(),
@@ -143,9 +147,8 @@ fn packages() -> &'static Packages {
             rpm.metadata().unwrap().len(),
             started.elapsed().as_secs_f64()
         );
-        let (deb_upgrade, _) = package(&dir.path().join("upgrade"), Some(UPGRADE));
+        let (deb_upgrade, _) = package(&dir.join("upgrade"), Some(UPGRADE));
         Packages {
-            _dir: dir,
             deb,
             rpm,
             deb_upgrade,
