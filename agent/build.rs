@@ -13,7 +13,8 @@
 //! off.
 //!
 //! It also writes `$OUT_DIR/settings_docs.rs`, the doc comments of the settings' types
-//! for the settings reference (see `build/settings_docs.rs`).
+//! for the settings reference (see `build/settings_docs.rs`), and sets
+//! `SLURM_NODE_AGENT_COMMIT` for `--version` (see [`commit`]).
 
 use std::process::Command;
 
@@ -30,6 +31,78 @@ fn main() {
         &std::path::Path::new(&out).join("settings_docs.rs"),
     );
     link_order();
+    commit();
+}
+
+/// `SLURM_NODE_AGENT_COMMIT`, the commit `--version` names: `git rev-parse --short=12 HEAD`
+/// of the source tree, with `-dirty` when a tracked file differs from it
+/// (`git status --porcelain --untracked-files=no`); `unknown` when the sources are not a
+/// git checkout or git is missing (a crate tarball). A packager building from a tarball
+/// sets `SLURM_NODE_AGENT_COMMIT` itself, which wins.
+///
+/// Reruns when HEAD moves: `.git/HEAD` (another branch checked out) and the file of the
+/// branch it points to (a commit; `packed-refs` when the branch has no file of its own),
+/// found with `git rev-parse --git-path` so that a worktree works too. A change to a source
+/// file of this crate reruns the script anyway (`src`); an edit elsewhere in the tree since
+/// the last run shows as `-dirty` only from the next run on.
+fn commit() {
+    println!("cargo:rerun-if-env-changed=SLURM_NODE_AGENT_COMMIT");
+    if let Ok(given) = std::env::var("SLURM_NODE_AGENT_COMMIT") {
+        println!("cargo:rustc-env=SLURM_NODE_AGENT_COMMIT={given}");
+        return;
+    }
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(std::env::var("CARGO_MANIFEST_DIR").ok()?)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let watch = |path: Option<String>| {
+        if let Some(p) = path.filter(|p| std::path::Path::new(p).exists()) {
+            println!("cargo:rerun-if-changed={p}");
+        }
+    };
+    let Some(hash) = git(&["rev-parse", "--short=12", "HEAD"]).filter(|h| !h.is_empty()) else {
+        println!("cargo:rustc-env=SLURM_NODE_AGENT_COMMIT=unknown");
+        return;
+    };
+    watch(git(&[
+        "rev-parse",
+        "--path-format=absolute",
+        "--git-path",
+        "HEAD",
+    ]));
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        let file = git(&["rev-parse", "--path-format=absolute", "--git-path", &branch]);
+        if file
+            .as_deref()
+            .is_some_and(|f| std::path::Path::new(f).exists())
+        {
+            watch(file);
+        } else {
+            watch(git(&[
+                "rev-parse",
+                "--path-format=absolute",
+                "--git-path",
+                "packed-refs",
+            ]));
+        }
+    }
+    let dirty = git(&[
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ])
+    .is_some_and(|s| !s.is_empty());
+    let suffix = if dirty { "-dirty" } else { "" };
+    println!("cargo:rustc-env=SLURM_NODE_AGENT_COMMIT={hash}{suffix}");
 }
 
 /// The symbol ordering file for LLD, where the linker is LLD (see the crate docs).

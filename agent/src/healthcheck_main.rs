@@ -1,6 +1,6 @@
 //! `slurm-node-agent-healthcheck`: `slurm-node-agent check` as its own small program, for
-//! Slurm's `HealthCheckProgram` (slurm.conf(5)); the image installs it as
-//! `/usr/local/bin/slurm-node-agent-healthcheck`.
+//! Slurm's `HealthCheckProgram` (slurm.conf(5)); the image and the packages install it as
+//! `/usr/bin/slurm-node-agent-healthcheck`.
 //!
 //! Same options, same checks, same exit codes as `slurm-node-agent check` (0 healthy, 1 a
 //! fatal check failed or hung or a check file could not be used, 2 a usage error, 71 no

@@ -32,6 +32,10 @@ fn documents() -> Vec<(String, Value)> {
 
 /// Splits a shell command line made only of plain words and single-quoted words; panics on
 /// anything else (so a document cannot smuggle in expansions the test does not model).
+/// The documents' line that finds the agent.
+const AGENT_PATH_LINE: &str =
+    r#"agent=/usr/bin/slurm-node-agent; [ -x "$agent" ] || agent=/usr/local/bin/slurm-node-agent"#;
+
 fn split_words(line: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut cur = String::new();
@@ -148,8 +152,20 @@ fn every_command_line_is_accepted_by_the_agent() {
             combos = next;
         }
         for step in doc["mainSteps"].as_array().unwrap() {
-            for line in step["inputs"]["runCommand"].as_array().unwrap() {
+            let lines = step["inputs"]["runCommand"].as_array().unwrap();
+            // The agent's path: /usr/bin (the packages', and images' since), else the
+            // /usr/local/bin of images built before.
+            assert_eq!(
+                lines.get(2).and_then(|l| l.as_str()),
+                Some(AGENT_PATH_LINE),
+                "{name}"
+            );
+            for line in lines {
                 let line = line.as_str().unwrap();
+                if line == AGENT_PATH_LINE {
+                    continue;
+                }
+                let line = &line.replace("exec \"$agent\" ", "exec /usr/bin/slurm-node-agent ");
                 if !line.contains("slurm-node-agent") {
                     continue;
                 }
@@ -160,10 +176,7 @@ fn every_command_line_is_accepted_by_the_agent() {
                     }
                     assert!(!l.contains("{{"), "{name}: unknown parameter in {line:?}");
                     let words = split_words(l.trim().trim_start_matches("exec "));
-                    assert_eq!(
-                        words[0], "/usr/local/bin/slurm-node-agent",
-                        "{name}: {line}"
-                    );
+                    assert_eq!(words[0], "/usr/bin/slurm-node-agent", "{name}: {line}");
                     let cli = Cli::try_parse_from(&words).unwrap_or_else(|e| {
                         panic!("{name}: {words:?} rejected by the agent:\n{e}")
                     });

@@ -1,7 +1,8 @@
 //! Man pages and shell completions (`slurm-node-agent generate --out DIR`, what the image's
 //! agent step runs): a page for each program and each subcommand, the program's page names
 //! every subcommand, and each shell gets a completion script per program that knows the
-//! subcommands (bash's is run: it completes a subcommand's options).
+//! subcommands (bash's is run: it completes a subcommand's options). And `--version` of
+//! both programs: the workspace's version and the commit they were built from.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -204,4 +205,48 @@ fn bash_completes_subcommands_and_their_options() {
     assert_eq!(drain, ["--reason"]);
     let config = complete(&script, &["slurm-node-agent", "config", "s"]);
     assert_eq!(config, ["show"]);
+}
+
+/// `git ARGS` in the source tree; `None` where git or the checkout is missing.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[test]
+fn version_names_the_workspace_version_and_the_commit_built_from() {
+    let head = git(&["rev-parse", "--short=12", "HEAD"]);
+    for (bin, name) in [
+        (env!("CARGO_BIN_EXE_slurm-node-agent"), "slurm-node-agent"),
+        (
+            env!("CARGO_BIN_EXE_slurm-node-agent-healthcheck"),
+            "slurm-node-agent-healthcheck",
+        ),
+    ] {
+        let out = Command::new(bin).arg("--version").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let line = String::from_utf8(out.stdout).unwrap();
+        // `slurm-node-agent 0.1.0 (commit 3d43127abcde)`, one line.
+        let rest = line
+            .strip_prefix(&format!("{name} {} (commit ", env!("CARGO_PKG_VERSION")))
+            .and_then(|r| r.strip_suffix(")\n"))
+            .unwrap_or_else(|| panic!("{name} --version: {line:?}"));
+        let commit = rest.strip_suffix("-dirty").unwrap_or(rest);
+        match &head {
+            // Built from this checkout: its HEAD (dirty or not depends on edits since).
+            Some(head) => assert_eq!(commit, head, "{name} --version: {line:?}"),
+            None => assert_eq!(commit, "unknown", "{name} --version: {line:?}"),
+        }
+        // What the image builder reads as the agent's version (d7f5404): the second word.
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some(env!("CARGO_PKG_VERSION"))
+        );
+    }
 }

@@ -141,10 +141,16 @@ pub struct RecipeArgs {
     /// Install the CloudWatch agent, shipping the journal of slurmd and slurm-node-agent.
     #[arg(long)]
     pub cloudwatch_agent: bool,
-    /// Version of slurm-node-agent recorded in tags and build-info (build: default what the
-    /// staged agent binary's --version prints; 0.0.0-dev without one).
+    /// Version of slurm-node-agent recorded in tags and build-info (default: the
+    /// --agent-package's version, else what the staged agent binary's --version prints;
+    /// 0.0.0-dev without one).
     #[arg(long)]
     pub agent_version: Option<String>,
+    /// The agent as a package (FILE.deb or FILE.rpm, from scripts/package.sh) instead of a
+    /// binary: checked against --os and --arch (format, architecture, glibc floor) before
+    /// Packer starts, and installed in the image by the OS's package manager.
+    #[arg(long, value_name = "FILE")]
+    pub agent_package: Option<PathBuf>,
     /// Build region.
     #[arg(long)]
     pub region: Option<String>,
@@ -189,10 +195,10 @@ pub struct BuildArgs {
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// slurm-node-agent binary (default: target/release or target/debug, if built).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "agent_package")]
     pub agent_bin: Option<PathBuf>,
     /// Build without the agent binary (the steps say plainly that it is absent).
-    #[arg(long, conflicts_with = "agent_bin")]
+    #[arg(long, conflicts_with_all = ["agent_bin", "agent_package"])]
     pub without_agent: bool,
     /// The agent's unit files (default: units/ beside the packer folder).
     #[arg(long)]
@@ -335,7 +341,13 @@ impl Cli {
             ami_regions: args.ami_regions.clone(),
             local: args.target == Target::Local,
         };
-        let recipe = Recipe::resolve(&req, &sources, &sources_file, &catalog)?;
+        let mut recipe = Recipe::resolve(&req, &sources, &sources_file, &catalog)?;
+        if let Some(path) = &args.agent_package {
+            let package = fitting_package(path, &recipe, &self.packer_dir())?;
+            if args.agent_version.is_none() {
+                recipe.agent_version = package.version.clone();
+            }
+        }
         let template = match &args.template {
             Some(t) => Template::load(t)?,
             None => project,
@@ -567,6 +579,10 @@ impl Cli {
     /// before Packer starts when it cannot run on `recipe`'s architecture and OS
     /// ([`check_agent_fits`]).
     fn fitting_agent(&self, args: &BuildArgs, recipe: &Recipe) -> Result<Option<PathBuf>> {
+        if args.recipe.agent_package.is_some() {
+            // Checked by `resolve`; staged by `assemble_agent`.
+            return Ok(None);
+        }
         let agent = agent_source(args.agent_bin.as_deref(), args.without_agent)?;
         check_agent_fits(
             agent.as_deref(),
@@ -607,6 +623,7 @@ impl Cli {
         let mut assembled = assemble_agent(
             &agent_dir,
             agent.as_deref(),
+            args.recipe.agent_package.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
@@ -716,6 +733,7 @@ impl Cli {
         let mut assembled = assemble_agent(
             &agent_dir,
             agent.as_deref(),
+            args.recipe.agent_package.as_deref(),
             args.without_agent,
             &self.units_dir(args),
             &self.packer_dir(),
@@ -1065,6 +1083,66 @@ fn agent_source(agent_bin: Option<&Path>, without_agent: bool) -> Result<Option<
     })
 }
 
+/// Reads the agent package at `path` ([`crate::package::AgentPackage`]) and refuses it,
+/// before Packer or the local build starts, when the image cannot install or run it: a
+/// `.rpm` for a Debian or Ubuntu image (or a `.deb` for an RPM one), a package for
+/// another architecture than `--arch`, or programs built for another architecture or
+/// needing a newer glibc than the OS has (as [`check_agent_fits`]).
+///
+/// # Errors
+/// [`Error::BadInput`] naming the package and what does not fit.
+fn fitting_package(
+    path: &Path,
+    recipe: &Recipe,
+    packer_dir: &Path,
+) -> Result<crate::package::AgentPackage> {
+    let package = crate::package::AgentPackage::open(path)?;
+    let named = format!("--agent-package {}", path.display());
+    if package.format.family() != recipe.family {
+        return Err(Error::BadInput(format!(
+            "{named}: a .{} package, but {} installs .{} packages (scripts/package.sh makes both)",
+            package.format.family(),
+            recipe.os,
+            recipe.family
+        )));
+    }
+    if package.arch != recipe.arch {
+        return Err(Error::BadInput(format!(
+            "{named}: a package for {}, but the image is {} (--arch)",
+            package.arch, recipe.arch
+        )));
+    }
+    let glibc = os_glibc(recipe, packer_dir)?;
+    for p in crate::package::PROGRAMS {
+        crate::binary::check_fits(
+            &package.program(p),
+            &format!("{named} (its /{p})"),
+            &recipe.arch,
+            &recipe.os,
+            glibc,
+        )?;
+    }
+    Ok(package)
+}
+
+/// The OS's glibc, from the recipe ([`Recipe::os_glibc`]); an error naming
+/// `local.os_catalog` when it is not a version.
+fn os_glibc(recipe: &Recipe, packer_dir: &Path) -> Result<Option<crate::binary::GlibcVersion>> {
+    recipe
+        .os_glibc
+        .as_deref()
+        .map(|g| {
+            crate::binary::GlibcVersion::parse(g).ok_or_else(|| Error::File {
+                path: packer_dir.to_path_buf(),
+                message: format!(
+                    "local.os_catalog[\"{}\"].glibc: not a version: {g:?}",
+                    recipe.os
+                ),
+            })
+        })
+        .transpose()
+}
+
 /// Refuses, before Packer or the local build starts, an agent binary `bin` (from
 /// [`agent_source`]; `given`: `--agent-bin` named it) and the HealthCheckProgram beside it
 /// that cannot start on the image: another architecture than the recipe's, or a glibc floor
@@ -1083,19 +1161,7 @@ fn check_agent_fits(
     let Some(bin) = bin else {
         return Ok(());
     };
-    let glibc = recipe
-        .os_glibc
-        .as_deref()
-        .map(|g| {
-            crate::binary::GlibcVersion::parse(g).ok_or_else(|| Error::File {
-                path: packer_dir.to_path_buf(),
-                message: format!(
-                    "local.os_catalog[\"{}\"].glibc: not a version: {g:?}",
-                    recipe.os
-                ),
-            })
-        })
-        .transpose()?;
+    let glibc = os_glibc(recipe, packer_dir)?;
     let named = |p: &Path| {
         if given && p == bin {
             format!("--agent-bin {}", p.display())
@@ -1116,6 +1182,7 @@ fn check_agent_fits(
 fn assemble_agent(
     dest: &Path,
     bin: Option<&Path>,
+    package: Option<&Path>,
     without_agent: bool,
     units: &Path,
     packer_dir: &Path,
@@ -1127,8 +1194,14 @@ fn assemble_agent(
     }
     std::fs::create_dir_all(dest)
         .map_err(|e| Error::io(format!("creating {}", dest.display()), e))?;
-    match bin {
-        Some(b) => {
+    match (bin, package) {
+        // 70-agent.sh installs `slurm-node-agent.deb` / `.rpm` with apt-get or dnf.
+        (_, Some(p)) => {
+            let ext = p.extension().and_then(|e| e.to_str()).unwrap_or("deb");
+            let to = dest.join(format!("slurm-node-agent.{ext}"));
+            std::fs::copy(p, &to).map_err(|e| Error::io(format!("copying {}", p.display()), e))?;
+        }
+        (Some(b), None) => {
             std::fs::copy(b, dest.join("slurm-node-agent"))
                 .map_err(|e| Error::io(format!("copying {}", b.display()), e))?;
             // Slurm's HealthCheckProgram, built next to the agent (same package).
@@ -1143,8 +1216,10 @@ fn assemble_agent(
                 ));
             }
         }
-        None if without_agent => notes.push("built --without-agent".into()),
-        None => notes.push("no slurm-node-agent binary (pass --agent-bin or build it)".into()),
+        (None, None) if without_agent => notes.push("built --without-agent".into()),
+        (None, None) => {
+            notes.push("no slurm-node-agent binary (pass --agent-bin or build it)".into())
+        }
     }
     if units.is_dir() {
         local::copy_tree(units, &dest.join("units"))?;
@@ -1160,8 +1235,9 @@ fn assemble_agent(
 }
 
 /// The version recorded on the image when `--agent-version` was not given: what the staged
-/// agent says of itself (`slurm-node-agent --version` prints `slurm-node-agent X.Y.Z`), so
-/// that an image's tags and build-info name the agent it carries. `None` when a version
+/// agent says of itself (`slurm-node-agent --version` prints
+/// `slurm-node-agent X.Y.Z (commit C)`: the second word), so that an image's tags and
+/// build-info name the agent it carries. `None` when a version
 /// was given (`--agent-version` or `--var agent_version=`), no agent is staged, or it
 /// cannot run here (another architecture: a note says so and the default stays).
 fn staged_agent_version(

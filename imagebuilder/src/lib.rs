@@ -8,6 +8,8 @@
 //! - [`machine_readable`]: parsing `-machine-readable` output and the manifest;
 //! - [`sources`]: sha256-verified downloads;
 //! - [`keys`]: the signing-key pins of `packer/files/keys/`;
+//! - [`binary`]: what an agent binary needs (architecture, glibc floor); [`package`]: an
+//!   agent `.deb` or `.rpm` (`--agent-package`), read and unpacked to check its programs;
 //! - [`publish`]: the SSM parameter nodes watch;
 //! - [`local`]: the Debian 12 chroot target;
 //! - [`cli`]: the command line; [`error`]: errors and exit codes; [`manual`]: man pages
@@ -20,6 +22,7 @@ pub mod keys;
 pub mod local;
 pub mod machine_readable;
 pub mod manual;
+pub mod package;
 pub mod packer;
 pub mod publish;
 pub mod recipe;

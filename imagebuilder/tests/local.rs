@@ -207,3 +207,120 @@ static LOCAL_BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 // The source-build path (`--slurm-source debian-source`) is proven in the fleet proving
 // ground, where the same build is also booted as a node: tests/tests/fleet.rs,
 // `a_node_of_the_source_built_image_runs_pmix_steps_and_slurmrestd`.
+
+/// `--agent-package`: the workspace's .deb (scripts/package.sh on the debug build) installed
+/// by apt inside the root: dpkg knows it, the units are the package's in
+/// /usr/lib/systemd/system (none copied to /etc) and enabled, the old /usr/local/bin path
+/// links to /usr/bin, and the acceptance checks run the packaged agent.
+#[test]
+fn local_target_installs_the_agent_package_with_apt() {
+    let _one = LOCAL_BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    if usable_agent().is_none()
+        || std::process::Command::new("cargo-deb")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("skipped: no debug build or no cargo-deb (scripts/test-deps.sh)");
+        return;
+    }
+    let work = tempfile::Builder::new()
+        .prefix("sib-local-pkg-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let out = run(
+        std::process::Command::new(repo().join("scripts/package.sh"))
+            .args(["--profile", "dev", "--no-build", "--fast", "--out"])
+            .arg(work.path().join("packages")),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let deb = PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().next().unwrap());
+    let started = std::time::Instant::now();
+    let out = run(sib()
+        .current_dir(work.path())
+        .arg("--packer-dir")
+        .arg(repo().join("packer"))
+        .args([
+            "--output",
+            "json",
+            "build",
+            "--target",
+            "local",
+            "--no-artifacts",
+        ])
+        .arg("--agent-package")
+        .arg(&deb)
+        .arg("--work-dir")
+        .arg(work.path().join("out"))
+        .arg("--apt-cache")
+        .arg(repo().join("target/sib-apt-cache")));
+    assert!(out.status.success(), "{}", text(&out));
+    eprintln!(
+        "local build with the .deb: {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acceptance: Vec<String> = serde_json::from_value(v["acceptance"].clone()).unwrap();
+    let has = |line: &str| acceptance.iter().any(|l| l.contains(line));
+    assert!(has("ok: slurm-node-agent --version"), "{acceptance:#?}");
+    assert!(
+        has("ok: slurm-node-agent-healthcheck --no-act (as slurmd runs it)"),
+        "{acceptance:#?}"
+    );
+    assert!(!has("FAIL"), "{acceptance:#?}");
+
+    let root = PathBuf::from(v["root"].as_str().unwrap());
+    let status = run(std::process::Command::new("dpkg-query")
+        .arg(format!(
+            "--admindir={}",
+            root.join("var/lib/dpkg").display()
+        ))
+        .args(["-W", "-f", "${Status} ${Version}", "slurm-node-agent"]));
+    assert_eq!(
+        String::from_utf8_lossy(&status.stdout),
+        format!("install ok installed {}-1", env!("CARGO_PKG_VERSION"))
+    );
+    for unit in [
+        "slurm-node-agent.service",
+        "slurm-node-agent-bootstrap.service",
+    ] {
+        assert!(
+            root.join("usr/lib/systemd/system").join(unit).is_file(),
+            "{unit}"
+        );
+        assert!(
+            !root.join("etc/systemd/system").join(unit).exists(),
+            "{unit} copied to /etc, shadowing the package's"
+        );
+        // Enabled from the package's file: /usr/lib, or /lib as Debian 12's systemctl
+        // names the same folder (merged /usr).
+        let link = std::fs::read_link(
+            root.join("etc/systemd/system/multi-user.target.wants")
+                .join(unit),
+        )
+        .unwrap();
+        assert!(
+            [
+                PathBuf::from("/usr/lib/systemd/system").join(unit),
+                PathBuf::from("/lib/systemd/system").join(unit)
+            ]
+            .contains(&link),
+            "{unit} enabled as {}",
+            link.display()
+        );
+    }
+    assert!(!root
+        .join("etc/systemd/system/slurmd.service.d/slurm-node-agent.conf")
+        .exists());
+    for bin in ["slurm-node-agent", "slurm-node-agent-healthcheck"] {
+        assert_eq!(
+            std::fs::read_link(root.join("usr/local/bin").join(bin)).unwrap(),
+            PathBuf::from("/usr/bin").join(bin)
+        );
+    }
+    // The image's own settings drop-in, beside the package's settings.
+    assert!(root
+        .join("etc/slurm-node-agent/conf.d/10-image.toml")
+        .is_file());
+    assert!(root.join("var/lib/slurm-node-agent").is_dir());
+}

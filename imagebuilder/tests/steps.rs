@@ -247,8 +247,8 @@ fn cloud_init_that_never_finishes_stops_the_step_with_a_bounded_wait() {
     );
 }
 
-/// Where a step run in [`step`] wrote: the overlay upper folders of /etc, /usr/local, /var
-/// and /opt.
+/// Where a step run in [`step`] wrote: the overlay upper folders of /etc, /usr/local,
+/// /usr/bin, /var and /opt.
 struct Written {
     root: PathBuf,
 }
@@ -258,8 +258,8 @@ impl Written {
     fn read(&self, path: &str) -> String {
         let (top, rest) = path.trim_start_matches('/').split_once('/').unwrap();
         let top = if top == "usr" {
-            let (_, r) = rest.split_once('/').unwrap();
-            return std::fs::read_to_string(self.root.join("usr-local").join(r))
+            let (sub, r) = rest.split_once('/').unwrap();
+            return std::fs::read_to_string(self.root.join(format!("usr-{sub}")).join(r))
                 .unwrap_or_default();
         } else {
             top
@@ -269,7 +269,7 @@ impl Written {
 }
 
 /// Run a provisioning step as root in a private mount namespace whose /etc, /usr/local,
-/// /var and /opt are overlays (writes land in a temporary folder, never on this machine),
+/// /usr/bin, /var and /opt are overlays (writes land in a temporary folder, never on this machine),
 /// with the stand-ins first on PATH.
 fn step(s: &StandIn, script: &str, env: &[(&str, &str)]) -> (Output, Written) {
     let root = s.path().join("root");
@@ -277,6 +277,7 @@ fn step(s: &StandIn, script: &str, env: &[(&str, &str)]) -> (Output, Written) {
     for (dir, name) in [
         ("/etc", "etc"),
         ("/usr/local", "usr-local"),
+        ("/usr/bin", "usr-bin"),
         ("/var", "var"),
         ("/opt", "opt"),
     ] {
@@ -1492,6 +1493,23 @@ fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
             .join(path.trim_start_matches("/usr/local/"));
         let mode = std::fs::metadata(&on_disk).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode, 0o644, "{path}");
+    }
+    // Both programs in /usr/bin (the packages' path, the units' ExecStart), and the path
+    // of images built before as a link to each.
+    for bin in ["slurm-node-agent", "slurm-node-agent-healthcheck"] {
+        let installed = written.root.join("usr-bin").join(bin);
+        assert_eq!(
+            std::fs::read(&installed).unwrap(),
+            std::fs::read(Path::new(staging).join("agent").join(bin)).unwrap(),
+            "/usr/bin/{bin}"
+        );
+        let mode = std::fs::metadata(&installed).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o755, "/usr/bin/{bin}");
+        assert_eq!(
+            std::fs::read_link(written.root.join("usr-local/bin").join(bin)).unwrap(),
+            Path::new("/usr/bin").join(bin),
+            "/usr/local/bin/{bin}"
+        );
     }
     // The image's default health checks, as the repository has them.
     assert_eq!(

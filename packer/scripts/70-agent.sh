@@ -36,27 +36,54 @@ absent() {
 # place SRC DEST MODE: install a file when it differs.
 place() { write_if_changed "$2" "$3" <"$1"; }
 
-if [ -f "$AGENT_SRC/slurm-node-agent" ]; then
-	place "$AGENT_SRC/slurm-node-agent" /usr/local/bin/slurm-node-agent 0755
-	clear_skip "agent: slurm-node-agent binary"
-else
-	absent "slurm-node-agent binary" "$AGENT_SRC/slurm-node-agent"
+# The agent as a package (slurm-image-builder --agent-package: slurm-node-agent.deb or
+# .rpm, already checked against this OS and architecture): installed by the OS's package
+# manager with its programs, units, drop-ins, tmpfiles.d, man pages and completions; the
+# rest of this step then adds what only an image knows and enables the units.
+package=
+for f in "$AGENT_SRC/slurm-node-agent.deb" "$AGENT_SRC/slurm-node-agent.rpm"; do
+	[ -f "$f" ] && package=$f
+done
+if [ -n "$package" ]; then
+	family=$(os_family)
+	[ "${package##*.}" = "$family" ] || die "$package: a .${package##*.} package, but this OS installs .$family packages"
+	if [ "$family" = deb ]; then
+		pkg_run "installing $package" apt_get install -y -qq --no-install-recommends "$package"
+	else
+		pkg_run "installing $package" dnf_cmd install -y -q "$package"
+	fi
+	log "installed $(basename "$package") ($(/usr/bin/slurm-node-agent --version 2>/dev/null || echo 'version unknown'))"
 fi
-# Slurm's HealthCheckProgram: `check` as a program of its own (no arguments needed).
-if [ -f "$AGENT_SRC/slurm-node-agent-healthcheck" ]; then
-	place "$AGENT_SRC/slurm-node-agent-healthcheck" /usr/local/bin/slurm-node-agent-healthcheck 0755
-	clear_skip "agent: slurm-node-agent-healthcheck binary"
-else
-	absent "slurm-node-agent-healthcheck binary" "$AGENT_SRC/slurm-node-agent-healthcheck"
-fi
+
+# Both programs in /usr/bin, where the .deb and .rpm put them and the units run them from;
+# /usr/local/bin/<program> links to each, for what names the path of images built before
+# (a controller's HealthCheckProgram=, SSM documents, site scripts).
+for prog in slurm-node-agent slurm-node-agent-healthcheck; do
+	if [ -n "$package" ]; then
+		[ -x "/usr/bin/$prog" ] || die "$package installed no /usr/bin/$prog"
+	fi
+	if [ -n "$package" ] || [ -f "$AGENT_SRC/$prog" ]; then
+		[ -n "$package" ] || place "$AGENT_SRC/$prog" "/usr/bin/$prog" 0755
+		install -d -m 0755 /usr/local/bin
+		if [ "$(readlink "/usr/local/bin/$prog" 2>/dev/null)" != "/usr/bin/$prog" ]; then
+			ln -sfn "/usr/bin/$prog" "/usr/local/bin/$prog"
+			log "/usr/local/bin/$prog -> /usr/bin/$prog"
+		fi
+		clear_skip "agent: $prog binary"
+	else
+		absent "$prog binary" "$AGENT_SRC/$prog"
+	fi
+done
 
 # Man pages and bash, zsh and fish completions of both programs, written by the agent
 # itself (`generate`: from its own command line, so they match the binary) under
-# /usr/local/share, beside /usr/local/bin: man-db, bash-completion, zsh and fish look there.
+# /usr/local/share (files no package owns): man-db, bash-completion, zsh and fish look there.
 SHARE_DIR=${AGENT_SHARE_DIR:-/usr/local/share}
-if [ -x /usr/local/bin/slurm-node-agent ]; then
+if [ -n "$package" ]; then
+	clear_skip "agent: man pages and completions"
+elif [ -x /usr/bin/slurm-node-agent ]; then
 	generated=$(mktemp -d)
-	if /usr/local/bin/slurm-node-agent generate --out "$generated" >/dev/null; then
+	if /usr/bin/slurm-node-agent generate --out "$generated" >/dev/null; then
 		while IFS= read -r f; do
 			place "$generated/$f" "$SHARE_DIR/$f" 0644
 		done < <(cd "$generated" && find . -type f -printf '%P\n' | sort)
@@ -73,8 +100,12 @@ if [ -x /usr/local/bin/slurm-node-agent ]; then
 fi
 
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service)
+# With a package, the units, drop-ins and tmpfiles.d are the package's (in /usr/lib, where
+# an upgrade of the package updates them); none is copied to /etc, which would shadow them.
 for u in "${units[@]}"; do
-	if [ -f "$AGENT_SRC/units/$u" ]; then
+	if [ -n "$package" ]; then
+		[ -f "/usr/lib/systemd/system/$u" ] || die "$package installed no /usr/lib/systemd/system/$u"
+	elif [ -f "$AGENT_SRC/units/$u" ]; then
 		place "$AGENT_SRC/units/$u" "$UNIT_DIR/$u" 0644
 		clear_skip "agent: unit $u"
 	else
@@ -82,7 +113,9 @@ for u in "${units[@]}"; do
 	fi
 done
 
-if [ -f "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" ]; then
+if [ -n "$package" ]; then
+	: # the package's
+elif [ -f "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" ]; then
 	place "$AGENT_SRC/units/slurmd.service.d/slurm-node-agent.conf" "$UNIT_DIR/slurmd.service.d/slurm-node-agent.conf" 0644
 	clear_skip "agent: slurmd drop-in"
 else
@@ -92,7 +125,9 @@ fi
 # sackd's drop-in (login nodes, node.role = "login"): sackd stays disabled; bootstrap
 # starts it on a login node with the options it writes. Only where the image has a sackd
 # (Slurm 23.11+): on an older Slurm a login role stops at bootstrap, naming node.role.
-if [ -f "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf" ]; then
+if [ -n "$package" ]; then
+	: # the package's
+elif [ -f "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf" ]; then
 	place "$AGENT_SRC/units/sackd.service.d/slurm-node-agent.conf" "$UNIT_DIR/sackd.service.d/slurm-node-agent.conf" 0644
 	clear_skip "agent: sackd drop-in"
 else
@@ -131,7 +166,9 @@ fi
 
 # munge's drop-in: no start (and no failed unit) at boot before bootstrap wrote the key.
 if [ "$SLURM_AUTH" != slurm ]; then
-	if [ -f "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" ]; then
+	if [ -n "$package" ]; then
+		: # the package's
+	elif [ -f "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" ]; then
 		place "$AGENT_SRC/units/munge.service.d/slurm-node-agent.conf" "$UNIT_DIR/munge.service.d/slurm-node-agent.conf" 0644
 		clear_skip "agent: munge drop-in"
 	else
@@ -139,7 +176,9 @@ if [ "$SLURM_AUTH" != slurm ]; then
 	fi
 fi
 
-if [ -f "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" ]; then
+if [ -n "$package" ]; then
+	: # the package's
+elif [ -f "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" ]; then
 	place "$AGENT_SRC/units/tmpfiles.d/slurm-node-agent.conf" /etc/tmpfiles.d/slurm-node-agent.conf 0644
 	clear_skip "agent: tmpfiles"
 else
@@ -206,7 +245,7 @@ fi
 # Enable the units (works offline: systemctl only writes the links in a chroot).
 to_enable=()
 for u in "${units[@]}"; do
-	[ -f "$UNIT_DIR/$u" ] && to_enable+=("$u")
+	{ [ -f "$UNIT_DIR/$u" ] || [ -f "/usr/lib/systemd/system/$u" ]; } && to_enable+=("$u")
 done
 for u in slurmd.service munge.service; do
 	[ "$u" = munge.service ] && [ "$SLURM_AUTH" = slurm ] && continue

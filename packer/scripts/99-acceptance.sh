@@ -261,11 +261,14 @@ fi
 # Slurm's HealthCheckProgram: run as slurmd runs it (no arguments, an empty environment).
 if reason=$(skipped_reason "agent: slurm-node-agent-healthcheck binary"); then
 	not_checked "slurm-node-agent-healthcheck ($reason)"
-elif [ ! -x /usr/local/bin/slurm-node-agent-healthcheck ]; then
-	fail "slurm-node-agent-healthcheck not installed at /usr/local/bin"
+elif [ ! -x /usr/bin/slurm-node-agent-healthcheck ]; then
+	fail "slurm-node-agent-healthcheck not installed at /usr/bin"
 else
 	checks_load "slurm-node-agent-healthcheck --no-act (as slurmd runs it)" \
-		env -i SLURMD_NODENAME=acceptance /usr/local/bin/slurm-node-agent-healthcheck --no-act
+		env -i SLURMD_NODENAME=acceptance /usr/bin/slurm-node-agent-healthcheck --no-act
+	# The path of images built before /usr/bin, still in controllers' slurm.conf.
+	[ -x /usr/local/bin/slurm-node-agent-healthcheck ] ||
+		fail "/usr/local/bin/slurm-node-agent-healthcheck (the old path, a link to /usr/bin) is missing"
 fi
 
 # Operator services (65-services.sh).

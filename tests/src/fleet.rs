@@ -394,7 +394,7 @@ impl Image {
     pub fn cached_recipe(recipe: ImageRecipe) -> Result<Image> {
         if let (ImageRecipe::Default, Some(root)) = (recipe, std::env::var_os(IMAGE_ENV)) {
             let root = PathBuf::from(root);
-            if !root.join("usr/local/bin/slurm-node-agent").is_file() {
+            if !root.join("usr/bin/slurm-node-agent").is_file() {
                 bail!(
                     "{IMAGE_ENV}={}: not an image root with the agent",
                     root.display()
@@ -507,7 +507,7 @@ impl Image {
                 log.display()
             );
         }
-        if !work.join("root/usr/local/bin/slurm-node-agent").is_file() {
+        if !work.join("root/usr/bin/slurm-node-agent").is_file() {
             bail!(
                 "the built root {} has no agent",
                 work.join("root").display()

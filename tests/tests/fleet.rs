@@ -988,7 +988,7 @@ fn a_fault_on_every_node_trips_the_breaker_and_no_node_leaves() {
             BOOT_TIMEOUT,
             Duration::from_millis(500),
             || {
-                let out = fleet.exec(n, "/usr/local/bin/slurm-node-agent", &["status"])?;
+                let out = fleet.exec(n, "/usr/bin/slurm-node-agent", &["status"])?;
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 Ok(text
                     .contains("replace withheld: the breaker holds for cpus: 4 of 4 nodes")
@@ -1065,7 +1065,7 @@ fn a_replacement_failing_the_same_check_is_not_replaced_again() {
         BOOT_TIMEOUT,
         Duration::from_millis(500),
         || {
-            let out = fleet.exec("node001r1", "/usr/local/bin/slurm-node-agent", &["status"])?;
+            let out = fleet.exec("node001r1", "/usr/bin/slurm-node-agent", &["status"])?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
             Ok(text
                 .contains("replace withheld: the flap guard: 1 node of partition")
@@ -1206,6 +1206,8 @@ fn a_replacement_with_a_new_definition_replaces_the_stale_record_without_an_srv_
 /// existed), so the drain and the resume can only come from the program slurmd runs.
 #[test]
 fn the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node() {
+    // The path of images built before the agent moved to /usr/bin, as a controller's
+    // slurm.conf may still say: 70-agent.sh links it to /usr/bin.
     let mut fleet = Fleet::builder()
         .ctld_line("HealthCheckProgram=/usr/local/bin/slurm-node-agent-healthcheck")
         .ctld_line("HealthCheckInterval=2")

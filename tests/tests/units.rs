@@ -20,7 +20,7 @@ use std::time::Duration;
 use slurm_e2e::{run_ok, run_with_timeout, wait_until, TempRoot, UserSystemd};
 
 /// What packer installs the agent as; replaced by a stand-in in the copies tested here.
-const AGENT_BIN: &str = "/usr/local/bin/slurm-node-agent";
+const AGENT_BIN: &str = "/usr/bin/slurm-node-agent";
 const BOOTSTRAP: &str = "slurm-node-agent-bootstrap.service";
 const DAEMON: &str = "slurm-node-agent.service";
 const CLOUDWATCH: &str = "slurm-node-agent-cloudwatch-config.service";

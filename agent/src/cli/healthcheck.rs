@@ -12,7 +12,7 @@ pub const PROGRAM: &str = "slurm-node-agent-healthcheck";
 /// Runs the node's health checks once and drains or resumes the node (Slurm's
 /// HealthCheckProgram; the same as `slurm-node-agent check`).
 #[derive(Debug, Parser)]
-#[command(name = PROGRAM, version)]
+#[command(name = PROGRAM, version = super::VERSION)]
 pub struct HealthCheck {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]

@@ -28,7 +28,7 @@ use crate::settings::{self, Layer, SettingsError, Source};
 
 /// Node agent for cloud Slurm clusters: bootstrap, health checks, drains.
 #[derive(Debug, Parser)]
-#[command(name = PROGRAM, version, about, propagate_version = true)]
+#[command(name = PROGRAM, version = VERSION, about, propagate_version = true)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SLURM_NODE_AGENT_LOG_FORMAT")]
@@ -218,6 +218,18 @@ pub fn print_error(e: &(dyn std::error::Error + 'static)) {
 
 /// The agent's program name, which its final error and warning lines start with.
 pub const PROGRAM: &str = "slurm-node-agent";
+
+/// What `--version` prints after the program's name (both programs): the workspace's
+/// version and the commit it was built from, `0.1.0 (commit 3d43127abcde)`; the commit has
+/// `-dirty` appended when tracked files differed from it, and is `unknown` when built
+/// outside a git checkout (see the build script's `commit`). The image builder reads the
+/// second word of the line as the agent's version.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SLURM_NODE_AGENT_COMMIT"),
+    ")"
+);
 
 /// The program whose final lines these are ([`set_program_name`]); [`PROGRAM`] when unset.
 static PROGRAM_NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
