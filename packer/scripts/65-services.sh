@@ -202,13 +202,19 @@ if [ "${CLOUDWATCH_AGENT:-false}" = true ]; then
 			rm -f "$UNIT_DIR/slurm-image-journal-export.service" /var/log/slurm-node/journal.log
 		fi
 		cw_unit=slurm-node-agent-cloudwatch-config.service
-		if [ -f "${IMAGE_STAGING:-/tmp/slurm-image}/agent/units/$cw_unit" ]; then
-			write_if_changed "$UNIT_DIR/$cw_unit" 0644 <"${IMAGE_STAGING:-/tmp/slurm-image}/agent/units/$cw_unit"
+		cw_units=(amazon-cloudwatch-agent.service)
+		staged=${IMAGE_STAGING:-/tmp/slurm-image}/agent
+		if [ -f "$staged/slurm-node-agent.deb" ] || [ -f "$staged/slurm-node-agent.rpm" ]; then
+			# The agent as a package: the unit is the package's (/usr/lib), installed and
+			# enabled by 70-agent.sh (a copy in /etc would shadow the package's).
+			log "$cw_unit comes with the agent's package (enabled by 70-agent)"
+		elif [ -f "$staged/units/$cw_unit" ]; then
+			write_if_changed "$UNIT_DIR/$cw_unit" 0644 <"$staged/units/$cw_unit"
+			cw_units+=("$cw_unit")
 		else
-			die "$cw_unit not found in the agent build (${IMAGE_STAGING:-/tmp/slurm-image}/agent/units)"
+			die "$cw_unit not found in the agent build ($staged/units)"
 		fi
 		prometheus_config=""
-		cw_units=(amazon-cloudwatch-agent.service "$cw_unit")
 		if setup_textfile_metrics; then
 			cw_units+=("$exporter_unit")
 			prometheus_config=$CW_ETC/prometheus.yaml

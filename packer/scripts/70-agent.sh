@@ -100,6 +100,9 @@ elif [ -x /usr/bin/slurm-node-agent ]; then
 fi
 
 units=(slurm-node-agent-bootstrap.service slurm-node-agent.service)
+# With the CloudWatch agent (65-services wrote its settings drop-in): the unit that renders
+# its configuration at boot.
+[ -f /etc/slurm-node-agent/conf.d/55-cloudwatch.toml ] && units+=(slurm-node-agent-cloudwatch-config.service)
 # With a package, the units, drop-ins and tmpfiles.d are the package's (in /usr/lib, where
 # an upgrade of the package updates them); none is copied to /etc, which would shadow them.
 for u in "${units[@]}"; do

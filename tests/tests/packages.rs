@@ -64,6 +64,7 @@ const FILES: &[&str] = &[
     "/usr/bin/slurm-node-agent-healthcheck",
     "/usr/lib/systemd/system/slurm-node-agent.service",
     "/usr/lib/systemd/system/slurm-node-agent-bootstrap.service",
+    "/usr/lib/systemd/system/slurm-node-agent-cloudwatch-config.service",
     "/usr/lib/systemd/system/slurmd.service.d/slurm-node-agent.conf",
     "/usr/lib/systemd/system/munge.service.d/slurm-node-agent.conf",
     "/usr/lib/systemd/system/sackd.service.d/slurm-node-agent.conf",
@@ -415,6 +416,7 @@ fn the_deb_installs_upgrades_and_removes_in_debian_12_keeping_settings_and_state
     for unit in [
         "slurm-node-agent.service",
         "slurm-node-agent-bootstrap.service",
+        "slurm-node-agent-cloudwatch-config.service",
     ] {
         let out = root_command(&root, &["systemctl", "is-enabled", unit])
             .output()
