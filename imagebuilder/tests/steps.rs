@@ -373,16 +373,9 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
     ] {
         let s = StandIn::new();
         let keys = signed_agent_packages(&s);
-        // The staging folder as Packer uploads it: the agent's units and packer/files.
+        // The staging folder as Packer uploads it: packer/files.
         let staging = s.path().join("staging");
-        std::fs::create_dir_all(staging.join("agent/units")).unwrap();
         std::fs::create_dir_all(staging.join("files/logrotate")).unwrap();
-        let cw_unit = "slurm-node-agent-cloudwatch-config.service";
-        std::fs::copy(
-            repo().join("units").join(cw_unit),
-            staging.join("agent/units").join(cw_unit),
-        )
-        .unwrap();
         std::fs::copy(
             repo().join("packer/files/logrotate/slurm-image-cloud-init"),
             staging.join("files/logrotate/slurm-image-cloud-init"),
@@ -407,12 +400,7 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
             );
         }
         let enabled = s.lines("enabled");
-        for want in [
-            ssm_unit,
-            chrony_unit,
-            "amazon-cloudwatch-agent.service",
-            cw_unit,
-        ] {
+        for want in [ssm_unit, chrony_unit, "amazon-cloudwatch-agent.service"] {
             assert!(
                 enabled.iter().any(|e| e == want),
                 "{os}: {want} not enabled: {enabled:?}"
@@ -425,13 +413,10 @@ fn services_step_installs_ssm_agent_and_chrony_on_every_family() {
             "{os}: {chrony}"
         );
         // The CloudWatch agent's configuration is rendered at boot (the agent's
-        // `config cloudwatch --write`, tested in agent/tests/cloudwatch_config.rs): the
-        // image says where, installs the unit that renders it, caps the journal (which the
-        // CloudWatch agent reads) and rotates cloud-init's files; no export file any more.
-        assert_eq!(
-            written.read(&format!("/etc/systemd/system/{cw_unit}")),
-            std::fs::read_to_string(repo().join("units").join(cw_unit)).unwrap()
-        );
+        // `config cloudwatch --write`, tested in agent/tests/cloudwatch_config.rs, by a unit
+        // 70-agent.sh enables where this drop-in is): the image says where, caps the
+        // journal (which the CloudWatch agent reads) and rotates cloud-init's files; no
+        // export file any more.
         let cw: toml::Value =
             toml::from_str(&written.read("/etc/slurm-node-agent/conf.d/55-cloudwatch.toml"))
                 .unwrap();
@@ -1043,12 +1028,24 @@ fn aws_agent_packages_are_installed_only_with_a_good_signature_by_the_pinned_key
     }
     let signer = Signer::new(None);
     let ids = ["amazon-ssm-agent", "amazon-cloudwatch-agent"];
+    // packer/files as the template uploads it (the rotation rule of cloud-init's logs), in
+    // one staging folder for every run.
+    let staging = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(staging.path().join("files/logrotate")).unwrap();
+    std::fs::copy(
+        repo().join("packer/files/logrotate/slurm-image-cloud-init"),
+        staging
+            .path()
+            .join("files/logrotate/slurm-image-cloud-init"),
+    )
+    .unwrap();
     let env_for = |keys: &Path, os: &'static str| {
         vec![
             ("IMAGE_OS", os.to_string()),
             ("IMAGE_ARCH", "x86_64".to_string()),
             ("CLOUDWATCH_AGENT", "true".to_string()),
             ("SIGNING_KEYS_DIR", keys.display().to_string()),
+            ("IMAGE_STAGING", staging.path().display().to_string()),
         ]
     };
     let run = |s: &StandIn, env: &[(&str, String)]| {
@@ -1417,6 +1414,7 @@ echo ".TH slurm-node-agent-drain 1" >"$d/man/man1/slurm-node-agent-drain.1"
     for f in [
         "slurm-node-agent-bootstrap.service",
         "slurm-node-agent.service",
+        "slurm-node-agent-cloudwatch-config.service",
         "slurmd.service.d/slurm-node-agent.conf",
         "munge.service.d/slurm-node-agent.conf",
         "sackd.service.d/slurm-node-agent.conf",
@@ -1452,9 +1450,26 @@ fn agent_step_installs_the_man_pages_and_completions_the_agent_writes() {
     let s = StandIn::new();
     let staging = agent_staging(&s);
     let staging = staging.to_str().unwrap();
+    // 65-services left its CloudWatch drop-in (the image has the CloudWatch agent): the
+    // unit that renders the configuration at boot is installed and enabled.
+    let dropin = s
+        .path()
+        .join("root/etc/slurm-node-agent/conf.d/55-cloudwatch.toml");
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    std::fs::write(&dropin, "[cloudwatch]\nconfig_file = \"/x.json\"\n").unwrap();
     let env = [("IMAGE_OS", "debian-12"), ("IMAGE_STAGING", staging)];
     let (out, written) = step(&s, "70-agent.sh", &env);
     assert!(out.status.success(), "{}", text(&out));
+    let cw_unit = "slurm-node-agent-cloudwatch-config.service";
+    assert_eq!(
+        written.read(&format!("/etc/systemd/system/{cw_unit}")),
+        std::fs::read_to_string(repo().join("units").join(cw_unit)).unwrap()
+    );
+    assert!(
+        s.lines("enabled").iter().any(|e| e == cw_unit),
+        "{:?}",
+        s.lines("enabled")
+    );
     let calls = s.lines("agent-calls");
     assert!(
         calls.len() == 1 && calls[0].starts_with("generate --out /"),

@@ -201,19 +201,10 @@ if [ "${CLOUDWATCH_AGENT:-false}" = true ]; then
 			systemctl disable slurm-image-journal-export.service >/dev/null 2>&1 || true
 			rm -f "$UNIT_DIR/slurm-image-journal-export.service" /var/log/slurm-node/journal.log
 		fi
-		cw_unit=slurm-node-agent-cloudwatch-config.service
+		# The unit that renders it (slurm-node-agent-cloudwatch-config.service) is the
+		# agent's: 70-agent.sh installs (or takes from the agent's package) and enables it
+		# wherever the drop-in below is.
 		cw_units=(amazon-cloudwatch-agent.service)
-		staged=${IMAGE_STAGING:-/tmp/slurm-image}/agent
-		if [ -f "$staged/slurm-node-agent.deb" ] || [ -f "$staged/slurm-node-agent.rpm" ]; then
-			# The agent as a package: the unit is the package's (/usr/lib), installed and
-			# enabled by 70-agent.sh (a copy in /etc would shadow the package's).
-			log "$cw_unit comes with the agent's package (enabled by 70-agent)"
-		elif [ -f "$staged/units/$cw_unit" ]; then
-			write_if_changed "$UNIT_DIR/$cw_unit" 0644 <"$staged/units/$cw_unit"
-			cw_units+=("$cw_unit")
-		else
-			die "$cw_unit not found in the agent build ($staged/units)"
-		fi
 		prometheus_config=""
 		if setup_textfile_metrics; then
 			cw_units+=("$exporter_unit")
@@ -247,7 +238,7 @@ CONF
 		fi
 		systemctl enable "${cw_units[@]}" >/dev/null
 		clear_skip "$NAME"
-		log "CloudWatch agent installed; its configuration is rendered at boot by $cw_unit"
+		log "CloudWatch agent installed; its configuration is rendered at boot by slurm-node-agent-cloudwatch-config.service (70-agent)"
 	fi
 fi
 log "done"
