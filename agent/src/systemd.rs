@@ -268,6 +268,15 @@ pub struct Systemd {
     pub job_timeout: Duration,
 }
 
+/// A failed `LoadUnit` or read of `unit`'s properties.
+fn load_error(unit: &str, source: zbus::Error) -> SystemdError {
+    SystemdError::Call {
+        call: "LoadUnit",
+        unit: unit.to_string(),
+        source,
+    }
+}
+
 impl Systemd {
     /// Connects to `bus`: `system`, `session` (`DBUS_SESSION_BUS_ADDRESS`) or a D-Bus address.
     ///
@@ -382,21 +391,22 @@ impl Systemd {
     /// # Errors
     /// [`SystemdError::Call`].
     pub async fn active_state(&self, unit: &str) -> Result<String, SystemdError> {
-        let err = |source| SystemdError::Call {
-            call: "LoadUnit",
-            unit: unit.to_string(),
-            source,
-        };
+        let u = self.unit(unit).await?;
+        u.active_state().await.map_err(|e| load_error(unit, e))
+    }
+
+    /// The unit's object (`LoadUnit`), for one property read: no property cache (its
+    /// set-up is a GetAll and a match rule).
+    async fn unit(&self, unit: &str) -> Result<UnitProxy<'_>, SystemdError> {
+        let err = |e| load_error(unit, e);
         let path = self.manager.load_unit(unit).await.map_err(err)?;
-        let u = UnitProxy::builder(self.manager.inner().connection())
+        UnitProxy::builder(self.manager.inner().connection())
             .path(path)
             .map_err(err)?
-            // One read: no property cache (its set-up is a GetAll and a match rule).
             .cache_properties(zbus::proxy::CacheProperties::No)
             .build()
             .await
-            .map_err(err)?;
-        u.active_state().await.map_err(err)
+            .map_err(err)
     }
 
     /// Whether the Manager must re-read its unit files for `unit` (`NeedDaemonReload`: the
@@ -406,20 +416,10 @@ impl Systemd {
     /// # Errors
     /// [`SystemdError::Call`].
     pub async fn needs_reload(&self, unit: &str) -> Result<bool, SystemdError> {
-        let err = |source| SystemdError::Call {
-            call: "LoadUnit",
-            unit: unit.to_string(),
-            source,
-        };
-        let path = self.manager.load_unit(unit).await.map_err(err)?;
-        let u = UnitProxy::builder(self.manager.inner().connection())
-            .path(path)
-            .map_err(err)?
-            .cache_properties(zbus::proxy::CacheProperties::No)
-            .build()
+        let u = self.unit(unit).await?;
+        u.need_daemon_reload()
             .await
-            .map_err(err)?;
-        u.need_daemon_reload().await.map_err(err)
+            .map_err(|e| load_error(unit, e))
     }
 
     /// `Reload()` only when one of `units` [needs it](Systemd::needs_reload) (a failed

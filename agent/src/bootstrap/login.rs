@@ -117,7 +117,7 @@ pub(super) async fn run(
         drain: None,
         replaced_instance_id: None,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
-        steps: t.steps,
+        steps: t.steps(),
         lifecycle: Vec::new(),
     })
 }

@@ -365,7 +365,7 @@ pub struct Report {
 struct Timer {
     start: Instant,
     step: Instant,
-    steps: Vec<Step>,
+    /// The steps done are kept in the run's progress (the report's and the metrics').
     log: ProgressLog,
 }
 
@@ -375,7 +375,6 @@ impl Timer {
         Timer {
             start: now,
             step: now,
-            steps: Vec::new(),
             log: log.clone(),
         }
     }
@@ -401,8 +400,12 @@ impl Timer {
             duration_ms = step.duration_ms,
             "step done"
         );
-        progress(&self.log).steps.push(step.clone());
-        self.steps.push(step);
+        progress(&self.log).steps.push(step);
+    }
+
+    /// The steps done so far, in order.
+    fn steps(&self) -> Vec<Step> {
+        progress(&self.log).steps.clone()
     }
 }
 
@@ -556,7 +559,7 @@ pub async fn run(opts: &Options) -> Result<Report, BootstrapError> {
         replaced_instance_id: prepared.holder.replaced().map(str::to_string),
         slurm_release: prepared.release,
         total_ms: u64::try_from(t.start.elapsed().as_millis()).unwrap_or(u64::MAX),
-        steps: t.steps,
+        steps: t.steps(),
         lifecycle: scripts,
     })
 }
