@@ -45,11 +45,16 @@ pub struct UpgradeOutcome {
     pub reasons: BTreeMap<String, Vec<String>>,
     /// From publish to every node on the new image and IDLE.
     pub total: Duration,
-    /// Per replaced node: its power-off seen to its replacement IDLE.
+    /// Per replaced node: its power-off seen (the instance exited) to its replacement
+    /// registered and IDLE (its slot's release not included: that is the hand-off).
     pub replace_times: Vec<Duration>,
     /// Every change seen in a node's record: `+<seconds since publish> <name> <state>
     /// <reason>`.
     pub timeline: Vec<String>,
+    /// With `FLEET_BENCH_TIMELINE` set: each final node's journal of this boot for the
+    /// agent's two units (`journalctl -o short-precise`), to tell where a hand-off's time
+    /// goes; empty otherwise.
+    pub journals: BTreeMap<String, String>,
     /// Jobs that ran (one per node, all completed with exit 0).
     pub jobs: usize,
     /// The NodeNames of the instances at the end.
@@ -95,6 +100,33 @@ fn node_table(fleet: &Fleet) -> Result<BTreeMap<String, (String, String)>> {
         t.insert(name.to_string(), (state, reason));
     }
     Ok(t)
+}
+
+/// `NodeName -> SlurmdStartTime` (as slurmctld prints it) of every record whose slurmd has
+/// registered, from one `scontrol show node -o`.
+fn slurmd_starts(fleet: &Fleet) -> Result<BTreeMap<String, String>> {
+    let out = fleet.ctld.scontrol_ok(&["show", "node", "-o"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            let start = field(l, "SlurmdStartTime").filter(|t| *t != "None")?;
+            Some((field(l, "NodeName")?.to_string(), start.to_string()))
+        })
+        .collect())
+}
+
+/// The NodeNames holding an upgrade budget slot (`Nodes=` of the agent's
+/// `slurm-node-agent-upgrade-*` reservations), from one `scontrol show reservation -o`.
+/// Read from the reservations, not from the records' `RESERVED` flag: slurmctld sets that
+/// flag again only at its next pass over the reservations, so a node that registered
+/// meanwhile shows none while its slot is still held.
+fn slot_holders(fleet: &Fleet) -> Result<std::collections::BTreeSet<String>> {
+    let out = fleet.ctld.scontrol_ok(&["show", "reservation", "-o"])?;
+    Ok(out
+        .lines()
+        .filter(|l| l.starts_with("ReservationName=slurm-node-agent-upgrade-"))
+        .filter_map(|l| field(l, "Nodes").map(str::to_string))
+        .collect())
 }
 
 /// The instance id of an upgrade reason of the agent (`slurm-node-agent/upgrade@<id>: ...`).
@@ -202,6 +234,9 @@ pub fn rolling_upgrade(
     let mut awaiting: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let mut samples: Vec<Vec<(String, Instant)>> = Vec::new();
     let mut withdrawn_drains: Vec<(String, Instant)> = Vec::new();
+    // Logical node -> the SlurmdStartTime its NodeName's record showed when the current
+    // instance was launched (none for a new NodeName).
+    let mut launched_over: BTreeMap<String, Option<String>> = BTreeMap::new();
     loop {
         let now_names: Vec<String> = current.values().cloned().collect();
         if started.elapsed() > timeout {
@@ -212,6 +247,8 @@ pub fn rolling_upgrade(
             );
         }
         let table = node_table(&fleet)?;
+        let holders = slot_holders(&fleet)?;
+        let starts = slurmd_starts(&fleet)?;
         let (mut upgrading, mut unavailable, mut done) = (0, 0, true);
         for name in &names {
             let node_name = current[name].clone();
@@ -223,14 +260,20 @@ pub fn rolling_upgrade(
                 ));
                 last.insert(name.clone(), (state.clone(), reason.clone()));
             }
-            // A node in a maintenance or other reservation takes no other job either.
-            let available = !state.is_empty()
+            // Takes jobs (a node in a maintenance reservation takes none); available once
+            // it holds no budget slot either: out of service for the upgrade until then.
+            let up = !state.is_empty()
                 && !state.contains("DRAIN")
                 && !state.starts_with("DOWN")
                 && !state.ends_with('*')
                 && !state.contains("NOT_RESPONDING")
-                && !state.contains("MAINT")
-                && !state.contains("RESERVED");
+                && !state.contains("MAINT");
+            let available = up && !holders.contains(&node_name);
+            // The record is the running instance's: its slurmd registered since the launch
+            // (a replacement under the same NodeName finds its predecessor's record).
+            let registered = launched_over.get(name).is_none_or(|before| {
+                starts.contains_key(&node_name) && starts.get(&node_name) != before.as_ref()
+            });
             if !available {
                 unavailable += 1;
             }
@@ -285,13 +328,17 @@ pub fn rolling_upgrade(
                 }
             }
             let on_new = fleet.ami_id(&node_name)? == new_image;
-            if on_new && is_idle(&state) && available {
+            // The replacement's own time (what an Auto Scaling group and a boot take): to
+            // its registration, IDLE; the slot's release after it is the agent's hand-off.
+            if on_new && is_idle(&state) && up && registered {
                 if let Some(t) = replaced_at.remove(name) {
                     replace_times.push(t.elapsed());
                 }
+            }
+            if on_new && is_idle(&state) && available && registered {
                 awaiting.remove(name);
             }
-            done &= on_new && is_idle(&state) && available;
+            done &= on_new && is_idle(&state) && available && registered;
         }
         samples.push(
             open.iter()
@@ -322,6 +369,11 @@ pub fn rolling_upgrade(
                 let mut l = fleet.new_launch(&next);
                 l.ami_id.clone_from(&new_image);
                 fleet.replace(&node_name, l)?;
+                timeline.push(format!(
+                    "+{:.1} {node_name} exited; {next} launched on the new image",
+                    started.elapsed().as_secs_f64()
+                ));
+                launched_over.insert(name.clone(), starts.get(&next).cloned());
                 current.insert(name.clone(), next);
                 replaced_at.insert(name.clone(), Instant::now());
             }
@@ -345,6 +397,25 @@ pub fn rolling_upgrade(
         .map(|s| s.iter().filter(|d| withdrawn_drains.contains(d)).count())
         .max()
         .unwrap_or(0);
+    let mut journals = BTreeMap::new();
+    if std::env::var_os("FLEET_BENCH_TIMELINE").is_some() {
+        for n in current.values() {
+            let out = fleet.exec(
+                n,
+                "journalctl",
+                &[
+                    "-b",
+                    "-o",
+                    "short-precise",
+                    "-u",
+                    "slurm-node-agent-bootstrap.service",
+                    "-u",
+                    "slurm-node-agent.service",
+                ],
+            )?;
+            journals.insert(n.clone(), String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+    }
     fleet.wait_no_jobs(Duration::from_secs(120))?;
     fleet.check_no_job_killed(nodes)?;
     // The records of NodeNames no instance runs under any more: a replacement under a new
@@ -377,6 +448,7 @@ pub fn rolling_upgrade(
         total,
         replace_times,
         timeline,
+        journals,
         jobs: fleet.job_records().len(),
     })
 }

@@ -660,6 +660,15 @@ async fn main_loop(
                     if !upgrade_poll.due(&mut schedule, start, Instant::now()) {
                         continue;
                     }
+                    // Waiting for a slot, the tries read the slots alone; a full check
+                    // (the desired image again) at least once per poll interval.
+                    if ctx
+                        .budget
+                        .waiting()
+                        .is_some_and(|w| w.since.elapsed() >= upgrade_poll.interval())
+                    {
+                        ctx.budget.set_waiting(None);
+                    }
                     Work::Upgrade
                 }
             };

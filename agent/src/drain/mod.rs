@@ -311,8 +311,8 @@ impl Engine {
     }
 
     /// One step forward from the current phase (see the module docs of [`state`]): checks
-    /// the node, takes the spot job action when due, notes `drained`, runs the action.
-    /// Returns the phase after the step.
+    /// the node, takes the spot job action when due, notes `drained` and, in the same
+    /// call, runs the cause's action. Returns the phase after the step.
     ///
     /// # Errors
     /// [`DrainError`]; the state stays consistent (what happened is saved).
@@ -320,7 +320,14 @@ impl Engine {
         let phase = self.load()?.phase;
         match phase {
             Phase::Active => Ok(Phase::Active),
-            Phase::Draining => self.progress_draining().await,
+            // Drained now: the cause's action (if it has one) starts in the same pass, not
+            // a `drain.check_interval` later (a rolling upgrade's hand-off waited for it
+            // once per round). The phase is saved first, so a crash between the two
+            // resumes at `drained`.
+            Phase::Draining => match self.progress_draining().await? {
+                Phase::Drained => self.progress_action().await,
+                p => Ok(p),
+            },
             Phase::Drained => self.progress_action().await,
             Phase::Acting => self.progress_action().await,
             Phase::Done => self.progress_done().await,

@@ -31,12 +31,39 @@ use crate::slurm::NodeInfo;
 #[derive(Debug, Default)]
 pub struct Budget {
     renewed: Mutex<Option<Instant>>,
+    waiting: Mutex<Option<SlotWait>>,
+}
+
+/// What a node found when every slot of its partition was held: where it waits, so that
+/// its next tries first read the slots alone ([`super::check::check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotWait {
+    /// The partition whose slots it waits for (empty: every node).
+    pub partition: String,
+    /// Its number of slots.
+    pub limit: usize,
+    /// When the full check that found them held ran: the daemon makes a full one again
+    /// once the poll's interval has passed (the desired image may have changed).
+    pub since: Instant,
 }
 
 impl Budget {
     /// No slot taken or renewed yet by this process.
     pub fn new() -> Budget {
         Budget::default()
+    }
+
+    /// Where this node waits for a slot, if its last upgrade check found every slot held.
+    pub fn waiting(&self) -> Option<SlotWait> {
+        self.waiting.lock().ok().and_then(|w| w.clone())
+    }
+
+    /// Notes where this node waits (`Some`), or that it no longer does (`None`): the
+    /// next check is a full one.
+    pub fn set_waiting(&self, wait: Option<SlotWait>) {
+        if let Ok(mut w) = self.waiting.lock() {
+            *w = wait;
+        }
     }
 
     /// Notes that the slot was taken or renewed now.

@@ -109,6 +109,22 @@ pub async fn check(
     running: &str,
     launched_at: Option<i64>,
 ) -> Result<Check, DrainError> {
+    // Waiting for a slot: one small read of slurmctld's reservations, and the full check
+    // (SSM, EC2, every node's record) only once the partition has a free slot.
+    if let Some(w) = budget.waiting() {
+        let used = slot::list(&engine.ops.scontrol)
+            .await?
+            .iter()
+            .filter(|s| slot::is_slot_of(&s.name, &w.partition))
+            .count();
+        if used >= w.limit {
+            return Ok(Check::Waiting {
+                used,
+                limit: w.limit,
+            });
+        }
+        budget.set_waiting(None);
+    }
     let Desired {
         image: desired,
         published_at,
@@ -128,18 +144,7 @@ pub async fn check(
         .clone()
         .unwrap_or_else(|| running.to_string());
     if desired == current {
-        // slurmctld's record, read once for the leftover drain and the hand-off.
-        let node = engine.ops.scontrol.show_node(&engine.node).await?;
-        let lifted = match (&node, st.phase) {
-            (Some(n), Phase::Active) => lift_leftover(engine, n, &desired, &current).await?,
-            _ => false,
-        };
-        // A drain just lifted puts the node in service: not on its way in any more.
-        let returning = !lifted && returning(engine, node.as_ref()).await?;
-        return Ok(Check::UpToDate {
-            image: current,
-            returning,
-        });
+        return up_to_date(engine, st.phase, &desired, current).await;
     }
     if st.phase == Phase::Active && st.handled.contains(&cause_key(&current, &desired)) {
         // The drain for this upgrade ended without it (withdrawn, resumed by an operator).
@@ -199,6 +204,11 @@ pub async fn check(
                 nodes = count.total,
                 "every upgrade budget slot is held; waiting"
             );
+            budget.set_waiting(Some(super::budget::SlotWait {
+                partition: partition.clone(),
+                limit,
+                since: std::time::Instant::now(),
+            }));
             return Ok(Check::Waiting {
                 used: held.len(),
                 limit,
@@ -225,6 +235,40 @@ pub async fn check(
     }
     tracing::info!(decision = "upgrade.drain", %current, %desired, slot = %name, "upgrade drain started");
     Ok(Check::Started { current, desired })
+}
+
+/// The node runs the desired image (`current`): lifts an upgrade drain left on it
+/// ([`lift_leftover`]), releases the slot its NodeName holds once it is in service, and
+/// says whether it is on its way into service while a slot is held (the next check then
+/// comes at the drain's pace).
+///
+/// # Errors
+/// [`DrainError`] from Slurm or the state.
+async fn up_to_date(
+    engine: &Engine,
+    phase: Phase,
+    desired: &str,
+    current: String,
+) -> Result<Check, DrainError> {
+    // slurmctld's record, read once for the leftover drain and the hand-off.
+    let node = engine.ops.scontrol.show_node(&engine.node).await?;
+    let lifted = match (&node, phase) {
+        (Some(n), Phase::Active) => lift_leftover(engine, n, desired, &current).await?,
+        _ => false,
+    };
+    // A drain just lifted (a replacement under the same NodeName lifts its
+    // predecessor's): the slot is released by the next check once the node is in
+    // service, so that check comes at the drain's pace while a slot is held, not a
+    // poll interval later (the next node of a rollout waited up to 1.2 intervals).
+    let returning = if lifted {
+        slot::any_held(&engine.ops.scontrol).await?
+    } else {
+        returning(engine, node.as_ref()).await?
+    };
+    Ok(Check::UpToDate {
+        image: current,
+        returning,
+    })
 }
 
 /// The drain key of the upgrade `current -> desired`.
@@ -538,7 +582,8 @@ mod tests {
 
     /// Stands in for scontrol: `show node -o X` prints `node-X`, `show reservation -o`
     /// prints `listed`, `delete reservation R` notes R in `deleted`, `delete NodeName=X`
-    /// notes it in `deleted-records`.
+    /// notes it in `deleted-records`, `update NodeName=X ...` notes its words in `updates`
+    /// (`State=RESUME` also takes the drain and the reason off `node-X`).
     const FAKE: &str = r#"#!/bin/sh
 d=$(dirname "$0")
 case "$1 $2" in
@@ -547,6 +592,8 @@ case "$1 $2" in
 "show reservation") cat "$d/listed"; exit 0 ;;
 "delete reservation") echo "$3" >> "$d/deleted" ;;
 "delete NodeName="*) echo "$2" >> "$d/deleted-records" ;;
+"update NodeName="*) echo "$2 $3" >> "$d/updates"
+  [ "$3" = State=RESUME ] && sed -i 's/+DRAIN//; s/ Reason=.*$//' "$d/node-${2#NodeName=}" ;;
 *) exit 1 ;;
 esac
 "#;
@@ -701,5 +748,126 @@ esac
             "NodeName=ip-10-0-0-1\n",
             "a static record was deleted"
         );
+    }
+
+    /// A replacement under the same NodeName finds its predecessor's upgrade drain and
+    /// lifts it before its slurmd has registered: its slot is released by the next check,
+    /// which must come at the drain's pace (`returning`), not a poll interval later. Once
+    /// in service that check releases the slot and the node is no longer returning.
+    #[tokio::test]
+    async fn a_replacement_lifting_its_predecessors_drain_checks_again_soon_then_releases_its_slot()
+    {
+        let slot = "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-9 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n";
+        let (dir, bin) = fake_slurm(slot);
+        let image = "ami-0123456789abcdef0";
+        let record = replacement_record(5);
+        std::fs::write(
+            bin.join("node-ip-10-0-0-9"),
+            record.replace(
+                "State=IDLE ",
+                "State=IDLE+DRAIN+DYNAMIC_NORM+NOT_RESPONDING ",
+            ).trim_end().to_string()
+                + &format!(" Reason=slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> {image}\n"),
+        )
+        .unwrap();
+        let engine = engine_of(&dir, &bin, "i-0000000000000000f");
+        let deleted = || std::fs::read_to_string(bin.join("deleted")).unwrap_or_default();
+
+        let c = up_to_date(&engine, Phase::Active, image, image.to_string())
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(bin.join("updates")).unwrap(),
+            "NodeName=ip-10-0-0-9 State=RESUME\n"
+        );
+        assert!(c.wants_check_soon(), "{c:?}");
+        assert_eq!(deleted(), "", "released before the node is in service");
+
+        // slurmd registered: in service, the slot goes, and the pace is the poll's again.
+        std::fs::write(bin.join("node-ip-10-0-0-9"), record).unwrap();
+        let c = up_to_date(&engine, Phase::Active, image, image.to_string())
+            .await
+            .unwrap();
+        assert_eq!(deleted(), "slurm-node-agent-upgrade-main-slot-1\n");
+        assert!(!c.wants_check_soon(), "{c:?}");
+        std::fs::write(bin.join("listed"), "").unwrap();
+
+        // With no slot held anywhere, a lift does not quicken the checks.
+        std::fs::write(
+            bin.join("node-ip-10-0-0-9"),
+            replacement_record(5).replace("State=IDLE ", "State=IDLE+DRAIN+DYNAMIC_NORM ").trim_end().to_string()
+                + &format!(" Reason=slurm-node-agent/upgrade@i-0000000000000000a: powered off for image upgrade ami-0a887e401f7654935 -> {image}\n"),
+        )
+        .unwrap();
+        let c = up_to_date(&engine, Phase::Active, image, image.to_string())
+            .await
+            .unwrap();
+        assert!(!c.wants_check_soon(), "{c:?}");
+        assert_eq!(
+            std::fs::read_to_string(bin.join("updates"))
+                .unwrap()
+                .lines()
+                .count(),
+            2,
+            "the second leftover drain was not lifted"
+        );
+    }
+
+    /// Clients of SSM and EC2 whose endpoint refuses every connection: a call that is made
+    /// fails at once.
+    fn refused_aws() -> (aws_sdk_ssm::Client, aws_sdk_ec2::Client) {
+        let creds =
+            aws_sdk_ssm::config::Credentials::new("ASIACHECKTESTS000001", "s", None, None, "t");
+        let ssm = aws_sdk_ssm::Config::builder()
+            .behavior_version(aws_sdk_ssm::config::BehaviorVersion::latest())
+            .region(aws_sdk_ssm::config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:1")
+            .retry_config(aws_sdk_ssm::config::retry::RetryConfig::disabled())
+            .credentials_provider(creds.clone())
+            .build();
+        let ec2 = aws_sdk_ec2::Config::builder()
+            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+            .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:1")
+            .retry_config(aws_sdk_ec2::config::retry::RetryConfig::disabled())
+            .credentials_provider(creds)
+            .build();
+        (
+            aws_sdk_ssm::Client::from_conf(ssm),
+            aws_sdk_ec2::Client::from_conf(ec2),
+        )
+    }
+
+    /// A node waiting for a slot tries again with one read of the reservations: while its
+    /// partition's slots are all held it makes no AWS call and reads no node record; once
+    /// one is free it makes the full check (its error reading the parameter shows that it
+    /// did), and a
+    /// slot of another partition does not count.
+    #[tokio::test]
+    async fn a_node_waiting_for_a_slot_reads_the_slots_alone_until_one_is_free() {
+        let held = "ReservationName=slurm-node-agent-upgrade-main-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-1 Comment=slurm-node-agent/upgrade@i-0000000000000000a\n\
+                    ReservationName=slurm-node-agent-upgrade-other-slot-1 EndTime=2026-12-04T03:40:00 Nodes=ip-10-0-0-2 Comment=slurm-node-agent/upgrade@i-0000000000000000b\n";
+        let (dir, bin) = fake_slurm(held);
+        let engine = engine_of(&dir, &bin, "i-0000000000000000f");
+        let (ssm, ec2) = refused_aws();
+        let budget = Budget::new();
+        budget.set_waiting(Some(super::super::budget::SlotWait {
+            partition: "main".into(),
+            limit: 1,
+            since: std::time::Instant::now(),
+        }));
+        let c = check(&engine, &budget, &ssm, &ec2, "ami-0a887e401f7654935", None)
+            .await
+            .unwrap();
+        assert_eq!(c, Check::Waiting { used: 1, limit: 1 });
+        assert!(budget.waiting().is_some());
+
+        // main's slot is free (only another partition's is held): the full check runs.
+        std::fs::write(bin.join("listed"), held.lines().nth(1).unwrap()).unwrap();
+        let c = check(&engine, &budget, &ssm, &ec2, "ami-0a887e401f7654935", None)
+            .await
+            .unwrap();
+        assert!(matches!(c, Check::Error(_)), "{c:?}");
+        assert_eq!(budget.waiting(), None);
     }
 }

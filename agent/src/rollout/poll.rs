@@ -121,15 +121,28 @@ impl UpgradePoll {
         self.first = None;
     }
 
-    /// The wait before a check that found the upgrade budget used up asks again:
-    /// `upgrade.budget_wait`, or the cluster's size bound over `upgrade.fleet_rate` when
-    /// that is longer, jittered ±50 % ([`crate::upgrade::jittered`]). During a rollout every
-    /// node that waits for a slot asks again: at 10,000 nodes and a budget of 1, 60 s would
-    /// be 167 GetParameter calls a second, four times SSM's standard quota; paced by the
-    /// fleet it stays within twice `fleet_rate`, and a freed slot is still taken within
-    /// about a second.
+    /// The most reads of slurmctld's reservations a second, the whole cluster together,
+    /// that the nodes waiting for a budget slot make: each try of a waiting node is one
+    /// `scontrol show reservation` (a short list: the slots and the site's reservations),
+    /// and only a node that finds a free slot makes the full check (SSM, EC2, every
+    /// node's record).
+    pub const SLOT_READS_PER_SECOND: f64 = 50.0;
+
+    /// The wait before a node that found the upgrade budget used up tries again:
+    /// `upgrade.budget_wait`, or the cluster's size bound over
+    /// [`Self::SLOT_READS_PER_SECOND`] when that is longer, jittered ±50 %
+    /// ([`crate::upgrade::jittered`]). A try reads the slots alone (no AWS call), so it
+    /// is paced for slurmctld, not for SSM's quota: at 10,000 nodes every waiting node
+    /// tries every 200 s at most (50 reads a second); a cluster of 150 or fewer at
+    /// `budget_wait`. The desired image is read again at the poll's interval.
     pub fn retry_wait(&self, budget_wait: Duration) -> Duration {
-        crate::upgrade::jittered(budget_wait.max(self.fleet_interval()))
+        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
+        // u64 -> f64 is exact below 2^53 nodes.
+        #[allow(clippy::cast_precision_loss)]
+        let paced = Duration::try_from_secs_f64(nodes as f64 / Self::SLOT_READS_PER_SECOND)
+            .unwrap_or(UpgradePoll::MAX_INTERVAL)
+            .min(UpgradePoll::MAX_INTERVAL);
+        crate::upgrade::jittered(budget_wait.max(paced))
     }
 
     /// The wait until the next check: the interval times a factor drawn from

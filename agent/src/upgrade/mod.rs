@@ -105,9 +105,10 @@ pub struct UpgradeSettings {
     pub max_unavailable: String,
     /// Partition the budget counts. Empty: the node's first partition.
     pub budget_partition: String,
-    /// Wait before trying the slots again when every one is held (randomized ±50 %); the
-    /// daemon waits the cluster's size over `fleet_rate` instead when that is longer, so a
-    /// large cluster's retries stay within SSM's quota.
+    /// Wait before trying the slots again when every one is held (randomized ±50 %). A try
+    /// is one read of slurmctld's reservations (the full check only once a slot is free);
+    /// the daemon waits the cluster's size over 50 instead when that is longer, so that
+    /// the waiting nodes together read them at most about 100 times a second.
     pub budget_wait: HumanDuration,
     /// How long a slot outlives its holder's last renewal: a draining node renews its slot
     /// every third of this; after the poweroff, the replacement must be available within

@@ -18,7 +18,9 @@
 //!    ([`slurm_e2e::fleet_scenarios::rolling_upgrade`]): publish → every node on the new
 //!    image and IDLE, ÷ the ideal job + nodes/budget × replacement (the jobs all start
 //!    together, so only the first round waits for one), the replacement being the
-//!    measured mean from power-off to the new instance IDLE; and the overlap of
+//!    measured mean from power-off (the instance exited) to the new instance registered
+//!    and IDLE; what the agent adds (the slot's release, the next node's drain, its
+//!    power-off) is the rest; and the overlap of
 //!    each kind at one sample (upgrade drains, nodes powered off awaiting a replacement
 //!    IDLE on the new image, withdrawn drains, and the nodes out of service for the
 //!    upgrade in all), to set against the budget.
@@ -27,6 +29,9 @@
 //!    (`_BUDGET`) ([`slurm_e2e::fleet_scenarios::repair_replace`]): fault → every
 //!    replacement IDLE, ÷ the ideal job + faulty/budget × replacement (power-off → new
 //!    instance IDLE, measured); the most nodes out for a repair and slots held at once.
+//!
+//! `FLEET_BENCH_TIMELINE=1` prints the rolling upgrade's timeline (each change of a node's
+//! state or reason in slurmctld, sampled every half second, and each replacement).
 //!
 //! `FLEET_BENCH_PHASES` (comma-separated: `solo`, `boot`, `load`, `storm`, `static`,
 //! `upgrade`, `repair`; default all) runs only those: `boot,static` is the N-node figure (all IDLE,
@@ -699,6 +704,17 @@ fn bench(n: usize, idle_secs: u64) -> Result<()> {
             o.overlap.withdrawn_drains,
             o.overlap.held
         );
+            if std::env::var_os("FLEET_BENCH_TIMELINE").is_some() {
+                for line in &o.timeline {
+                    println!("  {line}");
+                }
+                for (n, j) in &o.journals {
+                    println!("  --- {n}: the agent's journal of this boot");
+                    for line in j.lines() {
+                        println!("  {line}");
+                    }
+                }
+            }
             if !o.records_left.is_empty() {
                 failed.push(format!(
                     "records of replaced NodeNames left: {:?}",
