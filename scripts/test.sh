@@ -15,8 +15,10 @@
 #   SLURM_E2E_FLEET_MATRIX
 #                      after the whole suite, the fleet matrix: the core fleet scenarios
 #                      (boot and join, a job across nodes, a drain and its lift, the
-#                      HealthCheckProgram, a login node on auth/slurm, the rolling upgrade
-#                      and repairs within their budget) once per version listed (default "24.11 26.05";
+#                      HealthCheckProgram, a login node on auth/slurm, a job's own reboot
+#                      (`sbatch --reboot`), a mount unit rewritten and systemd reloaded
+#                      under a running job, the rolling upgrade and repairs within their
+#                      budget) once per version listed (default "24.11 26.05";
 #                      empty: none). Runs only when no cargo test arguments are given.
 #                      scripts/test-matrix.sh runs every scenario on every version.
 #   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario, and the
@@ -103,7 +105,9 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			nodes_booted_at_once_all_join_idle_and_run_a_job_across_all \
 			maintenance_reboot_drains_early_reboots_and_returns_to_service \
 			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node \
-			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge
+			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge \
+			a_job_asking_for_a_reboot_runs_after_it_and_the_agent_leaves_the_reboot_to_slurm \
+			a_mount_unit_rewritten_under_a_running_job_reloads_systemd_once_and_slurmd_and_the_job_stay
 		# The exact upgrade budget (issue 25 §4: reservation slots) on this release's
 		# slurmctld, with 4 nodes (8 on the suite's release), replacements under the same
 		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted);
