@@ -29,7 +29,9 @@
 #                      with the oldest, the suite's and the newest release (slurmd starts
 #                      with the suite's); then a fleet of nodes from an image with the
 #                      suite's and the newest release joining on the suite's, whose
-#                      controller is upgraded to the newest under running jobs, and whose
+#                      controller is upgraded to the newest under running jobs (a node's
+#                      slurmd of the suite's release restarted, another rebooted by the
+#                      agent through Slurm, while jobs run: issue 41 §2.4), and whose
 #                      replacement nodes join on the newest (issue 23 §2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,7 +92,10 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			cargo test -p slurm-e2e --test bootstrap --locked -- --ignored --exact "${skew_tests[@]}"
 		# The controller upgraded to the newest release under running jobs (issue 23 §2):
 		# nodes from an image with both releases join on the suite's, replacements on the
-		# newest. The newest build is bound over /opt/slurm on the controller machine only.
+		# newest; under the upgraded controller a node of the suite's release has its slurmd
+		# restarted and another takes the agent's reboot through Slurm while jobs run
+		# (issue 41 §2.4). The newest build is bound over /opt/slurm on the controller
+		# machine only.
 		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
 			cargo test -p slurm-e2e --test fleet --locked -- --ignored --exact \
 			the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_on_its_release

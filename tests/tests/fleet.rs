@@ -2134,6 +2134,18 @@ fn node_release(fleet: &Fleet, name: &str) -> (String, String, Vec<String>) {
 ///   the upgrade, so none can end before it) are still RUNNING and their nodes ALLOCATED
 ///   after it, and the nodes keep the same slurmd process (a newer slurmctld accepts the
 ///   older slurmd), which then ends the jobs;
+/// - under the upgraded controller, with the jobs running (issue 41 §2.4: a 25.11.0
+///   slurmctld aborted running jobs when an older slurmd registered again; 26.05
+///   pre-releases refused `scontrol reboot` to an older slurmd), node001's slurmd of the
+///   suite's release is restarted (`systemctl restart slurmd`) and registers again, on the
+///   suite's release, its job still running; node002 takes the agent's reboot through
+///   Slurm (a reboot-class repair: a marker file in `/run`, `[[repair.checks]]` action
+///   `reboot`, so `scontrol reboot ASAP nextstate=resume` from the node's own 25.11
+///   scontrol): drained while its job runs, not rebooted before the job ends, then
+///   rebooted by slurmctld through its `RebootProgram`, back IDLE with no reason held;
+///   its new boot starts slurmd on the newer release (every boot tries the newest
+///   installed release first, and the controller accepts it now); node001's and node003's
+///   jobs ran through that reboot;
 /// - replacement nodes (two of the nodes terminated once their job ended, new instances
 ///   launched from the same image, as an auto scaling group does) now start slurmd on the
 ///   newer release, accepted at once (`starting slurmd <newer>: the newest installed
@@ -2145,8 +2157,9 @@ fn node_release(fleet: &Fleet, name: &str) -> (String, String, Vec<String>) {
 /// Needs `SLURM_E2E_NEWER_SLURM_TAR` (the newer build from the cache, as for the version
 /// skew tests of `tests/bootstrap.rs`) and a suite of 25.11 or later (whose controller
 /// refuses a newer client in words the agent reads): scripts/test.sh runs it after those.
-/// About a minute on 2 cores with the image cached (its first build, cached as
-/// `twoslurm-<key>`, takes a minute or two more).
+/// About 20 s on 2 cores with the image cached (its first build, cached as
+/// `twoslurm-<key>`, takes two minutes more); the restart and the reboot add about
+/// 10 s.
 #[test]
 #[ignore = "needs SLURM_E2E_NEWER_SLURM_TAR (a newer Slurm build): run by scripts/test.sh"]
 fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_on_its_release() {
@@ -2166,8 +2179,16 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
 
     let started = std::time::Instant::now();
     let step = |what: &str| eprintln!("controller upgrade: +{:.0?} {what}", started.elapsed());
+    // A reboot-class fault for the agent's reboot through Slurm (as in
+    // a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it).
+    const MARKER: &str = "/run/slurm-e2e-fault";
     let mut fleet = Fleet::builder()
         .image_recipe(ImageRecipe::SuiteAndNewer(newer))
+        .agent_toml(
+            "[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"2s\"\n\
+             breaker_min_nodes = 10\n\n[[repair.checks]]\ncheck = \"marker\"\naction = \"reboot\"\n",
+        )
+        .ctld_line("RebootProgram=\"/usr/bin/systemctl reboot\"")
         .start()
         .unwrap();
     assert_eq!(fleet.ctld.server_version().unwrap(), suite);
@@ -2310,20 +2331,141 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
     step(&format!(
         "the nodes registered again on {suite}, their jobs running"
     ));
-    for n in &names {
-        let out = fleet.exec(n, "touch", &[release]).unwrap();
-        assert!(out.status.success(), "{n}: touch {release}: {out:?}");
+    let busy = |n: &str| {
+        let st = fleet.ctld.node_state(n).unwrap().unwrap_or_default();
+        assert!(
+            st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
+            "{n} is {st}"
+        );
+    };
+
+    // node001's slurmd (the suite's release) restarted under its job: it registers again
+    // with the upgraded slurmctld, which keeps the job.
+    let restarted = "node001";
+    let started_before = slurmd_start_time(&fleet, restarted).unwrap();
+    on_node(
+        &fleet,
+        restarted,
+        "systemctl",
+        &["restart", "slurmd.service"],
+    );
+    slurm_e2e::wait_until(
+        "node001's restarted slurmd to register",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || Ok((slurmd_start_time(&fleet, restarted)? != started_before).then_some(())),
+    )
+    .unwrap();
+    let restarted_pid = fleet
+        .unit_property(restarted, "slurmd.service", "MainPID")
+        .unwrap();
+    assert!(
+        restarted_pid != "0" && restarted_pid != slurmd_pids[0],
+        "{restarted}: slurmd {restarted_pid}, before {}",
+        slurmd_pids[0]
+    );
+    assert_eq!(node_versions(&fleet)[restarted], suite_s);
+    busy(restarted);
+    let now = running(&fleet).unwrap();
+    assert!(jobs.iter().all(|j| now.contains(j)), "running {now:?}");
+    step(&format!(
+        "node001's slurmd {suite} restarted and registered again, every job running"
+    ));
+
+    // node002: the agent's reboot through Slurm for a reboot-class fault, while its job
+    // runs. Drained at once, rebooted only once the job has ended.
+    let rebooted = "node002";
+    let check = format!(
+        "[[check]]\nname = \"marker\"\nkind = \"file\"\npath = \"{MARKER}\"\nexists = false\n"
+    );
+    slurm_e2e::fleet_scenarios::place_fault(&fleet, rebooted, Some(&check)).unwrap();
+    on_node(&fleet, rebooted, "touch", &[MARKER]);
+    slurm_e2e::wait_until(
+        "node002's repair drain",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let r = full_reason(&fleet, rebooted);
+            Ok(
+                (r.starts_with("slurm-node-agent/repair@") && r.contains("[reboot after jobs]"))
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    let st = fleet.ctld.node_state(rebooted).unwrap().unwrap_or_default();
+    assert!(st.contains("DRAIN"), "{rebooted}: {st}");
+    busy(rebooted);
+    assert_eq!(fleet.boots(rebooted).unwrap(), 1, "rebooted under its job");
+    step("node002 drained for its repair's reboot, its job running");
+    on_node(&fleet, rebooted, "touch", &[release]);
+    slurm_e2e::wait_until(
+        "node002 rebooted by slurmctld",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((fleet.boots(rebooted)? == 2).then_some(())),
+    )
+    .unwrap();
+    let records = fleet.job_records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r.contains(&format!("JobId={} ", jobs[1])) && r.contains("JobState=COMPLETED")),
+        "job {} ended before the reboot: {records:?}",
+        jobs[1]
+    );
+    fleet.wait_booted(rebooted, BOOT_TIMEOUT).unwrap();
+    slurm_e2e::wait_until(
+        "node002 IDLE after its reboot",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let st = fleet.ctld.node_state(rebooted)?.unwrap_or_default();
+            Ok(
+                (slurm_e2e::is_idle(&st) && !st.contains("REBOOT") && !st.contains("RESERVED"))
+                    .then_some(()),
+            )
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e:#}{}", fleet.diagnostics(&[rebooted.to_string()])))
+    .unwrap();
+    fleet
+        .ctld
+        .check_reason_lifted(rebooted, &reason(&fleet, rebooted))
+        .unwrap();
+    // The new boot took the newest release, which the upgraded controller accepts.
+    let (link, slurmd, starts) = node_release(&fleet, rebooted);
+    assert_eq!(link, format!("slurm-{newer}"), "{rebooted}: /opt/slurm");
+    assert_eq!(slurmd, format!("slurm {newer}"), "{rebooted}: slurmd -V");
+    assert!(
+        !starts.is_empty()
+            && starts
+                .iter()
+                .all(|l| l.contains(&format!("starting slurmd {newer}: "))),
+        "{rebooted}: {starts:?}"
+    );
+    assert_eq!(node_versions(&fleet)[rebooted], newer_s);
+    for (n, j) in [("node001", &jobs[0]), ("node003", &jobs[2])] {
+        busy(n);
+        assert!(running(&fleet).unwrap().contains(j), "{n}: job {j}");
+    }
+    step(&format!(
+        "node002 rebooted through Slurm after its job, IDLE on {newer}; the other jobs running"
+    ));
+
+    for n in ["node001", "node003"] {
+        on_node(&fleet, n, "touch", &[release]);
     }
     fleet.wait_no_jobs(Duration::from_secs(300)).unwrap();
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
-    for (n, pid) in names.iter().zip(&slurmd_pids) {
+    for (n, pid) in [("node001", &restarted_pid), ("node003", &slurmd_pids[2])] {
         assert_eq!(
             &fleet.unit_property(n, "slurmd.service", "MainPID").unwrap(),
             pid,
             "{n}: slurmd was restarted across the controller's upgrade"
         );
     }
-    step("every job ended, the nodes IDLE on the same slurmd");
+    step("every job ended, the nodes IDLE");
 
     // The auto scaling group replaces two instances: the new ones take the new release.
     for n in ["node001", "node002"] {
