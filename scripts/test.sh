@@ -15,8 +15,10 @@
 #   SLURM_E2E_FLEET_MATRIX
 #                      after the whole suite, the fleet matrix: the core fleet scenarios
 #                      (boot and join, a job across nodes, a drain and its lift, the
-#                      HealthCheckProgram, a login node on auth/slurm, the rolling upgrade
-#                      and repairs within their budget) once per version listed (default "24.11 26.05";
+#                      HealthCheckProgram, a login node on auth/slurm, a job's own reboot
+#                      (`sbatch --reboot`), a mount unit rewritten and systemd reloaded
+#                      under a running job, the rolling upgrade and repairs within their
+#                      budget) once per version listed (default "24.11 26.05";
 #                      empty: none). Runs only when no cargo test arguments are given.
 #                      scripts/test-matrix.sh runs every scenario on every version.
 #   SLURM_E2E_MATRIX_NODES  nodes booted at once in the matrix's first scenario, and the
@@ -27,7 +29,9 @@
 #                      with the oldest, the suite's and the newest release (slurmd starts
 #                      with the suite's); then a fleet of nodes from an image with the
 #                      suite's and the newest release joining on the suite's, whose
-#                      controller is upgraded to the newest under running jobs, and whose
+#                      controller is upgraded to the newest under running jobs (a node's
+#                      slurmd of the suite's release restarted, another rebooted by the
+#                      agent through Slurm, while jobs run: issue 41 §2.4), and whose
 #                      replacement nodes join on the newest (issue 23 §2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,7 +92,10 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			cargo test -p slurm-e2e --test bootstrap --locked -- --ignored --exact "${skew_tests[@]}"
 		# The controller upgraded to the newest release under running jobs (issue 23 §2):
 		# nodes from an image with both releases join on the suite's, replacements on the
-		# newest. The newest build is bound over /opt/slurm on the controller machine only.
+		# newest; under the upgraded controller a node of the suite's release has its slurmd
+		# restarted and another takes the agent's reboot through Slurm while jobs run
+		# (issue 41 §2.4). The newest build is bound over /opt/slurm on the controller
+		# machine only.
 		SLURM_E2E_NEWER_SLURM_TAR=$(scripts/slurm-build.sh --cache-only "$newest" 2>/dev/null | tail -n1) \
 			cargo test -p slurm-e2e --test fleet --locked -- --ignored --exact \
 			the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_on_its_release
@@ -103,7 +110,9 @@ if [ $# -eq 0 ] && [ -n "$SLURM_E2E_FLEET_MATRIX" ]; then
 			nodes_booted_at_once_all_join_idle_and_run_a_job_across_all \
 			maintenance_reboot_drains_early_reboots_and_returns_to_service \
 			the_image_healthcheck_program_run_by_slurmd_drains_and_resumes_its_node \
-			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge
+			a_login_node_on_auth_slurm_submits_sbatch_and_srun_through_sackd_without_munge \
+			a_job_asking_for_a_reboot_runs_after_it_and_the_agent_leaves_the_reboot_to_slurm \
+			a_mount_unit_rewritten_under_a_running_job_reloads_systemd_once_and_slurmd_and_the_job_stay
 		# The exact upgrade budget (issue 25 §4: reservation slots) on this release's
 		# slurmctld, with 4 nodes (8 on the suite's release), replacements under the same
 		# NodeName and under new ones (issue 37 §4: slot release, dynamic records deleted);

@@ -407,6 +407,135 @@ fn maintenance_reboot_drains_early_reboots_and_returns_to_service() {
     assert_eq!(decisions[seen]["node"], "node001", "{decisions:#?}");
 }
 
+/// The agent's decisions that change a node in Slurm or take it out of service: a drain
+/// begun or ended, a lift, an action on the node (reboot, power-down, power-off), a repair
+/// plan, an upgrade drain.
+const DRAIN_DECISIONS: &[&str] = &[
+    "drain.transition",
+    "drain.lift",
+    "node.action",
+    "repair.plan",
+    "upgrade.drain",
+];
+
+/// Issue 41 §2.3: a job that asks for a reboot of its node (`sbatch --reboot`). Since 25.11
+/// slurmctld refuses `State=IDLE` while a node is `REBOOT_ISSUED`, and 26.05 shows
+/// `REBOOT_ISSUED` for reboots jobs ask for as well: the agent must leave such a reboot to
+/// Slurm. One node with the image's HealthCheckProgram run by slurmd every 2 s on ANY state
+/// and the daemon's health loop every 2 s (both pass): the job is submitted, slurmctld
+/// reboots the node through its `RebootProgram` (`systemctl reboot`: the container boots a
+/// second time), the new boot's bootstrap and slurmd join, the job runs after the reboot
+/// (it writes a file in `/run`, which a boot empties) and COMPLETED with exit 0; the agent
+/// made no drain, lift or node action on either boot (its decision lines), no record
+/// sampled every 200 ms was drained or carried a reason of the agent's, and the node ends
+/// IDLE with no reboot flag and no reason held. The states seen are printed for
+/// docs/slurm-versions.md. About 40 s with the image cached: the node answers a few
+/// seconds after the reboot, but slurmctld starts the job at its next periodic check of
+/// jobs being configured (every 30 s).
+#[test]
+fn a_job_asking_for_a_reboot_runs_after_it_and_the_agent_leaves_the_reboot_to_slurm() {
+    const RAN: &str = "/run/slurm-e2e-reboot-job-ran";
+    let mut fleet = Fleet::builder()
+        .ctld_line("RebootProgram=\"/usr/bin/systemctl reboot\"")
+        .ctld_line("HealthCheckProgram=/usr/bin/slurm-node-agent-healthcheck")
+        .ctld_line("HealthCheckInterval=2")
+        .ctld_line("HealthCheckNodeState=ANY")
+        .agent_toml("[health]\ninterval = \"2s\"\n")
+        .start()
+        .unwrap();
+    let name = "node001";
+    fleet.launch_all(&[name]).unwrap();
+    let names = vec![name.to_string()];
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let started = std::time::Instant::now();
+    let job = fleet
+        .sbatch(&[
+            "-N1",
+            "-w",
+            name,
+            "--reboot",
+            "-t",
+            "5",
+            "--wrap",
+            &format!("touch {RAN}"),
+        ])
+        .unwrap();
+    // Every distinct state (and reason, when one) the record shows until the job ended
+    // and the node is IDLE again after its second boot.
+    let mut seen: Vec<String> = Vec::new();
+    slurm_e2e::wait_until(
+        "the job to run after the node's reboot and the node to be IDLE",
+        BOOT_TIMEOUT,
+        Duration::from_millis(200),
+        || {
+            let line = fleet.ctld.scontrol_ok(&["show", "node", "-o", name])?;
+            let st = slurm_e2e::slurm::field(&line, "State").unwrap_or_default();
+            let r = line
+                .split(" Reason=")
+                .nth(1)
+                .map(|r| r.split(" [").next().unwrap_or(r).trim().to_string());
+            let entry = match &r {
+                Some(r) => format!("{st} ({r})"),
+                None => st.to_string(),
+            };
+            if seen.last() != Some(&entry) {
+                seen.push(entry);
+            }
+            let ended = fleet
+                .job_records()
+                .iter()
+                .any(|r| r.contains(&format!("JobId={job} ")));
+            Ok((ended
+                && fleet.boots(name)? >= 2
+                && slurm_e2e::slurm::is_idle(st)
+                && !st.contains("REBOOT"))
+            .then_some(()))
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e:#}; states seen: {seen:?}{}", fleet.diagnostics(&names)))
+    .unwrap();
+    eprintln!(
+        "reboot job on Slurm {}: {:.0?}, states seen: {seen:?}",
+        fleet.ctld.server_version().unwrap(),
+        started.elapsed()
+    );
+    assert_eq!(fleet.boots(name).unwrap(), 2, "states seen: {seen:?}");
+    // The job ran in the boot after the reboot: /run is emptied at every boot.
+    let out = fleet.exec(name, "test", &["-e", RAN]).unwrap();
+    assert!(
+        out.status.success(),
+        "{RAN} is not in this boot: the job did not run after the reboot"
+    );
+    fleet.check_no_job_killed(1).unwrap();
+    // Slurm's reboot, not the agent's drain: no record drained, no reason of the agent's.
+    for s in &seen {
+        assert!(
+            !s.contains("DRAIN") && !s.contains("slurm-node-agent"),
+            "the record showed {s}; states seen: {seen:?}"
+        );
+    }
+    let decisions: Vec<_> = decision_lines(&fleet, name)
+        .into_iter()
+        .filter(|d| {
+            d.get("decision")
+                .is_some_and(|x| DRAIN_DECISIONS.contains(&x.as_str()))
+        })
+        .collect();
+    assert!(decisions.is_empty(), "{decisions:#?}");
+    // Both boots finished with nothing failed, slurmd never restarted in this one.
+    let st = fleet.wait_booted(name, BOOT_TIMEOUT).unwrap();
+    assert_eq!(st, "running", "{:?}", fleet.failed_units(name).unwrap());
+    assert_eq!(
+        fleet
+            .unit_property(name, "slurmd.service", "NRestarts")
+            .unwrap(),
+        "0"
+    );
+    let r = reason(&fleet, name);
+    assert!(!r.starts_with("slurm-node-agent"), "{r}");
+    assert_eq!(fleet.ctld.held_reason(name).unwrap(), "", "sinfo -R");
+}
+
 /// The agent's decision lines on node `name` (both units, every boot), each as its fields:
 /// read from the journal as JSON entries, the `key=value` fields of their MESSAGE parsed.
 fn decision_lines(fleet: &Fleet, name: &str) -> Vec<std::collections::BTreeMap<String, String>> {
@@ -1543,6 +1672,201 @@ fn shared_storage_is_mounted_before_slurmd_shared_by_jobs_and_a_hung_server_drai
     fleet.check_no_job_killed(3).unwrap();
 }
 
+/// The `daemon-reload`s of this boot of `node`: PID 1's `Reloading.` lines (systemd 252,
+/// the image's, logs one at each reload and does not name the client).
+fn reloads(fleet: &Fleet, node: &str) -> usize {
+    on_node(fleet, node, "journalctl", &["-b", "_PID=1", "-o", "cat"])
+        .lines()
+        .filter(|l| *l == "Reloading.")
+        .count()
+}
+
+/// Issue 41 §2.5: the one `daemon-reload` the agent still makes while slurmd runs
+/// (docs/slurm-versions.md, "Every daemon-reload the agent or the image makes"), under a
+/// running job. A node whose `[[mounts]]` entry (the fleet's sshfs share) comes from an
+/// image drop-in (`conf.d/60-launch.toml`) joins with it mounted and runs a job that waits
+/// for the test's word. Then an admin's new settings for that mount (config management
+/// rewrites the drop-in: one more sshfs option), applied as the operator guide says: the
+/// daemon restarted with them and the file system unmounted (here the daemon is stopped
+/// before the drop-in changes and started once the file system is unmounted, so that the
+/// old settings never mount it again in between). Its first mounts pass finds the mount
+/// gone and its unit's text changed: it rewrites the
+/// unit (its journal: `mount unit written`), systemd reloads once (PID 1's journal: one
+/// `Reloading.` since the job started) and the agent mounts the share again with the new
+/// unit (loaded: `NeedDaemonReload=no`). Through it slurmd keeps its process (`MainPID`,
+/// `NRestarts=0`), the job keeps running and COMPLETED with exit 0. The share was missing
+/// for a moment, so the daemon's health pass at its start may drain the node for it
+/// (`health@ ... /mnt/shared not mounted`, the image's default check of the node's own
+/// mounts, which runs beside the first mounts pass): any drain is the agent's for that
+/// mount, lifted once it is back, and the node ends IDLE with no reason held. About 10 s
+/// with the image cached.
+#[test]
+fn a_mount_unit_rewritten_under_a_running_job_reloads_systemd_once_and_slurmd_and_the_job_stay() {
+    use slurm_e2e::fleet::{shared_storage_toml, SHARED_MOUNT_POINT};
+    const NEW_OPTION: &str = "ServerAliveInterval=15";
+    let mut fleet = Fleet::builder().shared_storage(true).start().unwrap();
+    fleet.start_file_server().unwrap();
+    let name = "node001";
+    let names = vec![name.to_string()];
+    let mounts = shared_storage_toml();
+    let mut launch = fleet.new_launch(name);
+    launch.agent_toml = launch.agent_toml.replace(&mounts, "");
+    assert!(
+        !launch.agent_toml.contains("[[mounts]]"),
+        "{}",
+        launch.agent_toml
+    );
+    launch.image_toml = mounts.clone();
+    // The health pass that lifts a drain for the missing share comes within seconds.
+    launch
+        .agent_toml
+        .push_str("\n[health]\ninterval = \"2s\"\n");
+    fleet.launch(launch).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    let unit = "mnt-shared.mount";
+    assert_eq!(
+        fleet.unit_property(name, unit, "ActiveState").unwrap(),
+        "active"
+    );
+    let unit_file = format!("/etc/systemd/system/{unit}");
+    assert!(!on_node(&fleet, name, "cat", &[&unit_file]).contains(NEW_OPTION));
+
+    let release = "/run/slurm-e2e-mount-reloaded";
+    let job = fleet
+        .sbatch(&[
+            "-N1",
+            "-w",
+            name,
+            "-t",
+            "10",
+            "--wrap",
+            &format!("until [ -e {release} ]; do sleep 0.5; done"),
+        ])
+        .unwrap();
+    fleet
+        .ctld
+        .wait_node_state(
+            name,
+            |s| s.starts_with("ALLOCATED") || s.starts_with("MIXED"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    let slurmd_pid = fleet
+        .unit_property(name, "slurmd.service", "MainPID")
+        .unwrap();
+    assert_ne!(slurmd_pid, "0");
+    let before = reloads(&fleet, name);
+
+    // The admin's change, applied.
+    on_node(
+        &fleet,
+        name,
+        "systemctl",
+        &["stop", "slurm-node-agent.service"],
+    );
+    let changed = mounts.replace("allow_other", &format!("allow_other,{NEW_OPTION}"));
+    assert_ne!(changed, mounts);
+    on_node(
+        &fleet,
+        name,
+        "/bin/sh",
+        &[
+            "-c",
+            "printf '%s' \"$1\" > /etc/slurm-node-agent/conf.d/60-launch.toml",
+            "sh",
+            &changed,
+        ],
+    );
+    on_node(&fleet, name, "umount", &[SHARED_MOUNT_POINT]);
+    on_node(
+        &fleet,
+        name,
+        "systemctl",
+        &["start", "slurm-node-agent.service"],
+    );
+    slurm_e2e::wait_until(
+        "the daemon to mount the share again with its new unit",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let text = fleet.exec(name, "cat", &[&unit_file])?;
+            let active = fleet.unit_property(name, unit, "ActiveState")?;
+            Ok(
+                (String::from_utf8_lossy(&text.stdout).contains(NEW_OPTION) && active == "active")
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    // One reload, after the agent rewrote the unit, and systemd has the new unit loaded.
+    let journal = agent_journal(&fleet, name);
+    assert!(
+        journal.contains("mount unit written") && journal.contains("mounted again"),
+        "{journal}"
+    );
+    assert_eq!(
+        reloads(&fleet, name),
+        before + 1,
+        "reloads since the job started"
+    );
+    assert_eq!(
+        fleet.unit_property(name, unit, "NeedDaemonReload").unwrap(),
+        "no"
+    );
+    // slurmd and the job went through it.
+    assert_eq!(
+        fleet
+            .unit_property(name, "slurmd.service", "MainPID")
+            .unwrap(),
+        slurmd_pid,
+        "slurmd was restarted by the reload"
+    );
+    assert_eq!(
+        fleet
+            .unit_property(name, "slurmd.service", "NRestarts")
+            .unwrap(),
+        "0"
+    );
+    // The job runs on; a drain for the missing share, if the health pass made one, is
+    // lifted now that it is back.
+    let st = fleet
+        .ctld
+        .wait_node_state(name, |s| !s.contains("DRAIN"), BOOT_TIMEOUT)
+        .unwrap();
+    assert!(
+        st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
+        "{name} is {st} after the reload, job {job}"
+    );
+    on_node(&fleet, name, "touch", &[release]);
+    fleet.wait_no_jobs(Duration::from_secs(120)).unwrap();
+    fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
+    fleet.check_no_job_killed(1).unwrap();
+    fleet
+        .ctld
+        .check_reason_lifted(name, &reason(&fleet, name))
+        .unwrap();
+    let drains: Vec<_> = decision_lines(&fleet, name)
+        .into_iter()
+        .filter(|d| {
+            d.get("decision")
+                .is_some_and(|x| DRAIN_DECISIONS.contains(&x.as_str()))
+        })
+        .collect();
+    eprintln!("mount reload: the agent's drain decisions: {drains:?}");
+    for d in &drains {
+        let ok = match d["decision"].as_str() {
+            "drain.transition" => d.get("reason").is_none_or(|r| {
+                (r.starts_with("slurm-node-agent/health@")
+                    || r.starts_with("slurm-node-agent/mount@"))
+                    && r.contains(SHARED_MOUNT_POINT)
+            }),
+            "drain.lift" => true,
+            _ => false,
+        };
+        assert!(ok, "a drain other than for the missing share: {drains:#?}");
+    }
+}
+
 /// Runs `program args...` on fleet node `node`; returns stdout, failing on a non-zero exit
 /// with stderr.
 fn on_node(fleet: &Fleet, node: &str, program: &str, args: &[&str]) -> String {
@@ -1810,6 +2134,18 @@ fn node_release(fleet: &Fleet, name: &str) -> (String, String, Vec<String>) {
 ///   the upgrade, so none can end before it) are still RUNNING and their nodes ALLOCATED
 ///   after it, and the nodes keep the same slurmd process (a newer slurmctld accepts the
 ///   older slurmd), which then ends the jobs;
+/// - under the upgraded controller, with the jobs running (issue 41 §2.4: a 25.11.0
+///   slurmctld aborted running jobs when an older slurmd registered again; 26.05
+///   pre-releases refused `scontrol reboot` to an older slurmd), node001's slurmd of the
+///   suite's release is restarted (`systemctl restart slurmd`) and registers again, on the
+///   suite's release, its job still running; node002 takes the agent's reboot through
+///   Slurm (a reboot-class repair: a marker file in `/run`, `[[repair.checks]]` action
+///   `reboot`, so `scontrol reboot ASAP nextstate=resume` from the node's own 25.11
+///   scontrol): drained while its job runs, not rebooted before the job ends, then
+///   rebooted by slurmctld through its `RebootProgram`, back IDLE with no reason held;
+///   its new boot starts slurmd on the newer release (every boot tries the newest
+///   installed release first, and the controller accepts it now); node001's and node003's
+///   jobs ran through that reboot;
 /// - replacement nodes (two of the nodes terminated once their job ended, new instances
 ///   launched from the same image, as an auto scaling group does) now start slurmd on the
 ///   newer release, accepted at once (`starting slurmd <newer>: the newest installed
@@ -1821,8 +2157,9 @@ fn node_release(fleet: &Fleet, name: &str) -> (String, String, Vec<String>) {
 /// Needs `SLURM_E2E_NEWER_SLURM_TAR` (the newer build from the cache, as for the version
 /// skew tests of `tests/bootstrap.rs`) and a suite of 25.11 or later (whose controller
 /// refuses a newer client in words the agent reads): scripts/test.sh runs it after those.
-/// About a minute on 2 cores with the image cached (its first build, cached as
-/// `twoslurm-<key>`, takes a minute or two more).
+/// About 20 s on 2 cores with the image cached (its first build, cached as
+/// `twoslurm-<key>`, takes two minutes more); the restart and the reboot add about
+/// 10 s.
 #[test]
 #[ignore = "needs SLURM_E2E_NEWER_SLURM_TAR (a newer Slurm build): run by scripts/test.sh"]
 fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_on_its_release() {
@@ -1842,8 +2179,16 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
 
     let started = std::time::Instant::now();
     let step = |what: &str| eprintln!("controller upgrade: +{:.0?} {what}", started.elapsed());
+    // A reboot-class fault for the agent's reboot through Slurm (as in
+    // a_reboot_class_fault_reboots_the_node_and_the_same_fault_after_the_boot_replaces_it).
+    const MARKER: &str = "/run/slurm-e2e-fault";
     let mut fleet = Fleet::builder()
         .image_recipe(ImageRecipe::SuiteAndNewer(newer))
+        .agent_toml(
+            "[health]\ninterval = \"2s\"\n\n[repair]\nmode = \"on\"\nsettle = \"2s\"\n\
+             breaker_min_nodes = 10\n\n[[repair.checks]]\ncheck = \"marker\"\naction = \"reboot\"\n",
+        )
+        .ctld_line("RebootProgram=\"/usr/bin/systemctl reboot\"")
         .start()
         .unwrap();
     assert_eq!(fleet.ctld.server_version().unwrap(), suite);
@@ -1986,20 +2331,141 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
     step(&format!(
         "the nodes registered again on {suite}, their jobs running"
     ));
-    for n in &names {
-        let out = fleet.exec(n, "touch", &[release]).unwrap();
-        assert!(out.status.success(), "{n}: touch {release}: {out:?}");
+    let busy = |n: &str| {
+        let st = fleet.ctld.node_state(n).unwrap().unwrap_or_default();
+        assert!(
+            st.starts_with("ALLOCATED") || st.starts_with("MIXED"),
+            "{n} is {st}"
+        );
+    };
+
+    // node001's slurmd (the suite's release) restarted under its job: it registers again
+    // with the upgraded slurmctld, which keeps the job.
+    let restarted = "node001";
+    let started_before = slurmd_start_time(&fleet, restarted).unwrap();
+    on_node(
+        &fleet,
+        restarted,
+        "systemctl",
+        &["restart", "slurmd.service"],
+    );
+    slurm_e2e::wait_until(
+        "node001's restarted slurmd to register",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || Ok((slurmd_start_time(&fleet, restarted)? != started_before).then_some(())),
+    )
+    .unwrap();
+    let restarted_pid = fleet
+        .unit_property(restarted, "slurmd.service", "MainPID")
+        .unwrap();
+    assert!(
+        restarted_pid != "0" && restarted_pid != slurmd_pids[0],
+        "{restarted}: slurmd {restarted_pid}, before {}",
+        slurmd_pids[0]
+    );
+    assert_eq!(node_versions(&fleet)[restarted], suite_s);
+    busy(restarted);
+    let now = running(&fleet).unwrap();
+    assert!(jobs.iter().all(|j| now.contains(j)), "running {now:?}");
+    step(&format!(
+        "node001's slurmd {suite} restarted and registered again, every job running"
+    ));
+
+    // node002: the agent's reboot through Slurm for a reboot-class fault, while its job
+    // runs. Drained at once, rebooted only once the job has ended.
+    let rebooted = "node002";
+    let check = format!(
+        "[[check]]\nname = \"marker\"\nkind = \"file\"\npath = \"{MARKER}\"\nexists = false\n"
+    );
+    slurm_e2e::fleet_scenarios::place_fault(&fleet, rebooted, Some(&check)).unwrap();
+    on_node(&fleet, rebooted, "touch", &[MARKER]);
+    slurm_e2e::wait_until(
+        "node002's repair drain",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let r = full_reason(&fleet, rebooted);
+            Ok(
+                (r.starts_with("slurm-node-agent/repair@") && r.contains("[reboot after jobs]"))
+                    .then_some(()),
+            )
+        },
+    )
+    .unwrap();
+    let st = fleet.ctld.node_state(rebooted).unwrap().unwrap_or_default();
+    assert!(st.contains("DRAIN"), "{rebooted}: {st}");
+    busy(rebooted);
+    assert_eq!(fleet.boots(rebooted).unwrap(), 1, "rebooted under its job");
+    step("node002 drained for its repair's reboot, its job running");
+    on_node(&fleet, rebooted, "touch", &[release]);
+    slurm_e2e::wait_until(
+        "node002 rebooted by slurmctld",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || Ok((fleet.boots(rebooted)? == 2).then_some(())),
+    )
+    .unwrap();
+    let records = fleet.job_records();
+    assert!(
+        records
+            .iter()
+            .any(|r| r.contains(&format!("JobId={} ", jobs[1])) && r.contains("JobState=COMPLETED")),
+        "job {} ended before the reboot: {records:?}",
+        jobs[1]
+    );
+    fleet.wait_booted(rebooted, BOOT_TIMEOUT).unwrap();
+    slurm_e2e::wait_until(
+        "node002 IDLE after its reboot",
+        BOOT_TIMEOUT,
+        Duration::from_millis(500),
+        || {
+            let st = fleet.ctld.node_state(rebooted)?.unwrap_or_default();
+            Ok(
+                (slurm_e2e::is_idle(&st) && !st.contains("REBOOT") && !st.contains("RESERVED"))
+                    .then_some(()),
+            )
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e:#}{}", fleet.diagnostics(&[rebooted.to_string()])))
+    .unwrap();
+    fleet
+        .ctld
+        .check_reason_lifted(rebooted, &reason(&fleet, rebooted))
+        .unwrap();
+    // The new boot took the newest release, which the upgraded controller accepts.
+    let (link, slurmd, starts) = node_release(&fleet, rebooted);
+    assert_eq!(link, format!("slurm-{newer}"), "{rebooted}: /opt/slurm");
+    assert_eq!(slurmd, format!("slurm {newer}"), "{rebooted}: slurmd -V");
+    assert!(
+        !starts.is_empty()
+            && starts
+                .iter()
+                .all(|l| l.contains(&format!("starting slurmd {newer}: "))),
+        "{rebooted}: {starts:?}"
+    );
+    assert_eq!(node_versions(&fleet)[rebooted], newer_s);
+    for (n, j) in [("node001", &jobs[0]), ("node003", &jobs[2])] {
+        busy(n);
+        assert!(running(&fleet).unwrap().contains(j), "{n}: job {j}");
+    }
+    step(&format!(
+        "node002 rebooted through Slurm after its job, IDLE on {newer}; the other jobs running"
+    ));
+
+    for n in ["node001", "node003"] {
+        on_node(&fleet, n, "touch", &[release]);
     }
     fleet.wait_no_jobs(Duration::from_secs(300)).unwrap();
     fleet.wait_all_idle(&names, BOOT_TIMEOUT).unwrap();
-    for (n, pid) in names.iter().zip(&slurmd_pids) {
+    for (n, pid) in [("node001", &restarted_pid), ("node003", &slurmd_pids[2])] {
         assert_eq!(
             &fleet.unit_property(n, "slurmd.service", "MainPID").unwrap(),
             pid,
             "{n}: slurmd was restarted across the controller's upgrade"
         );
     }
-    step("every job ended, the nodes IDLE on the same slurmd");
+    step("every job ended, the nodes IDLE");
 
     // The auto scaling group replaces two instances: the new ones take the new release.
     for n in ["node001", "node002"] {
