@@ -2465,7 +2465,24 @@ fn the_controller_upgraded_under_running_jobs_keeps_them_and_replacements_join_o
             "{n}: slurmd was restarted across the controller's upgrade"
         );
     }
-    step("every job ended, the nodes IDLE");
+    // The repair's budget slot (a reservation naming node002) is given back by the agent
+    // once the node is in service again; slurmctld refuses to delete a record that a
+    // reservation names, so the replacement below waits for it.
+    slurm_e2e::wait_until(
+        "node002's repair slot to be released",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || {
+            let slots = fleet.ctld.scontrol_ok(&["show", "reservation", "-o"])?;
+            let held = slots
+                .lines()
+                .filter(|l| l.starts_with("ReservationName=slurm-node-agent-upgrade-"))
+                .any(|l| l.split_whitespace().any(|w| w == "Nodes=node002"));
+            Ok((!held).then_some(()))
+        },
+    )
+    .unwrap();
+    step("every job ended, the nodes IDLE, the repair's slot released");
 
     // The auto scaling group replaces two instances: the new ones take the new release.
     for n in ["node001", "node002"] {
