@@ -662,13 +662,7 @@ async fn main_loop(
                     }
                     // Waiting for a slot, the tries read the slots alone; a full check
                     // (the desired image again) at least once per poll interval.
-                    if ctx
-                        .budget
-                        .waiting()
-                        .is_some_and(|w| w.since.elapsed() >= upgrade_poll.interval())
-                    {
-                        ctx.budget.set_waiting(None);
-                    }
+                    ctx.budget.expire_waiting(upgrade_poll.interval());
                     Work::Upgrade
                 }
             };

@@ -43,7 +43,7 @@ pub struct SlotWait {
     /// Its number of slots.
     pub limit: usize,
     /// When the full check that found them held ran: the daemon makes a full one again
-    /// once the poll's interval has passed (the desired image may have changed).
+    /// once the poll's interval has passed ([`Budget::expire_waiting`]).
     pub since: Instant,
 }
 
@@ -56,6 +56,17 @@ impl Budget {
     /// Where this node waits for a slot, if its last upgrade check found every slot held.
     pub fn waiting(&self) -> Option<SlotWait> {
         self.waiting.lock().ok().and_then(|w| w.clone())
+    }
+
+    /// Forgets where this node waits once `full_every` has passed since the full check
+    /// that found every slot held: the next check is a full one (the desired image may
+    /// have changed meanwhile).
+    pub fn expire_waiting(&self, full_every: std::time::Duration) {
+        if let Ok(mut w) = self.waiting.lock() {
+            if w.as_ref().is_some_and(|w| w.since.elapsed() >= full_every) {
+                *w = None;
+            }
+        }
     }
 
     /// Notes where this node waits (`Some`), or that it no longer does (`None`): the
@@ -247,5 +258,22 @@ NodeName=c8 State=IDLE+DRAIN Partitions=main Reason=slurm-node-agent: upgrade [a
         assert_eq!(all.total, 9);
         assert_eq!(all.upgrading, ["g1", "c3", "c1", "c7"]);
         assert_eq!(count_upgrading(out, "none").total, 0);
+    }
+
+    /// A node waiting for a slot keeps its wait (its tries read the slots alone) until the
+    /// poll's interval has passed since the full check; then the next check is a full one.
+    #[test]
+    fn a_slot_wait_is_forgotten_after_the_poll_interval() {
+        let b = Budget::new();
+        let wait = SlotWait {
+            partition: "main".into(),
+            limit: 2,
+            since: Instant::now() - std::time::Duration::from_secs(30),
+        };
+        b.set_waiting(Some(wait.clone()));
+        b.expire_waiting(std::time::Duration::from_secs(60));
+        assert_eq!(b.waiting(), Some(wait));
+        b.expire_waiting(std::time::Duration::from_secs(30));
+        assert_eq!(b.waiting(), None);
     }
 }

@@ -83,10 +83,16 @@ impl UpgradePoll {
     /// The bound over `upgrade.fleet_rate`, at most [`Self::MAX_INTERVAL`]: the interval at
     /// which the whole cluster makes `fleet_rate` calls a second.
     fn fleet_interval(&self) -> Duration {
+        self.paced(self.fleet_rate)
+    }
+
+    /// The bound over `per_second`, at most [`Self::MAX_INTERVAL`]: the interval at which
+    /// the whole cluster makes `per_second` calls a second.
+    fn paced(&self, per_second: f64) -> Duration {
         let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
         // u64 -> f64 is exact below 2^53 nodes.
         #[allow(clippy::cast_precision_loss)]
-        Duration::try_from_secs_f64(nodes as f64 / self.fleet_rate)
+        Duration::try_from_secs_f64(nodes as f64 / per_second)
             .unwrap_or(UpgradePoll::MAX_INTERVAL)
             .min(UpgradePoll::MAX_INTERVAL)
     }
@@ -136,13 +142,7 @@ impl UpgradePoll {
     /// tries every 200 s at most (50 reads a second); a cluster of 150 or fewer at
     /// `budget_wait`. The desired image is read again at the poll's interval.
     pub fn retry_wait(&self, budget_wait: Duration) -> Duration {
-        let nodes = self.bound.as_ref().map_or(0, |b| b.nodes);
-        // u64 -> f64 is exact below 2^53 nodes.
-        #[allow(clippy::cast_precision_loss)]
-        let paced = Duration::try_from_secs_f64(nodes as f64 / Self::SLOT_READS_PER_SECOND)
-            .unwrap_or(UpgradePoll::MAX_INTERVAL)
-            .min(UpgradePoll::MAX_INTERVAL);
-        crate::upgrade::jittered(budget_wait.max(paced))
+        crate::upgrade::jittered(budget_wait.max(self.paced(Self::SLOT_READS_PER_SECOND)))
     }
 
     /// The wait until the next check: the interval times a factor drawn from
